@@ -1,0 +1,315 @@
+#include "kernels/policy.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cstdlib>
+#include <sstream>
+
+extern char** environ;
+
+namespace libreyolo::kernels {
+namespace {
+
+std::string where(const std::string& file, const YAML::Node& node) {
+  const auto m = node.Mark();
+  if (m.is_null()) return file;
+  return file + ":" + std::to_string(m.line + 1) + ":" + std::to_string(m.column + 1);
+}
+
+[[noreturn]] void fail(const std::string& file, const YAML::Node& node, const std::string& msg) {
+  throw PolicyError(where(file, node) + ": " + msg);
+}
+
+std::string scalar(const std::string& file, const YAML::Node& node, const std::string& key) {
+  if (!node.IsScalar()) fail(file, node, "kernels." + key + " must be a string");
+  return node.Scalar();
+}
+
+// YAML 1.1 booleans (what `hub_kernels: off` means to most YAML readers) and their strings.
+bool boolean(const std::string& file, const YAML::Node& node, const std::string& key) {
+  if (!node.IsScalar()) fail(file, node, key + " must be a boolean (on/off, true/false)");
+  const std::string v = normalize(node.Scalar());
+  if (v == "on" || v == "true" || v == "yes" || v == "y" || v == "1") return true;
+  if (v == "off" || v == "false" || v == "no" || v == "n" || v == "0") return false;
+  fail(file, node, key + " must be a boolean (on/off, true/false), got '" + node.Scalar() + "'");
+}
+
+void parse_hub(const YAML::Node& hub, const std::string& file, HubSettings& out) {
+  if (hub.IsNull()) return;
+  if (!hub.IsMap()) fail(file, hub, "kernels.hub must be a mapping");
+  for (const auto& kv : hub) {
+    const std::string key = kv.first.Scalar();
+    const YAML::Node& v = kv.second;
+    auto set_string = [&](Setting<std::string>& s) {
+      s = {scalar(file, v, "hub." + key), Source::file, where(file, v)};
+    };
+    if (key == "endpoint") {
+      set_string(out.endpoint);
+    } else if (key == "cache_dir") {
+      set_string(out.cache_dir);
+    } else if (key == "lock_file") {
+      set_string(out.lock_file);
+    } else if (key == "offline") {
+      out.offline = {boolean(file, v, "kernels.hub.offline"), Source::file, where(file, v)};
+    } else if (key == "timeout_seconds") {
+      double t = 0;
+      try {
+        t = v.as<double>();
+      } catch (const YAML::Exception&) {
+        fail(file, v, "kernels.hub.timeout_seconds must be a number");
+      }
+      if (!(t > 0)) fail(file, v, "kernels.hub.timeout_seconds must be > 0");
+      out.timeout_seconds = {t, Source::file, where(file, v)};
+    } else {
+      fail(file, kv.first,
+           "unknown key kernels.hub." + key +
+               " (expected endpoint, cache_dir, offline, lock_file, timeout_seconds)");
+    }
+  }
+}
+
+void apply_environment(const Environment& env, Policy& p) {
+  auto get = [&](const char* name) -> std::optional<std::string> {
+    auto it = env.find(name);
+    if (it == env.end()) return std::nullopt;
+    return it->second;
+  };
+  auto forced = get("LIBREYOLO_KERNELS");
+  std::string value = forced ? normalize(*forced) : "";
+  std::string origin = "LIBREYOLO_KERNELS";
+  if (value.empty()) {
+    // Legacy alias: consulted only when LIBREYOLO_KERNELS is unset or empty.
+    auto legacy = get("LIBREYOLO_QUANT_KERNELS");
+    if (legacy && !normalize(*legacy).empty()) {
+      value = normalize(*legacy);
+      origin = "LIBREYOLO_QUANT_KERNELS";
+      p.selection_from_legacy_alias = true;
+    }
+  }
+  if (!value.empty()) p.selection = {value, Source::environment, origin};
+
+  if (auto hub = get("LIBREYOLO_HUB_KERNELS")) {
+    p.hub_kernels = {!is_falsy(*hub), Source::environment, "LIBREYOLO_HUB_KERNELS"};
+  }
+  if (auto off = get("HF_HUB_OFFLINE")) {
+    const std::string v = normalize(*off);
+    if (v == "1" || v == "true" || v == "yes" || v == "on") {
+      p.hub.offline = {true, Source::environment, "HF_HUB_OFFLINE"};
+    }
+  }
+  if (auto ep = get("HF_ENDPOINT"); ep && !ep->empty()) {
+    p.hub.endpoint = {*ep, Source::environment, "HF_ENDPOINT"};
+  }
+  if (auto t = get("HF_TOKEN"); t && !t->empty()) p.hub.token = *t;
+  if (auto c = get("KERNELS_CACHE"); c && !c->empty()) {
+    p.hub.cache_dir = {*c, Source::environment, "KERNELS_CACHE"};
+  } else if (auto h = get("HF_HUB_CACHE"); h && !h->empty() && p.hub.cache_dir.value.empty()) {
+    p.hub.cache_dir = {*h, Source::environment, "HF_HUB_CACHE"};
+  }
+}
+
+std::string join(const std::vector<std::string>& v) {
+  std::string out;
+  for (const auto& s : v) out += (out.empty() ? "" : ",") + s;
+  return out;
+}
+
+// The lock file as described at start-up (the hub provider computes the same default).
+std::string lock_file_display(const HubSettings& hub) {
+  if (!hub.lock_file.value.empty()) return hub.lock_file.value;
+  if (hub.config_file.empty()) return "(none: no configuration file)";
+  const auto slash = hub.config_file.rfind('/');
+  return (slash == std::string::npos ? std::string() : hub.config_file.substr(0, slash + 1)) +
+         "kernels.lock";
+}
+
+}  // namespace
+
+const char* source_name(Source source) {
+  switch (source) {
+    case Source::default_value: return "default";
+    case Source::file: return "file";
+    case Source::environment: return "environment";
+  }
+  return "?";
+}
+
+const char* fused_attention_name(FusedAttention value) {
+  switch (value) {
+    case FusedAttention::family_default: return "default";
+    case FusedAttention::on: return "on";
+    case FusedAttention::off: return "off";
+  }
+  return "?";
+}
+
+std::string normalize(const std::string& value) {
+  size_t b = 0, e = value.size();
+  while (b < e && std::isspace(static_cast<unsigned char>(value[b]))) ++b;
+  while (e > b && std::isspace(static_cast<unsigned char>(value[e - 1]))) --e;
+  std::string out = value.substr(b, e - b);
+  std::transform(out.begin(), out.end(), out.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  return out;
+}
+
+bool is_falsy(const std::string& value) {
+  const std::string v = normalize(value);
+  return v == "0" || v == "false" || v == "off" || v == "no";
+}
+
+const std::set<std::string>& known_slots() {
+  static const std::set<std::string> slots = {"ms_deform_attn", "fake_quant_fp8", "fp8_gemm",
+                                              "attention"};
+  return slots;
+}
+
+Environment process_environment() {
+  Environment env;
+  for (char** e = environ; e && *e; ++e) {
+    std::string kv(*e);
+    auto eq = kv.find('=');
+    if (eq == std::string::npos) continue;
+    std::string k = kv.substr(0, eq);
+    if (k.rfind("LIBREYOLO_", 0) == 0 || k.rfind("HF_", 0) == 0 || k.rfind("KERNELS_", 0) == 0) {
+      env[k] = kv.substr(eq + 1);
+    }
+  }
+  return env;
+}
+
+Policy policy_from_environment(const Environment& env) {
+  Policy p;
+  apply_environment(env, p);
+  return p;
+}
+
+Policy parse_policy(const YAML::Node& kernels, const std::string& file, const Environment& env) {
+  Policy p;
+  p.hub.config_file = file;
+  if (kernels && !kernels.IsNull()) {
+    if (!kernels.IsMap()) fail(file, kernels, "kernels must be a mapping");
+    for (const auto& kv : kernels) {
+      const std::string key = kv.first.Scalar();
+      const YAML::Node& v = kv.second;
+      if (key == "selection") {
+        const std::string s = normalize(scalar(file, v, key));
+        if (s.empty()) fail(file, v, "kernels.selection must not be empty");
+        p.selection = {s, Source::file, where(file, v)};
+      } else if (key == "hub_kernels") {
+        p.hub_kernels = {boolean(file, v, "kernels.hub_kernels"), Source::file, where(file, v)};
+      } else if (key == "fused_attention") {
+        const std::string s = v.IsScalar() ? normalize(v.Scalar()) : "";
+        FusedAttention f;
+        // YAML 1.1 reads bare on/off as booleans; both spellings mean the same here.
+        if (s == "default") {
+          f = FusedAttention::family_default;
+        } else if (s == "on" || s == "true") {
+          f = FusedAttention::on;
+        } else if (s == "off" || s == "false") {
+          f = FusedAttention::off;
+        } else {
+          fail(file, v, "kernels.fused_attention must be default, on or off");
+        }
+        p.fused_attention = {f, Source::file, where(file, v)};
+      } else if (key == "slots") {
+        if (v.IsNull()) continue;
+        if (!v.IsMap()) fail(file, v, "kernels.slots must be a mapping of slot name to settings");
+        for (const auto& s : v) {
+          const std::string slot = s.first.Scalar();
+          if (!known_slots().count(slot)) {
+            std::string names;
+            for (const auto& k : known_slots()) names += (names.empty() ? "" : ", ") + k;
+            fail(file, s.first, "unknown slot '" + slot + "' in kernels.slots (known: " + names + ")");
+          }
+          if (!s.second.IsMap()) fail(file, s.second, "kernels.slots." + slot + " must be a mapping");
+          for (const auto& sk : s.second) {
+            if (sk.first.Scalar() != "allow") {
+              fail(file, sk.first,
+                   "unknown key kernels.slots." + slot + "." + sk.first.Scalar() +
+                       " (expected allow)");
+            }
+            if (!sk.second.IsSequence()) {
+              fail(file, sk.second, "kernels.slots." + slot + ".allow must be a list of names");
+            }
+            std::vector<std::string> names;
+            for (const auto& n : sk.second) {
+              if (!n.IsScalar()) fail(file, n, "kernels.slots." + slot + ".allow: names must be strings");
+              names.push_back(normalize(n.Scalar()));
+            }
+            p.slot_allow[slot] = {names, Source::file, where(file, sk.second)};
+          }
+        }
+      } else if (key == "hub") {
+        parse_hub(v, file, p.hub);
+      } else {
+        fail(file, kv.first,
+             "unknown key kernels." + key +
+                 " (expected selection, hub_kernels, fused_attention, slots, hub)");
+      }
+    }
+  }
+  apply_environment(env, p);
+  return p;
+}
+
+Policy load_policy_file(const std::string& file, const Environment& env) {
+  YAML::Node root;
+  try {
+    root = YAML::LoadFile(file);
+  } catch (const YAML::BadFile&) {
+    throw PolicyError(file + ": cannot read the file");
+  } catch (const YAML::ParserException& e) {
+    throw PolicyError(file + ":" + std::to_string(e.mark.line + 1) + ":" +
+                      std::to_string(e.mark.column + 1) + ": " + e.msg);
+  }
+  if (root.IsNull()) return parse_policy(YAML::Node(), file, env);
+  if (!root.IsMap()) throw PolicyError(file + ": the configuration must be a mapping");
+  return parse_policy(root["kernels"], file, env);
+}
+
+Filter Policy::filter() const {
+  Filter f;
+  const std::string& s = selection.value;
+  if (s == "off" || s == "reference") {
+    f.mode = Filter::Mode::reference_only;
+  } else if (s != "auto" && !s.empty()) {
+    f.mode = Filter::Mode::only_name;
+    f.name = s;
+  }
+  for (const auto& [slot, names] : slot_allow) f.allow[slot] = names.value;
+  if (!hub_kernels.value) f.disabled_providers.insert("hub");
+  return f;
+}
+
+std::string Policy::describe() const {
+  std::ostringstream os;
+  auto row = [&](const std::string& key, const std::string& value, Source src,
+                 const std::string& origin) {
+    os << "  " << key << " = " << value << "  (" << source_name(src)
+       << (origin.empty() ? "" : ": " + origin) << ")\n";
+  };
+  row("selection", selection.value, selection.source, selection.origin);
+  row("hub_kernels", hub_kernels.value ? "on" : "off", hub_kernels.source, hub_kernels.origin);
+  row("fused_attention", fused_attention_name(fused_attention.value), fused_attention.source,
+      fused_attention.origin);
+  for (const auto& [slot, names] : slot_allow) {
+    row("slots." + slot + ".allow", "[" + join(names.value) + "]", names.source, names.origin);
+  }
+  row("hub.endpoint", hub.endpoint.value, hub.endpoint.source, hub.endpoint.origin);
+  row("hub.offline", hub.offline.value ? "true" : "false", hub.offline.source, hub.offline.origin);
+  row("hub.cache_dir", hub.cache_dir.value.empty() ? "(hub default)" : hub.cache_dir.value,
+      hub.cache_dir.source, hub.cache_dir.origin);
+  row("hub.lock_file",
+      lock_file_display(hub), hub.lock_file.source, hub.lock_file.origin);
+  row("hub.timeout_seconds", std::to_string(hub.timeout_seconds.value), hub.timeout_seconds.source,
+      hub.timeout_seconds.origin);
+  row("hub.token", hub.token.empty() ? "(unset)" : "(set)",
+      hub.token.empty() ? Source::default_value : Source::environment,
+      hub.token.empty() ? "" : "HF_TOKEN");
+  return os.str();
+}
+
+}  // namespace libreyolo::kernels

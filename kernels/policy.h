@@ -1,0 +1,106 @@
+// The kernel policy: the `kernels:` section of the server configuration, overridden by the
+// environment, with the source of every value recorded (DESIGN.md "Policy: YAML, then
+// environment"). It produces the registry's Filter.
+#pragma once
+
+#include <map>
+#include <set>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "kernels/registry.h"
+
+namespace YAML {
+class Node;
+}
+
+namespace libreyolo::kernels {
+
+/// Where an effective value came from.
+enum class Source { default_value, file, environment };
+/// "default" | "file" | "environment".
+const char* source_name(Source source);
+
+/// A policy value and its origin ("server.yaml:12:3", "LIBREYOLO_KERNELS", "").
+template <class T>
+struct Setting {
+  T value{};
+  Source source = Source::default_value;
+  std::string origin;
+};
+
+/// Per-module choice between SDPA and the manual attention math.
+enum class FusedAttention { family_default, on, off };
+/// "default" | "on" | "off".
+const char* fused_attention_name(FusedAttention value);
+
+/// Settings of the hub provider (`kernels.hub`); see the hub-kernels issue.
+struct HubSettings {
+  Setting<std::string> endpoint{"https://huggingface.co"};
+  Setting<std::string> cache_dir;  ///< empty: KERNELS_CACHE, else HF_HUB_CACHE, else ~/.cache
+  Setting<bool> offline{false};
+  Setting<std::string> lock_file;  ///< empty: kernels.lock next to the config file
+  Setting<double> timeout_seconds{30.0};
+  // Added for the hub provider (kernels/hub/); no YAML keys of their own.
+  /// Attempts per HTTP request after the first one, with exponential backoff (kernels/hub/http.h).
+  int retries = 3;
+  /// Bearer token for the endpoint, from HF_TOKEN (environment only; never logged).
+  std::string token;
+  /// The configuration file the policy was read from ("" = environment only): the default
+  /// kernels.lock lives next to it.
+  std::string config_file;
+};
+
+/// The effective policy.
+struct Policy {
+  /// "auto" | "off" | "reference" | an implementation name (lower case).
+  Setting<std::string> selection{"auto"};
+  /// True when `selection` came from LIBREYOLO_QUANT_KERNELS (legacy alias).
+  bool selection_from_legacy_alias = false;
+  Setting<bool> hub_kernels{true};
+  Setting<FusedAttention> fused_attention{FusedAttention::family_default};
+  /// Per slot: allowed implementation names (`slots: {ms_deform_attn: {allow: [cuda, hub]}}`).
+  std::map<std::string, Setting<std::vector<std::string>>> slot_allow;
+  HubSettings hub;
+
+  /// The registry filter this policy means.
+  Filter filter() const;
+  /// Multi-line human-readable table: key, value, source.
+  std::string describe() const;
+};
+
+/// Environment variables as read once at start-up (name -> value). Only passed around, never
+/// read implicitly below the programs' main(), so tests can give any environment.
+using Environment = std::map<std::string, std::string>;
+
+/// The LIBREYOLO_*, HF_* and KERNELS_* variables of this process.
+Environment process_environment();
+
+/// A policy error; what() is "FILE:LINE:COLUMN: message" when the value came from a file.
+class PolicyError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+/// Slots the policy may name (`slots:` keys). Unknown names are errors.
+const std::set<std::string>& known_slots();
+
+/// Trimmed, lower-cased copy (the normalisation applied to every environment value).
+std::string normalize(const std::string& value);
+
+/// True for "0", "false", "off", "no" after normalize(): LIBREYOLO_HUB_KERNELS disables.
+bool is_falsy(const std::string& value);
+
+/// Policy from the defaults and the environment only.
+Policy policy_from_environment(const Environment& env);
+
+/// Policy from a `kernels:` YAML mapping (may be a null node: all defaults) read from `file`,
+/// then the environment. Throws PolicyError naming file, line and column for unknown keys,
+/// wrong types and unknown slots.
+Policy parse_policy(const YAML::Node& kernels, const std::string& file, const Environment& env);
+
+/// Reads `file` (a whole server configuration) and parses its `kernels:` section.
+Policy load_policy_file(const std::string& file, const Environment& env);
+
+}  // namespace libreyolo::kernels

@@ -1,0 +1,65 @@
+// The contract between the models and their users (server, tools, tests): a loaded Hugging Face
+// checkpoint folder that turns pixel tensors into raw outputs. Pre- and post-processing live in
+// models/image/ and are driven by the model's processor settings.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace libreyolo::models {
+
+/// What the model predicts (Hugging Face pipeline task names).
+enum class Task { object_detection, image_classification };
+
+/// How to load a checkpoint.
+struct LoadOptions {
+  at::ScalarType dtype = at::kFloat;  ///< float32, float16 or bfloat16 (parameters and compute)
+  at::Device device = at::kCPU;       ///< cpu or cuda:N
+};
+
+/// Raw model outputs. Detectors: `logits` (B, Q, num_labels) and `pred_boxes` (B, Q, 4) as
+/// (cx, cy, w, h) normalised to [0, 1], both float32 on the model's device regardless of the
+/// compute dtype. Classifiers: `logits` (B, num_labels), `pred_boxes` undefined.
+struct ModelOutput {
+  at::Tensor logits;
+  at::Tensor pred_boxes;
+};
+
+/// A loaded checkpoint. forward() is const and thread-compatible: concurrent calls are safe
+/// (no mutable state), and it runs under at::NoGradGuard / inference mode set by the caller.
+class Model {
+ public:
+  virtual ~Model() = default;
+
+  /// `model_type` from config.json ("rt_detr", "rt_detr_v2", "deformable_detr", "vit", "swin").
+  virtual std::string model_type() const = 0;
+  virtual Task task() const = 0;
+
+  /// pixel_values (B, 3, H, W) in the model's dtype and on its device, already rescaled and
+  /// normalised by the processor. pixel_mask (B, H, W) int64 with 1 on real pixels (Deformable
+  /// DETR pads batches of different sizes); undefined means "all valid".
+  /// Throws std::invalid_argument when the input shape is not acceptable to the model.
+  virtual ModelOutput forward(const at::Tensor& pixel_values,
+                              const at::Tensor& pixel_mask = at::Tensor()) const = 0;
+
+  /// config.json `id2label` (class index -> name); empty when the file has none.
+  virtual const std::map<int64_t, std::string>& id2label() const = 0;
+
+  /// The options it was loaded with.
+  virtual const LoadOptions& options() const = 0;
+
+  /// Number of attention modules whose `fused_attn` flag changed (set_fused_attention).
+  virtual int set_fused_attention(bool enabled) = 0;
+};
+
+/// Loads a checkpoint folder (config.json + model.safetensors [+ preprocessor_config.json]),
+/// dispatching on config.json `model_type`. Throws std::runtime_error with a one-line message
+/// naming the file and the field or tensor key for anything wrong (unknown model_type,
+/// unsupported option, missing/unexpected/mis-shaped tensors, corrupt safetensors).
+std::unique_ptr<Model> load_model(const std::string& dir, const LoadOptions& options = {});
+
+}  // namespace libreyolo::models

@@ -1,0 +1,265 @@
+// Registry semantics (issue 2, tests 1, 2, 3 (loaders), 5, 6, 7). Each test uses its own
+// Registry; slots here are typed int(int) so the tests need no torch.
+#include "kernels/registry.h"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <stdexcept>
+#include <thread>
+
+#include "log/log.h"
+
+namespace libreyolo::kernels {
+namespace {
+
+using Impl = std::function<Outcome<int>(int)>;
+
+/// An implementation that returns x + offset.
+Impl adds(int offset) {
+  return [offset](int x) -> Outcome<int> { return x + offset; };
+}
+
+std::optional<int> run(Registry& r, const std::string& slot, int x) {
+  return r.call_as<Impl>(slot, x);
+}
+
+TEST(Registry, NewestRegistrationWinsAndReferenceIsLast) {
+  Registry r;
+  r.register_impl("op", kReference, Impl(adds(0)));
+  r.register_impl("op", "a", Impl(adds(100)));
+  r.register_impl("op", "b", Impl(adds(200)));
+  EXPECT_EQ(r.iter_impls("op"), (std::vector<std::string>{"b", "a", "reference"}));
+  EXPECT_EQ(r.resolve("op"), "b");
+  EXPECT_EQ(run(r, "op", 1), 201);
+  EXPECT_EQ(r.active().at("op"), "b");
+}
+
+TEST(Registry, ForcingANameKeepsTheReferenceAsFallback) {
+  Registry r;
+  r.register_impl("op", kReference, Impl(adds(0)));
+  r.register_impl("op", "cuda", Impl(adds(100)));
+  r.register_impl("op", "hub", Impl(adds(200)));
+  Filter f;
+  f.mode = Filter::Mode::only_name;
+  f.name = "cuda";
+  r.set_filter(f);
+  EXPECT_EQ(r.iter_impls("op"), (std::vector<std::string>{"cuda", "reference"}));
+  EXPECT_EQ(run(r, "op", 1), 101);
+  f.name = "triton";  // a name nobody registered: only the reference remains
+  r.set_filter(f);
+  EXPECT_EQ(r.iter_impls("op"), (std::vector<std::string>{"reference"}));
+  EXPECT_EQ(r.active().at("op"), "reference");
+}
+
+TEST(Registry, ActiveIsUnavailableWithoutAnEligibleImplementation) {
+  Registry r;
+  r.register_impl("ms", "cuda", Impl(adds(1)), [] { return false; });
+  EXPECT_EQ(r.active().at("ms"), kUnavailable);
+  EXPECT_EQ(r.resolve("ms"), std::nullopt);
+  EXPECT_EQ(run(r, "ms", 1), std::nullopt);  // caller keeps its portable path
+  auto rep = r.report();
+  ASSERT_EQ(rep.size(), 1u);
+  EXPECT_FALSE(rep[0].has_reference);
+  ASSERT_EQ(rep[0].candidates.size(), 1u);
+  EXPECT_EQ(rep[0].candidates[0].reason, "predicate false");
+}
+
+TEST(Registry, ThrowingPredicateWarnsOnceAndIsIneligible) {
+  log::Capture capture;
+  Registry r;
+  r.register_impl("op", kReference, Impl(adds(0)));
+  r.register_impl("op", "bad", Impl(adds(5)), []() -> bool { throw std::runtime_error("no driver"); });
+  EXPECT_EQ(r.resolve("op"), "reference");
+  EXPECT_EQ(run(r, "op", 1), 1);
+  // Re-resolution (a registration elsewhere invalidates the snapshot) must not warn again.
+  r.register_impl("other", kReference, Impl(adds(0)));
+  EXPECT_EQ(r.resolve("op"), "reference");
+  EXPECT_EQ(capture.count(log::Level::warn, "kernel predicate failed for op/bad: no driver"), 1);
+  auto rep = r.report();
+  EXPECT_EQ(rep[0].candidates[0].name, "bad");
+  EXPECT_EQ(rep[0].candidates[0].reason, "predicate threw: no driver");
+}
+
+TEST(Registry, ReferenceOnlyFilterNeverRunsProviderLoaders) {
+  for (const auto mode : {Filter::Mode::reference_only}) {
+    Registry r;
+    int loads = 0;
+    r.register_impl("op", kReference, Impl(adds(0)));
+    r.add_provider({"cuda", [&loads](Registry& reg) {
+                      ++loads;
+                      reg.register_impl("op", "cuda", Impl(adds(100)));
+                    }});
+    Filter f;
+    f.mode = mode;
+    r.set_filter(f);
+    EXPECT_EQ(r.resolve("op"), "reference");
+    EXPECT_EQ(run(r, "op", 1), 1);
+    r.report();
+    EXPECT_EQ(loads, 0);
+    EXPECT_TRUE(r.loaded_providers().empty());
+    // Back to automatic: the loader runs exactly once, however often we resolve.
+    r.set_filter(Filter{});
+    EXPECT_EQ(r.resolve("op"), "cuda");
+    EXPECT_EQ(r.resolve("op"), "cuda");
+    EXPECT_EQ(loads, 1);
+    EXPECT_EQ(r.loaded_providers(), (std::vector<std::string>{"cuda"}));
+  }
+}
+
+TEST(Registry, DisabledProviderIsNotLoaded) {
+  Registry r;
+  int loads = 0;
+  r.add_provider({"hub", [&loads](Registry&) { ++loads; }});
+  Filter f;
+  f.disabled_providers = {"hub"};
+  r.set_filter(f);
+  r.resolve();
+  EXPECT_EQ(loads, 0);
+}
+
+TEST(Registry, ProviderThatThrowsIsRecordedAndNotRetried) {
+  log::Capture capture;
+  Registry r;
+  int loads = 0;
+  r.register_impl("op", kReference, Impl(adds(0)));
+  r.add_provider({"broken", [&loads](Registry&) {
+                    ++loads;
+                    throw std::runtime_error("libcuda.so.1: cannot open shared object file");
+                  }});
+  EXPECT_EQ(r.resolve("op"), "reference");
+  r.register_impl("op2", kReference, Impl(adds(0)));
+  r.resolve();
+  EXPECT_EQ(loads, 1);
+  ASSERT_EQ(r.events().size(), 1u);
+  EXPECT_EQ(r.events()[0].impl, "broken");
+  EXPECT_EQ(r.events()[0].reason,
+            "provider failed to load: libcuda.so.1: cannot open shared object file");
+  EXPECT_EQ(capture.count(log::Level::warn, "provider failed to load"), 1);
+}
+
+TEST(Registry, RegisterAndUnregisterAfterResolutionAreSeenByTheNextResolve) {
+  Registry r;
+  r.register_impl("op", kReference, Impl(adds(0)));
+  EXPECT_EQ(r.resolve("op"), "reference");
+  r.register_impl("op", "late", Impl(adds(9)));
+  EXPECT_EQ(r.resolve("op"), "late");  // LibreYOLO's cache would still say "reference"
+  EXPECT_EQ(run(r, "op", 1), 10);
+  EXPECT_EQ(r.unregister_impl("op", "late"), 1);
+  EXPECT_EQ(r.resolve("op"), "reference");
+  EXPECT_EQ(run(r, "op", 1), 1);
+  EXPECT_EQ(r.unregister_impl("op", "late"), 0);
+}
+
+TEST(Registry, MismatchedSignatureIsRejected) {
+  Registry r;
+  r.register_impl("op", kReference, Impl(adds(0)));
+  using Other = std::function<Outcome<float>(float)>;
+  EXPECT_THROW(r.register_impl("op", "x", Other([](float v) -> Outcome<float> { return v; })),
+               std::logic_error);
+  EXPECT_THROW((r.call_as<Other>("op", 1.0f)), std::logic_error);
+}
+
+TEST(Registry, RuntimeFailureFallsBackDisablesWarnsOnceAndRecordsAnEvent) {
+  log::Capture capture;
+  Registry r;
+  int failing_calls = 0;
+  r.register_impl("op", kReference, Impl(adds(0)));
+  r.register_impl("op", "cuda", Impl([&failing_calls](int) -> Outcome<int> {
+                    ++failing_calls;
+                    throw std::runtime_error("CUDA error: an illegal memory access");
+                  }));
+  EXPECT_EQ(r.active().at("op"), "cuda");
+  for (int i = 0; i < 5; ++i) EXPECT_EQ(run(r, "op", i), i);  // right answer every time
+  EXPECT_EQ(failing_calls, 1);                                 // never retried
+  EXPECT_EQ(r.active().at("op"), "reference");
+  EXPECT_EQ(capture.count(log::Level::warn), 1);
+  EXPECT_EQ(capture.count(log::Level::warn, "kernel op/cuda failed"), 1);
+  auto ev = r.events();
+  ASSERT_EQ(ev.size(), 1u);
+  EXPECT_EQ(ev[0].slot, "op");
+  EXPECT_EQ(ev[0].impl, "cuda");
+  EXPECT_EQ(ev[0].reason, "CUDA error: an illegal memory access");
+  EXPECT_LE(ev[0].time, std::chrono::system_clock::now());
+  auto rep = r.report();
+  EXPECT_TRUE(rep[0].candidates[0].disabled);
+  EXPECT_EQ(rep[0].candidates[0].reason, "disabled after a runtime failure");
+  EXPECT_EQ(rep[0].candidates[1].calls, 5u);
+}
+
+TEST(Registry, DeclineIsCountedNotWarned) {
+  log::Capture capture;
+  Registry r;
+  r.register_impl("op", kReference, Impl(adds(0)));
+  r.register_impl("op", "cuda", Impl([](int x) -> Outcome<int> {
+                    if (x < 0) return Decline{"cpu tensor"};
+                    return x * 10;
+                  }));
+  EXPECT_EQ(run(r, "op", -1), -1);
+  EXPECT_EQ(run(r, "op", -2), -2);
+  EXPECT_EQ(run(r, "op", 3), 30);
+  EXPECT_EQ(capture.count(log::Level::warn), 0);
+  EXPECT_EQ(r.active().at("op"), "cuda");  // a decline does not disable
+  auto rep = r.report();
+  EXPECT_EQ(rep[0].candidates[0].declined.at("cpu tensor"), 2u);
+  EXPECT_EQ(rep[0].candidates[0].calls, 1u);
+  EXPECT_EQ(rep[0].candidates[1].calls, 2u);
+  EXPECT_TRUE(r.events().empty());
+}
+
+TEST(Registry, EveryImplementationDecliningReturnsNothing) {
+  Registry r;
+  r.register_impl("ms", "second", Impl([](int) -> Outcome<int> { return 7; }));
+  r.register_impl("ms", "first", Impl([](int) -> Outcome<int> { return Decline{"layout"}; }));
+  EXPECT_EQ(run(r, "ms", 0), 7);  // the walk reaches the older provider
+  r.unregister_impl("ms", "second");
+  EXPECT_EQ(run(r, "ms", 0), std::nullopt);
+}
+
+TEST(Registry, ConcurrentCallsWhileAnImplementationSelfDisables) {
+  log::Capture capture;
+  Registry r;
+  std::atomic<int> flaky_calls{0};
+  r.register_impl("op", kReference, Impl(adds(0)));
+  r.register_impl("op", "flaky", Impl([&flaky_calls](int x) -> Outcome<int> {
+                    if (flaky_calls.fetch_add(1) >= 100) throw std::runtime_error("device lost");
+                    return x;  // same numbers as the reference while it works
+                  }));
+  std::atomic<int> wrong{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 16; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < 500; ++i) {
+        const int x = t * 1000 + i;
+        if (run(r, "op", x) != x) ++wrong;
+        if (i % 50 == 0) {
+          r.resolve("op");
+          r.active();
+        }
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(wrong.load(), 0);
+  EXPECT_EQ(r.active().at("op"), "reference");
+  EXPECT_EQ(r.events().size(), 1u);
+  EXPECT_EQ(capture.count(log::Level::warn, "kernel op/flaky failed"), 1);
+}
+
+}  // namespace
+}  // namespace libreyolo::kernels
+
+namespace libreyolo::kernels {
+namespace {
+
+TEST(Registry, DeclaredSlotWithoutImplementationsIsUnavailable) {
+  Registry r;
+  r.declare_slot("ms_deform_attn");
+  EXPECT_EQ(r.active().at("ms_deform_attn"), kUnavailable);
+  EXPECT_TRUE(r.iter_impls("ms_deform_attn").empty());
+  r.register_impl("ms_deform_attn", "hub", Impl(adds(1)));
+  EXPECT_EQ(r.active().at("ms_deform_attn"), "hub");
+}
+
+}  // namespace
+}  // namespace libreyolo::kernels
