@@ -19,12 +19,20 @@ inline constexpr const char* kFakeQuantFp8 = "fake_quant_fp8";
 using FakeQuantFp8Impl =
     std::function<Outcome<at::Tensor>(const at::Tensor& x, const at::Tensor& scale)>;
 
-/// Slot entry point (Registry::global()). x: float32 any shape; scale: float32, per-tensor
-/// shape (1) or per-channel (C, 1, ..., 1) with C = x.size(0). Returns float32 of x's shape.
-/// Throws c10::Error for other dtypes or scale shapes.
+/// Slot entry point (Registry::global()). x: float32 any shape; scale: float32 on x's device,
+/// per-tensor (one element: shape (1) or a scalar) or per-channel (C, 1, ..., 1) with x's rank
+/// and C = x.size(0). Returns float32 of x's shape. Inputs are validated before any
+/// implementation runs: throws c10::Error (naming dtype or shapes) for other dtypes or scale
+/// shapes, and a bad input never disables an implementation.
 at::Tensor fake_quant_fp8(const at::Tensor& x, const at::Tensor& scale);
 
-/// The reference implementation alone (any device), never the slot.
+/// The reference implementation alone (any device), never the slot. Division is IEEE x / s (not
+/// x * (1 / s)); the cast is ATen's float8_e4m3fn (round to nearest even) after the clamp.
+/// Special values: NaN x -> NaN; +-inf x -> +-448 * s; |x / s| beyond 448 -> +-448 * s; results
+/// with |x / s| <= 2^-10 (half the smallest subnormal) -> signed zero; scale <= 0 -> 1e-12; NaN
+/// scale -> NaN everywhere; +inf scale -> NaN (0 * inf). When x or scale requires grad (and grad
+/// mode is on) it runs as a torch::autograd::Function: forward value bit-identical to the no-grad
+/// one, backward identity to x and no gradient to scale.
 at::Tensor fake_quant_fp8_reference(const at::Tensor& x, const at::Tensor& scale);
 
 }  // namespace libreyolo::kernels

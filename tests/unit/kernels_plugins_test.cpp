@@ -2,6 +2,7 @@
 // real providers: tests/plugin/test_plugin.cpp is built by the suite as a shared library.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <fstream>
 
 #include "kernels/kernels.h"
@@ -38,8 +39,12 @@ TEST(KernelPlugins, PluginsRegisterBrokenOnesAreLoggedAndSkipped) {
   Registry r;  // the provider runs through a registry; the plugin registers into the global one
   add_builtin_providers(r, {{"LIBREYOLO_KERNEL_PLUGINS", missing + ":" + broken + ":" + kPlugin}});
   r.resolve();
-  EXPECT_EQ(r.loaded_providers(), (std::vector<std::string>{"plugins"}));
-  auto ev = r.events();
+  const auto loaded = r.loaded_providers();
+  EXPECT_NE(std::find(loaded.begin(), loaded.end(), "plugins"), loaded.end());
+  std::vector<FallbackEvent> ev;  // other built-in providers (cuda, hub) may add their own
+  for (const auto& e : r.events()) {
+    if (e.impl.rfind("plugin:", 0) == 0) ev.push_back(e);
+  }
   ASSERT_EQ(ev.size(), 2u);
   EXPECT_EQ(ev[0].impl, "plugin:" + missing);
   EXPECT_NE(ev[0].reason.find("No such file or directory"), std::string::npos) << ev[0].reason;

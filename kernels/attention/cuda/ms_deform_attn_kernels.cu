@@ -1,0 +1,661 @@
+// CUDA kernels of multi-scale deformable attention, forward and backward (see
+// ms_deform_attn_cuda.h for the contract and docs/bench/kernels.md for measurements).
+//
+// Work split: one warp per (b, h, q), warps ordered with q fastest so that the 8 warps of a block
+// sample the same head of 8 neighbouring queries (their footprints overlap: L1 reuse). Inside the
+// warp, kG = C / kV lanes cover the C channels of a value row with one 16-byte load each (kV = 4
+// float32 or 8 16-bit elements) and the kK = 32 / kG lane groups split the L*P sampling points;
+// the forward reduces the groups with a fixed xor butterfly (deterministic). Channel counts other
+// than 16/32/64/128 (or unaligned tensors) take a scalar kernel (lanes loop over channels).
+// Coordinates, bilinear weights and accumulation are float32 whatever the storage dtype.
+// Bilinear sampling as in fundamentalvision/Deformable-DETR ms_deform_im2col_cuda.cuh:
+//   x = loc_x * W - 0.5, y = loc_y * H - 0.5; nothing when outside (-1, W) x (-1, H) (NaN too);
+//   each of the 4 corners contributes only when inside the map (zeros padding).
+#include "kernels/attention/cuda/ms_deform_attn_cuda.h"
+
+#include <ATen/cuda/CUDAContext.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
+#include <ATen/ops/zeros.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+namespace libreyolo::kernels::cuda {
+namespace {
+
+constexpr int kWarps = 8;  // warps per block
+constexpr int kThreads = kWarps * 32;
+constexpr unsigned kFull = 0xffffffffu;
+
+// Storage type traits: 16-byte vector (un)packing and scalar conversion, all through float.
+template <typename T>
+struct Traits;
+
+template <>
+struct Traits<float> {
+  static constexpr int kVec = 4;
+  __device__ static __forceinline__ void unpack(const uint4& r, float* o) {
+    o[0] = __uint_as_float(r.x);
+    o[1] = __uint_as_float(r.y);
+    o[2] = __uint_as_float(r.z);
+    o[3] = __uint_as_float(r.w);
+  }
+  __device__ static __forceinline__ uint4 pack(const float* f) {
+    return make_uint4(__float_as_uint(f[0]), __float_as_uint(f[1]), __float_as_uint(f[2]),
+                      __float_as_uint(f[3]));
+  }
+  __device__ static __forceinline__ float to_float(float v) { return v; }
+  __device__ static __forceinline__ float from_float(float v) { return v; }
+};
+
+template <>
+struct Traits<__half> {
+  static constexpr int kVec = 8;
+  __device__ static __forceinline__ void two(unsigned w, float* o) {
+    o[0] = __half2float(__ushort_as_half(static_cast<unsigned short>(w & 0xffffu)));
+    o[1] = __half2float(__ushort_as_half(static_cast<unsigned short>(w >> 16)));
+  }
+  __device__ static __forceinline__ unsigned word(float a, float b) {
+    return static_cast<unsigned>(__half_as_ushort(__float2half_rn(a))) |
+           (static_cast<unsigned>(__half_as_ushort(__float2half_rn(b))) << 16);
+  }
+  __device__ static __forceinline__ void unpack(const uint4& r, float* o) {
+    two(r.x, o);
+    two(r.y, o + 2);
+    two(r.z, o + 4);
+    two(r.w, o + 6);
+  }
+  __device__ static __forceinline__ uint4 pack(const float* f) {
+    return make_uint4(word(f[0], f[1]), word(f[2], f[3]), word(f[4], f[5]), word(f[6], f[7]));
+  }
+  __device__ static __forceinline__ float to_float(__half v) { return __half2float(v); }
+  __device__ static __forceinline__ __half from_float(float v) { return __float2half_rn(v); }
+};
+
+template <>
+struct Traits<__nv_bfloat16> {
+  static constexpr int kVec = 8;
+  __device__ static __forceinline__ void two(unsigned w, float* o) {
+    o[0] = __uint_as_float(w << 16);  // bfloat16 is the high half of a float32
+    o[1] = __uint_as_float(w & 0xffff0000u);
+  }
+  __device__ static __forceinline__ unsigned word(float a, float b) {
+    return static_cast<unsigned>(__bfloat16_as_ushort(__float2bfloat16_rn(a))) |
+           (static_cast<unsigned>(__bfloat16_as_ushort(__float2bfloat16_rn(b))) << 16);
+  }
+  __device__ static __forceinline__ void unpack(const uint4& r, float* o) {
+    two(r.x, o);
+    two(r.y, o + 2);
+    two(r.z, o + 4);
+    two(r.w, o + 6);
+  }
+  __device__ static __forceinline__ uint4 pack(const float* f) {
+    return make_uint4(word(f[0], f[1]), word(f[2], f[3]), word(f[4], f[5]), word(f[6], f[7]));
+  }
+  __device__ static __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
+  __device__ static __forceinline__ __nv_bfloat16 from_float(float v) {
+    return __float2bfloat16_rn(v);
+  }
+};
+
+struct Level {
+  int64_t start;
+  int h;
+  int w;
+};
+
+// Stages (H_l, W_l, start_l) in shared memory; every thread of the block must call it.
+__device__ __forceinline__ void load_levels(Level* lv, const int64_t* shapes, const int64_t* starts,
+                                            int L) {
+  for (int l = threadIdx.x; l < L; l += blockDim.x) {
+    lv[l].h = static_cast<int>(shapes[2 * l]);
+    lv[l].w = static_cast<int>(shapes[2 * l + 1]);
+    lv[l].start = starts[l];
+  }
+  __syncthreads();
+}
+
+// Bilinear footprint of one sampling point. Returns false when it contributes nothing.
+struct Footprint {
+  int y0, x0;
+  float ly, lx, hy, hx;
+};
+
+__device__ __forceinline__ bool footprint(float loc_x, float loc_y, const Level& lev,
+                                          Footprint& f) {
+  const float x = loc_x * static_cast<float>(lev.w) - 0.5f;
+  const float y = loc_y * static_cast<float>(lev.h) - 0.5f;
+  // Written so that NaN fails the test (NaN locations contribute 0, as in the reference kernel).
+  if (!(y > -1.f && x > -1.f && y < static_cast<float>(lev.h) && x < static_cast<float>(lev.w)))
+    return false;
+  const float fy = floorf(y), fx = floorf(x);
+  f.y0 = static_cast<int>(fy);
+  f.x0 = static_cast<int>(fx);
+  f.ly = y - fy;
+  f.lx = x - fx;
+  f.hy = 1.f - f.ly;
+  f.hx = 1.f - f.lx;
+  return true;
+}
+
+// Pixel index of corner k (0: (y0,x0), 1: (y0,x0+1), 2: (y0+1,x0), 3: (y0+1,x0+1)) or -1 when
+// outside the level or outside [0, S) (malformed metadata never reads out of bounds).
+__device__ __forceinline__ int64_t corner(const Footprint& f, const Level& lev, int k, int64_t S) {
+  const int yy = f.y0 + (k >> 1), xx = f.x0 + (k & 1);
+  if (yy < 0 || xx < 0 || yy >= lev.h || xx >= lev.w) return -1;
+  const int64_t s = lev.start + static_cast<int64_t>(yy) * lev.w + xx;
+  return (static_cast<uint64_t>(s) < static_cast<uint64_t>(S)) ? s : -1;
+}
+
+__device__ __forceinline__ float corner_weight(const Footprint& f, int k) {
+  const float wy = (k >> 1) ? f.ly : f.hy;
+  const float wx = (k & 1) ? f.lx : f.hx;
+  return wy * wx;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Forward
+
+// kU points per lane group are processed per step: their locations and weights are loaded first,
+// then all 4 * kU corner rows are loaded unconditionally (invalid corners read row 0 and are
+// masked out of the sum), so that each warp has 4 * kU independent 16-byte loads in flight
+// instead of a chain of dependent ones (the decoder shapes are latency-bound).
+template <typename T, typename TL, int kC, int kU>
+__global__ void __launch_bounds__(kThreads)
+    msda_forward_vec(const T* __restrict__ value, const int64_t* __restrict__ shapes,
+                     const int64_t* __restrict__ starts, const TL* __restrict__ loc,
+                     const TL* __restrict__ attn, T* __restrict__ out, int64_t B, int64_t S,
+                     int64_t Q, int H, int L, int P) {
+  using Tr = Traits<T>;
+  constexpr int kV = Tr::kVec;
+  constexpr int kG = kC / kV;  // lanes per value row
+  constexpr int kK = 32 / kG;  // point groups per warp
+  static_assert(kC % kV == 0 && kG >= 1 && kG <= 32, "channel split");
+  __shared__ Level lv[kMaxLevels];
+  load_levels(lv, shapes, starts, L);
+
+  const int64_t warp = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
+  if (warp >= B * H * Q) return;  // warp-uniform
+  const int lane = threadIdx.x & 31;
+  const int g = lane % kG, slice = lane / kG;
+  const int64_t q = warp % Q, bh = warp / Q;
+  const int h = static_cast<int>(bh % H);
+  const int64_t b = bh / H;
+  const int LP = L * P;
+  const int64_t bqh = (b * Q + q) * H + h;
+  const TL* lp = loc + bqh * LP * 2;
+  const TL* ap = attn + bqh * LP;
+  const int64_t row = static_cast<int64_t>(H) * kC;
+  const T* vb = value + b * S * row + static_cast<int64_t>(h) * kC + g * kV;
+
+  float acc[kV];
+#pragma unroll
+  for (int c = 0; c < kV; ++c) acc[c] = 0.f;
+
+  for (int i0 = slice; i0 < LP; i0 += kK * kU) {
+    float lx[kU], ly[kU], la[kU];
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {  // independent loads (index 0 stands in past the end)
+      const int i = i0 + u * kK < LP ? i0 + u * kK : 0;
+      lx[u] = Traits<TL>::to_float(lp[2 * i]);
+      ly[u] = Traits<TL>::to_float(lp[2 * i + 1]);
+      la[u] = Traits<TL>::to_float(ap[i]);
+    }
+    int64_t off[kU][4];
+    float w[kU][4];
+    bool ok[kU][4];
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+      const int i = i0 + u * kK;
+      Footprint f;
+      const Level lev = lv[(i < LP ? i : 0) / P];
+      const bool inside = i < LP && footprint(lx[u], ly[u], lev, f);
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const int64_t s = inside ? corner(f, lev, k, S) : -1;
+        ok[u][k] = s >= 0;
+        off[u][k] = s >= 0 ? s * row : 0;
+        w[u][k] = s >= 0 ? la[u] * corner_weight(f, k) : 0.f;
+      }
+    }
+    uint4 raw[kU][4];
+#pragma unroll
+    for (int u = 0; u < kU; ++u)
+#pragma unroll
+      for (int k = 0; k < 4; ++k) raw[u][k] = __ldg(reinterpret_cast<const uint4*>(vb + off[u][k]));
+#pragma unroll
+    for (int u = 0; u < kU; ++u)
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        if (!ok[u][k]) continue;  // row 0 stood in: never let it into the sum (NaN, Inf)
+        float v[kV];
+        Tr::unpack(raw[u][k], v);
+#pragma unroll
+        for (int c = 0; c < kV; ++c) acc[c] = fmaf(w[u][k], v[c], acc[c]);
+      }
+  }
+#pragma unroll
+  for (int off = kG; off < 32; off <<= 1) {
+#pragma unroll
+    for (int c = 0; c < kV; ++c) acc[c] += __shfl_xor_sync(kFull, acc[c], off);
+  }
+  if (slice == 0) *reinterpret_cast<uint4*>(out + bqh * kC + g * kV) = Tr::pack(acc);
+}
+
+template <typename T, typename TL>
+__global__ void __launch_bounds__(kThreads)
+    msda_forward_generic(const T* __restrict__ value, const int64_t* __restrict__ shapes,
+                         const int64_t* __restrict__ starts, const TL* __restrict__ loc,
+                         const TL* __restrict__ attn, T* __restrict__ out, int64_t B, int64_t S,
+                         int64_t Q, int H, int C, int L, int P) {
+  __shared__ Level lv[kMaxLevels];
+  load_levels(lv, shapes, starts, L);
+  const int64_t warp = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
+  if (warp >= B * H * Q) return;
+  const int lane = threadIdx.x & 31;
+  const int64_t q = warp % Q, bh = warp / Q;
+  const int h = static_cast<int>(bh % H);
+  const int64_t b = bh / H;
+  const int LP = L * P;
+  const int64_t bqh = (b * Q + q) * H + h;
+  const TL* lp = loc + bqh * LP * 2;
+  const TL* ap = attn + bqh * LP;
+  const int64_t row = static_cast<int64_t>(H) * C;
+  const T* vb = value + b * S * row + static_cast<int64_t>(h) * C;
+  for (int c0 = 0; c0 < C; c0 += 32) {
+    const int c = c0 + lane;
+    if (c >= C) break;
+    float acc = 0.f;
+    for (int i = 0; i < LP; ++i) {
+      const Level lev = lv[i / P];
+      Footprint f;
+      if (!footprint(Traits<TL>::to_float(lp[2 * i]), Traits<TL>::to_float(lp[2 * i + 1]), lev, f))
+        continue;
+      const float a = Traits<TL>::to_float(ap[i]);
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const int64_t s = corner(f, lev, k, S);
+        if (s < 0) continue;
+        acc = fmaf(a * corner_weight(f, k), Traits<T>::to_float(vb[s * row + c]), acc);
+      }
+    }
+    out[bqh * C + c] = Traits<T>::from_float(acc);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Backward: grad_value += a * w_k * g (float32 atomics), grad_attn = sum_c g * sample,
+// grad_loc = a * (W, H) * sum_c g * d(sample)/d(x, y), with
+//   d/dx = -hy*v00 + hy*v01 - ly*v10 + ly*v11,  d/dy = -hx*v00 - lx*v01 + hx*v10 + lx*v11.
+
+template <int kV>
+__device__ __forceinline__ void atomic_add_vec(float* p, const float* v) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#pragma unroll
+  for (int j = 0; j < kV; j += 4)
+    atomicAdd(reinterpret_cast<float4*>(p + j), make_float4(v[j], v[j + 1], v[j + 2], v[j + 3]));
+#else
+#pragma unroll
+  for (int j = 0; j < kV; ++j) atomicAdd(p + j, v[j]);
+#endif
+}
+
+__device__ __forceinline__ float dwx(const Footprint& f, int k) {
+  const float wy = (k >> 1) ? f.ly : f.hy;
+  return (k & 1) ? wy : -wy;
+}
+__device__ __forceinline__ float dwy(const Footprint& f, int k) {
+  const float wx = (k & 1) ? f.lx : f.hx;
+  return (k >> 1) ? wx : -wx;
+}
+
+template <typename T, typename TL, int kC>
+__global__ void __launch_bounds__(kThreads)
+    msda_backward_vec(const T* __restrict__ value, const int64_t* __restrict__ shapes,
+                      const int64_t* __restrict__ starts, const TL* __restrict__ loc,
+                      const TL* __restrict__ attn, const T* __restrict__ grad_out,
+                      float* __restrict__ grad_value, TL* __restrict__ grad_loc,
+                      TL* __restrict__ grad_attn, int64_t B, int64_t S, int64_t Q, int H, int L,
+                      int P) {
+  using Tr = Traits<T>;
+  constexpr int kV = Tr::kVec;
+  constexpr int kG = kC / kV;
+  constexpr int kK = 32 / kG;
+  __shared__ Level lv[kMaxLevels];
+  load_levels(lv, shapes, starts, L);
+
+  const int64_t warp = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
+  if (warp >= B * H * Q) return;
+  const int lane = threadIdx.x & 31;
+  const int g = lane % kG, slice = lane / kG;
+  const int64_t q = warp % Q, bh = warp / Q;
+  const int h = static_cast<int>(bh % H);
+  const int64_t b = bh / H;
+  const int LP = L * P;
+  const int64_t bqh = (b * Q + q) * H + h;
+  const TL* lp = loc + bqh * LP * 2;
+  const TL* ap = attn + bqh * LP;
+  const int64_t row = static_cast<int64_t>(H) * kC;
+  const int64_t base = b * S * row + static_cast<int64_t>(h) * kC + g * kV;
+  const T* vb = value + base;
+  float* gvb = grad_value + base;
+
+  float go[kV];
+  Tr::unpack(__ldg(reinterpret_cast<const uint4*>(grad_out + bqh * kC + g * kV)), go);
+
+  for (int i0 = 0; i0 < LP; i0 += kK) {  // same trip count in every lane: shuffles below
+    const int i = i0 + slice;
+    const bool valid = i < LP;
+    float ga = 0.f, gx = 0.f, gy = 0.f;
+    if (valid) {
+      const Level lev = lv[i / P];
+      Footprint f;
+      if (footprint(Traits<TL>::to_float(lp[2 * i]), Traits<TL>::to_float(lp[2 * i + 1]), lev, f)) {
+        const float a = Traits<TL>::to_float(ap[i]);
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          const int64_t s = corner(f, lev, k, S);
+          if (s < 0) continue;
+          float v[kV];
+          Tr::unpack(__ldg(reinterpret_cast<const uint4*>(vb + s * row)), v);
+          float dot = 0.f;
+#pragma unroll
+          for (int c = 0; c < kV; ++c) dot = fmaf(go[c], v[c], dot);
+          const float w = corner_weight(f, k);
+          ga = fmaf(w, dot, ga);
+          gx = fmaf(dwx(f, k), dot, gx);
+          gy = fmaf(dwy(f, k), dot, gy);
+          const float aw = a * w;
+          float add[kV];
+#pragma unroll
+          for (int c = 0; c < kV; ++c) add[c] = aw * go[c];
+          atomic_add_vec<kV>(gvb + s * row, add);
+        }
+        gx *= a * static_cast<float>(lev.w);
+        gy *= a * static_cast<float>(lev.h);
+      }
+    }
+#pragma unroll
+    for (int off = kG / 2; off >= 1; off >>= 1) {
+      ga += __shfl_xor_sync(kFull, ga, off);
+      gx += __shfl_xor_sync(kFull, gx, off);
+      gy += __shfl_xor_sync(kFull, gy, off);
+    }
+    if (valid && g == 0) {
+      grad_attn[bqh * LP + i] = Traits<TL>::from_float(ga);
+      grad_loc[(bqh * LP + i) * 2] = Traits<TL>::from_float(gx);
+      grad_loc[(bqh * LP + i) * 2 + 1] = Traits<TL>::from_float(gy);
+    }
+  }
+}
+
+template <typename T, typename TL>
+__global__ void __launch_bounds__(kThreads)
+    msda_backward_generic(const T* __restrict__ value, const int64_t* __restrict__ shapes,
+                          const int64_t* __restrict__ starts, const TL* __restrict__ loc,
+                          const TL* __restrict__ attn, const T* __restrict__ grad_out,
+                          float* __restrict__ grad_value, TL* __restrict__ grad_loc,
+                          TL* __restrict__ grad_attn, int64_t B, int64_t S, int64_t Q, int H, int C,
+                          int L, int P) {
+  __shared__ Level lv[kMaxLevels];
+  load_levels(lv, shapes, starts, L);
+  const int64_t warp = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
+  if (warp >= B * H * Q) return;
+  const int lane = threadIdx.x & 31;
+  const int64_t q = warp % Q, bh = warp / Q;
+  const int h = static_cast<int>(bh % H);
+  const int64_t b = bh / H;
+  const int LP = L * P;
+  const int64_t bqh = (b * Q + q) * H + h;
+  const TL* lp = loc + bqh * LP * 2;
+  const TL* ap = attn + bqh * LP;
+  const int64_t row = static_cast<int64_t>(H) * C;
+  const int64_t base = b * S * row + static_cast<int64_t>(h) * C;
+  const T* go = grad_out + bqh * C;
+  for (int i = 0; i < LP; ++i) {  // one point per iteration for the whole warp
+    const Level lev = lv[i / P];
+    Footprint f;
+    float ga = 0.f, gx = 0.f, gy = 0.f;
+    if (footprint(Traits<TL>::to_float(lp[2 * i]), Traits<TL>::to_float(lp[2 * i + 1]), lev, f)) {
+      const float a = Traits<TL>::to_float(ap[i]);
+      for (int k = 0; k < 4; ++k) {
+        const int64_t s = corner(f, lev, k, S);
+        if (s < 0) continue;
+        const float w = corner_weight(f, k);
+        float dot = 0.f;
+        for (int c = lane; c < C; c += 32) {
+          const float gc = Traits<T>::to_float(go[c]);
+          dot = fmaf(gc, Traits<T>::to_float(value[base + s * row + c]), dot);
+          atomicAdd(grad_value + base + s * row + c, a * w * gc);
+        }
+        ga = fmaf(w, dot, ga);
+        gx = fmaf(dwx(f, k), dot, gx);
+        gy = fmaf(dwy(f, k), dot, gy);
+      }
+      gx *= a * static_cast<float>(lev.w);
+      gy *= a * static_cast<float>(lev.h);
+    }
+#pragma unroll
+    for (int off = 16; off >= 1; off >>= 1) {
+      ga += __shfl_xor_sync(kFull, ga, off);
+      gx += __shfl_xor_sync(kFull, gx, off);
+      gy += __shfl_xor_sync(kFull, gy, off);
+    }
+    if (lane == 0) {
+      grad_attn[bqh * LP + i] = Traits<TL>::from_float(ga);
+      grad_loc[(bqh * LP + i) * 2] = Traits<TL>::from_float(gx);
+      grad_loc[(bqh * LP + i) * 2 + 1] = Traits<TL>::from_float(gy);
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Launchers
+
+int g_forward_unroll = 2;  // see set_forward_unroll
+
+struct Dims {
+  int64_t B, S, Q;
+  int H, C, L, P;
+};
+
+Dims dims_of(const at::Tensor& value, const at::Tensor& loc) {
+  return {value.size(0),
+          value.size(1),
+          loc.size(1),
+          static_cast<int>(value.size(2)),
+          static_cast<int>(value.size(3)),
+          static_cast<int>(loc.size(3)),
+          static_cast<int>(loc.size(4))};
+}
+
+bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+
+template <typename T>
+const T* ptr(const at::Tensor& t) {
+  return reinterpret_cast<const T*>(t.const_data_ptr());
+}
+template <typename T>
+T* mut(at::Tensor& t) {
+  return reinterpret_cast<T*>(t.mutable_data_ptr());
+}
+
+unsigned blocks_for(const Dims& d) {
+  const int64_t warps = d.B * d.H * d.Q;
+  return static_cast<unsigned>((warps + kWarps - 1) / kWarps);
+}
+
+template <typename T, typename TL>
+void forward_typed(const at::Tensor& value, const at::Tensor& shapes, const at::Tensor& starts,
+                   const at::Tensor& loc, const at::Tensor& attn, at::Tensor& out, const Dims& d) {
+  const auto stream = at::cuda::getCurrentCUDAStream();
+  const dim3 grid(blocks_for(d)), block(kThreads);
+  const bool vec = aligned16(value.const_data_ptr()) && aligned16(out.const_data_ptr());
+#define LIBREYOLO_MSDA_FWD_U(CH, U)                                                           \
+  msda_forward_vec<T, TL, CH, U><<<grid, block, 0, stream>>>(                                 \
+      ptr<T>(value), ptr<int64_t>(shapes), ptr<int64_t>(starts), ptr<TL>(loc), ptr<TL>(attn), \
+      mut<T>(out), d.B, d.S, d.Q, d.H, d.L, d.P)
+#define LIBREYOLO_MSDA_FWD(CH)   \
+  if (unroll >= 4) {             \
+    LIBREYOLO_MSDA_FWD_U(CH, 4); \
+  } else if (unroll == 2) {      \
+    LIBREYOLO_MSDA_FWD_U(CH, 2); \
+  } else {                       \
+    LIBREYOLO_MSDA_FWD_U(CH, 1); \
+  }
+  const int unroll = g_forward_unroll;
+  switch (vec && d.S > 0 ? d.C : 0) {
+    case 16:
+      LIBREYOLO_MSDA_FWD(16);
+      break;
+    case 32:
+      LIBREYOLO_MSDA_FWD(32);
+      break;
+    case 64:
+      LIBREYOLO_MSDA_FWD(64);
+      break;
+    case 128:
+      LIBREYOLO_MSDA_FWD(128);
+      break;
+    default:
+      msda_forward_generic<T, TL><<<grid, block, 0, stream>>>(
+          ptr<T>(value), ptr<int64_t>(shapes), ptr<int64_t>(starts), ptr<TL>(loc), ptr<TL>(attn),
+          mut<T>(out), d.B, d.S, d.Q, d.H, d.C, d.L, d.P);
+  }
+#undef LIBREYOLO_MSDA_FWD_U
+#undef LIBREYOLO_MSDA_FWD
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+template <typename T, typename TL>
+void backward_typed(const at::Tensor& value, const at::Tensor& shapes, const at::Tensor& starts,
+                    const at::Tensor& loc, const at::Tensor& attn, const at::Tensor& grad_out,
+                    at::Tensor& grad_value, at::Tensor& grad_loc, at::Tensor& grad_attn,
+                    const Dims& d) {
+  const auto stream = at::cuda::getCurrentCUDAStream();
+  const dim3 grid(blocks_for(d)), block(kThreads);
+  const bool vec = aligned16(value.const_data_ptr()) && aligned16(grad_out.const_data_ptr()) &&
+                   aligned16(grad_value.const_data_ptr());
+#define LIBREYOLO_MSDA_BWD(CH)                                                                   \
+  msda_backward_vec<T, TL, CH><<<grid, block, 0, stream>>>(                                      \
+      ptr<T>(value), ptr<int64_t>(shapes), ptr<int64_t>(starts), ptr<TL>(loc), ptr<TL>(attn),    \
+      ptr<T>(grad_out), mut<float>(grad_value), mut<TL>(grad_loc), mut<TL>(grad_attn), d.B, d.S, \
+      d.Q, d.H, d.L, d.P)
+  switch (vec ? d.C : 0) {
+    case 16:
+      LIBREYOLO_MSDA_BWD(16);
+      break;
+    case 32:
+      LIBREYOLO_MSDA_BWD(32);
+      break;
+    case 64:
+      LIBREYOLO_MSDA_BWD(64);
+      break;
+    case 128:
+      LIBREYOLO_MSDA_BWD(128);
+      break;
+    default:
+      msda_backward_generic<T, TL><<<grid, block, 0, stream>>>(
+          ptr<T>(value), ptr<int64_t>(shapes), ptr<int64_t>(starts), ptr<TL>(loc), ptr<TL>(attn),
+          ptr<T>(grad_out), mut<float>(grad_value), mut<TL>(grad_loc), mut<TL>(grad_attn), d.B, d.S,
+          d.Q, d.H, d.C, d.L, d.P);
+  }
+#undef LIBREYOLO_MSDA_BWD
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+struct ForwardFn {
+  const at::Tensor &value, &shapes, &starts, &loc, &attn;
+  at::Tensor& out;
+  const Dims& d;
+  template <typename T, typename TL>
+  void run() const {
+    forward_typed<T, TL>(value, shapes, starts, loc, attn, out, d);
+  }
+};
+
+struct BackwardFn {
+  const at::Tensor &value, &shapes, &starts, &loc, &attn, &grad_out;
+  at::Tensor &grad_value, &grad_loc, &grad_attn;
+  const Dims& d;
+  template <typename T, typename TL>
+  void run() const {
+    backward_typed<T, TL>(value, shapes, starts, loc, attn, grad_out, grad_value, grad_loc,
+                          grad_attn, d);
+  }
+};
+
+// Calls fn.template run<T, TL>() for the (value, location) dtype pair.
+template <typename Fn>
+void dispatch(at::ScalarType value_type, at::ScalarType loc_type, const Fn& fn) {
+  const bool loc_f32 = loc_type == at::kFloat;
+  switch (value_type) {
+    case at::kFloat:
+      TORCH_CHECK(loc_f32, "ms_deform_attn cuda: locations must be float32 for float32 value");
+      fn.template run<float, float>();
+      return;
+    case at::kHalf:
+      if (loc_f32) {
+        fn.template run<__half, float>();
+      } else {
+        TORCH_CHECK(loc_type == at::kHalf, "ms_deform_attn cuda: location dtype");
+        fn.template run<__half, __half>();
+      }
+      return;
+    case at::kBFloat16:
+      if (loc_f32) {
+        fn.template run<__nv_bfloat16, float>();
+      } else {
+        TORCH_CHECK(loc_type == at::kBFloat16, "ms_deform_attn cuda: location dtype");
+        fn.template run<__nv_bfloat16, __nv_bfloat16>();
+      }
+      return;
+    default:
+      TORCH_CHECK(false, "ms_deform_attn cuda: unsupported value dtype ", value_type);
+  }
+}
+
+}  // namespace
+
+void set_forward_unroll(int points) { g_forward_unroll = points >= 4 ? 4 : points >= 2 ? 2 : 1; }
+
+at::Tensor ms_deform_attn_forward(const at::Tensor& value, const at::Tensor& spatial_shapes,
+                                  const at::Tensor& level_start_index,
+                                  const at::Tensor& sampling_locations,
+                                  const at::Tensor& attention_weights) {
+  const c10::cuda::CUDAGuard guard(value.device());
+  const Dims d = dims_of(value, sampling_locations);
+  TORCH_CHECK(d.L <= kMaxLevels, "ms_deform_attn cuda: at most ", kMaxLevels, " levels");
+  auto out = at::empty({d.B, d.Q, static_cast<int64_t>(d.H) * d.C}, value.options());
+  if (out.numel() == 0) return out;
+  dispatch(value.scalar_type(), sampling_locations.scalar_type(),
+           ForwardFn{value, spatial_shapes, level_start_index, sampling_locations,
+                     attention_weights, out, d});
+  return out;
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> ms_deform_attn_backward(
+    const at::Tensor& value, const at::Tensor& spatial_shapes, const at::Tensor& level_start_index,
+    const at::Tensor& sampling_locations, const at::Tensor& attention_weights,
+    const at::Tensor& grad_output) {
+  const c10::cuda::CUDAGuard guard(value.device());
+  const Dims d = dims_of(value, sampling_locations);
+  TORCH_CHECK(d.L <= kMaxLevels, "ms_deform_attn cuda: at most ", kMaxLevels, " levels");
+  const auto grad_out = grad_output.to(value.scalar_type()).contiguous();
+  auto grad_value = at::zeros(value.sizes(), value.options().dtype(at::kFloat));
+  auto grad_loc = at::empty_like(sampling_locations);
+  auto grad_attn = at::empty_like(attention_weights);
+  if (d.B * d.Q * d.H > 0) {
+    dispatch(value.scalar_type(), sampling_locations.scalar_type(),
+             BackwardFn{value, spatial_shapes, level_start_index, sampling_locations,
+                        attention_weights, grad_out, grad_value, grad_loc, grad_attn, d});
+  }
+  if (value.scalar_type() != at::kFloat) grad_value = grad_value.to(value.scalar_type());
+  return {grad_value, grad_loc, grad_attn};
+}
+
+}  // namespace libreyolo::kernels::cuda

@@ -1,0 +1,460 @@
+#include "kernels/hub/provider.h"
+
+#include <ATen/ATen.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/detail/CUDAHooksInterface.h>
+#include <c10/util/StringUtil.h>
+#include <dlfcn.h>
+#include <sys/stat.h>
+#include <sys/utsname.h>
+#include <torch/version.h>
+
+#ifdef LIBREYOLO_WITH_CUDA
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAGraphsC10Utils.h>
+#endif
+
+#include <atomic>
+#include <chrono>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <sstream>
+
+#include "kernels/attention/ms_deform_attn.h"
+#include "kernels/hub/digest.h"
+#include "kernels/hub/fetch.h"
+#include "kernels/hub/lock.h"
+#include "kernels/hub/metadata.h"
+#include "log/log.h"
+
+namespace libreyolo::kernels::hub {
+namespace {
+
+using ForwardFn = at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                             const at::Tensor&, const at::Tensor&, int64_t);
+
+/// A loaded, checked hub op.
+struct LoadedOp {
+  c10::TypedOperatorHandle<ForwardFn> forward;
+  std::string backend;      ///< "cpu" | "cuda"
+  std::string description;  ///< "org/name@sha build/<variant>"
+};
+
+/// Process-wide record of op namespaces this provider dlopen()ed, with the SHA-256 of the
+/// library: loading a second library into one TORCH_LIBRARY namespace aborts the process
+/// (kernel-builder issue #11), loading the same bytes again is a no-op.
+std::mutex& libraries_mutex() {
+  static std::mutex m;
+  return m;
+}
+std::map<std::string, std::string>& loaded_namespaces() {
+  static auto* m = new std::map<std::string, std::string>();  // leaked: ops outlive statics
+  return *m;
+}
+
+std::mutex& settings_mutex() {
+  static std::mutex m;
+  return m;
+}
+std::optional<HubSettings>& stored_settings() {
+  static auto* s = new std::optional<HubSettings>();
+  return *s;
+}
+
+bool file_exists(const std::string& path) {
+  struct stat st {};
+  return ::stat(path.c_str(), &st) == 0;
+}
+
+bool is_elf(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  char magic[4] = {0, 0, 0, 0};
+  in.read(magic, 4);
+  return in.gcount() == 4 && magic[0] == 0x7f && magic[1] == 'E' && magic[2] == 'L' &&
+         magic[3] == 'F';
+}
+
+std::string basename(const std::string& path) {
+  const auto slash = path.rfind('/');
+  return slash == std::string::npos ? path : path.substr(slash + 1);
+}
+
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() &&
+         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+// dlopen + dispatcher lookup + schema check of `<id>::ms_deform_attn_forward`.
+c10::TypedOperatorHandle<ForwardFn> open_library(const std::string& path, const std::string& id,
+                                                 const std::string& backend) {
+  const std::string op_name = id + "::ms_deform_attn_forward";
+  auto& dispatcher = c10::Dispatcher::singleton();
+  {
+    std::lock_guard<std::mutex> lock(libraries_mutex());
+    const std::string digest = sha256_hex_file(path);
+    auto it = loaded_namespaces().find(id);
+    if (it != loaded_namespaces().end()) {
+      if (it->second != digest) {
+        throw HubError("namespace",
+                       "op namespace " + id + " was already loaded from a different library");
+      }
+    } else {
+      if (dispatcher.findSchema({op_name, ""}).has_value()) {
+        throw HubError(
+            "namespace",
+            "op namespace " + id + " is already registered in this process by another library");
+      }
+      if (!is_elf(path)) throw HubError("dlopen", path + " is not an ELF shared library");
+      // RTLD_NOW: unresolved symbols fail here, not inside a request (our PyModule_Create2
+      // stub satisfies builds linked against the Python limited API). RTLD_LOCAL: the
+      // library's symbols cannot interpose on the process's.
+      void* handle = nullptr;
+      try {
+        handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+      } catch (const std::exception& e) {  // a static initialiser that throws
+        throw HubError("dlopen", path + ": " + e.what());
+      }
+      if (!handle) {
+        const char* err = dlerror();
+        throw HubError("dlopen", err ? err : (path + ": unknown dlopen error"));
+      }
+      loaded_namespaces()[id] = digest;  // the handle stays open for the life of the process
+    }
+  }
+  auto handle = dispatcher.findSchema({op_name, ""});
+  if (!handle) {
+    throw HubError("schema", basename(path) + " registers no op " + op_name);
+  }
+  std::string schema = c10::toString(handle->schema());
+  const std::string prefix = id + "::";
+  if (schema.rfind(prefix, 0) == 0) schema = schema.substr(prefix.size());
+  if (schema != kForwardSchema) {
+    throw HubError("schema",
+                   op_name + " has schema '" + schema + "', expected '" + kForwardSchema + "'");
+  }
+  const auto key = backend == "cuda" ? c10::DispatchKey::CUDA : c10::DispatchKey::CPU;
+  if (!handle->hasKernelForDispatchKey(key)) {
+    throw HubError("schema", op_name + " has no " + c10::toString(key) + " kernel");
+  }
+  try {
+    return handle->typed<ForwardFn>();
+  } catch (const c10::Error& e) {
+    throw HubError("schema", op_name + ": " + e.what_without_backtrace());
+  }
+}
+
+std::string join(const std::vector<std::string>& v) {
+  std::string out;
+  for (const auto& s : v) out += (out.empty() ? "" : ", ") + s;
+  return out;
+}
+
+// Fetch, verify and open the first accepted variant whose metadata fits the device.
+LoadedOp load_entry(const Connection& connection, const LockEntry& entry,
+                    const std::vector<std::string>& accepted, const SystemInfo& system) {
+  std::vector<std::string> archs_rejected;
+  for (const auto& variant : accepted) {
+    const auto& files = entry.variants.at(variant).files;
+    if (!files.count("metadata.json")) {
+      throw HubError("unlocked", "build/" + variant + "/metadata.json of " + entry.repo_id +
+                                     " is not in kernels.lock");
+    }
+    const std::string meta_path = ensure_file(connection, entry, variant, "metadata.json");
+    KernelMetadata meta;
+    try {
+      meta = read_metadata(meta_path);
+    } catch (const std::exception& e) {
+      throw HubError("metadata", e.what());
+    }
+    if (meta.backend_type != system.backend) {
+      log::info("hub: " + entry.repo_id + " variant " + variant +
+                " rejected: metadata.json backend " + meta.backend_type + " != " + system.backend);
+      archs_rejected.push_back(variant);
+      continue;
+    }
+    if (system.backend == "cuda" && system.compute_capability && !meta.archs.empty()) {
+      const auto [major, minor] = *system.compute_capability;
+      bool runs = false;
+      for (const auto& a : meta.archs) runs = runs || arch_runs_on(a, major, minor);
+      if (!runs) {
+        log::info("hub: " + entry.repo_id + " variant " + variant +
+                  " rejected: metadata.json backend.archs [" + join(meta.archs) +
+                  "] has no code for compute capability " + std::to_string(major) + "." +
+                  std::to_string(minor));
+        archs_rejected.push_back(variant);
+        continue;
+      }
+    }
+    // Every file, verified, before anything is loaded.
+    std::vector<std::string> names;
+    std::string library;
+    for (const auto& [file, digest] : files) {
+      ensure_file(connection, entry, variant, file);
+      names.push_back(file);
+      const std::string base = basename(file);
+      if (ends_with(base, ".so") && base.rfind(meta.id + ".", 0) == 0) library = file;
+    }
+    const std::string dir =
+        variant_cache_dir(connection.cache_dir, entry.repo_id, entry.sha, variant);
+    try {
+      verify_metadata_digest(meta, dir, names);
+    } catch (const std::exception& e) {
+      throw HubError("digest", e.what());
+    }
+    if (library.empty()) {
+      throw HubError("metadata", "build/" + variant + " of " + entry.repo_id + " has no library " +
+                                     meta.id + ".abi3.so (metadata.json id)");
+    }
+    LoadedOp op{open_library(dir + "/" + library, meta.id, system.backend), system.backend,
+                entry.repo_id + "@" + entry.sha + " build/" + variant};
+    return op;
+  }
+  throw HubError("no_variant", "no build variant of " + entry.repo_id + "@" + entry.sha +
+                                   " fits this device (" + system.describe() + ")");
+}
+
+/// Shared by the loader and the registered implementation.
+struct SlotState {
+  std::function<LoadedOp()> load;
+  std::function<bool()> capturing;
+  std::mutex mutex;
+  std::shared_ptr<const LoadedOp> loaded;  // read with std::atomic_load
+  std::string load_error;                  // set when a deferred load failed
+  std::atomic<bool> warmed{false};         // one successful call outside a capture
+
+  std::shared_ptr<const LoadedOp> get() { return std::atomic_load(&loaded); }
+
+  std::shared_ptr<const LoadedOp> load_now() {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (auto op = std::atomic_load(&loaded)) return op;
+    if (!load_error.empty()) throw std::runtime_error(load_error);
+    try {
+      auto op = std::make_shared<const LoadedOp>(load());
+      std::atomic_store(&loaded, op);
+      log::info("hub: loaded " + op->description);
+      return op;
+    } catch (const std::exception& e) {
+      load_error = e.what();
+      throw;
+    }
+  }
+};
+
+// Largest divisor of B that is <= 64 (the op requires B % min(B, im2col_step) == 0;
+// transformers passes 64).
+int64_t im2col_step_for(int64_t batch) {
+  for (int64_t step = std::min<int64_t>(batch, 64); step > 1; --step) {
+    if (batch % step == 0) return step;
+  }
+  return 1;
+}
+
+MsDeformAttnImpl make_impl(std::shared_ptr<SlotState> state) {
+  return [state](const at::Tensor& value, const at::Tensor& spatial_shapes,
+                 const at::Tensor& level_start_index, const at::Tensor& sampling_locations,
+                 const at::Tensor& attention_weights) -> Outcome<at::Tensor> {
+    const bool capturing = state->capturing && state->capturing();
+    auto op = state->get();
+    if (!op) {
+      if (capturing) return Decline{"hub: not loaded yet, CUDA graph capture"};
+      op = state->load_now();  // throws: the registry disables `hub` with one warning
+    }
+    if (capturing && !state->warmed.load())
+      return Decline{"hub: first call inside CUDA graph capture"};
+    const bool on_cuda = value.is_cuda();
+    if ((op->backend == "cuda") != on_cuda || (op->backend == "cpu" && !value.is_cpu())) {
+      return Decline{"hub: tensors on another device than the build"};
+    }
+    const auto dtype = value.scalar_type();
+    if (dtype != at::kFloat && dtype != at::kHalf && dtype != at::kBFloat16) {
+      return Decline{"hub: dtype (float32, float16, bfloat16 only)"};
+    }
+    if (at::GradMode::is_enabled() &&
+        (value.requires_grad() || sampling_locations.requires_grad() ||
+         attention_weights.requires_grad())) {
+      return Decline{"hub: autograd (the hub op has no autograd kernel)"};
+    }
+    if (value.dim() != 4 || sampling_locations.dim() != 6 || attention_weights.dim() != 5) {
+      return Decline{"hub: layout"};
+    }
+    // fp16/bf16 by upcast (DESIGN.md "Slots": the accelerated paths accumulate in float32).
+    const auto v = value.to(at::kFloat).contiguous();
+    const auto loc = sampling_locations.to(at::kFloat).contiguous();
+    const auto w = attention_weights.to(at::kFloat).contiguous();
+    const auto shapes = spatial_shapes.to(at::kLong).contiguous();
+    const auto start = level_start_index.to(at::kLong).contiguous();
+    const int64_t B = v.size(0), H = v.size(2), C = v.size(3), Q = loc.size(1);
+    at::Tensor out = op->forward.call(v, shapes, start, loc, w, im2col_step_for(B));
+    if (!out.defined() || out.sizes() != at::IntArrayRef({B, Q, H * C})) {
+      std::ostringstream os;
+      os << "hub op " << op->description << " returned "
+         << (out.defined() ? c10::str(out.sizes()) : std::string("an undefined tensor"))
+         << ", expected [" << B << ", " << Q << ", " << H * C << "]";
+      throw std::runtime_error(os.str());
+    }
+    if (!capturing) state->warmed.store(true);
+    return dtype == at::kFloat ? out : out.to(dtype);
+  };
+}
+
+// One lock entry: refuse, select, load (or defer), register. Throws HubError on refusal.
+void install_entry(Registry& registry, const LockEntry& entry, const std::string& lock_path,
+                   const ProviderOptions& options) {
+  if (entry.slot != kMsDeformAttn) {
+    throw HubError("unsupported", "slot '" + entry.slot + "' of " + entry.repo_id + " in " +
+                                      lock_path +
+                                      " has no hub binding (supported: ms_deform_attn)");
+  }
+  if (!is_commit(entry.sha)) {
+    throw HubError("unpinned", entry.repo_id + " in " + lock_path + " is not pinned: sha '" +
+                                   entry.sha + "' is not a 40-hex commit (revision '" +
+                                   entry.revision +
+                                   "'); pin it with `libreyolo-server kernels lock`");
+  }
+  if (entry.variants.empty()) {
+    throw HubError("unlocked",
+                   entry.repo_id + "@" + entry.sha + " in " + lock_path +
+                       " lists no variant digests; run `libreyolo-server kernels lock`");
+  }
+  const SystemInfo system = options.system ? *options.system : detect_system();
+  std::vector<std::string> names;
+  for (const auto& [name, v] : entry.variants) names.push_back(name);
+  const Selection selection = select_variants(names, system);
+  for (const auto& [name, why] : selection.rejected) {
+    const std::string line = "hub: " + entry.repo_id + " variant " + name + " rejected: " + why;
+    if (selection.accepted.empty()) {
+      log::info(line);
+    } else {
+      log::debug(line);
+    }
+  }
+  if (selection.accepted.empty()) {
+    throw HubError("no_variant", "no locked build variant of " + entry.repo_id + "@" + entry.sha +
+                                     " matches this process (" + system.describe() + "); " +
+                                     std::to_string(selection.rejected.size()) +
+                                     " rejected, reasons logged above");
+  }
+
+  const HubSettings settings = options.settings;
+  auto state = std::make_shared<SlotState>();
+  state->capturing = options.capturing ? options.capturing : cuda_graph_capturing;
+  const std::vector<std::string> accepted = selection.accepted;
+  state->load = [settings, entry, accepted, system]() {
+    // The whole load (every request, retry and backoff) fits in kernels.hub.timeout_seconds,
+    // counted from when it starts.
+    return load_entry(connection_for(settings), entry, accepted, system);
+  };
+  if (state->capturing()) {
+    log::info("hub: a CUDA graph is being captured: " + entry.repo_id +
+              " is loaded at the first call outside the capture");
+  } else {
+    state->load_now();
+  }
+  registry.register_impl(kMsDeformAttn, kProviderName, make_impl(state));
+}
+
+void load_provider(Registry& registry, const ProviderOptions& options) {
+  const std::string lock_path = lock_file_path(options.settings);
+  if (lock_path.empty()) {
+    log::info(
+        "hub: no configuration file and no kernels.hub.lock_file: no hub kernel is pinned, "
+        "nothing loaded");
+    return;
+  }
+  if (!file_exists(lock_path)) {
+    if (options.settings.lock_file.value.empty()) {
+      // The default place: an operator who never pinned anything is not warned.
+      log::info("hub: no " + lock_path + ": no hub kernel is pinned, nothing loaded");
+      return;
+    }
+    registry.record_event("*", kProviderName,
+                          "unlocked: lock file " + lock_path +
+                              " does not exist; create it with `libreyolo-server kernels lock`");
+    return;
+  }
+  std::vector<LockEntry> entries;
+  try {
+    entries = read_lock_file(lock_path);
+  } catch (const std::exception& e) {
+    registry.record_event("*", kProviderName, std::string("lock: ") + e.what());
+    return;
+  }
+  for (const auto& entry : entries) {
+    try {
+      install_entry(registry, entry, lock_path, options);
+    } catch (const std::exception& e) {
+      registry.record_event(entry.slot, kProviderName, e.what());
+    }
+  }
+}
+
+}  // namespace
+
+bool cuda_graph_capturing() {
+#ifdef LIBREYOLO_WITH_CUDA
+  if (!at::hasCUDA()) return false;
+  return c10::cuda::currentStreamCaptureStatusMayInitCtx() != c10::cuda::CaptureStatus::None;
+#else
+  return false;
+#endif
+}
+
+SystemInfo detect_system() {
+  SystemInfo s;
+  s.torch_major = TORCH_VERSION_MAJOR;
+  s.torch_minor = TORCH_VERSION_MINOR;
+#if defined(_GLIBCXX_USE_CXX11_ABI)
+  s.cxx11_abi = _GLIBCXX_USE_CXX11_ABI != 0;
+#endif
+  struct utsname u {};
+  if (::uname(&u) == 0) {
+    s.cpu = u.machine;
+    if (s.cpu == "arm64") s.cpu = "aarch64";
+    if (s.cpu == "AMD64") s.cpu = "x86_64";
+  }
+#if defined(__linux__)
+  s.os = "linux";
+#elif defined(__APPLE__)
+  s.os = "darwin";
+#endif
+  if (at::hasCUDA()) {
+    s.backend = "cuda";
+    const long v = at::detail::getCUDAHooks().versionCUDART();  // e.g. 12080 = 12.8
+    s.cuda_major = static_cast<int>(v / 1000);
+    s.cuda_minor = static_cast<int>((v % 1000) / 10);
+#ifdef LIBREYOLO_WITH_CUDA
+    const auto* props = at::cuda::getCurrentDeviceProperties();
+    s.compute_capability = std::make_pair(props->major, props->minor);
+#endif
+  }
+  return s;
+}
+
+Provider make_provider(std::function<ProviderOptions()> options) {
+  return Provider{kProviderName, [options](Registry& registry) {
+                    // Never throws: every failure is one event with its cause.
+                    ProviderOptions o;
+                    try {
+                      o = options();
+                    } catch (const std::exception& e) {
+                      registry.record_event("*", kProviderName,
+                                            std::string("settings: ") + e.what());
+                      return;
+                    }
+                    load_provider(registry, o);
+                  }};
+}
+
+void set_process_settings(const HubSettings& settings) {
+  std::lock_guard<std::mutex> lock(settings_mutex());
+  stored_settings() = settings;
+}
+
+std::optional<HubSettings> process_settings() {
+  std::lock_guard<std::mutex> lock(settings_mutex());
+  return stored_settings();
+}
+
+}  // namespace libreyolo::kernels::hub

@@ -1,0 +1,45 @@
+// Derived (never stored) tensors of Deformable DETR: sine position embeddings, valid ratios,
+// encoder reference points, two-stage proposals and their position embedding. Formulas and
+// operation order from transformers 5.17 models/deformable_detr/modeling_deformable_detr.py
+// (DeformableDetrSinePositionEmbedding, DeformableDetrModel.get_valid_ratio,
+// DeformableDetrEncoder.get_reference_points, gen_encoder_output_proposals,
+// get_proposal_pos_embed), so that float32 results match it bit for bit.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <utility>
+
+#include "kernels/attention/ms_deform_attn.h"
+
+namespace libreyolo::models::deformable_detr {
+
+/// DETR sine embedding (normalize=True, scale=2*pi, temperature 10000) of a mask (B, h, w) bool
+/// (true = valid) -> (B, 2 * num_features, h, w) in `dtype`: channels [pos_y, pos_x], each
+/// interleaving sin (even) / cos (odd) of cumsum(mask) - 0.5 over (last cumsum + 1e-6) * 2*pi
+/// divided by 10000^(2*floor(i/2)/num_features).
+at::Tensor sine_position_embedding(const at::Tensor& mask, int64_t num_features,
+                                   at::ScalarType dtype);
+
+/// (B, 2) float (valid_w / w, valid_h / h) of one level's mask (B, h, w), valid counts taken on
+/// the first row / column.
+at::Tensor valid_ratio(const at::Tensor& mask, at::ScalarType dtype);
+
+/// Encoder reference points (B, S, L, 2): per level the pixel centres (x+0.5, y+0.5) divided by
+/// (valid_ratio * size), then multiplied by every level's valid ratio. valid_ratios (B, L, 2).
+at::Tensor encoder_reference_points(const kernels::SpatialShapes& shapes,
+                                    const at::Tensor& valid_ratios);
+
+/// Two-stage proposals. memory (B, S, D), padding_mask (B, S) bool (true = padded).
+/// Returns (masked memory, proposals): memory with padded/invalid tokens set to 0, and
+/// proposals (B, S, 4) = inverse sigmoid of ((x+0.5)/valid_w, (y+0.5)/valid_h, 0.05*2^l,
+/// 0.05*2^l), +inf where padded or outside (0.01, 0.99).
+std::pair<at::Tensor, at::Tensor> encoder_output_proposals(const at::Tensor& memory,
+                                                           const at::Tensor& padding_mask,
+                                                           const kernels::SpatialShapes& shapes);
+
+/// get_proposal_pos_embed: proposals (B, K, 4) logits -> (B, K, 4 * num_features) sine
+/// embedding of sigmoid(p) * 2*pi (float32 math, result in the proposals' dtype).
+at::Tensor proposal_position_embedding(const at::Tensor& proposals, int64_t num_features);
+
+}  // namespace libreyolo::models::deformable_detr

@@ -1,0 +1,68 @@
+// Post-processing of raw model outputs: transformers 5.17
+// RTDetrImageProcessor.post_process_object_detection (use_focal_loss=True path),
+// DeformableDetrImageProcessor.post_process_object_detection, and softmax top-k for classifiers.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace libreyolo::image {
+
+/// Which post-processor a detector uses.
+enum class DetectionHead {
+  rt_detr,          ///< RT-DETR, RT-DETRv2, D-FINE: top-k = num_queries over Q*C, scaled first
+  deformable_detr,  ///< Deformable DETR: top-k = min(top_k (100), Q*C)
+};
+
+/// config.json model_type -> head: "rt_detr", "rt_detr_v2", "d_fine" -> rt_detr;
+/// "deformable_detr" -> deformable_detr. Throws std::invalid_argument for anything else.
+DetectionHead detection_head_for(const std::string& model_type);
+
+struct PostProcessOptions {
+  /// Keep `score > threshold` (strict, compared in float32 as torch does).
+  double threshold = 0.5;
+  /// Candidates before thresholding; <= 0 means the family default (RT-DETR: num_queries,
+  /// Deformable DETR: 100); always capped at Q * num_classes.
+  int64_t top_k = 0;
+  /// RT-DETR `use_focal_loss` (config.json, default true): sigmoid scores. False: softmax over
+  /// the classes minus the last ("no object") and the best class per query (transformers' call
+  /// omits `dim`; this uses the intended last dimension).
+  bool use_focal_loss = true;
+};
+
+/// Detections of one image, sorted by descending score (torch.topk order).
+struct Detections {
+  at::Tensor scores;  ///< (K) float32
+  at::Tensor labels;  ///< (K) int64 class index (id2label key)
+  at::Tensor boxes;   ///< (K, 4) float32 x0, y0, x1, y1; original-image pixels when target sizes
+                      ///< were given, else normalised [0, 1]
+};
+
+/// logits (B, Q, C) float (sigmoid-style, no background class), pred_boxes (B, Q, 4)
+/// (cx, cy, w, h) normalised; target_sizes: empty, or B pairs (height, width) in pixels.
+/// Works on the tensors' device; results are on the same device.
+/// Throws std::invalid_argument for mismatched shapes / target_sizes count.
+std::vector<Detections> post_process_object_detection(
+    const at::Tensor& logits, const at::Tensor& pred_boxes,
+    const std::vector<std::pair<int64_t, int64_t>>& target_sizes, DetectionHead head,
+    const PostProcessOptions& options = {});
+
+/// Classifier top-k: softmax over the last dimension of logits (B, C) (float32), then topk.
+struct Classifications {
+  at::Tensor probabilities;  ///< (B, C) float32
+  at::Tensor scores;         ///< (B, K) float32, descending
+  at::Tensor labels;         ///< (B, K) int64
+};
+
+/// k is capped at C; k <= 0 means 5. Throws std::invalid_argument unless logits is 2-D.
+Classifications classify(const at::Tensor& logits, int64_t k = 5);
+
+/// id2label[id], or "LABEL_<id>" (transformers' default name) when absent.
+std::string label_name(const std::map<int64_t, std::string>& id2label, int64_t id);
+
+}  // namespace libreyolo::image

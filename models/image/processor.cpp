@@ -1,0 +1,328 @@
+// ImageProcessor: transformers 5.17 torchvision-backend numerics (see processor.h).
+#include "models/image/processor.h"
+
+#include <c10/util/StringUtil.h>
+
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <stdexcept>
+
+namespace libreyolo::image {
+namespace {
+
+using nlohmann::json;
+
+std::string strip_suffix(std::string name) {
+  for (const char* suffix : {"Fast", "Pil"}) {
+    const std::string s(suffix);
+    if (name.size() > s.size() && name.compare(name.size() - s.size(), s.size(), s) == 0)
+      name.resize(name.size() - s.size());
+  }
+  return name;
+}
+
+// Class defaults (transformers 5.17 image_processing_*.py).
+ProcessorConfig class_defaults(const std::string& type, const std::string& source) {
+  ProcessorConfig c;
+  c.image_processor_type = type;
+  const std::string base = strip_suffix(type);
+  const std::array<float, 3> imagenet_mean{0.485f, 0.456f, 0.406f};
+  const std::array<float, 3> imagenet_std{0.229f, 0.224f, 0.225f};
+  if (base == "RTDetrImageProcessor") {
+    c.height = c.width = 640;
+    c.image_mean = imagenet_mean;
+    c.image_std = imagenet_std;
+  } else if (base == "DeformableDetrImageProcessor" || base == "DetrImageProcessor" ||
+             base == "ConditionalDetrImageProcessor") {
+    c.shortest_edge = 800;
+    c.longest_edge = 1333;
+    c.do_normalize = true;
+    c.image_mean = imagenet_mean;
+    c.image_std = imagenet_std;
+    c.do_pad = true;
+  } else if (base == "ViTImageProcessor") {
+    c.height = c.width = 224;
+    c.do_normalize = true;
+    c.image_mean = {0.5f, 0.5f, 0.5f};
+    c.image_std = {0.5f, 0.5f, 0.5f};
+  } else {
+    throw std::runtime_error(source + ": image_processor_type \"" + type +
+                             "\" is not supported (RTDetrImageProcessor, "
+                             "DeformableDetrImageProcessor, ViTImageProcessor)");
+  }
+  return c;
+}
+
+template <typename T>
+T get_as(const json& j, const char* key, const std::string& source) {
+  try {
+    return j.at(key).get<T>();
+  } catch (const json::exception& e) {
+    throw std::runtime_error(source + ": key \"" + key + "\" has a wrong type (" + e.what() + ")");
+  }
+}
+
+std::array<float, 3> get_rgb(const json& j, const char* key, const std::string& source) {
+  const json& v = j.at(key);
+  std::array<float, 3> out{};
+  if (v.is_number()) {
+    out.fill(v.get<float>());
+    return out;
+  }
+  if (!v.is_array() || v.size() != 3)
+    throw std::runtime_error(source + ": key \"" + key + "\" must be a number or 3 numbers");
+  for (size_t i = 0; i < 3; ++i) {
+    if (!v[i].is_number())
+      throw std::runtime_error(source + ": key \"" + key + "\" must hold numbers");
+    // float32(python float): what torch.tensor(list) stores.
+    out[i] = static_cast<float>(v[i].get<double>());
+  }
+  return out;
+}
+
+// The size dict variants transformers accepts for these processors.
+void parse_size(const json& size, ProcessorConfig& c, const std::string& source) {
+  if (size.is_number_integer()) {  // legacy int: ViT -> square, DETR -> shortest edge
+    if (c.shortest_edge > 0) {
+      c.shortest_edge = size.get<int64_t>();
+    } else {
+      c.height = c.width = size.get<int64_t>();
+    }
+    return;
+  }
+  if (!size.is_object()) throw std::runtime_error(source + ": key \"size\" must be an object");
+  auto positive = [&](const char* key) {
+    const int64_t v = get_as<int64_t>(size, key, source + " size");
+    if (v <= 0) throw std::runtime_error(source + ": size." + key + " must be positive");
+    return v;
+  };
+  if (size.contains("height") || size.contains("width")) {
+    if (!size.contains("height") || !size.contains("width"))
+      throw std::runtime_error(source + ": size needs both height and width");
+    c.height = positive("height");
+    c.width = positive("width");
+    c.shortest_edge = c.longest_edge = 0;
+  } else if (size.contains("shortest_edge")) {
+    c.shortest_edge = positive("shortest_edge");
+    c.longest_edge = size.contains("longest_edge") && !size["longest_edge"].is_null()
+                         ? positive("longest_edge")
+                         : 0;
+    c.height = c.width = 0;
+  } else {
+    throw std::runtime_error(source + ": size " + size.dump() +
+                             " is not supported ({height, width} or {shortest_edge, "
+                             "longest_edge})");
+  }
+}
+
+// Python's int(round(x)) (half to even) and int(x) (toward zero) on doubles.
+int64_t py_round(double x) { return static_cast<int64_t>(std::nearbyint(x)); }
+int64_t py_int(double x) { return static_cast<int64_t>(std::trunc(x)); }
+
+}  // namespace
+
+ProcessorConfig ProcessorConfig::from_json(const std::string& text, const std::string& source) {
+  json j;
+  try {
+    j = json::parse(text);
+  } catch (const json::exception& e) {
+    throw std::runtime_error(source + ": not valid JSON (" + e.what() + ")");
+  }
+  if (!j.is_object()) throw std::runtime_error(source + ": not a JSON object");
+  if (!j.contains("image_processor_type"))
+    throw std::runtime_error(source + ": key \"image_processor_type\" is missing");
+  ProcessorConfig c =
+      class_defaults(get_as<std::string>(j, "image_processor_type", source), source);
+  if (j.contains("do_resize")) c.do_resize = get_as<bool>(j, "do_resize", source);
+  if (j.contains("size") && !j["size"].is_null()) parse_size(j["size"], c, source);
+  if (j.contains("max_size") && j["max_size"].is_number_integer() && c.shortest_edge > 0)
+    c.longest_edge = j["max_size"].get<int64_t>();  // legacy DETR key
+  if (j.contains("resample") && !j["resample"].is_null()) {
+    c.resample = get_as<int>(j, "resample", source);
+    if (c.resample != 0 && c.resample != 2 && c.resample != 3)
+      throw std::runtime_error(source + ": resample " + std::to_string(c.resample) +
+                               " is not supported (0 nearest, 2 bilinear, 3 bicubic)");
+  }
+  if (j.contains("do_rescale")) c.do_rescale = get_as<bool>(j, "do_rescale", source);
+  if (j.contains("rescale_factor")) c.rescale_factor = get_as<double>(j, "rescale_factor", source);
+  if (j.contains("do_normalize")) c.do_normalize = get_as<bool>(j, "do_normalize", source);
+  if (j.contains("image_mean") && !j["image_mean"].is_null())
+    c.image_mean = get_rgb(j, "image_mean", source);
+  if (j.contains("image_std") && !j["image_std"].is_null())
+    c.image_std = get_rgb(j, "image_std", source);
+  if (j.contains("do_pad") && !j["do_pad"].is_null()) c.do_pad = get_as<bool>(j, "do_pad", source);
+  if (j.contains("pad_size") && !j["pad_size"].is_null())
+    throw std::runtime_error(source + ": pad_size is not supported (padding to the batch maximum)");
+  if (c.do_resize && c.height <= 0 && c.shortest_edge <= 0)
+    throw std::runtime_error(source + ": do_resize without a size");
+  if (c.do_rescale && !(c.rescale_factor > 0))
+    throw std::runtime_error(source + ": rescale_factor must be positive");
+  for (float s : c.image_std)
+    if (c.do_normalize && s == 0.f) throw std::runtime_error(source + ": image_std has a zero");
+  return c;
+}
+
+ProcessorConfig ProcessorConfig::from_file(const std::string& path) {
+  std::ifstream f(path);
+  if (!f) throw std::runtime_error(path + ": cannot open file");
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return from_json(ss.str(), path);
+}
+
+std::pair<int64_t, int64_t> size_with_aspect_ratio(int64_t height, int64_t width,
+                                                   int64_t shortest_edge, int64_t longest_edge) {
+  int64_t size = shortest_edge;
+  double raw_size = 0;
+  bool have_raw = false;
+  if (longest_edge > 0) {
+    const double min_original = static_cast<double>(std::min(height, width));
+    const double max_original = static_cast<double>(std::max(height, width));
+    if (max_original / min_original * static_cast<double>(size) >
+        static_cast<double>(longest_edge)) {
+      raw_size = static_cast<double>(longest_edge) * min_original / max_original;
+      size = py_round(raw_size);
+      have_raw = true;
+    }
+  }
+  if ((height <= width && height == size) || (width <= height && width == size))
+    return {height, width};
+  if (width < height) {
+    const int64_t oh = have_raw ? py_int(raw_size * static_cast<double>(height) / width)
+                                : py_int(static_cast<double>(size) * height / width);
+    return {oh, size};
+  }
+  const int64_t ow = have_raw ? py_int(raw_size * static_cast<double>(width) / height)
+                              : py_int(static_cast<double>(size) * width / height);
+  return {size, ow};
+}
+
+ImageProcessor::ImageProcessor(ProcessorConfig config) : config_(std::move(config)) {}
+
+std::pair<int64_t, int64_t> ImageProcessor::output_size(int64_t height, int64_t width) const {
+  if (!config_.do_resize) return {height, width};
+  if (config_.height > 0) return {config_.height, config_.width};
+  return size_with_aspect_ratio(height, width, config_.shortest_edge, config_.longest_edge);
+}
+
+at::Tensor ImageProcessor::resize(const at::Tensor& image_u8) const {
+  TORCH_CHECK_VALUE(
+      image_u8.dim() == 3 && image_u8.size(0) == 3 && image_u8.scalar_type() == at::kByte,
+      "resize expects a (3, H, W) uint8 image, got ", image_u8.sizes(), " ",
+      image_u8.scalar_type());
+  const auto [oh, ow] = output_size(image_u8.size(1), image_u8.size(2));
+  if (!config_.do_resize) return image_u8;
+  at::Tensor x = image_u8.unsqueeze(0);
+  const std::vector<int64_t> out{oh, ow};
+  at::Tensor y;
+  switch (config_.resample) {
+    case 0:  // NEAREST: torchvision interpolates uint8 directly, no antialias
+      y = at::upsample_nearest2d(x, out);
+      break;
+    case 3:  // BICUBIC: native uint8 on CPU
+      y = at::_upsample_bicubic2d_aa(x, out, /*align_corners=*/false);
+      break;
+    default:
+      const bool native =
+          config_.uint8_resize == ProcessorConfig::Uint8Resize::native_uint8 ||
+          (config_.uint8_resize == ProcessorConfig::Uint8Resize::automatic && x.is_cpu());
+      if (native) {
+        y = at::_upsample_bilinear2d_aa(x, out, /*align_corners=*/false);
+      } else {
+        y = at::_upsample_bilinear2d_aa(x.to(at::kFloat), out, false).round_().to(at::kByte);
+      }
+  }
+  return y.squeeze(0);
+}
+
+at::Tensor ImageProcessor::rescale_normalize(const at::Tensor& pixel_u8) const {
+  at::Tensor x = pixel_u8.to(at::kFloat);
+  const auto& c = config_;
+  if (c.do_normalize) {
+    // transformers _fuse_mean_std_and_rescale_factor: float32 tensors times 1/rescale_factor,
+    // then tvF.normalize: x.sub_(mean).div_(std).
+    const float inv = c.do_rescale ? static_cast<float>(1.0 / c.rescale_factor) : 1.0f;
+    std::array<float, 3> m{}, s{};
+    for (int i = 0; i < 3; ++i) {
+      m[i] = c.image_mean[i] * inv;
+      s[i] = c.image_std[i] * inv;
+    }
+    auto mean = at::tensor(std::vector<float>(m.begin(), m.end())).view({3, 1, 1});
+    auto std_ = at::tensor(std::vector<float>(s.begin(), s.end())).view({3, 1, 1});
+    x.sub_(mean.to(x.device())).div_(std_.to(x.device()));
+  } else if (c.do_rescale) {
+    x.mul_(static_cast<float>(c.rescale_factor));
+  }
+  return x;
+}
+
+ProcessorOutput ImageProcessor::preprocess(const std::vector<at::Tensor>& images) const {
+  if (images.empty()) throw std::invalid_argument("preprocess: empty batch");
+  ProcessorOutput out;
+  std::vector<at::Tensor> resized;
+  resized.reserve(images.size());
+  int64_t max_h = 0, max_w = 0;
+  for (size_t i = 0; i < images.size(); ++i) {
+    const at::Tensor& im = images[i];
+    if (!im.defined() || im.dim() != 3 || im.size(0) != 3 || im.scalar_type() != at::kByte) {
+      std::ostringstream s;
+      s << "preprocess: image " << i << " must be a (3, H, W) uint8 tensor, got "
+        << (im.defined() ? c10::str(im.sizes(), " ", im.scalar_type()) : "undefined");
+      throw std::invalid_argument(s.str());
+    }
+    if (im.size(1) == 0 || im.size(2) == 0)
+      throw std::invalid_argument(c10::str("preprocess: image ", i, " is empty ", im.sizes()));
+    out.original_sizes.emplace_back(im.size(1), im.size(2));
+    resized.push_back(resize(im.cpu()));
+    max_h = std::max(max_h, resized.back().size(1));
+    max_w = std::max(max_w, resized.back().size(2));
+  }
+  const int64_t b = static_cast<int64_t>(images.size());
+  if (!config_.do_pad) {
+    for (size_t i = 1; i < resized.size(); ++i) {
+      if (resized[i].sizes() != resized[0].sizes())
+        throw std::invalid_argument(c10::str("preprocess: image ", i, " resizes to ",
+                                             resized[i].sizes(), " but image 0 to ",
+                                             resized[0].sizes(), " and do_pad is off"));
+    }
+    out.pixel_u8 = at::stack(resized);
+    out.pixel_values = rescale_normalize(out.pixel_u8);
+    return out;
+  }
+  out.pixel_u8 = at::zeros({b, 3, max_h, max_w}, at::kByte);
+  out.pixel_values = at::zeros({b, 3, max_h, max_w}, at::kFloat);
+  out.pixel_mask = at::zeros({b, max_h, max_w}, at::kLong);
+  for (int64_t i = 0; i < b; ++i) {
+    const at::Tensor& r = resized[i];
+    const int64_t h = r.size(1), w = r.size(2);
+    using at::indexing::Slice;
+    out.pixel_u8[i].index({Slice(), Slice(0, h), Slice(0, w)}).copy_(r);
+    out.pixel_values[i].index({Slice(), Slice(0, h), Slice(0, w)}).copy_(rescale_normalize(r));
+    out.pixel_mask[i].index({Slice(0, h), Slice(0, w)}).fill_(1);
+  }
+  return out;
+}
+
+at::Tensor to_chw_tensor(const RgbImage& image) {
+  at::Tensor hwc = at::empty({image.height, image.width, 3}, at::kByte);
+  std::memcpy(hwc.data_ptr<uint8_t>(), image.rgb.data(), image.rgb.size());
+  return hwc.permute({2, 0, 1}).contiguous();
+}
+
+at::Tensor decode_image(const uint8_t* data, size_t size, const DecodeOptions& options) {
+  return to_chw_tensor(decode_rgb(data, size, options));
+}
+
+at::Tensor decode_image_file(const std::string& path, const DecodeOptions& options) {
+  const std::vector<uint8_t> bytes = read_file_bytes(path);
+  try {
+    return decode_image(bytes.data(), bytes.size(), options);
+  } catch (const ImageError& e) {
+    throw ImageError(path + ": " + e.what());
+  }
+}
+
+}  // namespace libreyolo::image

@@ -1,0 +1,100 @@
+// Image processors driven by preprocessor_config.json: RTDetrImageProcessor,
+// DeformableDetrImageProcessor and ViTImageProcessor (transformers 5.17, torchvision backend:
+// resize on uint8, fused rescale/normalize, bottom/right padding with a pixel mask).
+// Formulas: shared/docs/research/hf-models.md section 8 and fixtures/README.md.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <array>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "models/image/decode.h"
+
+namespace libreyolo::image {
+
+/// The settings of one processor. Keys missing from the file take the class defaults of
+/// `image_processor_type` (RTDetr: 640x640, rescale only; DeformableDetr: shortest 800 /
+/// longest 1333, ImageNet mean/std, pad; ViT: 224x224, mean = std = 0.5).
+struct ProcessorConfig {
+  std::string image_processor_type;  ///< e.g. "RTDetrImageProcessor"
+  bool do_resize = true;
+  int64_t height = 0, width = 0;                ///< size {height, width}: exact resize
+  int64_t shortest_edge = 0, longest_edge = 0;  ///< size {shortest_edge[, longest_edge]}
+  int resample = 2;                             ///< PIL enum: 0 nearest, 2 bilinear, 3 bicubic
+  bool do_rescale = true;
+  double rescale_factor = 1.0 / 255.0;
+  bool do_normalize = false;
+  std::array<float, 3> image_mean{0.f, 0.f, 0.f};
+  std::array<float, 3> image_std{1.f, 1.f, 1.f};
+  bool do_pad = false;  ///< pad a batch to its largest H, W (bottom/right zeros) + pixel_mask
+
+  /// How bilinear resizes uint8 (not a JSON key). `automatic`: ATen's native uint8
+  /// antialiased kernel on CPU tensors (what torchvision runs on CPUs whose ATen capability is
+  /// "AVX2"; the fixtures were made that way and match it bit for bit), float32 -> round
+  /// elsewhere. torchvision itself takes the float32 -> round path on "AVX512" CPUs, which
+  /// differs by 1 in ~15 % of values (measured in tests/parity/postprocess_parity_test.cpp).
+  enum class Uint8Resize { automatic, native_uint8, float32_round };
+  Uint8Resize uint8_resize = Uint8Resize::automatic;
+
+  /// Parses the JSON text; `source` names the file in error messages.
+  /// Throws std::runtime_error naming the source and key (unknown processor type, unsupported
+  /// resample, malformed size, wrong value types).
+  static ProcessorConfig from_json(const std::string& text, const std::string& source);
+  /// Reads <path> (a preprocessor_config.json).
+  static ProcessorConfig from_file(const std::string& path);
+};
+
+/// transformers' get_size_with_aspect_ratio((height, width), shortest_edge, longest_edge)
+/// (image_transforms.py): Python's round-half-even and int() truncation on doubles.
+/// longest_edge <= 0 means none. Returns (out_height, out_width).
+std::pair<int64_t, int64_t> size_with_aspect_ratio(int64_t height, int64_t width,
+                                                   int64_t shortest_edge, int64_t longest_edge);
+
+/// The processed batch.
+struct ProcessorOutput {
+  at::Tensor pixel_u8;      ///< (B, 3, H, W) uint8 after resize, zero padded
+  at::Tensor pixel_values;  ///< (B, 3, H, W) float32, rescaled / normalised, 0 in the padding
+  at::Tensor pixel_mask;    ///< (B, H, W) int64, 1 on real pixels; defined only when do_pad
+  std::vector<std::pair<int64_t, int64_t>> original_sizes;  ///< per image (H, W) before resize
+};
+
+/// One processor. Stateless after construction; safe to share between threads.
+class ImageProcessor {
+ public:
+  explicit ImageProcessor(ProcessorConfig config);
+
+  const ProcessorConfig& config() const { return config_; }
+
+  /// Output (H, W) of the resize for an input of (height, width).
+  std::pair<int64_t, int64_t> output_size(int64_t height, int64_t width) const;
+
+  /// Resizes one image (3, H, W) uint8 like torchvision's resize(antialias=True): antialiased
+  /// bilinear through ATen (at::_upsample_bilinear2d_aa), see ProcessorConfig::uint8_resize.
+  at::Tensor resize(const at::Tensor& image_u8) const;
+
+  /// float32(u8) * float32(rescale_factor), or (float32(u8) - mean*255f) / (std*255f) when
+  /// do_normalize (torchvision's fused normalize); any (..., 3, H, W) uint8 input.
+  at::Tensor rescale_normalize(const at::Tensor& pixel_u8) const;
+
+  /// Resizes, pads (do_pad, or always when the sizes differ and do_pad is off: an error) and
+  /// normalises a batch of (3, H, W) uint8 images. Throws std::invalid_argument for an empty
+  /// batch, a non-(3,H,W) uint8 image, or different sizes without do_pad.
+  ProcessorOutput preprocess(const std::vector<at::Tensor>& images) const;
+
+ private:
+  ProcessorConfig config_;
+};
+
+/// RgbImage (interleaved) -> (3, H, W) uint8 contiguous tensor (copies).
+at::Tensor to_chw_tensor(const RgbImage& image);
+
+/// decode_rgb + to_chw_tensor. Throws ImageError.
+at::Tensor decode_image(const uint8_t* data, size_t size, const DecodeOptions& options = {});
+
+/// Reads and decodes a file. Throws ImageError naming the path.
+at::Tensor decode_image_file(const std::string& path, const DecodeOptions& options = {});
+
+}  // namespace libreyolo::image

@@ -1,0 +1,68 @@
+// The one plain (dense) multi-head attention of every family (RT-DETR/v2 and D-FINE AIFI +
+// decoder self-attention, Deformable DETR decoder self-attention, ViT, Swin windows).
+//
+// Manual math, transformers `eager_attention_forward`:
+//   w = softmax(q k^T * scale + bias, -1) ; out = w v
+// With `fused_attn` the same call goes to at::scaled_dot_product_attention (SDPA), which is
+// what transformers 5.17 runs by default; it differs from the manual math at the 1e-7..1e-6
+// level (hf-models.md 1.4). DESIGN.md "Fused attention": off by default, flipped per model by
+// set_fused_attention(); never used by anything that traces or exports.
+#pragma once
+
+#include <ATen/ATen.h>
+#include <torch/nn/module.h>
+
+#include <optional>
+#include <string>
+
+#include "models/layers/layers.h"
+
+namespace libreyolo::models::layers {
+
+/// q (B, H, Lq, d), k (B, H, Lk, d), v (B, H, Lk, dv); bias additive, broadcastable to
+/// (B, H, Lq, Lk), or undefined. Returns (B, H, Lq, dv) in q's dtype.
+/// softmax_in_float32: softmax computed in float32 then cast back (ViT/Swin eager path).
+at::Tensor dot_product_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                 const at::Tensor& bias, double scale, bool fused,
+                                 bool softmax_in_float32 = false);
+
+/// Construction options. Child names are the on-disk ones: RT-DETR/Deformable DETR
+/// q_proj/k_proj/v_proj/out_proj (the default); ViT "attention.attention" and Swin
+/// "attention.self" use query/key/value with o_name "" (their output projection lives in a
+/// sibling module: call forward(), then apply it yourself).
+struct AttentionOptions {
+  int64_t embed_dim = 0;
+  int64_t num_heads = 1;
+  bool bias = true;              ///< q/k/v/o Linear biases (ViT qkv_bias)
+  std::string q_name = "q_proj", k_name = "k_proj", v_name = "v_proj", o_name = "out_proj";
+  std::optional<double> scale;   ///< default head_dim^-0.5
+  bool softmax_in_float32 = false;
+};
+
+class AttentionImpl : public torch::nn::Module {
+ public:
+  explicit AttentionImpl(const AttentionOptions& o);
+
+  /// query_in (B, Lq, D), key_in (B, Lk, D), value_in (B, Lk, D) (the DETR layers pass
+  /// q = k = x + pos, v = x); bias additive, broadcastable to (B, H, Lq, Lk), or undefined.
+  /// Returns (B, Lq, D): heads concatenated (index h * head_dim + c), then the output
+  /// projection when there is one.
+  at::Tensor forward(const at::Tensor& query_in, const at::Tensor& key_in,
+                     const at::Tensor& value_in, const at::Tensor& bias = at::Tensor()) const;
+
+  /// Selects at::scaled_dot_product_attention instead of the manual math. Not thread-safe to
+  /// flip while forward() runs (set it at load time).
+  bool fused_attn = false;
+
+  Linear q_proj, k_proj, v_proj, o_proj;  ///< o_proj null when o_name is ""
+  int64_t num_heads, head_dim;
+  double scale;
+  bool softmax_in_float32;
+};
+using Attention = std::shared_ptr<AttentionImpl>;
+
+/// Sets `fused_attn` on every AttentionImpl in `root`'s tree (root included); returns how many
+/// changed value.
+int set_fused_attention(torch::nn::Module& root, bool enabled);
+
+}  // namespace libreyolo::models::layers

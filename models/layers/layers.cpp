@@ -1,0 +1,140 @@
+#include "models/layers/layers.h"
+
+#include <stdexcept>
+
+namespace libreyolo::models::layers {
+
+Activation activation_from_name(const std::string& name) {
+  if (name == "relu") return Activation::relu;
+  if (name == "silu" || name == "swish") return Activation::silu;
+  if (name == "gelu") return Activation::gelu;
+  if (name == "tanh") return Activation::tanh;
+  if (name.empty() || name == "identity" || name == "linear") return Activation::none;
+  throw std::invalid_argument("unsupported activation \"" + name +
+                              "\" (supported: relu, silu, swish, gelu, tanh)");
+}
+
+at::Tensor activate(Activation act, const at::Tensor& x) {
+  switch (act) {
+    case Activation::none: return x;
+    case Activation::relu: return at::relu(x);
+    case Activation::silu: return at::silu(x);
+    case Activation::gelu: return at::gelu(x);
+    case Activation::tanh: return at::tanh(x);
+  }
+  return x;
+}
+
+LinearImpl::LinearImpl(int64_t in, int64_t out, bool has_bias) {
+  weight = register_parameter("weight", at::empty({out, in}));
+  if (has_bias) bias = register_parameter("bias", at::empty({out}));
+}
+
+LayerNormImpl::LayerNormImpl(int64_t dim, double eps_) : eps(eps_) {
+  weight = register_parameter("weight", at::ones({dim}));
+  bias = register_parameter("bias", at::zeros({dim}));
+}
+
+at::Tensor LayerNormImpl::forward(const at::Tensor& x) const {
+  return at::layer_norm(x, {weight.size(0)}, weight, bias, eps);
+}
+
+GroupNormImpl::GroupNormImpl(int64_t groups_, int64_t channels, double eps_)
+    : groups(groups_), eps(eps_) {
+  weight = register_parameter("weight", at::ones({channels}));
+  bias = register_parameter("bias", at::zeros({channels}));
+}
+
+at::Tensor GroupNormImpl::forward(const at::Tensor& x) const {
+  return at::group_norm(x, groups, weight, bias, eps);
+}
+
+Conv2dImpl::Conv2dImpl(const Conv2dOptions& o) : options(o) {
+  weight = register_parameter("weight",
+                              at::empty({o.out, o.in / o.groups, o.kernel, o.kernel}));
+  if (o.bias) bias = register_parameter("bias", at::empty({o.out}));
+}
+
+at::Tensor Conv2dImpl::forward(const at::Tensor& x) const {
+  return at::conv2d(x, weight, bias, {options.stride, options.stride},
+                    {options.padding, options.padding}, {options.dilation, options.dilation},
+                    options.groups);
+}
+
+BatchNorm2dImpl::BatchNorm2dImpl(int64_t channels, double eps_) : eps(eps_) {
+  weight = register_parameter("weight", at::ones({channels}));
+  bias = register_parameter("bias", at::zeros({channels}));
+  running_mean = register_buffer("running_mean", at::zeros({channels}));
+  running_var = register_buffer("running_var", at::ones({channels}));
+}
+
+at::Tensor BatchNorm2dImpl::forward(const at::Tensor& x) const {
+  return at::batch_norm(x, weight, bias, running_mean, running_var, /*training=*/false,
+                        /*momentum=*/0.1, eps, /*cudnn_enabled=*/true);
+}
+
+FrozenBatchNorm2dImpl::FrozenBatchNorm2dImpl(int64_t channels) {
+  weight = register_buffer("weight", at::ones({channels}));
+  bias = register_buffer("bias", at::zeros({channels}));
+  running_mean = register_buffer("running_mean", at::zeros({channels}));
+  running_var = register_buffer("running_var", at::ones({channels}));
+}
+
+at::Tensor FrozenBatchNorm2dImpl::forward(const at::Tensor& x) const {
+  // transformers RTDetrFrozenBatchNorm2d.forward, same operation order.
+  const auto w = weight.reshape({1, -1, 1, 1});
+  const auto b = bias.reshape({1, -1, 1, 1});
+  const auto rv = running_var.reshape({1, -1, 1, 1});
+  const auto rm = running_mean.reshape({1, -1, 1, 1});
+  const auto scale = w * (rv + 1e-5).rsqrt();
+  const auto shift = b - rm * scale;
+  return x * scale + shift;
+}
+
+ConvNormImpl::ConvNormImpl(const ConvNormOptions& o) : act(o.act) {
+  Conv2dOptions c;
+  c.in = o.in;
+  c.out = o.out;
+  c.kernel = o.kernel;
+  c.stride = o.stride;
+  c.groups = o.groups;
+  c.padding = o.padding >= 0 ? o.padding : o.kernel / 2;
+  conv = register_module(o.conv_name, std::make_shared<Conv2dImpl>(c));
+  if (o.frozen)
+    frozen_norm = register_module(o.norm_name, std::make_shared<FrozenBatchNorm2dImpl>(o.out));
+  else
+    norm = register_module(o.norm_name, std::make_shared<BatchNorm2dImpl>(o.out, o.eps));
+}
+
+at::Tensor ConvNormImpl::forward(const at::Tensor& x) const {
+  auto y = conv->forward(x);
+  y = frozen_norm ? frozen_norm->forward(y) : norm->forward(y);
+  return activate(act, y);
+}
+
+MLPImpl::MLPImpl(int64_t in, int64_t hidden, int64_t out, int64_t num_layers, Activation act_)
+    : act(act_) {
+  std::vector<Linear> items;
+  for (int64_t i = 0; i < num_layers; ++i)
+    items.push_back(std::make_shared<LinearImpl>(i == 0 ? in : hidden,
+                                                 i == num_layers - 1 ? out : hidden));
+  layers = register_list(*this, "layers", items);
+}
+
+at::Tensor MLPImpl::forward(const at::Tensor& x) const {
+  at::Tensor y = x;
+  for (size_t i = 0; i < layers.size(); ++i) {
+    y = layers[i]->forward(y);
+    if (i + 1 < layers.size()) y = activate(act, y);
+  }
+  return y;
+}
+
+at::Tensor inverse_sigmoid(const at::Tensor& x, double eps) {
+  const auto c = x.clamp(0, 1);
+  const auto x1 = c.clamp_min(eps);
+  const auto x2 = (1 - c).clamp_min(eps);
+  return at::log(x1 / x2);
+}
+
+}  // namespace libreyolo::models::layers

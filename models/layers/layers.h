@@ -1,0 +1,141 @@
+// Building blocks shared by every family. Each is a torch::nn::Module whose parameter and
+// buffer names are the Hugging Face on-disk names, with a const forward() (a loaded model is
+// immutable, so concurrent forward() calls are safe). Parameters are created uninitialised
+// (at::empty): load_state_dict() fills them.
+#pragma once
+
+#include <ATen/ATen.h>
+#include <torch/nn/module.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace libreyolo::models::layers {
+
+/// transformers ACT2FN subset. gelu is the exact (erf) form.
+enum class Activation { none, relu, silu, gelu, tanh };
+/// "relu" | "silu" | "swish" | "gelu" | "tanh" | "" / "identity" / "linear" (= none).
+/// Throws std::invalid_argument naming the value otherwise (callers rethrow with the config field).
+Activation activation_from_name(const std::string& name);
+at::Tensor activate(Activation act, const at::Tensor& x);
+/// Same as activate(); call it qualified (layers::apply) inside torch::nn::Module subclasses,
+/// where an unqualified `apply` finds torch::nn::Module::apply.
+inline at::Tensor apply(Activation act, const at::Tensor& x) { return activate(act, x); }
+
+/// Registers `items` as children "0", "1", ... of a new empty module `name` under `parent`
+/// (the on-disk layout of nn.ModuleList / nn.Sequential) and returns them.
+template <class T>
+std::vector<std::shared_ptr<T>> register_list(torch::nn::Module& parent, const std::string& name,
+                                              std::vector<std::shared_ptr<T>> items) {
+  auto list = parent.register_module(name, std::make_shared<torch::nn::Module>());
+  for (size_t i = 0; i < items.size(); ++i) list->register_module(std::to_string(i), items[i]);
+  return items;
+}
+
+/// nn.Linear: weight (out, in), bias (out) optional. y = x W^T + b.
+class LinearImpl : public torch::nn::Module {
+ public:
+  LinearImpl(int64_t in, int64_t out, bool bias = true);
+  at::Tensor forward(const at::Tensor& x) const { return at::linear(x, weight, bias); }
+  at::Tensor weight, bias;
+};
+using Linear = std::shared_ptr<LinearImpl>;
+
+/// nn.LayerNorm over the last dimension: weight, bias (dim).
+class LayerNormImpl : public torch::nn::Module {
+ public:
+  LayerNormImpl(int64_t dim, double eps);
+  at::Tensor forward(const at::Tensor& x) const;
+  at::Tensor weight, bias;
+  double eps;
+};
+using LayerNorm = std::shared_ptr<LayerNormImpl>;
+
+/// nn.GroupNorm: weight, bias (channels).
+class GroupNormImpl : public torch::nn::Module {
+ public:
+  GroupNormImpl(int64_t groups, int64_t channels, double eps = 1e-5);
+  at::Tensor forward(const at::Tensor& x) const;
+  at::Tensor weight, bias;
+  int64_t groups;
+  double eps;
+};
+using GroupNorm = std::shared_ptr<GroupNormImpl>;
+
+/// nn.Conv2d: weight (out, in/groups, k, k), bias (out) optional.
+struct Conv2dOptions {
+  int64_t in = 0, out = 0, kernel = 1, stride = 1, padding = 0, groups = 1, dilation = 1;
+  bool bias = false;
+};
+class Conv2dImpl : public torch::nn::Module {
+ public:
+  explicit Conv2dImpl(const Conv2dOptions& o);
+  at::Tensor forward(const at::Tensor& x) const;
+  at::Tensor weight, bias;
+  Conv2dOptions options;
+};
+using Conv2d = std::shared_ptr<Conv2dImpl>;
+
+/// nn.BatchNorm2d in eval mode: parameters weight, bias; buffers running_mean, running_var
+/// (the on-disk `num_batches_tracked` is ignored by load_state_dict). at::batch_norm.
+class BatchNorm2dImpl : public torch::nn::Module {
+ public:
+  BatchNorm2dImpl(int64_t channels, double eps = 1e-5);
+  at::Tensor forward(const at::Tensor& x) const;
+  at::Tensor weight, bias, running_mean, running_var;
+  double eps;
+};
+using BatchNorm2d = std::shared_ptr<BatchNorm2dImpl>;
+
+/// transformers *FrozenBatchNorm2d (RT-DETR, D-FINE, Deformable DETR backbones): four buffers
+/// weight, bias, running_mean, running_var; y = x * scale + shift with
+/// scale = weight * rsqrt(running_var + 1e-5), shift = bias - running_mean * scale
+/// (eps hard-coded 1e-5, not the config's; not bit-identical to at::batch_norm).
+class FrozenBatchNorm2dImpl : public torch::nn::Module {
+ public:
+  explicit FrozenBatchNorm2dImpl(int64_t channels);
+  at::Tensor forward(const at::Tensor& x) const;
+  at::Tensor weight, bias, running_mean, running_var;
+};
+using FrozenBatchNorm2d = std::shared_ptr<FrozenBatchNorm2dImpl>;
+
+/// Conv2d (no bias) -> BatchNorm2d or FrozenBatchNorm2d -> activation, with configurable child
+/// names: RT-DETR hybrid encoder "conv"/"norm", RT-DETR ResNet "convolution"/"normalization".
+/// Padding defaults to kernel / 2 (transformers uses (k-1)//2 or k//2: equal for odd k).
+struct ConvNormOptions {
+  int64_t in = 0, out = 0, kernel = 1, stride = 1, groups = 1;
+  int64_t padding = -1;  ///< -1: kernel / 2
+  Activation act = Activation::none;
+  bool frozen = false;   ///< FrozenBatchNorm2d instead of BatchNorm2d
+  double eps = 1e-5;     ///< BatchNorm2d eps (ignored when frozen)
+  std::string conv_name = "conv", norm_name = "norm";
+};
+class ConvNormImpl : public torch::nn::Module {
+ public:
+  explicit ConvNormImpl(const ConvNormOptions& o);
+  at::Tensor forward(const at::Tensor& x) const;
+  Conv2d conv;
+  BatchNorm2d norm;               ///< set when !frozen
+  FrozenBatchNorm2d frozen_norm;  ///< set when frozen
+  Activation act;
+};
+using ConvNorm = std::shared_ptr<ConvNormImpl>;
+
+/// DETR-style MLP ("layers.0" ... "layers.{n-1}" Linear) with `act` between layers, none after
+/// the last (RT-DETR/Deformable DETR bbox heads, query_pos_head: ReLU).
+class MLPImpl : public torch::nn::Module {
+ public:
+  MLPImpl(int64_t in, int64_t hidden, int64_t out, int64_t num_layers,
+          Activation act = Activation::relu);
+  at::Tensor forward(const at::Tensor& x) const;
+  std::vector<Linear> layers;
+  Activation act;
+};
+using MLP = std::shared_ptr<MLPImpl>;
+
+/// inverse_sigmoid(x, eps=1e-5) = log(clamp(x,0,1).clamp(min=eps) / (1 - clamp(x,0,1)).clamp(min=eps))
+/// (transformers RT-DETR / Deformable DETR).
+at::Tensor inverse_sigmoid(const at::Tensor& x, double eps = 1e-5);
+
+}  // namespace libreyolo::models::layers

@@ -1,0 +1,50 @@
+// Dispatches config.json `model_type` to the families' loaders. A family exposes
+//   std::unique_ptr<Model> load_<family>(const std::string& dir, const nlohmann::json& config,
+//                                        const LoadOptions& options)
+// in models/<family>/<family>.h; families that are not in the tree yet are skipped through
+// __has_include so that the tree always compiles.
+#include <nlohmann/json.hpp>
+#include <stdexcept>
+
+#include "models/core/config.h"
+#include "models/model.h"
+#include "models/rtdetr/rtdetr.h"
+
+#if __has_include("models/deformable_detr/deformable_detr.h")
+#include "models/deformable_detr/deformable_detr.h"
+#define LIBREYOLO_HAS_DEFORMABLE_DETR 1
+#endif
+#if __has_include("models/vit/vit.h")
+#include "models/vit/vit.h"
+#define LIBREYOLO_HAS_VIT 1
+#endif
+#if __has_include("models/swin/swin.h")
+#include "models/swin/swin.h"
+#define LIBREYOLO_HAS_SWIN 1
+#endif
+
+namespace libreyolo::models {
+
+std::unique_ptr<Model> load_model(const std::string& dir, const LoadOptions& options) {
+  const std::string file = dir + "/config.json";
+  const nlohmann::json config = core::read_json_file(file);
+  const core::ConfigView view(config, file);
+  if (options.dtype != at::kFloat && options.dtype != at::kHalf && options.dtype != at::kBFloat16)
+    throw std::runtime_error(dir + ": unsupported load dtype " +
+                             std::string(c10::toString(options.dtype)) +
+                             " (supported: float32, float16, bfloat16)");
+  const std::string type = view.get_string("model_type");
+  if (type == "rt_detr" || type == "rt_detr_v2") return load_rtdetr(dir, config, options);
+#ifdef LIBREYOLO_HAS_DEFORMABLE_DETR
+  if (type == "deformable_detr") return load_deformable_detr(dir, config, options);
+#endif
+#ifdef LIBREYOLO_HAS_VIT
+  if (type == "vit") return load_vit(dir, config, options);
+#endif
+#ifdef LIBREYOLO_HAS_SWIN
+  if (type == "swin") return load_swin(dir, config, options);
+#endif
+  view.fail("model_type", "unsupported model type \"" + type + "\"");
+}
+
+}  // namespace libreyolo::models

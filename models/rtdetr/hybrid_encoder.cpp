@@ -1,0 +1,154 @@
+// RT-DETR hybrid encoder: AIFI (attention on the top level with a 2-D sin-cos position
+// embedding) + CCFM (top-down FPN and bottom-up PAN of CSP/RepVGG blocks).
+// transformers modeling_rt_detr.py RTDetrHybridEncoder / RTDetrAIFILayer / RTDetrCSPRepLayer.
+#include "models/rtdetr/modules.h"
+
+namespace libreyolo::models::rtdetr {
+namespace {
+
+// RTDetrConvNormLayer: conv (padding (k-1)//2 unless given, no bias) + BN(batch_norm_eps) + act.
+layers::ConvNorm conv_norm(const Config& c, int64_t in, int64_t out, int64_t kernel, int64_t stride,
+                           Activation act, int64_t padding = -1) {
+  layers::ConvNormOptions o;
+  o.in = in;
+  o.out = out;
+  o.kernel = kernel;
+  o.stride = stride;
+  o.padding = padding >= 0 ? padding : (kernel - 1) / 2;
+  o.act = act;
+  o.eps = c.batch_norm_eps;
+  return std::make_shared<layers::ConvNormImpl>(o);
+}
+
+}  // namespace
+
+at::Tensor sincos_position_embedding_2d(int64_t h, int64_t w, int64_t dim, double temperature,
+                                        at::ScalarType dtype, const at::Device& device) {
+  const int64_t pos_dim = dim / 4;
+  const auto f64 = at::TensorOptions().dtype(at::kDouble).device(device);
+  auto omega = at::arange(pos_dim, f64) / static_cast<double>(pos_dim);
+  omega = at::pow(temperature, omega).reciprocal();  // 1.0 / temperature**omega
+  auto grids = at::meshgrid({at::arange(h, f64), at::arange(w, f64)}, "ij");
+  const auto emb_h = at::outer(grids[0].flatten(), omega);
+  const auto emb_w = at::outer(grids[1].flatten(), omega);
+  return at::cat({emb_h.sin(), emb_h.cos(), emb_w.sin(), emb_w.cos()}, 1).to(dtype).unsqueeze(0);
+}
+
+EncoderLayerImpl::EncoderLayerImpl(const Config& c)
+    : act_(c.encoder_activation), normalize_before_(c.normalize_before) {
+  const int64_t d = c.encoder_hidden_dim;
+  layers::AttentionOptions a;
+  a.embed_dim = d;
+  a.num_heads = c.encoder_attention_heads;
+  self_attn = register_module("self_attn", std::make_shared<layers::AttentionImpl>(a));
+  self_attn_layer_norm_ =
+      register_module("self_attn_layer_norm", std::make_shared<layers::LayerNormImpl>(d, c.layer_norm_eps));
+  fc1_ = register_module("fc1", std::make_shared<layers::LinearImpl>(d, c.encoder_ffn_dim));
+  fc2_ = register_module("fc2", std::make_shared<layers::LinearImpl>(c.encoder_ffn_dim, d));
+  final_layer_norm_ =
+      register_module("final_layer_norm", std::make_shared<layers::LayerNormImpl>(d, c.layer_norm_eps));
+}
+
+at::Tensor EncoderLayerImpl::forward(const at::Tensor& x, const at::Tensor& pos) const {
+  at::Tensor residual = x;
+  at::Tensor h = normalize_before_ ? self_attn_layer_norm_->forward(x) : x;
+  const at::Tensor qk = pos.defined() ? h + pos : h;
+  h = residual + self_attn->forward(qk, qk, h);
+  if (!normalize_before_) h = self_attn_layer_norm_->forward(h);
+  if (normalize_before_) h = final_layer_norm_->forward(h);
+  residual = h;
+  h = fc2_->forward(layers::activate(act_, fc1_->forward(h)));
+  h = residual + h;
+  if (!normalize_before_) h = final_layer_norm_->forward(h);
+  return h;
+}
+
+CSPRepLayerImpl::CSPRepLayerImpl(const Config& c) : act_(c.activation) {
+  const int64_t out = c.encoder_hidden_dim, in = 2 * out;
+  const auto hidden = static_cast<int64_t>(static_cast<double>(out) * c.hidden_expansion);
+  conv1_ = register_module("conv1", conv_norm(c, in, hidden, 1, 1, c.activation));
+  conv2_ = register_module("conv2", conv_norm(c, in, hidden, 1, 1, c.activation));
+  auto seq = register_module("bottlenecks", std::make_shared<torch::nn::Module>());
+  for (int i = 0; i < 3; ++i) {
+    // RTDetrRepVggBlock: act(convnorm3x3(x) + convnorm1x1(x)), no identity branch.
+    auto block = seq->register_module(std::to_string(i), std::make_shared<torch::nn::Module>());
+    auto a = block->register_module("conv1", conv_norm(c, hidden, hidden, 3, 1, Activation::none, 1));
+    auto b = block->register_module("conv2", conv_norm(c, hidden, hidden, 1, 1, Activation::none, 0));
+    bottlenecks_.emplace_back(a, b);
+  }
+  if (hidden != out) conv3_ = register_module("conv3", conv_norm(c, hidden, out, 1, 1, c.activation));
+}
+
+at::Tensor CSPRepLayerImpl::forward(const at::Tensor& x) const {
+  at::Tensor h1 = conv1_->forward(x);
+  for (const auto& [a, b] : bottlenecks_) h1 = layers::activate(act_, a->forward(h1) + b->forward(h1));
+  const at::Tensor h2 = conv2_->forward(x);
+  const at::Tensor sum = h1 + h2;
+  return conv3_ ? conv3_->forward(sum) : sum;
+}
+
+HybridEncoderImpl::HybridEncoderImpl(const Config& c)
+    : encode_proj_layers_(c.encode_proj_layers),
+      hidden_dim_(c.encoder_hidden_dim),
+      temperature_(c.positional_encoding_temperature),
+      use_pos_(!c.eval_size_set) {
+  const int64_t e = c.encoder_hidden_dim;
+  // On disk "encoder.{i}.layers.{j}" (transformers v5 in memory: aifi.{i}).
+  auto aifi = register_module("encoder", std::make_shared<torch::nn::Module>());
+  for (size_t i = 0; i < c.encode_proj_layers.size(); ++i) {
+    std::vector<std::shared_ptr<EncoderLayerImpl>> ls;
+    for (int64_t j = 0; j < c.encoder_layers; ++j) ls.push_back(std::make_shared<EncoderLayerImpl>(c));
+    auto block = aifi->register_module(std::to_string(i), std::make_shared<torch::nn::Module>());
+    aifi_.push_back(layers::register_list(*block, "layers", ls));
+  }
+  const size_t stages = c.encoder_in_channels.size() - 1;
+  std::vector<layers::ConvNorm> lateral, down;
+  std::vector<std::shared_ptr<CSPRepLayerImpl>> fpn, pan;
+  for (size_t i = 0; i < stages; ++i) {
+    lateral.push_back(conv_norm(c, e, e, 1, 1, c.activation));
+    fpn.push_back(std::make_shared<CSPRepLayerImpl>(c));
+  }
+  for (size_t i = 0; i < stages; ++i) {
+    down.push_back(conv_norm(c, e, e, 3, 2, c.activation));
+    pan.push_back(std::make_shared<CSPRepLayerImpl>(c));
+  }
+  lateral_convs_ = layers::register_list(*this, "lateral_convs", lateral);
+  fpn_blocks_ = layers::register_list(*this, "fpn_blocks", fpn);
+  downsample_convs_ = layers::register_list(*this, "downsample_convs", down);
+  pan_blocks_ = layers::register_list(*this, "pan_blocks", pan);
+}
+
+std::vector<at::Tensor> HybridEncoderImpl::forward(std::vector<at::Tensor> fm) const {
+  // AIFI on the levels of encode_proj_layers.
+  for (size_t i = 0; i < aifi_.size() && !aifi_[i].empty(); ++i) {
+    at::Tensor& x = fm[encode_proj_layers_[i]];
+    const int64_t B = x.size(0), H = x.size(2), W = x.size(3);
+    at::Tensor h = x.flatten(2).transpose(1, 2);
+    at::Tensor pos;
+    if (use_pos_)
+      pos = sincos_position_embedding_2d(H, W, hidden_dim_, temperature_, h.scalar_type(),
+                                         h.device());
+    for (const auto& layer : aifi_[i]) h = layer->forward(h, pos);
+    x = h.transpose(1, 2).reshape({B, hidden_dim_, H, W}).contiguous();
+  }
+  // Top-down FPN.
+  const size_t n = lateral_convs_.size();
+  std::vector<at::Tensor> fpn{fm.back()};
+  for (size_t idx = 0; idx < n; ++idx) {
+    const at::Tensor& backbone_map = fm[n - idx - 1];
+    at::Tensor top = lateral_convs_[idx]->forward(fpn.back());
+    fpn.back() = top;
+    top = at::upsample_nearest2d(top, std::nullopt, std::vector<double>{2.0, 2.0});
+    fpn.push_back(fpn_blocks_[idx]->forward(at::cat({top, backbone_map}, 1)));
+  }
+  std::reverse(fpn.begin(), fpn.end());
+  // Bottom-up PAN.
+  std::vector<at::Tensor> pan{fpn[0]};
+  for (size_t idx = 0; idx < n; ++idx) {
+    const at::Tensor down = downsample_convs_[idx]->forward(pan.back());
+    pan.push_back(pan_blocks_[idx]->forward(at::cat({down, fpn[idx + 1]}, 1)));
+  }
+  return pan;
+}
+
+}  // namespace libreyolo::models::rtdetr

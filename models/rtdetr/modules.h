@@ -1,0 +1,223 @@
+// RT-DETR / RT-DETRv2 module tree (internal to models/rtdetr). Names are the on-disk keys of
+// transformers 5.17 RTDetrForObjectDetection / RTDetrV2ForObjectDetection checkpoints
+// (hf-models.md 2.3); forward passes follow modeling_rt_detr.py / modeling_rt_detr_v2.py.
+#pragma once
+
+#include <ATen/ATen.h>
+#include <torch/nn/module.h>
+
+#include <optional>
+#include <vector>
+
+#include "kernels/attention/ms_deform_attn.h"
+#include "models/core/config.h"
+#include "models/layers/attention.h"
+#include "models/layers/layers.h"
+
+namespace libreyolo::models::rtdetr {
+
+using layers::Activation;
+
+/// config.json of model_type rt_detr / rt_detr_v2 with its rt_detr_resnet backbone_config.
+struct Config {
+  bool v2 = false;
+  // backbone_config (RTDetrResNetConfig)
+  int64_t num_channels = 3, embedding_size = 64;
+  std::vector<int64_t> hidden_sizes{256, 512, 1024, 2048}, depths{3, 4, 6, 3};
+  bool bottleneck = true;  ///< layer_type "bottleneck" (else "basic")
+  Activation hidden_act = Activation::relu;
+  bool downsample_in_first_stage = false, downsample_in_bottleneck = false;
+  std::vector<int64_t> out_indices{2, 3, 4};  ///< stage_names indices: 0 = stem, s = stage s
+  bool freeze_backbone_batch_norms = true;
+  // hybrid encoder
+  int64_t encoder_hidden_dim = 256, encoder_layers = 1, encoder_ffn_dim = 1024,
+          encoder_attention_heads = 8;
+  std::vector<int64_t> encoder_in_channels{512, 1024, 2048}, feat_strides{8, 16, 32},
+      encode_proj_layers{2};
+  double positional_encoding_temperature = 10000;
+  Activation encoder_activation = Activation::gelu, activation = Activation::silu;
+  bool normalize_before = false, eval_size_set = false;
+  double hidden_expansion = 1.0, layer_norm_eps = 1e-5, batch_norm_eps = 1e-5;
+  // decoder
+  int64_t d_model = 256, num_queries = 300, decoder_ffn_dim = 1024, num_feature_levels = 3,
+          decoder_n_points = 4, decoder_layers = 6, decoder_attention_heads = 8, num_labels = 2;
+  std::vector<int64_t> decoder_in_channels{256, 256, 256};
+  Activation decoder_activation = Activation::relu;
+  std::optional<std::vector<int64_t>> anchor_image_size;  ///< (H, W)
+  // RT-DETRv2
+  double decoder_offset_scale = 0.5;
+  kernels::SamplingMethod decoder_method = kernels::SamplingMethod::bilinear;
+
+  /// Parses and validates; throws core::ConfigError naming the file and field.
+  static Config parse(const core::ConfigView& cfg);
+};
+
+// ---- backbone (modeling_rt_detr_resnet.py) ----------------------------------------------
+
+/// Bottleneck or basic residual layer: "layer.{k}" ConvLayers + optional "shortcut" /
+/// "shortcut.1" (index 0 = AvgPool2d(2, 2, ceil_mode) without parameters).
+class ResNetLayerImpl : public torch::nn::Module {
+ public:
+  ResNetLayerImpl(const Config& c, int64_t in, int64_t out, int64_t stride, bool first_of_stage);
+  at::Tensor forward(const at::Tensor& x) const;
+
+ private:
+  std::vector<layers::ConvNorm> layer_;
+  layers::ConvNorm shortcut_;  ///< null: identity projection
+  bool avg_pool_ = false;      ///< AvgPool2d(2, 2, ceil_mode=True) before shortcut_
+  Activation act_;
+};
+
+class ResNetBackboneImpl : public torch::nn::Module {
+ public:
+  explicit ResNetBackboneImpl(const Config& c);
+  /// Feature maps at out_indices (strides 8/16/32 by default).
+  std::vector<at::Tensor> forward(const at::Tensor& pixel_values) const;
+  /// Channels of each returned map.
+  std::vector<int64_t> out_channels;
+
+ private:
+  std::vector<layers::ConvNorm> stem_;
+  std::vector<std::vector<std::shared_ptr<ResNetLayerImpl>>> stages_;
+  std::vector<int64_t> out_indices_;
+};
+
+// ---- hybrid encoder ------------------------------------------------------------------------
+
+/// RTDetrEncoderLayer: self_attn (q/k/v/out_proj), self_attn_layer_norm, fc1, fc2,
+/// final_layer_norm.
+class EncoderLayerImpl : public torch::nn::Module {
+ public:
+  explicit EncoderLayerImpl(const Config& c);
+  at::Tensor forward(const at::Tensor& x, const at::Tensor& pos) const;
+  layers::Attention self_attn;
+
+ private:
+  layers::LayerNorm self_attn_layer_norm_, final_layer_norm_;
+  layers::Linear fc1_, fc2_;
+  Activation act_;
+  bool normalize_before_;
+};
+
+/// CSPRepLayer (conv1 -> 3 RepVGG bottlenecks, conv2, conv3 or identity).
+class CSPRepLayerImpl : public torch::nn::Module {
+ public:
+  explicit CSPRepLayerImpl(const Config& c);
+  at::Tensor forward(const at::Tensor& x) const;
+
+ private:
+  layers::ConvNorm conv1_, conv2_, conv3_;
+  std::vector<std::pair<layers::ConvNorm, layers::ConvNorm>> bottlenecks_;
+  Activation act_;
+};
+
+/// RTDetrHybridEncoder: AIFI ("encoder.{i}.layers.{j}") + CCFM (FPN + PAN).
+class HybridEncoderImpl : public torch::nn::Module {
+ public:
+  explicit HybridEncoderImpl(const Config& c);
+  /// feature maps (B, E, H_l, W_l) per level -> PAN outputs, same shapes.
+  std::vector<at::Tensor> forward(std::vector<at::Tensor> feature_maps) const;
+
+ private:
+  std::vector<std::vector<std::shared_ptr<EncoderLayerImpl>>> aifi_;
+  std::vector<layers::ConvNorm> lateral_convs_, downsample_convs_;
+  std::vector<std::shared_ptr<CSPRepLayerImpl>> fpn_blocks_, pan_blocks_;
+  std::vector<int64_t> encode_proj_layers_;
+  int64_t hidden_dim_;
+  double temperature_;
+  bool use_pos_;
+};
+
+/// transformers build_2d_sinusoidal_position_embedding (v5.17): (1, h*w, dim), computed in
+/// float64 and cast to `dtype`; layout [sin_h | cos_h | sin_w | cos_w], row-major positions.
+at::Tensor sincos_position_embedding_2d(int64_t h, int64_t w, int64_t dim, double temperature,
+                                        at::ScalarType dtype, const at::Device& device);
+
+// ---- decoder -------------------------------------------------------------------------------
+
+/// RTDetrMultiscaleDeformableAttention / RTDetrV2MultiscaleDeformableAttention (4-d reference
+/// boxes, as RT-DETR's decoder uses): sampling_offsets, attention_weights, value_proj,
+/// output_proj (+ buffer n_points_scale for v2). The sampling itself goes through the
+/// ms_deform_attn slot (kernels/attention/ms_deform_attn.h).
+class MSDeformAttnImpl : public torch::nn::Module {
+ public:
+  explicit MSDeformAttnImpl(const Config& c);
+  /// query (B, Q, D) (position embedding already added), memory (B, S, D),
+  /// reference_boxes (B, Q, 1, 4) cxcywh in [0, 1] -> (B, Q, D).
+  at::Tensor forward(const at::Tensor& query, const at::Tensor& memory,
+                     const at::Tensor& reference_boxes,
+                     const kernels::SpatialShapes& shapes) const;
+
+ private:
+  layers::Linear sampling_offsets_, attention_weights_, value_proj_, output_proj_;
+  at::Tensor n_points_scale_;
+  int64_t heads_, levels_, points_;
+  bool v2_;
+  double offset_scale_;
+  kernels::SamplingMethod method_;
+};
+
+class DecoderLayerImpl : public torch::nn::Module {
+ public:
+  explicit DecoderLayerImpl(const Config& c);
+  at::Tensor forward(const at::Tensor& h, const at::Tensor& pos, const at::Tensor& memory,
+                     const at::Tensor& reference_boxes,
+                     const kernels::SpatialShapes& shapes) const;
+  layers::Attention self_attn;
+
+ private:
+  layers::LayerNorm self_attn_layer_norm_, encoder_attn_layer_norm_, final_layer_norm_;
+  std::shared_ptr<MSDeformAttnImpl> encoder_attn_;
+  layers::Linear fc1_, fc2_;
+  Activation act_;
+};
+
+/// RTDetrDecoder with its per-layer heads class_embed.{i} / bbox_embed.{i} (iterative box
+/// refinement).
+class DecoderImpl : public torch::nn::Module {
+ public:
+  explicit DecoderImpl(const Config& c);
+  /// target (B, Q, D), reference_logits (B, Q, 4) (unactivated), memory (B, S, D) ->
+  /// (logits (B, Q, C), boxes (B, Q, 4)) of the last layer.
+  std::pair<at::Tensor, at::Tensor> forward(const at::Tensor& target,
+                                            const at::Tensor& reference_logits,
+                                            const at::Tensor& memory,
+                                            const kernels::SpatialShapes& shapes) const;
+
+ private:
+  std::vector<std::shared_ptr<DecoderLayerImpl>> layers_;
+  layers::MLP query_pos_head_;
+  std::vector<layers::Linear> class_embed_;
+  std::vector<layers::MLP> bbox_embed_;
+};
+
+// ---- the whole detector ----------------------------------------------------------------------
+
+/// Root module: "model.{backbone.model, encoder_input_proj, encoder, enc_output, enc_score_head,
+/// enc_bbox_head, decoder_input_proj, decoder}".
+class DetectorImpl : public torch::nn::Module {
+ public:
+  explicit DetectorImpl(const Config& c);
+  /// pixel_values (B, 3, H, W) in the parameters' dtype/device -> (logits, pred_boxes) in that
+  /// dtype. Throws std::invalid_argument for unacceptable shapes.
+  std::pair<at::Tensor, at::Tensor> forward(const at::Tensor& pixel_values) const;
+
+ private:
+  Config config_;
+  std::shared_ptr<ResNetBackboneImpl> backbone_;
+  std::vector<std::pair<layers::Conv2d, layers::BatchNorm2d>> encoder_input_proj_,
+      decoder_input_proj_;
+  std::shared_ptr<HybridEncoderImpl> encoder_;
+  layers::Linear enc_output_linear_, enc_score_head_;
+  layers::LayerNorm enc_output_norm_;
+  layers::MLP enc_bbox_head_;
+  std::shared_ptr<DecoderImpl> decoder_;
+};
+
+/// RT-DETR anchors (RTDetrModel.generate_anchors, grid_size 0.05): (1, S, 4) logits in `dtype`
+/// with invalid rows set to finfo(dtype).max, and the valid mask (1, S, 1) bool.
+std::pair<at::Tensor, at::Tensor> generate_anchors(const kernels::SpatialShapes& shapes,
+                                                   at::ScalarType dtype,
+                                                   const at::Device& device);
+
+}  // namespace libreyolo::models::rtdetr

@@ -1,0 +1,179 @@
+// The plain C++ request/response types between the gRPC transport (libreyolo_rpc, no torch) and
+// the serving core (libreyolo_server, torch). Neither protobuf nor torch appears here: this header
+// is the seam that keeps the two header worlds apart (DESIGN.md "Header traps").
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <variant>
+#include <vector>
+
+namespace libreyolo::server::api {
+
+/// gRPC status codes used by the daemon (values equal grpc::StatusCode).
+enum class Code : int {
+  ok = 0,
+  cancelled = 1,
+  unknown = 2,
+  invalid_argument = 3,
+  deadline_exceeded = 4,
+  not_found = 5,
+  permission_denied = 7,
+  resource_exhausted = 8,
+  failed_precondition = 9,
+  unimplemented = 12,
+  internal = 13,
+  unavailable = 14,
+};
+
+/// "OK", "INVALID_ARGUMENT", ... (the names Prometheus labels and logs use).
+const char* code_name(Code code);
+
+/// An error that maps to a gRPC status. Thrown by the core; the transport turns it into a Status.
+class Error : public std::runtime_error {
+ public:
+  Error(Code code, const std::string& message) : std::runtime_error(message), code_(code) {}
+  Code code() const { return code_; }
+
+ private:
+  Code code_;
+};
+
+/// A request/response parameter (OIP InferParameter oneof).
+using Parameter = std::variant<bool, std::int64_t, std::string, double, std::uint64_t>;
+
+/// One input tensor. `data()` is the tensor in OIP raw layout: row-major little-endian elements;
+/// BYTES elements each prefixed by a 4-byte little-endian length. For raw_input_contents it views
+/// the request message (valid for the duration of the call); typed contents are packed into
+/// `owned` by the transport.
+struct InputTensor {
+  std::string name;
+  std::string datatype;  ///< "FP32", "BYTES", ...
+  std::vector<std::int64_t> shape;
+  std::string_view raw;   ///< when !typed
+  std::string owned;      ///< when typed
+  bool typed = false;     ///< data came from InferTensorContents
+  std::string_view data() const { return typed ? std::string_view(owned) : raw; }
+};
+
+/// ModelInferRequest after transport checks (raw/typed exclusivity, raw count).
+struct InferRequest {
+  std::string model_name;
+  std::string model_version;  ///< "" = the served (highest) version
+  std::string id;
+  std::map<std::string, Parameter> parameters;
+  std::vector<InputTensor> inputs;
+  std::vector<std::string> requested_outputs;  ///< empty: the default outputs
+  /// Client deadline (grpc-timeout), if any.
+  std::optional<std::chrono::steady_clock::time_point> deadline;
+};
+
+/// One output tensor, raw layout (see InputTensor).
+struct OutputTensor {
+  std::string name;
+  std::string datatype;
+  std::vector<std::int64_t> shape;
+  std::string data;
+};
+
+struct InferResponse {
+  std::string model_name;
+  std::string model_version;
+  std::string id;
+  std::vector<OutputTensor> outputs;
+};
+
+struct TensorMetadata {
+  std::string name;
+  std::string datatype;
+  std::vector<std::int64_t> shape;  ///< -1: variable
+  bool optional = false;
+};
+
+struct ServerMetadata {
+  std::string name;
+  std::string version;
+  std::vector<std::string> extensions;
+};
+
+struct ModelMetadata {
+  std::string name;
+  std::vector<std::string> versions;
+  std::string platform;
+  std::vector<TensorMetadata> inputs;
+  std::vector<TensorMetadata> outputs;
+};
+
+/// What ModelConfig reports (Triton ModelConfig subset). Tensor dims exclude the batch dimension.
+struct ModelConfig {
+  std::string name;
+  std::string platform;
+  std::string backend;
+  int max_batch_size = 0;
+  std::vector<TensorMetadata> inputs;   ///< dims without the batch dimension
+  std::vector<TensorMetadata> outputs;  ///< dims without the batch dimension
+  std::uint64_t max_queue_delay_microseconds = 0;
+  std::uint32_t max_queue_size = 0;
+  std::uint64_t default_timeout_microseconds = 0;
+  std::map<std::string, std::string> parameters;
+};
+
+/// Cumulative count and nanoseconds (Triton StatisticDuration).
+struct Duration {
+  std::uint64_t count = 0;
+  std::uint64_t ns = 0;
+};
+
+struct BatchStatistics {
+  std::uint64_t batch_size = 0;
+  Duration compute_input, compute_infer, compute_output;
+};
+
+struct ModelStatistics {
+  std::string name;
+  std::string version;
+  std::uint64_t last_inference_ms = 0;  ///< since the epoch; 0: never
+  std::uint64_t inference_count = 0;    ///< images inferred
+  std::uint64_t execution_count = 0;    ///< batches run
+  Duration success, fail, queue, compute_input, compute_infer, compute_output;
+  std::vector<BatchStatistics> batch_stats;
+};
+
+struct RepositoryEntry {
+  std::string name;
+  std::string version;
+  std::string state;   ///< "READY", "UNAVAILABLE", "LOADING"
+  std::string reason;  ///< why not ready
+};
+
+/// The serving core as the transport sees it. Implemented on the torch side
+/// (server/core/core.h). Every method may throw api::Error; other exceptions are INTERNAL.
+class InferenceService {
+ public:
+  virtual ~InferenceService() = default;
+  virtual bool live() const = 0;
+  /// Every model loaded and warmed, and not draining.
+  virtual bool ready() const = 0;
+  /// False for unknown models and versions.
+  virtual bool model_ready(const std::string& name, const std::string& version) const = 0;
+  virtual ServerMetadata server_metadata() const = 0;
+  /// NOT_FOUND for unknown models/versions.
+  virtual ModelMetadata model_metadata(const std::string& name, const std::string& version) const = 0;
+  virtual ModelConfig model_config(const std::string& name, const std::string& version) const = 0;
+  /// Empty name: every model.
+  virtual std::vector<ModelStatistics> model_statistics(const std::string& name,
+                                                        const std::string& version) const = 0;
+  virtual std::vector<RepositoryEntry> repository_index(bool ready_only) const = 0;
+  /// PERMISSION_DENIED unless model_control allows it.
+  virtual void load_model(const std::string& name) = 0;
+  virtual void unload_model(const std::string& name) = 0;
+  /// Blocks until the response is ready. Throws api::Error with the code to return.
+  virtual InferResponse infer(InferRequest&& request) = 0;
+};
+
+}  // namespace libreyolo::server::api

@@ -1,0 +1,87 @@
+// Per-model dynamic batching (Triton's dynamic batcher semantics): requests queue; one worker
+// thread per model takes the oldest request, waits up to max_queue_delay_microseconds for more
+// requests of the same pixel size until max_batch_size images, drops requests whose deadline
+// passed while queued (DEADLINE_EXCEEDED, never run), runs one forward and post-processes.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <future>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "models/image/postprocess.h"
+#include "server/core/loaded_model.h"
+
+namespace libreyolo::server {
+
+using Clock = std::chrono::steady_clock;
+
+struct BatchResult {
+  std::vector<image::Detections> detections;  ///< per image, CPU
+  at::Tensor logits, pred_boxes;              ///< (n, ...) CPU float32 when want_raw
+  double queue_seconds = 0;    ///< enqueue -> batch start
+  double input_seconds = 0;    ///< batch assembly + copy to device (the whole batch)
+  double infer_seconds = 0;    ///< forward (the whole batch)
+  double output_seconds = 0;   ///< post-processing of this request
+  int64_t batch_size = 0;      ///< images in the forward this request ran in
+};
+
+/// What one request hands to the batcher.
+struct BatchJob {
+  at::Tensor pixel_values;  ///< (n, 3, H, W) float32, CPU
+  at::Tensor pixel_mask;    ///< (n, H, W) int64, or undefined
+  std::vector<std::pair<int64_t, int64_t>> target_sizes;  ///< n (height, width), pixels
+  image::PostProcessOptions post;
+  bool want_raw = false;  ///< keep logits / pred_boxes
+  std::optional<Clock::time_point> deadline;
+  Clock::time_point enqueued;
+  std::promise<BatchResult> promise;
+  int64_t size() const { return pixel_values.size(0); }
+};
+
+
+class Batcher {
+ public:
+  /// Called (from the worker thread) with the queue length after each change, and after each
+  /// executed batch with its size and input/infer/output seconds.
+  struct Hooks {
+    std::function<void(int64_t)> pending;
+    std::function<void(int64_t, double, double, double)> executed;
+  };
+
+  Batcher(std::shared_ptr<LoadedModel> model, Hooks hooks);
+  /// Finishes every queued request, then joins the worker.
+  ~Batcher();
+  Batcher(const Batcher&) = delete;
+  Batcher& operator=(const Batcher&) = delete;
+
+  /// Queues a request. Throws api::Error RESOURCE_EXHAUSTED when max_queue_size requests wait.
+  std::future<BatchResult> submit(std::shared_ptr<BatchJob> job);
+
+  /// Requests waiting (not running).
+  int64_t pending() const;
+
+ private:
+  void loop();
+  void run(std::vector<std::shared_ptr<BatchJob>>& batch);
+
+  std::shared_ptr<LoadedModel> model_;
+  Hooks hooks_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::shared_ptr<BatchJob>> queue_;
+  bool stopping_ = false;
+  std::thread worker_;
+};
+
+}  // namespace libreyolo::server

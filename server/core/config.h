@@ -1,0 +1,63 @@
+// The daemon's configuration: config/server.yaml (DESIGN.md "Configuration file"), then
+// command-line flags, with the source of every value (default, file:line, flag, environment).
+// No torch in this header.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <stdexcept>
+#include <string>
+
+#include "kernels/policy.h"
+
+namespace libreyolo::server {
+
+using kernels::Setting;
+using kernels::Source;
+
+/// A configuration error; what() starts with "FILE:LINE:COLUMN:" when it comes from a file.
+class ConfigError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+/// Effective configuration. Every key is optional; these are the defaults.
+struct ServerConfig {
+  std::string file;  ///< the configuration file read ("" when none)
+
+  // server:
+  Setting<std::string> grpc_address{"0.0.0.0:8001"};
+  Setting<std::string> http_address{"0.0.0.0:8000"};  ///< "" or "off": no HTTP admin port
+  Setting<double> drain_seconds{10.0};                ///< readiness NOT_SERVING -> stop accepting
+  Setting<std::int64_t> max_message_bytes{67108864};  ///< gRPC receive/send limit, bytes
+  Setting<std::int64_t> max_images_per_request{64};   ///< images (batch N) per ModelInfer
+  Setting<std::int64_t> max_pixels_per_image{40000000};  ///< width*height, checked from the header
+  Setting<std::int64_t> preprocess_threads{0};        ///< CPU pool for decoding; 0: hardware threads
+  Setting<std::string> model_control{"none"};         ///< none | explicit (load/unload RPCs)
+  Setting<std::string> log_level{"info"};             ///< debug | info | warn | error
+
+  Setting<std::string> model_repository{"./examples/model_repository"};
+  Setting<std::string> device{"auto"};  ///< auto | cpu | cuda | cuda:N
+
+  kernels::Policy kernels;  ///< the `kernels:` section + environment
+};
+
+/// Command-line overrides (flags win over the file).
+struct Overrides {
+  std::optional<std::string> model_repository, grpc_address, http_address;
+};
+
+/// Reads `file` (may be "" for defaults only), applies `overrides` and the environment (kernels).
+/// Throws ConfigError with file:line:column for unknown keys, wrong types and bad values, and
+/// for an unreadable file.
+ServerConfig load_config(const std::string& file, const Overrides& overrides,
+                         const kernels::Environment& env);
+
+/// Parses YAML text as if read from `file` (tests).
+ServerConfig parse_config(const std::string& yaml_text, const std::string& file,
+                          const Overrides& overrides, const kernels::Environment& env);
+
+/// Effective configuration as YAML-like text, one `key: value  # source` line per value.
+std::string describe(const ServerConfig& config);
+
+}  // namespace libreyolo::server

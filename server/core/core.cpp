@@ -1,0 +1,547 @@
+#include "server/core/core.h"
+
+#include <c10/util/StringUtil.h>
+
+#include <algorithm>
+#include <chrono>
+#include <filesystem>
+#include <future>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "kernels/registry.h"
+#include "log/log.h"
+#include "models/image/decode.h"
+#include "models/model.h"
+#include "server/core/batcher.h"
+#include "server/core/detector_io.h"
+#include "server/core/loaded_model.h"
+#include "server/core/serving_config.h"
+#include "server/core/thread_pool.h"
+
+namespace libreyolo::server {
+
+namespace fs = std::filesystem;
+using api::Code;
+using api::Error;
+
+/// One model of the repository (the served version) and its statistics.
+struct ModelEntry {
+  std::string name, version, dir;
+  mutable std::mutex mu;
+  std::string state = "LOADING";
+  std::string reason;
+  ServingConfig serving;
+  std::shared_ptr<LoadedModel> loaded;
+  std::shared_ptr<Batcher> batcher;
+  api::ModelStatistics stats;
+  std::map<std::uint64_t, api::BatchStatistics> batch_stats;
+};
+
+namespace {
+
+double seconds_since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+std::uint64_t to_ns(double s) { return static_cast<std::uint64_t>(s * 1e9); }
+
+void add(api::Duration& d, double s) {
+  d.count += 1;
+  d.ns += to_ns(s);
+}
+
+std::uint64_t now_ms() {
+  return static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                        std::chrono::system_clock::now().time_since_epoch())
+                                        .count());
+}
+
+bool is_version(const std::string& s) {
+  return !s.empty() && s[0] != '0' &&
+         std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; });
+}
+
+/// Stacks single-image processor outputs into one batch, padding bottom/right (with a mask)
+/// when sizes differ.
+void stack(std::vector<image::ProcessorOutput>& parts, BatchJob& job) {
+  int64_t h = 0, w = 0;
+  bool same = true;
+  for (const auto& p : parts) {
+    const int64_t ph = p.pixel_values.size(2), pw = p.pixel_values.size(3);
+    if ((h && ph != h) || (w && pw != w)) same = false;
+    h = std::max(h, ph);
+    w = std::max(w, pw);
+  }
+  const bool masked = parts[0].pixel_mask.defined();
+  if (same) {
+    std::vector<at::Tensor> pv, pm;
+    for (auto& p : parts) {
+      pv.push_back(p.pixel_values);
+      if (masked) pm.push_back(p.pixel_mask);
+    }
+    job.pixel_values = pv.size() == 1 ? pv[0] : at::cat(pv, 0);
+    if (masked) job.pixel_mask = pm.size() == 1 ? pm[0] : at::cat(pm, 0);
+    return;
+  }
+  if (!masked) {
+    throw Error(Code::invalid_argument,
+                "input 'images': images resize to different sizes and the processor does not pad");
+  }
+  const int64_t n = static_cast<int64_t>(parts.size());
+  job.pixel_values = at::zeros({n, 3, h, w}, at::kFloat);
+  job.pixel_mask = at::zeros({n, h, w}, at::kLong);
+  for (int64_t i = 0; i < n; ++i) {
+    const auto& p = parts[i];
+    const int64_t ph = p.pixel_values.size(2), pw = p.pixel_values.size(3);
+    job.pixel_values[i].narrow(1, 0, ph).narrow(2, 0, pw).copy_(p.pixel_values[0]);
+    job.pixel_mask[i].narrow(0, 0, ph).narrow(1, 0, pw).copy_(p.pixel_mask[0]);
+  }
+}
+
+std::string dtype_name(at::ScalarType t) { return c10::toString(t); }
+
+}  // namespace
+
+ServerCore::ServerCore(const ServerConfig& config, Metrics& metrics, ModelFactory factory)
+    : config_(config), metrics_(metrics), factory_(std::move(factory)) {
+  if (!factory_) {
+    factory_ = [](const std::string& dir, const models::LoadOptions& o) {
+      return models::load_model(dir, o);
+    };
+  }
+  pool_ = std::make_unique<ThreadPool>(static_cast<int>(config_.preprocess_threads.value));
+}
+
+ServerCore::~ServerCore() {
+  // Batchers are destroyed outside the locks: their workers finish queued requests and take
+  // the entry's lock in their hooks.
+  std::vector<std::shared_ptr<Batcher>> batchers;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    for (auto& [name, e] : models_) {
+      std::lock_guard<std::mutex> ek(e->mu);
+      batchers.push_back(std::move(e->batcher));
+    }
+  }
+  batchers.clear();
+}
+
+int ServerCore::load_repository() {
+  const auto t0 = Clock::now();
+  const std::string repo = config_.model_repository.value;
+  std::vector<std::shared_ptr<ModelEntry>> entries;
+  std::error_code ec;
+  if (!fs::is_directory(repo, ec)) {
+    log::error("model repository " + repo + " is not a directory");
+  } else {
+    std::vector<fs::path> dirs;
+    for (const auto& d : fs::directory_iterator(repo, ec)) {
+      if (d.is_directory() && d.path().filename().string()[0] != '.') dirs.push_back(d.path());
+    }
+    std::sort(dirs.begin(), dirs.end());
+    for (const auto& d : dirs) {
+      auto e = std::make_shared<ModelEntry>();
+      e->name = d.filename().string();
+      e->stats.name = e->name;
+      std::int64_t best = -1;
+      for (const auto& v : fs::directory_iterator(d, ec)) {
+        const std::string s = v.path().filename().string();
+        if (v.is_directory() && is_version(s) && s.size() < 18 && std::stoll(s) > best) best = std::stoll(s);
+      }
+      if (best < 0) {
+        e->state = "UNAVAILABLE";
+        e->reason = d.string() + ": no numeric version folder (<model>/<N>/config.json)";
+      } else {
+        e->version = std::to_string(best);
+        e->stats.version = e->version;
+        e->dir = (d / e->version).string();
+      }
+      entries.push_back(e);
+    }
+  }
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    for (auto& e : entries) models_[e->name] = e;
+  }
+  std::vector<std::thread> loaders;
+  for (auto& e : entries) {
+    if (e->state != "LOADING") {
+      log::error("model '" + e->name + "': " + e->reason);
+      continue;
+    }
+    loaders.emplace_back([this, e] { load_model(e->name); });
+  }
+  for (auto& t : loaders) t.join();
+  int ready = 0;
+  for (auto& e : entries) {
+    std::lock_guard<std::mutex> ek(e->mu);
+    ready += e->state == "READY";
+  }
+  loaded_ = fs::is_directory(repo, ec);
+  log::info(c10::str("repository ", repo, ": ", ready, " of ", entries.size(), " models ready in ",
+                     seconds_since(t0), " s"));
+  return ready;
+}
+
+void ServerCore::load_model(const std::string& name) {
+  std::shared_ptr<ModelEntry> e;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    auto it = models_.find(name);
+    if (it != models_.end()) e = it->second;
+  }
+  if (loaded_ && config_.model_control.value != "explicit") {
+    throw Error(Code::permission_denied,
+                "model control is disabled (server.model_control: none): models are loaded at "
+                "start-up only");
+  }
+  if (!e) throw Error(Code::not_found, "unknown model '" + name + "' in the repository");
+  const auto t0 = Clock::now();
+  try {
+    const auto serving =
+        load_serving_config((fs::path(config_.model_repository.value) / name / "serving.yaml").string());
+    auto loaded = load_model_version(e->name, e->version, e->dir, serving, config_.device.value, factory_);
+    const double load_s = seconds_since(t0);
+    const auto t1 = Clock::now();
+    if (serving.warmup) warm_up(*loaded);
+    const double warm_s = seconds_since(t1);
+    std::weak_ptr<ModelEntry> weak = e;
+    Batcher::Hooks hooks;
+    hooks.pending = [this, n = e->name](int64_t count) { metrics_.pending(n, count); };
+    hooks.executed = [this, weak](int64_t size, double in_s, double infer_s, double out_s) {
+      auto entry = weak.lock();
+      if (!entry) return;
+      metrics_.batch(entry->name, size);
+      std::lock_guard<std::mutex> ek(entry->mu);
+      entry->stats.execution_count += 1;
+      auto& b = entry->batch_stats[static_cast<std::uint64_t>(size)];
+      b.batch_size = static_cast<std::uint64_t>(size);
+      add(b.compute_input, in_s);
+      add(b.compute_infer, infer_s);
+      add(b.compute_output, out_s);
+    };
+    auto batcher = std::make_shared<Batcher>(loaded, std::move(hooks));
+    {
+      std::lock_guard<std::mutex> ek(e->mu);
+      e->serving = serving;
+      e->loaded = loaded;
+      e->batcher = batcher;
+      e->state = "READY";
+      e->reason.clear();
+    }
+    metrics_.model_load(e->name, e->version, seconds_since(t0));
+    log::info(c10::str("model '", e->name, "' version ", e->version, " ready on ",
+                       loaded->device.str(), " (", dtype_name(loaded->dtype), "): load ", load_s,
+                       " s, warm-up ", warm_s, " s"));
+  } catch (const Error&) {
+    throw;
+  } catch (const std::exception& ex) {
+    std::lock_guard<std::mutex> ek(e->mu);
+    e->state = "UNAVAILABLE";
+    e->reason = ex.what();
+    log::error("model '" + e->name + "' failed to load: " + ex.what());
+  }
+}
+
+void ServerCore::unload_model(const std::string& name) {
+  if (config_.model_control.value != "explicit") {
+    throw Error(Code::permission_denied,
+                "model control is disabled (server.model_control: none): models cannot be unloaded");
+  }
+  auto e = find(name, "");
+  std::shared_ptr<Batcher> batcher;
+  {
+    std::lock_guard<std::mutex> ek(e->mu);
+    batcher = std::move(e->batcher);
+    e->loaded.reset();
+    e->state = "UNAVAILABLE";
+    e->reason = "unloaded";
+  }
+  batcher.reset();  // in-flight requests finish first
+  log::info("model '" + name + "' unloaded");
+}
+
+void ServerCore::begin_drain() { draining_ = true; }
+
+bool ServerCore::ready() const {
+  if (draining_ || !loaded_) return false;
+  std::lock_guard<std::mutex> lk(mu_);
+  for (const auto& [n, e] : models_) {
+    std::lock_guard<std::mutex> ek(e->mu);
+    if (e->state != "READY") return false;
+  }
+  return true;
+}
+
+std::shared_ptr<ModelEntry> ServerCore::find(const std::string& name, const std::string& version) const {
+  std::shared_ptr<ModelEntry> e;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    auto it = models_.find(name);
+    if (it == models_.end()) throw Error(Code::not_found, "unknown model '" + name + "'");
+    e = it->second;
+  }
+  if (!version.empty() && version != e->version) {
+    throw Error(Code::not_found, "model '" + name + "' has no version '" + version +
+                                     "' (served: '" + e->version + "')");
+  }
+  return e;
+}
+
+bool ServerCore::model_ready(const std::string& name, const std::string& version) const {
+  try {
+    auto e = find(name, version);
+    std::lock_guard<std::mutex> ek(e->mu);
+    return e->state == "READY";
+  } catch (const Error&) {
+    return false;
+  }
+}
+
+api::ServerMetadata ServerCore::server_metadata() const {
+  return {"libreyolo-server", "0.1.0", {"model_configuration", "statistics", "model_repository"}};
+}
+
+api::ModelMetadata ServerCore::model_metadata(const std::string& name, const std::string& version) const {
+  auto e = find(name, version);
+  std::lock_guard<std::mutex> ek(e->mu);
+  api::ModelMetadata m;
+  m.name = e->name;
+  m.versions = {e->version};
+  m.platform = e->loaded ? "libreyolo_" + e->loaded->model->model_type() : "libreyolo";
+  m.inputs = detector_input_metadata();
+  m.outputs = detector_output_metadata(e->loaded ? e->loaded->num_queries : -1,
+                                       e->loaded ? e->loaded->num_labels : -1);
+  return m;
+}
+
+api::ModelConfig ServerCore::model_config(const std::string& name, const std::string& version) const {
+  auto e = find(name, version);
+  std::lock_guard<std::mutex> ek(e->mu);
+  api::ModelConfig c;
+  c.name = e->name;
+  c.platform = e->loaded ? "libreyolo_" + e->loaded->model->model_type() : "libreyolo";
+  c.backend = "libreyolo";
+  c.max_batch_size = static_cast<int>(e->serving.max_batch_size);
+  // Triton's convention: dims without the batch dimension.
+  for (auto t : detector_input_metadata()) {
+    t.shape.erase(t.shape.begin());
+    if (t.shape.empty()) t.shape = {1};
+    c.inputs.push_back(t);
+  }
+  for (auto t : detector_output_metadata(e->loaded ? e->loaded->num_queries : -1,
+                                         e->loaded ? e->loaded->num_labels : -1)) {
+    t.shape.erase(t.shape.begin());
+    if (t.shape.empty()) t.shape = {1};
+    c.outputs.push_back(t);
+  }
+  c.max_queue_delay_microseconds = e->serving.max_queue_delay_microseconds;
+  c.max_queue_size = e->serving.max_queue_size;
+  c.default_timeout_microseconds = e->serving.default_timeout_microseconds;
+  c.parameters["threshold"] = std::to_string(e->serving.threshold);
+  c.parameters["top_k"] = std::to_string(e->serving.top_k);
+  if (e->loaded) {
+    c.parameters["device"] = e->loaded->device.str();
+    c.parameters["dtype"] = dtype_name(e->loaded->dtype);
+  }
+  return c;
+}
+
+std::vector<api::ModelStatistics> ServerCore::model_statistics(const std::string& name,
+                                                               const std::string& version) const {
+  std::vector<std::shared_ptr<ModelEntry>> entries;
+  if (name.empty()) {
+    std::lock_guard<std::mutex> lk(mu_);
+    for (const auto& [n, e] : models_) entries.push_back(e);
+  } else {
+    entries.push_back(find(name, version));
+  }
+  std::vector<api::ModelStatistics> out;
+  for (const auto& e : entries) {
+    std::lock_guard<std::mutex> ek(e->mu);
+    auto s = e->stats;
+    for (const auto& [size, b] : e->batch_stats) s.batch_stats.push_back(b);
+    out.push_back(std::move(s));
+  }
+  return out;
+}
+
+std::vector<api::RepositoryEntry> ServerCore::repository_index(bool ready_only) const {
+  std::vector<api::RepositoryEntry> out;
+  std::lock_guard<std::mutex> lk(mu_);
+  for (const auto& [n, e] : models_) {
+    std::lock_guard<std::mutex> ek(e->mu);
+    if (ready_only && e->state != "READY") continue;
+    out.push_back({e->name, e->version, e->state, e->reason});
+  }
+  return out;
+}
+
+api::InferResponse ServerCore::infer(api::InferRequest&& request) {
+  const auto t0 = Clock::now();
+  auto e = find(request.model_name, request.model_version);
+  try {
+    auto response = infer_on(*e, request);
+    const double s = seconds_since(t0);
+    metrics_.request(e->name, e->version, "OK", s);
+    std::lock_guard<std::mutex> ek(e->mu);
+    add(e->stats.success, s);
+    return response;
+  } catch (const Error& err) {
+    const double s = seconds_since(t0);
+    metrics_.request(e->name, e->version, api::code_name(err.code()), s);
+    std::lock_guard<std::mutex> ek(e->mu);
+    add(e->stats.fail, s);
+    throw;
+  } catch (const std::exception& ex) {
+    const double s = seconds_since(t0);
+    metrics_.request(e->name, e->version, "INTERNAL", s);
+    {
+      std::lock_guard<std::mutex> ek(e->mu);
+      add(e->stats.fail, s);
+    }
+    log::error("model '" + e->name + "': " + ex.what());
+    throw Error(Code::internal, "model '" + e->name + "': " + ex.what());
+  }
+}
+
+api::InferResponse ServerCore::infer_on(ModelEntry& entry, api::InferRequest& request) {
+  std::shared_ptr<LoadedModel> m;
+  std::shared_ptr<Batcher> batcher;
+  {
+    std::lock_guard<std::mutex> ek(entry.mu);
+    if (entry.state != "READY") {
+      throw Error(Code::unavailable, "model '" + entry.name + "' is not ready (" + entry.state +
+                                         (entry.reason.empty() ? "" : ": " + entry.reason) + ")");
+    }
+    m = entry.loaded;
+    batcher = entry.batcher;
+  }
+  RequestLimits limits;
+  limits.max_images = config_.max_images_per_request.value;
+  limits.max_pixels = config_.max_pixels_per_image.value;
+  limits.max_batch_size = m->serving.max_batch_size;
+  auto req = parse_detector_request(request, limits, m->serving.threshold, m->serving.top_k);
+  req.post.use_focal_loss = m->use_focal_loss;
+
+  const auto t_pre = Clock::now();
+  auto job = std::make_shared<BatchJob>();
+  if (!req.images.empty()) {
+    std::vector<std::future<image::ProcessorOutput>> futures;
+    for (std::size_t i = 0; i < req.images.size(); ++i) {
+      futures.push_back(pool_->submit([&req, &m, &limits, i] {
+        image::DecodeOptions options;
+        options.max_pixels = limits.max_pixels;
+        const auto* data = reinterpret_cast<const std::uint8_t*>(req.images[i].data());
+        at::Tensor img;
+        try {
+          img = image::decode_image(data, req.images[i].size(), options);
+        } catch (const std::exception& ex) {
+          throw Error(Code::invalid_argument, c10::str("input 'images': image ", i, ": ", ex.what()));
+        }
+        return m->processor->preprocess({img});
+      }));
+    }
+    std::vector<image::ProcessorOutput> parts;
+    std::exception_ptr first_error;
+    for (auto& f : futures) {  // wait for every task: they reference `req`
+      try {
+        parts.push_back(f.get());
+      } catch (...) {
+        if (!first_error) first_error = std::current_exception();
+      }
+    }
+    if (first_error) std::rethrow_exception(first_error);
+    stack(parts, *job);
+    if (req.target_sizes.empty()) {
+      for (const auto& p : parts) job->target_sizes.push_back(p.original_sizes.at(0));
+    }
+  } else {
+    job->pixel_values = req.pixel_values;
+    if (m->processor->config().do_pad) {
+      job->pixel_mask = at::ones({req.batch, req.pixel_values.size(2), req.pixel_values.size(3)}, at::kLong);
+    }
+    if (req.target_sizes.empty()) {
+      job->target_sizes.assign(req.batch, {req.pixel_values.size(2), req.pixel_values.size(3)});
+    }
+  }
+  if (!req.target_sizes.empty()) job->target_sizes = req.target_sizes;
+  const double pre_s = seconds_since(t_pre);
+  metrics_.preprocess(entry.name, entry.version, pre_s);
+
+  job->post = req.post;
+  job->want_raw = req.outputs.count("logits") || req.outputs.count("pred_boxes");
+  job->deadline = request.deadline;
+  if (!job->deadline && m->serving.default_timeout_microseconds > 0) {
+    job->deadline = Clock::now() + std::chrono::microseconds(m->serving.default_timeout_microseconds);
+  }
+  auto future = batcher->submit(job);
+  BatchResult r = future.get();  // throws api::Error (deadline, failure)
+  metrics_.queue(entry.name, entry.version, r.queue_seconds);
+  metrics_.compute(entry.name, entry.version, r.input_seconds + r.infer_seconds + r.output_seconds);
+  {
+    std::lock_guard<std::mutex> ek(entry.mu);
+    entry.stats.inference_count += static_cast<std::uint64_t>(req.batch);
+    entry.stats.last_inference_ms = now_ms();
+    add(entry.stats.queue, r.queue_seconds);
+    add(entry.stats.compute_input, pre_s + r.input_seconds);
+    add(entry.stats.compute_infer, r.infer_seconds);
+    add(entry.stats.compute_output, r.output_seconds);
+  }
+  api::InferResponse response;
+  response.model_name = entry.name;
+  response.model_version = entry.version;
+  response.id = request.id;
+  response.outputs =
+      detector_outputs(r.detections, r.logits, r.pred_boxes, m->model->id2label(), req.outputs);
+  return response;
+}
+
+std::string ServerCore::active_json() const {
+  using nlohmann::json;
+  auto& reg = kernels::Registry::global();
+  const auto& p = config_.kernels;
+  auto setting = [](const auto& value, kernels::Source s, const std::string& origin) {
+    return json{{"value", value}, {"source", kernels::source_name(s)}, {"origin", origin}};
+  };
+  json policy = {
+      {"selection", setting(p.selection.value, p.selection.source, p.selection.origin)},
+      {"hub_kernels", setting(p.hub_kernels.value, p.hub_kernels.source, p.hub_kernels.origin)},
+      {"fused_attention", setting(kernels::fused_attention_name(p.fused_attention.value),
+                                  p.fused_attention.source, p.fused_attention.origin)},
+  };
+  json slots = json::object();
+  for (const auto& s : reg.report()) {
+    json cands = json::array();
+    for (const auto& c : s.candidates) {
+      cands.push_back({{"name", c.name},
+                       {"allowed", c.allowed},
+                       {"eligible", c.eligible},
+                       {"reason", c.reason},
+                       {"disabled", c.disabled},
+                       {"calls", c.calls},
+                       {"declined", c.declined}});
+    }
+    slots[s.slot] = {{"selected", s.selected}, {"has_reference", s.has_reference}, {"candidates", cands}};
+  }
+  json events = json::array();
+  for (const auto& ev : reg.events()) {
+    events.push_back({{"slot", ev.slot},
+                      {"impl", ev.impl},
+                      {"reason", ev.reason},
+                      {"time_ms", std::chrono::duration_cast<std::chrono::milliseconds>(
+                                      ev.time.time_since_epoch())
+                                      .count()}});
+  }
+  json models = json::array();
+  for (const auto& r : repository_index(false)) {
+    models.push_back({{"name", r.name}, {"version", r.version}, {"state", r.state}, {"reason", r.reason}});
+  }
+  json out = {{"active", reg.active()}, {"policy", policy}, {"slots", slots},
+              {"fallback_events", events}, {"models", models},
+              {"ready", ready()}, {"draining", draining()}};
+  return out.dump(2);
+}
+
+}  // namespace libreyolo::server

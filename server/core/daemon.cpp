@@ -1,0 +1,99 @@
+#include "server/core/daemon.h"
+
+#include <c10/util/StringUtil.h>
+
+#include <chrono>
+
+#include "kernels/kernels.h"
+#include "log/log.h"
+#include "server/core/http_admin.h"
+#include "server/rpc/grpc_server.h"
+
+namespace libreyolo::server {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+bool http_off(const std::string& a) { return a.empty() || a == "off" || a == "none"; }
+
+}  // namespace
+
+struct Daemon::Impl {
+  ServerConfig config;
+  Metrics metrics;
+  std::unique_ptr<ServerCore> core;
+  std::unique_ptr<rpc::GrpcServer> grpc;
+  std::unique_ptr<HttpAdmin> http;
+  bool stopped = false;
+};
+
+Daemon::Daemon(ServerConfig config, ModelFactory factory) : impl_(std::make_unique<Impl>()) {
+  impl_->config = std::move(config);
+  impl_->core = std::make_unique<ServerCore>(impl_->config, impl_->metrics, std::move(factory));
+}
+
+Daemon::~Daemon() { stop(0.0); }
+
+void Daemon::start() {
+  const auto start = Clock::now();
+  auto t = Clock::now();
+  log::info("start-up: policy\n" + impl_->config.kernels.describe());
+  kernels::initialize(impl_->config.kernels);
+  log::info(c10::str("start-up: kernels resolved in ", since(t), " s"));
+
+  t = Clock::now();
+  rpc::GrpcOptions options;
+  options.address = impl_->config.grpc_address.value;
+  options.max_message_bytes = static_cast<std::size_t>(impl_->config.max_message_bytes.value);
+  impl_->grpc = std::make_unique<rpc::GrpcServer>(*impl_->core, options);
+  if (!http_off(impl_->config.http_address.value)) {
+    auto* core = impl_->core.get();
+    auto* metrics = &impl_->metrics;
+    HttpHandlers h;
+    h.live = [core] { return core->live(); };
+    h.ready = [core] { return core->ready(); };
+    h.active_json = [core] { return core->active_json(); };
+    h.metrics_text = [metrics] { return metrics->serialize(); };
+    impl_->http = std::make_unique<HttpAdmin>(impl_->config.http_address.value, std::move(h));
+  }
+  log::info(c10::str("start-up: listening in ", since(t), " s"));
+
+  t = Clock::now();
+  const int ready = impl_->core->load_repository();
+  log::info(c10::str("start-up: repository loaded and warmed up in ", since(t), " s (", ready,
+                     " models ready)"));
+  const bool is_ready = impl_->core->ready();
+  impl_->grpc->set_ready(is_ready);
+  if (is_ready) {
+    log::info(c10::str("start-up: ready after ", since(start), " s"));
+  } else {
+    log::warn(c10::str("start-up: NOT ready after ", since(start),
+                       " s (a model failed to load; the others serve)"));
+  }
+}
+
+int Daemon::grpc_port() const { return impl_->grpc ? impl_->grpc->port() : 0; }
+int Daemon::http_port() const { return impl_->http ? impl_->http->port() : 0; }
+ServerCore& Daemon::core() { return *impl_->core; }
+Metrics& Daemon::metrics() { return impl_->metrics; }
+
+void Daemon::begin_drain() {
+  impl_->core->begin_drain();
+  if (impl_->grpc) impl_->grpc->set_ready(false);
+  log::info("drain: readiness is NOT_SERVING; still serving requests");
+}
+
+void Daemon::stop(double grace_seconds) {
+  if (impl_->stopped) return;
+  impl_->stopped = true;
+  impl_->core->begin_drain();
+  const auto t = Clock::now();
+  if (impl_->grpc) impl_->grpc->shutdown(grace_seconds);
+  impl_->http.reset();
+  impl_->grpc.reset();
+  log::info(c10::str("stopped: in-flight requests finished in ", since(t), " s"));
+}
+
+}  // namespace libreyolo::server

@@ -1,0 +1,60 @@
+// Detector I/O of ModelInfer (DESIGN.md "Serving"): validation of the inputs and parameters
+// against the limits, and the output tensors. Inputs: `images` BYTES [N] (encoded JPEG/PNG) or
+// `pixel_values` FP32 [N,3,H,W]; optional `target_sizes` INT64 [N,2]; parameters `threshold`,
+// `top_k`. Outputs: `scores` FP32 [N,K], `labels` INT64 [N,K] (-1 padding), `boxes` FP32 [N,K,4]
+// (x0,y0,x1,y1 pixels), `num_detections` INT32 [N], `label_names` BYTES [N,K] ("" padding);
+// `logits` / `pred_boxes` only on request. K = the largest detection count in the request.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <cstdint>
+#include <map>
+#include <set>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "models/image/postprocess.h"
+#include "server/api/types.h"
+
+namespace libreyolo::server {
+
+struct RequestLimits {
+  int64_t max_images = 64;            ///< N per request
+  int64_t max_pixels = 40000000;      ///< width * height per image
+  int64_t max_batch_size = 8;         ///< the model's max_batch_size
+};
+
+/// A validated detector request (views into the api::InferRequest: keep it alive).
+struct DetectorRequest {
+  std::vector<std::string_view> images;  ///< encoded images, when `images` was sent
+  at::Tensor pixel_values;               ///< (N,3,H,W) float32 CPU, when `pixel_values` was sent
+  std::vector<std::pair<int64_t, int64_t>> target_sizes;  ///< from `target_sizes`, else empty
+  int64_t batch = 0;
+  image::PostProcessOptions post;
+  std::set<std::string> outputs;  ///< requested outputs (defaults filled in)
+};
+
+/// Validates `request` for a detector. Throws api::Error INVALID_ARGUMENT naming the tensor or
+/// parameter and the problem (unknown input, wrong datatype, wrong shape, shape/byte-size
+/// mismatch, malformed BYTES, empty batch, N above a limit, empty image, unknown output).
+DetectorRequest parse_detector_request(const api::InferRequest& request, const RequestLimits& limits,
+                                       double default_threshold, int64_t default_top_k);
+
+/// Output tensors for `detections` (one per image). `logits`/`pred_boxes` are used when
+/// requested. `id2label` names the labels.
+std::vector<api::OutputTensor> detector_outputs(const std::vector<image::Detections>& detections,
+                                                const at::Tensor& logits, const at::Tensor& pred_boxes,
+                                                const std::map<int64_t, std::string>& id2label,
+                                                const std::set<std::string>& outputs);
+
+/// The default outputs and the ones available on request.
+const std::vector<std::string>& detector_default_outputs();
+
+/// Inputs and outputs as ModelMetadata reports them (batch dimension -1).
+std::vector<api::TensorMetadata> detector_input_metadata();
+std::vector<api::TensorMetadata> detector_output_metadata(int64_t num_queries, int64_t num_labels);
+
+}  // namespace libreyolo::server

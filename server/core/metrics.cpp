@@ -1,0 +1,163 @@
+#include "server/core/metrics.h"
+
+#include <prometheus/counter.h>
+#include <prometheus/family.h>
+#include <prometheus/gauge.h>
+#include <prometheus/histogram.h>
+#include <prometheus/registry.h>
+#include <prometheus/text_serializer.h>
+
+#include <map>
+#include <tuple>
+
+#include "kernels/registry.h"
+
+namespace libreyolo::server {
+namespace {
+
+// Latency buckets, seconds: 0.5 ms .. 30 s (roughly x2 steps), covering CPU and GPU serving.
+const prometheus::Histogram::BucketBoundaries& latency_buckets() {
+  static const prometheus::Histogram::BucketBoundaries b = {
+      0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30};
+  return b;
+}
+
+const prometheus::Histogram::BucketBoundaries& batch_buckets() {
+  static const prometheus::Histogram::BucketBoundaries b = {1, 2, 4, 8, 16, 32, 64, 128};
+  return b;
+}
+
+prometheus::ClientMetric value_metric(std::vector<prometheus::ClientMetric::Label> labels,
+                                      double value, bool counter) {
+  prometheus::ClientMetric m;
+  m.label = std::move(labels);
+  if (counter) {
+    m.counter.value = value;
+  } else {
+    m.gauge.value = value;
+  }
+  return m;
+}
+
+}  // namespace
+
+struct Metrics::Impl {
+  std::shared_ptr<prometheus::Registry> registry = std::make_shared<prometheus::Registry>();
+  prometheus::Family<prometheus::Counter>& requests =
+      prometheus::BuildCounter()
+          .Name("libreyolo_inference_requests_total")
+          .Help("ModelInfer requests by model, version and gRPC status code")
+          .Register(*registry);
+  prometheus::Family<prometheus::Histogram>& request_seconds =
+      prometheus::BuildHistogram()
+          .Name("libreyolo_request_duration_seconds")
+          .Help("ModelInfer duration inside the server, seconds")
+          .Register(*registry);
+  prometheus::Family<prometheus::Histogram>& queue_seconds =
+      prometheus::BuildHistogram()
+          .Name("libreyolo_queue_duration_seconds")
+          .Help("Time a request waited in the batching queue, seconds")
+          .Register(*registry);
+  prometheus::Family<prometheus::Histogram>& compute_seconds =
+      prometheus::BuildHistogram()
+          .Name("libreyolo_compute_duration_seconds")
+          .Help("Forward + post-processing time of the batch a request ran in, seconds")
+          .Register(*registry);
+  prometheus::Family<prometheus::Histogram>& preprocess_seconds =
+      prometheus::BuildHistogram()
+          .Name("libreyolo_preprocess_duration_seconds")
+          .Help("Decoding + image processing of a request, seconds")
+          .Register(*registry);
+  prometheus::Family<prometheus::Histogram>& batch_size =
+      prometheus::BuildHistogram()
+          .Name("libreyolo_batch_size")
+          .Help("Images per forward pass")
+          .Register(*registry);
+  prometheus::Family<prometheus::Gauge>& pending =
+      prometheus::BuildGauge()
+          .Name("libreyolo_pending_requests")
+          .Help("Requests waiting in the batching queue")
+          .Register(*registry);
+  prometheus::Family<prometheus::Gauge>& load_seconds =
+      prometheus::BuildGauge()
+          .Name("libreyolo_model_load_seconds")
+          .Help("Time to load (and warm up) a model version, seconds")
+          .Register(*registry);
+};
+
+Metrics::Metrics() : impl_(std::make_unique<Impl>()) {}
+Metrics::~Metrics() = default;
+
+void Metrics::request(const std::string& model, const std::string& version,
+                      const std::string& code, double seconds) {
+  impl_->requests.Add({{"model", model}, {"version", version}, {"code", code}}).Increment();
+  impl_->request_seconds.Add({{"model", model}, {"version", version}}, latency_buckets())
+      .Observe(seconds);
+}
+
+void Metrics::queue(const std::string& model, const std::string& version, double seconds) {
+  impl_->queue_seconds.Add({{"model", model}, {"version", version}}, latency_buckets())
+      .Observe(seconds);
+}
+
+void Metrics::compute(const std::string& model, const std::string& version, double seconds) {
+  impl_->compute_seconds.Add({{"model", model}, {"version", version}}, latency_buckets())
+      .Observe(seconds);
+}
+
+void Metrics::preprocess(const std::string& model, const std::string& version, double seconds) {
+  impl_->preprocess_seconds.Add({{"model", model}, {"version", version}}, latency_buckets())
+      .Observe(seconds);
+}
+
+void Metrics::batch(const std::string& model, std::int64_t size) {
+  impl_->batch_size.Add({{"model", model}}, batch_buckets()).Observe(static_cast<double>(size));
+}
+
+void Metrics::pending(const std::string& model, std::int64_t count) {
+  impl_->pending.Add({{"model", model}}).Set(static_cast<double>(count));
+}
+
+void Metrics::model_load(const std::string& model, const std::string& version, double seconds) {
+  impl_->load_seconds.Add({{"model", model}, {"version", version}}).Set(seconds);
+}
+
+std::string Metrics::serialize() const {
+  auto families = impl_->registry->Collect();
+  // Kernel registry, read at scrape time (its counters are the source of truth).
+  auto& reg = kernels::Registry::global();
+  prometheus::MetricFamily active{"libreyolo_kernel_active",
+                                  "1 for the implementation selected for a slot",
+                                  prometheus::MetricType::Gauge, {}};
+  prometheus::MetricFamily calls{"libreyolo_kernel_calls_total",
+                                 "Calls served by an implementation",
+                                 prometheus::MetricType::Counter, {}};
+  prometheus::MetricFamily declined{"libreyolo_kernel_declined_total",
+                                    "Inputs an implementation declined, by reason",
+                                    prometheus::MetricType::Counter, {}};
+  prometheus::MetricFamily fallback{"libreyolo_kernel_fallback_total",
+                                    "Runtime failures that disabled an implementation",
+                                    prometheus::MetricType::Counter, {}};
+  for (const auto& slot : reg.report()) {
+    for (const auto& c : slot.candidates) {
+      active.metric.push_back(value_metric({{"slot", slot.slot}, {"impl", c.name}},
+                                           c.name == slot.selected ? 1.0 : 0.0, false));
+      calls.metric.push_back(
+          value_metric({{"slot", slot.slot}, {"impl", c.name}}, static_cast<double>(c.calls), true));
+      for (const auto& [reason, n] : c.declined) {
+        declined.metric.push_back(value_metric(
+            {{"slot", slot.slot}, {"impl", c.name}, {"reason", reason}}, static_cast<double>(n), true));
+      }
+    }
+  }
+  std::map<std::tuple<std::string, std::string, std::string>, double> events;
+  for (const auto& e : reg.events()) events[{e.slot, e.impl, e.reason}] += 1;
+  for (const auto& [k, n] : events) {
+    fallback.metric.push_back(value_metric(
+        {{"slot", std::get<0>(k)}, {"impl", std::get<1>(k)}, {"reason", std::get<2>(k)}}, n, true));
+  }
+  for (auto* f : {&active, &calls, &declined, &fallback}) families.push_back(std::move(*f));
+  return prometheus::TextSerializer().Serialize(families);
+}
+
+}  // namespace libreyolo::server

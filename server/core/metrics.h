@@ -1,0 +1,44 @@
+// Prometheus metrics with the DESIGN.md names ("Metrics"): request/queue/compute/preprocess
+// duration histograms, request counter by status code, batch size histogram, pending requests,
+// model load time, and the kernel registry's state read at scrape time. No torch in this header.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+namespace libreyolo::server {
+
+class Metrics {
+ public:
+  Metrics();
+  ~Metrics();
+  Metrics(const Metrics&) = delete;
+  Metrics& operator=(const Metrics&) = delete;
+
+  /// One finished ModelInfer: libreyolo_inference_requests_total{model,version,code} and, for
+  /// every code, libreyolo_request_duration_seconds{model,version} (seconds).
+  void request(const std::string& model, const std::string& version, const std::string& code,
+               double seconds);
+  /// libreyolo_queue_duration_seconds / _compute_ / _preprocess_ {model,version} (seconds).
+  void queue(const std::string& model, const std::string& version, double seconds);
+  void compute(const std::string& model, const std::string& version, double seconds);
+  void preprocess(const std::string& model, const std::string& version, double seconds);
+  /// libreyolo_batch_size{model} (images per forward).
+  void batch(const std::string& model, std::int64_t size);
+  /// libreyolo_pending_requests{model} (requests queued, not yet running).
+  void pending(const std::string& model, std::int64_t count);
+  /// libreyolo_model_load_seconds{model,version} (gauge, seconds).
+  void model_load(const std::string& model, const std::string& version, double seconds);
+
+  /// Prometheus text exposition (version 0.0.4) of everything, kernel metrics included:
+  /// libreyolo_kernel_active{slot,impl}, libreyolo_kernel_calls_total{slot,impl},
+  /// libreyolo_kernel_declined_total{slot,impl,reason}, libreyolo_kernel_fallback_total{slot,impl,reason}.
+  std::string serialize() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace libreyolo::server

@@ -1,0 +1,89 @@
+#include "server/core/serving_config.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <fstream>
+#include <sstream>
+#include <stdexcept>
+
+namespace libreyolo::server {
+namespace {
+
+std::string where(const std::string& file, const YAML::Node& node) {
+  const auto m = node.Mark();
+  if (m.is_null()) return file;
+  return file + ":" + std::to_string(m.line + 1) + ":" + std::to_string(m.column + 1);
+}
+
+[[noreturn]] void fail(const std::string& file, const YAML::Node& node, const std::string& msg) {
+  throw std::runtime_error(where(file, node) + ": " + msg);
+}
+
+template <class T>
+T as(const std::string& file, const YAML::Node& v, const std::string& key, const char* what) {
+  if (!v.IsScalar()) fail(file, v, key + " must be " + what);
+  try {
+    return v.as<T>();
+  } catch (const YAML::Exception&) {
+    fail(file, v, key + " must be " + what + ", got '" + v.Scalar() + "'");
+  }
+}
+
+}  // namespace
+
+ServingConfig parse_serving_config(const std::string& yaml_text, const std::string& file) {
+  ServingConfig c;
+  YAML::Node root;
+  try {
+    root = YAML::Load(yaml_text);
+  } catch (const YAML::Exception& e) {
+    throw std::runtime_error(file + ":" + std::to_string(e.mark.line + 1) + ": " + e.msg);
+  }
+  if (!root || root.IsNull()) return c;
+  if (!root.IsMap()) fail(file, root, "serving.yaml must be a mapping");
+  for (const auto& kv : root) {
+    const std::string key = kv.first.Scalar();
+    const YAML::Node& v = kv.second;
+    if (key == "device") {
+      c.device = as<std::string>(file, v, key, "cpu, cuda or cuda:N");
+    } else if (key == "dtype") {
+      c.dtype = as<std::string>(file, v, key, "float32, float16 or bfloat16");
+      if (c.dtype != "float32" && c.dtype != "float16" && c.dtype != "bfloat16") {
+        fail(file, v, "dtype must be float32, float16 or bfloat16, got '" + c.dtype + "'");
+      }
+    } else if (key == "max_batch_size") {
+      c.max_batch_size = as<std::int64_t>(file, v, key, "an integer");
+      if (c.max_batch_size < 1) fail(file, v, "max_batch_size must be >= 1");
+    } else if (key == "max_queue_delay_microseconds") {
+      c.max_queue_delay_microseconds = as<std::uint64_t>(file, v, key, "an integer");
+    } else if (key == "max_queue_size") {
+      c.max_queue_size = as<std::uint32_t>(file, v, key, "an integer");
+      if (c.max_queue_size < 1) fail(file, v, "max_queue_size must be >= 1");
+    } else if (key == "default_timeout_microseconds") {
+      c.default_timeout_microseconds = as<std::uint64_t>(file, v, key, "an integer");
+    } else if (key == "threshold") {
+      c.threshold = as<double>(file, v, key, "a number");
+    } else if (key == "top_k") {
+      c.top_k = as<std::int64_t>(file, v, key, "an integer");
+      if (c.top_k < 0) fail(file, v, "top_k must be >= 0");
+    } else if (key == "warmup") {
+      c.warmup = as<bool>(file, v, key, "true or false");
+    } else {
+      fail(file, kv.first,
+           "unknown key " + key +
+               " (expected device, dtype, max_batch_size, max_queue_delay_microseconds, "
+               "max_queue_size, default_timeout_microseconds, threshold, top_k, warmup)");
+    }
+  }
+  return c;
+}
+
+ServingConfig load_serving_config(const std::string& file) {
+  std::ifstream in(file);
+  if (!in) return {};
+  std::stringstream text;
+  text << in.rdbuf();
+  return parse_serving_config(text.str(), file);
+}
+
+}  // namespace libreyolo::server

@@ -1,0 +1,189 @@
+// Client implementation: generated stubs + text format. Sees gRPC/protobuf, never torch.
+#include "server/rpc/client.h"
+
+#include <google/protobuf/text_format.h>
+#include <grpcpp/grpcpp.h>
+
+#include <cstring>
+#include <stdexcept>
+
+#include "grpc/health/v1/health.grpc.pb.h"
+#include "inference/grpc_predict_v2.grpc.pb.h"
+
+namespace libreyolo::server::rpc {
+namespace {
+
+namespace pb = ::inference;
+
+void set_deadline(grpc::ClientContext& ctx, double seconds) {
+  if (seconds > 0) {
+    ctx.set_deadline(std::chrono::system_clock::now() +
+                     std::chrono::microseconds(static_cast<long long>(seconds * 1e6)));
+  }
+}
+
+void parse(const std::string& text, google::protobuf::Message* msg) {
+  if (!google::protobuf::TextFormat::ParseFromString(text, msg)) {
+    throw std::invalid_argument("cannot parse " + msg->GetTypeName() + " text: " + text);
+  }
+}
+
+template <class T, class Field>
+void append_as(std::string& out, const Field& values) {
+  for (const auto& v : values) {
+    const T t = static_cast<T>(v);
+    out.append(reinterpret_cast<const char*>(&t), sizeof(T));
+  }
+}
+
+/// Typed output contents -> raw layout.
+std::string pack(const std::string& dt, const pb::InferTensorContents& c) {
+  std::string out;
+  if (dt == "FP32") append_as<float>(out, c.fp32_contents());
+  else if (dt == "FP64") append_as<double>(out, c.fp64_contents());
+  else if (dt == "INT64") append_as<std::int64_t>(out, c.int64_contents());
+  else if (dt == "INT32") append_as<std::int32_t>(out, c.int_contents());
+  else if (dt == "UINT8") append_as<std::uint8_t>(out, c.uint_contents());
+  else if (dt == "BOOL") append_as<std::uint8_t>(out, c.bool_contents());
+  else if (dt == "BYTES") {
+    out = pack_bytes(std::vector<std::string>(c.bytes_contents().begin(), c.bytes_contents().end()));
+  }
+  return out;
+}
+
+}  // namespace
+
+const api::OutputTensor& InferResult::output(const std::string& name) const {
+  for (const auto& o : outputs) {
+    if (o.name == name) return o;
+  }
+  throw std::out_of_range("no output '" + name + "' in the response");
+}
+
+struct Client::Impl {
+  std::shared_ptr<grpc::Channel> channel;
+  std::unique_ptr<pb::GRPCInferenceService::Stub> stub;
+  std::unique_ptr<grpc::health::v1::Health::Stub> health;
+};
+
+Client::Client(const std::string& address, std::size_t max_message_bytes)
+    : impl_(std::make_unique<Impl>()) {
+  grpc::ChannelArguments args;
+  const int limit = static_cast<int>(std::min<std::size_t>(max_message_bytes, INT32_MAX));
+  args.SetMaxReceiveMessageSize(limit);
+  args.SetMaxSendMessageSize(limit);
+  impl_->channel = grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+  impl_->stub = pb::GRPCInferenceService::NewStub(impl_->channel);
+  impl_->health = grpc::health::v1::Health::NewStub(impl_->channel);
+}
+
+Client::~Client() = default;
+
+CallResult Client::call(const std::string& method, const std::string& request_text,
+                        double timeout_seconds) {
+  CallResult result;
+  grpc::ClientContext ctx;
+  set_deadline(ctx, timeout_seconds);
+  grpc::Status status;
+  bool known = false;
+#define LIBREYOLO_UNARY(M)                                                        \
+  if (method == #M) {                                                             \
+    known = true;                                                                 \
+    pb::M##Request req;                                                           \
+    parse(request_text, &req);                                                    \
+    pb::M##Response resp;                                                         \
+    status = impl_->stub->M(&ctx, req, &resp);                                    \
+    if (status.ok()) google::protobuf::TextFormat::PrintToString(resp, &result.text); \
+  }
+  LIBREYOLO_UNARY(ServerLive)
+  LIBREYOLO_UNARY(ServerReady)
+  LIBREYOLO_UNARY(ModelReady)
+  LIBREYOLO_UNARY(ServerMetadata)
+  LIBREYOLO_UNARY(ModelMetadata)
+  LIBREYOLO_UNARY(ModelConfig)
+  LIBREYOLO_UNARY(ModelStatistics)
+  LIBREYOLO_UNARY(RepositoryIndex)
+  LIBREYOLO_UNARY(RepositoryModelLoad)
+  LIBREYOLO_UNARY(RepositoryModelUnload)
+  LIBREYOLO_UNARY(ModelInfer)
+#undef LIBREYOLO_UNARY
+  if (!known) throw std::invalid_argument("unknown GRPCInferenceService method '" + method + "'");
+  result.code = static_cast<api::Code>(status.error_code());
+  result.message = status.error_message();
+  return result;
+}
+
+CallResult Client::health(const std::string& service, double timeout_seconds) {
+  CallResult result;
+  grpc::ClientContext ctx;
+  set_deadline(ctx, timeout_seconds);
+  grpc::health::v1::HealthCheckRequest req;
+  req.set_service(service);
+  grpc::health::v1::HealthCheckResponse resp;
+  const auto status = impl_->health->Check(&ctx, req, &resp);
+  result.code = static_cast<api::Code>(status.error_code());
+  result.message = status.error_message();
+  if (status.ok()) result.text = grpc::health::v1::HealthCheckResponse::ServingStatus_Name(resp.status());
+  return result;
+}
+
+InferResult Client::infer(const std::string& request_text, const std::vector<std::string>& raw_inputs,
+                          double timeout_seconds) {
+  pb::ModelInferRequest req;
+  parse(request_text, &req);
+  for (const auto& r : raw_inputs) req.add_raw_input_contents(r);
+  grpc::ClientContext ctx;
+  set_deadline(ctx, timeout_seconds);
+  pb::ModelInferResponse resp;
+  const auto status = impl_->stub->ModelInfer(&ctx, req, &resp);
+  InferResult result;
+  result.code = static_cast<api::Code>(status.error_code());
+  result.message = status.error_message();
+  if (!status.ok()) return result;
+  result.model_name = resp.model_name();
+  result.model_version = resp.model_version();
+  result.id = resp.id();
+  for (int i = 0; i < resp.outputs_size(); ++i) {
+    const auto& o = resp.outputs(i);
+    api::OutputTensor t;
+    t.name = o.name();
+    t.datatype = o.datatype();
+    t.shape.assign(o.shape().begin(), o.shape().end());
+    t.data = i < resp.raw_output_contents_size() ? resp.raw_output_contents(i)
+                                                 : pack(o.datatype(), o.contents());
+    result.outputs.push_back(std::move(t));
+  }
+  return result;
+}
+
+std::string pack_bytes(const std::vector<std::string>& elements) {
+  std::string out;
+  for (const auto& e : elements) {
+    const auto n = static_cast<std::uint32_t>(e.size());
+    char len[4];
+    std::memcpy(len, &n, 4);
+    out.append(len, 4);
+    out.append(e);
+  }
+  return out;
+}
+
+std::string text_escape(const std::string& bytes) {
+  static const char* hex = "0123456789abcdef";
+  std::string out;
+  for (unsigned char c : bytes) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += static_cast<char>(c);
+    } else if (c >= 0x20 && c < 0x7f) {
+      out += static_cast<char>(c);
+    } else {
+      out += "\\x";
+      out += hex[c >> 4];
+      out += hex[c & 15];
+    }
+  }
+  return out;
+}
+
+}  // namespace libreyolo::server::rpc

@@ -1,0 +1,70 @@
+// A small synchronous client of the daemon, for the command-line client and the integration
+// tests. Requests are written in protobuf text format (field names of grpc_predict_v2.proto) so
+// that callers never include generated code, which cannot share a translation unit with torch.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "server/api/types.h"
+
+namespace libreyolo::server::rpc {
+
+/// Outcome of one unary call. `code` is the gRPC status code; `text` the response message in
+/// protobuf text format (empty unless ok).
+struct CallResult {
+  api::Code code = api::Code::unknown;
+  std::string message;
+  std::string text;
+  bool ok() const { return code == api::Code::ok; }
+};
+
+/// Outcome of ModelInfer, with every output in raw layout (typed outputs are packed).
+struct InferResult {
+  api::Code code = api::Code::unknown;
+  std::string message;
+  std::string model_name, model_version, id;
+  std::vector<api::OutputTensor> outputs;
+  bool ok() const { return code == api::Code::ok; }
+  /// The output named `name`; throws std::out_of_range when absent.
+  const api::OutputTensor& output(const std::string& name) const;
+};
+
+class Client {
+ public:
+  /// `address` host:port. Channels are created lazily by gRPC; nothing is sent here.
+  explicit Client(const std::string& address, std::size_t max_message_bytes = 64u << 20);
+  ~Client();
+  Client(const Client&) = delete;
+  Client& operator=(const Client&) = delete;
+
+  /// Calls GRPCInferenceService/<method> ("ServerLive", "ModelMetadata", "ModelConfig", ...) with
+  /// `request_text` parsed as its request message. Throws std::invalid_argument for an unknown
+  /// method or unparsable text.
+  CallResult call(const std::string& method, const std::string& request_text = "",
+                  double timeout_seconds = 10.0);
+
+  /// grpc.health.v1.Health/Check: text is "SERVING", "NOT_SERVING", ... when ok.
+  CallResult health(const std::string& service, double timeout_seconds = 5.0);
+
+  /// ModelInfer: `request_text` is a ModelInferRequest in text format; each of `raw_inputs` is
+  /// appended to raw_input_contents (binary data needs no escaping this way).
+  /// `timeout_seconds` <= 0: no deadline.
+  InferResult infer(const std::string& request_text, const std::vector<std::string>& raw_inputs = {},
+                    double timeout_seconds = 30.0);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+/// Packs elements into the OIP BYTES layout (4-byte little-endian length before each).
+std::string pack_bytes(const std::vector<std::string>& elements);
+
+/// Escapes `bytes` for a protobuf text-format string literal ("..." contents).
+std::string text_escape(const std::string& bytes);
+
+}  // namespace libreyolo::server::rpc

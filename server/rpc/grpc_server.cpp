@@ -1,0 +1,390 @@
+// GRPCInferenceService implementation: protobuf <-> api types, status mapping, health service.
+// This translation unit sees gRPC and Debian's protobuf, never torch.
+#include "server/rpc/grpc_server.h"
+
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/health_check_service_interface.h>
+
+#include <cstring>
+#include <sstream>
+
+#include "inference/grpc_predict_v2.grpc.pb.h"
+#include "log/log.h"
+
+namespace libreyolo::server::rpc {
+namespace {
+
+namespace pb = ::inference;
+
+grpc::Status to_status(const api::Error& e) {
+  return grpc::Status(static_cast<grpc::StatusCode>(static_cast<int>(e.code())), e.what());
+}
+
+api::Parameter from_pb(const pb::InferParameter& p) {
+  switch (p.parameter_choice_case()) {
+    case pb::InferParameter::kBoolParam: return p.bool_param();
+    case pb::InferParameter::kInt64Param: return p.int64_param();
+    case pb::InferParameter::kStringParam: return p.string_param();
+    case pb::InferParameter::kDoubleParam: return p.double_param();
+    case pb::InferParameter::kUint64Param: return p.uint64_param();
+    default: return std::string();
+  }
+}
+
+template <class T, class Src>
+void append_as(std::string& out, const Src& values) {
+  const std::size_t at = out.size();
+  out.resize(at + sizeof(T) * static_cast<std::size_t>(values.size()));
+  char* p = out.data() + at;
+  for (const auto& v : values) {
+    const T t = static_cast<T>(v);
+    std::memcpy(p, &t, sizeof(T));
+    p += sizeof(T);
+  }
+}
+
+/// Number of non-empty typed fields of `c` (at most one may be used).
+int filled_fields(const pb::InferTensorContents& c) {
+  return (c.bool_contents_size() > 0) + (c.int_contents_size() > 0) +
+         (c.int64_contents_size() > 0) + (c.uint_contents_size() > 0) +
+         (c.uint64_contents_size() > 0) + (c.fp32_contents_size() > 0) +
+         (c.fp64_contents_size() > 0) + (c.bytes_contents_size() > 0);
+}
+
+/// Packs typed contents into the raw layout. Throws api::Error naming the tensor when the
+/// datatype has no typed field or the contents sit in another datatype's field.
+std::string pack_typed(const pb::ModelInferRequest::InferInputTensor& in) {
+  const auto& c = in.contents();
+  const std::string& dt = in.datatype();
+  auto wrong = [&](const char* field) {
+    return api::Error(api::Code::invalid_argument,
+                      "input '" + in.name() + "': datatype " + dt + " expects typed contents in " +
+                          field + ", found another field");
+  };
+  const int filled = filled_fields(c);
+  std::string out;
+  auto need = [&](int size, const char* field) {
+    if (filled > 1 || (filled == 1 && size == 0)) throw wrong(field);
+  };
+  if (dt == "FP32") {
+    need(c.fp32_contents_size(), "fp32_contents");
+    append_as<float>(out, c.fp32_contents());
+  } else if (dt == "FP64") {
+    need(c.fp64_contents_size(), "fp64_contents");
+    append_as<double>(out, c.fp64_contents());
+  } else if (dt == "INT64") {
+    need(c.int64_contents_size(), "int64_contents");
+    append_as<std::int64_t>(out, c.int64_contents());
+  } else if (dt == "INT32") {
+    need(c.int_contents_size(), "int_contents");
+    append_as<std::int32_t>(out, c.int_contents());
+  } else if (dt == "INT16") {
+    need(c.int_contents_size(), "int_contents");
+    append_as<std::int16_t>(out, c.int_contents());
+  } else if (dt == "INT8") {
+    need(c.int_contents_size(), "int_contents");
+    append_as<std::int8_t>(out, c.int_contents());
+  } else if (dt == "UINT64") {
+    need(c.uint64_contents_size(), "uint64_contents");
+    append_as<std::uint64_t>(out, c.uint64_contents());
+  } else if (dt == "UINT32") {
+    need(c.uint_contents_size(), "uint_contents");
+    append_as<std::uint32_t>(out, c.uint_contents());
+  } else if (dt == "UINT16") {
+    need(c.uint_contents_size(), "uint_contents");
+    append_as<std::uint16_t>(out, c.uint_contents());
+  } else if (dt == "UINT8") {
+    need(c.uint_contents_size(), "uint_contents");
+    append_as<std::uint8_t>(out, c.uint_contents());
+  } else if (dt == "BOOL") {
+    need(c.bool_contents_size(), "bool_contents");
+    append_as<std::uint8_t>(out, c.bool_contents());
+  } else if (dt == "BYTES") {
+    need(c.bytes_contents_size(), "bytes_contents");
+    for (const auto& b : c.bytes_contents()) {
+      const auto n = static_cast<std::uint32_t>(b.size());
+      char len[4];
+      std::memcpy(len, &n, 4);  // little-endian hosts only (x86-64, aarch64)
+      out.append(len, 4);
+      out.append(b);
+    }
+  } else {
+    throw api::Error(api::Code::invalid_argument,
+                     "input '" + in.name() + "': datatype '" + dt +
+                         "' has no typed contents field; send it in raw_input_contents");
+  }
+  return out;
+}
+
+api::InferRequest to_api(const pb::ModelInferRequest& r, const grpc::ServerContext& ctx) {
+  api::InferRequest out;
+  out.model_name = r.model_name();
+  out.model_version = r.model_version();
+  out.id = r.id();
+  for (const auto& [k, v] : r.parameters()) out.parameters[k] = from_pb(v);
+  const bool raw = r.raw_input_contents_size() > 0;
+  if (raw && r.raw_input_contents_size() != r.inputs_size()) {
+    std::ostringstream m;
+    m << "raw_input_contents has " << r.raw_input_contents_size() << " entries for "
+      << r.inputs_size() << " inputs";
+    throw api::Error(api::Code::invalid_argument, m.str());
+  }
+  for (int i = 0; i < r.inputs_size(); ++i) {
+    const auto& in = r.inputs(i);
+    api::InputTensor t;
+    t.name = in.name();
+    t.datatype = in.datatype();
+    t.shape.assign(in.shape().begin(), in.shape().end());
+    if (raw) {
+      if (in.has_contents()) {
+        throw api::Error(api::Code::invalid_argument,
+                         "input '" + in.name() +
+                             "': both contents and raw_input_contents are set; use one");
+      }
+      t.raw = r.raw_input_contents(i);
+    } else {
+      t.typed = true;
+      t.owned = pack_typed(in);
+    }
+    out.inputs.push_back(std::move(t));
+  }
+  for (const auto& o : r.outputs()) out.requested_outputs.push_back(o.name());
+  const gpr_timespec raw_deadline = ctx.raw_deadline();
+  if (gpr_time_cmp(raw_deadline, gpr_inf_future(raw_deadline.clock_type)) != 0) {
+    const auto left = ctx.deadline() - std::chrono::system_clock::now();
+    out.deadline = std::chrono::steady_clock::now() +
+                   std::chrono::duration_cast<std::chrono::steady_clock::duration>(left);
+  }
+  return out;
+}
+
+void fill_tensor(const api::TensorMetadata& t, pb::ModelMetadataResponse::TensorMetadata* out) {
+  out->set_name(t.name);
+  out->set_datatype(t.datatype);
+  for (auto d : t.shape) out->add_shape(d);
+}
+
+pb::DataType to_pb_type(const std::string& dt) {
+  static const std::map<std::string, pb::DataType> m = {
+      {"BOOL", pb::TYPE_BOOL},     {"UINT8", pb::TYPE_UINT8},   {"UINT16", pb::TYPE_UINT16},
+      {"UINT32", pb::TYPE_UINT32}, {"UINT64", pb::TYPE_UINT64}, {"INT8", pb::TYPE_INT8},
+      {"INT16", pb::TYPE_INT16},   {"INT32", pb::TYPE_INT32},   {"INT64", pb::TYPE_INT64},
+      {"FP16", pb::TYPE_FP16},     {"FP32", pb::TYPE_FP32},     {"FP64", pb::TYPE_FP64},
+      {"BYTES", pb::TYPE_STRING},  {"BF16", pb::TYPE_BF16}};
+  auto it = m.find(dt);
+  return it == m.end() ? pb::TYPE_INVALID : it->second;
+}
+
+void fill_duration(const api::Duration& d, pb::StatisticDuration* out) {
+  out->set_count(d.count);
+  out->set_ns(d.ns);
+}
+
+/// Runs `body`, mapping api::Error to its status and anything else to INTERNAL.
+template <class F>
+grpc::Status guarded(const char* rpc, F&& body) {
+  try {
+    body();
+    return grpc::Status::OK;
+  } catch (const api::Error& e) {
+    return to_status(e);
+  } catch (const std::exception& e) {
+    log::error(std::string(rpc) + ": internal error: " + e.what());
+    return grpc::Status(grpc::StatusCode::INTERNAL, e.what());
+  } catch (...) {
+    log::error(std::string(rpc) + ": internal error (unknown exception)");
+    return grpc::Status(grpc::StatusCode::INTERNAL, "unknown exception");
+  }
+}
+
+class Service final : public pb::GRPCInferenceService::Service {
+ public:
+  explicit Service(api::InferenceService& core) : core_(core) {}
+
+  grpc::Status ServerLive(grpc::ServerContext*, const pb::ServerLiveRequest*,
+                          pb::ServerLiveResponse* out) override {
+    return guarded("ServerLive", [&] { out->set_live(core_.live()); });
+  }
+  grpc::Status ServerReady(grpc::ServerContext*, const pb::ServerReadyRequest*,
+                           pb::ServerReadyResponse* out) override {
+    return guarded("ServerReady", [&] { out->set_ready(core_.ready()); });
+  }
+  grpc::Status ModelReady(grpc::ServerContext*, const pb::ModelReadyRequest* in,
+                          pb::ModelReadyResponse* out) override {
+    return guarded("ModelReady",
+                   [&] { out->set_ready(core_.model_ready(in->name(), in->version())); });
+  }
+  grpc::Status ServerMetadata(grpc::ServerContext*, const pb::ServerMetadataRequest*,
+                              pb::ServerMetadataResponse* out) override {
+    return guarded("ServerMetadata", [&] {
+      const auto m = core_.server_metadata();
+      out->set_name(m.name);
+      out->set_version(m.version);
+      for (const auto& e : m.extensions) out->add_extensions(e);
+    });
+  }
+  grpc::Status ModelMetadata(grpc::ServerContext*, const pb::ModelMetadataRequest* in,
+                             pb::ModelMetadataResponse* out) override {
+    return guarded("ModelMetadata", [&] {
+      const auto m = core_.model_metadata(in->name(), in->version());
+      out->set_name(m.name);
+      for (const auto& v : m.versions) out->add_versions(v);
+      out->set_platform(m.platform);
+      for (const auto& t : m.inputs) fill_tensor(t, out->add_inputs());
+      for (const auto& t : m.outputs) fill_tensor(t, out->add_outputs());
+    });
+  }
+  grpc::Status ModelConfig(grpc::ServerContext*, const pb::ModelConfigRequest* in,
+                           pb::ModelConfigResponse* out) override {
+    return guarded("ModelConfig", [&] {
+      const auto c = core_.model_config(in->name(), in->version());
+      auto* cfg = out->mutable_config();
+      cfg->set_name(c.name);
+      cfg->set_platform(c.platform);
+      cfg->set_backend(c.backend);
+      cfg->set_max_batch_size(c.max_batch_size);
+      for (const auto& t : c.inputs) {
+        auto* i = cfg->add_input();
+        i->set_name(t.name);
+        i->set_data_type(to_pb_type(t.datatype));
+        i->set_optional(t.optional);
+        for (auto d : t.shape) i->add_dims(d);
+      }
+      for (const auto& t : c.outputs) {
+        auto* o = cfg->add_output();
+        o->set_name(t.name);
+        o->set_data_type(to_pb_type(t.datatype));
+        for (auto d : t.shape) o->add_dims(d);
+      }
+      auto* db = cfg->mutable_dynamic_batching();
+      db->set_max_queue_delay_microseconds(c.max_queue_delay_microseconds);
+      db->mutable_default_queue_policy()->set_max_queue_size(c.max_queue_size);
+      db->mutable_default_queue_policy()->set_default_timeout_microseconds(
+          c.default_timeout_microseconds);
+      for (const auto& [k, v] : c.parameters) (*cfg->mutable_parameters())[k].set_string_value(v);
+    });
+  }
+  grpc::Status ModelStatistics(grpc::ServerContext*, const pb::ModelStatisticsRequest* in,
+                               pb::ModelStatisticsResponse* out) override {
+    return guarded("ModelStatistics", [&] {
+      for (const auto& s : core_.model_statistics(in->name(), in->version())) {
+        auto* m = out->add_model_stats();
+        m->set_name(s.name);
+        m->set_version(s.version);
+        m->set_last_inference(s.last_inference_ms);
+        m->set_inference_count(s.inference_count);
+        m->set_execution_count(s.execution_count);
+        auto* st = m->mutable_inference_stats();
+        fill_duration(s.success, st->mutable_success());
+        fill_duration(s.fail, st->mutable_fail());
+        fill_duration(s.queue, st->mutable_queue());
+        fill_duration(s.compute_input, st->mutable_compute_input());
+        fill_duration(s.compute_infer, st->mutable_compute_infer());
+        fill_duration(s.compute_output, st->mutable_compute_output());
+        for (const auto& b : s.batch_stats) {
+          auto* bs = m->add_batch_stats();
+          bs->set_batch_size(b.batch_size);
+          fill_duration(b.compute_input, bs->mutable_compute_input());
+          fill_duration(b.compute_infer, bs->mutable_compute_infer());
+          fill_duration(b.compute_output, bs->mutable_compute_output());
+        }
+      }
+    });
+  }
+  grpc::Status RepositoryIndex(grpc::ServerContext*, const pb::RepositoryIndexRequest* in,
+                               pb::RepositoryIndexResponse* out) override {
+    return guarded("RepositoryIndex", [&] {
+      for (const auto& e : core_.repository_index(in->ready())) {
+        auto* m = out->add_models();
+        m->set_name(e.name);
+        m->set_version(e.version);
+        m->set_state(e.state);
+        m->set_reason(e.reason);
+      }
+    });
+  }
+  grpc::Status RepositoryModelLoad(grpc::ServerContext*, const pb::RepositoryModelLoadRequest* in,
+                                   pb::RepositoryModelLoadResponse*) override {
+    return guarded("RepositoryModelLoad", [&] { core_.load_model(in->model_name()); });
+  }
+  grpc::Status RepositoryModelUnload(grpc::ServerContext*,
+                                     const pb::RepositoryModelUnloadRequest* in,
+                                     pb::RepositoryModelUnloadResponse*) override {
+    return guarded("RepositoryModelUnload", [&] { core_.unload_model(in->model_name()); });
+  }
+  grpc::Status ModelInfer(grpc::ServerContext* ctx, const pb::ModelInferRequest* in,
+                          pb::ModelInferResponse* out) override {
+    return guarded("ModelInfer", [&] {
+      auto response = core_.infer(to_api(*in, *ctx));
+      out->set_model_name(response.model_name);
+      out->set_model_version(response.model_version);
+      out->set_id(response.id);
+      for (auto& t : response.outputs) {
+        auto* o = out->add_outputs();
+        o->set_name(t.name);
+        o->set_datatype(t.datatype);
+        for (auto d : t.shape) o->add_shape(d);
+        out->add_raw_output_contents(std::move(t.data));
+      }
+    });
+  }
+
+ private:
+  api::InferenceService& core_;
+};
+
+}  // namespace
+
+struct GrpcServer::Impl {
+  std::unique_ptr<Service> service;
+  std::unique_ptr<grpc::Server> server;
+  int port = 0;
+  bool stopped = false;
+};
+
+GrpcServer::GrpcServer(api::InferenceService& service, const GrpcOptions& options)
+    : impl_(std::make_unique<Impl>()) {
+  impl_->service = std::make_unique<Service>(service);
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(options.address, grpc::InsecureServerCredentials(), &impl_->port);
+  builder.RegisterService(impl_->service.get());
+  const int limit = static_cast<int>(
+      std::min<std::size_t>(options.max_message_bytes, static_cast<std::size_t>(INT32_MAX)));
+  builder.SetMaxReceiveMessageSize(limit);
+  builder.SetMaxSendMessageSize(limit);
+  if (options.threads > 0) {
+    builder.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::MAX_POLLERS,
+                                options.threads);
+  }
+  impl_->server = builder.BuildAndStart();
+  if (!impl_->server || impl_->port == 0) {
+    throw std::runtime_error("gRPC: cannot listen on " + options.address);
+  }
+  auto* health = impl_->server->GetHealthCheckService();
+  health->SetServingStatus("liveness", true);
+  set_ready(false);
+  log::info("gRPC listening on " + options.address + " (port " + std::to_string(impl_->port) +
+            ")");
+}
+
+GrpcServer::~GrpcServer() { shutdown(0.0); }
+
+int GrpcServer::port() const { return impl_->port; }
+
+void GrpcServer::set_ready(bool ready) {
+  auto* health = impl_->server->GetHealthCheckService();
+  health->SetServingStatus("", ready);
+  health->SetServingStatus("readiness", ready);
+}
+
+void GrpcServer::shutdown(double grace_seconds) {
+  if (impl_->stopped) return;
+  impl_->stopped = true;
+  const auto deadline = std::chrono::system_clock::now() +
+                        std::chrono::milliseconds(static_cast<long>(grace_seconds * 1000));
+  impl_->server->Shutdown(deadline);
+  impl_->server->Wait();
+}
+
+}  // namespace libreyolo::server::rpc

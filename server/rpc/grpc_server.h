@@ -1,0 +1,41 @@
+// The gRPC front end: inference.GRPCInferenceService and grpc.health.v1.Health on one port,
+// forwarding to an api::InferenceService. No gRPC, protobuf or torch type in this header.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <string>
+
+#include "server/api/types.h"
+
+namespace libreyolo::server::rpc {
+
+struct GrpcOptions {
+  std::string address = "0.0.0.0:8001";  ///< host:port; port 0 picks a free one
+  std::size_t max_message_bytes = 64u << 20;  ///< receive and send limit
+  int threads = 0;  ///< sync server threads (0: gRPC's default)
+};
+
+/// A running gRPC server. Health services "", "liveness" and "readiness" are registered;
+/// "" and "readiness" follow set_ready(), "liveness" is SERVING while the server runs.
+class GrpcServer {
+ public:
+  /// Binds and starts. Throws std::runtime_error when the address cannot be bound.
+  GrpcServer(api::InferenceService& service, const GrpcOptions& options);
+  ~GrpcServer();
+  GrpcServer(const GrpcServer&) = delete;
+  GrpcServer& operator=(const GrpcServer&) = delete;
+
+  /// The port actually bound (useful with port 0).
+  int port() const;
+  /// Readiness as seen by grpc.health.v1 ("" and "readiness").
+  void set_ready(bool ready);
+  /// Stops accepting new calls and waits up to `grace_seconds` for in-flight ones, then cancels.
+  void shutdown(double grace_seconds);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace libreyolo::server::rpc

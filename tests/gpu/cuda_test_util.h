@@ -1,0 +1,112 @@
+// Helpers of the CUDA kernel tests: a minimal safetensors reader (tests/fixtures/ops) and error
+// measures. Header-only; included by tests/gpu/cuda_*_test.cpp.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <cctype>
+#include <cstdint>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace libreyolo::test {
+
+/// Every tensor of a safetensors file (F32, F64, I64), as CPU tensors. The format: 8-byte
+/// little-endian header length, a JSON header {name: {dtype, shape, data_offsets}}, raw data.
+/// Throws std::runtime_error naming the file on anything unexpected.
+inline std::map<std::string, at::Tensor> load_safetensors(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw std::runtime_error("cannot open " + path);
+  std::stringstream buffer;
+  buffer << in.rdbuf();
+  const std::string bytes = buffer.str();
+  if (bytes.size() < 8) throw std::runtime_error(path + ": too short");
+  uint64_t n = 0;
+  std::memcpy(&n, bytes.data(), 8);
+  if (8 + n > bytes.size()) throw std::runtime_error(path + ": bad header length");
+  const std::string header = bytes.substr(8, n);
+  const char* data = bytes.data() + 8 + n;
+  std::map<std::string, at::Tensor> out;
+  // The header is flat: "name":{"dtype":"F32","shape":[..],"data_offsets":[a,b]}. A scan for
+  // "dtype" is enough (the __metadata__ entry has none).
+  size_t pos = 0;
+  while ((pos = header.find("\"dtype\"", pos)) != std::string::npos) {
+    const size_t open = header.rfind('{', pos);
+    const size_t name_end = header.rfind('"', open);
+    const size_t name_begin = header.rfind('"', name_end - 1);
+    const std::string name = header.substr(name_begin + 1, name_end - name_begin - 1);
+    const size_t close = header.find('}', pos);
+    const std::string entry = header.substr(open, close - open);
+    auto field = [&](const std::string& key) {
+      const size_t k = entry.find("\"" + key + "\"");
+      if (k == std::string::npos) throw std::runtime_error(path + ": " + name + " lacks " + key);
+      return entry.substr(entry.find(':', k) + 1);
+    };
+    auto numbers = [](const std::string& s) {
+      std::vector<int64_t> v;
+      const size_t b = s.find('['), e = s.find(']');
+      std::stringstream ss(s.substr(b + 1, e - b - 1));
+      std::string item;
+      while (std::getline(ss, item, ','))
+        if (item.find_first_not_of(" \t") != std::string::npos) v.push_back(std::stoll(item));
+      return v;
+    };
+    std::string dtype = field("dtype");
+    dtype = dtype.substr(dtype.find('"') + 1);
+    dtype = dtype.substr(0, dtype.find('"'));
+    const auto shape = numbers(field("shape"));
+    const auto offsets = numbers(field("data_offsets"));
+    at::ScalarType st;
+    if (dtype == "F32") {
+      st = at::kFloat;
+    } else if (dtype == "F64") {
+      st = at::kDouble;
+    } else if (dtype == "I64") {
+      st = at::kLong;
+    } else {
+      throw std::runtime_error(path + ": " + name + " has unsupported dtype " + dtype);
+    }
+    auto t = at::empty(shape, at::TensorOptions().dtype(st));
+    if (static_cast<int64_t>(offsets.at(1) - offsets.at(0)) != t.nbytes())
+      throw std::runtime_error(path + ": " + name + " size does not match its shape");
+    std::memcpy(t.data_ptr(), data + offsets[0], t.nbytes());
+    out[name] = t;
+    pos = close;
+  }
+  return out;
+}
+
+/// Path of a file under tests/fixtures.
+inline std::string fixture(const std::string& rel) {
+  return std::string(LIBREYOLO_TEST_FIXTURES) + "/" + rel;
+}
+
+/// max |a - b| in float64 (both moved to the CPU).
+inline double max_abs_diff(const at::Tensor& a, const at::Tensor& b) {
+  return (a.detach().to(at::kCPU, at::kDouble) - b.detach().to(at::kCPU, at::kDouble))
+      .abs()
+      .max()
+      .item<double>();
+}
+
+/// max |a - b| / max |b| (b is the reference; 1 when b is all zeros).
+inline double max_rel_diff(const at::Tensor& a, const at::Tensor& b) {
+  const double scale = b.detach().to(at::kCPU, at::kDouble).abs().max().item<double>();
+  return max_abs_diff(a, b) / (scale > 0 ? scale : 1.0);
+}
+
+/// Number of elements whose float32 bit patterns differ (all NaNs count as equal).
+inline int64_t bit_mismatches(const at::Tensor& a, const at::Tensor& b) {
+  const auto x = a.detach().to(at::kCPU).contiguous();
+  const auto y = b.detach().to(at::kCPU).contiguous();
+  const auto both_nan = at::logical_and(at::isnan(x), at::isnan(y));
+  const auto differ = at::ne(x.view(at::kInt), y.view(at::kInt));
+  return at::logical_and(differ, at::logical_not(both_nan)).sum().item<int64_t>();
+}
+
+}  // namespace libreyolo::test

@@ -1,0 +1,181 @@
+// Helpers of the daemon's integration tests: a fake detector (deterministic outputs, records
+// its batch sizes, can be slowed down), temporary model repositories, free loopback ports and
+// a minimal HTTP GET. The gRPC side is reached only through server/rpc/client.h (generated
+// protobuf code must not meet torch's headers in one translation unit).
+#pragma once
+
+#include <ATen/ATen.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <mutex>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "models/model.h"
+
+namespace libreyolo::server::testing {
+
+namespace fs = std::filesystem;
+
+/// Shared, observable state of every FakeDetector of the process.
+struct FakeState {
+  std::mutex mu;
+  std::vector<int64_t> batch_sizes;  ///< one entry per forward
+  std::atomic<int> sleep_ms{0};      ///< per forward
+  void reset() {
+    std::lock_guard<std::mutex> lk(mu);
+    batch_sizes.clear();
+    sleep_ms = 0;
+  }
+  std::vector<int64_t> batches() {
+    std::lock_guard<std::mutex> lk(mu);
+    return batch_sizes;
+  }
+  static FakeState& get() {
+    static FakeState s;
+    return s;
+  }
+};
+
+/// Q = 4 queries, 3 classes. Query q predicts class q % 3 with logit 2 (score sigmoid(2) =
+/// 0.8808) and every other class with -4 (score 0.0180); its box is (cx, cy, w, h) =
+/// (0.2 q + 0.2, 0.5, 0.1, 0.2) normalised. Outputs do not depend on the pixels.
+class FakeDetector : public models::Model {
+ public:
+  std::string model_type() const override { return "rt_detr"; }
+  models::Task task() const override { return models::Task::object_detection; }
+  models::ModelOutput forward(const at::Tensor& pixel_values, const at::Tensor&) const override {
+    auto& st = FakeState::get();
+    {
+      std::lock_guard<std::mutex> lk(st.mu);
+      st.batch_sizes.push_back(pixel_values.size(0));
+    }
+    if (int ms = st.sleep_ms.load()) std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+    const int64_t b = pixel_values.size(0);
+    auto logits = at::full({b, 4, 3}, -4.0f);
+    auto boxes = at::zeros({b, 4, 4});
+    for (int64_t q = 0; q < 4; ++q) {
+      logits.select(1, q).select(1, q % 3).fill_(2.0f);
+      boxes.select(1, q).select(1, 0).fill_(0.2f * q + 0.2f);
+      boxes.select(1, q).select(1, 1).fill_(0.5f);
+      boxes.select(1, q).select(1, 2).fill_(0.1f);
+      boxes.select(1, q).select(1, 3).fill_(0.2f);
+    }
+    return {logits, boxes};
+  }
+  const std::map<int64_t, std::string>& id2label() const override { return labels_; }
+  const models::LoadOptions& options() const override { return options_; }
+  int set_fused_attention(bool) override { return 0; }
+
+ private:
+  std::map<int64_t, std::string> labels_{{0, "cat"}, {1, "dog"}, {2, "bird"}};
+  models::LoadOptions options_;
+};
+
+inline std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+inline void write_file(const fs::path& path, const std::string& text) {
+  fs::create_directories(path.parent_path());
+  std::ofstream(path, std::ios::binary) << text;
+}
+
+/// A fresh directory under the system temp folder.
+inline fs::path temp_dir(const std::string& tag) {
+  std::random_device rd;
+  auto p = fs::temp_directory_path() / ("libreyolo-" + tag + "-" + std::to_string(::getpid()) + "-" +
+                                        std::to_string(rd()));
+  fs::create_directories(p);
+  return p;
+}
+
+/// Adds <repo>/<name>/1 with a fake checkpoint (config.json says rt_detr; the factory ignores
+/// the weights) and the RT-DETR fixture's preprocessor_config.json.
+inline void add_fake_model(const fs::path& repo, const std::string& name, const std::string& serving_yaml) {
+  const auto dir = repo / name / "1";
+  write_file(dir / "config.json",
+             R"({"model_type": "rt_detr", "num_queries": 4, "id2label": {"0": "cat", "1": "dog", "2": "bird"}})");
+  write_file(dir / "preprocessor_config.json",
+             read_file(std::string(LIBREYOLO_TEST_FIXTURES) + "/models/rtdetr_tiny/preprocessor_config.json"));
+  write_file(dir / "model.safetensors", "");
+  if (!serving_yaml.empty()) write_file(repo / name / "serving.yaml", serving_yaml);
+}
+
+/// Adds <repo>/rtdetr_tiny/1 from examples/model_repository (random-weight RT-DETR).
+inline void add_rtdetr_tiny(const fs::path& repo, const std::string& serving_yaml = "") {
+  const fs::path src = fs::path(LIBREYOLO_SOURCE_DIR) / "examples/model_repository/rtdetr_tiny/1";
+  const auto dir = repo / "rtdetr_tiny" / "1";
+  fs::create_directories(dir);
+  for (const char* f : {"config.json", "model.safetensors", "preprocessor_config.json"}) {
+    fs::copy_file(src / f, dir / f, fs::copy_options::overwrite_existing);
+  }
+  if (!serving_yaml.empty()) write_file(repo / "rtdetr_tiny" / "serving.yaml", serving_yaml);
+}
+
+/// A loopback port that was free a moment ago.
+inline int free_port() {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = 0;
+  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a));
+  socklen_t len = sizeof(a);
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  const int port = ntohs(a.sin_port);
+  ::close(fd);
+  return port;
+}
+
+struct HttpReply {
+  int status = 0;
+  std::string body;
+};
+
+/// GET http://127.0.0.1:<port><path> (HTTP/1.0, whole reply read).
+inline HttpReply http_get(int port, const std::string& path) {
+  HttpReply r;
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
+    ::close(fd);
+    return r;
+  }
+  const std::string req = "GET " + path + " HTTP/1.0\r\nHost: localhost\r\n\r\n";
+  (void)::write(fd, req.data(), req.size());
+  std::string raw;
+  char buf[4096];
+  ssize_t n;
+  while ((n = ::read(fd, buf, sizeof(buf))) > 0) raw.append(buf, static_cast<size_t>(n));
+  ::close(fd);
+  if (raw.size() > 12) r.status = std::stoi(raw.substr(9, 3));
+  const auto at = raw.find("\r\n\r\n");
+  if (at != std::string::npos) r.body = raw.substr(at + 4);
+  return r;
+}
+
+/// Little-endian values of a raw output.
+template <class T>
+std::vector<T> values(const std::string& raw) {
+  std::vector<T> v(raw.size() / sizeof(T));
+  std::memcpy(v.data(), raw.data(), v.size() * sizeof(T));
+  return v;
+}
+
+}  // namespace libreyolo::server::testing

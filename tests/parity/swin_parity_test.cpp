@@ -1,0 +1,146 @@
+// Swin (swin_tiny fixture, transformers 5.17 SwinForImageClassification: 224 px, window 7,
+// shifted windows, two patch merges) against the stored reference logits: `logits` (SDPA) and
+// `logits_eager`, with both of our attention paths; plus the window helpers.
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <array>
+#include <iostream>
+
+#include "models/model.h"
+#include "models/swin/swin.h"
+#include "models/swin/windows.h"
+#include "tests/parity/fused_attention_fixtures.h"
+
+namespace libreyolo {
+namespace {
+
+TEST(SwinParity, LogitsMatchTransformersWithBothAttentionPaths) {
+  c10::InferenceMode inference_mode;
+  const auto dir = test::model_fixture("swin_tiny");
+  auto model = models::load_model(dir);
+  ASSERT_EQ(model->model_type(), "swin");
+  EXPECT_EQ(model->id2label().size(), 5u);
+  const auto pixels = test::normalized_pixels(dir);
+  const auto sdpa_ref = test::expected_tensor(dir, "logits");
+  const auto eager_ref = test::expected_tensor(dir, "logits_eager");
+  for (bool fused : {false, true}) {
+    model->set_fused_attention(fused);
+    const auto out = model->forward(pixels);
+    ASSERT_EQ(out.logits.sizes(), sdpa_ref.sizes());
+    const double d_sdpa = test::max_abs_diff(out.logits, sdpa_ref);
+    const double d_eager = test::max_abs_diff(out.logits, eager_ref);
+    std::cout << "[swin_tiny] " << (fused ? "sdpa  " : "manual")
+              << " path: max|logits - logits| = " << d_sdpa
+              << ", max|logits - logits_eager| = " << d_eager << "\n";
+    EXPECT_LE(d_sdpa, 1e-4);
+    EXPECT_LE(d_eager, 1e-4);
+  }
+}
+
+TEST(SwinParity, OddSizeMatchesTransformers) {
+  // extra_expected.safetensors (tests/fixtures/models/swin_tiny/make_extra_expected.py):
+  // 107x123 random pixels -> patch padding to 108x124, 27x31 map padded to the window, odd patch
+  // merging (27x31 -> 14x16 -> 7x8), last stage at min(h, w) == window: no shift.
+  c10::InferenceMode inference_mode;
+  const auto dir = test::model_fixture("swin_tiny");
+  auto model = models::load_model(dir);
+  const auto file = models::core::SafetensorsFile::open(dir + "/extra_expected.safetensors");
+  const auto x = file->view("pixel_values").clone();
+  ASSERT_EQ(x.sizes(), (at::IntArrayRef{2, 3, 107, 123}));
+  for (bool fused : {false, true}) {
+    model->set_fused_attention(fused);
+    const auto logits = model->forward(x).logits;
+    const double d_sdpa = test::max_abs_diff(logits, file->view("logits"));
+    const double d_eager = test::max_abs_diff(logits, file->view("logits_eager"));
+    std::cout << "[swin_tiny 107x123] " << (fused ? "sdpa  " : "manual")
+              << " path: max|logits - logits| = " << d_sdpa
+              << ", max|logits - logits_eager| = " << d_eager << "\n";
+    EXPECT_LE(d_sdpa, 1e-4);
+    EXPECT_LE(d_eager, 1e-4);
+  }
+}
+
+TEST(SwinParity, SetFusedAttentionCountsChangedModules) {
+  auto model = models::load_model(test::model_fixture("swin_tiny"));
+  // depths [1, 2, 1]: four window-attention modules.
+  EXPECT_EQ(model->set_fused_attention(models::swin::kFusedAttentionDefault), 0);
+  EXPECT_EQ(model->set_fused_attention(!models::swin::kFusedAttentionDefault), 4);
+  EXPECT_EQ(model->set_fused_attention(!models::swin::kFusedAttentionDefault), 0);
+}
+
+TEST(SwinParity, SmallMapsRunBothPaths) {
+  // 64x64 pixels: the last stage's map (4x4) is smaller than the window (7): window 4, no shift,
+  // bias read from the 7-window table at the 4-window offsets. transformers 5.17 fails here (shape
+  // error), so there is no reference: both attention paths must agree and batching must not
+  // change the result.
+  c10::InferenceMode inference_mode;
+  auto model = models::load_model(test::model_fixture("swin_tiny"));
+  for (auto size : {std::array<int64_t, 2>{64, 64}, std::array<int64_t, 2>{50, 37}}) {
+    const auto x = at::rand({2, 3, size[0], size[1]});
+    model->set_fused_attention(false);
+    const auto manual = model->forward(x).logits;
+    model->set_fused_attention(true);
+    const auto fused = model->forward(x).logits;
+    ASSERT_EQ(manual.sizes(), (at::IntArrayRef{2, 5}));
+    EXPECT_TRUE(manual.isfinite().all().item<bool>());
+    const double d = test::max_abs_diff(manual, fused);
+    std::cout << "[swin_tiny " << size[0] << "x" << size[1] << "] max|manual - sdpa| = " << d
+              << "\n";
+    EXPECT_LE(d, 1e-4);
+    // Batch independence: image 1 alone gives the same logits.
+    const auto single = model->forward(x.slice(0, 1, 2)).logits;
+    EXPECT_LE(test::max_abs_diff(single, fused.slice(0, 1, 2)), 1e-5);
+  }
+}
+
+TEST(SwinWindows, PartitionReverseRoundTripAndMask) {
+  const auto x = at::arange(2 * 6 * 9 * 3, at::kFloat).view({2, 6, 9, 3});
+  const auto w = models::swin::window_partition(x, 3);
+  EXPECT_EQ(w.sizes(), (at::IntArrayRef{12, 3, 3, 3}));
+  // Window 1 of image 0 is rows 0..2, columns 3..5.
+  EXPECT_TRUE(at::equal(w[1], x[0].slice(0, 0, 3).slice(1, 3, 6)));
+  EXPECT_TRUE(at::equal(models::swin::window_reverse(w, 3, 6, 9), x));
+  EXPECT_THROW(models::swin::window_partition(x, 4), c10::Error);
+
+  // 4x4 map, window 2, shift 1: regions [0,2) [2,3) [3,4) per axis.
+  const auto mask = models::swin::shifted_window_mask(4, 4, 2, 1, at::kFloat, at::kCPU);
+  EXPECT_EQ(mask.sizes(), (at::IntArrayRef{4, 4, 4}));
+  EXPECT_EQ(mask[0].abs().sum().item<float>(), 0.0f);  // top-left window: one region
+  // Last window (rows 2..3, cols 2..3): 4 different regions -> only the diagonal is 0.
+  EXPECT_TRUE(at::equal(mask[3], (1 - at::eye(4)) * -100.0f));
+}
+
+TEST(SwinWindows, RelativePositionIndexMatchesTransformers) {
+  // transformers SwinRelativePositionBias._create_relative_position_index for window 2.
+  const auto idx = models::swin::relative_position_index(2, 2);
+  const auto expected =
+      at::tensor({4, 3, 1, 0, 5, 4, 2, 1, 7, 6, 4, 3, 8, 7, 5, 4}, at::kLong).view({4, 4});
+  EXPECT_TRUE(at::equal(idx, expected));
+  // A 1x1 window inside a table for window 7 reads the centre row (dy = dx = 0).
+  EXPECT_EQ(models::swin::relative_position_index(1, 7).item<int64_t>(), 6 * 13 + 6);
+  EXPECT_THROW(models::swin::relative_position_index(8, 7), c10::Error);
+}
+
+
+TEST(SwinParity, HalfPrecisionLoadsAndStaysClose) {
+  // LoadOptions dtype float16 / bfloat16 on CPU: outputs are float32 and near the float32 model.
+  c10::InferenceMode inference_mode;
+  const auto dir = test::model_fixture("swin_tiny");
+  const auto pixels = test::normalized_pixels(dir);
+  const auto ref = models::load_model(dir)->forward(pixels);
+  for (auto dtype : {at::kHalf, at::kBFloat16}) {
+    models::LoadOptions options;
+    options.dtype = dtype;
+    auto model = models::load_model(dir, options);
+    EXPECT_THROW(model->forward(pixels), std::invalid_argument);  // float32 input refused
+    const auto out = model->forward(pixels.to(dtype));
+    EXPECT_EQ(out.logits.scalar_type(), at::kFloat);
+    const double d = test::max_abs_diff(out.logits, ref.logits);
+    std::cout << "[swin_tiny " << dtype << "] max|logits - float32 logits| = " << d << "\n";
+    EXPECT_LE(d, 0.25);
+  }
+}
+
+}  // namespace
+}  // namespace libreyolo

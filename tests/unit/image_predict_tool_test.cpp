@@ -1,0 +1,109 @@
+// libreyolo-predict as a program: usage errors exit 2 with the usage text, runtime errors exit 1
+// naming the problem, and an RT-DETR run on a fixture JPEG reproduces transformers'
+// post_process_object_detection. Skipped when the tool is not built (ninja libreyolo-predict).
+#include <gtest/gtest.h>
+
+#include <ATen/ATen.h>
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include "models/core/safetensors.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+const fs::path kTool = fs::path(LIBREYOLO_BINARY_DIR) / "bin" / "libreyolo-predict";
+const fs::path kFixtures = LIBREYOLO_TEST_FIXTURES;
+
+struct ToolRun {
+  int rc = -1;
+  std::string out, err;
+};
+
+std::string slurp(const fs::path& p) {
+  std::ifstream f(p);
+  std::stringstream s;
+  s << f.rdbuf();
+  return s.str();
+}
+
+ToolRun run_tool(const std::string& args) {
+  const fs::path dir = fs::temp_directory_path() / ("image_predict_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  const std::string cmd = "LIBREYOLO_HUB_KERNELS=0 '" + kTool.string() + "' " + args + " >'" +
+                          (dir / "out").string() + "' 2>'" + (dir / "err").string() + "'";
+  ToolRun r;
+  const int status = std::system(cmd.c_str());
+  r.rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  r.out = slurp(dir / "out");
+  r.err = slurp(dir / "err");
+  return r;
+}
+
+class PredictTool : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!fs::exists(kTool)) GTEST_SKIP() << kTool << " is not built";
+  }
+};
+
+TEST_F(PredictTool, UsageErrorsExit2) {
+  // Each run loads LibTorch (~1 s): a few representative cases.
+  for (const std::string args : {"", "--bogus", "--model m --image a.jpg --pixels p.safetensors",
+                                 "--model m --image a.jpg --dtype float64"}) {
+    const ToolRun r = run_tool(args);
+    EXPECT_EQ(r.rc, 2) << args;
+    EXPECT_NE(r.err.find("usage: libreyolo-predict"), std::string::npos) << args << ": " << r.err;
+  }
+  const ToolRun r = run_tool("--model m --image a.jpg --threshold abc");
+  EXPECT_EQ(r.rc, 2);
+  EXPECT_NE(r.err.find("invalid value for --threshold"), std::string::npos) << r.err;
+}
+
+TEST_F(PredictTool, RuntimeErrorsExit1WithMessage) {
+  const ToolRun r = run_tool("--model /nonexistent/model --image a.jpg");
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_NE(r.err.find("libreyolo-predict: error: /nonexistent/model"), std::string::npos) << r.err;
+}
+
+TEST_F(PredictTool, RtDetrOnFixtureJpegMatchesTransformers) {
+  const fs::path model = kFixtures / "models" / "rtdetr_tiny";
+  if (!fs::exists(model / "model.safetensors")) GTEST_SKIP() << "no rtdetr_tiny weights";
+  // A corrupt image is a runtime error naming the file.
+  const fs::path bad = fs::temp_directory_path() / "image_predict_bad.jpg";
+  std::ofstream(bad) << "\xFF\xD8\xFF garbage";
+  const ToolRun rb = run_tool("--model '" + model.string() + "' --image '" + bad.string() + "'");
+  EXPECT_EQ(rb.rc, 1);
+  EXPECT_NE(rb.err.find(bad.string() + ": corrupt JPEG header"), std::string::npos) << rb.err;
+
+  // meta.json: images [astronaut, coffee]; coffee.jpg is image 1 of the fixture batch.
+  const fs::path out = fs::temp_directory_path() / "image_predict_rtdetr.safetensors";
+  const ToolRun r = run_tool("--model '" + model.string() + "' --image '" +
+                             (kFixtures / "images" / "coffee.jpg").string() +
+                             "' --threshold 0.3 --out '" + out.string() + "'");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_NE(r.out.find("coffee.jpg (400x600): 30 detections with score > 0.3"), std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("ms_deform_attn ->"), std::string::npos) << "kernel table missing";
+  auto got = libreyolo::models::core::SafetensorsFile::open(out.string());
+  auto want =
+      libreyolo::models::core::SafetensorsFile::open((model / "expected.safetensors").string());
+  const at::Tensor s = want->view("th0.3_img1_scores");
+  ASSERT_EQ(got->view("img0_scores").numel(), s.numel());
+  EXPECT_TRUE(at::equal(got->view("img0_labels"), want->view("th0.3_img1_labels")));
+  const double ds = (got->view("img0_scores") - s).abs().max().item<double>();
+  const double db =
+      (got->view("img0_boxes") - want->view("th0.3_img1_boxes")).abs().max().item<double>();
+  std::cout << "libreyolo-predict rtdetr_tiny coffee.jpg: max |score| " << ds << ", max |box| "
+            << db << " px\n";
+  EXPECT_LE(ds, 1e-4);
+  EXPECT_LE(db, 1e-2);
+}
+
+}  // namespace

@@ -1,0 +1,130 @@
+// ImageProcessor: preprocessor_config.json parsing, transformers' resize-size rule, padding and
+// pixel_mask, on synthetic inputs (the fixture parity is in tests/parity/postprocess_parity_test).
+#include <gtest/gtest.h>
+
+#include <ATen/ATen.h>
+
+#include <string>
+
+#include "models/image/processor.h"
+
+namespace {
+
+using libreyolo::image::ImageProcessor;
+using libreyolo::image::ProcessorConfig;
+using libreyolo::image::size_with_aspect_ratio;
+using HW = std::pair<int64_t, int64_t>;
+
+TEST(ImageProcessor, SizeWithAspectRatioFollowsTransformers) {
+  EXPECT_EQ(size_with_aspect_ratio(512, 512, 320, 512), HW(320, 320));
+  EXPECT_EQ(size_with_aspect_ratio(400, 600, 320, 512), HW(320, 480));
+  EXPECT_EQ(size_with_aspect_ratio(300, 451, 320, 512), HW(320, 481));  // int() truncates 481.07
+  EXPECT_EQ(size_with_aspect_ratio(600, 400, 320, 512), HW(480, 320));
+  // Long side capped: raw = 512*100/1000 = 51.2 -> short 51, long int(51.2*10) = 512.
+  EXPECT_EQ(size_with_aspect_ratio(100, 1000, 320, 512), HW(51, 512));
+  // Python round() is half-to-even: raw 2.5 -> 2 (half-up would give 3).
+  EXPECT_EQ(size_with_aspect_ratio(1, 4, 3, 10), HW(2, 10));
+  // Short side already right: unchanged.
+  EXPECT_EQ(size_with_aspect_ratio(320, 700, 320, 1333), HW(320, 700));
+  // No longest edge.
+  EXPECT_EQ(size_with_aspect_ratio(480, 640, 800, 0), HW(800, 1066));
+}
+
+TEST(ImageProcessor, ConfigDefaultsFromProcessorType) {
+  const auto rt =
+      ProcessorConfig::from_json(R"({"image_processor_type": "RTDetrImageProcessor"})", "x");
+  EXPECT_EQ(rt.height, 640);
+  EXPECT_FALSE(rt.do_normalize);
+  EXPECT_FALSE(rt.do_pad);
+  const auto dd = ProcessorConfig::from_json(
+      R"({"image_processor_type": "DeformableDetrImageProcessorFast"})", "x");
+  EXPECT_EQ(dd.shortest_edge, 800);
+  EXPECT_EQ(dd.longest_edge, 1333);
+  EXPECT_TRUE(dd.do_pad);
+  EXPECT_FLOAT_EQ(dd.image_std[2], 0.225f);
+  const auto vit = ProcessorConfig::from_json(
+      R"({"image_processor_type": "ViTImageProcessor", "size": {"height": 32, "width": 48},
+          "image_mean": [0.1, 0.2, 0.3]})",
+      "x");
+  EXPECT_EQ(vit.height, 32);
+  EXPECT_EQ(vit.width, 48);
+  EXPECT_FLOAT_EQ(vit.image_mean[1], 0.2f);
+  EXPECT_FLOAT_EQ(vit.image_std[0], 0.5f);
+}
+
+std::string error_of(const std::string& json) {
+  try {
+    ProcessorConfig::from_json(json, "dir/preprocessor_config.json");
+  } catch (const std::runtime_error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(ImageProcessor, ConfigErrorsNameFileAndKey) {
+  EXPECT_EQ(error_of(R"({"image_processor_type": "CLIPImageProcessor"})"),
+            "dir/preprocessor_config.json: image_processor_type \"CLIPImageProcessor\" is not "
+            "supported (RTDetrImageProcessor, DeformableDetrImageProcessor, ViTImageProcessor)");
+  EXPECT_EQ(error_of(R"({"size": 3})"),
+            "dir/preprocessor_config.json: key \"image_processor_type\" is missing");
+  EXPECT_EQ(error_of(R"({"image_processor_type": "ViTImageProcessor", "resample": 1})"),
+            "dir/preprocessor_config.json: resample 1 is not supported (0 nearest, 2 bilinear, "
+            "3 bicubic)");
+  EXPECT_NE(error_of(R"({"image_processor_type": "ViTImageProcessor", "size": {"height": 4}})")
+                .find("needs both height and width"),
+            std::string::npos);
+  EXPECT_NE(error_of("{nope").find("not valid JSON"), std::string::npos);
+  EXPECT_NE(error_of(R"({"image_processor_type": "ViTImageProcessor", "do_pad": "yes"})")
+                .find("\"do_pad\" has a wrong type"),
+            std::string::npos);
+}
+
+TEST(ImageProcessor, PadsBottomRightWithMask) {
+  auto cfg = ProcessorConfig::from_json(
+      R"({"image_processor_type": "DeformableDetrImageProcessor",
+          "size": {"shortest_edge": 4, "longest_edge": 8}})",
+      "x");
+  const ImageProcessor proc(cfg);
+  const at::Tensor a = at::full({3, 4, 4}, 200, at::kByte);  // stays 4x4 (already short == 4)
+  const at::Tensor b = at::full({3, 2, 4}, 100, at::kByte);  // 2x4 -> 4x8
+  const auto out = proc.preprocess({a, b});
+  ASSERT_EQ(out.pixel_values.sizes(), (std::vector<int64_t>{2, 3, 4, 8}));
+  ASSERT_EQ(out.pixel_mask.sizes(), (std::vector<int64_t>{2, 4, 8}));
+  EXPECT_EQ(out.pixel_mask[0].sum().item<int64_t>(), 16);
+  EXPECT_EQ(out.pixel_mask[0][3][3].item<int64_t>(), 1);
+  EXPECT_EQ(out.pixel_mask[0][3][4].item<int64_t>(), 0);
+  EXPECT_EQ(out.pixel_mask[1].sum().item<int64_t>(), 32);
+  EXPECT_EQ(out.pixel_values[0][1][0][7].item<float>(), 0.0f);  // padding is 0 after normalize
+  // A constant image stays constant through the antialiased resize.
+  EXPECT_TRUE(at::all(out.pixel_u8[1].eq(100)).item<bool>());
+  const float want = (200.0f - 0.456f * 255.0f) / (0.224f * 255.0f);
+  EXPECT_EQ(out.pixel_values[0][1][2][2].item<float>(), want);
+  EXPECT_EQ(out.original_sizes[1], HW(2, 4));
+}
+
+TEST(ImageProcessor, RejectsBadImagesAndUnpaddableBatches) {
+  const ImageProcessor vit(ProcessorConfig::from_json(
+      R"({"image_processor_type": "ViTImageProcessor", "do_resize": false})", "x"));
+  EXPECT_THROW(vit.preprocess({}), std::invalid_argument);
+  EXPECT_THROW(vit.preprocess({at::zeros({4, 2, 2}, at::kByte)}), std::invalid_argument);
+  EXPECT_THROW(vit.preprocess({at::zeros({3, 2, 2}, at::kFloat)}), std::invalid_argument);
+  EXPECT_THROW(vit.preprocess({at::zeros({3, 2, 2}, at::kByte), at::zeros({3, 2, 3}, at::kByte)}),
+               std::invalid_argument);
+}
+
+TEST(ImageProcessor, ResizePathsAgreeWithinOne) {
+  // Native uint8 and float32 -> round antialiased bilinear differ by at most 1.
+  const at::Tensor img =
+      at::randint(0, 256, {3, 61, 83}, at::TensorOptions().dtype(at::kByte)).contiguous();
+  auto cfg = ProcessorConfig::from_json(R"({"image_processor_type": "ViTImageProcessor"})", "x");
+  cfg.uint8_resize = ProcessorConfig::Uint8Resize::native_uint8;
+  const at::Tensor a = ImageProcessor(cfg).resize(img);
+  cfg.uint8_resize = ProcessorConfig::Uint8Resize::float32_round;
+  const at::Tensor b = ImageProcessor(cfg).resize(img);
+  ASSERT_EQ(a.sizes(), (std::vector<int64_t>{3, 224, 224}));
+  const int d = (a.to(at::kInt) - b.to(at::kInt)).abs().max().item<int>();
+  std::cout << "native uint8 vs float32+round resize: max |diff| " << d << "\n";
+  EXPECT_LE(d, 1);
+}
+
+}  // namespace

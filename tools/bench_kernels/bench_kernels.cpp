@@ -1,0 +1,303 @@
+// Benchmarks of the `cuda` implementations of ms_deform_attn and fake_quant_fp8 on the shapes of
+// issue 6 (Deformable DETR decoder/encoder at 800x1333, RT-DETR decoder at 640), and of the
+// portable paths in the same run.
+//
+// Method (shared/.library/device/METHOD.md, research notes msda-and-fp8.md section 2.2): each
+// measured call is captured N times into one CUDA graph, the graph is replayed R times between
+// two CUDA events, time per call = elapsed / (N * R); warm clocks (warm-up replays first), inputs
+// resident in L2 when they fit ("warm"). The "cold" figure adds an L2 flush (a 256 MB memset)
+// before every call inside the graph and subtracts the flush's own time measured alone.
+// Usage: bench_kernels [--json FILE]
+#include <ATen/ATen.h>
+#include <ATen/cuda/CUDAContext.h>
+#include <ATen/cuda/CUDAEvent.h>
+#include <ATen/cuda/CUDAGraph.h>
+#include <c10/cuda/CUDAGuard.h>
+
+#include <cstdio>
+#include <fstream>
+#include <functional>
+#include <iostream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "kernels/attention/cuda/ms_deform_attn_cuda.h"
+#include "kernels/attention/ms_deform_attn.h"
+#include "kernels/quant/cuda/fake_quant_fp8_cuda.h"
+#include "kernels/quant/fake_quant_fp8.h"
+
+namespace lk = libreyolo::kernels;
+
+namespace {
+
+constexpr double kCopyTBs = 4.3;  // D2D copy rate measured on this H200 (KINDS.md)
+
+struct Row {
+  std::string op, shape, impl, dtype, method;
+  double us = 0, us_cold = -1, mbytes = 0;
+};
+std::vector<Row> rows;
+
+/// Microseconds per call of fn, from CUDA-graph replays (see the file comment).
+double time_graph(const std::function<void()>& fn, int per_graph = 20, int replays = 20,
+                  const std::function<void()>& before = {}) {
+  auto stream = at::cuda::getStreamFromPool();
+  const c10::cuda::CUDAStreamGuard guard(stream);
+  for (int i = 0; i < 3; ++i) fn();
+  stream.synchronize();
+  at::cuda::CUDAGraph graph;
+  graph.capture_begin();
+  for (int i = 0; i < per_graph; ++i) {
+    if (before) before();
+    fn();
+  }
+  graph.capture_end();
+  for (int i = 0; i < 3; ++i) graph.replay();
+  at::cuda::CUDAEvent start(cudaEventDefault), stop(cudaEventDefault);
+  start.record(stream);
+  for (int i = 0; i < replays; ++i) graph.replay();
+  stop.record(stream);
+  stop.synchronize();
+  return start.elapsed_time(stop) * 1000.0 / (per_graph * replays);
+}
+
+/// Microseconds per call of fn run eagerly (host dispatch included when it is the bottleneck).
+double time_eager(const std::function<void()>& fn, int iters = 20) {
+  auto stream = at::cuda::getCurrentCUDAStream();
+  for (int i = 0; i < 3; ++i) fn();
+  stream.synchronize();
+  at::cuda::CUDAEvent start(cudaEventDefault), stop(cudaEventDefault);
+  start.record(stream);
+  for (int i = 0; i < iters; ++i) fn();
+  stop.record(stream);
+  stop.synchronize();
+  return start.elapsed_time(stop) * 1000.0 / iters;
+}
+
+at::Tensor flush_buffer() {
+  // Never destroyed: a static tensor would be freed after the CUDA context at exit.
+  static auto* buf = new at::Tensor(
+      at::empty({256 << 20}, at::TensorOptions().dtype(at::kByte).device(at::kCUDA)));
+  return *buf;
+}
+double flush_us() {
+  static double us = time_graph([] { flush_buffer().zero_(); });
+  return us;
+}
+
+/// Warm (L2-resident) and cold times of fn.
+std::pair<double, double> time_both(const std::function<void()>& fn) {
+  const double warm = time_graph(fn);
+  const double with_flush = time_graph(fn, 20, 10, [] { flush_buffer().zero_(); });
+  return {warm, with_flush - flush_us()};
+}
+
+double mb(const at::Tensor& t) { return t.nbytes() / 1e6; }
+
+struct Msda {
+  lk::SpatialShapes levels;
+  at::Tensor value, shapes, starts, loc, attn;
+};
+
+/// Realistic sampling: reference point = the query's own pixel centre (encoder) or uniform
+/// (decoder), offsets ~ N(0, 2) pixels of each level, weights softmax-ed over L*P.
+Msda make_msda(int64_t B, int64_t Q, int64_t H, int64_t C, const lk::SpatialShapes& levels,
+               int64_t P, bool encoder, at::ScalarType vt, at::ScalarType lt,
+               bool correlated = false) {
+  at::manual_seed(0);
+  const auto dev = at::Device(at::kCUDA, 0);
+  const auto f32 = at::TensorOptions().dtype(at::kFloat).device(dev);
+  int64_t S = 0;
+  for (const auto& l : levels) S += l[0] * l[1];
+  const int64_t L = static_cast<int64_t>(levels.size());
+  at::Tensor ref;
+  if (encoder) {
+    std::vector<at::Tensor> parts;
+    for (const auto& l : levels) {
+      auto ys = (at::arange(l[0], f32) + 0.5) / l[0];
+      auto xs = (at::arange(l[1], f32) + 0.5) / l[1];
+      auto grid = at::meshgrid({ys, xs}, "ij");
+      parts.push_back(at::stack({grid[1].reshape(-1), grid[0].reshape(-1)}, -1));
+    }
+    ref = at::cat(parts).view({1, S, 1, 1, 1, 2}).expand({B, S, 1, 1, 1, 2});
+  } else {
+    ref = at::rand({B, Q, 1, 1, 1, 2}, f32);
+  }
+  std::vector<double> wh;
+  for (const auto& l : levels)
+    wh.push_back(static_cast<double>(l[1])), wh.push_back(static_cast<double>(l[0]));
+  const auto size = at::tensor(wh, f32).view({1, 1, 1, L, 1, 2});
+  Msda m;
+  m.levels = levels;
+  m.value = at::randn({B, S, H, C}, f32).to(vt);
+  // iid offsets (no two queries share corners: the worst case for caches), or "correlated": one
+  // offset pattern per (head, level, point) shared by all queries plus 0.25 px of noise, as
+  // neighbouring encoder pixels with similar features produce.
+  const auto offsets = correlated ? at::randn({1, 1, H, L, P, 2}, f32) * 2.0 +
+                                        at::randn({B, Q, H, L, P, 2}, f32) * 0.25
+                                  : at::randn({B, Q, H, L, P, 2}, f32) * 2.0;
+  m.loc = (ref + offsets / size).to(lt).contiguous();
+  m.attn = at::softmax(at::randn({B, Q, H, L * P}, f32), -1).view({B, Q, H, L, P}).to(lt);
+  m.shapes = lk::spatial_shapes_tensor(levels, dev);
+  m.starts = lk::level_start_index(levels, dev);
+  return m;
+}
+
+std::string dtype_name(at::ScalarType vt, at::ScalarType lt) {
+  std::string v = vt == at::kFloat ? "fp32" : vt == at::kHalf ? "fp16" : "bf16";
+  std::string l = lt == at::kFloat ? "fp32" : lt == at::kHalf ? "fp16" : "bf16";
+  return v == l ? v : v + "/loc " + l;
+}
+
+void bench_msda(const std::string& shape, int64_t B, int64_t Q, const lk::SpatialShapes& levels,
+                bool encoder, const std::vector<std::pair<at::ScalarType, at::ScalarType>>& fwd,
+                const std::vector<std::pair<at::ScalarType, at::ScalarType>>& bwd, bool portable) {
+  const int64_t H = 8, C = 32, P = 4;
+  int64_t S = 0;
+  for (const auto& l : levels) S += l[0] * l[1];
+  if (encoder) Q = S;
+  for (const bool correlated : {false, true}) {
+    if (correlated && !encoder) continue;  // decoder queries are independent objects
+    const std::string sh = shape + (encoder ? (correlated ? " corr" : " iid") : "");
+    for (const auto& [vt, lt] : fwd) {
+      auto m = make_msda(B, Q, H, C, levels, P, encoder, vt, lt, correlated);
+      auto run = [&] {
+        lk::cuda::ms_deform_attn_forward(m.value, m.shapes, m.starts, m.loc, m.attn);
+      };
+      const double bytes =
+          mb(m.value) + mb(m.loc) + mb(m.attn) + B * Q * H * C * m.value.element_size() / 1e6;
+      for (const int u : {1, 2, 4}) {
+        lk::cuda::set_forward_unroll(u);
+        const auto [warm, cold] = time_both(run);
+        rows.push_back({"ms_deform_attn fwd", sh, "cuda u" + std::to_string(u), dtype_name(vt, lt),
+                        "graph", warm, cold, bytes});
+      }
+      lk::cuda::set_forward_unroll(2);
+    }
+  }
+  for (const bool correlated : {false, true}) {
+    if (correlated && !encoder) continue;
+    const std::string sh = shape + (encoder ? (correlated ? " corr" : " iid") : "");
+    for (const auto& [vt, lt] : bwd) {
+      auto m = make_msda(B, Q, H, C, levels, P, encoder, vt, lt, correlated);
+      const auto grad_out = at::randn({B, Q, H * C}, m.value.options());
+      auto run = [&] {
+        lk::cuda::ms_deform_attn_backward(m.value, m.shapes, m.starts, m.loc, m.attn, grad_out);
+      };
+      const auto [warm, cold] = time_both(run);
+      const double gv32 = m.value.numel() * 4 / 1e6;
+      double bytes = mb(m.value) + 2 * mb(m.loc) + 2 * mb(m.attn) + mb(grad_out) + 2 * gv32;
+      if (vt != at::kFloat) bytes += gv32 + mb(m.value);  // the float32 -> 16-bit cast
+      rows.push_back(
+          {"ms_deform_attn bwd", sh, "cuda", dtype_name(vt, lt), "graph", warm, cold, bytes});
+    }
+  }
+  {  // the float32 grad_value zero fill the backward starts with (part of its time)
+    const auto opts = at::TensorOptions().dtype(at::kFloat).device(at::kCUDA);
+    const double us = time_graph([&] { at::zeros({B, S, H, C}, opts); });
+    rows.push_back(
+        {"zeros grad_value", shape, "aten", "fp32", "graph", us, -1, B * S * H * C * 4 / 1e6});
+  }
+  if (portable) {
+    auto m = make_msda(B, Q, H, C, levels, P, encoder, at::kFloat, at::kFloat);
+    auto run = [&] { lk::ms_deform_attn_portable(m.value, m.levels, m.loc, m.attn); };
+    // Eager: the portable path may synchronise (not capturable in general).
+    const std::string method = "eager";
+    const double us = time_eager(run);
+    const double bytes = mb(m.value) + mb(m.loc) + mb(m.attn) + B * Q * H * C * 4 / 1e6;
+    rows.push_back({"ms_deform_attn fwd", shape, "portable", "fp32", method, us, -1, bytes});
+    auto v = m.value.clone().requires_grad_();
+    auto l = m.loc.clone().requires_grad_();
+    auto a = m.attn.clone().requires_grad_();
+    auto out = lk::ms_deform_attn_portable(v, m.levels, l, a);
+    const auto g = at::randn_like(out);
+    const double bwd_us = time_eager(
+                              [&] {
+                                auto o = lk::ms_deform_attn_portable(v, m.levels, l, a);
+                                o.backward(g);
+                              },
+                              5) -
+                          us;
+    rows.push_back(
+        {"ms_deform_attn bwd", shape, "portable", "fp32", "eager (fwd+bwd) - fwd", bwd_us, -1, 0});
+  }
+}
+
+void bench_fake_quant() {
+  const int64_t rows_n = 8192, cols = 8192;  // 64 M float32 = 256 MB, well past the L2
+  const auto x = at::randn({rows_n, cols}, at::TensorOptions().device(at::kCUDA)) * 10;
+  const auto s1 = at::full({1}, 0.05f, x.options());
+  const auto sc = (x.abs().amax({1}, true) / 448.0).contiguous();
+  auto y = at::empty_like(x);
+  const double bytes = 2 * mb(x);
+  const double copy = time_graph([&] { y.copy_(x); }, 10, 10);
+  rows.push_back({"d2d copy", "8192x8192", "aten", "fp32", "graph", copy, -1, bytes});
+  rows.push_back({"fake_quant_fp8", "8192x8192 per-tensor", "cuda", "fp32", "graph",
+                  time_graph([&] { lk::cuda::fake_quant_fp8_forward(x, s1); }, 10, 10), -1, bytes});
+  rows.push_back({"fake_quant_fp8", "8192x8192 per-channel", "cuda", "fp32", "graph",
+                  time_graph([&] { lk::cuda::fake_quant_fp8_forward(x, sc); }, 10, 10), -1, bytes});
+  rows.push_back({"fake_quant_fp8", "8192x8192 per-tensor", "reference", "fp32", "graph",
+                  time_graph([&] { lk::fake_quant_fp8_reference(x, s1); }, 10, 10), -1, bytes});
+}
+
+std::string json_escape(const std::string& s) {
+  std::string o;
+  for (char c : s) o += (c == '"' || c == '\\') ? std::string("\\") + c : std::string(1, c);
+  return o;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string json_path;
+  for (int i = 1; i < argc; ++i)
+    if (std::string(argv[i]) == "--json" && i + 1 < argc) json_path = argv[++i];
+  if (!at::cuda::is_available()) {
+    std::cerr << "bench_kernels: no CUDA device\n";
+    return 1;
+  }
+  const auto* prop = at::cuda::getCurrentDeviceProperties();
+  const lk::SpatialShapes ddetr = {{100, 167}, {50, 84}, {25, 42}, {13, 21}};
+  const lk::SpatialShapes rtdetr = {{80, 80}, {40, 40}, {20, 20}};
+  const auto f32 = std::make_pair(at::kFloat, at::kFloat);
+  const auto bf16 = std::make_pair(at::kBFloat16, at::kBFloat16);
+  const auto f16 = std::make_pair(at::kHalf, at::kHalf);
+  const auto bf16_f32 = std::make_pair(at::kBFloat16, at::kFloat);
+  try {
+    bench_msda("ddetr decoder B4 Q300", 4, 300, ddetr, false, {f32, bf16, f16, bf16_f32},
+               {f32, bf16}, true);
+    bench_msda("ddetr encoder B1 Q22223", 1, 0, ddetr, true, {f32, bf16, bf16_f32}, {f32, bf16},
+               true);
+    bench_msda("rtdetr decoder 640 B32 Q300", 32, 300, rtdetr, false, {f32, bf16}, {f32}, true);
+    bench_fake_quant();
+  } catch (const std::exception& e) {
+    std::cerr << "bench_kernels failed: " << e.what() << "\n";
+  }
+  std::printf(
+      "GPU %s (%d SMs), LibTorch %s; warm = inputs in L2, cold = L2 flushed before each call\n",
+      prop->name, prop->multiProcessorCount, LIBREYOLO_TORCH_VERSION);
+  std::printf("%-20s %-30s %-9s %-14s %10s %10s %9s %9s\n", "op", "shape", "impl", "dtype",
+              "warm us", "cold us", "MB", "TB/s");
+  for (const auto& r : rows) {
+    const double t = r.us_cold > 0 ? r.us_cold : r.us;
+    std::printf("%-20s %-30s %-9s %-14s %10.2f %10.2f %9.1f %9.2f\n", r.op.c_str(), r.shape.c_str(),
+                r.impl.c_str(), r.dtype.c_str(), r.us, r.us_cold, r.mbytes, r.mbytes / t);
+  }
+  if (!json_path.empty()) {
+    std::ofstream os(json_path);
+    os << "{\"gpu\": \"" << json_escape(prop->name) << "\", \"libtorch\": \""
+       << LIBREYOLO_TORCH_VERSION << "\", \"copy_tb_s_reference\": " << kCopyTBs
+       << ", \"results\": [\n";
+    for (size_t i = 0; i < rows.size(); ++i) {
+      const auto& r = rows[i];
+      os << "  {\"op\": \"" << json_escape(r.op) << "\", \"shape\": \"" << json_escape(r.shape)
+         << "\", \"impl\": \"" << r.impl << "\", \"dtype\": \"" << json_escape(r.dtype)
+         << "\", \"method\": \"" << json_escape(r.method) << "\", \"us\": " << r.us
+         << ", \"us_cold\": " << r.us_cold << ", \"mbytes\": " << r.mbytes << "}"
+         << (i + 1 < rows.size() ? ",\n" : "\n");
+    }
+    os << "]}\n";
+  }
+  return 0;
+}

@@ -1,0 +1,141 @@
+// libreyolo-kernels-hub: pins, prefetches and verifies hub kernels (docs/HUB_KERNELS.md).
+//
+//   libreyolo-kernels-hub lock     [common] [--slot S] [--repo ORG/NAME] [--revision REV |
+//   --version N]
+//                                  [--variant NAME]...
+//   libreyolo-kernels-hub download [common] [--variant NAME]... [--all-variants]
+//   libreyolo-kernels-hub verify   [common] [--variant NAME]... [--all-variants]
+//   common: [--config FILE] [--lock-file FILE]
+// lock resolves REV (default v1 of kernels-community/deformable-detr) to a commit and writes the
+// SHA-256 of every file of every variant into kernels.lock (next to --config, or --lock-file).
+// download fetches the locked files of the variants this process can load (or all) into the
+// cache; verify checks the cache against kernels.lock without any request.
+// Settings (endpoint, cache, offline, timeout) come from --config's `kernels.hub` and the
+// environment (HF_ENDPOINT, HF_TOKEN, KERNELS_CACHE, HF_HUB_CACHE, HF_HUB_OFFLINE).
+// Exit codes: 0 ok, 1 failure, 2 usage error.
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "kernels/hub/fetch.h"
+#include "kernels/hub/lock.h"
+#include "kernels/hub/provider.h"
+#include "kernels/policy.h"
+#include "log/log.h"
+
+namespace {
+
+namespace hub = libreyolo::kernels::hub;
+using libreyolo::kernels::HubSettings;
+
+int usage(const std::string& error) {
+  if (!error.empty()) std::cerr << "error: " << error << "\n";
+  std::cerr
+      << "usage: libreyolo-kernels-hub lock|download|verify [--config FILE] [--lock-file FILE]\n"
+         "         lock:     [--slot ms_deform_attn] [--repo ORG/NAME] [--revision REV | "
+         "--version N] [--variant NAME]...\n"
+         "         download: [--variant NAME]... [--all-variants]\n"
+         "         verify:   [--variant NAME]... [--all-variants]\n";
+  return 2;
+}
+
+struct Args {
+  std::string command, config, lock_file,
+      slot = "ms_deform_attn", repo = "kernels-community/deformable-detr", revision = "v1";
+  std::vector<std::string> variants;
+  bool all_variants = false;
+};
+
+// Variants of `entry` to fetch or check: explicit ones, all, or those this process can load.
+std::vector<std::string> chosen(const hub::LockEntry& entry, const Args& a) {
+  if (!a.variants.empty()) return a.variants;
+  std::vector<std::string> names;
+  for (const auto& [name, v] : entry.variants) names.push_back(name);
+  if (a.all_variants) return names;
+  const auto system = hub::detect_system();
+  auto selection = hub::select_variants(names, system);
+  for (const auto& [name, why] : selection.rejected) {
+    std::cout << "  skip " << name << ": " << why << "\n";
+  }
+  return selection.accepted;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2) return usage("");
+  Args a;
+  a.command = argv[1];
+  for (int i = 2; i < argc; ++i) {
+    const std::string k = argv[i];
+    auto value = [&]() -> std::string {
+      if (i + 1 >= argc) throw std::invalid_argument(k + " needs a value");
+      return argv[++i];
+    };
+    try {
+      if (k == "--config")
+        a.config = value();
+      else if (k == "--lock-file")
+        a.lock_file = value();
+      else if (k == "--slot")
+        a.slot = value();
+      else if (k == "--repo")
+        a.repo = value();
+      else if (k == "--revision")
+        a.revision = value();
+      else if (k == "--version")
+        a.revision = "v" + value();
+      else if (k == "--variant")
+        a.variants.push_back(value());
+      else if (k == "--all-variants")
+        a.all_variants = true;
+      else
+        return usage("unknown argument " + k);
+    } catch (const std::invalid_argument& e) {
+      return usage(e.what());
+    }
+  }
+  if (a.command != "lock" && a.command != "download" && a.command != "verify") {
+    return usage("unknown command " + a.command);
+  }
+  try {
+    const auto env = libreyolo::kernels::process_environment();
+    HubSettings settings = a.config.empty()
+                               ? libreyolo::kernels::policy_from_environment(env).hub
+                               : libreyolo::kernels::load_policy_file(a.config, env).hub;
+    std::string lock_path = a.lock_file.empty() ? hub::lock_file_path(settings) : a.lock_file;
+    if (lock_path.empty()) lock_path = "kernels.lock";
+    if (a.command == "verify") settings.offline.value = true;
+    const hub::Connection connection = hub::connection_for(settings);
+
+    if (a.command == "lock") {
+      std::vector<hub::LockEntry> entries;
+      if (FILE* f = std::fopen(lock_path.c_str(), "r")) {
+        std::fclose(f);
+        entries = hub::read_lock_file(lock_path);
+      }
+      const auto entry = hub::lock_repo(connection, a.slot, a.repo, a.revision, a.variants);
+      hub::upsert(entries, entry);
+      hub::write_lock_file(lock_path, entries);
+      std::cout << "locked " << entry.repo_id << " " << entry.revision << " -> " << entry.sha
+                << " (" << entry.variants.size() << " variants) in " << lock_path << "\n";
+      return 0;
+    }
+    const auto entries = hub::read_lock_file(lock_path);
+    int failures = 0;
+    for (const auto& entry : entries) {
+      try {
+        for (const auto& dir : hub::download_locked(connection, entry, chosen(entry, a))) {
+          std::cout << (a.command == "verify" ? "verified " : "cached ") << dir << "\n";
+        }
+      } catch (const std::exception& e) {
+        std::cerr << entry.repo_id << ": " << e.what() << "\n";
+        ++failures;
+      }
+    }
+    return failures == 0 ? 0 : 1;
+  } catch (const std::exception& e) {
+    std::cerr << "error: " << e.what() << "\n";
+    return 1;
+  }
+}

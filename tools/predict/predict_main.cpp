@@ -1,0 +1,341 @@
+// libreyolo-predict: runs one checkpoint folder on images (or on stored pixels) and prints the
+// detections / classes, the kernel implementation of every slot, and optionally dumps results.
+//
+//   libreyolo-predict --model DIR (--image FILE ... | --pixels FILE.safetensors)
+//                     [--threshold T] [--top-k K] [--device cpu|cuda[:N]]
+//                     [--dtype float32|float16|bfloat16] [--out FILE.json|FILE.safetensors]
+// Exit codes: 0 ok, 1 runtime error (bad image, bad checkpoint, ...), 2 usage error.
+#include <ATen/ATen.h>
+#include <c10/core/InferenceMode.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <iomanip>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "kernels/kernels.h"
+#include "kernels/policy.h"
+#include "log/log.h"
+#include "models/core/safetensors.h"
+#include "models/image/postprocess.h"
+#include "models/image/processor.h"
+#include "models/model.h"
+#include "tools/predict/safetensors_write.h"
+
+namespace {
+
+namespace image = libreyolo::image;
+namespace models = libreyolo::models;
+using nlohmann::json;
+
+const char* kUsage =
+    "usage: libreyolo-predict --model DIR (--image FILE ... | --pixels FILE.safetensors)\n"
+    "                         [--threshold T] [--top-k K] [--device cpu|cuda[:N]]\n"
+    "                         [--dtype float32|float16|bfloat16] [--out "
+    "FILE.json|FILE.safetensors]\n"
+    "  --model DIR       checkpoint folder (config.json, model.safetensors, "
+    "preprocessor_config.json)\n"
+    "  --image FILE      JPEG or PNG; repeat for a batch\n"
+    "  --pixels FILE     safetensors with pixel_values (float, processed) or pixel_u8 (uint8,\n"
+    "                    resized; rescaled/normalised here), optional pixel_mask (B,H,W) and\n"
+    "                    target_sizes (B,2) (H,W); default target size: the pixels' size\n"
+    "                    (the pixel_mask's valid region when there is one)\n"
+    "  --threshold T     keep detections with score > T (default 0.5)\n"
+    "  --top-k K         detections: candidates before the threshold (default: the family's);\n"
+    "                    classifiers: classes printed (default 5)\n"
+    "  --device D        cpu (default), cuda, cuda:N\n"
+    "  --dtype T         float32 (default), float16, bfloat16\n"
+    "  --out FILE        .json: the printed results; .safetensors: raw logits/pred_boxes,\n"
+    "                    pixel_values and per-image img{i}_{scores,labels,boxes}\n";
+
+struct UsageError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+struct Args {
+  std::string model;
+  std::vector<std::string> images;
+  std::string pixels;
+  double threshold = 0.5;
+  int64_t top_k = 0;
+  std::string device = "cpu";
+  std::string dtype = "float32";
+  std::string out;
+};
+
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() &&
+         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+Args parse_args(int argc, char** argv) {
+  Args a;
+  auto value = [&](int& i, const std::string& flag) -> std::string {
+    if (i + 1 >= argc) throw UsageError(flag + " needs a value");
+    return argv[++i];
+  };
+  for (int i = 1; i < argc; ++i) {
+    const std::string f = argv[i];
+    try {
+      if (f == "--model") {
+        a.model = value(i, f);
+      } else if (f == "--image") {
+        a.images.push_back(value(i, f));
+      } else if (f == "--pixels") {
+        a.pixels = value(i, f);
+      } else if (f == "--threshold") {
+        size_t pos = 0;
+        const std::string v = value(i, f);
+        a.threshold = std::stod(v, &pos);
+        if (pos != v.size()) throw std::invalid_argument(v);
+      } else if (f == "--top-k") {
+        size_t pos = 0;
+        const std::string v = value(i, f);
+        a.top_k = std::stoll(v, &pos);
+        if (pos != v.size() || a.top_k <= 0) throw std::invalid_argument(v);
+      } else if (f == "--device") {
+        a.device = value(i, f);
+      } else if (f == "--dtype") {
+        a.dtype = value(i, f);
+      } else if (f == "--out") {
+        a.out = value(i, f);
+      } else {
+        throw UsageError("unknown argument '" + f + "'");
+      }
+    } catch (const std::invalid_argument&) {
+      throw UsageError("invalid value for " + f);
+    } catch (const std::out_of_range&) {
+      throw UsageError("value out of range for " + f);
+    }
+  }
+  if (a.model.empty()) throw UsageError("--model is required");
+  if (a.images.empty() == a.pixels.empty())
+    throw UsageError("give either --image (one or more) or --pixels");
+  if (a.dtype != "float32" && a.dtype != "float16" && a.dtype != "bfloat16")
+    throw UsageError("--dtype must be float32, float16 or bfloat16");
+  if (a.device != "cpu" && a.device != "cuda" && a.device.rfind("cuda:", 0) != 0)
+    throw UsageError("--device must be cpu, cuda or cuda:N");
+  if (!a.out.empty() && !ends_with(a.out, ".json") && !ends_with(a.out, ".safetensors"))
+    throw UsageError("--out must end in .json or .safetensors");
+  return a;
+}
+
+at::ScalarType scalar_type(const std::string& dtype) {
+  if (dtype == "float16") return at::kHalf;
+  if (dtype == "bfloat16") return at::kBFloat16;
+  return at::kFloat;
+}
+
+json read_json(const std::string& path) {
+  std::ifstream f(path);
+  if (!f) throw std::runtime_error(path + ": cannot open file");
+  try {
+    return json::parse(f);
+  } catch (const json::exception& e) {
+    throw std::runtime_error(path + ": not valid JSON (" + e.what() + ")");
+  }
+}
+
+struct Inputs {
+  at::Tensor pixel_values;  // float32 (B,3,H,W), CPU
+  at::Tensor pixel_mask;    // int64 (B,H,W) or undefined
+  std::vector<std::pair<int64_t, int64_t>> target_sizes;
+  std::vector<std::string> sources;
+};
+
+Inputs inputs_from_images(const Args& a) {
+  const image::ImageProcessor proc(
+      image::ProcessorConfig::from_file(a.model + "/preprocessor_config.json"));
+  std::vector<at::Tensor> decoded;
+  for (const auto& path : a.images) decoded.push_back(image::decode_image_file(path));
+  auto out = proc.preprocess(decoded);
+  return {out.pixel_values, out.pixel_mask, out.original_sizes, a.images};
+}
+
+Inputs inputs_from_pixels(const Args& a) {
+  auto file = models::core::SafetensorsFile::open(a.pixels);
+  Inputs in;
+  if (file->contains("pixel_values")) {
+    in.pixel_values = file->get("pixel_values", at::kFloat, at::kCPU);
+  } else if (file->contains("pixel_u8")) {
+    const image::ImageProcessor proc(
+        image::ProcessorConfig::from_file(a.model + "/preprocessor_config.json"));
+    in.pixel_values = proc.rescale_normalize(file->view("pixel_u8"));
+  } else {
+    throw std::runtime_error(a.pixels + ": no tensor 'pixel_values' or 'pixel_u8'");
+  }
+  if (in.pixel_values.dim() != 4 || in.pixel_values.size(1) != 3)
+    throw std::runtime_error(
+        c10::str(a.pixels, ": pixels must be (B, 3, H, W), got ", in.pixel_values.sizes()));
+  const int64_t b = in.pixel_values.size(0);
+  if (file->contains("pixel_mask")) {
+    in.pixel_mask = file->get("pixel_mask", at::kLong, at::kCPU);
+    in.pixel_values = in.pixel_values * in.pixel_mask.unsqueeze(1);  // padding is 0
+  }
+  if (file->contains("target_sizes")) {
+    const at::Tensor ts = file->get("target_sizes", at::kLong, at::kCPU);
+    if (ts.dim() != 2 || ts.size(0) != b || ts.size(1) != 2)
+      throw std::runtime_error(a.pixels + ": target_sizes must be (B, 2)");
+    for (int64_t i = 0; i < b; ++i)
+      in.target_sizes.emplace_back(ts[i][0].item<int64_t>(), ts[i][1].item<int64_t>());
+  } else if (in.pixel_mask.defined()) {  // the valid (unpadded) region
+    for (int64_t i = 0; i < b; ++i) {
+      const at::Tensor valid = in.pixel_mask[i].ne(0);
+      in.target_sizes.emplace_back(valid.any(1).sum().item<int64_t>(),
+                                   valid.any(0).sum().item<int64_t>());
+    }
+  } else {
+    for (int64_t i = 0; i < b; ++i)
+      in.target_sizes.emplace_back(in.pixel_values.size(2), in.pixel_values.size(3));
+  }
+  for (int64_t i = 0; i < b; ++i) in.sources.push_back(c10::str(a.pixels, "[", i, "]"));
+  return in;
+}
+
+std::string fmt(double v, int precision) {
+  std::ostringstream s;
+  s << std::fixed << std::setprecision(precision) << v;
+  return s.str();
+}
+
+int run(const Args& a) {
+  const auto env = libreyolo::kernels::process_environment();
+  libreyolo::kernels::initialize(libreyolo::kernels::policy_from_environment(env));
+
+  models::LoadOptions options;
+  options.dtype = scalar_type(a.dtype);
+  options.device = at::Device(a.device);
+  const auto model = models::load_model(a.model, options);
+  const json config = read_json(a.model + "/config.json");
+
+  const Inputs in = a.images.empty() ? inputs_from_pixels(a) : inputs_from_images(a);
+  models::ModelOutput raw;
+  {
+    c10::InferenceMode guard;
+    const at::Tensor pv = in.pixel_values.to(options.device, options.dtype);
+    const at::Tensor pm = in.pixel_mask.defined() ? in.pixel_mask.to(options.device) : at::Tensor();
+    raw = model->forward(pv, pm);
+  }
+  const at::Tensor logits = raw.logits.to(at::kCPU, at::kFloat);
+
+  json result;
+  result["model"] = a.model;
+  result["model_type"] = model->model_type();
+  result["device"] = a.device;
+  result["dtype"] = a.dtype;
+  std::map<std::string, at::Tensor> dump = {{"logits", logits}, {"pixel_values", in.pixel_values}};
+  if (in.pixel_mask.defined()) dump["pixel_mask"] = in.pixel_mask;
+
+  if (model->task() == models::Task::object_detection) {
+    result["task"] = "object-detection";
+    const at::Tensor boxes = raw.pred_boxes.to(at::kCPU, at::kFloat);
+    dump["pred_boxes"] = boxes;
+    image::PostProcessOptions post;
+    post.threshold = a.threshold;
+    post.top_k = a.top_k;
+    post.use_focal_loss = config.value("use_focal_loss", true);
+    const auto dets = image::post_process_object_detection(
+        logits, boxes, in.target_sizes, image::detection_head_for(model->model_type()), post);
+    for (size_t i = 0; i < dets.size(); ++i) {
+      const auto& d = dets[i];
+      std::cout << in.sources[i] << " (" << in.target_sizes[i].first << "x"
+                << in.target_sizes[i].second << "): " << d.scores.numel()
+                << " detections with score > " << a.threshold << "\n";
+      json ji = {{"source", in.sources[i]},
+                 {"height", in.target_sizes[i].first},
+                 {"width", in.target_sizes[i].second},
+                 {"detections", json::array()}};
+      for (int64_t k = 0; k < d.scores.numel(); ++k) {
+        const int64_t label = d.labels[k].item<int64_t>();
+        const std::string name = image::label_name(model->id2label(), label);
+        const float score = d.scores[k].item<float>();
+        std::vector<float> box(4);
+        for (int j = 0; j < 4; ++j) box[j] = d.boxes[k][j].item<float>();
+        std::cout << "  " << std::left << std::setw(16) << name << std::right << " "
+                  << fmt(score, 4) << "  [" << fmt(box[0], 1) << ", " << fmt(box[1], 1) << ", "
+                  << fmt(box[2], 1) << ", " << fmt(box[3], 1) << "]\n";
+        ji["detections"].push_back(
+            {{"label", label}, {"name", name}, {"score", score}, {"box", box}});
+      }
+      result["images"].push_back(ji);
+      const std::string key = "img" + std::to_string(i) + "_";
+      dump[key + "scores"] = d.scores;
+      dump[key + "labels"] = d.labels;
+      dump[key + "boxes"] = d.boxes;
+    }
+  } else {
+    result["task"] = "image-classification";
+    const auto cls = image::classify(logits, a.top_k > 0 ? a.top_k : 5);
+    dump["probabilities"] = cls.probabilities;
+    for (int64_t i = 0; i < logits.size(0); ++i) {
+      std::cout << in.sources[i] << ":\n";
+      json ji = {{"source", in.sources[i]}, {"top_k", json::array()}};
+      for (int64_t k = 0; k < cls.scores.size(1); ++k) {
+        const int64_t label = cls.labels[i][k].item<int64_t>();
+        const std::string name = image::label_name(model->id2label(), label);
+        const float p = cls.scores[i][k].item<float>();
+        std::cout << "  " << std::left << std::setw(24) << name << std::right << " " << fmt(p, 4)
+                  << "\n";
+        ji["top_k"].push_back({{"label", label}, {"name", name}, {"probability", p}});
+      }
+      result["images"].push_back(ji);
+    }
+  }
+
+  auto& registry = libreyolo::kernels::Registry::global();
+  const auto report = registry.report();
+  std::cout << "kernels:\n" << libreyolo::kernels::format_table(report);
+  for (const auto& s : report) result["kernels"][s.slot] = s.selected;
+  for (const auto& e : registry.events())
+    std::cout << "fallback event: " << e.slot << "/" << e.impl << ": " << e.reason << "\n";
+
+  if (ends_with(a.out, ".json")) {
+    std::ofstream f(a.out);
+    if (!f) throw std::runtime_error(a.out + ": cannot open for writing");
+    f << result.dump(1) << "\n";
+  } else if (ends_with(a.out, ".safetensors")) {
+    libreyolo::tools::write_safetensors(a.out, dump);
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Args args;
+  try {
+    for (int i = 1; i < argc; ++i) {
+      const std::string f = argv[i];
+      if (f == "--help" || f == "-h") {
+        std::cout << kUsage;
+        return 0;
+      }
+    }
+    args = parse_args(argc, argv);
+  } catch (const UsageError& e) {
+    std::cerr << "libreyolo-predict: " << e.what() << "\n" << kUsage;
+    return 2;
+  }
+  // The CLI prints its own results and kernel table: log warnings and errors only, unless
+  // LIBREYOLO_LOG_LEVEL says otherwise.
+  libreyolo::log::Level level = libreyolo::log::Level::warn;
+  if (const char* env = std::getenv("LIBREYOLO_LOG_LEVEL"); env && *env) {
+    try {
+      level = libreyolo::log::parse_level(env);
+    } catch (const std::invalid_argument& e) {
+      std::cerr << "libreyolo-predict: LIBREYOLO_LOG_LEVEL: " << e.what() << "\n";
+      return 2;
+    }
+  }
+  libreyolo::log::set_level(level);
+  try {
+    return run(args);
+  } catch (const std::exception& e) {
+    std::cerr << "libreyolo-predict: error: " << e.what() << "\n";
+    return 1;
+  }
+}
