@@ -302,10 +302,10 @@ std::string Policy::describe() const {
   row("hub.offline", hub.offline.value ? "true" : "false", hub.offline.source, hub.offline.origin);
   row("hub.cache_dir", hub.cache_dir.value.empty() ? "(hub default)" : hub.cache_dir.value,
       hub.cache_dir.source, hub.cache_dir.origin);
-  row("hub.lock_file",
-      lock_file_display(hub), hub.lock_file.source, hub.lock_file.origin);
-  row("hub.timeout_seconds", std::to_string(hub.timeout_seconds.value), hub.timeout_seconds.source,
-      hub.timeout_seconds.origin);
+  row("hub.lock_file", lock_file_display(hub), hub.lock_file.source, hub.lock_file.origin);
+  std::ostringstream timeout;
+  timeout << hub.timeout_seconds.value;
+  row("hub.timeout_seconds", timeout.str(), hub.timeout_seconds.source, hub.timeout_seconds.origin);
   row("hub.token", hub.token.empty() ? "(unset)" : "(set)",
       hub.token.empty() ? Source::default_value : Source::environment,
       hub.token.empty() ? "" : "HF_TOKEN");

@@ -35,7 +35,7 @@ note "gpu: $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=cs
 note "torch: $(python3 -c 'import torch; print(torch.__version__, "cuda", torch.version.cuda)' 2>&1)"
 note "nvcc: $(nvcc --version | sed -n 's/.*release \([0-9.]*\).*/\1/p'), cmake: $(cmake --version | head -1), g++: $(g++ -dumpversion)"
 for h in curl/curl.h openssl/sha.h png.h turbojpeg.h; do
-  found=$(ls /usr/include/$h /opt/deps/usr/include/$h 2>/dev/null | head -1)
+  found=$(ls /usr/include/$h /usr/include/x86_64-linux-gnu/$h /opt/deps/usr/include/$h 2>/dev/null | head -1)
   note "header $h: ${found:-MISSING}"
 done
 

@@ -1,14 +1,14 @@
 // libreyolo-server: the daemon (DESIGN.md "Serving"). Signals: the first SIGTERM/SIGINT flips
 // readiness to NOT_SERVING, keeps serving for server.drain_seconds, then stops accepting and
 // finishes in-flight requests (exit 0); a second signal exits at once (exit 128 + signal).
+#include <atomic>
 #include <csignal>
 #include <cstdlib>
 #include <ctime>
+#include <filesystem>
 #include <iostream>
 #include <string>
 #include <thread>
-#include <atomic>
-#include <filesystem>
 
 #include "log/log.h"
 #include "server/core/config.h"
@@ -19,7 +19,8 @@ namespace {
 using namespace libreyolo;
 
 int usage(int code) {
-  std::cerr << "usage: libreyolo-server [--config FILE] [--model-repository DIR] [--grpc-address HOST:PORT]\n"
+  std::cerr << "usage: libreyolo-server [--config FILE] [--model-repository DIR] [--grpc-address "
+               "HOST:PORT]\n"
                "                        [--http-address HOST:PORT|off] [--print-config]\n"
                "Default configuration file: config/server.yaml when it exists.\n";
   return code;
@@ -74,7 +75,8 @@ int main(int argc, char** argv) {
       return usage(2);
     }
   }
-  if (!config_given && std::filesystem::exists("config/server.yaml")) config_file = "config/server.yaml";
+  if (!config_given && std::filesystem::exists("config/server.yaml"))
+    config_file = "config/server.yaml";
 
   const auto t0 = std::chrono::steady_clock::now();
   server::ServerConfig config;
@@ -95,9 +97,11 @@ int main(int argc, char** argv) {
     std::cerr << "libreyolo-server: " << e.what() << "\n";
     return 2;
   }
-  log::info("start-up: config " + (config_file.empty() ? std::string("(defaults)") : config_file) +
-            " read in " +
-            std::to_string(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()) + " s");
+  log::info(
+      "start-up: config " + (config_file.empty() ? std::string("(defaults)") : config_file) +
+      " read in " +
+      std::to_string(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()) +
+      " s");
 
   const double drain = config.drain_seconds.value;
   server::Daemon daemon(std::move(config));

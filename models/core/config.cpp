@@ -35,7 +35,8 @@ ConfigView::ConfigView(const nlohmann::json& json, std::string file, std::string
     : json_(&json), file_(std::move(file)), prefix_(std::move(prefix)) {
   if (!json.is_object()) {
     if (prefix_.empty()) throw ConfigError(file_ + ": not a JSON object");
-    throw ConfigError(file_ + ": field '" + prefix_ + "': expected an object, found " + brief(json));
+    throw ConfigError(file_ + ": field '" + prefix_ + "': expected an object, found " +
+                      brief(json));
   }
 }
 
@@ -150,8 +151,7 @@ std::vector<double> ConfigView::get_double_list(const std::string& field,
   return has(field) ? get_double_list(field) : fallback;
 }
 
-std::vector<int64_t> ConfigView::get_int_or_list(const std::string& field,
-                                                 int64_t fallback) const {
+std::vector<int64_t> ConfigView::get_int_or_list(const std::string& field, int64_t fallback) const {
   if (!has(field)) return {fallback};
   if (raw(field).is_array()) return get_int_list(field);
   return {get_int(field)};

@@ -31,21 +31,36 @@ bool host_is_little_endian() {
 
 at::ScalarType to_scalar_type(DType dtype) {
   switch (dtype) {
-    case DType::BOOL: return at::kBool;
-    case DType::U8: return at::kByte;
-    case DType::I8: return at::kChar;
-    case DType::I16: return at::kShort;
-    case DType::U16: return at::kUInt16;
-    case DType::I32: return at::kInt;
-    case DType::U32: return at::kUInt32;
-    case DType::I64: return at::kLong;
-    case DType::U64: return at::kUInt64;
-    case DType::F16: return at::kHalf;
-    case DType::BF16: return at::kBFloat16;
-    case DType::F32: return at::kFloat;
-    case DType::F64: return at::kDouble;
-    case DType::F8_E4M3: return at::kFloat8_e4m3fn;
-    case DType::F8_E5M2: return at::kFloat8_e5m2;
+    case DType::BOOL:
+      return at::kBool;
+    case DType::U8:
+      return at::kByte;
+    case DType::I8:
+      return at::kChar;
+    case DType::I16:
+      return at::kShort;
+    case DType::U16:
+      return at::kUInt16;
+    case DType::I32:
+      return at::kInt;
+    case DType::U32:
+      return at::kUInt32;
+    case DType::I64:
+      return at::kLong;
+    case DType::U64:
+      return at::kUInt64;
+    case DType::F16:
+      return at::kHalf;
+    case DType::BF16:
+      return at::kBFloat16;
+    case DType::F32:
+      return at::kFloat;
+    case DType::F64:
+      return at::kDouble;
+    case DType::F8_E4M3:
+      return at::kFloat8_e4m3fn;
+    case DType::F8_E5M2:
+      return at::kFloat8_e5m2;
   }
   return at::kFloat;
 }
@@ -71,8 +86,8 @@ std::shared_ptr<const SafetensorsFile> SafetensorsFile::open(const std::string& 
   ::close(fd);  // the mapping stays valid
   std::shared_ptr<SafetensorsFile> file(new SafetensorsFile());
   file->path_ = path;
-  file->header_ = parse_safetensors_header(static_cast<const uint8_t*>(mapping->addr),
-                                           mapping->size, path);
+  file->header_ =
+      parse_safetensors_header(static_cast<const uint8_t*>(mapping->addr), mapping->size, path);
   file->mapping_ = std::move(mapping);
   return file;
 }

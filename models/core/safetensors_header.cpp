@@ -41,7 +41,8 @@ std::string brief(const nlohmann::json& v) {
 uint64_t to_u64(const nlohmann::json& v, const std::string& file, const std::string& key,
                 const char* what) {
   if (v.is_number_unsigned()) return v.get<uint64_t>();
-  if (v.is_number_integer() && v.get<int64_t>() >= 0) return static_cast<uint64_t>(v.get<int64_t>());
+  if (v.is_number_integer() && v.get<int64_t>() >= 0)
+    return static_cast<uint64_t>(v.get<int64_t>());
   fail(file, std::string(what) + " must be a non-negative integer, found " + brief(v), key);
 }
 
@@ -134,12 +135,16 @@ Header parse_safetensors_header(const uint8_t* bytes, size_t size, const std::st
     t.begin = to_u64((*off)[0], file, key, "data_offsets");
     t.end = to_u64((*off)[1], file, key, "data_offsets");
     if (t.begin > t.end)
-      fail(file, "data_offsets [" + std::to_string(t.begin) + ", " + std::to_string(t.end) +
-                     "] has begin > end", key);
+      fail(file,
+           "data_offsets [" + std::to_string(t.begin) + ", " + std::to_string(t.end) +
+               "] has begin > end",
+           key);
     if (t.end > header.data_size)
-      fail(file, "data_offsets [" + std::to_string(t.begin) + ", " + std::to_string(t.end) +
-                     "] out of range: the data section has " + std::to_string(header.data_size) +
-                     " bytes", key);
+      fail(file,
+           "data_offsets [" + std::to_string(t.begin) + ", " + std::to_string(t.end) +
+               "] out of range: the data section has " + std::to_string(header.data_size) +
+               " bytes",
+           key);
     const uint64_t expected = numel * itemsize(t.dtype);
     if (t.end - t.begin != expected) {
       std::ostringstream os;
@@ -160,8 +165,10 @@ Header parse_safetensors_header(const uint8_t* bytes, size_t size, const std::st
   });
   for (size_t i = 1; i < by_offset.size(); ++i)
     if (by_offset[i]->begin < by_offset[i - 1]->end)
-      fail(file, "data of tensor '" + by_offset[i]->key + "' overlaps tensor '" +
-                     by_offset[i - 1]->key + "'", by_offset[i]->key);
+      fail(file,
+           "data of tensor '" + by_offset[i]->key + "' overlaps tensor '" + by_offset[i - 1]->key +
+               "'",
+           by_offset[i]->key);
 
   std::sort(header.tensors.begin(), header.tensors.end(),
             [](const TensorInfo& a, const TensorInfo& b) { return a.key < b.key; });

@@ -22,7 +22,23 @@ class CheckpointError : public std::runtime_error {
 };
 
 /// Element types of the safetensors format (names as written in the header).
-enum class DType { BOOL, U8, I8, I16, U16, I32, U32, I64, U64, F16, BF16, F32, F64, F8_E4M3, F8_E5M2 };
+enum class DType {
+  BOOL,
+  U8,
+  I8,
+  I16,
+  U16,
+  I32,
+  U32,
+  I64,
+  U64,
+  F16,
+  BF16,
+  F32,
+  F64,
+  F8_E4M3,
+  F8_E5M2
+};
 
 /// Bytes per element of `dtype`.
 size_t itemsize(DType dtype);

@@ -41,8 +41,7 @@ std::vector<std::regex> compile(const std::vector<std::string>& patterns) {
 }  // namespace
 
 LoadReport load_state_dict(torch::nn::Module& module, const SafetensorsFile& file,
-                           const LoadRules& rules, at::ScalarType dtype,
-                           const at::Device& device) {
+                           const LoadRules& rules, at::ScalarType dtype, const at::Device& device) {
   // Module tensors in registration order: parameters then buffers.
   std::vector<std::pair<std::string, at::Tensor>> targets;
   for (const auto& p : module.named_parameters(/*recurse=*/true))
@@ -99,8 +98,7 @@ LoadReport load_state_dict(torch::nn::Module& module, const SafetensorsFile& fil
       os << " missing keys (" << missing.size() << "): " << join_limited(missing) << ";";
     if (!unexpected.empty())
       os << " unexpected keys (" << unexpected.size() << "): " << join_limited(unexpected) << ";";
-    if (!mismatched.empty())
-      os << " shape mismatch for " << join_limited(mismatched) << ";";
+    if (!mismatched.empty()) os << " shape mismatch for " << join_limited(mismatched) << ";";
     std::string msg = os.str();
     msg.pop_back();
     throw CheckpointError(msg);

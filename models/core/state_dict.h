@@ -37,9 +37,9 @@ struct LoadRules {
 
 /// Summary of one load (for logs and tests).
 struct LoadReport {
-  size_t loaded = 0;                        ///< module tensors filled from the file
-  std::vector<std::string> aliased;         ///< "module_key <- file_key" for alias hits
-  std::vector<std::string> ignored;         ///< file keys left unused by a rule
+  size_t loaded = 0;                 ///< module tensors filled from the file
+  std::vector<std::string> aliased;  ///< "module_key <- file_key" for alias hits
+  std::vector<std::string> ignored;  ///< file keys left unused by a rule
 };
 
 /// Fills every parameter and buffer of `module` from `file`: floating-point tensors are converted

@@ -63,11 +63,14 @@ struct JpegHeader {
   int colorspace = 0;
 };
 
-JpegHeader jpeg_header(tjhandle h, const uint8_t* data, size_t size) {
+// `strict`: a libjpeg warning while reading the markers is an error too.
+JpegHeader jpeg_header(tjhandle h, const uint8_t* data, size_t size, bool strict) {
   int width = 0, height = 0, subsamp = 0, colorspace = 0;
   if (tjDecompressHeader3(h, data, static_cast<unsigned long>(size), &width, &height, &subsamp,
                           &colorspace) != 0) {
-    throw ImageError(std::string("corrupt JPEG header: ") + tjGetErrorStr2(h));
+    const bool recovered = tjGetErrorCode(h) == TJERR_WARNING && width > 0 && height > 0;
+    if (strict || !recovered)
+      throw ImageError(std::string("corrupt JPEG header: ") + tjGetErrorStr2(h));
   }
   JpegHeader out;
   out.info = {ImageFormat::jpeg, height, width};
@@ -84,7 +87,7 @@ inline int muldiv255(int a, int b) {
 RgbImage decode_jpeg(const uint8_t* data, size_t size, const DecodeOptions& options) {
   TjHandle handle = tj_decompressor();
   tjhandle h = handle.get();
-  const JpegHeader header = jpeg_header(h, data, size);
+  const JpegHeader header = jpeg_header(h, data, size, options.strict_jpeg);
   check_limit(header.info, options);
   const int width = static_cast<int>(header.info.width);
   const int height = static_cast<int>(header.info.height);
@@ -261,7 +264,7 @@ ImageInfo read_image_info(const uint8_t* data, size_t size) {
   switch (sniff_format(data, size)) {
     case ImageFormat::jpeg: {
       TjHandle h = tj_decompressor();
-      return jpeg_header(h.get(), data, size).info;
+      return jpeg_header(h.get(), data, size, /*strict=*/false).info;
     }
     case ImageFormat::png: {
       ImageInfo info;

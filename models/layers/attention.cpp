@@ -30,9 +30,12 @@ AttentionImpl::AttentionImpl(const AttentionOptions& o)
   TORCH_CHECK(o.num_heads > 0 && o.embed_dim % o.num_heads == 0, "attention: embed_dim ",
               o.embed_dim, " is not divisible by num_heads ", o.num_heads);
   scale = o.scale ? *o.scale : 1.0 / std::sqrt(static_cast<double>(head_dim));
-  q_proj = register_module(o.q_name, std::make_shared<LinearImpl>(o.embed_dim, o.embed_dim, o.bias));
-  k_proj = register_module(o.k_name, std::make_shared<LinearImpl>(o.embed_dim, o.embed_dim, o.bias));
-  v_proj = register_module(o.v_name, std::make_shared<LinearImpl>(o.embed_dim, o.embed_dim, o.bias));
+  q_proj =
+      register_module(o.q_name, std::make_shared<LinearImpl>(o.embed_dim, o.embed_dim, o.bias));
+  k_proj =
+      register_module(o.k_name, std::make_shared<LinearImpl>(o.embed_dim, o.embed_dim, o.bias));
+  v_proj =
+      register_module(o.v_name, std::make_shared<LinearImpl>(o.embed_dim, o.embed_dim, o.bias));
   if (!o.o_name.empty())
     o_proj =
         register_module(o.o_name, std::make_shared<LinearImpl>(o.embed_dim, o.embed_dim, o.bias));

@@ -33,9 +33,9 @@ at::Tensor dot_product_attention(const at::Tensor& q, const at::Tensor& k, const
 struct AttentionOptions {
   int64_t embed_dim = 0;
   int64_t num_heads = 1;
-  bool bias = true;              ///< q/k/v/o Linear biases (ViT qkv_bias)
+  bool bias = true;  ///< q/k/v/o Linear biases (ViT qkv_bias)
   std::string q_name = "q_proj", k_name = "k_proj", v_name = "v_proj", o_name = "out_proj";
-  std::optional<double> scale;   ///< default head_dim^-0.5
+  std::optional<double> scale;  ///< default head_dim^-0.5
   bool softmax_in_float32 = false;
 };
 

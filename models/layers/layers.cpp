@@ -16,11 +16,16 @@ Activation activation_from_name(const std::string& name) {
 
 at::Tensor activate(Activation act, const at::Tensor& x) {
   switch (act) {
-    case Activation::none: return x;
-    case Activation::relu: return at::relu(x);
-    case Activation::silu: return at::silu(x);
-    case Activation::gelu: return at::gelu(x);
-    case Activation::tanh: return at::tanh(x);
+    case Activation::none:
+      return x;
+    case Activation::relu:
+      return at::relu(x);
+    case Activation::silu:
+      return at::silu(x);
+    case Activation::gelu:
+      return at::gelu(x);
+    case Activation::tanh:
+      return at::tanh(x);
   }
   return x;
 }
@@ -50,8 +55,7 @@ at::Tensor GroupNormImpl::forward(const at::Tensor& x) const {
 }
 
 Conv2dImpl::Conv2dImpl(const Conv2dOptions& o) : options(o) {
-  weight = register_parameter("weight",
-                              at::empty({o.out, o.in / o.groups, o.kernel, o.kernel}));
+  weight = register_parameter("weight", at::empty({o.out, o.in / o.groups, o.kernel, o.kernel}));
   if (o.bias) bias = register_parameter("bias", at::empty({o.out}));
 }
 
@@ -116,8 +120,8 @@ MLPImpl::MLPImpl(int64_t in, int64_t hidden, int64_t out, int64_t num_layers, Ac
     : act(act_) {
   std::vector<Linear> items;
   for (int64_t i = 0; i < num_layers; ++i)
-    items.push_back(std::make_shared<LinearImpl>(i == 0 ? in : hidden,
-                                                 i == num_layers - 1 ? out : hidden));
+    items.push_back(
+        std::make_shared<LinearImpl>(i == 0 ? in : hidden, i == num_layers - 1 ? out : hidden));
   layers = register_list(*this, "layers", items);
 }
 

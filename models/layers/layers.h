@@ -107,8 +107,8 @@ struct ConvNormOptions {
   int64_t in = 0, out = 0, kernel = 1, stride = 1, groups = 1;
   int64_t padding = -1;  ///< -1: kernel / 2
   Activation act = Activation::none;
-  bool frozen = false;   ///< FrozenBatchNorm2d instead of BatchNorm2d
-  double eps = 1e-5;     ///< BatchNorm2d eps (ignored when frozen)
+  bool frozen = false;  ///< FrozenBatchNorm2d instead of BatchNorm2d
+  double eps = 1e-5;    ///< BatchNorm2d eps (ignored when frozen)
   std::string conv_name = "conv", norm_name = "norm";
 };
 class ConvNormImpl : public torch::nn::Module {
@@ -134,8 +134,8 @@ class MLPImpl : public torch::nn::Module {
 };
 using MLP = std::shared_ptr<MLPImpl>;
 
-/// inverse_sigmoid(x, eps=1e-5) = log(clamp(x,0,1).clamp(min=eps) / (1 - clamp(x,0,1)).clamp(min=eps))
-/// (transformers RT-DETR / Deformable DETR).
+/// inverse_sigmoid(x, eps=1e-5) = log(clamp(x,0,1).clamp(min=eps) / (1 -
+/// clamp(x,0,1)).clamp(min=eps)) (transformers RT-DETR / Deformable DETR).
 at::Tensor inverse_sigmoid(const at::Tensor& x, double eps = 1e-5);
 
 }  // namespace libreyolo::models::layers

@@ -34,17 +34,21 @@ at::Tensor MSDeformAttnImpl::forward(const at::Tensor& query, const at::Tensor& 
   const at::Tensor value = value_proj_->forward(memory).view({B, S, heads_, C});
   at::Tensor out;
   if (!v2_) {
-    const auto offsets = sampling_offsets_->forward(query).view({B, Q, heads_, levels_, points_, 2});
-    const auto weights = at::softmax(attention_weights_->forward(query).view({B, Q, heads_, levels_ * points_}), -1)
-                             .view({B, Q, heads_, levels_, points_});
+    const auto offsets =
+        sampling_offsets_->forward(query).view({B, Q, heads_, levels_, points_, 2});
+    const auto weights =
+        at::softmax(attention_weights_->forward(query).view({B, Q, heads_, levels_ * points_}), -1)
+            .view({B, Q, heads_, levels_, points_});
     // ref (B, Q, 1, 4) -> (B, Q, 1, 1, 1, 4); loc = xy + off / P * wh * 0.5 (upstream order).
     const auto ref = reference_boxes.unsqueeze(2).unsqueeze(4);
     const auto xy = ref.slice(-1, 0, 2), wh = ref.slice(-1, 2, 4);
     const auto loc = xy + offsets / static_cast<double>(points_) * wh * 0.5;
     out = kernels::ms_deform_attn(value, shapes, loc, weights);
   } else {
-    const auto offsets = sampling_offsets_->forward(query).view({B, Q, heads_, levels_ * points_, 2});
-    const auto weights = at::softmax(attention_weights_->forward(query).view({B, Q, heads_, levels_ * points_}), -1);
+    const auto offsets =
+        sampling_offsets_->forward(query).view({B, Q, heads_, levels_ * points_, 2});
+    const auto weights =
+        at::softmax(attention_weights_->forward(query).view({B, Q, heads_, levels_ * points_}), -1);
     // ref (B, Q, 1, 4) -> (B, Q, 1, 1, 4).
     const auto ref = reference_boxes.unsqueeze(2);
     const auto nps = n_points_scale_.to(query.scalar_type()).unsqueeze(-1);
@@ -62,15 +66,15 @@ DecoderLayerImpl::DecoderLayerImpl(const Config& c) : act_(c.decoder_activation)
   a.embed_dim = d;
   a.num_heads = c.decoder_attention_heads;
   self_attn = register_module("self_attn", std::make_shared<layers::AttentionImpl>(a));
-  self_attn_layer_norm_ = register_module("self_attn_layer_norm",
-                                          std::make_shared<layers::LayerNormImpl>(d, c.layer_norm_eps));
+  self_attn_layer_norm_ = register_module(
+      "self_attn_layer_norm", std::make_shared<layers::LayerNormImpl>(d, c.layer_norm_eps));
   encoder_attn_ = register_module("encoder_attn", std::make_shared<MSDeformAttnImpl>(c));
   encoder_attn_layer_norm_ = register_module(
       "encoder_attn_layer_norm", std::make_shared<layers::LayerNormImpl>(d, c.layer_norm_eps));
   fc1_ = register_module("fc1", std::make_shared<layers::LinearImpl>(d, c.decoder_ffn_dim));
   fc2_ = register_module("fc2", std::make_shared<layers::LinearImpl>(c.decoder_ffn_dim, d));
-  final_layer_norm_ =
-      register_module("final_layer_norm", std::make_shared<layers::LayerNormImpl>(d, c.layer_norm_eps));
+  final_layer_norm_ = register_module("final_layer_norm",
+                                      std::make_shared<layers::LayerNormImpl>(d, c.layer_norm_eps));
 }
 
 at::Tensor DecoderLayerImpl::forward(const at::Tensor& h0, const at::Tensor& pos,
@@ -95,7 +99,8 @@ DecoderImpl::DecoderImpl(const Config& c) {
     box.push_back(std::make_shared<layers::MLPImpl>(d, d, 4, 3));
   }
   layers_ = layers::register_list(*this, "layers", ls);
-  query_pos_head_ = register_module("query_pos_head", std::make_shared<layers::MLPImpl>(4, 2 * d, d, 2));
+  query_pos_head_ =
+      register_module("query_pos_head", std::make_shared<layers::MLPImpl>(4, 2 * d, d, 2));
   class_embed_ = layers::register_list(*this, "class_embed", cls);
   bbox_embed_ = layers::register_list(*this, "bbox_embed", box);
 }

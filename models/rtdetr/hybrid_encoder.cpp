@@ -41,12 +41,12 @@ EncoderLayerImpl::EncoderLayerImpl(const Config& c)
   a.embed_dim = d;
   a.num_heads = c.encoder_attention_heads;
   self_attn = register_module("self_attn", std::make_shared<layers::AttentionImpl>(a));
-  self_attn_layer_norm_ =
-      register_module("self_attn_layer_norm", std::make_shared<layers::LayerNormImpl>(d, c.layer_norm_eps));
+  self_attn_layer_norm_ = register_module(
+      "self_attn_layer_norm", std::make_shared<layers::LayerNormImpl>(d, c.layer_norm_eps));
   fc1_ = register_module("fc1", std::make_shared<layers::LinearImpl>(d, c.encoder_ffn_dim));
   fc2_ = register_module("fc2", std::make_shared<layers::LinearImpl>(c.encoder_ffn_dim, d));
-  final_layer_norm_ =
-      register_module("final_layer_norm", std::make_shared<layers::LayerNormImpl>(d, c.layer_norm_eps));
+  final_layer_norm_ = register_module("final_layer_norm",
+                                      std::make_shared<layers::LayerNormImpl>(d, c.layer_norm_eps));
 }
 
 at::Tensor EncoderLayerImpl::forward(const at::Tensor& x, const at::Tensor& pos) const {
@@ -72,16 +72,20 @@ CSPRepLayerImpl::CSPRepLayerImpl(const Config& c) : act_(c.activation) {
   for (int i = 0; i < 3; ++i) {
     // RTDetrRepVggBlock: act(convnorm3x3(x) + convnorm1x1(x)), no identity branch.
     auto block = seq->register_module(std::to_string(i), std::make_shared<torch::nn::Module>());
-    auto a = block->register_module("conv1", conv_norm(c, hidden, hidden, 3, 1, Activation::none, 1));
-    auto b = block->register_module("conv2", conv_norm(c, hidden, hidden, 1, 1, Activation::none, 0));
+    auto a =
+        block->register_module("conv1", conv_norm(c, hidden, hidden, 3, 1, Activation::none, 1));
+    auto b =
+        block->register_module("conv2", conv_norm(c, hidden, hidden, 1, 1, Activation::none, 0));
     bottlenecks_.emplace_back(a, b);
   }
-  if (hidden != out) conv3_ = register_module("conv3", conv_norm(c, hidden, out, 1, 1, c.activation));
+  if (hidden != out)
+    conv3_ = register_module("conv3", conv_norm(c, hidden, out, 1, 1, c.activation));
 }
 
 at::Tensor CSPRepLayerImpl::forward(const at::Tensor& x) const {
   at::Tensor h1 = conv1_->forward(x);
-  for (const auto& [a, b] : bottlenecks_) h1 = layers::activate(act_, a->forward(h1) + b->forward(h1));
+  for (const auto& [a, b] : bottlenecks_)
+    h1 = layers::activate(act_, a->forward(h1) + b->forward(h1));
   const at::Tensor h2 = conv2_->forward(x);
   const at::Tensor sum = h1 + h2;
   return conv3_ ? conv3_->forward(sum) : sum;
@@ -97,7 +101,8 @@ HybridEncoderImpl::HybridEncoderImpl(const Config& c)
   auto aifi = register_module("encoder", std::make_shared<torch::nn::Module>());
   for (size_t i = 0; i < c.encode_proj_layers.size(); ++i) {
     std::vector<std::shared_ptr<EncoderLayerImpl>> ls;
-    for (int64_t j = 0; j < c.encoder_layers; ++j) ls.push_back(std::make_shared<EncoderLayerImpl>(c));
+    for (int64_t j = 0; j < c.encoder_layers; ++j)
+      ls.push_back(std::make_shared<EncoderLayerImpl>(c));
     auto block = aifi->register_module(std::to_string(i), std::make_shared<torch::nn::Module>());
     aifi_.push_back(layers::register_list(*block, "layers", ls));
   }

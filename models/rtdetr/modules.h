@@ -145,8 +145,7 @@ class MSDeformAttnImpl : public torch::nn::Module {
   /// query (B, Q, D) (position embedding already added), memory (B, S, D),
   /// reference_boxes (B, Q, 1, 4) cxcywh in [0, 1] -> (B, Q, D).
   at::Tensor forward(const at::Tensor& query, const at::Tensor& memory,
-                     const at::Tensor& reference_boxes,
-                     const kernels::SpatialShapes& shapes) const;
+                     const at::Tensor& reference_boxes, const kernels::SpatialShapes& shapes) const;
 
  private:
   layers::Linear sampling_offsets_, attention_weights_, value_proj_, output_proj_;
@@ -161,8 +160,7 @@ class DecoderLayerImpl : public torch::nn::Module {
  public:
   explicit DecoderLayerImpl(const Config& c);
   at::Tensor forward(const at::Tensor& h, const at::Tensor& pos, const at::Tensor& memory,
-                     const at::Tensor& reference_boxes,
-                     const kernels::SpatialShapes& shapes) const;
+                     const at::Tensor& reference_boxes, const kernels::SpatialShapes& shapes) const;
   layers::Attention self_attn;
 
  private:
@@ -217,7 +215,6 @@ class DetectorImpl : public torch::nn::Module {
 /// RT-DETR anchors (RTDetrModel.generate_anchors, grid_size 0.05): (1, S, 4) logits in `dtype`
 /// with invalid rows set to finfo(dtype).max, and the valid mask (1, S, 1) bool.
 std::pair<at::Tensor, at::Tensor> generate_anchors(const kernels::SpatialShapes& shapes,
-                                                   at::ScalarType dtype,
-                                                   const at::Device& device);
+                                                   at::ScalarType dtype, const at::Device& device);
 
 }  // namespace libreyolo::models::rtdetr

@@ -34,10 +34,10 @@ ResNetLayerImpl::ResNetLayerImpl(const Config& c, int64_t in, int64_t out, int64
   if (c.bottleneck) {
     projection = in != out || stride != 1;
     const int64_t r = out / 4;
-    convs.push_back(conv_layer(c, in, r, 1, c.downsample_in_bottleneck ? stride : 1,
-                               Activation::relu));
-    convs.push_back(conv_layer(c, r, r, 3, c.downsample_in_bottleneck ? 1 : stride,
-                               Activation::relu));
+    convs.push_back(
+        conv_layer(c, in, r, 1, c.downsample_in_bottleneck ? stride : 1, Activation::relu));
+    convs.push_back(
+        conv_layer(c, r, r, 3, c.downsample_in_bottleneck ? 1 : stride, Activation::relu));
     convs.push_back(conv_layer(c, r, out, 1, 1, Activation::none));
     avg_pool_ = stride == 2;
   } else {
@@ -90,8 +90,8 @@ ResNetBackboneImpl::ResNetBackboneImpl(const Config& c) : out_indices_(c.out_ind
     const int64_t stride = s == 0 ? (c.downsample_in_first_stage ? 2 : 1) : 2;
     std::vector<std::shared_ptr<ResNetLayerImpl>> ls;
     for (int64_t l = 0; l < c.depths[s]; ++l)
-      ls.push_back(std::make_shared<ResNetLayerImpl>(c, l == 0 ? in : out, out,
-                                                     l == 0 ? stride : 1, l == 0));
+      ls.push_back(std::make_shared<ResNetLayerImpl>(c, l == 0 ? in : out, out, l == 0 ? stride : 1,
+                                                     l == 0));
     auto stage = stages->register_module(std::to_string(s), std::make_shared<torch::nn::Module>());
     stages_.push_back(layers::register_list(*stage, "layers", ls));
     channels.push_back(out);

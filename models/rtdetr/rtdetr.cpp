@@ -100,9 +100,10 @@ Config Config::parse(const core::ConfigView& cfg) {
                                        std::to_string(c.num_feature_levels) + "), found " +
                                        std::to_string(levels));
     c.decoder_offset_scale = cfg.get_double("decoder_offset_scale", c.decoder_offset_scale);
-    c.decoder_method = cfg.get_enum("decoder_method", "default", {"default", "discrete"}) == "discrete"
-                           ? kernels::SamplingMethod::discrete
-                           : kernels::SamplingMethod::bilinear;
+    c.decoder_method =
+        cfg.get_enum("decoder_method", "default", {"default", "discrete"}) == "discrete"
+            ? kernels::SamplingMethod::discrete_per_axis  // what transformers computes
+            : kernels::SamplingMethod::bilinear;
   }
 
   // Consistency checks that transformers would only hit as shape errors at run time.
@@ -148,8 +149,7 @@ Config Config::parse(const core::ConfigView& cfg) {
 }
 
 std::pair<at::Tensor, at::Tensor> generate_anchors(const kernels::SpatialShapes& shapes,
-                                                   at::ScalarType dtype,
-                                                   const at::Device& device) {
+                                                   at::ScalarType dtype, const at::Device& device) {
   const auto opts = at::TensorOptions().dtype(dtype).device(device);
   std::vector<at::Tensor> anchors;
   for (size_t level = 0; level < shapes.size(); ++level) {
@@ -157,7 +157,8 @@ std::pair<at::Tensor, at::Tensor> generate_anchors(const kernels::SpatialShapes&
     const auto idx = at::TensorOptions().dtype(at::kLong).device(device);
     auto grid = at::meshgrid({at::arange(h, idx).to(dtype), at::arange(w, idx).to(dtype)}, "ij");
     auto xy = at::stack({grid[1], grid[0]}, -1).unsqueeze(0) + 0.5;
-    xy = at::stack({xy.select(-1, 0) / static_cast<double>(w), xy.select(-1, 1) / static_cast<double>(h)}, -1);
+    xy = at::stack(
+        {xy.select(-1, 0) / static_cast<double>(w), xy.select(-1, 1) / static_cast<double>(h)}, -1);
     const auto wh = at::ones_like(xy) * 0.05 * std::pow(2.0, static_cast<double>(level));
     anchors.push_back(at::cat({xy, wh}, -1).reshape({-1, h * w, 4}));
   }
@@ -166,10 +167,17 @@ std::pair<at::Tensor, at::Tensor> generate_anchors(const kernels::SpatialShapes&
   a = at::log(a / (1 - a));
   double max = 0;
   switch (dtype) {
-    case at::kHalf: max = 65504.0; break;
-    case at::kBFloat16: max = 3.3895313892515355e38; break;
-    case at::kDouble: max = std::numeric_limits<double>::max(); break;
-    default: max = std::numeric_limits<float>::max();
+    case at::kHalf:
+      max = 65504.0;
+      break;
+    case at::kBFloat16:
+      max = 3.3895313892515355e38;
+      break;
+    case at::kDouble:
+      max = std::numeric_limits<double>::max();
+      break;
+    default:
+      max = std::numeric_limits<float>::max();
   }
   a = at::where(valid, a, at::full({}, max, opts));
   return {a, valid};
@@ -180,7 +188,8 @@ DetectorImpl::DetectorImpl(const Config& c) : config_(c) {
   backbone_ = model->register_module("backbone", std::make_shared<ResNetBackboneImpl>(c));
   const int64_t e = c.encoder_hidden_dim, d = c.d_model;
 
-  auto in_proj = model->register_module("encoder_input_proj", std::make_shared<torch::nn::Module>());
+  auto in_proj =
+      model->register_module("encoder_input_proj", std::make_shared<torch::nn::Module>());
   for (size_t i = 0; i < backbone_->out_channels.size(); ++i) {
     auto seq = in_proj->register_module(std::to_string(i), std::make_shared<torch::nn::Module>());
     layers::Conv2dOptions o;
@@ -194,14 +203,15 @@ DetectorImpl::DetectorImpl(const Config& c) : config_(c) {
 
   auto enc_output = model->register_module("enc_output", std::make_shared<torch::nn::Module>());
   enc_output_linear_ = enc_output->register_module("0", std::make_shared<layers::LinearImpl>(d, d));
-  enc_output_norm_ =
-      enc_output->register_module("1", std::make_shared<layers::LayerNormImpl>(d, c.layer_norm_eps));
-  enc_score_head_ =
-      model->register_module("enc_score_head", std::make_shared<layers::LinearImpl>(d, c.num_labels));
+  enc_output_norm_ = enc_output->register_module(
+      "1", std::make_shared<layers::LayerNormImpl>(d, c.layer_norm_eps));
+  enc_score_head_ = model->register_module("enc_score_head",
+                                           std::make_shared<layers::LinearImpl>(d, c.num_labels));
   enc_bbox_head_ =
       model->register_module("enc_bbox_head", std::make_shared<layers::MLPImpl>(d, d, 4, 3));
 
-  auto out_proj = model->register_module("decoder_input_proj", std::make_shared<torch::nn::Module>());
+  auto out_proj =
+      model->register_module("decoder_input_proj", std::make_shared<torch::nn::Module>());
   int64_t in = 0;
   for (int64_t i = 0; i < c.num_feature_levels; ++i) {
     const bool extra = i >= static_cast<int64_t>(c.decoder_in_channels.size());
@@ -211,7 +221,8 @@ DetectorImpl::DetectorImpl(const Config& c) : config_(c) {
     if (extra) o.kernel = 3, o.stride = 2, o.padding = 1;
     auto seq = out_proj->register_module(std::to_string(i), std::make_shared<torch::nn::Module>());
     auto conv = seq->register_module("0", std::make_shared<layers::Conv2dImpl>(o));
-    auto bn = seq->register_module("1", std::make_shared<layers::BatchNorm2dImpl>(d, c.batch_norm_eps));
+    auto bn =
+        seq->register_module("1", std::make_shared<layers::BatchNorm2dImpl>(d, c.batch_norm_eps));
     decoder_input_proj_.emplace_back(conv, bn);
     in = extra ? d : c.decoder_in_channels[i];
   }
@@ -223,14 +234,16 @@ std::pair<at::Tensor, at::Tensor> DetectorImpl::forward(const at::Tensor& pixel_
   std::vector<at::Tensor> proj;
   const auto feats = backbone_->forward(pixel_values);
   for (size_t i = 0; i < feats.size(); ++i)
-    proj.push_back(encoder_input_proj_[i].second->forward(encoder_input_proj_[i].first->forward(feats[i])));
+    proj.push_back(
+        encoder_input_proj_[i].second->forward(encoder_input_proj_[i].first->forward(feats[i])));
   const auto pan = encoder_->forward(std::move(proj));
 
   // decoder_input_proj per level; every extra level is computed from the last PAN map.
   std::vector<at::Tensor> sources;
   for (size_t l = 0; l < decoder_input_proj_.size(); ++l) {
     const at::Tensor& in = l < pan.size() ? pan[l] : pan.back();
-    sources.push_back(decoder_input_proj_[l].second->forward(decoder_input_proj_[l].first->forward(in)));
+    sources.push_back(
+        decoder_input_proj_[l].second->forward(decoder_input_proj_[l].first->forward(in)));
   }
   kernels::SpatialShapes shapes;
   std::vector<at::Tensor> flat;
@@ -246,13 +259,14 @@ std::pair<at::Tensor, at::Tensor> DetectorImpl::forward(const at::Tensor& pixel_
   if (config_.anchor_image_size) {
     anchor_shapes.clear();
     for (auto s : config_.feat_strides)
-      anchor_shapes.push_back({(*config_.anchor_image_size)[0] / s, (*config_.anchor_image_size)[1] / s});
+      anchor_shapes.push_back(
+          {(*config_.anchor_image_size)[0] / s, (*config_.anchor_image_size)[1] / s});
   }
   auto [anchors, valid_mask] = generate_anchors(anchor_shapes, dtype, source_flatten.device());
   if (anchors.size(1) != source_flatten.size(1))
-    throw std::invalid_argument(c10::str(
-        "pixel_values: the input size does not match config.json anchor_image_size (",
-        anchors.size(1), " anchors for ", source_flatten.size(1), " tokens)"));
+    throw std::invalid_argument(
+        c10::str("pixel_values: the input size does not match config.json anchor_image_size (",
+                 anchors.size(1), " anchors for ", source_flatten.size(1), " tokens)"));
   const at::Tensor memory = valid_mask.to(dtype) * source_flatten;
   const at::Tensor output_memory = enc_output_norm_->forward(enc_output_linear_->forward(memory));
   const at::Tensor enc_class = enc_score_head_->forward(output_memory);
@@ -293,8 +307,9 @@ class RTDetrModel final : public Model {
     const int64_t stride = 32;  // total stride of the ResNet-vd backbone
     const int64_t H = pixel_values.size(2), W = pixel_values.size(3);
     if (pixel_values.size(0) < 1 || H < stride || W < stride || H % stride != 0 || W % stride != 0)
-      throw std::invalid_argument(c10::str("pixel_values: height and width must be positive multiples of ",
-                                           stride, ", found ", H, "x", W));
+      throw std::invalid_argument(
+          c10::str("pixel_values: height and width must be positive multiples of ", stride,
+                   ", found ", H, "x", W));
     if (!at::isFloatingType(pixel_values.scalar_type()))
       throw std::invalid_argument("pixel_values: expected a floating-point tensor");
     int64_t tokens = 0;

@@ -55,9 +55,9 @@ struct InputTensor {
   std::string name;
   std::string datatype;  ///< "FP32", "BYTES", ...
   std::vector<std::int64_t> shape;
-  std::string_view raw;   ///< when !typed
-  std::string owned;      ///< when typed
-  bool typed = false;     ///< data came from InferTensorContents
+  std::string_view raw;  ///< when !typed
+  std::string owned;     ///< when typed
+  bool typed = false;    ///< data came from InferTensorContents
   std::string_view data() const { return typed ? std::string_view(owned) : raw; }
 };
 
@@ -163,7 +163,8 @@ class InferenceService {
   virtual bool model_ready(const std::string& name, const std::string& version) const = 0;
   virtual ServerMetadata server_metadata() const = 0;
   /// NOT_FOUND for unknown models/versions.
-  virtual ModelMetadata model_metadata(const std::string& name, const std::string& version) const = 0;
+  virtual ModelMetadata model_metadata(const std::string& name,
+                                       const std::string& version) const = 0;
   virtual ModelConfig model_config(const std::string& name, const std::string& version) const = 0;
   /// Empty name: every model.
   virtual std::vector<ModelStatistics> model_statistics(const std::string& name,

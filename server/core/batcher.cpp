@@ -19,7 +19,8 @@ bool same_shape(const BatchJob& a, const BatchJob& b) {
 }
 
 /// Fails every request of the batch not answered yet.
-void fail_all(std::vector<std::shared_ptr<BatchJob>>& batch, api::Code code, const std::string& message) {
+void fail_all(std::vector<std::shared_ptr<BatchJob>>& batch, api::Code code,
+              const std::string& message) {
   for (auto& j : batch) {
     try {
       j->promise.set_exception(std::make_exception_ptr(api::Error(code, message)));
@@ -52,7 +53,6 @@ int64_t Batcher::pending() const {
 
 std::future<BatchResult> Batcher::submit(std::shared_ptr<BatchJob> job) {
   auto future = job->promise.get_future();
-  int64_t n = 0;
   {
     std::lock_guard<std::mutex> lk(mu_);
     if (stopping_) {
@@ -65,10 +65,11 @@ std::future<BatchResult> Batcher::submit(std::shared_ptr<BatchJob> job) {
     }
     job->enqueued = Clock::now();
     queue_.push_back(std::move(job));
-    n = static_cast<int64_t>(queue_.size());
+    const auto n = static_cast<int64_t>(queue_.size());
+    // Under the lock: updates from submit() and the worker must not overtake each other.
+    if (hooks_.pending) hooks_.pending(n);
   }
   cv_.notify_all();
-  if (hooks_.pending) hooks_.pending(n);
   return future;
 }
 
@@ -77,7 +78,6 @@ void Batcher::loop() {
   const auto delay = std::chrono::microseconds(model_->serving.max_queue_delay_microseconds);
   for (;;) {
     std::vector<std::shared_ptr<BatchJob>> batch;
-    int64_t left = 0;
     {
       std::unique_lock<std::mutex> lk(mu_);
       cv_.wait(lk, [&] { return stopping_ || !queue_.empty(); });
@@ -107,18 +107,19 @@ void Batcher::loop() {
         batch.push_back(queue_.front());
         queue_.pop_front();
       }
-      left = static_cast<int64_t>(queue_.size());
+      const auto left = static_cast<int64_t>(queue_.size());
+      if (hooks_.pending) hooks_.pending(left);
     }
-    if (hooks_.pending) hooks_.pending(left);
     // Requests whose deadline passed while queued are answered without running.
     const auto now = Clock::now();
     std::vector<std::shared_ptr<BatchJob>> live;
     for (auto& j : batch) {
       if (j->deadline && now >= *j->deadline) {
-        j->promise.set_exception(std::make_exception_ptr(api::Error(
-            api::Code::deadline_exceeded,
-            c10::str("model '", model_->name, "': deadline exceeded after ",
-                     static_cast<int64_t>(seconds(now - j->enqueued) * 1000), " ms in the queue"))));
+        j->promise.set_exception(std::make_exception_ptr(
+            api::Error(api::Code::deadline_exceeded,
+                       c10::str("model '", model_->name, "': deadline exceeded after ",
+                                static_cast<int64_t>(seconds(now - j->enqueued) * 1000),
+                                " ms in the queue"))));
       } else {
         live.push_back(std::move(j));
       }
@@ -138,10 +139,11 @@ void Batcher::run(std::vector<std::shared_ptr<BatchJob>>& batch) {
       if (j->pixel_mask.defined()) masks.push_back(j->pixel_mask);
       images += j->size();
     }
-    auto pv = (pixels.size() == 1 ? pixels[0] : at::cat(pixels, 0))
-                  .to(model_->device, model_->dtype);
+    auto pv =
+        (pixels.size() == 1 ? pixels[0] : at::cat(pixels, 0)).to(model_->device, model_->dtype);
     at::Tensor mask;
-    if (!masks.empty()) mask = (masks.size() == 1 ? masks[0] : at::cat(masks, 0)).to(model_->device);
+    if (!masks.empty())
+      mask = (masks.size() == 1 ? masks[0] : at::cat(masks, 0)).to(model_->device);
     const auto t_input = Clock::now();
     auto out = model_->model->forward(pv, mask);
     auto logits = out.logits.to(at::kCPU, at::kFloat);
@@ -157,7 +159,8 @@ void Batcher::run(std::vector<std::shared_ptr<BatchJob>>& batch) {
       auto l = logits.narrow(0, offset, n);
       auto b = boxes.narrow(0, offset, n);
       offset += n;
-      r.detections = image::post_process_object_detection(l, b, j->target_sizes, model_->head, j->post);
+      r.detections =
+          image::post_process_object_detection(l, b, j->target_sizes, model_->head, j->post);
       if (j->want_raw) {
         r.logits = l.contiguous();
         r.pred_boxes = b.contiguous();

@@ -29,17 +29,17 @@ using Clock = std::chrono::steady_clock;
 struct BatchResult {
   std::vector<image::Detections> detections;  ///< per image, CPU
   at::Tensor logits, pred_boxes;              ///< (n, ...) CPU float32 when want_raw
-  double queue_seconds = 0;    ///< enqueue -> batch start
-  double input_seconds = 0;    ///< batch assembly + copy to device (the whole batch)
-  double infer_seconds = 0;    ///< forward (the whole batch)
-  double output_seconds = 0;   ///< post-processing of this request
-  int64_t batch_size = 0;      ///< images in the forward this request ran in
+  double queue_seconds = 0;                   ///< enqueue -> batch start
+  double input_seconds = 0;                   ///< batch assembly + copy to device (the whole batch)
+  double infer_seconds = 0;                   ///< forward (the whole batch)
+  double output_seconds = 0;                  ///< post-processing of this request
+  int64_t batch_size = 0;                     ///< images in the forward this request ran in
 };
 
 /// What one request hands to the batcher.
 struct BatchJob {
-  at::Tensor pixel_values;  ///< (n, 3, H, W) float32, CPU
-  at::Tensor pixel_mask;    ///< (n, H, W) int64, or undefined
+  at::Tensor pixel_values;                                ///< (n, 3, H, W) float32, CPU
+  at::Tensor pixel_mask;                                  ///< (n, H, W) int64, or undefined
   std::vector<std::pair<int64_t, int64_t>> target_sizes;  ///< n (height, width), pixels
   image::PostProcessOptions post;
   bool want_raw = false;  ///< keep logits / pred_boxes
@@ -48,7 +48,6 @@ struct BatchJob {
   std::promise<BatchResult> promise;
   int64_t size() const { return pixel_values.size(0); }
 };
-
 
 class Batcher {
  public:

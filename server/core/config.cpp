@@ -60,11 +60,13 @@ void parse_server(const YAML::Node& n, const std::string& file, ServerConfig& c)
       set(target, i, file, v);
     } else if (key == "model_control") {
       const auto s = as<std::string>(file, v, full, "none or explicit");
-      if (s != "none" && s != "explicit") fail(file, v, full + " must be none or explicit, got '" + s + "'");
+      if (s != "none" && s != "explicit")
+        fail(file, v, full + " must be none or explicit, got '" + s + "'");
       set(c.model_control, s, file, v);
     } else if (key == "log_level") {
       const auto s = as<std::string>(file, v, full, "a level name");
-      if (s != "debug" && s != "info" && s != "warn" && s != "warning" && s != "error" && s != "off") {
+      if (s != "debug" && s != "info" && s != "warn" && s != "warning" && s != "error" &&
+          s != "off") {
         fail(file, v, full + " must be debug, info, warn, error or off, got '" + s + "'");
       }
       set(c.log_level, s, file, v);
@@ -88,7 +90,8 @@ bool valid_device(const std::string& d) {
 }
 
 void apply(const Overrides& o, ServerConfig& c) {
-  if (o.model_repository) c.model_repository = {*o.model_repository, Source::file, "--model-repository"};
+  if (o.model_repository)
+    c.model_repository = {*o.model_repository, Source::file, "--model-repository"};
   if (o.grpc_address) c.grpc_address = {*o.grpc_address, Source::file, "--grpc-address"};
   if (o.http_address) c.http_address = {*o.http_address, Source::file, "--http-address"};
 }
@@ -109,7 +112,8 @@ ServerConfig parse_root(const YAML::Node& root, const std::string& file, const O
         set(c.model_repository, as<std::string>(file, v, key, "a directory path"), file, v);
       } else if (key == "device") {
         const auto d = as<std::string>(file, v, key, "auto, cpu, cuda or cuda:N");
-        if (!valid_device(d)) fail(file, v, "device must be auto, cpu, cuda or cuda:N, got '" + d + "'");
+        if (!valid_device(d))
+          fail(file, v, "device must be auto, cpu, cuda or cuda:N, got '" + d + "'");
         set(c.device, d, file, v);
       } else if (key == "kernels") {
         kernels_node = v;
@@ -130,7 +134,10 @@ ServerConfig parse_root(const YAML::Node& root, const std::string& file, const O
 
 std::string origin(Source s, const std::string& o) {
   if (s == Source::default_value) return "default";
-  return std::string(o.rfind("--", 0) == 0 ? "flag " : s == Source::environment ? "environment " : "") + o;
+  return std::string(o.rfind("--", 0) == 0      ? "flag "
+                     : s == Source::environment ? "environment "
+                                                : "") +
+         o;
 }
 
 template <class T>

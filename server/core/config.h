@@ -32,9 +32,9 @@ struct ServerConfig {
   Setting<std::int64_t> max_message_bytes{67108864};  ///< gRPC receive/send limit, bytes
   Setting<std::int64_t> max_images_per_request{64};   ///< images (batch N) per ModelInfer
   Setting<std::int64_t> max_pixels_per_image{40000000};  ///< width*height, checked from the header
-  Setting<std::int64_t> preprocess_threads{0};        ///< CPU pool for decoding; 0: hardware threads
-  Setting<std::string> model_control{"none"};         ///< none | explicit (load/unload RPCs)
-  Setting<std::string> log_level{"info"};             ///< debug | info | warn | error
+  Setting<std::int64_t> preprocess_threads{0};  ///< CPU pool for decoding; 0: hardware threads
+  Setting<std::string> model_control{"none"};   ///< none | explicit (load/unload RPCs)
+  Setting<std::string> log_level{"info"};       ///< debug | info | warn | error
 
   Setting<std::string> model_repository{"./examples/model_repository"};
   Setting<std::string> device{"auto"};  ///< auto | cpu | cuda | cuda:N

@@ -147,7 +147,8 @@ int ServerCore::load_repository() {
       std::int64_t best = -1;
       for (const auto& v : fs::directory_iterator(d, ec)) {
         const std::string s = v.path().filename().string();
-        if (v.is_directory() && is_version(s) && s.size() < 18 && std::stoll(s) > best) best = std::stoll(s);
+        if (v.is_directory() && is_version(s) && s.size() < 18 && std::stoll(s) > best)
+          best = std::stoll(s);
       }
       if (best < 0) {
         e->state = "UNAVAILABLE";
@@ -199,9 +200,10 @@ void ServerCore::load_model(const std::string& name) {
   if (!e) throw Error(Code::not_found, "unknown model '" + name + "' in the repository");
   const auto t0 = Clock::now();
   try {
-    const auto serving =
-        load_serving_config((fs::path(config_.model_repository.value) / name / "serving.yaml").string());
-    auto loaded = load_model_version(e->name, e->version, e->dir, serving, config_.device.value, factory_);
+    const auto serving = load_serving_config(
+        (fs::path(config_.model_repository.value) / name / "serving.yaml").string());
+    auto loaded =
+        load_model_version(e->name, e->version, e->dir, serving, config_.device.value, factory_);
     const double load_s = seconds_since(t0);
     const auto t1 = Clock::now();
     if (serving.warmup) warm_up(*loaded);
@@ -246,8 +248,9 @@ void ServerCore::load_model(const std::string& name) {
 
 void ServerCore::unload_model(const std::string& name) {
   if (config_.model_control.value != "explicit") {
-    throw Error(Code::permission_denied,
-                "model control is disabled (server.model_control: none): models cannot be unloaded");
+    throw Error(
+        Code::permission_denied,
+        "model control is disabled (server.model_control: none): models cannot be unloaded");
   }
   auto e = find(name, "");
   std::shared_ptr<Batcher> batcher;
@@ -274,7 +277,8 @@ bool ServerCore::ready() const {
   return true;
 }
 
-std::shared_ptr<ModelEntry> ServerCore::find(const std::string& name, const std::string& version) const {
+std::shared_ptr<ModelEntry> ServerCore::find(const std::string& name,
+                                             const std::string& version) const {
   std::shared_ptr<ModelEntry> e;
   {
     std::lock_guard<std::mutex> lk(mu_);
@@ -303,7 +307,8 @@ api::ServerMetadata ServerCore::server_metadata() const {
   return {"libreyolo-server", "0.1.0", {"model_configuration", "statistics", "model_repository"}};
 }
 
-api::ModelMetadata ServerCore::model_metadata(const std::string& name, const std::string& version) const {
+api::ModelMetadata ServerCore::model_metadata(const std::string& name,
+                                              const std::string& version) const {
   auto e = find(name, version);
   std::lock_guard<std::mutex> ek(e->mu);
   api::ModelMetadata m;
@@ -316,7 +321,8 @@ api::ModelMetadata ServerCore::model_metadata(const std::string& name, const std
   return m;
 }
 
-api::ModelConfig ServerCore::model_config(const std::string& name, const std::string& version) const {
+api::ModelConfig ServerCore::model_config(const std::string& name,
+                                          const std::string& version) const {
   auto e = find(name, version);
   std::lock_guard<std::mutex> ek(e->mu);
   api::ModelConfig c;
@@ -438,7 +444,8 @@ api::InferResponse ServerCore::infer_on(ModelEntry& entry, api::InferRequest& re
         try {
           img = image::decode_image(data, req.images[i].size(), options);
         } catch (const std::exception& ex) {
-          throw Error(Code::invalid_argument, c10::str("input 'images': image ", i, ": ", ex.what()));
+          throw Error(Code::invalid_argument,
+                      c10::str("input 'images': image ", i, ": ", ex.what()));
         }
         return m->processor->preprocess({img});
       }));
@@ -460,7 +467,8 @@ api::InferResponse ServerCore::infer_on(ModelEntry& entry, api::InferRequest& re
   } else {
     job->pixel_values = req.pixel_values;
     if (m->processor->config().do_pad) {
-      job->pixel_mask = at::ones({req.batch, req.pixel_values.size(2), req.pixel_values.size(3)}, at::kLong);
+      job->pixel_mask =
+          at::ones({req.batch, req.pixel_values.size(2), req.pixel_values.size(3)}, at::kLong);
     }
     if (req.target_sizes.empty()) {
       job->target_sizes.assign(req.batch, {req.pixel_values.size(2), req.pixel_values.size(3)});
@@ -474,7 +482,8 @@ api::InferResponse ServerCore::infer_on(ModelEntry& entry, api::InferRequest& re
   job->want_raw = req.outputs.count("logits") || req.outputs.count("pred_boxes");
   job->deadline = request.deadline;
   if (!job->deadline && m->serving.default_timeout_microseconds > 0) {
-    job->deadline = Clock::now() + std::chrono::microseconds(m->serving.default_timeout_microseconds);
+    job->deadline =
+        Clock::now() + std::chrono::microseconds(m->serving.default_timeout_microseconds);
   }
   auto future = batcher->submit(job);
   BatchResult r = future.get();  // throws api::Error (deadline, failure)
@@ -523,7 +532,8 @@ std::string ServerCore::active_json() const {
                        {"calls", c.calls},
                        {"declined", c.declined}});
     }
-    slots[s.slot] = {{"selected", s.selected}, {"has_reference", s.has_reference}, {"candidates", cands}};
+    slots[s.slot] = {
+        {"selected", s.selected}, {"has_reference", s.has_reference}, {"candidates", cands}};
   }
   json events = json::array();
   for (const auto& ev : reg.events()) {
@@ -536,11 +546,12 @@ std::string ServerCore::active_json() const {
   }
   json models = json::array();
   for (const auto& r : repository_index(false)) {
-    models.push_back({{"name", r.name}, {"version", r.version}, {"state", r.state}, {"reason", r.reason}});
+    models.push_back(
+        {{"name", r.name}, {"version", r.version}, {"state", r.state}, {"reason", r.reason}});
   }
-  json out = {{"active", reg.active()}, {"policy", policy}, {"slots", slots},
-              {"fallback_events", events}, {"models", models},
-              {"ready", ready()}, {"draining", draining()}};
+  json out = {{"active", reg.active()},    {"policy", policy}, {"slots", slots},
+              {"fallback_events", events}, {"models", models}, {"ready", ready()},
+              {"draining", draining()}};
   return out.dump(2);
 }
 

@@ -53,7 +53,8 @@ class ServerCore : public api::InferenceService {
   bool ready() const override;
   bool model_ready(const std::string& name, const std::string& version) const override;
   api::ServerMetadata server_metadata() const override;
-  api::ModelMetadata model_metadata(const std::string& name, const std::string& version) const override;
+  api::ModelMetadata model_metadata(const std::string& name,
+                                    const std::string& version) const override;
   api::ModelConfig model_config(const std::string& name, const std::string& version) const override;
   std::vector<api::ModelStatistics> model_statistics(const std::string& name,
                                                      const std::string& version) const override;

@@ -14,7 +14,9 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+double since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
 
 bool http_off(const std::string& a) { return a.empty() || a == "off" || a == "none"; }
 
@@ -39,7 +41,7 @@ Daemon::~Daemon() { stop(0.0); }
 void Daemon::start() {
   const auto start = Clock::now();
   auto t = Clock::now();
-  log::info("start-up: policy\n" + impl_->config.kernels.describe());
+  // initialize() logs the effective policy (with sources) and the resolved table.
   kernels::initialize(impl_->config.kernels);
   log::info(c10::str("start-up: kernels resolved in ", since(t), " s"));
 

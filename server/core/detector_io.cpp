@@ -38,14 +38,16 @@ int64_t check_fixed(const api::InputTensor& t, const std::string& datatype, std:
   }
   int64_t count = 1;
   for (auto d : t.shape) {
-    if (d < 0) bad("input '" + t.name + "': shape " + shape_str(t.shape) + " has a negative dimension");
-    if (d > 0 && count > (int64_t{1} << 40) / d) bad("input '" + t.name + "': shape " + shape_str(t.shape) + " is too large");
+    if (d < 0)
+      bad("input '" + t.name + "': shape " + shape_str(t.shape) + " has a negative dimension");
+    if (d > 0 && count > (int64_t{1} << 40) / d)
+      bad("input '" + t.name + "': shape " + shape_str(t.shape) + " is too large");
     count *= d;
   }
   const int64_t bytes = count * element_size(datatype);
   if (static_cast<int64_t>(t.data().size()) != bytes) {
-    bad(c10::str("input '", t.name, "': shape ", shape_str(t.shape), " needs ", bytes,
-                 " bytes of ", datatype, ", got ", t.data().size()));
+    bad(c10::str("input '", t.name, "': shape ", shape_str(t.shape), " needs ", bytes, " bytes of ",
+                 datatype, ", got ", t.data().size()));
   }
   return count;
 }
@@ -104,8 +106,9 @@ const std::vector<std::string>& detector_default_outputs() {
   return names;
 }
 
-DetectorRequest parse_detector_request(const api::InferRequest& request, const RequestLimits& limits,
-                                       double default_threshold, int64_t default_top_k) {
+DetectorRequest parse_detector_request(const api::InferRequest& request,
+                                       const RequestLimits& limits, double default_threshold,
+                                       int64_t default_top_k) {
   DetectorRequest r;
   r.post.threshold = default_threshold;
   r.post.top_k = default_top_k;
@@ -129,11 +132,14 @@ DetectorRequest parse_detector_request(const api::InferRequest& request, const R
                                     : t.name == "pixel_values" ? &pixels
                                     : t.name == "target_sizes" ? &sizes
                                                                : nullptr;
-    if (!slot) bad("unexpected input '" + t.name + "' (expected images or pixel_values, optional target_sizes)");
+    if (!slot)
+      bad("unexpected input '" + t.name +
+          "' (expected images or pixel_values, optional target_sizes)");
     if (*slot) bad("input '" + t.name + "' is given twice");
     *slot = &t;
   }
-  if (!images && !pixels) bad("missing input: send 'images' (BYTES [N]) or 'pixel_values' (FP32 [N,3,H,W])");
+  if (!images && !pixels)
+    bad("missing input: send 'images' (BYTES [N]) or 'pixel_values' (FP32 [N,3,H,W])");
   if (images && pixels) bad("inputs 'images' and 'pixel_values' are exclusive; send one");
   if (images) {
     const auto& t = *images;
@@ -154,7 +160,8 @@ DetectorRequest parse_detector_request(const api::InferRequest& request, const R
     r.batch = t.shape[0];
   } else {
     const auto& t = *pixels;
-    if (t.datatype != "FP32") bad("input 'pixel_values': datatype " + t.datatype + ", expected FP32");
+    if (t.datatype != "FP32")
+      bad("input 'pixel_values': datatype " + t.datatype + ", expected FP32");
     if (t.shape.size() != 4 || t.shape[1] != 3) {
       bad("input 'pixel_values': shape " + shape_str(t.shape) + ", expected [N,3,H,W]");
     }
@@ -176,18 +183,20 @@ DetectorRequest parse_detector_request(const api::InferRequest& request, const R
   if (sizes) {
     check_fixed(*sizes, "INT64", 2, "[N,2]");
     if (sizes->shape[0] != r.batch || sizes->shape[1] != 2) {
-      bad(c10::str("input 'target_sizes': shape ", shape_str(sizes->shape), ", expected [", r.batch, ",2]"));
+      bad(c10::str("input 'target_sizes': shape ", shape_str(sizes->shape), ", expected [", r.batch,
+                   ",2]"));
     }
     const auto d = sizes->data();
     for (int64_t i = 0; i < r.batch; ++i) {
       int64_t hw[2];
       std::memcpy(hw, d.data() + i * 16, 16);
-      if (hw[0] <= 0 || hw[1] <= 0) bad(c10::str("input 'target_sizes': row ", i, " is not positive"));
+      if (hw[0] <= 0 || hw[1] <= 0)
+        bad(c10::str("input 'target_sizes': row ", i, " is not positive"));
       r.target_sizes.emplace_back(hw[0], hw[1]);
     }
   }
-  static const std::set<std::string> known = {"scores", "labels", "boxes", "num_detections",
-                                              "label_names", "logits", "pred_boxes"};
+  static const std::set<std::string> known = {
+      "scores", "labels", "boxes", "num_detections", "label_names", "logits", "pred_boxes"};
   for (const auto& o : request.requested_outputs) {
     if (!known.count(o)) {
       bad("unknown output '" + o +
@@ -195,12 +204,14 @@ DetectorRequest parse_detector_request(const api::InferRequest& request, const R
     }
     r.outputs.insert(o);
   }
-  if (r.outputs.empty()) r.outputs.insert(detector_default_outputs().begin(), detector_default_outputs().end());
+  if (r.outputs.empty())
+    r.outputs.insert(detector_default_outputs().begin(), detector_default_outputs().end());
   return r;
 }
 
 std::vector<api::OutputTensor> detector_outputs(const std::vector<image::Detections>& detections,
-                                                const at::Tensor& logits, const at::Tensor& pred_boxes,
+                                                const at::Tensor& logits,
+                                                const at::Tensor& pred_boxes,
                                                 const std::map<int64_t, std::string>& id2label,
                                                 const std::set<std::string>& outputs) {
   const int64_t n = static_cast<int64_t>(detections.size());
@@ -219,7 +230,8 @@ std::vector<api::OutputTensor> detector_outputs(const std::vector<image::Detecti
     std::memcpy(scores.data() + i * k, s.data_ptr<float>(), m * sizeof(float));
     std::memcpy(labels.data() + i * k, l.data_ptr<int64_t>(), m * sizeof(int64_t));
     std::memcpy(boxes.data() + i * k * 4, b.data_ptr<float>(), m * 4 * sizeof(float));
-    for (int64_t j = 0; j < m; ++j) names[i * k + j] = image::label_name(id2label, labels[i * k + j]);
+    for (int64_t j = 0; j < m; ++j)
+      names[i * k + j] = image::label_name(id2label, labels[i * k + j]);
   }
   std::vector<api::OutputTensor> out;
   auto add = [&](const char* name, const char* dt, std::vector<int64_t> shape) -> std::string* {

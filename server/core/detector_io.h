@@ -22,9 +22,9 @@
 namespace libreyolo::server {
 
 struct RequestLimits {
-  int64_t max_images = 64;            ///< N per request
-  int64_t max_pixels = 40000000;      ///< width * height per image
-  int64_t max_batch_size = 8;         ///< the model's max_batch_size
+  int64_t max_images = 64;        ///< N per request
+  int64_t max_pixels = 40000000;  ///< width * height per image
+  int64_t max_batch_size = 8;     ///< the model's max_batch_size
 };
 
 /// A validated detector request (views into the api::InferRequest: keep it alive).
@@ -40,13 +40,15 @@ struct DetectorRequest {
 /// Validates `request` for a detector. Throws api::Error INVALID_ARGUMENT naming the tensor or
 /// parameter and the problem (unknown input, wrong datatype, wrong shape, shape/byte-size
 /// mismatch, malformed BYTES, empty batch, N above a limit, empty image, unknown output).
-DetectorRequest parse_detector_request(const api::InferRequest& request, const RequestLimits& limits,
-                                       double default_threshold, int64_t default_top_k);
+DetectorRequest parse_detector_request(const api::InferRequest& request,
+                                       const RequestLimits& limits, double default_threshold,
+                                       int64_t default_top_k);
 
 /// Output tensors for `detections` (one per image). `logits`/`pred_boxes` are used when
 /// requested. `id2label` names the labels.
 std::vector<api::OutputTensor> detector_outputs(const std::vector<image::Detections>& detections,
-                                                const at::Tensor& logits, const at::Tensor& pred_boxes,
+                                                const at::Tensor& logits,
+                                                const at::Tensor& pred_boxes,
                                                 const std::map<int64_t, std::string>& id2label,
                                                 const std::set<std::string>& outputs);
 

@@ -1,89 +1,185 @@
+// A minimal HTTP/1.1 server for the four admin GET endpoints: one accept thread, one short-lived
+// thread per connection, one request per connection (Connection: close).
+//
+// Why not civetweb (DESIGN.md's choice): Debian's libcivetweb is built with a fixed 100 KiB worker
+// stack (USE_STACK_SIZE) and LibTorch's static thread-local storage does not fit in it, so every
+// civetweb worker fails with "Cannot create first worker thread" once LibTorch is in the process.
 #include "server/core/http_admin.h"
 
-#include <civetweb.h>
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
+#include <atomic>
 #include <cstring>
-#include <mutex>
 #include <stdexcept>
+#include <thread>
 
 #include "log/log.h"
 
 namespace libreyolo::server {
 namespace {
 
-void reply(mg_connection* conn, int status, const char* type, const std::string& body) {
-  const char* reason = status == 200 ? "OK" : status == 404 ? "Not Found" : status == 503 ? "Service Unavailable" : "Error";
-  mg_printf(conn,
-            "HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\nConnection: close\r\n\r\n",
-            status, reason, type, body.size());
-  mg_write(conn, body.data(), body.size());
+void send_all(int fd, const std::string& data) {
+  std::size_t at = 0;
+  while (at < data.size()) {
+    const ssize_t n = ::send(fd, data.data() + at, data.size() - at, MSG_NOSIGNAL);
+    if (n <= 0) return;
+    at += static_cast<std::size_t>(n);
+  }
+}
+
+void reply(int fd, int status, const char* type, const std::string& body, bool head = false) {
+  const char* reason = status == 200   ? "OK"
+                       : status == 404 ? "Not Found"
+                       : status == 405 ? "Method Not Allowed"
+                       : status == 503 ? "Service Unavailable"
+                                       : "Internal Server Error";
+  std::string out =
+      "HTTP/1.1 " + std::to_string(status) + " " + reason + "\r\nContent-Type: " + type +
+      "\r\nContent-Length: " + std::to_string(body.size()) + "\r\nConnection: close\r\n\r\n";
+  if (!head) out += body;
+  send_all(fd, out);
+}
+
+/// Splits "host:port" (host may be empty, "0.0.0.0", "[::1]", a name).
+std::pair<std::string, std::string> split_address(const std::string& address) {
+  const auto colon = address.rfind(':');
+  if (colon == std::string::npos) return {"", address};
+  std::string host = address.substr(0, colon);
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']')
+    host = host.substr(1, host.size() - 2);
+  return {host, address.substr(colon + 1)};
 }
 
 }  // namespace
 
 struct HttpAdmin::Impl {
   HttpHandlers handlers;
-  mg_context* ctx = nullptr;
+  int listen_fd = -1;
   int port = 0;
+  std::atomic<bool> stopping{false};
+  std::atomic<int> active{0};
+  std::thread acceptor;
 
-  static int handle(mg_connection* conn, void* data) {
-    auto* self = static_cast<Impl*>(data);
-    const mg_request_info* info = mg_get_request_info(conn);
-    const std::string uri = info->local_uri ? info->local_uri : "";
+  void serve(int fd) {
+    // Read the request head (up to 8 KiB, 5 s).
+    std::string head;
+    char buf[2048];
+    while (head.find("\r\n\r\n") == std::string::npos && head.size() < 8192) {
+      pollfd p{fd, POLLIN, 0};
+      if (::poll(&p, 1, 5000) <= 0) break;
+      const ssize_t n = ::recv(fd, buf, sizeof(buf), 0);
+      if (n <= 0) break;
+      head.append(buf, static_cast<std::size_t>(n));
+    }
+    const auto sp1 = head.find(' ');
+    const auto sp2 = sp1 == std::string::npos ? sp1 : head.find(' ', sp1 + 1);
+    if (sp2 == std::string::npos) {
+      reply(fd, 400, "text/plain", "bad request\n");
+      return;
+    }
+    const std::string method = head.substr(0, sp1);
+    std::string uri = head.substr(sp1 + 1, sp2 - sp1 - 1);
+    uri = uri.substr(0, uri.find('?'));
+    const bool is_head = method == "HEAD";
+    if (method != "GET" && !is_head) {
+      reply(fd, 405, "text/plain", "only GET\n");
+      return;
+    }
     try {
       if (uri == "/v2/health/live") {
-        const bool ok = self->handlers.live();
-        reply(conn, ok ? 200 : 503, "application/json", ok ? "{\"live\":true}" : "{\"live\":false}");
+        const bool ok = handlers.live();
+        reply(fd, ok ? 200 : 503, "application/json", ok ? "{\"live\":true}" : "{\"live\":false}",
+              is_head);
       } else if (uri == "/v2/health/ready") {
-        const bool ok = self->handlers.ready();
-        reply(conn, ok ? 200 : 503, "application/json", ok ? "{\"ready\":true}" : "{\"ready\":false}");
+        const bool ok = handlers.ready();
+        reply(fd, ok ? 200 : 503, "application/json", ok ? "{\"ready\":true}" : "{\"ready\":false}",
+              is_head);
       } else if (uri == "/active") {
-        reply(conn, 200, "application/json", self->handlers.active_json());
+        reply(fd, 200, "application/json", handlers.active_json(), is_head);
       } else if (uri == "/metrics") {
-        reply(conn, 200, "text/plain; version=0.0.4; charset=utf-8", self->handlers.metrics_text());
+        reply(fd, 200, "text/plain; version=0.0.4; charset=utf-8", handlers.metrics_text(),
+              is_head);
       } else {
-        reply(conn, 404, "text/plain", "not found: " + uri + "\n");
+        reply(fd, 404, "text/plain", "not found: " + uri + "\n", is_head);
       }
     } catch (const std::exception& e) {
       log::error("HTTP " + uri + ": " + e.what());
-      reply(conn, 500, "text/plain", std::string("internal error: ") + e.what() + "\n");
+      reply(fd, 500, "text/plain", std::string("internal error: ") + e.what() + "\n", is_head);
     }
-    return 1;
+  }
+
+  void loop() {
+    while (!stopping) {
+      pollfd p{listen_fd, POLLIN, 0};
+      if (::poll(&p, 1, 100) <= 0) continue;
+      const int fd = ::accept(listen_fd, nullptr, nullptr);
+      if (fd < 0) continue;
+      if (active.load() >= 64) {  // bounded: the admin port must not become a thread bomb
+        reply(fd, 503, "text/plain", "busy\n");
+        ::close(fd);
+        continue;
+      }
+      ++active;
+      std::thread([this, fd] {
+        serve(fd);
+        ::close(fd);
+        --active;
+      }).detach();
+    }
   }
 };
 
 HttpAdmin::HttpAdmin(const std::string& address, HttpHandlers handlers)
     : impl_(std::make_unique<Impl>()) {
   impl_->handlers = std::move(handlers);
-  static std::once_flag once;
-  std::call_once(once, [] { mg_init_library(0); });
-  const char* options[] = {"listening_ports", address.c_str(), "num_threads", "4", nullptr};
-  mg_callbacks callbacks;
-  std::memset(&callbacks, 0, sizeof(callbacks));
-  callbacks.log_message = [](const mg_connection*, const char* message) {
-    log::warn(std::string("HTTP admin (civetweb): ") + message);
-    return 1;
-  };
-  char error[256] = {0};
-  mg_init_data init;
-  std::memset(&init, 0, sizeof(init));
-  init.callbacks = &callbacks;
-  init.configuration_options = options;
-  mg_error_data err;
-  std::memset(&err, 0, sizeof(err));
-  err.text = error;
-  err.text_buffer_size = sizeof(error);
-  impl_->ctx = mg_start2(&init, &err);
-  if (!impl_->ctx) throw std::runtime_error("HTTP admin: cannot listen on " + address + ": " + error);
-  mg_set_request_handler(impl_->ctx, "/", &Impl::handle, impl_.get());
-  mg_server_port ports[4];
-  const int n = mg_get_server_ports(impl_->ctx, 4, ports);
-  if (n > 0) impl_->port = ports[0].port;
+  const auto [host, port] = split_address(address);
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE;
+  addrinfo* res = nullptr;
+  if (int rc = ::getaddrinfo(host.empty() ? nullptr : host.c_str(), port.c_str(), &hints, &res);
+      rc != 0) {
+    throw std::runtime_error("HTTP admin: cannot resolve " + address + ": " + gai_strerror(rc));
+  }
+  std::string error = "no address";
+  for (addrinfo* a = res; a; a = a->ai_next) {
+    const int fd = ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
+    if (fd < 0) continue;
+    const int one = 1;
+    ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    if (::bind(fd, a->ai_addr, a->ai_addrlen) == 0 && ::listen(fd, 128) == 0) {
+      impl_->listen_fd = fd;
+      break;
+    }
+    error = std::strerror(errno);
+    ::close(fd);
+  }
+  ::freeaddrinfo(res);
+  if (impl_->listen_fd < 0)
+    throw std::runtime_error("HTTP admin: cannot listen on " + address + ": " + error);
+  sockaddr_storage bound{};
+  socklen_t len = sizeof(bound);
+  ::getsockname(impl_->listen_fd, reinterpret_cast<sockaddr*>(&bound), &len);
+  impl_->port =
+      ntohs(bound.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port
+                                        : reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
+  impl_->acceptor = std::thread([this] { impl_->loop(); });
   log::info("HTTP admin listening on " + address + " (port " + std::to_string(impl_->port) + ")");
 }
 
 HttpAdmin::~HttpAdmin() {
-  if (impl_->ctx) mg_stop(impl_->ctx);
+  impl_->stopping = true;
+  if (impl_->acceptor.joinable()) impl_->acceptor.join();
+  ::close(impl_->listen_fd);
+  // Connection threads hold `impl_`: wait for them (each ends within its 5 s read timeout).
+  for (int i = 0; i < 600 && impl_->active.load() > 0; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
 }
 
 int HttpAdmin::port() const { return impl_->port; }

@@ -1,4 +1,4 @@
-// The HTTP admin port (civetweb): GET /active (JSON), /metrics (Prometheus text),
+// The HTTP admin port: GET /active (JSON), /metrics (Prometheus text),
 // /v2/health/live and /v2/health/ready (200 or 503, KServe v2 REST health). No torch here.
 #pragma once
 
@@ -17,8 +17,8 @@ struct HttpHandlers {
 
 class HttpAdmin {
  public:
-  /// Listens on `address` ("host:port"; civetweb syntax). Throws std::runtime_error when it
-  /// cannot bind.
+  /// Listens on `address` ("host:port"; port 0 picks a free one). Throws std::runtime_error
+  /// when it cannot bind.
   HttpAdmin(const std::string& address, HttpHandlers handlers);
   ~HttpAdmin();
   HttpAdmin(const HttpAdmin&) = delete;

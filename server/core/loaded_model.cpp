@@ -9,7 +9,8 @@ namespace libreyolo::server {
 namespace {
 
 at::Device resolve_device(const std::string& wanted) {
-  if (wanted.empty() || wanted == "auto") return at::hasCUDA() ? at::Device("cuda:0") : at::Device(at::kCPU);
+  if (wanted.empty() || wanted == "auto")
+    return at::hasCUDA() ? at::Device("cuda:0") : at::Device(at::kCPU);
   at::Device d(wanted);
   if (d.is_cuda() && !at::hasCUDA()) {
     throw std::runtime_error("device " + wanted + " requested but no CUDA device is available");
@@ -36,7 +37,8 @@ nlohmann::json read_json(const std::string& path) {
 }  // namespace
 
 std::shared_ptr<LoadedModel> load_model_version(const std::string& name, const std::string& version,
-                                                const std::string& dir, const ServingConfig& serving,
+                                                const std::string& dir,
+                                                const ServingConfig& serving,
                                                 const std::string& server_device,
                                                 const ModelLoader& loader) {
   auto m = std::make_shared<LoadedModel>();
@@ -81,9 +83,11 @@ void warm_up(const LoadedModel& model) {
     w = hw.second;
   }
   at::InferenceMode guard;
-  auto pixels = at::zeros({1, 3, h, w}, at::TensorOptions().dtype(model.dtype).device(model.device));
+  auto pixels =
+      at::zeros({1, 3, h, w}, at::TensorOptions().dtype(model.dtype).device(model.device));
   at::Tensor mask;
-  if (c.do_pad) mask = at::ones({1, h, w}, at::TensorOptions().dtype(at::kLong).device(model.device));
+  if (c.do_pad)
+    mask = at::ones({1, h, w}, at::TensorOptions().dtype(at::kLong).device(model.device));
   auto out = model.model->forward(pixels, mask);
   (void)out.logits.sum().item<float>();  // synchronise (CUDA)
 }

@@ -16,8 +16,8 @@
 namespace libreyolo::server {
 
 /// How checkpoints are loaded: models::load_model in the daemon; tests inject fakes.
-using ModelLoader =
-    std::function<std::unique_ptr<models::Model>(const std::string& dir, const models::LoadOptions&)>;
+using ModelLoader = std::function<std::unique_ptr<models::Model>(const std::string& dir,
+                                                                 const models::LoadOptions&)>;
 
 struct LoadedModel {
   std::string name;
@@ -38,7 +38,8 @@ struct LoadedModel {
 /// `server_device` ("auto" | "cpu" | "cuda" | "cuda:N"; serving.device wins when set).
 /// Detectors only for now. Throws std::runtime_error naming the file/field.
 std::shared_ptr<LoadedModel> load_model_version(const std::string& name, const std::string& version,
-                                                const std::string& dir, const ServingConfig& serving,
+                                                const std::string& dir,
+                                                const ServingConfig& serving,
                                                 const std::string& server_device,
                                                 const ModelLoader& loader);
 

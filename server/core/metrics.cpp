@@ -68,11 +68,10 @@ struct Metrics::Impl {
           .Name("libreyolo_preprocess_duration_seconds")
           .Help("Decoding + image processing of a request, seconds")
           .Register(*registry);
-  prometheus::Family<prometheus::Histogram>& batch_size =
-      prometheus::BuildHistogram()
-          .Name("libreyolo_batch_size")
-          .Help("Images per forward pass")
-          .Register(*registry);
+  prometheus::Family<prometheus::Histogram>& batch_size = prometheus::BuildHistogram()
+                                                              .Name("libreyolo_batch_size")
+                                                              .Help("Images per forward pass")
+                                                              .Register(*registry);
   prometheus::Family<prometheus::Gauge>& pending =
       prometheus::BuildGauge()
           .Name("libreyolo_pending_requests")
@@ -88,8 +87,8 @@ struct Metrics::Impl {
 Metrics::Metrics() : impl_(std::make_unique<Impl>()) {}
 Metrics::~Metrics() = default;
 
-void Metrics::request(const std::string& model, const std::string& version,
-                      const std::string& code, double seconds) {
+void Metrics::request(const std::string& model, const std::string& version, const std::string& code,
+                      double seconds) {
   impl_->requests.Add({{"model", model}, {"version", version}, {"code", code}}).Increment();
   impl_->request_seconds.Add({{"model", model}, {"version", version}}, latency_buckets())
       .Observe(seconds);
@@ -128,25 +127,30 @@ std::string Metrics::serialize() const {
   auto& reg = kernels::Registry::global();
   prometheus::MetricFamily active{"libreyolo_kernel_active",
                                   "1 for the implementation selected for a slot",
-                                  prometheus::MetricType::Gauge, {}};
+                                  prometheus::MetricType::Gauge,
+                                  {}};
   prometheus::MetricFamily calls{"libreyolo_kernel_calls_total",
                                  "Calls served by an implementation",
-                                 prometheus::MetricType::Counter, {}};
+                                 prometheus::MetricType::Counter,
+                                 {}};
   prometheus::MetricFamily declined{"libreyolo_kernel_declined_total",
                                     "Inputs an implementation declined, by reason",
-                                    prometheus::MetricType::Counter, {}};
+                                    prometheus::MetricType::Counter,
+                                    {}};
   prometheus::MetricFamily fallback{"libreyolo_kernel_fallback_total",
                                     "Runtime failures that disabled an implementation",
-                                    prometheus::MetricType::Counter, {}};
+                                    prometheus::MetricType::Counter,
+                                    {}};
   for (const auto& slot : reg.report()) {
     for (const auto& c : slot.candidates) {
       active.metric.push_back(value_metric({{"slot", slot.slot}, {"impl", c.name}},
                                            c.name == slot.selected ? 1.0 : 0.0, false));
-      calls.metric.push_back(
-          value_metric({{"slot", slot.slot}, {"impl", c.name}}, static_cast<double>(c.calls), true));
+      calls.metric.push_back(value_metric({{"slot", slot.slot}, {"impl", c.name}},
+                                          static_cast<double>(c.calls), true));
       for (const auto& [reason, n] : c.declined) {
-        declined.metric.push_back(value_metric(
-            {{"slot", slot.slot}, {"impl", c.name}, {"reason", reason}}, static_cast<double>(n), true));
+        declined.metric.push_back(
+            value_metric({{"slot", slot.slot}, {"impl", c.name}, {"reason", reason}},
+                         static_cast<double>(n), true));
       }
     }
   }

@@ -33,7 +33,8 @@ class Metrics {
 
   /// Prometheus text exposition (version 0.0.4) of everything, kernel metrics included:
   /// libreyolo_kernel_active{slot,impl}, libreyolo_kernel_calls_total{slot,impl},
-  /// libreyolo_kernel_declined_total{slot,impl,reason}, libreyolo_kernel_fallback_total{slot,impl,reason}.
+  /// libreyolo_kernel_declined_total{slot,impl,reason},
+  /// libreyolo_kernel_fallback_total{slot,impl,reason}.
   std::string serialize() const;
 
  private:

@@ -9,15 +9,16 @@ namespace libreyolo::server {
 
 /// Every key optional. Batching knobs mirror Triton's ModelDynamicBatching / ModelQueuePolicy.
 struct ServingConfig {
-  std::string device;            ///< "" = the server's `device`; else cpu | cuda | cuda:N
-  std::string dtype = "float32"; ///< float32 | float16 | bfloat16
-  std::int64_t max_batch_size = 8;             ///< images per forward
+  std::string device;               ///< "" = the server's `device`; else cpu | cuda | cuda:N
+  std::string dtype = "float32";    ///< float32 | float16 | bfloat16
+  std::int64_t max_batch_size = 8;  ///< images per forward
   std::uint64_t max_queue_delay_microseconds = 0;  ///< how long a batch may wait to grow
-  std::uint32_t max_queue_size = 64;           ///< queued requests; more -> RESOURCE_EXHAUSTED
-  std::uint64_t default_timeout_microseconds = 0;  ///< queue deadline when the client sets none; 0: none
-  double threshold = 0.5;        ///< default score threshold (request parameter `threshold` wins)
-  std::int64_t top_k = 0;        ///< default candidates before thresholding; 0: family default
-  bool warmup = true;            ///< run one forward before declaring the model ready
+  std::uint32_t max_queue_size = 64;               ///< queued requests; more -> RESOURCE_EXHAUSTED
+  std::uint64_t default_timeout_microseconds =
+      0;                   ///< queue deadline when the client sets none; 0: none
+  double threshold = 0.5;  ///< default score threshold (request parameter `threshold` wins)
+  std::int64_t top_k = 0;  ///< default candidates before thresholding; 0: family default
+  bool warmup = true;      ///< run one forward before declaring the model ready
 };
 
 /// Reads `file` when it exists (else the defaults). Throws std::runtime_error naming

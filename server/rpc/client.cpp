@@ -39,14 +39,21 @@ void append_as(std::string& out, const Field& values) {
 /// Typed output contents -> raw layout.
 std::string pack(const std::string& dt, const pb::InferTensorContents& c) {
   std::string out;
-  if (dt == "FP32") append_as<float>(out, c.fp32_contents());
-  else if (dt == "FP64") append_as<double>(out, c.fp64_contents());
-  else if (dt == "INT64") append_as<std::int64_t>(out, c.int64_contents());
-  else if (dt == "INT32") append_as<std::int32_t>(out, c.int_contents());
-  else if (dt == "UINT8") append_as<std::uint8_t>(out, c.uint_contents());
-  else if (dt == "BOOL") append_as<std::uint8_t>(out, c.bool_contents());
+  if (dt == "FP32")
+    append_as<float>(out, c.fp32_contents());
+  else if (dt == "FP64")
+    append_as<double>(out, c.fp64_contents());
+  else if (dt == "INT64")
+    append_as<std::int64_t>(out, c.int64_contents());
+  else if (dt == "INT32")
+    append_as<std::int32_t>(out, c.int_contents());
+  else if (dt == "UINT8")
+    append_as<std::uint8_t>(out, c.uint_contents());
+  else if (dt == "BOOL")
+    append_as<std::uint8_t>(out, c.bool_contents());
   else if (dt == "BYTES") {
-    out = pack_bytes(std::vector<std::string>(c.bytes_contents().begin(), c.bytes_contents().end()));
+    out =
+        pack_bytes(std::vector<std::string>(c.bytes_contents().begin(), c.bytes_contents().end()));
   }
   return out;
 }
@@ -72,6 +79,10 @@ Client::Client(const std::string& address, std::size_t max_message_bytes)
   const int limit = static_cast<int>(std::min<std::size_t>(max_message_bytes, INT32_MAX));
   args.SetMaxReceiveMessageSize(limit);
   args.SetMaxSendMessageSize(limit);
+  // Reconnect quickly to a daemon that is still starting (gRPC's default backoff grows to 120 s).
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   impl_->channel = grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
   impl_->stub = pb::GRPCInferenceService::NewStub(impl_->channel);
   impl_->health = grpc::health::v1::Health::NewStub(impl_->channel);
@@ -86,13 +97,13 @@ CallResult Client::call(const std::string& method, const std::string& request_te
   set_deadline(ctx, timeout_seconds);
   grpc::Status status;
   bool known = false;
-#define LIBREYOLO_UNARY(M)                                                        \
-  if (method == #M) {                                                             \
-    known = true;                                                                 \
-    pb::M##Request req;                                                           \
-    parse(request_text, &req);                                                    \
-    pb::M##Response resp;                                                         \
-    status = impl_->stub->M(&ctx, req, &resp);                                    \
+#define LIBREYOLO_UNARY(M)                                                            \
+  if (method == #M) {                                                                 \
+    known = true;                                                                     \
+    pb::M##Request req;                                                               \
+    parse(request_text, &req);                                                        \
+    pb::M##Response resp;                                                             \
+    status = impl_->stub->M(&ctx, req, &resp);                                        \
     if (status.ok()) google::protobuf::TextFormat::PrintToString(resp, &result.text); \
   }
   LIBREYOLO_UNARY(ServerLive)
@@ -123,12 +134,13 @@ CallResult Client::health(const std::string& service, double timeout_seconds) {
   const auto status = impl_->health->Check(&ctx, req, &resp);
   result.code = static_cast<api::Code>(status.error_code());
   result.message = status.error_message();
-  if (status.ok()) result.text = grpc::health::v1::HealthCheckResponse::ServingStatus_Name(resp.status());
+  if (status.ok())
+    result.text = grpc::health::v1::HealthCheckResponse::ServingStatus_Name(resp.status());
   return result;
 }
 
-InferResult Client::infer(const std::string& request_text, const std::vector<std::string>& raw_inputs,
-                          double timeout_seconds) {
+InferResult Client::infer(const std::string& request_text,
+                          const std::vector<std::string>& raw_inputs, double timeout_seconds) {
   pb::ModelInferRequest req;
   parse(request_text, &req);
   for (const auto& r : raw_inputs) req.add_raw_input_contents(r);

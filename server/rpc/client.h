@@ -53,8 +53,8 @@ class Client {
   /// ModelInfer: `request_text` is a ModelInferRequest in text format; each of `raw_inputs` is
   /// appended to raw_input_contents (binary data needs no escaping this way).
   /// `timeout_seconds` <= 0: no deadline.
-  InferResult infer(const std::string& request_text, const std::vector<std::string>& raw_inputs = {},
-                    double timeout_seconds = 30.0);
+  InferResult infer(const std::string& request_text,
+                    const std::vector<std::string>& raw_inputs = {}, double timeout_seconds = 30.0);
 
  private:
   struct Impl;

@@ -22,12 +22,18 @@ grpc::Status to_status(const api::Error& e) {
 
 api::Parameter from_pb(const pb::InferParameter& p) {
   switch (p.parameter_choice_case()) {
-    case pb::InferParameter::kBoolParam: return p.bool_param();
-    case pb::InferParameter::kInt64Param: return p.int64_param();
-    case pb::InferParameter::kStringParam: return p.string_param();
-    case pb::InferParameter::kDoubleParam: return p.double_param();
-    case pb::InferParameter::kUint64Param: return p.uint64_param();
-    default: return std::string();
+    case pb::InferParameter::kBoolParam:
+      return p.bool_param();
+    case pb::InferParameter::kInt64Param:
+      return p.int64_param();
+    case pb::InferParameter::kStringParam:
+      return p.string_param();
+    case pb::InferParameter::kDoubleParam:
+      return p.double_param();
+    case pb::InferParameter::kUint64Param:
+      return p.uint64_param();
+    default:
+      return std::string();
   }
 }
 
@@ -57,9 +63,9 @@ std::string pack_typed(const pb::ModelInferRequest::InferInputTensor& in) {
   const auto& c = in.contents();
   const std::string& dt = in.datatype();
   auto wrong = [&](const char* field) {
-    return api::Error(api::Code::invalid_argument,
-                      "input '" + in.name() + "': datatype " + dt + " expects typed contents in " +
-                          field + ", found another field");
+    return api::Error(api::Code::invalid_argument, "input '" + in.name() + "': datatype " + dt +
+                                                       " expects typed contents in " + field +
+                                                       ", found another field");
   };
   const int filled = filled_fields(c);
   std::string out;
@@ -137,9 +143,9 @@ api::InferRequest to_api(const pb::ModelInferRequest& r, const grpc::ServerConte
     t.shape.assign(in.shape().begin(), in.shape().end());
     if (raw) {
       if (in.has_contents()) {
-        throw api::Error(api::Code::invalid_argument,
-                         "input '" + in.name() +
-                             "': both contents and raw_input_contents are set; use one");
+        throw api::Error(
+            api::Code::invalid_argument,
+            "input '" + in.name() + "': both contents and raw_input_contents are set; use one");
       }
       t.raw = r.raw_input_contents(i);
     } else {
@@ -353,6 +359,8 @@ GrpcServer::GrpcServer(api::InferenceService& service, const GrpcOptions& option
       std::min<std::size_t>(options.max_message_bytes, static_cast<std::size_t>(INT32_MAX)));
   builder.SetMaxReceiveMessageSize(limit);
   builder.SetMaxSendMessageSize(limit);
+  // Sync threads wake at least this often; Wait() after Shutdown() takes up to this long.
+  builder.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::CQ_TIMEOUT_MSEC, 200);
   if (options.threads > 0) {
     builder.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::MAX_POLLERS,
                                 options.threads);
@@ -364,8 +372,7 @@ GrpcServer::GrpcServer(api::InferenceService& service, const GrpcOptions& option
   auto* health = impl_->server->GetHealthCheckService();
   health->SetServingStatus("liveness", true);
   set_ready(false);
-  log::info("gRPC listening on " + options.address + " (port " + std::to_string(impl_->port) +
-            ")");
+  log::info("gRPC listening on " + options.address + " (port " + std::to_string(impl_->port) + ")");
 }
 
 GrpcServer::~GrpcServer() { shutdown(0.0); }

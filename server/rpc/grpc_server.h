@@ -11,9 +11,9 @@
 namespace libreyolo::server::rpc {
 
 struct GrpcOptions {
-  std::string address = "0.0.0.0:8001";  ///< host:port; port 0 picks a free one
+  std::string address = "0.0.0.0:8001";       ///< host:port; port 0 picks a free one
   std::size_t max_message_bytes = 64u << 20;  ///< receive and send limit
-  int threads = 0;  ///< sync server threads (0: gRPC's default)
+  int threads = 0;                            ///< sync server threads (0: gRPC's default)
 };
 
 /// A running gRPC server. Health services "", "liveness" and "readiness" are registered;

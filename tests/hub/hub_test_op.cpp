@@ -147,6 +147,9 @@ at::Tensor forward_without_step(const at::Tensor& value, const at::Tensor& shape
 
 at::Tensor other_op(const at::Tensor& x) { return x; }
 
+// Lets a test that runs twice in one process (--gtest_repeat) start from call 1 again.
+void reset_calls() { g_calls = 0; }
+
 }  // namespace
 
 /// Registers the ops in namespace `ns` (what TORCH_LIBRARY(ns, m) expands to), `mode` 0: the
@@ -179,4 +182,5 @@ void libreyolo_hubtest_register(const char* ns, int mode, int throw_at) {
       "Tensor sampling_loc, Tensor attn_weight, Tensor grad_output, int im2col_step) -> Tensor[]");
   impl->impl("ms_deform_attn_forward", &forward);
   impl->impl("ms_deform_attn_backward", &backward);
+  def->def("reset_calls() -> ()", &reset_calls);
 }

@@ -1,5 +1,6 @@
 // The daemon's configuration: defaults, file values with their origin, flag overrides, errors
-// with file:line:column, per-model serving.yaml; and the real binary (--print-config, SIGTERM drain).
+// with file:line:column, per-model serving.yaml; and the real binary (--print-config, SIGTERM
+// drain).
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -54,8 +55,9 @@ TEST(ServerConfig, ShippedFileEqualsDefaults) {
 TEST(ServerConfig, FileThenFlagsWithOrigins) {
   Overrides o;
   o.grpc_address = "127.0.0.1:9001";
-  const auto c = parse_config("server:\n  grpc_address: 1.2.3.4:5\n  drain_seconds: 2.5\ndevice: cuda:1\n",
-                              "s.yaml", o, {{"LIBREYOLO_KERNELS", "reference"}});
+  const auto c =
+      parse_config("server:\n  grpc_address: 1.2.3.4:5\n  drain_seconds: 2.5\ndevice: cuda:1\n",
+                   "s.yaml", o, {{"LIBREYOLO_KERNELS", "reference"}});
   EXPECT_EQ(c.grpc_address.value, "127.0.0.1:9001");
   EXPECT_EQ(c.grpc_address.origin, "--grpc-address");
   EXPECT_EQ(c.drain_seconds.value, 2.5);
@@ -64,7 +66,8 @@ TEST(ServerConfig, FileThenFlagsWithOrigins) {
   EXPECT_EQ(c.kernels.selection.value, "reference");
   const auto text = describe(c);
   std::cout << text;
-  EXPECT_NE(text.find("  grpc_address: 127.0.0.1:9001  # flag --grpc-address\n"), std::string::npos);
+  EXPECT_NE(text.find("  grpc_address: 127.0.0.1:9001  # flag --grpc-address\n"),
+            std::string::npos);
   EXPECT_NE(text.find("  drain_seconds: 2.5  # s.yaml:3:18\n"), std::string::npos);
   EXPECT_NE(text.find("  http_address: 0.0.0.0:8000  # default\n"), std::string::npos);
   EXPECT_NE(text.find("LIBREYOLO_KERNELS"), std::string::npos);
@@ -79,18 +82,25 @@ TEST(ServerConfig, ErrorsNameFileLineAndColumn) {
     }
     return std::string("no error");
   };
-  EXPECT_EQ(error("server:\n  grpc_port: 1\n").rfind("bad.yaml:2:3: unknown key server.grpc_port", 0), 0u)
+  EXPECT_EQ(
+      error("server:\n  grpc_port: 1\n").rfind("bad.yaml:2:3: unknown key server.grpc_port", 0), 0u)
       << error("server:\n  grpc_port: 1\n");
   EXPECT_EQ(error("models: x\n").rfind("bad.yaml:1:1: unknown key models", 0), 0u);
-  EXPECT_EQ(error("device: tpu\n").rfind("bad.yaml:1:9: device must be auto, cpu, cuda or cuda:N", 0), 0u);
-  EXPECT_EQ(error("server:\n  drain_seconds: soon\n").rfind("bad.yaml:2:18: server.drain_seconds must be", 0), 0u);
-  EXPECT_EQ(error("kernels:\n  selction: auto\n").rfind("bad.yaml:2:3:", 0), 0u) << error("kernels:\n  selction: auto\n");
+  EXPECT_EQ(
+      error("device: tpu\n").rfind("bad.yaml:1:9: device must be auto, cpu, cuda or cuda:N", 0),
+      0u);
+  EXPECT_EQ(error("server:\n  drain_seconds: soon\n")
+                .rfind("bad.yaml:2:18: server.drain_seconds must be", 0),
+            0u);
+  EXPECT_EQ(error("kernels:\n  selction: auto\n").rfind("bad.yaml:2:3:", 0), 0u)
+      << error("kernels:\n  selction: auto\n");
   EXPECT_EQ(error("server: [1, 2\n").rfind("bad.yaml:", 0), 0u);
   EXPECT_THROW(load_config("/nonexistent/server.yaml", {}, kNoEnv), ConfigError);
 }
 
 TEST(ServerConfig, ServingYaml) {
-  const auto s = parse_serving_config("max_batch_size: 4\nthreshold: 0.25\ndtype: float16\n", "m/serving.yaml");
+  const auto s = parse_serving_config("max_batch_size: 4\nthreshold: 0.25\ndtype: float16\n",
+                                      "m/serving.yaml");
   EXPECT_EQ(s.max_batch_size, 4);
   EXPECT_EQ(s.threshold, 0.25);
   EXPECT_EQ(s.dtype, "float16");
@@ -99,7 +109,8 @@ TEST(ServerConfig, ServingYaml) {
     parse_serving_config("max_batch: 4\n", "m/serving.yaml");
     FAIL() << "no error";
   } catch (const std::runtime_error& e) {
-    EXPECT_EQ(std::string(e.what()).rfind("m/serving.yaml:1:1: unknown key max_batch", 0), 0u) << e.what();
+    EXPECT_EQ(std::string(e.what()).rfind("m/serving.yaml:1:1: unknown key max_batch", 0), 0u)
+        << e.what();
   }
   EXPECT_THROW(parse_serving_config("max_batch_size: 0\n", "x"), std::runtime_error);
 }
@@ -131,7 +142,8 @@ int wait_exit(pid_t pid, double timeout_s) {
   const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
   int status = 0;
   while (std::chrono::steady_clock::now() < end) {
-    if (::waitpid(pid, &status, WNOHANG) == pid) return WIFEXITED(status) ? WEXITSTATUS(status) : -WTERMSIG(status);
+    if (::waitpid(pid, &status, WNOHANG) == pid)
+      return WIFEXITED(status) ? WEXITSTATUS(status) : -WTERMSIG(status);
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   ::kill(pid, SIGKILL);
@@ -144,15 +156,19 @@ TEST(ServerBinary, PrintConfig) {
   const auto dir = temp_dir("print");
   write_file(dir / "s.yaml", "server:\n  drain_seconds: 3\n");
   const auto out = (dir / "out.txt").string();
-  const pid_t pid = spawn({"--config", (dir / "s.yaml").string(), "--http-address", "off", "--print-config"}, out);
+  const pid_t pid = spawn(
+      {"--config", (dir / "s.yaml").string(), "--http-address", "off", "--print-config"}, out);
   ASSERT_EQ(wait_exit(pid, 20), 0);
   const auto text = read_file(out);
-  EXPECT_NE(text.find("  drain_seconds: 3  # " + (dir / "s.yaml").string() + ":2:18\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("  drain_seconds: 3  # " + (dir / "s.yaml").string() + ":2:18\n"),
+            std::string::npos)
+      << text;
   EXPECT_NE(text.find("  http_address: off  # flag --http-address\n"), std::string::npos) << text;
   // Unknown keys: exit 2.
   write_file(dir / "bad.yaml", "sever:\n  drain_seconds: 3\n");
-  EXPECT_EQ(wait_exit(spawn({"--config", (dir / "bad.yaml").string(), "--print-config"}, out), 20), 2);
-  fs::remove_all(dir);
+  EXPECT_EQ(wait_exit(spawn({"--config", (dir / "bad.yaml").string(), "--print-config"}, out), 20),
+            2);
+  remove_tree(dir);
 }
 
 TEST(ServerBinary, SigtermDrainsThenExitsZero) {
@@ -161,9 +177,10 @@ TEST(ServerBinary, SigtermDrainsThenExitsZero) {
   const int port = free_port();
   write_file(dir / "s.yaml", "server:\n  drain_seconds: 1\n  http_address: \"off\"\ndevice: cpu\n");
   fs::create_directories(dir / "repo");  // no model: the drain does not depend on one
-  const pid_t pid = spawn({"--config", (dir / "s.yaml").string(), "--model-repository", (dir / "repo").string(),
-                           "--grpc-address", "127.0.0.1:" + std::to_string(port)},
-                          (dir / "out.txt").string());
+  const pid_t pid =
+      spawn({"--config", (dir / "s.yaml").string(), "--model-repository", (dir / "repo").string(),
+             "--grpc-address", "127.0.0.1:" + std::to_string(port)},
+            (dir / "out.txt").string());
   rpc::Client c("127.0.0.1:" + std::to_string(port));
   const auto t0 = std::chrono::steady_clock::now();
   std::string state;
@@ -178,7 +195,7 @@ TEST(ServerBinary, SigtermDrainsThenExitsZero) {
   EXPECT_EQ(c.health("readiness", 1.0).text, "NOT_SERVING");  // draining, still answering
   EXPECT_EQ(c.call("ServerLive", "", 1.0).text, "live: true\n");
   EXPECT_EQ(wait_exit(pid, 15), 0);
-  fs::remove_all(dir);
+  remove_tree(dir);
 }
 
 TEST(ServerBinary, SecondSignalExitsAtOnce) {
@@ -187,19 +204,21 @@ TEST(ServerBinary, SecondSignalExitsAtOnce) {
   const int port = free_port();
   write_file(dir / "s.yaml", "server:\n  drain_seconds: 30\n  http_address: \"off\"\n");
   fs::create_directories(dir / "empty");
-  const pid_t pid = spawn({"--config", (dir / "s.yaml").string(), "--model-repository", (dir / "empty").string(),
-                           "--grpc-address", "127.0.0.1:" + std::to_string(port)},
-                          (dir / "out.txt").string());
+  const pid_t pid =
+      spawn({"--config", (dir / "s.yaml").string(), "--model-repository", (dir / "empty").string(),
+             "--grpc-address", "127.0.0.1:" + std::to_string(port)},
+            (dir / "out.txt").string());
   rpc::Client c("127.0.0.1:" + std::to_string(port));
   const auto t0 = std::chrono::steady_clock::now();
-  while (std::chrono::steady_clock::now() - t0 < std::chrono::seconds(30) && !c.call("ServerLive", "", 1.0).ok()) {
+  while (std::chrono::steady_clock::now() - t0 < std::chrono::seconds(30) &&
+         !c.call("ServerLive", "", 1.0).ok()) {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   ::kill(pid, SIGINT);
   std::this_thread::sleep_for(std::chrono::milliseconds(200));
   ::kill(pid, SIGINT);
   EXPECT_EQ(wait_exit(pid, 5), 128 + SIGINT);
-  fs::remove_all(dir);
+  remove_tree(dir);
 }
 
 }  // namespace

@@ -34,15 +34,17 @@ ServerConfig test_config(const fs::path& repo, int64_t max_message_bytes = 16 <<
 }
 
 ModelFactory fake_or_real() {
-  return [](const std::string& dir, const models::LoadOptions& o) -> std::unique_ptr<models::Model> {
-    if (dir.find("fake") != std::string::npos) return std::make_unique<FakeDetector>();
-    return models::load_model(dir, o);
-  };
+  return
+      [](const std::string& dir, const models::LoadOptions& o) -> std::unique_ptr<models::Model> {
+        if (dir.find("fake") != std::string::npos) return std::make_unique<FakeDetector>();
+        return models::load_model(dir, o);
+      };
 }
 
 std::string images_request(const std::string& model, int64_t n, const std::string& extra = "") {
-  return "model_name: \"" + model + "\" inputs { name: \"images\" datatype: \"BYTES\" shape: " +
-         std::to_string(n) + " } " + extra;
+  return "model_name: \"" + model +
+         "\" inputs { name: \"images\" datatype: \"BYTES\" shape: " + std::to_string(n) + " } " +
+         extra;
 }
 
 class ServerGrpc : public ::testing::Test {
@@ -51,15 +53,16 @@ class ServerGrpc : public ::testing::Test {
     repo_ = new fs::path(temp_dir("repo"));
     add_rtdetr_tiny(*repo_);
     add_fake_model(*repo_, "fake", "max_batch_size: 1\nmax_queue_size: 2\n");
-    add_fake_model(*repo_, "fake_batching",
-                   "max_batch_size: 4\nmax_queue_delay_microseconds: 1000000\nmax_queue_size: 16\n");
+    add_fake_model(
+        *repo_, "fake_batching",
+        "max_batch_size: 4\nmax_queue_delay_microseconds: 1000000\nmax_queue_size: 16\n");
     daemon_ = new Daemon(test_config(*repo_), fake_or_real());
     daemon_->start();
     address_ = new std::string("127.0.0.1:" + std::to_string(daemon_->grpc_port()));
   }
   static void TearDownTestSuite() {
     delete daemon_;
-    fs::remove_all(*repo_);
+    remove_tree(*repo_);
     delete repo_;
     delete address_;
   }
@@ -107,9 +110,11 @@ TEST_F(ServerGrpc, ModelMetadataConfigStatisticsIndex) {
   auto r = c.call("ModelMetadata", "name: \"rtdetr_tiny\"");
   ASSERT_TRUE(r.ok()) << r.message;
   EXPECT_NE(r.text.find("platform: \"libreyolo_rt_detr\""), std::string::npos) << r.text;
-  EXPECT_NE(r.text.find("name: \"images\"\n  datatype: \"BYTES\"\n  shape: -1"), std::string::npos) << r.text;
-  EXPECT_NE(r.text.find("name: \"logits\"\n  datatype: \"FP32\"\n  shape: -1\n  shape: 30\n  shape: 10"),
-            std::string::npos)
+  EXPECT_NE(r.text.find("name: \"images\"\n  datatype: \"BYTES\"\n  shape: -1"), std::string::npos)
+      << r.text;
+  EXPECT_NE(
+      r.text.find("name: \"logits\"\n  datatype: \"FP32\"\n  shape: -1\n  shape: 30\n  shape: 10"),
+      std::string::npos)
       << r.text;
   r = c.call("ModelMetadata", "name: \"nope\"");
   EXPECT_EQ(r.code, Code::not_found);
@@ -139,7 +144,8 @@ TEST_F(ServerGrpc, ModelMetadataConfigStatisticsIndex) {
 
   auto before = c.call("ModelStatistics", "name: \"fake\"");
   ASSERT_TRUE(before.ok()) << before.message;
-  auto ok = c.infer(images_request("fake", 1), {rpc::pack_bytes({read_file(kFixtures + "/images/coffee.jpg")})});
+  auto ok = c.infer(images_request("fake", 1),
+                    {rpc::pack_bytes({read_file(kFixtures + "/images/coffee.jpg")})});
   ASSERT_TRUE(ok.ok()) << ok.message;
   auto after = c.call("ModelStatistics", "name: \"fake\"");
   EXPECT_NE(after.text.find("batch_size: 1"), std::string::npos) << after.text;
@@ -151,7 +157,8 @@ TEST_F(ServerGrpc, ModelMetadataConfigStatisticsIndex) {
 /// post_process_object_detection at threshold 0.3.
 TEST_F(ServerGrpc, DetectionsMatchTheFixture) {
   rpc::Client c(*address_, 64 << 20);
-  const auto expected = models::core::SafetensorsFile::open(kFixtures + "/models/rtdetr_tiny/expected.safetensors");
+  const auto expected =
+      models::core::SafetensorsFile::open(kFixtures + "/models/rtdetr_tiny/expected.safetensors");
   const std::vector<std::string> jpegs = {read_file(kFixtures + "/images/astronaut.jpg"),
                                           read_file(kFixtures + "/images/coffee.jpg")};
   auto check = [&](const rpc::InferResult& r, double score_tol, double box_tol, const char* what) {
@@ -179,32 +186,39 @@ TEST_F(ServerGrpc, DetectionsMatchTheFixture) {
         max_score = std::max(max_score, std::abs(double(scores[i * k + j]) - es[j].item<float>()));
         label_mismatch += labels[i * k + j] != el[j].item<int64_t>();
         for (int q = 0; q < 4; ++q) {
-          max_box = std::max(max_box, std::abs(double(boxes[(i * k + j) * 4 + q]) - eb[j][q].item<float>()));
+          max_box = std::max(max_box,
+                             std::abs(double(boxes[(i * k + j) * 4 + q]) - eb[j][q].item<float>()));
         }
       }
     }
     std::cout << what << ": max |score - expected| = " << max_score
-              << ", max |box - expected| = " << max_box << " px, label mismatches " << label_mismatch << "\n";
+              << ", max |box - expected| = " << max_box << " px, label mismatches "
+              << label_mismatch << "\n";
     EXPECT_LE(max_score, score_tol) << what;
     EXPECT_LE(max_box, box_tol) << what;
     EXPECT_EQ(label_mismatch, 0) << what;
   };
   const std::string th = "parameters { key: \"threshold\" value { double_param: 0.3 } }";
   // Encoded JPEGs, raw contents: decode + resize in C++ differ slightly from PIL + torchvision.
-  check(c.infer(images_request("rtdetr_tiny", 2, th), {rpc::pack_bytes(jpegs)}), 2e-2, 2.0, "images raw");
+  check(c.infer(images_request("rtdetr_tiny", 2, th), {rpc::pack_bytes(jpegs)}), 2e-2, 2.0,
+        "images raw");
   // The same as typed bytes_contents.
-  check(c.infer("model_name: \"rtdetr_tiny\" inputs { name: \"images\" datatype: \"BYTES\" shape: 2 "
-                "contents { bytes_contents: \"" + rpc::text_escape(jpegs[0]) + "\" bytes_contents: \"" +
-                rpc::text_escape(jpegs[1]) + "\" } } " + th),
-        2e-2, 2.0, "images typed");
+  check(
+      c.infer("model_name: \"rtdetr_tiny\" inputs { name: \"images\" datatype: \"BYTES\" shape: 2 "
+              "contents { bytes_contents: \"" +
+              rpc::text_escape(jpegs[0]) + "\" bytes_contents: \"" + rpc::text_escape(jpegs[1]) +
+              "\" } } " + th),
+      2e-2, 2.0, "images typed");
   // The fixture's own pixels as pixel_values with target_sizes: the model alone.
   auto u8 = expected->get("pixel_u8", at::kFloat, at::kCPU);
   auto pv = (u8 * static_cast<float>(0.00392156862745098)).contiguous();
   std::string raw(reinterpret_cast<const char*>(pv.data_ptr<float>()), pv.numel() * 4);
   std::vector<int64_t> sizes = {512, 512, 400, 600};
   std::string raw_sizes(reinterpret_cast<const char*>(sizes.data()), sizes.size() * 8);
-  check(c.infer("model_name: \"rtdetr_tiny\" inputs { name: \"pixel_values\" datatype: \"FP32\" shape: [2, 3, 640, 640] } "
-                "inputs { name: \"target_sizes\" datatype: \"INT64\" shape: [2, 2] } " + th,
+  check(c.infer("model_name: \"rtdetr_tiny\" inputs { name: \"pixel_values\" datatype: \"FP32\" "
+                "shape: [2, 3, 640, 640] } "
+                "inputs { name: \"target_sizes\" datatype: \"INT64\" shape: [2, 2] } " +
+                    th,
                 {raw, raw_sizes}),
         1e-4, 1e-2, "pixel_values");
 }
@@ -212,9 +226,11 @@ TEST_F(ServerGrpc, DetectionsMatchTheFixture) {
 TEST_F(ServerGrpc, FakeDetectorOutputsAndParameters) {
   rpc::Client c(*address_);
   const auto jpg = read_file(kFixtures + "/images/coffee.jpg");  // 600 x 400
-  auto r = c.infer(images_request("fake", 1, "outputs { name: \"boxes\" } outputs { name: \"label_names\" } "
-                                             "outputs { name: \"num_detections\" } outputs { name: \"logits\" }"),
-                   {rpc::pack_bytes({jpg})});
+  auto r =
+      c.infer(images_request("fake", 1,
+                             "outputs { name: \"boxes\" } outputs { name: \"label_names\" } "
+                             "outputs { name: \"num_detections\" } outputs { name: \"logits\" }"),
+              {rpc::pack_bytes({jpg})});
   ASSERT_TRUE(r.ok()) << r.message;
   ASSERT_EQ(r.outputs.size(), 4u);
   EXPECT_EQ(values<int32_t>(r.output("num_detections").data), std::vector<int32_t>{4});
@@ -231,8 +247,9 @@ TEST_F(ServerGrpc, FakeDetectorOutputsAndParameters) {
   EXPECT_EQ(r.output("label_names").data.size(), 4u * 4u + 3u + 3u + 4u + 3u);  // cat dog bird cat
   EXPECT_EQ(r.output("logits").shape, (std::vector<int64_t>{1, 4, 3}));
   // threshold 0.9 keeps nothing; top_k 2 keeps two.
-  r = c.infer(images_request("fake", 1, "parameters { key: \"threshold\" value { double_param: 0.9 } }"),
-              {rpc::pack_bytes({jpg})});
+  r = c.infer(
+      images_request("fake", 1, "parameters { key: \"threshold\" value { double_param: 0.9 } }"),
+      {rpc::pack_bytes({jpg})});
   ASSERT_TRUE(r.ok()) << r.message;
   EXPECT_EQ(values<int32_t>(r.output("num_detections").data), std::vector<int32_t>{0});
   EXPECT_EQ(r.output("scores").shape, (std::vector<int64_t>{1, 0}));
@@ -254,55 +271,132 @@ TEST_F(ServerGrpc, BadInputsGetExactStatuses) {
   rpc::Client c(*address_, 64 << 20);
   const auto jpg = read_file(kFixtures + "/images/coffee.jpg");
   std::string corrupt = jpg.substr(0, 600) + std::string(400, '\x5a');
-  const std::string pv8 = "inputs { name: \"pixel_values\" datatype: \"FP32\" shape: [1, 3, 8, 8] }";
+  // The JPEG with its frame header (SOF0/SOF2) claiming 10000 x 10000 pixels: rejected from the
+  // header, before decoding.
+  std::string huge = jpg;
+  for (std::size_t i = 0; i + 9 < huge.size(); ++i) {
+    if (huge[i] == '\xff' && (huge[i + 1] == '\xc0' || huge[i + 1] == '\xc2')) {
+      huge[i + 5] = '\x27';
+      huge[i + 6] = '\x10';
+      huge[i + 7] = '\x27';
+      huge[i + 8] = '\x10';
+      break;
+    }
+  }
+  const std::vector<std::string> many(65, "x");
+  const std::string pv8 =
+      "inputs { name: \"pixel_values\" datatype: \"FP32\" shape: [1, 3, 8, 8] }";
   const std::vector<BadCase> cases = {
-      {"unknown model", images_request("nope", 1), {rpc::pack_bytes({jpg})}, Code::not_found,
+      {"unknown model",
+       images_request("nope", 1),
+       {rpc::pack_bytes({jpg})},
+       Code::not_found,
        "unknown model 'nope'"},
-      {"unknown version", images_request("fake", 1, "model_version: \"3\""), {rpc::pack_bytes({jpg})},
-       Code::not_found, "model 'fake' has no version '3'"},
-      {"wrong datatype", "model_name: \"fake\" inputs { name: \"images\" datatype: \"FP32\" shape: 1 }",
-       {std::string(4, '\0')}, Code::invalid_argument, "input 'images': datatype FP32, expected BYTES"},
-      {"wrong shape", "model_name: \"fake\" inputs { name: \"pixel_values\" datatype: \"FP32\" shape: [1, 4, 8, 8] }",
-       {std::string(4 * 64 * 4, '\0')}, Code::invalid_argument,
+      {"unknown version",
+       images_request("fake", 1, "model_version: \"3\""),
+       {rpc::pack_bytes({jpg})},
+       Code::not_found,
+       "model 'fake' has no version '3'"},
+      {"wrong datatype",
+       "model_name: \"fake\" inputs { name: \"images\" datatype: \"FP32\" shape: 1 }",
+       {std::string(4, '\0')},
+       Code::invalid_argument,
+       "input 'images': datatype FP32, expected BYTES"},
+      {"wrong shape",
+       "model_name: \"fake\" inputs { name: \"pixel_values\" datatype: \"FP32\" shape: [1, 4, 8, "
+       "8] }",
+       {std::string(4 * 64 * 4, '\0')},
+       Code::invalid_argument,
        "input 'pixel_values': shape [1,4,8,8], expected [N,3,H,W]"},
-      {"shape/byte-size mismatch", "model_name: \"fake\" " + pv8, {std::string(10, '\0')},
-       Code::invalid_argument, "input 'pixel_values': shape [1,3,8,8] needs 768 bytes of FP32, got 10"},
-      {"BYTES count mismatch", images_request("fake", 2), {rpc::pack_bytes({jpg})}, Code::invalid_argument,
+      {"shape/byte-size mismatch",
+       "model_name: \"fake\" " + pv8,
+       {std::string(10, '\0')},
+       Code::invalid_argument,
+       "input 'pixel_values': shape [1,3,8,8] needs 768 bytes of FP32, got 10"},
+      {"BYTES count mismatch",
+       images_request("fake_batching", 2),
+       {rpc::pack_bytes({jpg})},
+       Code::invalid_argument,
        "input 'images': shape [2] says 2 elements but the BYTES data holds 1"},
-      {"malformed BYTES", images_request("fake", 1), {std::string("\xff\x00\x00\x00abc", 7)},
-       Code::invalid_argument, "input 'images': BYTES data is malformed"},
+      {"malformed BYTES",
+       images_request("fake", 1),
+       {std::string("\xff\x00\x00\x00abc", 7)},
+       Code::invalid_argument,
+       "input 'images': BYTES data is malformed"},
       {"raw and typed both",
-       "model_name: \"fake\" inputs { name: \"images\" datatype: \"BYTES\" shape: 1 contents { bytes_contents: \"x\" } }",
-       {rpc::pack_bytes({jpg})}, Code::invalid_argument,
+       "model_name: \"fake\" inputs { name: \"images\" datatype: \"BYTES\" shape: 1 contents { "
+       "bytes_contents: \"x\" } }",
+       {rpc::pack_bytes({jpg})},
+       Code::invalid_argument,
        "input 'images': both contents and raw_input_contents are set"},
-      {"raw count", images_request("fake", 1) + " inputs { name: \"target_sizes\" datatype: \"INT64\" shape: [1, 2] }",
-       {rpc::pack_bytes({jpg})}, Code::invalid_argument, "raw_input_contents has 1 entries for 2 inputs"},
+      {"raw count",
+       images_request("fake", 1) +
+           " inputs { name: \"target_sizes\" datatype: \"INT64\" shape: [1, 2] }",
+       {rpc::pack_bytes({jpg})},
+       Code::invalid_argument,
+       "raw_input_contents has 1 entries for 2 inputs"},
       {"typed in the wrong field",
-       "model_name: \"fake\" inputs { name: \"pixel_values\" datatype: \"FP32\" shape: [1, 3, 1, 1] contents { int64_contents: [1, 2, 3] } }",
-       {}, Code::invalid_argument, "input 'pixel_values': datatype FP32 expects typed contents in fp32_contents"},
-      {"empty batch", images_request("fake", 0), {std::string()}, Code::invalid_argument,
+       "model_name: \"fake\" inputs { name: \"pixel_values\" datatype: \"FP32\" shape: [1, 3, 1, "
+       "1] contents { int64_contents: [1, 2, 3] } }",
+       {},
+       Code::invalid_argument,
+       "input 'pixel_values': datatype FP32 expects typed contents in fp32_contents"},
+      {"empty batch",
+       images_request("fake", 0),
+       {std::string()},
+       Code::invalid_argument,
        "input 'images': empty batch (N = 0)"},
-      {"0-byte image", images_request("fake", 1), {rpc::pack_bytes({""})}, Code::invalid_argument,
+      {"0-byte image",
+       images_request("fake", 1),
+       {rpc::pack_bytes({""})},
+       Code::invalid_argument,
        "input 'images': image 0 is empty (0 bytes)"},
-      {"corrupt JPEG", images_request("fake", 1), {rpc::pack_bytes({corrupt})}, Code::invalid_argument,
+      {"corrupt JPEG",
+       images_request("fake", 1),
+       {rpc::pack_bytes({corrupt})},
+       Code::invalid_argument,
        "input 'images': image 0: "},
-      {"not an image", images_request("fake", 1), {rpc::pack_bytes({"hello world"})}, Code::invalid_argument,
+      {"not an image",
+       images_request("fake", 1),
+       {rpc::pack_bytes({"hello world"})},
+       Code::invalid_argument,
        "input 'images': image 0: "},
-      {"above max_batch_size", images_request("fake", 2), {rpc::pack_bytes({jpg, jpg})}, Code::invalid_argument,
+      {"above max_batch_size",
+       images_request("fake", 2),
+       {rpc::pack_bytes({jpg, jpg})},
+       Code::invalid_argument,
        "input 'images': batch of 2 exceeds the model's max_batch_size 1"},
-      {"unknown input", "model_name: \"fake\" inputs { name: \"pixels\" datatype: \"FP32\" shape: 1 }",
-       {std::string(4, '\0')}, Code::invalid_argument, "unexpected input 'pixels'"},
+      {"unknown input",
+       "model_name: \"fake\" inputs { name: \"pixels\" datatype: \"FP32\" shape: 1 }",
+       {std::string(4, '\0')},
+       Code::invalid_argument,
+       "unexpected input 'pixels'"},
       {"no input", "model_name: \"fake\"", {}, Code::invalid_argument, "missing input"},
-      {"unknown output", images_request("fake", 1, "outputs { name: \"masks\" }"), {rpc::pack_bytes({jpg})},
-       Code::invalid_argument, "unknown output 'masks'"},
-      {"bad threshold", images_request("fake", 1, "parameters { key: \"threshold\" value { string_param: \"high\" } }"),
-       {rpc::pack_bytes({jpg})}, Code::invalid_argument, "parameter 'threshold' must be a number"},
-      {"message too large", images_request("fake", 1), {rpc::pack_bytes({std::string(17 << 20, 'x')})},
-       Code::resource_exhausted, "larger than max"},
+      {"unknown output",
+       images_request("fake", 1, "outputs { name: \"masks\" }"),
+       {rpc::pack_bytes({jpg})},
+       Code::invalid_argument,
+       "unknown output 'masks'"},
+      {"bad threshold",
+       images_request("fake", 1,
+                      "parameters { key: \"threshold\" value { string_param: \"high\" } }"),
+       {rpc::pack_bytes({jpg})},
+       Code::invalid_argument,
+       "parameter 'threshold' must be a number"},
+      {"pixels above the limit", images_request("fake", 1), {rpc::pack_bytes({huge})}, Code::invalid_argument,
+       "input 'images': image 0: "},
+      {"images above the limit", images_request("fake_batching", 65), {rpc::pack_bytes(many)},
+       Code::invalid_argument, "input 'images': 65 images exceed the limit of 64 per request"},
+      {"message too large",
+       images_request("fake", 1),
+       {rpc::pack_bytes({std::string(17 << 20, 'x')})},
+       Code::resource_exhausted,
+       "larger than max"},
   };
   for (const auto& bc : cases) {
     auto r = c.infer(bc.text, bc.raw);
     EXPECT_EQ(r.code, bc.code) << bc.what << ": " << api::code_name(r.code) << " " << r.message;
+    std::cout << bc.what << ": " << api::code_name(r.code) << " " << r.message.substr(0, 160) << "\n";
     EXPECT_NE(r.message.find(bc.message), std::string::npos)
         << bc.what << ": message '" << r.message << "' lacks '" << bc.message << "'";
   }
@@ -318,7 +412,8 @@ TEST_F(ServerGrpc, QueueOverflowIsResourceExhausted) {
   // max_batch_size 1, max_queue_size 2: one runs, two wait, the rest overflow.
   std::vector<std::future<rpc::InferResult>> calls;
   for (int i = 0; i < 6; ++i) {
-    calls.push_back(std::async(std::launch::async, [&] { return c.infer(images_request("fake", 1), {jpg}); }));
+    calls.push_back(
+        std::async(std::launch::async, [&] { return c.infer(images_request("fake", 1), {jpg}); }));
     std::this_thread::sleep_for(std::chrono::milliseconds(40));
   }
   int ok = 0, exhausted = 0;
@@ -339,7 +434,8 @@ TEST_F(ServerGrpc, DeadlineExpiredInQueueNeverRuns) {
   rpc::Client c(*address_);
   const auto jpg = rpc::pack_bytes({read_file(kFixtures + "/images/coffee.jpg")});
   FakeState::get().sleep_ms = 500;
-  auto first = std::async(std::launch::async, [&] { return c.infer(images_request("fake", 1), {jpg}); });
+  auto first =
+      std::async(std::launch::async, [&] { return c.infer(images_request("fake", 1), {jpg}); });
   std::this_thread::sleep_for(std::chrono::milliseconds(100));
   auto late = c.infer(images_request("fake", 1), {jpg}, 0.15);
   EXPECT_EQ(late.code, Code::deadline_exceeded) << late.message;
@@ -347,7 +443,8 @@ TEST_F(ServerGrpc, DeadlineExpiredInQueueNeverRuns) {
   std::this_thread::sleep_for(std::chrono::milliseconds(100));  // the worker drops the expired one
   EXPECT_EQ(FakeState::get().batches(), std::vector<int64_t>{1}) << "the expired request ran";
   const auto metrics = daemon_->metrics().serialize();
-  EXPECT_NE(metrics.find("libreyolo_inference_requests_total{code=\"DEADLINE_EXCEEDED\",model=\"fake\",version=\"1\"} 1"),
+  EXPECT_NE(metrics.find("libreyolo_inference_requests_total{code=\"DEADLINE_EXCEEDED\",model="
+                         "\"fake\",version=\"1\"} 1"),
             std::string::npos)
       << metrics;
 }
@@ -357,7 +454,8 @@ TEST_F(ServerGrpc, DynamicBatchingGroupsConcurrentRequests) {
   const auto jpg = rpc::pack_bytes({read_file(kFixtures + "/images/coffee.jpg")});
   std::vector<std::future<rpc::InferResult>> calls;
   for (int i = 0; i < 4; ++i) {
-    calls.push_back(std::async(std::launch::async, [&] { return c.infer(images_request("fake_batching", 1), {jpg}); }));
+    calls.push_back(std::async(std::launch::async,
+                               [&] { return c.infer(images_request("fake_batching", 1), {jpg}); }));
   }
   for (auto& f : calls) EXPECT_TRUE(f.get().ok());
   const auto batches = FakeState::get().batches();
@@ -375,7 +473,9 @@ TEST_F(ServerGrpc, HttpAdminEndpoints) {
   EXPECT_EQ(ready.status, 200);
   EXPECT_EQ(ready.body, "{\"ready\":true}");
   rpc::Client c(*address_);
-  ASSERT_TRUE(c.infer(images_request("fake", 1), {rpc::pack_bytes({read_file(kFixtures + "/images/coffee.jpg")})}).ok());
+  ASSERT_TRUE(c.infer(images_request("fake", 1),
+                      {rpc::pack_bytes({read_file(kFixtures + "/images/coffee.jpg")})})
+                  .ok());
   auto m = http_get(port, "/metrics");
   EXPECT_EQ(m.status, 200);
   for (const char* name :
@@ -383,12 +483,13 @@ TEST_F(ServerGrpc, HttpAdminEndpoints) {
         "libreyolo_queue_duration_seconds_count{model=\"fake\",version=\"1\"}",
         "libreyolo_compute_duration_seconds_sum{model=\"fake\",version=\"1\"}",
         "libreyolo_preprocess_duration_seconds_count{model=\"fake\",version=\"1\"}",
-        "libreyolo_batch_size_bucket{model=\"fake\",le=\"1\"}", "libreyolo_pending_requests{model=\"fake\"} 0",
+        "libreyolo_batch_size_bucket{model=\"fake\",le=\"1\"}",
+        "libreyolo_pending_requests{model=\"fake\"} 0",
         "libreyolo_model_load_seconds{model=\"rtdetr_tiny\",version=\"1\"}",
         "libreyolo_inference_requests_total{code=\"OK\",model=\"fake\",version=\"1\"}",
         "libreyolo_kernel_active{slot=\"fake_quant_fp8\",impl=\"reference\"} 1",
         "# TYPE libreyolo_kernel_calls_total counter"}) {
-    EXPECT_NE(m.body.find(name), std::string::npos) << "missing " << name;
+    EXPECT_NE(m.body.find(name), std::string::npos) << "missing " << name << " in\n" << m.body;
   }
   auto active = http_get(port, "/active");
   EXPECT_EQ(active.status, 200);
@@ -409,17 +510,22 @@ TEST(ServerLifecycle, FailingModelKeepsOthersServingAndReadinessFalse) {
   EXPECT_EQ(c.health("readiness").text, "NOT_SERVING");
   EXPECT_EQ(c.health("liveness").text, "SERVING");
   auto idx = c.call("RepositoryIndex");
-  EXPECT_NE(idx.text.find("name: \"broken\"\n  version: \"1\"\n  state: \"UNAVAILABLE\"\n  reason: \""), std::string::npos)
+  EXPECT_NE(
+      idx.text.find("name: \"broken\"\n  version: \"1\"\n  state: \"UNAVAILABLE\"\n  reason: \""),
+      std::string::npos)
       << idx.text;
   EXPECT_NE(idx.text.find("config.json: invalid JSON"), std::string::npos) << idx.text;
   EXPECT_NE(idx.text.find("no numeric version folder"), std::string::npos) << idx.text;
   auto r = c.infer(images_request("broken", 1), {rpc::pack_bytes({"x"})});
   EXPECT_EQ(r.code, Code::unavailable);
-  EXPECT_NE(r.message.find("model 'broken' is not ready (UNAVAILABLE: "), std::string::npos) << r.message;
-  EXPECT_TRUE(c.infer(images_request("fake", 1), {rpc::pack_bytes({read_file(kFixtures + "/images/coffee.jpg")})}).ok());
+  EXPECT_NE(r.message.find("model 'broken' is not ready (UNAVAILABLE: "), std::string::npos)
+      << r.message;
+  EXPECT_TRUE(c.infer(images_request("fake", 1),
+                      {rpc::pack_bytes({read_file(kFixtures + "/images/coffee.jpg")})})
+                  .ok());
   EXPECT_EQ(http_get(d.http_port(), "/v2/health/ready").status, 503);
   d.stop(1.0);
-  fs::remove_all(repo);
+  remove_tree(repo);
 }
 
 TEST(ServerLifecycle, DrainFlipsReadinessButKeepsServing) {
@@ -441,14 +547,15 @@ TEST(ServerLifecycle, DrainFlipsReadinessButKeepsServing) {
   // In-flight requests finish after stop() begins; new calls are refused.
   FakeState::get().reset();
   FakeState::get().sleep_ms = 300;
-  auto inflight = std::async(std::launch::async, [&] { return c.infer(images_request("fake", 1), {jpg}); });
+  auto inflight =
+      std::async(std::launch::async, [&] { return c.infer(images_request("fake", 1), {jpg}); });
   std::this_thread::sleep_for(std::chrono::milliseconds(100));
   d.stop(5.0);
   auto r = inflight.get();
   EXPECT_TRUE(r.ok()) << api::code_name(r.code) << " " << r.message;
   EXPECT_EQ(c.call("ServerLive", "", 1.0).code, Code::unavailable);
   FakeState::get().reset();
-  fs::remove_all(repo);
+  remove_tree(repo);
 }
 
 }  // namespace

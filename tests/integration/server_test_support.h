@@ -6,6 +6,7 @@
 
 #include <ATen/ATen.h>
 #include <arpa/inet.h>
+#include <ftw.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -96,20 +97,23 @@ inline void write_file(const fs::path& path, const std::string& text) {
 /// A fresh directory under the system temp folder.
 inline fs::path temp_dir(const std::string& tag) {
   std::random_device rd;
-  auto p = fs::temp_directory_path() / ("libreyolo-" + tag + "-" + std::to_string(::getpid()) + "-" +
-                                        std::to_string(rd()));
+  auto p = fs::temp_directory_path() /
+           ("libreyolo-" + tag + "-" + std::to_string(::getpid()) + "-" + std::to_string(rd()));
   fs::create_directories(p);
   return p;
 }
 
 /// Adds <repo>/<name>/1 with a fake checkpoint (config.json says rt_detr; the factory ignores
 /// the weights) and the RT-DETR fixture's preprocessor_config.json.
-inline void add_fake_model(const fs::path& repo, const std::string& name, const std::string& serving_yaml) {
+inline void add_fake_model(const fs::path& repo, const std::string& name,
+                           const std::string& serving_yaml) {
   const auto dir = repo / name / "1";
-  write_file(dir / "config.json",
-             R"({"model_type": "rt_detr", "num_queries": 4, "id2label": {"0": "cat", "1": "dog", "2": "bird"}})");
+  write_file(
+      dir / "config.json",
+      R"({"model_type": "rt_detr", "num_queries": 4, "id2label": {"0": "cat", "1": "dog", "2": "bird"}})");
   write_file(dir / "preprocessor_config.json",
-             read_file(std::string(LIBREYOLO_TEST_FIXTURES) + "/models/rtdetr_tiny/preprocessor_config.json"));
+             read_file(std::string(LIBREYOLO_TEST_FIXTURES) +
+                       "/models/rtdetr_tiny/preprocessor_config.json"));
   write_file(dir / "model.safetensors", "");
   if (!serving_yaml.empty()) write_file(repo / name / "serving.yaml", serving_yaml);
 }
@@ -123,6 +127,15 @@ inline void add_rtdetr_tiny(const fs::path& repo, const std::string& serving_yam
     fs::copy_file(src / f, dir / f, fs::copy_options::overwrite_existing);
   }
   if (!serving_yaml.empty()) write_file(repo / "rtdetr_tiny" / "serving.yaml", serving_yaml);
+}
+
+/// Deletes a directory tree. (Not std::filesystem::remove_all: libtorch.so exports its own copy
+/// of it, which the dynamic linker may pick and which crashes.)
+inline void remove_tree(const fs::path& dir) {
+  ::nftw(
+      dir.c_str(),
+      [](const char* path, const struct stat*, int, struct FTW*) { return ::remove(path); }, 16,
+      FTW_DEPTH | FTW_PHYS);
 }
 
 /// A loopback port that was free a moment ago.

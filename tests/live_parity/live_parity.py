@@ -101,7 +101,16 @@ def dd_cfg(**kw):
 def cases():
     """(name, model class, config, processor, input shape (B,H,W) or per-image sizes, masked)."""
     RT, RT2, DD = tr.RTDetrForObjectDetection, tr.RTDetrV2ForObjectDetection, tr.DeformableDetrForObjectDetection
-    RTP, DDP, VP = tr.RTDetrImageProcessor(), tr.DeformableDetrImageProcessor(), tr.ViTImageProcessor()
+    # Processor settings as the Hub folders carry them (the processors themselves need PIL and
+    # torchvision; the pixels are fed directly here, so only the file is needed).
+    RTP = {"image_processor_type": "RTDetrImageProcessor", "do_resize": True, "size": {"height": 640, "width": 640},
+           "do_rescale": True, "rescale_factor": 1 / 255, "do_normalize": False, "do_pad": False}
+    DDP = {"image_processor_type": "DeformableDetrImageProcessor", "do_resize": True,
+           "size": {"shortest_edge": 800, "longest_edge": 1333}, "do_rescale": True, "rescale_factor": 1 / 255,
+           "do_normalize": True, "image_mean": [0.485, 0.456, 0.406], "image_std": [0.229, 0.224, 0.225], "do_pad": True}
+    VP = {"image_processor_type": "ViTImageProcessor", "do_resize": True, "size": {"height": 224, "width": 224},
+          "do_rescale": True, "rescale_factor": 1 / 255, "do_normalize": True, "image_mean": [0.5, 0.5, 0.5],
+          "image_std": [0.5, 0.5, 0.5]}
     yield "rtdetr_bottleneck_3lvl_320x480", RT, rt_cfg(tr.RTDetrConfig, rt_backbone("bottleneck", (16, 24, 40, 56), (1, 1, 2, 1)), 3, 40), RTP, (2, 320, 480), False
     yield "rtdetr_basic_4lvl_416x288", RT, rt_cfg(tr.RTDetrConfig, rt_backbone("basic", (16, 16, 32, 48), (1, 2, 1, 1)), 4, 25), RTP, (1, 416, 288), False
     yield "rtdetr_v2_352x352", RT2, rt_cfg(tr.RTDetrV2Config, rt_backbone("bottleneck", (16, 32, 48, 64), (1, 1, 1, 1)), 3, 30, decoder_n_levels=3), RTP, (2, 352, 352), False
@@ -146,7 +155,8 @@ def main():
                 if gap is None or gap >= 1e-4:
                     break
             m.save_pretrained(d, safe_serialization=True)
-            proc.save_pretrained(d)
+            with open(os.path.join(d, "preprocessor_config.json"), "w") as f:
+                json.dump(proc, f, indent=1)
             m = Model.from_pretrained(d).eval()
             with torch.no_grad():
                 ref = m(**kw)

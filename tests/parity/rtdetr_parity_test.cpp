@@ -12,8 +12,8 @@
 
 namespace {
 
-using libreyolo::models::LoadOptions;
 using libreyolo::models::load_model;
+using libreyolo::models::LoadOptions;
 namespace core = libreyolo::models::core;
 
 std::string fixture_dir(const std::string& name) {

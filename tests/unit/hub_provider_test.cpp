@@ -3,6 +3,7 @@
 // fetched into a temporary HF-layout cache, verified, dlopen()ed and called through the
 // registry. Every case counts the server's requests and the warnings.
 #include <ATen/ATen.h>
+#include <ATen/core/dispatch/Dispatcher.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -97,6 +98,12 @@ at::Tensor slot_call(Registry& r, const Inputs& in) {
   auto out = r.call_as<MsDeformAttnImpl>(kMsDeformAttn, in.value, in.shapes_t, in.start_t, in.loc,
                                          in.attn);
   return out ? *out : in.portable();
+}
+
+/// Restarts the call counter of a loaded test library (its op `<ns>::reset_calls`).
+void reset_test_op_calls(const std::string& ns) {
+  auto op = c10::Dispatcher::singleton().findSchema({ns + "::reset_calls", ""});
+  if (op) op->typed<void()>().call();
 }
 
 uint64_t hub_calls(Registry& r) {
@@ -384,6 +391,7 @@ TEST_F(HubProvider, OpThrowingAtTheFirstCallDisablesHubWithCorrectAnswers) {
   serve_and_lock("throw1");
   lylog::Capture capture;
   auto r = make_registry();
+  reset_test_op_calls("_libreyolo_hubtest_cpu_throw1");
   ASSERT_EQ(r->resolve(kMsDeformAttn), std::optional<std::string>("hub"));
   for (int i = 0; i < 3; ++i) {
     Inputs in(100 + i);
@@ -400,6 +408,7 @@ TEST_F(HubProvider, OpThrowingAtTheHundredthCallDisablesHubWithCorrectAnswers) {
   serve_and_lock("throw100");
   lylog::Capture capture;
   auto r = make_registry();
+  reset_test_op_calls("_libreyolo_hubtest_cpu_throw100");
   Inputs in(5);
   const at::Tensor expected = in.portable();
   double worst = 0;

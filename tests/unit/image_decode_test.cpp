@@ -239,12 +239,15 @@ TEST(ImageDecode, TruncatedJpegNamedTruncatedEvenWhenLenient) {
 }
 
 TEST(ImageDecode, RecoverableJpegWarningStrictVsLenient) {
-  // Two stray bytes before EOI: libjpeg warns and recovers (PIL accepts such files).
+  // Two stray bytes before the SOS marker: libjpeg warns and recovers (PIL accepts such files).
   const auto bytes = encode_jpeg(jpeg(JpegSpec::Pixels::rgb, 16, 16, gradient_rgb(16, 16), 90));
-  std::vector<uint8_t> stray(bytes.begin(), bytes.end() - 2);
-  stray.insert(stray.end(), {0x00, 0x00, 0xFF, 0xD9});
+  std::vector<uint8_t> stray = bytes;
+  size_t sos = 2;
+  while (sos + 1 < stray.size() && !(stray[sos] == 0xFF && stray[sos + 1] == 0xDA)) ++sos;
+  ASSERT_LT(sos + 1, stray.size());
+  stray.insert(stray.begin() + sos, {0x00, 0x00});
   EXPECT_EQ(error_of(stray),
-            "corrupt JPEG: Corrupt JPEG data: 2 extraneous bytes before marker 0xd9");
+            "corrupt JPEG header: Corrupt JPEG data: 2 extraneous bytes before marker 0xda");
   DecodeOptions lenient;
   lenient.strict_jpeg = false;
   EXPECT_EQ(decode(stray, lenient).rgb, decode(bytes).rgb);

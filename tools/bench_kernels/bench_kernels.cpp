@@ -167,13 +167,13 @@ void bench_msda(const std::string& shape, int64_t B, int64_t Q, const lk::Spatia
       };
       const double bytes =
           mb(m.value) + mb(m.loc) + mb(m.attn) + B * Q * H * C * m.value.element_size() / 1e6;
-      for (const int u : {1, 2, 4}) {
-        lk::cuda::set_forward_unroll(u);
+      for (const int variant : {0, 1}) {  // 0: msda_forward_v2 (default), 1: first kernel
+        lk::cuda::set_forward_variant(variant);
         const auto [warm, cold] = time_both(run);
-        rows.push_back({"ms_deform_attn fwd", sh, "cuda u" + std::to_string(u), dtype_name(vt, lt),
-                        "graph", warm, cold, bytes});
+        rows.push_back({"ms_deform_attn fwd", sh, variant == 0 ? "cuda" : "cuda v1",
+                        dtype_name(vt, lt), "graph", warm, cold, bytes});
       }
-      lk::cuda::set_forward_unroll(2);
+      lk::cuda::set_forward_variant(0);
     }
   }
   for (const bool correlated : {false, true}) {

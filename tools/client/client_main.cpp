@@ -20,7 +20,8 @@ namespace {
 using namespace libreyolo::server;
 
 int usage() {
-  std::cerr << "usage: libreyolo-client detect --image FILE [--image FILE ...] [--server HOST:PORT] [--model NAME]\n"
+  std::cerr << "usage: libreyolo-client detect --image FILE [--image FILE ...] [--server "
+               "HOST:PORT] [--model NAME]\n"
                "                              [--threshold T] [--timeout SECONDS]\n"
                "       libreyolo-client health [--server HOST:PORT] [--service NAME]\n"
                "       libreyolo-client call METHOD [REQUEST_TEXT] [--server HOST:PORT]\n"
@@ -68,14 +69,22 @@ int main(int argc, char** argv) {
       return argv[++i];
     };
     try {
-      if (a == "--server") server = value();
-      else if (a == "--model") model = value();
-      else if (a == "--image") images.push_back(value());
-      else if (a == "--threshold") threshold = std::stod(value());
-      else if (a == "--timeout") timeout = std::stod(value());
-      else if (a == "--service") service = value();
-      else if (a.rfind("--", 0) == 0) return usage();
-      else positional.push_back(a);
+      if (a == "--server")
+        server = value();
+      else if (a == "--model")
+        model = value();
+      else if (a == "--image")
+        images.push_back(value());
+      else if (a == "--threshold")
+        threshold = std::stod(value());
+      else if (a == "--timeout")
+        timeout = std::stod(value());
+      else if (a == "--service")
+        service = value();
+      else if (a.rfind("--", 0) == 0)
+        return usage();
+      else
+        positional.push_back(a);
     } catch (const std::exception& e) {
       std::cerr << e.what() << "\n";
       return usage();
@@ -111,9 +120,10 @@ int main(int argc, char** argv) {
     data.emplace_back(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
   }
   std::ostringstream text;
-  text << "model_name: \"" << rpc::text_escape(model) << "\" inputs { name: \"images\" datatype: \"BYTES\" shape: "
-       << data.size() << " }";
-  if (threshold >= 0) text << " parameters { key: \"threshold\" value { double_param: " << threshold << " } }";
+  text << "model_name: \"" << rpc::text_escape(model)
+       << "\" inputs { name: \"images\" datatype: \"BYTES\" shape: " << data.size() << " }";
+  if (threshold >= 0)
+    text << " parameters { key: \"threshold\" value { double_param: " << threshold << " } }";
   auto r = client.infer(text.str(), {rpc::pack_bytes(data)}, timeout);
   if (!r.ok()) return fail(r.code, r.message);
   const auto counts = as<std::int32_t>(r.output("num_detections").data);
@@ -125,14 +135,14 @@ int main(int argc, char** argv) {
   const auto names = unpack_bytes(r.output("label_names").data);
   std::cout << std::fixed << std::setprecision(4);
   for (std::size_t i = 0; i < counts.size(); ++i) {
-    std::cout << images[i] << ": " << counts[i] << " detections (model " << r.model_name << " version "
-              << r.model_version << ")\n";
+    std::cout << images[i] << ": " << counts[i] << " detections (model " << r.model_name
+              << " version " << r.model_version << ")\n";
     for (std::int32_t j = 0; j < counts[i]; ++j) {
       const std::size_t at = i * k + j;
-      std::cout << "  " << std::setw(16) << std::left << names[at] << std::right << " label " << labels[at]
-                << " score " << scores[at] << " box [" << std::setprecision(1) << boxes[at * 4] << ", "
-                << boxes[at * 4 + 1] << ", " << boxes[at * 4 + 2] << ", " << boxes[at * 4 + 3] << "]"
-                << std::setprecision(4) << "\n";
+      std::cout << "  " << std::setw(16) << std::left << names[at] << std::right << " label "
+                << labels[at] << " score " << scores[at] << " box [" << std::setprecision(1)
+                << boxes[at * 4] << ", " << boxes[at * 4 + 1] << ", " << boxes[at * 4 + 2] << ", "
+                << boxes[at * 4 + 3] << "]" << std::setprecision(4) << "\n";
     }
   }
   return 0;

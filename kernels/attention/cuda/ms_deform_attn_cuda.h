@@ -29,9 +29,11 @@ at::Tensor ms_deform_attn_forward(const at::Tensor& value, const at::Tensor& spa
                                   const at::Tensor& sampling_locations,
                                   const at::Tensor& attention_weights);
 
-/// Benchmarking knob of the forward kernel: sampling points each lane group loads at once (1, 2
-/// or 4; default 2). Process-wide, not thread-safe; not for production code.
-void set_forward_unroll(int points);
+/// Benchmarking and testing knob of the forward: 0 (default) = msda_forward_v2 (grid over
+/// (query blocks, heads, batch), 32-bit pixel indices, wide lanes); 1, 2 or 4 = the first kernel
+/// (one warp per (b, h, q) from a flat index) loading that many points per lane group at once.
+/// Both give identical results up to float32 summation order. Process-wide, not thread-safe.
+void set_forward_variant(int variant);
 
 /// Backward: grad_output (B, Q, H * C) of the value dtype. Returns (grad_value (value dtype),
 /// grad_sampling_locations, grad_attention_weights (location dtype)). grad_value is accumulated

@@ -246,6 +246,104 @@ __global__ void __launch_bounds__(kThreads)
   if (slice == 0) *reinterpret_cast<uint4*>(out + bqh * kC + g * kV) = Tr::pack(acc);
 }
 
+// The default forward (variant 0): blocks of 8 queries of one (b, h) from a 3-d grid (no 64-bit
+// division per warp), 32-bit pixel indices, and wider lanes: kN 16-byte loads per lane and corner
+// (32 bytes for float32 C >= 32), so that each warp instruction stream handles kK = 32 / kG points
+// at once. The index math of a sampling point is the same for every lane of its group, so the
+// cost per point falls with kK; this kernel is bound by instruction issue, not bytes (see
+// docs/bench/kernels.md). Needs S < 2^30, B and H <= 65535.
+struct LevelF {
+  float hf, wf;
+  int h, w, start;
+};
+
+template <typename T, typename TL, int kC>
+__global__ void __launch_bounds__(kThreads)
+    msda_forward_v2(const T* __restrict__ value, const int64_t* __restrict__ shapes,
+                    const int64_t* __restrict__ starts, const TL* __restrict__ loc,
+                    const TL* __restrict__ attn, T* __restrict__ out, int S, int Q, int H, int L,
+                    int P) {
+  using Tr = Traits<T>;
+  constexpr int kVec = Tr::kVec;
+  constexpr int kRowVecs = kC / kVec;        // 16-byte vectors per value row
+  constexpr int kN = kRowVecs >= 8 ? 2 : 1;  // vectors per lane and corner
+  constexpr int kG = kRowVecs / kN;          // lanes per value row
+  constexpr int kK = 32 / kG;                // points handled at once per warp
+  static_assert(kC % kVec == 0 && kG >= 1 && kG <= 32 && kRowVecs % kN == 0, "channel split");
+  __shared__ LevelF lv[kMaxLevels];
+  for (int l = threadIdx.x; l < L; l += blockDim.x) {
+    const int hl = static_cast<int>(shapes[2 * l]), wl = static_cast<int>(shapes[2 * l + 1]);
+    lv[l] = {static_cast<float>(hl), static_cast<float>(wl), hl, wl, static_cast<int>(starts[l])};
+  }
+  __syncthreads();
+  const int q = blockIdx.x * kWarps + static_cast<int>(threadIdx.x / 32);
+  if (q >= Q) return;  // warp-uniform
+  const int h = blockIdx.y;
+  const int64_t b = blockIdx.z;
+  const int lane = threadIdx.x & 31;
+  const int g = lane % kG, slice = lane / kG;
+  const int LP = L * P;
+  const int64_t bqh = (b * Q + q) * H + h;
+  const TL* lp = loc + bqh * LP * 2;
+  const TL* ap = attn + bqh * LP;
+  const int64_t row = static_cast<int64_t>(H) * kC;
+  const T* vb = value + b * S * row + static_cast<int64_t>(h) * kC + g * kVec;
+  const float inv_p = 1.f / static_cast<float>(P);
+
+  float acc[kN * kVec];
+#pragma unroll
+  for (int c = 0; c < kN * kVec; ++c) acc[c] = 0.f;
+
+  for (int i = slice; i < LP; i += kK) {
+    // i / P without an integer division: (i + 0.5) / P is at least 0.5 / P away from an integer.
+    const LevelF lev = lv[__float2int_rz((static_cast<float>(i) + 0.5f) * inv_p)];
+    const float x = Traits<TL>::to_float(lp[2 * i]) * lev.wf - 0.5f;
+    const float y = Traits<TL>::to_float(lp[2 * i + 1]) * lev.hf - 0.5f;
+    if (!(y > -1.f && x > -1.f && y < lev.hf && x < lev.wf)) continue;  // NaN fails too
+    const float a = Traits<TL>::to_float(ap[i]);
+    const float fy = floorf(y), fx = floorf(x);
+    const int y0 = static_cast<int>(fy), x0 = static_cast<int>(fx);
+    const float ly = y - fy, lx = x - fx, hy = 1.f - ly, hx = 1.f - lx;
+    const bool y0ok = y0 >= 0, y1ok = y0 + 1 < lev.h, x0ok = x0 >= 0, x1ok = x0 + 1 < lev.w;
+    const int base = lev.start + y0 * lev.w + x0;
+    const int idx[4] = {base, base + 1, base + lev.w, base + lev.w + 1};
+    bool ok[4] = {y0ok && x0ok, y0ok && x1ok, y1ok && x0ok, y1ok && x1ok};
+    const float wt[4] = {hy * hx * a, hy * lx * a, ly * hx * a, ly * lx * a};
+    uint4 raw[4][kN];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      ok[k] = ok[k] && static_cast<unsigned>(idx[k]) < static_cast<unsigned>(S);
+#pragma unroll
+      for (int n = 0; n < kN; ++n)
+        raw[k][n] = ok[k] ? __ldg(reinterpret_cast<const uint4*>(
+                                vb + static_cast<int64_t>(idx[k]) * row + n * kG * kVec))
+                          : make_uint4(0u, 0u, 0u, 0u);
+    }
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      if (!ok[k]) continue;
+#pragma unroll
+      for (int n = 0; n < kN; ++n) {
+        float v[kVec];
+        Tr::unpack(raw[k][n], v);
+#pragma unroll
+        for (int c = 0; c < kVec; ++c) acc[n * kVec + c] = fmaf(wt[k], v[c], acc[n * kVec + c]);
+      }
+    }
+  }
+#pragma unroll
+  for (int off = kG; off < 32; off <<= 1) {
+#pragma unroll
+    for (int c = 0; c < kN * kVec; ++c) acc[c] += __shfl_xor_sync(kFull, acc[c], off);
+  }
+  if (slice == 0) {
+#pragma unroll
+    for (int n = 0; n < kN; ++n)
+      *reinterpret_cast<uint4*>(out + bqh * kC + g * kVec + n * kG * kVec) =
+          Tr::pack(acc + n * kVec);
+  }
+}
+
 template <typename T, typename TL>
 __global__ void __launch_bounds__(kThreads)
     msda_forward_generic(const T* __restrict__ value, const int64_t* __restrict__ shapes,
@@ -456,7 +554,7 @@ __global__ void __launch_bounds__(kThreads)
 // ---------------------------------------------------------------------------------------------
 // Launchers
 
-int g_forward_unroll = 2;  // see set_forward_unroll
+int g_forward_variant = 0;  // see set_forward_variant
 
 struct Dims {
   int64_t B, S, Q;
@@ -507,7 +605,33 @@ void forward_typed(const at::Tensor& value, const at::Tensor& shapes, const at::
   } else {                       \
     LIBREYOLO_MSDA_FWD_U(CH, 1); \
   }
-  const int unroll = g_forward_unroll;
+  const int unroll = g_forward_variant;
+  const bool v2 = unroll == 0 && d.S > 0 && d.S < (int64_t{1} << 30) && d.B <= 65535 &&
+                  d.H <= 65535 && d.Q < (int64_t{1} << 30);
+  if (vec && v2 && (d.C == 16 || d.C == 32 || d.C == 64 || d.C == 128)) {
+    const dim3 grid2(static_cast<unsigned>((d.Q + kWarps - 1) / kWarps), d.H,
+                     static_cast<unsigned>(d.B));
+#define LIBREYOLO_MSDA_FWD2(CH)                                                               \
+  msda_forward_v2<T, TL, CH><<<grid2, block, 0, stream>>>(                                    \
+      ptr<T>(value), ptr<int64_t>(shapes), ptr<int64_t>(starts), ptr<TL>(loc), ptr<TL>(attn), \
+      mut<T>(out), static_cast<int>(d.S), static_cast<int>(d.Q), d.H, d.L, d.P)
+    switch (d.C) {
+      case 16:
+        LIBREYOLO_MSDA_FWD2(16);
+        break;
+      case 32:
+        LIBREYOLO_MSDA_FWD2(32);
+        break;
+      case 64:
+        LIBREYOLO_MSDA_FWD2(64);
+        break;
+      default:
+        LIBREYOLO_MSDA_FWD2(128);
+    }
+#undef LIBREYOLO_MSDA_FWD2
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    return;
+  }
   switch (vec && d.S > 0 ? d.C : 0) {
     case 16:
       LIBREYOLO_MSDA_FWD(16);
@@ -621,7 +745,9 @@ void dispatch(at::ScalarType value_type, at::ScalarType loc_type, const Fn& fn) 
 
 }  // namespace
 
-void set_forward_unroll(int points) { g_forward_unroll = points >= 4 ? 4 : points >= 2 ? 2 : 1; }
+void set_forward_variant(int variant) {
+  g_forward_variant = variant >= 4 ? 4 : variant < 0 ? 0 : variant == 3 ? 2 : variant;
+}
 
 at::Tensor ms_deform_attn_forward(const at::Tensor& value, const at::Tensor& spatial_shapes,
                                   const at::Tensor& level_start_index,

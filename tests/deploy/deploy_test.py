@@ -1,0 +1,759 @@
+#!/usr/bin/env python3
+"""Deployment checks (issue 8): the Dockerfile, deploy/k8s (base + cpu/gpu overlays), deploy/kserve,
+deploy/prometheus and deploy/grafana against the daemon they deploy.
+
+usage: deploy_test.py BUILD_DIR
+
+No Docker engine and no cluster: manifests are parsed and rendered (kustomize through `kubectl
+kustomize` when it exists, else a small renderer below that covers what deploy/k8s uses), and
+checked against the server itself: its default ports (config/server.yaml), its health service names
+(server/rpc sources, then a real grpc.health.v1 Check), the ConfigMap's server.yaml through the
+daemon's own parser (--print-config), and every metric name used by the rules, the adapter and the
+dashboard against the /metrics output of a daemon started on loopback with the example repository.
+Prints one line per check and ends with `N passed, N failed` (`, N skipped` when some were).
+"""
+import copy
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+
+import yaml
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+DEPLOY = os.path.join(ROOT, "deploy")
+K8S = os.path.join(DEPLOY, "k8s")
+OVERLAYS = ["base", "overlays/cpu", "overlays/gpu"]
+REQUIRED_ALERTS = {  # issue 8: kernel fallback events, readiness flapping, p99 latency, queue saturation
+    "LibreyoloKernelFallback", "LibreyoloReadinessFlapping", "LibreyoloP99LatencyHigh",
+    "LibreyoloQueueSaturated"}
+# Metrics used by the rules that the daemon does not export, with where they come from.
+EXTERNAL_METRICS = {
+    "kube_pod_status_ready": "kube-state-metrics",
+    "kube_horizontalpodautoscaler_status_current_replicas": "kube-state-metrics",
+    "kube_horizontalpodautoscaler_spec_max_replicas": "kube-state-metrics",
+}
+
+results = {"passed": 0, "failed": 0, "skipped": 0}
+
+
+def report(status, name, detail=""):
+    results[status] += 1
+    print(f"{ {'passed': 'PASS', 'failed': 'FAIL', 'skipped': 'SKIP'}[status]} {name}" +
+          (f": {detail}" if detail else ""), flush=True)
+
+
+def check(name, fn):
+    """Runs fn(); it returns a detail string (pass), raises AssertionError (fail) or Skip."""
+    try:
+        detail = fn()
+        report("passed", name, detail or "")
+    except Skip as e:
+        report("skipped", name, str(e))
+    except Exception as e:  # every other error is a failure of that check, not of the script
+        report("failed", name, f"{type(e).__name__}: {e}")
+
+
+class Skip(Exception):
+    pass
+
+
+def read(path):
+    with open(path) as f:
+        return f.read()
+
+
+def load_all(path):
+    with open(path) as f:
+        return [d for d in yaml.safe_load_all(f) if d is not None]
+
+
+# ---------------------------------------------------------------------------------------------
+# kustomize
+
+def _merge(base, patch):
+    """Strategic merge as deploy/k8s uses it: maps merge, lists of named maps merge by name (new
+    items first, as kustomize writes them), other lists are replaced."""
+    if isinstance(base, dict) and isinstance(patch, dict):
+        out = dict(base)
+        for k, v in patch.items():
+            out[k] = _merge(base[k], v) if k in base else copy.deepcopy(v)
+        return out
+    if (isinstance(base, list) and isinstance(patch, list) and patch and
+            all(isinstance(x, dict) and "name" in x for x in base + patch)):
+        names = {x["name"] for x in base}
+        by_name = {x["name"]: x for x in patch}
+        new = [copy.deepcopy(x) for x in patch if x["name"] not in names]
+        return new + [_merge(x, by_name[x["name"]]) if x["name"] in by_name else x for x in base]
+    return copy.deepcopy(patch)
+
+
+def _containers(doc):
+    spec = doc.get("spec", {}).get("template", {}).get("spec", {})
+    return spec.get("initContainers", []) + spec.get("containers", [])
+
+
+def render_mini(directory):
+    """Renders a kustomization with the features deploy/k8s uses (resources, configMapGenerator
+    without the hash suffix, labels, images, patches)."""
+    k = yaml.safe_load(read(os.path.join(directory, "kustomization.yaml")))
+    known = {"apiVersion", "kind", "resources", "configMapGenerator", "labels", "images", "patches"}
+    unknown = set(k) - known
+    assert not unknown, f"{directory}: kustomization fields the test renderer does not know: {unknown}"
+    docs = []
+    for r in k.get("resources", []):
+        p = os.path.normpath(os.path.join(directory, r))
+        docs += render_mini(p) if os.path.isdir(p) else load_all(p)
+    for g in k.get("configMapGenerator", []):
+        data = {os.path.basename(f): read(os.path.join(directory, f)) for f in g.get("files", [])}
+        docs.append({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": g["name"]}, "data": data})
+    for lab in k.get("labels", []):
+        assert not lab.get("includeSelectors") and not lab.get("includeTemplates"), "labels: only metadata labels"
+        for d in docs:
+            d.setdefault("metadata", {}).setdefault("labels", {}).update(lab["pairs"])
+    for p in k.get("patches", []):
+        patch = yaml.safe_load(read(os.path.join(directory, p["path"])))
+        hits = [i for i, d in enumerate(docs) if d["kind"] == patch["kind"] and
+                d["metadata"]["name"] == patch["metadata"]["name"]]
+        assert len(hits) == 1, f"{p['path']}: patch target {patch['kind']}/{patch['metadata']['name']} not found"
+        docs[hits[0]] = _merge(docs[hits[0]], patch)
+    for img in k.get("images", []):
+        for d in docs:
+            for c in _containers(d):
+                name, _, tag = c["image"].partition(":")
+                if name == img["name"]:
+                    c["image"] = f"{img.get('newName', name)}:{img.get('newTag', tag)}"
+    return docs
+
+
+def normalize(docs):
+    return sorted(docs, key=lambda d: (d["kind"], d["metadata"]["name"]))
+
+
+def render_kubectl(directory):
+    tool = shutil.which("kubectl")
+    cmd = [tool, "kustomize", directory] if tool else None
+    if not tool and shutil.which("kustomize"):
+        cmd = [shutil.which("kustomize"), "build", directory]
+    if not cmd:
+        return None
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, f"{' '.join(cmd)}: {out.stderr.strip()}"
+    # Generated ConfigMap names carry a content hash: compare without it.
+    text = re.sub(r"(libreyolo-server-config)-[a-z0-9]{10}\b", r"\1", out.stdout)
+    return [d for d in yaml.safe_load_all(text) if d is not None]
+
+
+# ---------------------------------------------------------------------------------------------
+# The server's side
+
+def server_defaults():
+    """Defaults from config/server.yaml (the commented default configuration)."""
+    cfg = yaml.safe_load(read(os.path.join(ROOT, "config", "server.yaml")))
+    grpc_port = int(cfg["server"]["grpc_address"].rsplit(":", 1)[1])
+    http_port = int(cfg["server"]["http_address"].rsplit(":", 1)[1])
+    return grpc_port, http_port
+
+
+def health_services_in_sources():
+    names = set()
+    for folder in ("server/rpc", "server/core"):
+        d = os.path.join(ROOT, folder)
+        for f in os.listdir(d):
+            if f.endswith(".cpp"):
+                names |= set(re.findall(r'SetServingStatus\("([^"]*)"', read(os.path.join(d, f))))
+    return names
+
+
+def longest_request_seconds():
+    """In-flight requests get this long after the drain (server/main.cpp: daemon.stop(S))."""
+    m = re.search(r"daemon\.stop\(([0-9.]+)\)", read(os.path.join(ROOT, "server", "main.cpp")))
+    assert m, "server/main.cpp: daemon.stop(<seconds>) not found"
+    return float(m.group(1))
+
+
+def served_model_types():
+    src = read(os.path.join(ROOT, "models", "load_model.cpp"))
+    return set(re.findall(r'type == "([a-z0-9_]+)"', src))
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def parallel(cmds, envs=None, timeout=60):
+    """Runs the commands at once (each one loads LibTorch: seconds) and returns their results."""
+    envs = envs or [None] * len(cmds)
+    procs = [subprocess.Popen(c, env=e, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for c, e in zip(cmds, envs)]
+    out = []
+    for p, c in zip(procs, cmds):
+        try:
+            so, se = p.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            so, se = p.communicate()
+        out.append(subprocess.CompletedProcess(c, p.returncode, so, se))
+    return out
+
+
+def promql_metric_names(expr):
+    """Metric names in a PromQL expression: identifiers not followed by '(' that are not
+    keywords, label names inside {...}, strings or template variables."""
+    expr = re.sub(r'"(\\.|[^"\\])*"', '""', expr)           # strings
+    expr = re.sub(r"\{[^}]*\}", "{}", expr)                   # label matchers
+    expr = re.sub(r"\[[^\]]*\]", "[]", expr)                  # ranges
+    expr = re.sub(r"\b(by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)", "", expr)
+    keywords = {"sum", "avg", "max", "min", "count", "rate", "increase", "changes", "histogram_quantile",
+                "clamp_min", "clamp_max", "and", "or", "unless", "bool", "offset", "le", "abs", "irate",
+                "delta", "topk", "bottomk", "absent", "time", "vector", "scalar", "e", "inf", "nan"}
+    names = set()
+    for m in re.finditer(r"(?<![\w:$.])([a-zA-Z_:][a-zA-Z0-9_:]*)", expr):
+        n = m.group(1)
+        if expr[m.end():].lstrip().startswith("("):  # a function call
+            continue
+        if n.lower() in keywords:
+            continue
+        names.add(n)
+    return names
+
+
+def exported_names(metrics_text):
+    """Sample names and family names of a Prometheus text exposition."""
+    names = set()
+    for line in metrics_text.splitlines():
+        if line.startswith("# TYPE "):
+            _, _, name, kind = line.split()[:4]
+            names.add(name)
+            if kind == "histogram":
+                names |= {name + "_bucket", name + "_sum", name + "_count"}
+        elif line and not line.startswith("#"):
+            names.add(re.split(r"[{ ]", line, 1)[0])
+    return names
+
+
+# ---------------------------------------------------------------------------------------------
+
+def main():
+    if len(sys.argv) != 2:
+        print(__doc__)
+        return 2
+    build = os.path.abspath(sys.argv[1])
+    server_bin = os.path.join(build, "bin", "libreyolo-server")
+    hub_bin = os.path.join(build, "bin", "libreyolo-kernels-hub")
+    client_bin = os.path.join(build, "bin", "libreyolo-client")
+    t0 = time.time()
+    work = tempfile.mkdtemp(prefix="deploy-test-")
+    state = {}
+
+    # --- 1. every file parses -------------------------------------------------------------
+    def parse_all():
+        n = 0
+        for dirpath, _, files in os.walk(DEPLOY):
+            for f in sorted(files):
+                p = os.path.join(dirpath, f)
+                if f.endswith((".yaml", ".yml")):
+                    docs = load_all(p)
+                    assert docs, f"{p}: empty"
+                    n += len(docs)
+                elif f.endswith(".json"):
+                    json.loads(read(p))
+                    n += 1
+        assert n >= 15, f"only {n} documents under deploy/"
+        return f"{n} YAML/JSON documents under deploy/"
+    check("manifests parse", parse_all)
+
+    # --- 2. kustomize renders ----------------------------------------------------------------
+    rendered = {}
+    for o in OVERLAYS:
+        def render(o=o):
+            docs = normalize(render_mini(os.path.join(K8S, o)))
+            rendered[o] = {(d["kind"], d["metadata"]["name"]): d for d in docs}
+            ref = render_kubectl(os.path.join(K8S, o))
+            if ref is None:
+                return f"{len(docs)} objects (test renderer; no kubectl/kustomize to compare with)"
+            ref = normalize(ref)
+            assert [(d["kind"], d["metadata"]["name"]) for d in ref] == \
+                   [(d["kind"], d["metadata"]["name"]) for d in docs], "objects differ from kubectl kustomize"
+            for a, b in zip(ref, docs):
+                assert a == b, f"{a['kind']}/{a['metadata']['name']} differs from kubectl kustomize"
+            return f"{len(docs)} objects, identical to kubectl kustomize"
+        check(f"kustomize {o}", render)
+
+    grpc_port, http_port = server_defaults()
+
+    def obj(o, kind, name="libreyolo-server"):
+        assert o in rendered, f"{o} did not render"
+        assert (kind, name) in rendered[o], f"{o}: no {kind}/{name}"
+        return rendered[o][(kind, name)]
+
+    def server_yaml(o):
+        cm = obj(o, "ConfigMap", "libreyolo-server-config")
+        assert "server.yaml" in cm["data"], "ConfigMap has no server.yaml"
+        return cm["data"]["server.yaml"]
+
+    # --- 3. the Deployment against the server -----------------------------------------------
+    for o in OVERLAYS:
+        def deployment(o=o):
+            d = obj(o, "Deployment")
+            spec = d["spec"]["template"]["spec"]
+            cfg = yaml.safe_load(server_yaml(o))
+            cfg_grpc = int(cfg["server"]["grpc_address"].rsplit(":", 1)[1])
+            cfg_http = int(cfg["server"]["http_address"].rsplit(":", 1)[1])
+            assert (cfg_grpc, cfg_http) == (grpc_port, http_port), \
+                f"ConfigMap ports {cfg_grpc}/{cfg_http} != server defaults {grpc_port}/{http_port}"
+            assert cfg["server"]["grpc_address"].startswith("0.0.0.0:"), "gRPC must listen on the pod IP"
+            assert "hub_kernels" in cfg.get("kernels", {}), "ConfigMap server.yaml lacks kernels.hub_kernels"
+            (server,) = [c for c in spec["containers"] if c["name"] == "server"]
+            ports = {p["name"]: p["containerPort"] for p in server["ports"]}
+            assert ports == {"grpc": grpc_port, "http": http_port}, f"containerPorts {ports}"
+            services = health_services_in_sources()
+            assert {"liveness", "readiness"} <= services, f"server registers {services}"
+            probes = {k: server[k] for k in ("startupProbe", "readinessProbe", "livenessProbe")}
+            want = {"startupProbe": "readiness", "readinessProbe": "readiness", "livenessProbe": "liveness"}
+            for k, p in probes.items():
+                assert "grpc" in p, f"{k} is not a native gRPC probe"
+                assert p["grpc"]["port"] == grpc_port, f"{k} port {p['grpc']['port']}"
+                assert p["grpc"]["service"] == want[k], f"{k} service {p['grpc'].get('service')}"
+            sp = probes["startupProbe"]
+            budget = sp["periodSeconds"] * sp["failureThreshold"]
+            assert budget >= 300, f"startupProbe allows only {budget} s for model load"
+            drain = cfg["server"]["drain_seconds"]
+            longest = longest_request_seconds()
+            grace = spec["terminationGracePeriodSeconds"]
+            assert grace >= drain + longest, f"terminationGracePeriodSeconds {grace} < drain {drain} + {longest}"
+            # Security: pod and every container.
+            psc = spec["securityContext"]
+            assert psc.get("runAsNonRoot") is True and psc.get("runAsUser", 0) != 0, "pod securityContext"
+            for c in spec["initContainers"] + spec["containers"]:
+                sc = c["securityContext"]
+                assert sc.get("readOnlyRootFilesystem") is True, f"{c['name']}: root filesystem writable"
+                assert sc.get("allowPrivilegeEscalation") is False, f"{c['name']}: privilege escalation"
+                assert "ALL" in sc.get("capabilities", {}).get("drop", []), f"{c['name']}: capabilities"
+                r = c["resources"]
+                assert "cpu" in r["requests"] and "memory" in r["requests"] and "memory" in r["limits"], \
+                    f"{c['name']}: resources {r}"
+                assert not c["image"].endswith(":latest") and ":" in c["image"], f"{c['name']}: image {c['image']}"
+            # Configuration, model repository, kernel cache.
+            mounts = {m["name"]: m for m in server["volumeMounts"]}
+            vols = {v["name"]: v for v in spec["volumes"]}
+            assert server["args"] == ["--config", mounts["config"]["mountPath"] + "/server.yaml"], server["args"]
+            srcs = vols["config"]["projected"]["sources"]
+            assert srcs[0]["configMap"]["name"] == "libreyolo-server-config"
+            assert mounts["models"]["mountPath"] == cfg["model_repository"], "model repository path"
+            assert "persistentVolumeClaim" in vols["models"], "model repository is not a PVC"
+            assert obj(o, "PersistentVolumeClaim", vols["models"]["persistentVolumeClaim"]["claimName"])
+            cache = cfg["kernels"]["hub"]["cache_dir"]
+            (init,) = [c for c in spec["initContainers"] if c["name"] == "kernels-download"]
+            script = " ".join(init.get("command", []) + init.get("args", []))
+            assert "libreyolo-kernels-hub download" in script or "libreyolo-server kernels download" in script, \
+                "init container does not prefetch hub kernels"
+            for c in (init, server):
+                m = {x["name"]: x["mountPath"] for x in c["volumeMounts"]}
+                assert m.get("kernel-cache") == cache, f"{c['name']}: kernel cache not at {cache}"
+            env = {e["name"]: e.get("value") for e in server.get("env", [])}
+            assert env.get("HF_HUB_OFFLINE") == "1", "server is not offline (HF_HUB_OFFLINE=1)"
+            gpu = server["resources"].get("limits", {}).get("nvidia.com/gpu")
+            if o.endswith("gpu"):
+                assert gpu and int(gpu) >= 1, "gpu overlay requests no GPU"
+            else:
+                assert gpu is None, f"{o} requests a GPU"
+            return (f"ports grpc {grpc_port}/http {http_port}, probes liveness/readiness, startup {budget} s, "
+                    f"grace {grace} >= {drain}+{longest:g} s, non-root read-only, GPU {gpu or 0}")
+        check(f"deployment {o}", deployment)
+
+    def service_monitor_hpa():
+        o = "base"
+        d = obj(o, "Deployment")
+        labels = d["spec"]["template"]["metadata"]["labels"]
+        svc = obj(o, "Service")
+        assert all(labels.get(k) == v for k, v in svc["spec"]["selector"].items()), "Service selector"
+        sp = {p["name"]: p for p in svc["spec"]["ports"]}
+        assert set(sp) == {"grpc", "http"}, f"Service ports {set(sp)}"
+        assert sp["grpc"]["port"] == grpc_port and sp["grpc"]["targetPort"] == "grpc"
+        assert sp["http"]["port"] == http_port and sp["http"]["targetPort"] == "http"
+        pm = obj(o, "PodMonitor")
+        assert all(labels.get(k) == v for k, v in pm["spec"]["selector"]["matchLabels"].items()), "PodMonitor selector"
+        ep = pm["spec"]["podMetricsEndpoints"][0]
+        assert ep["port"] == "http" and ep["path"] == "/metrics", ep
+        for ov in OVERLAYS:
+            hpa = obj(ov, "HorizontalPodAutoscaler")
+            assert hpa["spec"]["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment",
+                                                    "name": d["metadata"]["name"]}
+            names = [m["pods"]["metric"]["name"] for m in hpa["spec"]["metrics"] if m["type"] == "Pods"]
+            adapter = yaml.safe_load(read(os.path.join(DEPLOY, "prometheus", "adapter-rules.yaml")))
+            served = {r["name"]["as"] for r in adapter["rules"]["custom"]}
+            assert names and set(names) <= served, f"{ov}: HPA metric {names} not served by the adapter ({served})"
+        return f"Service grpc/http, PodMonitor http/metrics, HPA on {names[0]} (prometheus-adapter rule)"
+    check("service, podmonitor, hpa", service_monitor_hpa)
+
+    # --- 4. the ConfigMap through the daemon's own parser ------------------------------------
+    have_server = os.access(server_bin, os.X_OK)
+
+    def config_valid():
+        if not have_server:
+            raise Skip(f"{server_bin} is not built: the ConfigMap's server.yaml was not run through --print-config")
+        # One run per distinct server.yaml (the overlays share the base's), plus a misspelt copy
+        # that must be refused: the check can fail. Concurrently: each run loads LibTorch.
+        files = {}
+        for o in OVERLAYS:
+            files.setdefault(server_yaml(o), []).append(o)
+        jobs = []
+        for i, (text, owners) in enumerate(files.items()):
+            p = os.path.join(work, f"server-{i}.yaml")
+            with open(p, "w") as f:
+                f.write(text)
+            jobs.append((", ".join(owners), p))
+        bad = os.path.join(work, "bad.yaml")
+        with open(bad, "w") as f:
+            f.write(server_yaml("base").replace("drain_seconds:", "drain_second:"))
+        runs = parallel([[server_bin, "--config", p, "--print-config"] for _, p in jobs] +
+                        [[server_bin, "--config", bad, "--print-config"]])
+        details = []
+        for (owners, _), r in zip(jobs, runs):
+            assert r.returncode == 0, f"{owners}: --print-config exit {r.returncode}: {r.stderr.strip()}"
+            assert re.search(r"hub_kernels = (on|off)", r.stdout), r.stdout
+            details.append(owners)
+        r = runs[-1]
+        assert r.returncode != 0 and "drain_second" in r.stderr, f"misspelt key accepted (exit {r.returncode})"
+        return f"--print-config exit 0 for {'; '.join(details)}; a misspelt key exits {r.returncode}"
+    check("configmap server.yaml valid for the daemon", config_valid)
+
+    # --- 5. the init container's script with the real tools ----------------------------------
+    def init_script():
+        if not (have_server and os.access(hub_bin, os.X_OK)):
+            raise Skip("libreyolo-server or libreyolo-kernels-hub is not built")
+        spec = obj("base", "Deployment")["spec"]["template"]["spec"]
+        (init,) = [c for c in spec["initContainers"] if c["name"] == "kernels-download"]
+        assert init["command"] == ["/bin/sh", "-c"]
+        script = init["args"][0]
+        cache = os.path.join(work, "cache")
+        text = server_yaml("base").replace("/var/cache/libreyolo/kernels", cache)
+        lock = [{"repo_id": "kernels-community/deformable-detr", "revision": "v1", "sha": "0" * 40,
+                 "slot": "ms_deform_attn",
+                 "variants": {"torch211-cxx11-cpu-x86_64-linux": {"files": {"metadata.json": "0" * 64}}}}]
+        cfgs = {}
+        for name in ("nolock", "lock"):
+            etc = os.path.join(work, "etc-" + name)
+            os.makedirs(etc, exist_ok=True)
+            cfgs[name] = os.path.join(etc, "server.yaml")
+            with open(cfgs[name], "w") as f:
+                f.write(text)
+            if name == "lock":  # next to the configuration, where the daemon looks (HUB_KERNELS.md)
+                with open(os.path.join(etc, "kernels.lock"), "w") as f:
+                    json.dump(lock, f)
+        base_env = {"PATH": os.path.dirname(server_bin) + ":/usr/bin:/bin", "HOME": work,
+                    "HF_HUB_OFFLINE": "1", "LIBREYOLO_LOG_LEVEL": "error"}
+        cases = [("nolock", {}), ("lock", {"LIBREYOLO_HUB_KERNELS": "0"}), ("lock", {}),
+                 ("lock", {"LIBREYOLO_PREFETCH_REQUIRED": "1"})]
+        runs = parallel([["/bin/sh", "-c", script] for _ in cases],
+                        [{**base_env, "LIBREYOLO_CONFIG": cfgs[c], **extra} for c, extra in cases])
+        (rc, out), (rc1, out1), (rc2, out2), (rc3, out3) = [(r.returncode, r.stdout + r.stderr) for r in runs]
+        want_lock = os.path.join(os.path.dirname(cfgs["nolock"]), "kernels.lock")
+        assert rc == 0 and f"no {want_lock}:" in out and "nothing to prefetch" in out, \
+            f"no lock file: exit {rc}: {out}"
+        assert rc1 == 0 and "hub kernels are off" in out1, f"hub off: exit {rc1}: {out1}"
+        # Hub on, offline, empty cache: the real download fails; tolerated unless required.
+        assert rc2 == 0 and "prefetch failed" in out2 and "kernels-community/deformable-detr" in out2, \
+            f"failed download, tolerated: exit {rc2}: {out2}"
+        assert rc3 == 1 and "prefetch failed" in out3, f"failed download, required: exit {rc3}: {out3}"
+        return "no lock -> exit 0; hub off -> exit 0; download failure -> exit 0 (1 when required)"
+    check("init container prefetch script", init_script)
+
+    # --- 6. a live daemon: health services and /metrics --------------------------------------
+    metrics_text = None
+
+    def live_daemon():
+        nonlocal metrics_text
+        if not have_server:
+            raise Skip(f"{server_bin} is not built: metric names compared with the sources instead")
+        gp, hp = free_port(), free_port()
+        cfg = os.path.join(work, "live.yaml")
+        with open(cfg, "w") as f:
+            f.write(yaml.safe_dump({
+                "server": {"grpc_address": f"127.0.0.1:{gp}", "http_address": f"127.0.0.1:{hp}",
+                           "drain_seconds": 0, "log_level": "warn"},
+                "model_repository": os.path.join(ROOT, "examples", "model_repository"),
+                "device": "cpu", "kernels": {"hub_kernels": False}}))
+        log = open(os.path.join(work, "server.log"), "w")
+        proc = subprocess.Popen([server_bin, "--config", cfg], stdout=log, stderr=subprocess.STDOUT,
+                                env={**os.environ, "LIBREYOLO_HUB_KERNELS": "0"})
+        try:
+            ready = False
+            deadline = time.time() + 40
+            while time.time() < deadline and proc.poll() is None:
+                try:
+                    with urllib.request.urlopen(f"http://127.0.0.1:{hp}/v2/health/ready", timeout=2) as r:
+                        ready = r.status == 200
+                except Exception:
+                    pass
+                if ready:
+                    break
+                time.sleep(0.25)
+            if not ready:
+                log.flush()
+                tail = read(os.path.join(work, "server.log"))[-1500:]
+                raise AssertionError(f"daemon not ready on 127.0.0.1:{hp} within 40 s (exit {proc.poll()}): {tail}")
+            detail = []
+            if os.access(client_bin, os.X_OK):
+                for service in ("liveness", "readiness"):
+                    r = subprocess.run([client_bin, "health", "--server", f"127.0.0.1:{gp}", "--service", service],
+                                       capture_output=True, text=True, timeout=20)
+                    assert r.returncode == 0 and "SERVING" in r.stdout.upper() + r.stderr.upper() and \
+                        "NOT_SERVING" not in r.stdout.upper(), f"health {service}: exit {r.returncode} {r.stdout}{r.stderr}"
+                r = subprocess.run([client_bin, "health", "--server", f"127.0.0.1:{gp}", "--service", "no-such"],
+                                   capture_output=True, text=True, timeout=20)
+                assert r.returncode != 0, "an unknown health service answered"
+                detail.append("grpc.health.v1 liveness+readiness SERVING")
+                img = os.path.join(ROOT, "tests", "fixtures", "images", "astronaut.jpg")
+                if os.path.exists(img):
+                    r = subprocess.run([client_bin, "detect", "--image", img, "--server", f"127.0.0.1:{gp}",
+                                        "--model", "rtdetr_tiny"], capture_output=True, text=True, timeout=60)
+                    assert r.returncode == 0, f"detect: {r.stderr}"
+                    detail.append("1 inference")
+            else:
+                detail.append("no libreyolo-client: health services checked in the sources only")
+            with urllib.request.urlopen(f"http://127.0.0.1:{hp}/metrics", timeout=5) as r:
+                metrics_text = r.read().decode()
+            with urllib.request.urlopen(f"http://127.0.0.1:{hp}/active", timeout=5) as r:
+                json.loads(r.read().decode())
+            n = len([l for l in metrics_text.splitlines() if l.startswith("# TYPE")])
+            detail.append(f"/metrics {n} families, /active is JSON")
+            return ", ".join(detail)
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            log.close()
+    check("daemon on loopback", live_daemon)
+
+    # --- 7. every metric name used exists -----------------------------------------------------
+    def metric_names():
+        rule = obj("base", "PrometheusRule")
+        groups = rule["spec"]["groups"]
+        recorded = {r["record"] for g in groups for r in g["rules"] if "record" in r}
+        used = {}  # name -> where
+
+        def add(expr, where):
+            for n in promql_metric_names(expr):
+                used.setdefault(n, set()).add(where)
+        for g in groups:
+            for r in g["rules"]:
+                add(r["expr"], "PrometheusRule")
+        adapter = yaml.safe_load(read(os.path.join(DEPLOY, "prometheus", "adapter-rules.yaml")))
+        for r in adapter["rules"]["custom"]:
+            add(r["seriesQuery"], "adapter")
+            add(r["metricsQuery"].replace("<<.GroupBy>>", "pod").replace("<<.LabelMatchers>>", ""), "adapter")
+        dash = json.loads(read(os.path.join(DEPLOY, "grafana", "libreyolo-server.json")))
+        for p in dash["panels"]:
+            for t in p.get("targets", []):
+                add(t["expr"], "dashboard")
+        for v in dash["templating"]["list"]:
+            if v["type"] == "query":
+                add(re.sub(r"label_values\((.*),\s*\w+\)$", r"\1", v["query"]["query"]), "dashboard")
+        ks = yaml.safe_load(read(os.path.join(DEPLOY, "kserve", "inferenceservice.yaml")))
+        for m in ks["spec"]["predictor"].get("autoScaling", {}).get("metrics", []):
+            add(m["external"]["metric"]["query"], "kserve")
+        if metrics_text is not None:
+            exported = exported_names(metrics_text)
+            source = "the daemon's /metrics"
+        else:
+            src = read(os.path.join(ROOT, "server", "core", "metrics.cpp"))
+            fams = re.findall(r'"(libreyolo_[a-z0-9_]+)"', src)
+            hist = re.findall(r'BuildHistogram\(\)\s*\.Name\("(libreyolo_[a-z0-9_]+)"\)', src)
+            exported = set(fams) | {h + s for h in hist for s in ("_bucket", "_sum", "_count")}
+            source = "server/core/metrics.cpp (daemon not run)"
+        missing = []
+        for n, where in sorted(used.items()):
+            if n in recorded or n in EXTERNAL_METRICS:
+                continue
+            if n not in exported:
+                missing.append(f"{n} ({', '.join(sorted(where))})")
+        assert not missing, f"not in {source}: {missing}"
+        ours = sorted(n for n in used if n.startswith("libreyolo_"))
+        assert len(ours) >= 10, f"only {len(ours)} daemon metrics used: {ours}"
+        return (f"{len(ours)} daemon metrics found in {source}; {len(recorded)} recording rules; "
+                f"external: {', '.join(sorted(set(used) & set(EXTERNAL_METRICS)))}")
+    check("metric names exist", metric_names)
+
+    # --- 8. promtool ---------------------------------------------------------------------------
+    def promtool():
+        tool = shutil.which("promtool")
+        assert tool, "promtool not found: install the Debian package `prometheus` (scripts/setup.sh)"
+        rule = obj("base", "PrometheusRule")
+        alerts = {r["alert"] for g in rule["spec"]["groups"] for r in g["rules"] if "alert" in r}
+        assert REQUIRED_ALERTS <= alerts, f"missing alerts {REQUIRED_ALERTS - alerts}"
+        p = os.path.join(work, "rules.yaml")
+        with open(p, "w") as f:
+            yaml.safe_dump({"groups": rule["spec"]["groups"]}, f)
+        r = subprocess.run([tool, "check", "rules", p], capture_output=True, text=True, timeout=30)
+        assert r.returncode == 0, r.stdout + r.stderr
+        # It can fail: a broken expression is refused.
+        broken = copy.deepcopy(rule["spec"]["groups"])
+        broken[1]["rules"][0]["expr"] = "sum by (pod (libreyolo_kernel_fallback_total"
+        with open(p, "w") as f:
+            yaml.safe_dump({"groups": broken}, f)
+        r2 = subprocess.run([tool, "check", "rules", p], capture_output=True, text=True, timeout=30)
+        assert r2.returncode != 0, "promtool accepted a broken expression"
+        m = re.search(r"SUCCESS: (\d+) rules found", r.stdout)
+        return f"{m.group(1) if m else '?'} rules, alerts {sorted(alerts)}"
+    check("promtool check rules", promtool)
+
+    # --- 9. Dockerfile (hadolint-style rules without an engine) --------------------------------
+    def dockerfile():
+        lines = []
+        for raw in read(os.path.join(ROOT, "Dockerfile")).replace("\\\n", " ").splitlines():
+            s = raw.strip()
+            if s and not s.startswith("#"):
+                lines.append(s)
+        args, stages, cur = {}, [], None
+        for s in lines:
+            ins, _, rest = s.partition(" ")
+            ins = ins.upper()
+            if ins == "ARG" and cur is None:
+                k, _, v = rest.partition("=")
+                args[k.strip()] = v.strip().strip('"')
+            elif ins == "FROM":
+                parts = rest.split()
+                name = parts[2] if len(parts) >= 3 and parts[1].upper() == "AS" else None
+                cur = {"from": parts[0], "name": name, "ins": []}
+                stages.append(cur)
+            elif cur is not None:
+                cur["ins"].append((ins, rest))
+        names = {st["name"] for st in stages}
+
+        def subst(text, flavor):
+            return re.sub(r"\$\{(\w+)\}", lambda m: flavor if m.group(1) == "FLAVOR" else args.get(m.group(1), m.group(0)), text)
+        assert "FLAVOR" in args, "no FLAVOR build argument (cpu | cuda)"
+        bases = set()
+        for flavor in ("cpu", "cuda"):
+            for st in stages:
+                img = subst(st["from"], flavor)
+                if img in names:
+                    continue
+                assert "$" not in img, f"unresolved base {img}"
+                repo, _, tag = img.rpartition(":") if ":" in img.split("/")[-1] else (img, "", "")
+                assert tag and tag != "latest" and "latest" not in tag, f"base image {img} is not pinned"
+                assert re.search(r"\d", tag), f"base image {img}: tag without a version"
+                bases.add(img)
+        assert any(b.startswith("debian:12") for b in bases), f"no debian:12 base: {bases}"
+        assert any(b.startswith("nvidia/cuda:") for b in bases), f"no NVIDIA CUDA base: {bases}"
+        assert "latest" not in " ".join(lines).replace("LATEST", ""), "`latest` in the Dockerfile"
+        final = stages[-1]
+        users = [r for i, r in final["ins"] if i == "USER"]
+        assert users, "final stage has no USER"
+        uid = users[-1].split(":")[0]
+        assert uid not in ("0", "root") and uid.isdigit(), f"USER {users[-1]}: must be a numeric non-root uid"
+        runs = {st["name"]: " ".join(r for i, r in st["ins"] if i == "RUN") for st in stages}
+        for b in ("builder-cpu", "builder-cuda"):
+            assert "scripts/setup.sh" in runs.get(b, ""), f"{b} does not run scripts/setup.sh"
+        assert "scripts/build.sh" in runs.get("builder", ""), "builder does not run scripts/build.sh"
+        envs = " ".join(r for st in stages if st["name"] == "builder-cuda" for i, r in st["ins"] if i == "ENV")
+        assert "Torch_DIR=" in envs, "CUDA builder does not point CMake at LibTorch (Torch_DIR)"
+        for st in stages:
+            if st["name"] and st["name"].startswith("runtime"):
+                assert not re.search(r"\b(apt-get|apt|dpkg|pip|apk)\b", runs[st["name"]]), \
+                    f"{st['name']}: a package manager runs in the runtime image"
+        expose = " ".join(r for i, r in final["ins"] if i == "EXPOSE").split()
+        assert sorted(int(p) for p in expose) == sorted([http_port, grpc_port]), f"EXPOSE {expose}"
+        vols = " ".join(r for i, r in final["ins"] if i == "VOLUME")
+        cfg = yaml.safe_load(server_yaml("base"))
+        for v in (cfg["model_repository"], cfg["kernels"]["hub"]["cache_dir"]):
+            assert f'"{v}"' in vols or f" {v}" in f" {vols}", f"no VOLUME {v}"
+        entry = " ".join(r for i, r in final["ins"] if i == "ENTRYPOINT")
+        assert "libreyolo-server" in entry, f"ENTRYPOINT {entry}"
+        pod_uid = obj("base", "Deployment")["spec"]["template"]["spec"]["securityContext"]["runAsUser"]
+        assert int(uid) == pod_uid, f"image uid {uid} != pod runAsUser {pod_uid}"
+        ignore = read(os.path.join(ROOT, ".dockerignore")).split()
+        assert ".git" in ignore and any(x.startswith("build") for x in ignore), ".dockerignore"
+        return (f"{len(stages)} stages, bases {sorted(bases)}, USER {users[-1]}, EXPOSE {' '.join(expose)}, "
+                f"setup.sh + build.sh in the builders")
+    check("Dockerfile rules", dockerfile)
+
+    def runtime_libs():
+        if not (have_server and os.access(hub_bin, os.X_OK)):
+            raise Skip("libreyolo-server or libreyolo-kernels-hub is not built")
+        prefix = os.path.join(work, "image")
+        r = subprocess.run(["bash", os.path.join(DEPLOY, "docker", "collect-runtime.sh"), build, prefix, "--link"],
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, f"collect-runtime.sh exit {r.returncode}: {r.stderr.strip()[-800:]}"
+        env = {"PATH": "/usr/bin:/bin", "LD_LIBRARY_PATH": os.path.join(prefix, "lib")}
+        r = subprocess.run(["ldd", os.path.join(prefix, "bin", "libreyolo-server")], capture_output=True,
+                           text=True, env=env, timeout=30)
+        assert "not found" not in r.stdout, r.stdout
+        outside = [l for l in r.stdout.splitlines() if "=>" in l and prefix not in l and
+                   not re.search(r"\b(libc|libm|libdl|libpthread|librt|libutil|libresolv|libanl|ld-linux[^ ]*)\.so", l)]
+        assert not outside, f"resolved outside the collected prefix: {outside[:3]}"
+        r = subprocess.run([os.path.join(prefix, "bin", "libreyolo-server"), "--config",
+                            os.path.join(K8S, "base", "server.yaml"), "--print-config"],
+                           capture_output=True, text=True, env=env, timeout=60)
+        assert r.returncode == 0, r.stderr
+        n = len(os.listdir(os.path.join(prefix, "lib")))
+        return f"{n} libraries collected; every one resolved inside the prefix; the collected binary runs"
+    check("runtime libraries (collect-runtime.sh)", runtime_libs)
+
+    # --- 10. KServe -----------------------------------------------------------------------------
+    def kserve():
+        (rt,) = load_all(os.path.join(DEPLOY, "kserve", "clusterservingruntime.yaml"))
+        (isvc,) = load_all(os.path.join(DEPLOY, "kserve", "inferenceservice.yaml"))
+        assert rt["kind"] == "ClusterServingRuntime" and rt["apiVersion"] == "serving.kserve.io/v1alpha1"
+        assert {"grpc-v2", "v2"} <= set(rt["spec"]["protocolVersions"]), rt["spec"]["protocolVersions"]
+        formats = {f["name"] for f in rt["spec"]["supportedModelFormats"]}
+        served = served_model_types()
+        detectors = {"rt_detr", "rt_detr_v2", "deformable_detr"}
+        assert formats and formats <= served and formats <= detectors, f"formats {formats}, loadable {served}"
+        (c,) = rt["spec"]["containers"]
+        assert c["name"] == "kserve-container"
+        assert [p["containerPort"] for p in c["ports"]] == [grpc_port] and c["ports"][0]["name"] == "h2c"
+        assert c["args"][c["args"].index("--model-repository") + 1] == "/mnt/models"
+        assert c["readinessProbe"]["grpc"] == {"port": grpc_port, "service": "readiness"}
+        assert c["livenessProbe"]["grpc"] == {"port": grpc_port, "service": "liveness"}
+        sc = c["securityContext"]
+        assert sc["runAsNonRoot"] and sc["readOnlyRootFilesystem"] and sc["allowPrivilegeEscalation"] is False
+        assert rt["spec"]["annotations"]["prometheus.kserve.io/port"] == str(http_port)
+        m = isvc["spec"]["predictor"]["model"]
+        assert m["runtime"] == rt["metadata"]["name"] and m["modelFormat"]["name"] in formats
+        assert m["protocolVersion"] in rt["spec"]["protocolVersions"]
+        assert isvc["spec"]["predictor"]["terminationGracePeriodSeconds"] >= \
+            yaml.safe_load(server_yaml("base"))["server"]["drain_seconds"] + longest_request_seconds()
+        return f"formats {sorted(formats)} (loadable: {sorted(served)}), protocols {rt['spec']['protocolVersions']}"
+    check("kserve runtime + inferenceservice", kserve)
+
+    # --- 11. the dashboard is what its generator writes ----------------------------------------
+    def dashboard():
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        import make_dashboard
+        committed = read(os.path.join(DEPLOY, "grafana", "libreyolo-server.json"))
+        assert committed == make_dashboard.render(), \
+            "deploy/grafana/libreyolo-server.json differs from tests/deploy/make_dashboard.py (re-run it)"
+        d = json.loads(committed)
+        titles = " | ".join(p["title"] for p in d["panels"] if p["type"] != "row").lower()
+        for want in ("request rate", "p50 / p99", "batch size", "pending", "active implementation", "fallback"):
+            assert want in titles, f"no panel about {want}"
+        ids = [p["id"] for p in d["panels"]]
+        assert len(ids) == len(set(ids)), "duplicate panel ids"
+        return f"{len(d['panels'])} panels"
+    check("grafana dashboard", dashboard)
+
+    shutil.rmtree(work, ignore_errors=True)
+    print(f"deploy checks took {time.time() - t0:.1f} s")
+    line = f"{results['passed']} passed, {results['failed']} failed"
+    if results["skipped"]:
+        line += f", {results['skipped']} skipped"
+    print(line)
+    return 1 if results["failed"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
