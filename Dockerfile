@@ -22,6 +22,7 @@ ARG CUDA_UBUNTU=ubuntu24.04
 # ---------------------------------------------------------------------------------------------
 # Builders: one per flavor; `FROM builder-${FLAVOR}` below picks one and BuildKit skips the other.
 FROM debian:${DEBIAN_TAG} AS builder-cpu
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 # The CPU build of the same torch==2.11.0 pin (2.11.0+cpu satisfies ==2.11.0): no CUDA libraries
 # in the image. PyPI stays reachable for the other pinned packages.
 ENV PIP_INDEX_URL=https://download.pytorch.org/whl/cpu \
@@ -34,6 +35,7 @@ COPY scripts/setup.sh scripts/requirements.txt scripts/
 RUN bash scripts/setup.sh
 
 FROM nvidia/cuda:${CUDA_VERSION}-cudnn-devel-${CUDA_UBUNTU} AS builder-cuda
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 ARG LIBTORCH_URL=https://download.pytorch.org/libtorch/cu130/libtorch-shared-with-deps-2.11.0%2Bcu130.zip
 # Optional: the archive's SHA-256 (recommended for reproducible builds); empty skips the check.
 ARG LIBTORCH_SHA256=
@@ -55,16 +57,22 @@ RUN set -eu; \
     test -f "$Torch_DIR/TorchConfig.cmake"
 
 # ---------------------------------------------------------------------------------------------
+# hadolint ignore=DL3006
 FROM builder-${FLAVOR} AS builder
 ARG FLAVOR
 # Extra CMake arguments (scripts/build.sh passes them through). CUDA: sm_90 SASS + PTX by default.
 ARG CMAKE_ARGS="-DLIBREYOLO_BUILD_TESTS=OFF -DLIBREYOLO_BUILD_BENCHMARKS=OFF -DLIBREYOLO_TSAN=OFF"
 ARG CUDA_ARCHITECTURES=90
 ARG JOBS=
+WORKDIR /src
 COPY . .
+# CMAKE_ARGS and extra are word lists: unquoted on purpose.
+# hadolint ignore=SC2086
 RUN set -eu; \
     extra=""; \
-    if [ "$FLAVOR" = cuda ]; then extra="-DLIBREYOLO_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=$CUDA_ARCHITECTURES"; fi; \
+    if [ "$FLAVOR" = cuda ]; then \
+      extra="-DTorch_DIR=$Torch_DIR -DLIBREYOLO_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=$CUDA_ARCHITECTURES"; \
+    fi; \
     rm -rf build; \
     JOBS=${JOBS:-$(nproc)} BUILD_DIR=build bash scripts/build.sh $CMAKE_ARGS $extra; \
     bash deploy/docker/collect-runtime.sh build /out/opt/libreyolo; \
@@ -80,6 +88,7 @@ FROM nvidia/cuda:${CUDA_VERSION}-cudnn-runtime-${CUDA_UBUNTU} AS runtime-cuda
 ENV NVIDIA_VISIBLE_DEVICES=all \
     NVIDIA_DRIVER_CAPABILITIES=compute,utility
 
+# hadolint ignore=DL3006
 FROM runtime-${FLAVOR} AS runtime
 ARG FLAVOR
 LABEL org.opencontainers.image.title="libreyolo-server" \

@@ -129,18 +129,24 @@ std::string lock_file_display(const HubSettings& hub) {
 
 const char* source_name(Source source) {
   switch (source) {
-    case Source::default_value: return "default";
-    case Source::file: return "file";
-    case Source::environment: return "environment";
+    case Source::default_value:
+      return "default";
+    case Source::file:
+      return "file";
+    case Source::environment:
+      return "environment";
   }
   return "?";
 }
 
 const char* fused_attention_name(FusedAttention value) {
   switch (value) {
-    case FusedAttention::family_default: return "default";
-    case FusedAttention::on: return "on";
-    case FusedAttention::off: return "off";
+    case FusedAttention::family_default:
+      return "default";
+    case FusedAttention::on:
+      return "on";
+    case FusedAttention::off:
+      return "off";
   }
   return "?";
 }
@@ -222,9 +228,11 @@ Policy parse_policy(const YAML::Node& kernels, const std::string& file, const En
           if (!known_slots().count(slot)) {
             std::string names;
             for (const auto& k : known_slots()) names += (names.empty() ? "" : ", ") + k;
-            fail(file, s.first, "unknown slot '" + slot + "' in kernels.slots (known: " + names + ")");
+            fail(file, s.first,
+                 "unknown slot '" + slot + "' in kernels.slots (known: " + names + ")");
           }
-          if (!s.second.IsMap()) fail(file, s.second, "kernels.slots." + slot + " must be a mapping");
+          if (!s.second.IsMap())
+            fail(file, s.second, "kernels.slots." + slot + " must be a mapping");
           for (const auto& sk : s.second) {
             if (sk.first.Scalar() != "allow") {
               fail(file, sk.first,
@@ -236,7 +244,8 @@ Policy parse_policy(const YAML::Node& kernels, const std::string& file, const En
             }
             std::vector<std::string> names;
             for (const auto& n : sk.second) {
-              if (!n.IsScalar()) fail(file, n, "kernels.slots." + slot + ".allow: names must be strings");
+              if (!n.IsScalar())
+                fail(file, n, "kernels.slots." + slot + ".allow: names must be strings");
               names.push_back(normalize(n.Scalar()));
             }
             p.slot_allow[slot] = {names, Source::file, where(file, sk.second)};

@@ -57,7 +57,7 @@ bool Filter::allows_provider(const std::string& provider) const {
 }
 
 struct Registry::State {
-  mutable std::mutex mutex;  // guards everything below
+  mutable std::mutex mutex;                            // guards everything below
   std::map<std::string, std::vector<EntryPtr>> slots;  // newest first
   std::vector<Provider> providers;
   std::set<std::string> providers_run;
@@ -70,8 +70,7 @@ Registry::Registry() : state_(std::make_unique<State>()) {}
 Registry::~Registry() = default;
 
 void Registry::add_entry(const std::string& slot, const std::string& name,
-                         std::type_index signature, std::shared_ptr<void> fn,
-                         Predicate predicate) {
+                         std::type_index signature, std::shared_ptr<void> fn, Predicate predicate) {
   if (slot.empty() || name.empty()) {
     throw std::invalid_argument("register_impl: slot and implementation names must be non-empty");
   }
@@ -83,8 +82,8 @@ void Registry::add_entry(const std::string& slot, const std::string& name,
                              "' has a different signature than '" + e->name + "'");
     }
   }
-  list.insert(list.begin(), std::make_shared<Entry>(slot, name, signature, std::move(fn),
-                                                    std::move(predicate)));
+  list.insert(list.begin(),
+              std::make_shared<Entry>(slot, name, signature, std::move(fn), std::move(predicate)));
   state_->snapshot.reset();
 }
 
@@ -99,9 +98,9 @@ int Registry::unregister_impl(const std::string& slot, const std::string& name) 
   if (it == state_->slots.end()) return 0;
   auto& list = it->second;
   auto before = list.size();
-  list.erase(std::remove_if(list.begin(), list.end(),
-                            [&](const EntryPtr& e) { return e->name == name; }),
-             list.end());
+  list.erase(
+      std::remove_if(list.begin(), list.end(), [&](const EntryPtr& e) { return e->name == name; }),
+      list.end());
   int removed = static_cast<int>(before - list.size());
   if (removed > 0) state_->snapshot.reset();
   return removed;

@@ -56,7 +56,7 @@ struct Filter {
     only_name,       ///< LIBREYOLO_KERNELS=<name>: that name plus `reference`
   };
   Mode mode = Mode::automatic;
-  std::string name;                                      ///< for only_name (lower case)
+  std::string name;                                       ///< for only_name (lower case)
   std::map<std::string, std::vector<std::string>> allow;  ///< per slot: allowed names (+reference)
   std::set<std::string> disabled_providers;               ///< e.g. "hub" when hub_kernels is off
 

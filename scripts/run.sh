@@ -1,9 +1,32 @@
 #!/usr/bin/env bash
-# The main job: builds, then prints the resolved kernel table of this machine (every slot, the
-# implementation selected, every candidate with its eligibility) under config/server.yaml and
-# the environment (LIBREYOLO_KERNELS, LIBREYOLO_HUB_KERNELS, ...).
+# The main job: builds, starts libreyolo-server on config/server.yaml (the bundled example
+# repository: a tiny RT-DETR with RANDOM weights), waits until it is ready, sends a real
+# photograph with the bundled client, shows the resolved kernel slots (/active), then keeps
+# serving in the foreground until Ctrl-C (SIGINT drains and exits 0).
+#   LIBREYOLO_RUN_ONCE=1 scripts/run.sh   stops the daemon after the demo (for scripted checks)
+# Extra arguments go to libreyolo-server (e.g. --grpc-address 127.0.0.1:9001).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/build.sh >/dev/null
 build=${BUILD_DIR:-build}
-exec "$build/bin/libreyolo-kernels" --config config/server.yaml "$@"
+bash scripts/build.sh >/dev/null
+grpc=${LIBREYOLO_GRPC_ADDRESS:-127.0.0.1:8001}
+http=${LIBREYOLO_HTTP_ADDRESS:-127.0.0.1:8000}
+"$build/bin/libreyolo-server" --config config/server.yaml --grpc-address "$grpc" \
+  --http-address "$http" "$@" &
+server=$!
+trap 'kill -INT $server 2>/dev/null; wait $server' INT TERM
+for _ in $(seq 1 120); do
+  if "$build/bin/libreyolo-client" health --server "$grpc" --service readiness >/dev/null 2>&1; then break; fi
+  if ! kill -0 $server 2>/dev/null; then echo "run: libreyolo-server exited during start-up" >&2; exit 1; fi
+  sleep 0.5
+done
+echo "== detections for tests/fixtures/images/astronaut.jpg (random-weight example model)"
+"$build/bin/libreyolo-client" detect --image tests/fixtures/images/astronaut.jpg --server "$grpc" \
+  --model rtdetr_tiny --threshold 0.3
+echo "== kernel slots (GET http://$http/active)"
+curl -fsS "http://$http/active" | head -c 2000; echo
+echo "== serving: gRPC $grpc, HTTP admin http://$http (metrics, active, health). Ctrl-C drains and stops."
+if [ "${LIBREYOLO_RUN_ONCE:-0}" = 1 ]; then
+  kill -INT $server
+fi
+wait $server

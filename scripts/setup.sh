@@ -25,7 +25,7 @@ debs=(
   libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc
   prometheus-cpp-dev libcivetweb-dev
   libturbojpeg0-dev libpng-dev libcurl4-openssl-dev libssl-dev
-  clang-format
+  clang-format prometheus
 )
 
 missing=()

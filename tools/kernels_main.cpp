@@ -44,7 +44,8 @@ nlohmann::json to_json(const Policy& p, Registry& r) {
   pol["hub_kernels"] = setting(p.hub_kernels.value, p.hub_kernels);
   pol["fused_attention"] =
       setting(libreyolo::kernels::fused_attention_name(p.fused_attention.value), p.fused_attention);
-  for (const auto& [slot, allow] : p.slot_allow) pol["slots"][slot]["allow"] = setting(allow.value, allow);
+  for (const auto& [slot, allow] : p.slot_allow)
+    pol["slots"][slot]["allow"] = setting(allow.value, allow);
   j["slots"] = nlohmann::json::object();
   for (const auto& s : r.report()) {
     auto& js = j["slots"][s.slot];
@@ -107,7 +108,8 @@ int main(int argc, char** argv) {
   if (json) {
     std::cout << to_json(policy, registry).dump(2) << "\n";
   } else {
-    std::cout << "policy:\n" << policy.describe() << "\nslots:\n"
+    std::cout << "policy:\n"
+              << policy.describe() << "\nslots:\n"
               << libreyolo::kernels::format_table(registry.report());
     for (const auto& e : registry.events()) {
       std::cout << "fallback event: " << e.slot << "/" << e.impl << ": " << e.reason << "\n";

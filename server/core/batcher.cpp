@@ -152,9 +152,11 @@ void Batcher::run(std::vector<std::shared_ptr<BatchJob>>& batch) {
     const double input_s = seconds(t_input - start), infer_s = seconds(t_infer - t_input);
     int64_t offset = 0;
     double output_total = 0;
-    for (auto& j : batch) {
+    std::vector<BatchResult> results(batch.size());
+    for (std::size_t i = 0; i < batch.size(); ++i) {
+      auto& j = batch[i];
       const auto t0 = Clock::now();
-      BatchResult r;
+      BatchResult& r = results[i];
       const int64_t n = j->size();
       auto l = logits.narrow(0, offset, n);
       auto b = boxes.narrow(0, offset, n);
@@ -171,9 +173,12 @@ void Batcher::run(std::vector<std::shared_ptr<BatchJob>>& batch) {
       r.batch_size = images;
       r.output_seconds = seconds(Clock::now() - t0);
       output_total += r.output_seconds;
-      j->promise.set_value(std::move(r));
     }
+    // Statistics first, answers second: a client that reads the statistics right after its
+    // answer sees its batch counted.
     if (hooks_.executed) hooks_.executed(images, input_s, infer_s, output_total);
+    for (std::size_t i = 0; i < batch.size(); ++i)
+      batch[i]->promise.set_value(std::move(results[i]));
   } catch (const std::invalid_argument& e) {
     fail_all(batch, api::Code::invalid_argument, "model '" + model_->name + "': " + e.what());
   } catch (const std::exception& e) {

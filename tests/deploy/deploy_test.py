@@ -25,6 +25,7 @@ import time
 import urllib.request
 
 import yaml
+from concurrent.futures import ThreadPoolExecutor
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DEPLOY = os.path.join(ROOT, "deploy")
@@ -49,15 +50,28 @@ def report(status, name, detail=""):
           (f": {detail}" if detail else ""), flush=True)
 
 
-def check(name, fn):
-    """Runs fn(); it returns a detail string (pass), raises AssertionError (fail) or Skip."""
+def outcome(fn):
+    """Runs fn(): it returns a detail string (pass), raises AssertionError (fail) or Skip."""
     try:
-        detail = fn()
-        report("passed", name, detail or "")
+        return "passed", fn() or ""
     except Skip as e:
-        report("skipped", name, str(e))
+        return "skipped", str(e)
     except Exception as e:  # every other error is a failure of that check, not of the script
-        report("failed", name, f"{type(e).__name__}: {e}")
+        return "failed", f"{type(e).__name__}: {e}"
+
+
+def check(name, fn):
+    status, detail = outcome(fn)
+    report(status, name, detail)
+
+
+def check_concurrently(pairs):
+    """Runs independent checks that wait on subprocesses at once; reports them in order."""
+    with ThreadPoolExecutor(max_workers=len(pairs)) as pool:
+        futures = [pool.submit(outcome, fn) for _, fn in pairs]
+        for (name, _), f in zip(pairs, futures):
+            status, detail = f.result()
+            report(status, name, detail)
 
 
 class Skip(Exception):
@@ -347,7 +361,7 @@ def main():
             vols = {v["name"]: v for v in spec["volumes"]}
             assert server["args"] == ["--config", mounts["config"]["mountPath"] + "/server.yaml"], server["args"]
             srcs = vols["config"]["projected"]["sources"]
-            assert srcs[0]["configMap"]["name"] == "libreyolo-server-config"
+            assert srcs[0]["configMap"]["name"] == "libreyolo-server-config", srcs
             assert mounts["models"]["mountPath"] == cfg["model_repository"], "model repository path"
             assert "persistentVolumeClaim" in vols["models"], "model repository is not a PVC"
             assert obj(o, "PersistentVolumeClaim", vols["models"]["persistentVolumeClaim"]["claimName"])
@@ -378,8 +392,8 @@ def main():
         assert all(labels.get(k) == v for k, v in svc["spec"]["selector"].items()), "Service selector"
         sp = {p["name"]: p for p in svc["spec"]["ports"]}
         assert set(sp) == {"grpc", "http"}, f"Service ports {set(sp)}"
-        assert sp["grpc"]["port"] == grpc_port and sp["grpc"]["targetPort"] == "grpc"
-        assert sp["http"]["port"] == http_port and sp["http"]["targetPort"] == "http"
+        assert sp["grpc"]["port"] == grpc_port and sp["grpc"]["targetPort"] == "grpc", sp["grpc"]
+        assert sp["http"]["port"] == http_port and sp["http"]["targetPort"] == "http", sp["http"]
         pm = obj(o, "PodMonitor")
         assert all(labels.get(k) == v for k, v in pm["spec"]["selector"]["matchLabels"].items()), "PodMonitor selector"
         ep = pm["spec"]["podMetricsEndpoints"][0]
@@ -387,7 +401,7 @@ def main():
         for ov in OVERLAYS:
             hpa = obj(ov, "HorizontalPodAutoscaler")
             assert hpa["spec"]["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment",
-                                                    "name": d["metadata"]["name"]}
+                                                    "name": d["metadata"]["name"]}, hpa["spec"]["scaleTargetRef"]
             names = [m["pods"]["metric"]["name"] for m in hpa["spec"]["metrics"] if m["type"] == "Pods"]
             adapter = yaml.safe_load(read(os.path.join(DEPLOY, "prometheus", "adapter-rules.yaml")))
             served = {r["name"]["as"] for r in adapter["rules"]["custom"]}
@@ -425,7 +439,6 @@ def main():
         r = runs[-1]
         assert r.returncode != 0 and "drain_second" in r.stderr, f"misspelt key accepted (exit {r.returncode})"
         return f"--print-config exit 0 for {'; '.join(details)}; a misspelt key exits {r.returncode}"
-    check("configmap server.yaml valid for the daemon", config_valid)
 
     # --- 5. the init container's script with the real tools ----------------------------------
     def init_script():
@@ -433,7 +446,7 @@ def main():
             raise Skip("libreyolo-server or libreyolo-kernels-hub is not built")
         spec = obj("base", "Deployment")["spec"]["template"]["spec"]
         (init,) = [c for c in spec["initContainers"] if c["name"] == "kernels-download"]
-        assert init["command"] == ["/bin/sh", "-c"]
+        assert init["command"] == ["/bin/sh", "-c"], init["command"]
         script = init["args"][0]
         cache = os.path.join(work, "cache")
         text = server_yaml("base").replace("/var/cache/libreyolo/kernels", cache)
@@ -466,7 +479,6 @@ def main():
             f"failed download, tolerated: exit {rc2}: {out2}"
         assert rc3 == 1 and "prefetch failed" in out3, f"failed download, required: exit {rc3}: {out3}"
         return "no lock -> exit 0; hub off -> exit 0; download failure -> exit 0 (1 when required)"
-    check("init container prefetch script", init_script)
 
     # --- 6. a live daemon: health services and /metrics --------------------------------------
     metrics_text = None
@@ -536,7 +548,33 @@ def main():
                 proc.kill()
                 proc.wait()
             log.close()
-    check("daemon on loopback", live_daemon)
+
+    def runtime_libs():
+        if not (have_server and os.access(hub_bin, os.X_OK)):
+            raise Skip("libreyolo-server or libreyolo-kernels-hub is not built")
+        prefix = os.path.join(work, "image")
+        r = subprocess.run(["bash", os.path.join(DEPLOY, "docker", "collect-runtime.sh"), build, prefix, "--link"],
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, f"collect-runtime.sh exit {r.returncode}: {r.stderr.strip()[-800:]}"
+        env = {"PATH": "/usr/bin:/bin", "LD_LIBRARY_PATH": os.path.join(prefix, "lib")}
+        r = subprocess.run(["ldd", os.path.join(prefix, "bin", "libreyolo-server")], capture_output=True,
+                           text=True, env=env, timeout=30)
+        assert "not found" not in r.stdout, r.stdout
+        outside = [l for l in r.stdout.splitlines() if "=>" in l and prefix not in l and
+                   not re.search(r"\b(libc|libm|libdl|libpthread|librt|libutil|libresolv|libanl|ld-linux[^ ]*)\.so", l)]
+        assert not outside, f"resolved outside the collected prefix: {outside[:3]}"
+        r = subprocess.run([os.path.join(prefix, "bin", "libreyolo-server"), "--config",
+                            os.path.join(K8S, "base", "server.yaml"), "--print-config"],
+                           capture_output=True, text=True, env=env, timeout=60)
+        assert r.returncode == 0, r.stderr
+        n = len(os.listdir(os.path.join(prefix, "lib")))
+        return f"{n} libraries collected; every one resolved inside the prefix; the collected binary runs"
+    check_concurrently([
+        ("configmap server.yaml valid for the daemon", config_valid),
+        ("init container prefetch script", init_script),
+        ("daemon on loopback", live_daemon),
+        ("runtime libraries (collect-runtime.sh)", runtime_libs),
+    ])
 
     # --- 7. every metric name used exists -----------------------------------------------------
     def metric_names():
@@ -677,56 +715,43 @@ def main():
         assert int(uid) == pod_uid, f"image uid {uid} != pod runAsUser {pod_uid}"
         ignore = read(os.path.join(ROOT, ".dockerignore")).split()
         assert ".git" in ignore and any(x.startswith("build") for x in ignore), ".dockerignore"
+        lint = "hadolint not installed"
+        if shutil.which("hadolint"):
+            r = subprocess.run([shutil.which("hadolint"), os.path.join(ROOT, "Dockerfile")],
+                               capture_output=True, text=True, timeout=30)
+            assert r.returncode == 0, f"hadolint: {r.stdout}{r.stderr}"
+            lint = "hadolint clean"
         return (f"{len(stages)} stages, bases {sorted(bases)}, USER {users[-1]}, EXPOSE {' '.join(expose)}, "
-                f"setup.sh + build.sh in the builders")
+                f"setup.sh + build.sh in the builders, {lint}")
     check("Dockerfile rules", dockerfile)
 
-    def runtime_libs():
-        if not (have_server and os.access(hub_bin, os.X_OK)):
-            raise Skip("libreyolo-server or libreyolo-kernels-hub is not built")
-        prefix = os.path.join(work, "image")
-        r = subprocess.run(["bash", os.path.join(DEPLOY, "docker", "collect-runtime.sh"), build, prefix, "--link"],
-                           capture_output=True, text=True, timeout=60)
-        assert r.returncode == 0, f"collect-runtime.sh exit {r.returncode}: {r.stderr.strip()[-800:]}"
-        env = {"PATH": "/usr/bin:/bin", "LD_LIBRARY_PATH": os.path.join(prefix, "lib")}
-        r = subprocess.run(["ldd", os.path.join(prefix, "bin", "libreyolo-server")], capture_output=True,
-                           text=True, env=env, timeout=30)
-        assert "not found" not in r.stdout, r.stdout
-        outside = [l for l in r.stdout.splitlines() if "=>" in l and prefix not in l and
-                   not re.search(r"\b(libc|libm|libdl|libpthread|librt|libutil|libresolv|libanl|ld-linux[^ ]*)\.so", l)]
-        assert not outside, f"resolved outside the collected prefix: {outside[:3]}"
-        r = subprocess.run([os.path.join(prefix, "bin", "libreyolo-server"), "--config",
-                            os.path.join(K8S, "base", "server.yaml"), "--print-config"],
-                           capture_output=True, text=True, env=env, timeout=60)
-        assert r.returncode == 0, r.stderr
-        n = len(os.listdir(os.path.join(prefix, "lib")))
-        return f"{n} libraries collected; every one resolved inside the prefix; the collected binary runs"
-    check("runtime libraries (collect-runtime.sh)", runtime_libs)
 
     # --- 10. KServe -----------------------------------------------------------------------------
     def kserve():
         (rt,) = load_all(os.path.join(DEPLOY, "kserve", "clusterservingruntime.yaml"))
         (isvc,) = load_all(os.path.join(DEPLOY, "kserve", "inferenceservice.yaml"))
-        assert rt["kind"] == "ClusterServingRuntime" and rt["apiVersion"] == "serving.kserve.io/v1alpha1"
+        assert rt["kind"] == "ClusterServingRuntime" and rt["apiVersion"] == "serving.kserve.io/v1alpha1", rt["kind"]
         assert {"grpc-v2", "v2"} <= set(rt["spec"]["protocolVersions"]), rt["spec"]["protocolVersions"]
         formats = {f["name"] for f in rt["spec"]["supportedModelFormats"]}
         served = served_model_types()
         detectors = {"rt_detr", "rt_detr_v2", "deformable_detr"}
         assert formats and formats <= served and formats <= detectors, f"formats {formats}, loadable {served}"
         (c,) = rt["spec"]["containers"]
-        assert c["name"] == "kserve-container"
-        assert [p["containerPort"] for p in c["ports"]] == [grpc_port] and c["ports"][0]["name"] == "h2c"
-        assert c["args"][c["args"].index("--model-repository") + 1] == "/mnt/models"
-        assert c["readinessProbe"]["grpc"] == {"port": grpc_port, "service": "readiness"}
-        assert c["livenessProbe"]["grpc"] == {"port": grpc_port, "service": "liveness"}
+        assert c["name"] == "kserve-container", c["name"]
+        assert [p["containerPort"] for p in c["ports"]] == [grpc_port] and c["ports"][0]["name"] == "h2c", c["ports"]
+        assert c["args"][c["args"].index("--model-repository") + 1] == "/mnt/models", c["args"]
+        assert c["readinessProbe"]["grpc"] == {"port": grpc_port, "service": "readiness"}, c["readinessProbe"]
+        assert c["livenessProbe"]["grpc"] == {"port": grpc_port, "service": "liveness"}, c["livenessProbe"]
         sc = c["securityContext"]
-        assert sc["runAsNonRoot"] and sc["readOnlyRootFilesystem"] and sc["allowPrivilegeEscalation"] is False
-        assert rt["spec"]["annotations"]["prometheus.kserve.io/port"] == str(http_port)
+        assert sc["runAsNonRoot"] and sc["readOnlyRootFilesystem"] and sc["allowPrivilegeEscalation"] is False, sc
+        assert rt["spec"]["annotations"]["prometheus.kserve.io/port"] == str(http_port), "metrics port annotation"
         m = isvc["spec"]["predictor"]["model"]
-        assert m["runtime"] == rt["metadata"]["name"] and m["modelFormat"]["name"] in formats
-        assert m["protocolVersion"] in rt["spec"]["protocolVersions"]
-        assert isvc["spec"]["predictor"]["terminationGracePeriodSeconds"] >= \
-            yaml.safe_load(server_yaml("base"))["server"]["drain_seconds"] + longest_request_seconds()
+        assert m["runtime"] == rt["metadata"]["name"] and m["modelFormat"]["name"] in formats, m
+        assert m["protocolVersion"] in rt["spec"]["protocolVersions"], m["protocolVersion"]
+        grace = isvc["spec"]["predictor"]["terminationGracePeriodSeconds"]
+        drain = yaml.safe_load(server_yaml("base"))["server"]["drain_seconds"]
+        assert grace >= drain + longest_request_seconds(), \
+            f"InferenceService terminationGracePeriodSeconds {grace} < drain {drain} + {longest_request_seconds()}"
         return f"formats {sorted(formats)} (loadable: {sorted(served)}), protocols {rt['spec']['protocolVersions']}"
     check("kserve runtime + inferenceservice", kserve)
 

@@ -181,6 +181,7 @@ TEST(ServerBinary, SigtermDrainsThenExitsZero) {
       spawn({"--config", (dir / "s.yaml").string(), "--model-repository", (dir / "repo").string(),
              "--grpc-address", "127.0.0.1:" + std::to_string(port)},
             (dir / "out.txt").string());
+  ASSERT_TRUE(wait_port(port, 30)) << "the daemon never listened";
   rpc::Client c("127.0.0.1:" + std::to_string(port));
   const auto t0 = std::chrono::steady_clock::now();
   std::string state;
@@ -208,6 +209,7 @@ TEST(ServerBinary, SecondSignalExitsAtOnce) {
       spawn({"--config", (dir / "s.yaml").string(), "--model-repository", (dir / "empty").string(),
              "--grpc-address", "127.0.0.1:" + std::to_string(port)},
             (dir / "out.txt").string());
+  ASSERT_TRUE(wait_port(port, 30)) << "the daemon never listened";
   rpc::Client c("127.0.0.1:" + std::to_string(port));
   const auto t0 = std::chrono::steady_clock::now();
   while (std::chrono::steady_clock::now() - t0 < std::chrono::seconds(30) &&

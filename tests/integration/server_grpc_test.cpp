@@ -7,6 +7,7 @@
 #include <future>
 #include <set>
 
+#include "kernels/registry.h"
 #include "log/log.h"
 #include "models/core/safetensors.h"
 #include "server/core/config.h"
@@ -51,7 +52,7 @@ class ServerGrpc : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     repo_ = new fs::path(temp_dir("repo"));
-    add_rtdetr_tiny(*repo_);
+    add_rtdetr_tiny(*repo_, "warmup: false\n");  // its first forward (1-2 s) only where it is used
     add_fake_model(*repo_, "fake", "max_batch_size: 1\nmax_queue_size: 2\n");
     add_fake_model(
         *repo_, "fake_batching",
@@ -383,10 +384,16 @@ TEST_F(ServerGrpc, BadInputsGetExactStatuses) {
        {rpc::pack_bytes({jpg})},
        Code::invalid_argument,
        "parameter 'threshold' must be a number"},
-      {"pixels above the limit", images_request("fake", 1), {rpc::pack_bytes({huge})}, Code::invalid_argument,
+      {"pixels above the limit",
+       images_request("fake", 1),
+       {rpc::pack_bytes({huge})},
+       Code::invalid_argument,
        "input 'images': image 0: "},
-      {"images above the limit", images_request("fake_batching", 65), {rpc::pack_bytes(many)},
-       Code::invalid_argument, "input 'images': 65 images exceed the limit of 64 per request"},
+      {"images above the limit",
+       images_request("fake_batching", 65),
+       {rpc::pack_bytes(many)},
+       Code::invalid_argument,
+       "input 'images': 65 images exceed the limit of 64 per request"},
       {"message too large",
        images_request("fake", 1),
        {rpc::pack_bytes({std::string(17 << 20, 'x')})},
@@ -396,7 +403,8 @@ TEST_F(ServerGrpc, BadInputsGetExactStatuses) {
   for (const auto& bc : cases) {
     auto r = c.infer(bc.text, bc.raw);
     EXPECT_EQ(r.code, bc.code) << bc.what << ": " << api::code_name(r.code) << " " << r.message;
-    std::cout << bc.what << ": " << api::code_name(r.code) << " " << r.message.substr(0, 160) << "\n";
+    std::cout << bc.what << ": " << api::code_name(r.code) << " " << r.message.substr(0, 160)
+              << "\n";
     EXPECT_NE(r.message.find(bc.message), std::string::npos)
         << bc.what << ": message '" << r.message << "' lacks '" << bc.message << "'";
   }
@@ -487,10 +495,15 @@ TEST_F(ServerGrpc, HttpAdminEndpoints) {
         "libreyolo_pending_requests{model=\"fake\"} 0",
         "libreyolo_model_load_seconds{model=\"rtdetr_tiny\",version=\"1\"}",
         "libreyolo_inference_requests_total{code=\"OK\",model=\"fake\",version=\"1\"}",
-        "libreyolo_kernel_active{slot=\"fake_quant_fp8\",impl=\"reference\"} 1",
         "# TYPE libreyolo_kernel_calls_total counter"}) {
     EXPECT_NE(m.body.find(name), std::string::npos) << "missing " << name << " in\n" << m.body;
   }
+  // The selected fake_quant_fp8 implementation is machine-dependent (reference here, cuda on a
+  // GPU machine); the gauge must name whichever the registry selected.
+  const std::string active_line =
+      "libreyolo_kernel_active{slot=\"fake_quant_fp8\",impl=\"" +
+      libreyolo::kernels::Registry::global().active().at("fake_quant_fp8") + "\"} 1";
+  EXPECT_NE(m.body.find(active_line), std::string::npos) << "missing " << active_line;
   auto active = http_get(port, "/active");
   EXPECT_EQ(active.status, 200);
   EXPECT_NE(active.body.find("\"fake_quant_fp8\": {"), std::string::npos) << active.body;

@@ -4,6 +4,12 @@
 // registry. Every case counts the server's requests and the warnings.
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
+#if __has_include(<ATen/cuda/CUDAGraph.h>) && __has_include(<cuda_runtime_api.h>)
+#include <ATen/cuda/CUDAContext.h>
+#include <ATen/cuda/CUDAGraph.h>
+#include <c10/cuda/CUDAGuard.h>
+#define HUB_TEST_CUDA_GRAPHS 1
+#endif
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -148,7 +154,7 @@ class HubProvider : public ::testing::Test {
       hub::ProviderOptions o;
       o.settings = settings;
       o.system = system;
-      o.capturing = [this] { return capturing; };
+      if (!real_capture_status) o.capturing = [this] { return capturing; };
       return o;
     }));
     r->resolve();
@@ -164,6 +170,7 @@ class HubProvider : public ::testing::Test {
   HubTestServer server;
   libreyolo::kernels::HubSettings settings;
   bool capturing = false;
+  bool real_capture_status = false;  ///< the provider asks CUDA instead of `capturing`
   hub::SystemInfo system = cpu_system();
 };
 
@@ -567,6 +574,70 @@ TEST_F(HubProvider, CudaArtifactMatchesThePortablePath) {
   EXPECT_EQ(hub_calls(*r), 3u);
   EXPECT_EQ(capture.count(lylog::Level::warn), 0);
 }
+
+#ifdef HUB_TEST_CUDA_GRAPHS
+uint64_t hub_declines(Registry& r, const std::string& reason) {
+  for (const auto& s : r.report()) {
+    for (const auto& c : s.candidates) {
+      if (s.slot == kMsDeformAttn && c.name == "hub") {
+        auto it = c.declined.find(reason);
+        return it == c.declined.end() ? 0 : it->second;
+      }
+    }
+  }
+  return 0;
+}
+
+// GPU machine, real CUDA graph capture: the hub op is never first called inside a capture (the
+// portable path is captured instead); once warmed up outside, it is captured and replays right.
+TEST_F(HubProvider, CudaGraphCaptureNeverRunsAColdHubKernel) {
+  if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device";
+  if (!fs::exists(repo_of("cuda"))) GTEST_SKIP() << "built without the CUDA kernels";
+  system = hub::detect_system();
+  real_capture_status = true;
+  serve_and_lock("cuda");
+  auto r = make_registry();
+  ASSERT_EQ(r->resolve(kMsDeformAttn), std::optional<std::string>("hub"));
+  Inputs in(11);
+  in.value = in.value.cuda();
+  in.loc = in.loc.cuda();
+  in.attn = in.attn.cuda();
+  in.shapes_t = libreyolo::kernels::spatial_shapes_tensor(in.shapes, in.value.device());
+  in.start_t = libreyolo::kernels::level_start_index(in.shapes, in.value.device());
+  const at::Tensor eager = in.portable();
+  auto capture_once = [&](bool& was_capturing) {
+    at::cuda::CUDAGraph graph;
+    at::Tensor out;
+    {
+      c10::cuda::CUDAStreamGuard guard(at::cuda::getStreamFromPool());
+      graph.capture_begin();
+      was_capturing = hub::cuda_graph_capturing();
+      out = slot_call(*r, in);
+      graph.capture_end();
+    }
+    graph.replay();
+    at::cuda::device_synchronize();
+    return (out - eager).abs().max().item<double>();
+  };
+  bool was_capturing = false;
+  const double cold = capture_once(was_capturing);
+  EXPECT_TRUE(was_capturing);
+  EXPECT_EQ(hub_calls(*r), 0u);
+  EXPECT_EQ(hub_declines(*r, "hub: first call inside CUDA graph capture"), 1u);
+  EXPECT_LT(cold, 1e-5);
+  EXPECT_FALSE(hub::cuda_graph_capturing());
+  slot_call(*r, in);  // warm-up outside the capture
+  EXPECT_EQ(hub_calls(*r), 1u);
+  const double warm = capture_once(was_capturing);
+  EXPECT_EQ(hub_calls(*r), 2u);
+  std::printf(
+      "CUDA graph replay vs eager portable: cold (portable captured) %.3g, warm (hub captured) "
+      "%.3g\n",
+      cold, warm);
+  EXPECT_LT(warm, 1e-5);
+  EXPECT_TRUE(r->events().empty());
+}
+#endif
 
 TEST_F(HubProvider, LockAndDownloadCommands) {
   server.add_repo("libreyolo-test/ok", repo_of("ok"), kSha, {"v1"});

@@ -7,6 +7,7 @@
 #include <limits>
 #include <string>
 
+#include "kernels/kernels.h"
 #include "kernels/quant/fake_quant_fp8.h"
 #include "kernels/registry.h"
 #include "ops_safetensors_util.h"
@@ -26,6 +27,11 @@ int64_t bit_mismatches(const at::Tensor& a, const at::Tensor& b) {
 }
 
 /// Runs with the automatic filter on Registry::global() and restores the filter afterwards.
+/// What the process registry selects for fake_quant_fp8 on this machine.
+std::string expected_selection() {
+  return built_with_cuda() && at::hasCUDA() ? "cuda" : kReference;
+}
+
 class OpsFakeQuantFp8 : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -130,15 +136,22 @@ TEST_F(OpsFakeQuantFp8, RejectsBadDtypesAndScaleShapes) {
   EXPECT_THROW(fake_quant_fp8(x, at::ones({1, 1, 1})), c10::Error);  // would broadcast up
   EXPECT_NO_THROW(fake_quant_fp8(x, at::ones({4, 1})));
   EXPECT_NO_THROW(fake_quant_fp8(x, at::ones({})));
-  // Bad input is the caller's error: the reference stays selected and enabled.
-  EXPECT_EQ(Registry::global().resolve(kFakeQuantFp8), std::optional<std::string>(kReference));
+  // Bad input is the caller's error: the selection stays as it was and enabled.
+  EXPECT_EQ(Registry::global().resolve(kFakeQuantFp8),
+            std::optional<std::string>(expected_selection()));
   EXPECT_TRUE(Registry::global().events().empty() ||
               Registry::global().events().back().slot != kFakeQuantFp8);
 }
 
-TEST_F(OpsFakeQuantFp8, ResolvesToReferenceOnCpu) {
-  EXPECT_EQ(Registry::global().resolve(kFakeQuantFp8), std::optional<std::string>(kReference));
-  EXPECT_EQ(Registry::global().active().at(kFakeQuantFp8), kReference);
+TEST_F(OpsFakeQuantFp8, ResolvesToReferenceWithoutAGpu) {
+  // Without a CUDA device (CI) the reference is selected; on the GPU machine the `cuda`
+  // implementation is, and it declines CPU tensors (so every CPU test above ran the reference).
+  EXPECT_EQ(Registry::global().resolve(kFakeQuantFp8),
+            std::optional<std::string>(expected_selection()));
+  EXPECT_EQ(Registry::global().active().at(kFakeQuantFp8), expected_selection());
+  const auto impls = Registry::global().iter_impls(kFakeQuantFp8);
+  ASSERT_FALSE(impls.empty());
+  EXPECT_EQ(impls.back(), kReference);
 }
 
 }  // namespace

@@ -35,6 +35,9 @@ class OpsMsDeformAttn : public ::testing::Test {
   void SetUp() override {
     saved_filter_ = Registry::global().filter();
     Registry::global().set_filter(Filter{});
+    // Load the built-in providers now (on a GPU machine: `cuda`), so the mock registered by a
+    // test is the newest implementation.
+    Registry::global().resolve();
   }
   void TearDown() override {
     Registry::global().unregister_impl(kMsDeformAttn, "mock");

@@ -63,10 +63,12 @@ TEST(Policy, LegacyAliasOnlyWhenPrimaryUnsetOrEmpty) {
   EXPECT_EQ(a.selection.origin, "LIBREYOLO_QUANT_KERNELS");
   EXPECT_TRUE(a.selection_from_legacy_alias);
 
-  Policy b = policy_from_environment({{"LIBREYOLO_KERNELS", "  "}, {"LIBREYOLO_QUANT_KERNELS", "off"}});
+  Policy b =
+      policy_from_environment({{"LIBREYOLO_KERNELS", "  "}, {"LIBREYOLO_QUANT_KERNELS", "off"}});
   EXPECT_EQ(b.selection.value, "off");
 
-  Policy c = policy_from_environment({{"LIBREYOLO_KERNELS", "cuda"}, {"LIBREYOLO_QUANT_KERNELS", "off"}});
+  Policy c =
+      policy_from_environment({{"LIBREYOLO_KERNELS", "cuda"}, {"LIBREYOLO_QUANT_KERNELS", "off"}});
   EXPECT_EQ(c.selection.value, "cuda");
   EXPECT_EQ(c.selection.origin, "LIBREYOLO_KERNELS");
   EXPECT_FALSE(c.selection_from_legacy_alias);
@@ -121,7 +123,8 @@ TEST(Policy, SlotAllowList) {
 
 TEST(Policy, FusedAttentionValues) {
   EXPECT_EQ(from_yaml("kernels: {fused_attention: on}").fused_attention.value, FusedAttention::on);
-  EXPECT_EQ(from_yaml("kernels: {fused_attention: off}").fused_attention.value, FusedAttention::off);
+  EXPECT_EQ(from_yaml("kernels: {fused_attention: off}").fused_attention.value,
+            FusedAttention::off);
   EXPECT_EQ(from_yaml("kernels: {fused_attention: default}").fused_attention.value,
             FusedAttention::family_default);
 }
@@ -172,7 +175,8 @@ TEST(Policy, LoadFileReportsSyntaxErrorsAndMissingFiles) {
 TEST(Policy, DescribeShowsSources) {
   Policy p = from_yaml("kernels:\n  hub_kernels: off\n", {{"LIBREYOLO_KERNELS", "reference"}});
   const std::string d = p.describe();
-  EXPECT_NE(d.find("selection = reference  (environment: LIBREYOLO_KERNELS)"), std::string::npos) << d;
+  EXPECT_NE(d.find("selection = reference  (environment: LIBREYOLO_KERNELS)"), std::string::npos)
+      << d;
   EXPECT_NE(d.find("hub_kernels = off  (file: server.yaml:2:16)"), std::string::npos) << d;
   EXPECT_NE(d.find("fused_attention = default  (default)"), std::string::npos) << d;
 }

@@ -69,7 +69,8 @@ TEST(Registry, ThrowingPredicateWarnsOnceAndIsIneligible) {
   log::Capture capture;
   Registry r;
   r.register_impl("op", kReference, Impl(adds(0)));
-  r.register_impl("op", "bad", Impl(adds(5)), []() -> bool { throw std::runtime_error("no driver"); });
+  r.register_impl("op", "bad", Impl(adds(5)),
+                  []() -> bool { throw std::runtime_error("no driver"); });
   EXPECT_EQ(r.resolve("op"), "reference");
   EXPECT_EQ(run(r, "op", 1), 1);
   // Re-resolution (a registration elsewhere invalidates the snapshot) must not warn again.
@@ -171,7 +172,7 @@ TEST(Registry, RuntimeFailureFallsBackDisablesWarnsOnceAndRecordsAnEvent) {
                   }));
   EXPECT_EQ(r.active().at("op"), "cuda");
   for (int i = 0; i < 5; ++i) EXPECT_EQ(run(r, "op", i), i);  // right answer every time
-  EXPECT_EQ(failing_calls, 1);                                 // never retried
+  EXPECT_EQ(failing_calls, 1);                                // never retried
   EXPECT_EQ(r.active().at("op"), "reference");
   EXPECT_EQ(capture.count(log::Level::warn), 1);
   EXPECT_EQ(capture.count(log::Level::warn, "kernel op/cuda failed"), 1);

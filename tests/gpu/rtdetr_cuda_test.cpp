@@ -1,0 +1,56 @@
+// RT-DETR / RT-DETRv2 on CUDA against the transformers CPU fixtures (skips without a GPU).
+// TF32 is switched off first: cuDNN convolutions default to TF32 on Hopper (hf-models.md 9),
+// which the CPU reference does not use.
+#include <ATen/Context.h>
+#include <gtest/gtest.h>
+
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "models/core/config.h"
+#include "models/core/safetensors.h"
+#include "models/model.h"
+
+namespace {
+
+namespace core = libreyolo::models::core;
+
+class RTDetrCuda : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(RTDetrCuda, MatchesCpuReference) {
+  if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device";
+  at::globalContext().setAllowTF32CuDNN(false);
+  at::globalContext().setAllowTF32CuBLAS(false);
+  const std::string dir = std::string(LIBREYOLO_TEST_FIXTURES) + "/models/" + GetParam();
+  const auto expected = core::SafetensorsFile::open(dir + "/expected.safetensors");
+  const auto pre = core::read_json_file(dir + "/preprocessor_config.json");
+  const float rescale = static_cast<float>(pre.at("rescale_factor").get<double>());
+  const auto pixels = expected->view("pixel_u8").to(at::kFloat) * rescale;
+  for (auto dtype : {at::kFloat, at::kHalf, at::kBFloat16}) {
+    libreyolo::models::LoadOptions options;
+    options.dtype = dtype;
+    options.device = at::Device(at::kCUDA, 0);
+    const auto model = libreyolo::models::load_model(dir, options);
+    at::InferenceMode guard;
+    const auto out = model->forward(pixels.to(options.device, dtype));
+    ASSERT_TRUE(out.logits.is_cuda());
+    EXPECT_EQ(out.logits.scalar_type(), at::kFloat);
+    const double dl = (out.logits.cpu() - expected->view("logits")).abs().max().item<double>();
+    const double db =
+        (out.pred_boxes.cpu() - expected->view("pred_boxes")).abs().max().item<double>();
+    std::cout << "[gpu] " << GetParam() << " " << c10::toString(dtype)
+              << ": max|logits diff| = " << dl << ", max|pred_boxes diff| = " << db << std::endl;
+    if (dtype == at::kFloat) {
+      EXPECT_LE(dl, 1e-4);
+      EXPECT_LE(db, 1e-5);
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, RTDetrCuda,
+                         ::testing::Values("rtdetr_tiny", "rtdetr_tiny_basic", "rtdetr_v2_tiny",
+                                           "rtdetr_v2_tiny_discrete"),
+                         [](const auto& info) { return info.param; });
+
+}  // namespace
