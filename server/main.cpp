@@ -2,13 +2,18 @@
 // readiness to NOT_SERVING, keeps serving for server.drain_seconds, then stops accepting and
 // finishes in-flight requests (exit 0); a second signal exits at once (exit 128 + signal).
 #include <atomic>
+#include <cerrno>
 #include <csignal>
 #include <cstdlib>
+#include <cstring>
 #include <ctime>
 #include <filesystem>
 #include <iostream>
 #include <string>
 #include <thread>
+#include <vector>
+
+#include <unistd.h>
 
 #include "log/log.h"
 #include "server/core/config.h"
@@ -22,6 +27,8 @@ int usage(int code) {
   std::cerr << "usage: libreyolo-server [--config FILE] [--model-repository DIR] [--grpc-address "
                "HOST:PORT]\n"
                "                        [--http-address HOST:PORT|off] [--print-config]\n"
+               "       libreyolo-server kernels lock|download|verify [...]   (hub kernels; "
+               "docs/HUB_KERNELS.md)\n"
                "Default configuration file: config/server.yaml when it exists.\n";
   return code;
 }
@@ -35,9 +42,30 @@ int wait_signal(const sigset_t& set, double seconds) {
   return sig > 0 ? sig : 0;
 }
 
+/// `libreyolo-server kernels ...` is `libreyolo-kernels-hub ...` (the program installed next to
+/// this one), so that init containers and operators need one program name. Returns only on error.
+int exec_kernels_tool(int argc, char** argv) {
+  char self[4096];
+  const ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+  if (n <= 0) {
+    std::cerr << "libreyolo-server kernels: cannot locate this program\n";
+    return 1;
+  }
+  std::string path(self, static_cast<size_t>(n));
+  path = path.substr(0, path.rfind('/') + 1) + "libreyolo-kernels-hub";
+  std::vector<char*> args{path.data()};
+  for (int i = 2; i < argc; ++i) args.push_back(argv[i]);
+  args.push_back(nullptr);
+  execv(path.c_str(), args.data());
+  std::cerr << "libreyolo-server kernels: cannot run " << path << ": " << std::strerror(errno)
+            << "\n";
+  return 1;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (argc > 1 && std::string(argv[1]) == "kernels") return exec_kernels_tool(argc, argv);
   // Block the signals before any thread starts, so that only sigtimedwait sees them.
   sigset_t signals;
   sigemptyset(&signals);
