@@ -2,6 +2,8 @@
 // hf-models.md 5.4; every step keeps transformers' operation order so that float32 results match.
 #include "models/deformable_detr/deformable_detr.h"
 
+#include "models/module_model.h"
+
 #include <torch/nn/module.h>
 
 #include <nlohmann/json.hpp>
@@ -333,25 +335,13 @@ class DeformableDetrImpl : public torch::nn::Module {
   std::vector<layers::MLP> bbox_embed;
 };
 
-class DeformableDetrModel : public Model {
+class DeformableDetrModel : public ModuleModel<DeformableDetrImpl> {
  public:
   DeformableDetrModel(std::shared_ptr<DeformableDetrImpl> net, const LoadOptions& options)
-      : net_(std::move(net)), options_(options) {}
-
-  std::string model_type() const override { return "deformable_detr"; }
-  Task task() const override { return Task::object_detection; }
+      : ModuleModel("deformable_detr", Task::object_detection, std::move(net), options) {}
 
   ModelOutput forward(const at::Tensor& pixel_values, const at::Tensor& pixel_mask) const override {
-    const int64_t channels = net_->config.backbone.num_channels;
-    if (!pixel_values.defined() || pixel_values.dim() != 4 || pixel_values.size(1) != channels ||
-        pixel_values.size(0) < 1 || pixel_values.size(2) < 1 || pixel_values.size(3) < 1)
-      throw std::invalid_argument(c10::str(
-          "deformable_detr: pixel_values must be (B, ", channels, ", H, W) with B, H, W >= 1, got ",
-          pixel_values.defined() ? pixel_values.sizes() : at::IntArrayRef{}));
-    if (pixel_values.scalar_type() != options_.dtype || pixel_values.device() != options_.device)
-      throw std::invalid_argument(c10::str(
-          "deformable_detr: pixel_values must be ", options_.dtype, " on ", options_.device,
-          ", got ", pixel_values.scalar_type(), " on ", pixel_values.device()));
+    check_pixel_values(pixel_values, net_->config.backbone.num_channels);
     at::Tensor mask;
     if (pixel_mask.defined()) {
       const auto s = pixel_values.sizes();
@@ -379,16 +369,6 @@ class DeformableDetrModel : public Model {
     out.pred_boxes = boxes.to(at::kFloat);
     return out;
   }
-
-  const std::map<int64_t, std::string>& id2label() const override { return net_->config.id2label; }
-  const LoadOptions& options() const override { return options_; }
-  int set_fused_attention(bool enabled) override {
-    return layers::set_fused_attention(*net_, enabled);
-  }
-
- private:
-  std::shared_ptr<DeformableDetrImpl> net_;
-  LoadOptions options_;
 };
 
 /// hf-models.md 1.3: `H.i.*` -> `model.decoder.H.i.*`, then index 0 for tied heads.

@@ -1,6 +1,8 @@
 // SwinForImageClassification (transformers 5.17 models/swin/modeling_swin.py), inference only.
 #include "models/swin/swin.h"
 
+#include "models/module_model.h"
+
 #include <torch/nn/module.h>
 
 #include <algorithm>
@@ -286,40 +288,17 @@ class SwinImpl : public torch::nn::Module {
   layers::Linear classifier;
 };
 
-class SwinModel : public Model {
+class SwinModel : public ModuleModel<SwinImpl> {
  public:
   SwinModel(std::shared_ptr<SwinImpl> net, const LoadOptions& options)
-      : net_(std::move(net)), options_(options) {}
-
-  std::string model_type() const override { return "swin"; }
-  Task task() const override { return Task::image_classification; }
+      : ModuleModel("swin", Task::image_classification, std::move(net), options) {}
 
   ModelOutput forward(const at::Tensor& pixel_values, const at::Tensor&) const override {
-    const auto& c = net_->config;
-    if (!pixel_values.defined() || pixel_values.dim() != 4 ||
-        pixel_values.size(1) != c.num_channels || pixel_values.size(0) < 1 ||
-        pixel_values.size(2) < 1 || pixel_values.size(3) < 1)
-      throw std::invalid_argument(c10::str(
-          "swin: pixel_values must be (B, ", c.num_channels, ", H, W) with B, H, W >= 1, got ",
-          pixel_values.defined() ? pixel_values.sizes() : at::IntArrayRef{}));
-    if (pixel_values.scalar_type() != options_.dtype || pixel_values.device() != options_.device)
-      throw std::invalid_argument(c10::str("swin: pixel_values must be ", options_.dtype, " on ",
-                                           options_.device, ", got ", pixel_values.scalar_type(),
-                                           " on ", pixel_values.device()));
+    check_pixel_values(pixel_values, net_->config.num_channels);
     ModelOutput out;
     out.logits = net_->forward(pixel_values).to(at::kFloat);
     return out;
   }
-
-  const std::map<int64_t, std::string>& id2label() const override { return net_->config.id2label; }
-  const LoadOptions& options() const override { return options_; }
-  int set_fused_attention(bool enabled) override {
-    return layers::set_fused_attention(*net_, enabled);
-  }
-
- private:
-  std::shared_ptr<SwinImpl> net_;
-  LoadOptions options_;
 };
 
 }  // namespace

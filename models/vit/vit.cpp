@@ -1,6 +1,8 @@
 // ViTForImageClassification (transformers 5.17 models/vit/modeling_vit.py), inference only.
 #include "models/vit/vit.h"
 
+#include "models/module_model.h"
+
 #include <torch/nn/module.h>
 
 #include <cmath>
@@ -170,44 +172,18 @@ class ViTImpl : public torch::nn::Module {
   layers::Linear classifier;
 };
 
-class ViTModel : public Model {
+class ViTModel : public ModuleModel<ViTImpl> {
  public:
   ViTModel(std::shared_ptr<ViTImpl> net, const LoadOptions& options)
-      : net_(std::move(net)), options_(options) {}
-
-  std::string model_type() const override { return "vit"; }
-  Task task() const override { return Task::image_classification; }
+      : ModuleModel("vit", Task::image_classification, std::move(net), options) {}
 
   ModelOutput forward(const at::Tensor& pixel_values, const at::Tensor&) const override {
     const auto& c = net_->config;
-    if (!pixel_values.defined() || pixel_values.dim() != 4 ||
-        pixel_values.size(1) != c.num_channels)
-      throw std::invalid_argument(
-          c10::str("vit: pixel_values must be (B, ", c.num_channels, ", H, W), got ",
-                   pixel_values.defined() ? pixel_values.sizes() : at::IntArrayRef{}));
-    if (pixel_values.size(0) < 1 || pixel_values.size(2) < c.patch_size ||
-        pixel_values.size(3) < c.patch_size)
-      throw std::invalid_argument(c10::str("vit: pixel_values ", pixel_values.sizes(),
-                                           " is empty or smaller than one patch (", c.patch_size,
-                                           ")"));
-    if (pixel_values.scalar_type() != options_.dtype || pixel_values.device() != options_.device)
-      throw std::invalid_argument(c10::str("vit: pixel_values must be ", options_.dtype, " on ",
-                                           options_.device, ", got ", pixel_values.scalar_type(),
-                                           " on ", pixel_values.device()));
+    check_pixel_values(pixel_values, c.num_channels, c.patch_size);  // at least one patch
     ModelOutput out;
     out.logits = net_->forward(pixel_values).to(at::kFloat);
     return out;
   }
-
-  const std::map<int64_t, std::string>& id2label() const override { return net_->config.id2label; }
-  const LoadOptions& options() const override { return options_; }
-  int set_fused_attention(bool enabled) override {
-    return layers::set_fused_attention(*net_, enabled);
-  }
-
- private:
-  std::shared_ptr<ViTImpl> net_;
-  LoadOptions options_;
 };
 
 }  // namespace
