@@ -13,9 +13,7 @@ namespace libreyolo::kernels {
 namespace {
 
 std::string where(const std::string& file, const YAML::Node& node) {
-  const auto m = node.Mark();
-  if (m.is_null()) return file;
-  return file + ":" + std::to_string(m.line + 1) + ":" + std::to_string(m.column + 1);
+  return yaml_location(file, node);
 }
 
 [[noreturn]] void fail(const std::string& file, const YAML::Node& node, const std::string& msg) {
@@ -126,6 +124,12 @@ std::string lock_file_display(const HubSettings& hub) {
 }
 
 }  // namespace
+
+std::string yaml_location(const std::string& file, const YAML::Node& node) {
+  const auto m = node.Mark();
+  if (m.is_null()) return file;
+  return file + ":" + std::to_string(m.line + 1) + ":" + std::to_string(m.column + 1);
+}
 
 const char* source_name(Source source) {
   switch (source) {

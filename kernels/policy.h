@@ -83,6 +83,10 @@ class PolicyError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+/// "FILE:LINE:COLUMN" (1-based) of a YAML node, or FILE when the node has no position: the
+/// prefix of every configuration error (policy, server config, serving.yaml).
+std::string yaml_location(const std::string& file, const YAML::Node& node);
+
 /// Slots the policy may name (`slots:` keys). Unknown names are errors.
 const std::set<std::string>& known_slots();
 

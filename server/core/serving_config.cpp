@@ -2,6 +2,8 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include "kernels/policy.h"
+
 #include <fstream>
 #include <sstream>
 #include <stdexcept>
@@ -10,9 +12,7 @@ namespace libreyolo::server {
 namespace {
 
 std::string where(const std::string& file, const YAML::Node& node) {
-  const auto m = node.Mark();
-  if (m.is_null()) return file;
-  return file + ":" + std::to_string(m.line + 1) + ":" + std::to_string(m.column + 1);
+  return kernels::yaml_location(file, node);
 }
 
 [[noreturn]] void fail(const std::string& file, const YAML::Node& node, const std::string& msg) {
