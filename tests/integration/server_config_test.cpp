@@ -119,12 +119,15 @@ TEST(ServerConfig, ServingYaml) {
 
 std::string binary() { return std::string(LIBREYOLO_BINARY_DIR) + "/bin/libreyolo-server"; }
 
-/// Runs the binary with `args`, stdout to `out_file`; returns the pid.
-pid_t spawn(const std::vector<std::string>& args, const std::string& out_file) {
+/// Runs the binary with `args`, stdout (and stderr when `with_stderr`) to `out_file`; returns
+/// the pid.
+pid_t spawn(const std::vector<std::string>& args, const std::string& out_file,
+            bool with_stderr = false) {
   const pid_t pid = ::fork();
   if (pid == 0) {
     FILE* f = std::freopen(out_file.c_str(), "w", stdout);
     (void)f;
+    if (with_stderr) ::dup2(::fileno(stdout), 2);
     std::vector<char*> argv;
     std::string b = binary();
     argv.push_back(b.data());
@@ -168,6 +171,26 @@ TEST(ServerBinary, PrintConfig) {
   write_file(dir / "bad.yaml", "sever:\n  drain_seconds: 3\n");
   EXPECT_EQ(wait_exit(spawn({"--config", (dir / "bad.yaml").string(), "--print-config"}, out), 20),
             2);
+  remove_tree(dir);
+}
+
+TEST(ServerBinary, KernelsSubcommandRunsTheHubTool) {
+  if (!fs::exists(binary())) GTEST_SKIP() << binary() << " not built";
+  const auto dir = temp_dir("kernels");
+  const auto out = (dir / "out.txt").string();
+  // No sub-command: the hub tool's usage, exit 2.
+  ASSERT_EQ(wait_exit(spawn({"kernels"}, out, true), 20), 2);
+  EXPECT_NE(read_file(out).find("usage: libreyolo-kernels-hub lock|download|verify"),
+            std::string::npos)
+      << read_file(out);
+  // verify against a lock file that does not exist: a named error, exit 1, no request made.
+  write_file(dir / "s.yaml", "kernels:\n  hub:\n    offline: true\n");
+  ASSERT_EQ(
+      wait_exit(spawn({"kernels", "verify", "--config", (dir / "s.yaml").string()}, out, true), 20),
+      1);
+  EXPECT_NE(read_file(out).find((dir / "kernels.lock").string() + ": cannot read the lock file"),
+            std::string::npos)
+      << read_file(out);
   remove_tree(dir);
 }
 
