@@ -5,14 +5,17 @@
 
 #include <ATen/ATen.h>
 #include <c10/core/InferenceMode.h>
+#include <gtest/gtest.h>
 
 #include <fstream>
+#include <iostream>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
 #include <vector>
 
 #include "models/core/safetensors.h"
+#include "models/model.h"
 
 namespace libreyolo::test {
 
@@ -56,6 +59,27 @@ inline at::Tensor normalized_pixels(const std::string& dir) {
 /// max |a - b| as a double (a and b converted to float32 on CPU).
 inline double max_abs_diff(const at::Tensor& a, const at::Tensor& b) {
   return (a.to(at::kCPU, at::kFloat) - b.to(at::kCPU, at::kFloat)).abs().max().item<double>();
+}
+
+/// Runs `model` on `pixels` with the manual and the SDPA attention path and expects float32
+/// logits within 1e-4 of both transformers references (`sdpa_ref`: its default SDPA path,
+/// `eager_ref`: attn_implementation="eager"); prints the measured maxima under `label`.
+inline void expect_logits_match_both_paths(models::Model& model, const at::Tensor& pixels,
+                                           const at::Tensor& sdpa_ref, const at::Tensor& eager_ref,
+                                           const std::string& label) {
+  for (bool fused : {false, true}) {
+    model.set_fused_attention(fused);
+    const auto out = model.forward(pixels);
+    ASSERT_EQ(out.logits.sizes(), sdpa_ref.sizes()) << label;
+    EXPECT_EQ(out.logits.scalar_type(), at::kFloat) << label;
+    const double d_sdpa = max_abs_diff(out.logits, sdpa_ref);
+    const double d_eager = max_abs_diff(out.logits, eager_ref);
+    std::cout << "[" << label << "] " << (fused ? "sdpa  " : "manual")
+              << " path: max|logits - logits| = " << d_sdpa
+              << ", max|logits - logits_eager| = " << d_eager << "\n";
+    EXPECT_LE(d_sdpa, 1e-4) << label;
+    EXPECT_LE(d_eager, 1e-4) << label;
+  }
 }
 
 }  // namespace libreyolo::test

@@ -24,18 +24,7 @@ TEST(SwinParity, LogitsMatchTransformersWithBothAttentionPaths) {
   const auto pixels = test::normalized_pixels(dir);
   const auto sdpa_ref = test::expected_tensor(dir, "logits");
   const auto eager_ref = test::expected_tensor(dir, "logits_eager");
-  for (bool fused : {false, true}) {
-    model->set_fused_attention(fused);
-    const auto out = model->forward(pixels);
-    ASSERT_EQ(out.logits.sizes(), sdpa_ref.sizes());
-    const double d_sdpa = test::max_abs_diff(out.logits, sdpa_ref);
-    const double d_eager = test::max_abs_diff(out.logits, eager_ref);
-    std::cout << "[swin_tiny] " << (fused ? "sdpa  " : "manual")
-              << " path: max|logits - logits| = " << d_sdpa
-              << ", max|logits - logits_eager| = " << d_eager << "\n";
-    EXPECT_LE(d_sdpa, 1e-4);
-    EXPECT_LE(d_eager, 1e-4);
-  }
+  test::expect_logits_match_both_paths(*model, pixels, sdpa_ref, eager_ref, "swin_tiny");
 }
 
 TEST(SwinParity, OddSizeMatchesTransformers) {
@@ -48,17 +37,8 @@ TEST(SwinParity, OddSizeMatchesTransformers) {
   const auto file = models::core::SafetensorsFile::open(dir + "/extra_expected.safetensors");
   const auto x = file->view("pixel_values").clone();
   ASSERT_EQ(x.sizes(), (at::IntArrayRef{2, 3, 107, 123}));
-  for (bool fused : {false, true}) {
-    model->set_fused_attention(fused);
-    const auto logits = model->forward(x).logits;
-    const double d_sdpa = test::max_abs_diff(logits, file->view("logits"));
-    const double d_eager = test::max_abs_diff(logits, file->view("logits_eager"));
-    std::cout << "[swin_tiny 107x123] " << (fused ? "sdpa  " : "manual")
-              << " path: max|logits - logits| = " << d_sdpa
-              << ", max|logits - logits_eager| = " << d_eager << "\n";
-    EXPECT_LE(d_sdpa, 1e-4);
-    EXPECT_LE(d_eager, 1e-4);
-  }
+  test::expect_logits_match_both_paths(*model, x, file->view("logits"), file->view("logits_eager"),
+                                       "swin_tiny 107x123");
 }
 
 TEST(SwinParity, SetFusedAttentionCountsChangedModules) {
