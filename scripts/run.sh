@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The main job: builds, starts libreyolo-server on config/server.yaml (the bundled example
-# repository: a tiny RT-DETR with RANDOM weights), waits until it is ready, sends a real
-# photograph with the bundled client, shows the resolved kernel slots (/active), then keeps
+# repository: a tiny RT-DETR, ViT and Swin with RANDOM weights), waits until it is ready, sends
+# real photographs with the bundled client (detect, classify), shows the resolved kernel slots (/active), then keeps
 # serving in the foreground until Ctrl-C (SIGINT drains and exits 0).
 #   LIBREYOLO_RUN_ONCE=1 scripts/run.sh   stops the daemon after the demo (for scripted checks)
 # Extra arguments go to libreyolo-server (e.g. --grpc-address 127.0.0.1:9001).
@@ -23,6 +23,9 @@ done
 echo "== detections for tests/fixtures/images/astronaut.jpg (random-weight example model)"
 "$build/bin/libreyolo-client" detect --image tests/fixtures/images/astronaut.jpg --server "$grpc" \
   --model rtdetr_tiny --threshold 0.3
+echo "== top classes for tests/fixtures/images/coffee.jpg (random-weight ViT)"
+"$build/bin/libreyolo-client" classify --image tests/fixtures/images/coffee.jpg --server "$grpc" \
+  --model vit_tiny --top-k 3
 echo "== kernel slots (GET http://$http/active)"
 curl -fsS "http://$http/active" | head -c 2000; echo
 echo "== serving: gRPC $grpc, HTTP admin http://$http (metrics, active, health). Ctrl-C drains and stops."

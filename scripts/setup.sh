@@ -26,6 +26,7 @@ debs=(
   prometheus-cpp-dev libcivetweb-dev
   libturbojpeg0-dev libpng-dev libcurl4-openssl-dev libssl-dev
   clang-format prometheus
+  libb64-0d
 )
 
 missing=()
@@ -54,3 +55,41 @@ else
   echo "setup: virtual environment $venv up to date"
 fi
 "$venv/bin/python" -c 'import torch; print("setup: torch", torch.__version__, "at", torch.utils.cmake_prefix_path)'
+
+# perf_analyzer (NVIDIA's load generator, a test-only peer: scripts/test.d/25-peers.sh). PyPI's
+# `perf-analyzer` 0.1.0 is an empty placeholder; the binary ships inside tritonclient's manylinux
+# wheels, and 2.51.0 is the last one built for glibc <= 2.36 (Debian 12; 2.52.0 and later need
+# GLIBC_2.38, 2.61.0 and later no longer bundle it). tritonclient 2.51.0 itself pins numpy<2, so
+# only its binary is taken, next to the two libraries it loads even without a GPU: libb64.so.0d
+# (Debian libb64-0d, above) and libcudart.so.12 (nvidia-cuda-runtime-cu12).
+pa_dir=$stamp_dir/perf-analyzer-2.51.0
+if [ ! -x "$pa_dir/bin/perf_analyzer" ]; then
+  echo "setup: installing perf_analyzer 2.51.0 into $pa_dir"
+  pa_tmp=$(mktemp -d)
+  "$venv/bin/python" -m pip download -q --no-deps --only-binary=:all: \
+    --platform manylinux2014_x86_64 -d "$pa_tmp" tritonclient==2.51.0 nvidia-cuda-runtime-cu12==12.9.79
+  "$venv/bin/python" - "$pa_tmp" "$pa_dir" <<'PY'
+import glob, os, sys, zipfile
+tmp, dest = sys.argv[1], sys.argv[2]
+os.makedirs(os.path.join(dest, "lib"), exist_ok=True)
+want = {"tritonclient-2.51.0.data/data/bin/perf_analyzer": "lib/perf_analyzer",
+        "nvidia/cuda_runtime/lib/libcudart.so.12": "lib/libcudart.so.12"}
+for whl in glob.glob(os.path.join(tmp, "*.whl")):
+    with zipfile.ZipFile(whl) as z:
+        for name in z.namelist():
+            if name in want:
+                out = os.path.join(dest, want[name])
+                with open(out, "wb") as f:
+                    f.write(z.read(name))
+                os.chmod(out, 0o755)
+missing = [v for v in want.values() if not os.path.exists(os.path.join(dest, v))]
+if missing:
+    sys.exit(f"setup: perf_analyzer: {missing} not found in the downloaded wheels")
+PY
+  mkdir -p "$pa_dir/bin"
+  printf '#!/bin/sh\n# perf_analyzer from tritonclient 2.51.0 with its libcudart.so.12 (scripts/setup.sh)\nLD_LIBRARY_PATH="%s/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" exec "%s/lib/perf_analyzer" "$@"\n' \
+    "$pa_dir" "$pa_dir" > "$pa_dir/bin/perf_analyzer"
+  chmod +x "$pa_dir/bin/perf_analyzer"
+  rm -rf "$pa_tmp"
+fi
+"$pa_dir/bin/perf_analyzer" --version | sed 's/^/setup: /'

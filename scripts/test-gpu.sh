@@ -6,16 +6,22 @@
 #                                       label verbose, bench_kernels
 #   scripts/test-gpu.sh --kernels-only  only the kernels, test_gpu and bench_kernels
 #                                       (tools/bench_kernels/standalone) in build-gpu-kernels
+#   scripts/test-gpu.sh --bench         the whole project as above, then the end-to-end
+#                                       benchmarks: scripts/bench-models-gpu.sh,
+#                                       bench-attention-gpu.sh, bench-serving-gpu.sh
+#                                       (their outputs packed into $OUT/bench.tgz)
 # When the whole project does not configure there (a dependency missing from the kit), the script
 # says so in the summary and falls back to --kernels-only.
 # Results go to $OUT (the device run's output folder; ./gpu-out when unset), at most 8 files:
 #   summary.txt, build.log, ctest.log, test_gpu.log, test_gpu.xml, bench_kernels.log,
-#   bench_kernels.json
+#   bench_kernels.json, bench.tgz (--bench)
 # Exit status: 0 when everything built and every test passed.
 set -uo pipefail
 
 mode=full
+bench=0
 [ "${1:-}" = "--kernels-only" ] && mode=kernels
+[ "${1:-}" = "--bench" ] && bench=1
 OUT=${OUT:-$PWD/gpu-out}
 mkdir -p "$OUT"
 summary=$OUT/summary.txt
@@ -101,6 +107,21 @@ if [ -x $build/bin/bench_kernels ]; then
 else
   note "bench_kernels: not built"
   status=1
+fi
+if [ "$bench" = 1 ] && [ "$mode" = full ]; then
+  work=$(mktemp -d)
+  for b in models attention serving; do
+    mkdir -p "$work/$b"
+    start=$(date +%s)
+    if OUT=$work/$b BUILD_DIR=$build BIN=$build/bin bash scripts/bench-$b-gpu.sh >"$work/$b/stdout.log" 2>&1; then
+      note "bench-$b-gpu.sh: ok ($(($(date +%s) - start)) s)"
+    else
+      note "bench-$b-gpu.sh: FAILED ($(($(date +%s) - start)) s): $(tail -3 "$work/$b/stdout.log" | tr '\n' ' ')"
+      status=1
+    fi
+  done
+  [ -f "$work/serving/summary.txt" ] && tee -a "$summary" <"$work/serving/summary.txt"
+  tar czf "$OUT/bench.tgz" -C "$work" .
 fi
 note "exit status: $status"
 exit $status

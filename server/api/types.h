@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <optional>
 #include <stdexcept>
@@ -71,6 +72,9 @@ struct InferRequest {
   std::vector<std::string> requested_outputs;  ///< empty: the default outputs
   /// Client deadline (grpc-timeout), if any.
   std::optional<std::chrono::steady_clock::time_point> deadline;
+  /// True once the call is cancelled (grpc::ServerContext::IsCancelled: the client cancelled or
+  /// its deadline passed); empty when the transport cannot tell. Valid during the call.
+  std::function<bool()> cancelled;
 };
 
 /// One output tensor, raw layout (see InputTensor).

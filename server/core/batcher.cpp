@@ -2,9 +2,11 @@
 
 #include <c10/util/StringUtil.h>
 
+#include <algorithm>
 #include <stdexcept>
 
 #include "log/log.h"
+#include "models/runtime/stream_guard.h"
 #include "server/api/types.h"
 
 namespace libreyolo::server {
@@ -12,10 +14,30 @@ namespace {
 
 double seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
 
+/// Requests that can share a forward: the same pixel size, or any sizes when both carry a
+/// pixel_mask (padded families such as Deformable DETR: padded to the batch's largest size, as
+/// transformers' processor pads a batch).
 bool same_shape(const BatchJob& a, const BatchJob& b) {
+  if (a.pixel_mask.defined() != b.pixel_mask.defined()) return false;
+  if (a.pixel_mask.defined()) return true;
   return a.pixel_values.size(2) == b.pixel_values.size(2) &&
-         a.pixel_values.size(3) == b.pixel_values.size(3) &&
-         a.pixel_mask.defined() == b.pixel_mask.defined();
+         a.pixel_values.size(3) == b.pixel_values.size(3);
+}
+
+/// Pads every (n, 3, h, w) tensor and its (n, h, w) mask with zeros at the bottom/right to the
+/// largest (h, w) of the batch (the image processor's `do_pad` semantics).
+void pad_to_largest(std::vector<at::Tensor>& pixels, std::vector<at::Tensor>& masks) {
+  int64_t H = 0, W = 0;
+  for (const auto& p : pixels) {
+    H = std::max(H, p.size(2));
+    W = std::max(W, p.size(3));
+  }
+  for (std::size_t i = 0; i < pixels.size(); ++i) {
+    const int64_t dh = H - pixels[i].size(2), dw = W - pixels[i].size(3);
+    if (dh == 0 && dw == 0) continue;
+    pixels[i] = at::constant_pad_nd(pixels[i], {0, dw, 0, dh}, 0);
+    masks[i] = at::constant_pad_nd(masks[i], {0, dw, 0, dh}, 0);
+  }
 }
 
 /// Fails every request of the batch not answered yet.
@@ -73,7 +95,35 @@ std::future<BatchResult> Batcher::submit(std::shared_ptr<BatchJob> job) {
   return future;
 }
 
+bool Batcher::cancel(const std::shared_ptr<BatchJob>& job, api::Code code) {
+  Clock::time_point enqueued;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    auto it = std::find(queue_.begin(), queue_.end(), job);
+    if (it == queue_.end()) return false;
+    enqueued = job->enqueued;
+    queue_.erase(it);
+    if (hooks_.pending) hooks_.pending(static_cast<int64_t>(queue_.size()));
+  }
+  cv_.notify_all();
+  const auto waited_ms = static_cast<int64_t>(seconds(Clock::now() - enqueued) * 1000);
+  job->promise.set_exception(std::make_exception_ptr(
+      api::Error(code, code == api::Code::deadline_exceeded
+                           ? c10::str("model '", model_->name, "': deadline exceeded after ",
+                                      waited_ms, " ms in the queue")
+                           : c10::str("model '", model_->name, "': cancelled by the client after ",
+                                      waited_ms, " ms in the queue"))));
+  return true;
+}
+
 void Batcher::loop() {
+  // This model's own CUDA stream for every copy, forward and graph replay of this thread.
+  std::unique_ptr<models::StreamGuard> stream;
+  try {
+    stream = std::make_unique<models::StreamGuard>(model_->device);
+  } catch (const std::exception& e) {
+    log::warn("model '" + model_->name + "': " + e.what() + "; using the current stream");
+  }
   const int64_t max_batch = model_->serving.max_batch_size;
   const auto delay = std::chrono::microseconds(model_->serving.max_queue_delay_microseconds);
   for (;;) {
@@ -120,6 +170,9 @@ void Batcher::loop() {
                        c10::str("model '", model_->name, "': deadline exceeded after ",
                                 static_cast<int64_t>(seconds(now - j->enqueued) * 1000),
                                 " ms in the queue"))));
+      } else if (j->cancelled && j->cancelled()) {
+        j->promise.set_exception(std::make_exception_ptr(api::Error(
+            api::Code::cancelled, "model '" + model_->name + "': cancelled by the client")));
       } else {
         live.push_back(std::move(j));
       }
@@ -139,15 +192,29 @@ void Batcher::run(std::vector<std::shared_ptr<BatchJob>>& batch) {
       if (j->pixel_mask.defined()) masks.push_back(j->pixel_mask);
       images += j->size();
     }
-    auto pv =
-        (pixels.size() == 1 ? pixels[0] : at::cat(pixels, 0)).to(model_->device, model_->dtype);
+    if (!masks.empty()) pad_to_largest(pixels, masks);
+    at::Tensor pv;
+    if (model_->device.is_cuda()) {
+      // Staged in pinned memory (PyTorch's caching host allocator reuses the block), so the
+      // host-to-device copy runs at full PCIe rate instead of through a pageable bounce buffer.
+      auto first = pixels[0];
+      auto staged = at::empty({images, first.size(1), first.size(2), first.size(3)},
+                              first.options().pinned_memory(true));
+      at::cat_out(staged, pixels, 0);
+      pv = staged.to(model_->device, /*non_blocking=*/true).to(model_->dtype);
+    } else {
+      pv = (pixels.size() == 1 ? pixels[0] : at::cat(pixels, 0)).to(model_->device, model_->dtype);
+    }
     at::Tensor mask;
     if (!masks.empty())
       mask = (masks.size() == 1 ? masks[0] : at::cat(masks, 0)).to(model_->device);
     const auto t_input = Clock::now();
-    auto out = model_->model->forward(pv, mask);
+    auto out = (model_->graphs && !mask.defined() && model_->graphs->accepts(pv))
+                   ? model_->graphs->run(pv)
+                   : model_->model->forward(pv, mask);
+    const bool classifier = model_->is_classifier();
     auto logits = out.logits.to(at::kCPU, at::kFloat);
-    auto boxes = out.pred_boxes.to(at::kCPU, at::kFloat);
+    auto boxes = classifier ? at::Tensor() : out.pred_boxes.to(at::kCPU, at::kFloat);
     const auto t_infer = Clock::now();
     const double input_s = seconds(t_input - start), infer_s = seconds(t_infer - t_input);
     int64_t offset = 0;
@@ -159,13 +226,18 @@ void Batcher::run(std::vector<std::shared_ptr<BatchJob>>& batch) {
       BatchResult& r = results[i];
       const int64_t n = j->size();
       auto l = logits.narrow(0, offset, n);
-      auto b = boxes.narrow(0, offset, n);
       offset += n;
-      r.detections =
-          image::post_process_object_detection(l, b, j->target_sizes, model_->head, j->post);
-      if (j->want_raw) {
+      if (classifier) {
         r.logits = l.contiguous();
-        r.pred_boxes = b.contiguous();
+        r.classifications = image::classify(r.logits, j->post.top_k);
+      } else {
+        auto b = boxes.narrow(0, offset - n, n);
+        r.detections =
+            image::post_process_object_detection(l, b, j->target_sizes, model_->head, j->post);
+        if (j->want_raw) {
+          r.logits = l.contiguous();
+          r.pred_boxes = b.contiguous();
+        }
       }
       r.queue_seconds = seconds(start - j->enqueued);
       r.input_seconds = input_s;

@@ -1,6 +1,7 @@
 // Per-model dynamic batching (Triton's dynamic batcher semantics): requests queue; one worker
 // thread per model takes the oldest request, waits up to max_queue_delay_microseconds for more
-// requests of the same pixel size until max_batch_size images, drops requests whose deadline
+// requests of the same pixel size (any size for padded families: padded to the largest, with
+// pixel_mask) until max_batch_size images, drops requests whose deadline
 // passed while queued (DEADLINE_EXCEEDED, never run), runs one forward and post-processes.
 #pragma once
 
@@ -20,6 +21,7 @@
 #include <vector>
 
 #include "models/image/postprocess.h"
+#include "server/api/types.h"
 #include "server/core/loaded_model.h"
 
 namespace libreyolo::server {
@@ -27,13 +29,16 @@ namespace libreyolo::server {
 using Clock = std::chrono::steady_clock;
 
 struct BatchResult {
-  std::vector<image::Detections> detections;  ///< per image, CPU
-  at::Tensor logits, pred_boxes;              ///< (n, ...) CPU float32 when want_raw
-  double queue_seconds = 0;                   ///< enqueue -> batch start
-  double input_seconds = 0;                   ///< batch assembly + copy to device (the whole batch)
-  double infer_seconds = 0;                   ///< forward (the whole batch)
-  double output_seconds = 0;                  ///< post-processing of this request
-  int64_t batch_size = 0;                     ///< images in the forward this request ran in
+  std::vector<image::Detections> detections;  ///< per image, CPU (detectors)
+  /// Detectors: (n, Q, C) / (n, Q, 4) CPU float32 when want_raw. Classifiers: logits (n, C) CPU
+  /// float32 always, pred_boxes undefined.
+  at::Tensor logits, pred_boxes;
+  image::Classifications classifications;  ///< classifiers: softmax + top post.top_k, CPU
+  double queue_seconds = 0;                ///< enqueue -> batch start
+  double input_seconds = 0;                ///< batch assembly + copy to device (the whole batch)
+  double infer_seconds = 0;                ///< forward (the whole batch)
+  double output_seconds = 0;               ///< post-processing of this request
+  int64_t batch_size = 0;                  ///< images in the forward this request ran in
 };
 
 /// What one request hands to the batcher.
@@ -41,9 +46,11 @@ struct BatchJob {
   at::Tensor pixel_values;                                ///< (n, 3, H, W) float32, CPU
   at::Tensor pixel_mask;                                  ///< (n, H, W) int64, or undefined
   std::vector<std::pair<int64_t, int64_t>> target_sizes;  ///< n (height, width), pixels
-  image::PostProcessOptions post;
-  bool want_raw = false;  ///< keep logits / pred_boxes
+  image::PostProcessOptions post;                         ///< classifiers use only top_k (0: 5)
+  bool want_raw = false;                                  ///< keep logits / pred_boxes (detectors)
   std::optional<Clock::time_point> deadline;
+  /// True once the call is cancelled (api::InferRequest::cancelled); such a job never runs.
+  std::function<bool()> cancelled;
   Clock::time_point enqueued;
   std::promise<BatchResult> promise;
   int64_t size() const { return pixel_values.size(0); }
@@ -66,6 +73,11 @@ class Batcher {
 
   /// Queues a request. Throws api::Error RESOURCE_EXHAUSTED when max_queue_size requests wait.
   std::future<BatchResult> submit(std::shared_ptr<BatchJob> job);
+
+  /// Takes `job` out of the queue when it still waits and answers it `code` (CANCELLED, or
+  /// DEADLINE_EXCEEDED when its deadline passed): the slot is free at once. False when the job
+  /// already runs or was answered.
+  bool cancel(const std::shared_ptr<BatchJob>& job, api::Code code);
 
   /// Requests waiting (not running).
   int64_t pending() const;

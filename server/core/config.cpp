@@ -115,11 +115,18 @@ ServerConfig parse_root(const YAML::Node& root, const std::string& file, const O
         if (!valid_device(d))
           fail(file, v, "device must be auto, cpu, cuda or cuda:N, got '" + d + "'");
         set(c.device, d, file, v);
+      } else if (key == "tf32") {
+        // YAML 1.1 reads bare on/off as booleans.
+        const auto t = kernels::normalize(as<std::string>(file, v, key, "default, on or off"));
+        const std::string value = t == "true" ? "on" : t == "false" ? "off" : t;
+        if (value != "default" && value != "on" && value != "off")
+          fail(file, v, "tf32 must be default, on or off, got '" + v.Scalar() + "'");
+        set(c.tf32, value, file, v);
       } else if (key == "kernels") {
         kernels_node = v;
       } else {
         fail(file, kv.first,
-             "unknown key " + key + " (expected server, model_repository, device, kernels)");
+             "unknown key " + key + " (expected server, model_repository, device, tf32, kernels)");
       }
     }
   }
@@ -185,6 +192,7 @@ std::string describe(const ServerConfig& c) {
   row(out, "  ", "log_level", c.log_level);
   row(out, "", "model_repository", c.model_repository);
   row(out, "", "device", c.device);
+  row(out, "", "tf32", c.tf32);
   out << "kernels:  # key, value, source\n" << c.kernels.describe();
   return out.str();
 }

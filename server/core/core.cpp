@@ -1,5 +1,6 @@
 #include "server/core/core.h"
 
+#include <ATen/Context.h>
 #include <c10/util/StringUtil.h>
 
 #include <algorithm>
@@ -14,8 +15,10 @@
 #include "models/image/decode.h"
 #include "models/model.h"
 #include "server/core/batcher.h"
+#include "server/core/classifier_io.h"
 #include "server/core/detector_io.h"
 #include "server/core/loaded_model.h"
+#include "server/core/model_name.h"
 #include "server/core/serving_config.h"
 #include "server/core/thread_pool.h"
 
@@ -55,11 +58,6 @@ std::uint64_t now_ms() {
   return static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(
                                         std::chrono::system_clock::now().time_since_epoch())
                                         .count());
-}
-
-bool is_version(const std::string& s) {
-  return !s.empty() && s[0] != '0' &&
-         std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; });
 }
 
 /// Stacks single-image processor outputs into one batch, padding bottom/right (with a mask)
@@ -111,6 +109,12 @@ ServerCore::ServerCore(const ServerConfig& config, Metrics& metrics, ModelFactor
     };
   }
   pool_ = std::make_unique<ThreadPool>(static_cast<int>(config_.preprocess_threads.value));
+  // Process-wide in PyTorch: set once, before any model loads.
+  if (config_.tf32.value != "default") {
+    const bool on = config_.tf32.value == "on";
+    at::globalContext().setAllowTF32CuDNN(on);
+    at::globalContext().setAllowTF32CuBLAS(on);
+  }
 }
 
 ServerCore::~ServerCore() {
@@ -126,6 +130,78 @@ ServerCore::~ServerCore() {
   }
   batchers.clear();
 }
+
+namespace {
+
+/// Loads e->dir (version e->version), warms it up and starts its batcher; the entry is READY
+/// afterwards. Throws whatever loading throws (the entry is then left as it was).
+void bring_up(const std::shared_ptr<ModelEntry>& e, const ServerConfig& config, Metrics& metrics,
+              const ModelFactory& factory) {
+  const auto t0 = Clock::now();
+  const auto serving = load_serving_config(
+      (fs::path(config.model_repository.value) / e->name / "serving.yaml").string());
+  auto loaded = load_model_version(e->name, e->version, e->dir, serving, config.device.value,
+                                   factory, config.kernels.fused_attention.value);
+  const double load_s = seconds_since(t0);
+  const auto t1 = Clock::now();
+  if (serving.warmup) warm_up(*loaded);
+  capture_cuda_graphs(*loaded);  // after the warm-up, before the first request
+  const double warm_s = seconds_since(t1);
+  std::weak_ptr<ModelEntry> weak = e;
+  Batcher::Hooks hooks;
+  hooks.pending = [&metrics, n = e->name](int64_t count) { metrics.pending(n, count); };
+  hooks.executed = [&metrics, weak](int64_t size, double in_s, double infer_s, double out_s) {
+    auto entry = weak.lock();
+    if (!entry) return;
+    metrics.batch(entry->name, size);
+    std::lock_guard<std::mutex> ek(entry->mu);
+    entry->stats.execution_count += 1;
+    auto& b = entry->batch_stats[static_cast<std::uint64_t>(size)];
+    b.batch_size = static_cast<std::uint64_t>(size);
+    add(b.compute_input, in_s);
+    add(b.compute_infer, infer_s);
+    add(b.compute_output, out_s);
+  };
+  auto batcher = std::make_shared<Batcher>(loaded, std::move(hooks));
+  {
+    std::lock_guard<std::mutex> ek(e->mu);
+    e->serving = serving;
+    e->loaded = loaded;
+    e->batcher = batcher;
+    e->state = "READY";
+    e->reason.clear();
+  }
+  metrics.model_load(e->name, e->version, seconds_since(t0));
+  log::info(c10::str("model '", e->name, "' version ", e->version, " ready on ",
+                     loaded->device.str(), " (", dtype_name(loaded->dtype), "): load ", load_s,
+                     " s, warm-up ", warm_s, " s"));
+}
+
+/// Takes an entry out of service: UNAVAILABLE with `reason`; its batcher is released outside
+/// the entry's lock (queued requests still finish; the last holder joins the worker, never the
+/// worker itself since hooks hold the entry weakly and the entry no longer holds the batcher).
+void retire(const std::shared_ptr<ModelEntry>& e, const std::string& reason) {
+  std::shared_ptr<Batcher> batcher;
+  {
+    std::lock_guard<std::mutex> ek(e->mu);
+    batcher = std::move(e->batcher);
+    e->loaded.reset();
+    e->state = "UNAVAILABLE";
+    e->reason = reason;
+  }
+  batcher.reset();
+}
+
+/// RepositoryModelLoad/Unload run one at a time (as in Triton's model repository manager).
+std::mutex& model_control_mutex() {
+  static std::mutex mu;
+  return mu;
+}
+
+const char* kControlDisabled =
+    "model control is disabled (server.model_control: none): models are loaded at start-up only";
+
+}  // namespace
 
 int ServerCore::load_repository() {
   const auto t0 = Clock::now();
@@ -144,12 +220,7 @@ int ServerCore::load_repository() {
       auto e = std::make_shared<ModelEntry>();
       e->name = d.filename().string();
       e->stats.name = e->name;
-      std::int64_t best = -1;
-      for (const auto& v : fs::directory_iterator(d, ec)) {
-        const std::string s = v.path().filename().string();
-        if (v.is_directory() && is_version(s) && s.size() < 18 && std::stoll(s) > best)
-          best = std::stoll(s);
-      }
+      const std::int64_t best = highest_version(d.string());
       if (best < 0) {
         e->state = "UNAVAILABLE";
         e->reason = d.string() + ": no numeric version folder (<model>/<N>/config.json)";
@@ -171,7 +242,16 @@ int ServerCore::load_repository() {
       log::error("model '" + e->name + "': " + e->reason);
       continue;
     }
-    loaders.emplace_back([this, e] { load_model(e->name); });
+    loaders.emplace_back([this, e] {
+      try {
+        bring_up(e, config_, metrics_, factory_);
+      } catch (const std::exception& ex) {
+        std::lock_guard<std::mutex> ek(e->mu);
+        e->state = "UNAVAILABLE";
+        e->reason = ex.what();
+        log::error("model '" + e->name + "' failed to load: " + ex.what());
+      }
+    });
   }
   for (auto& t : loaders) t.join();
   int ready = 0;
@@ -186,64 +266,66 @@ int ServerCore::load_repository() {
 }
 
 void ServerCore::load_model(const std::string& name) {
-  std::shared_ptr<ModelEntry> e;
+  if (config_.model_control.value != "explicit") {
+    throw Error(Code::permission_denied, kControlDisabled);
+  }
+  if (!loaded_) {
+    throw Error(Code::unavailable,
+                "the model repository is still loading (start-up); retry when the server is ready");
+  }
+  // Triton's explicit mode: re-scan this one folder of the repository, load its highest version
+  // into a new entry, and swap it in only when it is READY (a failed reload keeps the served
+  // version; in-flight requests of the old entry finish on its batcher).
+  std::lock_guard<std::mutex> control(model_control_mutex());
+  const std::string folder = model_folder(config_.model_repository.value, name);
+  std::shared_ptr<ModelEntry> old;
   {
     std::lock_guard<std::mutex> lk(mu_);
     auto it = models_.find(name);
-    if (it != models_.end()) e = it->second;
+    if (it != models_.end()) old = it->second;
   }
-  if (loaded_ && config_.model_control.value != "explicit") {
-    throw Error(Code::permission_denied,
-                "model control is disabled (server.model_control: none): models are loaded at "
-                "start-up only");
+  bool old_ready = false;
+  if (old) {
+    std::lock_guard<std::mutex> ek(old->mu);
+    old_ready = old->state == "READY";
   }
-  if (!e) throw Error(Code::not_found, "unknown model '" + name + "' in the repository");
-  const auto t0 = Clock::now();
-  try {
-    const auto serving = load_serving_config(
-        (fs::path(config_.model_repository.value) / name / "serving.yaml").string());
-    auto loaded =
-        load_model_version(e->name, e->version, e->dir, serving, config_.device.value, factory_);
-    const double load_s = seconds_since(t0);
-    const auto t1 = Clock::now();
-    if (serving.warmup) warm_up(*loaded);
-    const double warm_s = seconds_since(t1);
-    std::weak_ptr<ModelEntry> weak = e;
-    Batcher::Hooks hooks;
-    hooks.pending = [this, n = e->name](int64_t count) { metrics_.pending(n, count); };
-    hooks.executed = [this, weak](int64_t size, double in_s, double infer_s, double out_s) {
-      auto entry = weak.lock();
-      if (!entry) return;
-      metrics_.batch(entry->name, size);
-      std::lock_guard<std::mutex> ek(entry->mu);
-      entry->stats.execution_count += 1;
-      auto& b = entry->batch_stats[static_cast<std::uint64_t>(size)];
-      b.batch_size = static_cast<std::uint64_t>(size);
-      add(b.compute_input, in_s);
-      add(b.compute_infer, infer_s);
-      add(b.compute_output, out_s);
-    };
-    auto batcher = std::make_shared<Batcher>(loaded, std::move(hooks));
-    {
-      std::lock_guard<std::mutex> ek(e->mu);
-      e->serving = serving;
-      e->loaded = loaded;
-      e->batcher = batcher;
-      e->state = "READY";
-      e->reason.clear();
+  auto e = std::make_shared<ModelEntry>();
+  e->name = name;
+  e->stats.name = name;
+  const std::int64_t best = highest_version(folder);
+  std::string failure;
+  if (best < 0) {
+    failure = folder + ": no numeric version folder (<model>/<N>/config.json)";
+  } else {
+    e->version = std::to_string(best);
+    e->stats.version = e->version;
+    e->dir = (fs::path(folder) / e->version).string();
+    try {
+      bring_up(e, config_, metrics_, factory_);
+    } catch (const std::exception& ex) {
+      failure = ex.what();
     }
-    metrics_.model_load(e->name, e->version, seconds_since(t0));
-    log::info(c10::str("model '", e->name, "' version ", e->version, " ready on ",
-                       loaded->device.str(), " (", dtype_name(loaded->dtype), "): load ", load_s,
-                       " s, warm-up ", warm_s, " s"));
-  } catch (const Error&) {
-    throw;
-  } catch (const std::exception& ex) {
-    std::lock_guard<std::mutex> ek(e->mu);
-    e->state = "UNAVAILABLE";
-    e->reason = ex.what();
-    log::error("model '" + e->name + "' failed to load: " + ex.what());
   }
+  if (!failure.empty()) {
+    const std::string what = "failed to load model '" + name + "'" +
+                             (e->version.empty() ? "" : " version " + e->version) + ": " + failure +
+                             (old_ready ? " (version " + old->version + " keeps serving)" : "");
+    log::error("model control: " + what);
+    if (!old_ready) {
+      e->state = "UNAVAILABLE";
+      e->reason = failure;
+      std::lock_guard<std::mutex> lk(mu_);
+      models_[name] = e;
+    }
+    throw Error(Code::internal, what);
+  }
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    models_[name] = e;
+  }
+  if (old) retire(old, "replaced by version " + e->version);
+  log::info("model control: model '" + name + "' " + (old_ready ? "reloaded" : "loaded") +
+            ": version " + e->version + (old_ready ? " (was " + old->version + ")" : ""));
 }
 
 void ServerCore::unload_model(const std::string& name) {
@@ -252,17 +334,11 @@ void ServerCore::unload_model(const std::string& name) {
         Code::permission_denied,
         "model control is disabled (server.model_control: none): models cannot be unloaded");
   }
+  check_model_name(name);
+  std::lock_guard<std::mutex> control(model_control_mutex());
   auto e = find(name, "");
-  std::shared_ptr<Batcher> batcher;
-  {
-    std::lock_guard<std::mutex> ek(e->mu);
-    batcher = std::move(e->batcher);
-    e->loaded.reset();
-    e->state = "UNAVAILABLE";
-    e->reason = "unloaded";
-  }
-  batcher.reset();  // in-flight requests finish first
-  log::info("model '" + name + "' unloaded");
+  retire(e, "unloaded");  // queued and running requests finish first
+  log::info("model control: model '" + name + "' unloaded");
 }
 
 void ServerCore::begin_drain() { draining_ = true; }
@@ -272,7 +348,8 @@ bool ServerCore::ready() const {
   std::lock_guard<std::mutex> lk(mu_);
   for (const auto& [n, e] : models_) {
     std::lock_guard<std::mutex> ek(e->mu);
-    if (e->state != "READY") return false;
+    // A model the operator unloaded on purpose does not make the server unready (Triton).
+    if (e->state != "READY" && e->reason != "unloaded") return false;
   }
   return true;
 }
@@ -315,9 +392,14 @@ api::ModelMetadata ServerCore::model_metadata(const std::string& name,
   m.name = e->name;
   m.versions = {e->version};
   m.platform = e->loaded ? "libreyolo_" + e->loaded->model->model_type() : "libreyolo";
-  m.inputs = detector_input_metadata();
-  m.outputs = detector_output_metadata(e->loaded ? e->loaded->num_queries : -1,
-                                       e->loaded ? e->loaded->num_labels : -1);
+  if (e->loaded && e->loaded->is_classifier()) {
+    m.inputs = classifier_input_metadata();
+    m.outputs = classifier_output_metadata(e->loaded->num_labels);
+  } else {
+    m.inputs = detector_input_metadata();
+    m.outputs = detector_output_metadata(e->loaded ? e->loaded->num_queries : -1,
+                                         e->loaded ? e->loaded->num_labels : -1);
+  }
   return m;
 }
 
@@ -330,14 +412,16 @@ api::ModelConfig ServerCore::model_config(const std::string& name,
   c.platform = e->loaded ? "libreyolo_" + e->loaded->model->model_type() : "libreyolo";
   c.backend = "libreyolo";
   c.max_batch_size = static_cast<int>(e->serving.max_batch_size);
+  const bool classifier = e->loaded && e->loaded->is_classifier();
   // Triton's convention: dims without the batch dimension.
-  for (auto t : detector_input_metadata()) {
+  for (auto t : classifier ? classifier_input_metadata() : detector_input_metadata()) {
     t.shape.erase(t.shape.begin());
     if (t.shape.empty()) t.shape = {1};
     c.inputs.push_back(t);
   }
-  for (auto t : detector_output_metadata(e->loaded ? e->loaded->num_queries : -1,
-                                         e->loaded ? e->loaded->num_labels : -1)) {
+  for (auto t : classifier ? classifier_output_metadata(e->loaded->num_labels)
+                           : detector_output_metadata(e->loaded ? e->loaded->num_queries : -1,
+                                                      e->loaded ? e->loaded->num_labels : -1)) {
     t.shape.erase(t.shape.begin());
     if (t.shape.empty()) t.shape = {1};
     c.outputs.push_back(t);
@@ -345,11 +429,16 @@ api::ModelConfig ServerCore::model_config(const std::string& name,
   c.max_queue_delay_microseconds = e->serving.max_queue_delay_microseconds;
   c.max_queue_size = e->serving.max_queue_size;
   c.default_timeout_microseconds = e->serving.default_timeout_microseconds;
-  c.parameters["threshold"] = std::to_string(e->serving.threshold);
+  if (!classifier) c.parameters["threshold"] = std::to_string(e->serving.threshold);
   c.parameters["top_k"] = std::to_string(e->serving.top_k);
   if (e->loaded) {
     c.parameters["device"] = e->loaded->device.str();
     c.parameters["dtype"] = dtype_name(e->loaded->dtype);
+    c.parameters["task"] = classifier ? "image_classification" : "object_detection";
+    c.parameters["fused_attention"] = kernels::fused_attention_name(e->loaded->fused_attention);
+    c.parameters["fused_attention_source"] = e->loaded->fused_attention_source;
+    c.parameters["fused_attention_modules_changed"] =
+        std::to_string(e->loaded->fused_attention_changed);
   }
   return c;
 }
@@ -428,8 +517,21 @@ api::InferResponse ServerCore::infer_on(ModelEntry& entry, api::InferRequest& re
   limits.max_images = config_.max_images_per_request.value;
   limits.max_pixels = config_.max_pixels_per_image.value;
   limits.max_batch_size = m->serving.max_batch_size;
-  auto req = parse_detector_request(request, limits, m->serving.threshold, m->serving.top_k);
-  req.post.use_focal_loss = m->use_focal_loss;
+  const bool classifier = m->is_classifier();
+  DetectorRequest req;
+  if (classifier) {
+    // The classifier's inputs are a subset of the detector's: carry them in the same struct
+    // through decoding, preprocessing and batching (no target_sizes, post.top_k = K).
+    auto c = parse_classifier_request(request, limits, m->serving.top_k);
+    req.images = std::move(c.images);
+    req.pixel_values = c.pixel_values;
+    req.batch = c.batch;
+    req.post.top_k = c.top_k;
+    req.outputs = std::move(c.outputs);
+  } else {
+    req = parse_detector_request(request, limits, m->serving.threshold, m->serving.top_k);
+    req.post.use_focal_loss = m->use_focal_loss;
+  }
 
   const auto t_pre = Clock::now();
   auto job = std::make_shared<BatchJob>();
@@ -479,14 +581,27 @@ api::InferResponse ServerCore::infer_on(ModelEntry& entry, api::InferRequest& re
   metrics_.preprocess(entry.name, entry.version, pre_s);
 
   job->post = req.post;
-  job->want_raw = req.outputs.count("logits") || req.outputs.count("pred_boxes");
+  job->want_raw = !classifier && (req.outputs.count("logits") || req.outputs.count("pred_boxes"));
   job->deadline = request.deadline;
   if (!job->deadline && m->serving.default_timeout_microseconds > 0) {
     job->deadline =
         Clock::now() + std::chrono::microseconds(m->serving.default_timeout_microseconds);
   }
+  job->cancelled = request.cancelled;
   auto future = batcher->submit(job);
-  BatchResult r = future.get();  // throws api::Error (deadline, failure)
+  // A cancelled call frees its queue slot at once (one already running finishes; gRPC drops its
+  // answer). gRPC reports a passed deadline as cancelled too: that one is DEADLINE_EXCEEDED.
+  if (request.cancelled) {
+    while (future.wait_for(std::chrono::milliseconds(5)) != std::future_status::ready) {
+      if (request.cancelled()) {
+        const bool expired =
+            job->deadline && Clock::now() + std::chrono::milliseconds(20) >= *job->deadline;
+        batcher->cancel(job, expired ? Code::deadline_exceeded : Code::cancelled);
+        break;
+      }
+    }
+  }
+  BatchResult r = future.get();  // throws api::Error (deadline, cancelled, failure)
   metrics_.queue(entry.name, entry.version, r.queue_seconds);
   metrics_.compute(entry.name, entry.version, r.input_seconds + r.infer_seconds + r.output_seconds);
   {
@@ -502,8 +617,10 @@ api::InferResponse ServerCore::infer_on(ModelEntry& entry, api::InferRequest& re
   response.model_name = entry.name;
   response.model_version = entry.version;
   response.id = request.id;
-  response.outputs =
-      detector_outputs(r.detections, r.logits, r.pred_boxes, m->model->id2label(), req.outputs);
+  response.outputs = classifier ? classifier_outputs(r.logits, r.classifications,
+                                                     m->model->id2label(), req.outputs)
+                                : detector_outputs(r.detections, r.logits, r.pred_boxes,
+                                                   m->model->id2label(), req.outputs);
   return response;
 }
 
@@ -545,13 +662,31 @@ std::string ServerCore::active_json() const {
                                       .count()}});
   }
   json models = json::array();
-  for (const auto& r : repository_index(false)) {
-    models.push_back(
-        {{"name", r.name}, {"version", r.version}, {"state", r.state}, {"reason", r.reason}});
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    for (const auto& [n, e] : models_) {
+      std::lock_guard<std::mutex> ek(e->mu);
+      json m = {
+          {"name", e->name}, {"version", e->version}, {"state", e->state}, {"reason", e->reason}};
+      if (e->loaded) {
+        const auto& l = *e->loaded;
+        m["task"] = l.is_classifier() ? "image_classification" : "object_detection";
+        // The effective per-model value: serving.yaml, else kernels.fused_attention above.
+        m["fused_attention"] = {{"value", kernels::fused_attention_name(l.fused_attention)},
+                                {"source", l.fused_attention_source},
+                                {"modules_changed", l.fused_attention_changed}};
+        m["cuda_graphs"] = l.cuda_graphs_status;
+        m["device"] = l.device.str();
+      }
+      models.push_back(std::move(m));
+    }
   }
+  const json torch = {{"tf32", config_.tf32.value},
+                      {"allow_tf32_cudnn", at::globalContext().allowTF32CuDNN()},
+                      {"allow_tf32_matmul", at::globalContext().allowTF32CuBLAS()}};
   json out = {{"active", reg.active()},    {"policy", policy}, {"slots", slots},
               {"fallback_events", events}, {"models", models}, {"ready", ready()},
-              {"draining", draining()}};
+              {"draining", draining()},    {"torch", torch}};
   return out.dump(2);
 }
 

@@ -3,6 +3,9 @@
 #include <c10/util/StringUtil.h>
 
 #include <chrono>
+#include <condition_variable>
+#include <mutex>
+#include <thread>
 
 #include "kernels/kernels.h"
 #include "log/log.h"
@@ -29,6 +32,33 @@ struct Daemon::Impl {
   std::unique_ptr<rpc::GrpcServer> grpc;
   std::unique_ptr<HttpAdmin> http;
   bool stopped = false;
+
+  // Readiness after start-up changes with model control (RepositoryModelLoad/Unload) and the
+  // drain; this thread keeps grpc.health.v1 "readiness" equal to ServerCore::ready().
+  std::thread monitor;
+  std::mutex monitor_mu;
+  std::condition_variable monitor_cv;
+  bool monitor_stop = false;
+
+  void watch_readiness(bool last) {
+    std::unique_lock<std::mutex> lk(monitor_mu);
+    while (!monitor_cv.wait_for(lk, std::chrono::milliseconds(100), [&] { return monitor_stop; })) {
+      const bool now = core->ready();
+      if (now == last) continue;
+      last = now;
+      grpc->set_ready(now);
+      log::info(std::string("readiness: ") + (now ? "SERVING" : "NOT_SERVING") +
+                (core->draining() ? " (draining)" : " (model repository changed)"));
+    }
+  }
+  void stop_monitor() {
+    {
+      std::lock_guard<std::mutex> lk(monitor_mu);
+      monitor_stop = true;
+    }
+    monitor_cv.notify_all();
+    if (monitor.joinable()) monitor.join();
+  }
 };
 
 Daemon::Daemon(ServerConfig config, ModelFactory factory) : impl_(std::make_unique<Impl>()) {
@@ -68,6 +98,7 @@ void Daemon::start() {
                      " models ready)"));
   const bool is_ready = impl_->core->ready();
   impl_->grpc->set_ready(is_ready);
+  impl_->monitor = std::thread([impl = impl_.get(), is_ready] { impl->watch_readiness(is_ready); });
   if (is_ready) {
     log::info(c10::str("start-up: ready after ", since(start), " s"));
   } else {
@@ -82,14 +113,19 @@ ServerCore& Daemon::core() { return *impl_->core; }
 Metrics& Daemon::metrics() { return impl_->metrics; }
 
 void Daemon::begin_drain() {
-  impl_->core->begin_drain();
-  if (impl_->grpc) impl_->grpc->set_ready(false);
+  {
+    // Under the monitor's lock: it must not publish a readiness read before the drain began.
+    std::lock_guard<std::mutex> lk(impl_->monitor_mu);
+    impl_->core->begin_drain();
+    if (impl_->grpc) impl_->grpc->set_ready(false);
+  }
   log::info("drain: readiness is NOT_SERVING; still serving requests");
 }
 
 void Daemon::stop(double grace_seconds) {
   if (impl_->stopped) return;
   impl_->stopped = true;
+  impl_->stop_monitor();
   impl_->core->begin_drain();
   const auto t = Clock::now();
   if (impl_->grpc) impl_->grpc->shutdown(grace_seconds);

@@ -21,6 +21,8 @@ class Daemon {
 
   /// Runs the start-up sequence. Throws std::runtime_error when a port cannot be bound.
   /// Returns when every model is loaded (or failed); readiness is then true iff all are ready.
+  /// From then on gRPC health "readiness" follows ServerCore::ready() within 100 ms (models
+  /// loaded or unloaded by RepositoryModelLoad/Unload).
   void start();
 
   int grpc_port() const;

@@ -260,7 +260,7 @@ std::vector<api::OutputTensor> detector_outputs(const std::vector<image::Detecti
 }
 
 std::vector<api::TensorMetadata> detector_input_metadata() {
-  return {{"images", "BYTES", {-1}, true},
+  return {{"images", "BYTES", {-1, 1}, true},
           {"pixel_values", "FP32", {-1, 3, -1, -1}, true},
           {"target_sizes", "INT64", {-1, 2}, true}};
 }

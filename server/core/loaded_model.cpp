@@ -1,9 +1,13 @@
 #include "server/core/loaded_model.h"
 
+#include <c10/util/StringUtil.h>
+
 #include <nlohmann/json.hpp>
 
 #include <fstream>
 #include <stdexcept>
+
+#include "log/log.h"
 
 namespace libreyolo::server {
 namespace {
@@ -40,7 +44,8 @@ std::shared_ptr<LoadedModel> load_model_version(const std::string& name, const s
                                                 const std::string& dir,
                                                 const ServingConfig& serving,
                                                 const std::string& server_device,
-                                                const ModelLoader& loader) {
+                                                const ModelLoader& loader,
+                                                kernels::FusedAttention server_fused_attention) {
   auto m = std::make_shared<LoadedModel>();
   m->name = name;
   m->version = version;
@@ -61,16 +66,33 @@ std::shared_ptr<LoadedModel> load_model_version(const std::string& name, const s
   options.device = m->device;
   options.dtype = m->dtype;
   m->model = loader(dir, options);
-  if (m->model->task() != models::Task::object_detection) {
-    throw std::runtime_error(dir + "/config.json: model_type '" + m->model->model_type() +
-                             "' is a classifier; the daemon serves detectors only for now");
-  }
-  try {
-    m->head = image::detection_head_for(m->model->model_type());
-  } catch (const std::exception& e) {
-    throw std::runtime_error(dir + "/config.json: model_type: " + e.what());
+  m->task = m->model->task();
+  if (m->task == models::Task::object_detection) {
+    try {
+      m->head = image::detection_head_for(m->model->model_type());
+    } catch (const std::exception& e) {
+      throw std::runtime_error(dir + "/config.json: model_type: " + e.what());
+    }
+  } else if (m->num_labels < 0) {
+    m->num_labels = static_cast<int64_t>(m->model->id2label().size());
   }
   (void)model_type;
+  // The flag is chosen once here, before the warm-up and before anything could capture a graph.
+  if (serving.fused_attention != kernels::FusedAttention::family_default) {
+    m->fused_attention = serving.fused_attention;
+    m->fused_attention_source = "serving.yaml " + serving.fused_attention_origin;
+  } else if (server_fused_attention != kernels::FusedAttention::family_default) {
+    m->fused_attention = server_fused_attention;
+    m->fused_attention_source = "server";
+  }
+  if (m->fused_attention != kernels::FusedAttention::family_default) {
+    const bool on = m->fused_attention == kernels::FusedAttention::on;
+    m->fused_attention_changed = m->model->set_fused_attention(on);
+    log::info(c10::str("model '", name, "': fused_attention ",
+                       kernels::fused_attention_name(m->fused_attention), " (",
+                       m->fused_attention_source, "): ", m->fused_attention_changed,
+                       " attention modules changed to ", on ? "SDPA" : "the manual path"));
+  }
   return m;
 }
 
@@ -90,6 +112,34 @@ void warm_up(const LoadedModel& model) {
     mask = at::ones({1, h, w}, at::TensorOptions().dtype(at::kLong).device(model.device));
   auto out = model.model->forward(pixels, mask);
   (void)out.logits.sum().item<float>();  // synchronise (CUDA)
+}
+
+void capture_cuda_graphs(LoadedModel& m) {
+  if (!m.serving.cuda_graphs) return;
+  const auto& c = m.processor->config();
+  std::string why;
+  if (!m.device.is_cuda())
+    why = "the model runs on " + m.device.str();
+  else if (c.height <= 0 || c.width <= 0 || c.do_pad)
+    why = "the processor has no fixed input size";
+  if (!why.empty()) {
+    m.cuda_graphs_status = "off: " + why;
+    log::info("model '" + m.name + "': cuda_graphs ignored (" + why + ")");
+    return;
+  }
+  try {
+    const auto sizes = models::CudaGraphRunner::default_batch_sizes(m.serving.max_batch_size);
+    m.graphs = std::make_unique<models::CudaGraphRunner>(*m.model, sizes, c.height, c.width,
+                                                         m.dtype, m.device);
+    std::string list;
+    for (auto b : m.graphs->batch_sizes()) list += (list.empty() ? "" : ",") + std::to_string(b);
+    m.cuda_graphs_status = "on: batch sizes " + list;
+    log::info("model '" + m.name + "': CUDA graphs captured for batch sizes " + list);
+  } catch (const std::exception& e) {
+    m.graphs.reset();
+    m.cuda_graphs_status = std::string("failed: ") + e.what();
+    log::warn("model '" + m.name + "': " + e.what() + "; running eagerly");
+  }
 }
 
 }  // namespace libreyolo::server

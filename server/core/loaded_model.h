@@ -1,5 +1,5 @@
-// One served model version on the torch side: the checkpoint, its image processor and its
-// serving settings.
+// One served model version on the torch side: the checkpoint (a detector or an image
+// classifier), its image processor and its serving settings.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -8,9 +8,11 @@
 #include <memory>
 #include <string>
 
+#include "kernels/policy.h"
 #include "models/image/postprocess.h"
 #include "models/image/processor.h"
 #include "models/model.h"
+#include "models/runtime/cuda_graph_runner.h"
 #include "server/core/serving_config.h"
 
 namespace libreyolo::server {
@@ -26,24 +28,45 @@ struct LoadedModel {
   ServingConfig serving;
   std::unique_ptr<models::Model> model;
   std::unique_ptr<image::ImageProcessor> processor;
-  image::DetectionHead head = image::DetectionHead::rt_detr;
+  models::Task task = models::Task::object_detection;
+  image::DetectionHead head = image::DetectionHead::rt_detr;  ///< detectors only
   bool use_focal_loss = true;  ///< config.json `use_focal_loss` (RT-DETR family)
   at::Device device = at::kCPU;
   at::ScalarType dtype = at::kFloat;
   int64_t num_queries = -1;  ///< config.json num_queries (-1: unknown)
   int64_t num_labels = -1;   ///< id2label size (-1: unknown)
+  /// The effective fused-attention setting: serving.yaml `fused_attention` unless `default`,
+  /// then the server's `kernels.fused_attention`; family_default leaves the flags as loaded.
+  kernels::FusedAttention fused_attention = kernels::FusedAttention::family_default;
+  /// Where it came from: "serving.yaml" (with FILE:LINE:COLUMN), "server"
+  /// (kernels.fused_attention), or "family default".
+  std::string fused_attention_source = "family default";
+  /// Attention modules whose flag set_fused_attention changed (0 for family_default).
+  int fused_attention_changed = 0;
+  /// Captured CUDA graphs (serving.yaml `cuda_graphs: on`), used by the batcher only.
+  std::unique_ptr<models::CudaGraphRunner> graphs;
+  /// What /active reports: "off", "on: batch sizes 1,2,4,8", "off: <why>", "failed: <why>".
+  std::string cuda_graphs_status = "off";
+  bool is_classifier() const { return task == models::Task::image_classification; }
 };
 
 /// Loads <dir> (config.json, model.safetensors, preprocessor_config.json) with `serving` on
-/// `server_device` ("auto" | "cpu" | "cuda" | "cuda:N"; serving.device wins when set).
-/// Detectors only for now. Throws std::runtime_error naming the file/field.
-std::shared_ptr<LoadedModel> load_model_version(const std::string& name, const std::string& version,
-                                                const std::string& dir,
-                                                const ServingConfig& serving,
-                                                const std::string& server_device,
-                                                const ModelLoader& loader);
+/// `server_device` ("auto" | "cpu" | "cuda" | "cuda:N"; serving.device wins when set), then
+/// applies the effective fused-attention setting (serving.fused_attention, else
+/// `server_fused_attention`, the server's kernels.fused_attention): on/off call
+/// models::Model::set_fused_attention(true/false) and log how many modules changed.
+/// Object detectors and image classifiers. Throws std::runtime_error naming the file/field.
+std::shared_ptr<LoadedModel> load_model_version(
+    const std::string& name, const std::string& version, const std::string& dir,
+    const ServingConfig& serving, const std::string& server_device, const ModelLoader& loader,
+    kernels::FusedAttention server_fused_attention = kernels::FusedAttention::family_default);
 
 /// One forward on zeros at the processor's output size (the warm-up). Throws on failure.
 void warm_up(const LoadedModel& model);
+
+/// Captures `model.graphs` when serving.cuda_graphs is on and the model can use them (CUDA
+/// device, fixed processor height/width, no padding mask); sets cuda_graphs_status. Never
+/// throws for a capture failure: it is logged and the model stays eager.
+void capture_cuda_graphs(LoadedModel& model);
 
 }  // namespace libreyolo::server

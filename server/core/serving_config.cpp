@@ -68,11 +68,30 @@ ServingConfig parse_serving_config(const std::string& yaml_text, const std::stri
       if (c.top_k < 0) fail(file, v, "top_k must be >= 0");
     } else if (key == "warmup") {
       c.warmup = as<bool>(file, v, key, "true or false");
+    } else if (key == "fused_attention") {
+      // Same spellings as the server's kernels.fused_attention: YAML 1.1 reads bare on/off as
+      // booleans, so true/false mean on/off too.
+      const std::string s = v.IsScalar() ? kernels::normalize(v.Scalar()) : "";
+      if (s == "default") {
+        c.fused_attention = kernels::FusedAttention::family_default;
+      } else if (s == "on" || s == "true") {
+        c.fused_attention = kernels::FusedAttention::on;
+      } else if (s == "off" || s == "false") {
+        c.fused_attention = kernels::FusedAttention::off;
+      } else {
+        fail(file, v,
+             "fused_attention must be default, on or off, got '" +
+                 (v.IsScalar() ? v.Scalar() : std::string("a non-scalar")) + "'");
+      }
+      c.fused_attention_origin = where(file, v);
+    } else if (key == "cuda_graphs") {
+      c.cuda_graphs = as<bool>(file, v, key, "on or off");
     } else {
       fail(file, kv.first,
            "unknown key " + key +
                " (expected device, dtype, max_batch_size, max_queue_delay_microseconds, "
-               "max_queue_size, default_timeout_microseconds, threshold, top_k, warmup)");
+               "max_queue_size, default_timeout_microseconds, threshold, top_k, warmup, "
+               "fused_attention, cuda_graphs)");
     }
   }
   return c;

@@ -5,6 +5,8 @@
 #include <cstdint>
 #include <string>
 
+#include "kernels/policy.h"
+
 namespace libreyolo::server {
 
 /// Every key optional. Batching knobs mirror Triton's ModelDynamicBatching / ModelQueuePolicy.
@@ -19,6 +21,16 @@ struct ServingConfig {
   double threshold = 0.5;  ///< default score threshold (request parameter `threshold` wins)
   std::int64_t top_k = 0;  ///< default candidates before thresholding; 0: family default
   bool warmup = true;      ///< run one forward before declaring the model ready
+  /// `fused_attention: default | on | off`: SDPA (on) or the manual attention math (off) in
+  /// every attention module, applied with models::Model::set_fused_attention after loading.
+  /// family_default ("default"): the server's `kernels.fused_attention` decides.
+  kernels::FusedAttention fused_attention = kernels::FusedAttention::family_default;
+  std::string fused_attention_origin;  ///< "FILE:LINE:COLUMN" of the key; "" when not set
+  /// `cuda_graphs: on`: capture the forward as CUDA graphs at batch sizes 1, 2, 4, ... and
+  /// max_batch_size after loading, and replay them (a batch is padded to the next captured size).
+  /// Only for CUDA models with a fixed input size (RT-DETR, ViT, Swin); elsewhere ignored with a
+  /// log line. A capture failure logs a warning and keeps eager execution.
+  bool cuda_graphs = false;
 };
 
 /// Reads `file` when it exists (else the defaults). Throws std::runtime_error naming

@@ -58,6 +58,36 @@ std::string pack(const std::string& dt, const pb::InferTensorContents& c) {
   return out;
 }
 
+/// ModelInfer's answer as an InferResult (outputs in raw layout).
+InferResult to_result(const grpc::Status& status, const pb::ModelInferResponse& resp) {
+  InferResult result;
+  result.code = static_cast<api::Code>(status.error_code());
+  result.message = status.error_message();
+  if (!status.ok()) return result;
+  result.model_name = resp.model_name();
+  result.model_version = resp.model_version();
+  result.id = resp.id();
+  for (int i = 0; i < resp.outputs_size(); ++i) {
+    const auto& o = resp.outputs(i);
+    api::OutputTensor t;
+    t.name = o.name();
+    t.datatype = o.datatype();
+    t.shape.assign(o.shape().begin(), o.shape().end());
+    t.data = i < resp.raw_output_contents_size() ? resp.raw_output_contents(i)
+                                                 : pack(o.datatype(), o.contents());
+    result.outputs.push_back(std::move(t));
+  }
+  return result;
+}
+
+pb::ModelInferRequest infer_request(const std::string& request_text,
+                                    const std::vector<std::string>& raw_inputs) {
+  pb::ModelInferRequest req;
+  parse(request_text, &req);
+  for (const auto& r : raw_inputs) req.add_raw_input_contents(r);
+  return req;
+}
+
 }  // namespace
 
 const api::OutputTensor& InferResult::output(const std::string& name) const {
@@ -141,31 +171,94 @@ CallResult Client::health(const std::string& service, double timeout_seconds) {
 
 InferResult Client::infer(const std::string& request_text,
                           const std::vector<std::string>& raw_inputs, double timeout_seconds) {
-  pb::ModelInferRequest req;
-  parse(request_text, &req);
-  for (const auto& r : raw_inputs) req.add_raw_input_contents(r);
+  const auto req = infer_request(request_text, raw_inputs);
   grpc::ClientContext ctx;
   set_deadline(ctx, timeout_seconds);
   pb::ModelInferResponse resp;
   const auto status = impl_->stub->ModelInfer(&ctx, req, &resp);
+  return to_result(status, resp);
+}
+
+// One call on its own completion queue: wait() takes its single event.
+struct PendingInfer::Impl {
+  grpc::ClientContext ctx;
+  grpc::CompletionQueue cq;
+  pb::ModelInferResponse resp;
+  grpc::Status status;
+  std::unique_ptr<grpc::ClientAsyncResponseReader<pb::ModelInferResponse>> reader;
+  bool done = false;
   InferResult result;
-  result.code = static_cast<api::Code>(status.error_code());
-  result.message = status.error_message();
-  if (!status.ok()) return result;
-  result.model_name = resp.model_name();
-  result.model_version = resp.model_version();
-  result.id = resp.id();
-  for (int i = 0; i < resp.outputs_size(); ++i) {
-    const auto& o = resp.outputs(i);
-    api::OutputTensor t;
-    t.name = o.name();
-    t.datatype = o.datatype();
-    t.shape.assign(o.shape().begin(), o.shape().end());
-    t.data = i < resp.raw_output_contents_size() ? resp.raw_output_contents(i)
-                                                 : pack(o.datatype(), o.contents());
-    result.outputs.push_back(std::move(t));
+};
+
+PendingInfer::PendingInfer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+PendingInfer::~PendingInfer() {
+  if (!impl_->done) {
+    impl_->ctx.TryCancel();
+    wait();
   }
-  return result;
+}
+
+void PendingInfer::cancel() { impl_->ctx.TryCancel(); }
+
+InferResult PendingInfer::wait() {
+  if (!impl_->done) {
+    void* tag = nullptr;
+    bool ok = false;
+    impl_->cq.Next(&tag, &ok);  // Finish always delivers its tag, ok or not
+    impl_->cq.Shutdown();
+    while (impl_->cq.Next(&tag, &ok)) {
+    }
+    impl_->done = true;
+    impl_->result = to_result(impl_->status, impl_->resp);
+  }
+  return impl_->result;
+}
+
+std::unique_ptr<PendingInfer> Client::start_infer(const std::string& request_text,
+                                                  const std::vector<std::string>& raw_inputs,
+                                                  double timeout_seconds) {
+  const auto req = infer_request(request_text, raw_inputs);
+  auto impl = std::make_unique<PendingInfer::Impl>();
+  set_deadline(impl->ctx, timeout_seconds);
+  impl->reader = impl_->stub->AsyncModelInfer(&impl->ctx, req, &impl->cq);
+  impl->reader->Finish(&impl->resp, &impl->status, impl.get());
+  return std::unique_ptr<PendingInfer>(new PendingInfer(std::move(impl)));
+}
+
+std::vector<InferResult> Client::infer_concurrently(const std::string& request_text,
+                                                    const std::vector<std::string>& raw_inputs,
+                                                    int count, double timeout_seconds) {
+  struct Call {
+    grpc::ClientContext ctx;
+    pb::ModelInferResponse resp;
+    grpc::Status status;
+    std::unique_ptr<grpc::ClientAsyncResponseReader<pb::ModelInferResponse>> reader;
+  };
+  const auto req = infer_request(request_text, raw_inputs);
+  grpc::CompletionQueue cq;
+  std::vector<std::unique_ptr<Call>> calls;
+  for (int i = 0; i < count; ++i) {
+    calls.push_back(std::make_unique<Call>());
+    auto& c = *calls.back();
+    set_deadline(c.ctx, timeout_seconds);
+    c.reader = impl_->stub->AsyncModelInfer(&c.ctx, req, &cq);
+    c.reader->Finish(&c.resp, &c.status, reinterpret_cast<void*>(static_cast<std::intptr_t>(i)));
+  }
+  for (int done = 0; done < count; ++done) {
+    void* tag = nullptr;
+    bool ok = false;
+    if (!cq.Next(&tag, &ok)) break;
+  }
+  cq.Shutdown();
+  void* tag = nullptr;
+  bool ok = false;
+  while (cq.Next(&tag, &ok)) {
+  }
+  std::vector<InferResult> out;
+  out.reserve(calls.size());
+  for (const auto& c : calls) out.push_back(to_result(c->status, c->resp));
+  return out;
 }
 
 std::string pack_bytes(const std::vector<std::string>& elements) {

@@ -33,6 +33,29 @@ struct InferResult {
   const api::OutputTensor& output(const std::string& name) const;
 };
 
+/// A ModelInfer in flight (Client::start_infer); the Client must outlive it. Not thread-safe
+/// except cancel(), which any thread may call while another waits.
+class PendingInfer {
+ public:
+  /// Cancels the call when it is still unanswered, then waits for its end.
+  ~PendingInfer();
+  PendingInfer(const PendingInfer&) = delete;
+  PendingInfer& operator=(const PendingInfer&) = delete;
+
+  /// grpc::ClientContext::TryCancel: the call ends CANCELLED unless the answer already arrived;
+  /// the server sees the cancellation (ServerContext::IsCancelled).
+  void cancel();
+  /// Blocks until the answer (or the call's end); the first call returns the result, later
+  /// calls the same result again.
+  InferResult wait();
+
+ private:
+  friend class Client;
+  struct Impl;
+  explicit PendingInfer(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
 class Client {
  public:
   /// `address` host:port. Channels are created lazily by gRPC; nothing is sent here.
@@ -55,6 +78,20 @@ class Client {
   /// `timeout_seconds` <= 0: no deadline.
   InferResult infer(const std::string& request_text,
                     const std::vector<std::string>& raw_inputs = {}, double timeout_seconds = 30.0);
+
+  /// ModelInfer (arguments as infer()) sent at once, without waiting: the answer comes from
+  /// PendingInfer::wait(); PendingInfer::cancel() cancels it. Throws std::invalid_argument for
+  /// unparsable text.
+  std::unique_ptr<PendingInfer> start_infer(const std::string& request_text,
+                                            const std::vector<std::string>& raw_inputs = {},
+                                            double timeout_seconds = 30.0);
+
+  /// Sends `count` copies of one ModelInfer concurrently (gRPC's async API on one completion
+  /// queue: every call is on the wire before the first answer is read) and returns the answers
+  /// in sending order. Throws std::invalid_argument for unparsable text.
+  std::vector<InferResult> infer_concurrently(const std::string& request_text,
+                                              const std::vector<std::string>& raw_inputs, int count,
+                                              double timeout_seconds = 30.0);
 
  private:
   struct Impl;

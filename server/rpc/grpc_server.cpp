@@ -155,6 +155,7 @@ api::InferRequest to_api(const pb::ModelInferRequest& r, const grpc::ServerConte
     out.inputs.push_back(std::move(t));
   }
   for (const auto& o : r.outputs()) out.requested_outputs.push_back(o.name());
+  out.cancelled = [&ctx] { return ctx.IsCancelled(); };
   const gpr_timespec raw_deadline = ctx.raw_deadline();
   if (gpr_time_cmp(raw_deadline, gpr_inf_future(raw_deadline.clock_type)) != 0) {
     const auto left = ctx.deadline() - std::chrono::system_clock::now();

@@ -344,6 +344,36 @@ TEST(CudaMsDeformAttn, SlotEntryUsesCudaAndIsDifferentiable) {
   EXPECT_LE(max_rel_diff(a.grad(), ref.grad_attn), 1e-4);
 }
 
+// The daemon runs under at::InferenceMode: inference tensors have no version counter and cannot
+// be saved for backward. The slot must run `cuda` there (no fallback), and equal the eager result.
+TEST(CudaMsDeformAttn, SlotEntryRunsCudaUnderInferenceMode) {
+  REQUIRE_CUDA();
+  auto& reg = Registry::global();
+  const auto names = reg.iter_impls(kMsDeformAttn);
+  if (std::find(names.begin(), names.end(), "cuda") == names.end())
+    GTEST_SKIP() << "cuda not selected by the policy (LIBREYOLO_KERNELS?)";
+  auto state = [&] {
+    for (const auto& slot : reg.report())
+      for (const auto& c : slot.candidates)
+        if (slot.slot == kMsDeformAttn && c.name == "cuda")
+          return std::make_pair(c.calls, c.disabled);
+    return std::make_pair(uint64_t{0}, false);
+  };
+  const auto in = make_inputs(2, 10, 4, 32, {{8, 12}, {4, 6}}, 3, at::kFloat, at::kFloat, 11);
+  const auto eager = ms_deform_attn(in.value, in.levels, in.loc, in.attn);
+  const auto before = state();
+  at::Tensor out;
+  {
+    at::InferenceMode guard;
+    out = ms_deform_attn(in.value.clone(), in.levels, in.loc.clone(), in.attn.clone());
+    out = ms_deform_attn(in.value.clone(), in.levels, in.loc.clone(), in.attn.clone());
+  }
+  const auto after = state();
+  EXPECT_FALSE(after.second) << "cuda was disabled by a failure under InferenceMode";
+  EXPECT_EQ(after.first, before.first + 2);
+  EXPECT_EQ(max_abs_diff(out, eager), 0.0);
+}
+
 TEST(CudaMsDeformAttn, EmptyBatchAndQueries) {
   REQUIRE_CUDA();
   const auto in = make_inputs(2, 0, 2, 16, {{4, 6}}, 2, at::kFloat, at::kFloat, 13);

@@ -4,10 +4,13 @@
 #include <ATen/Context.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "kernels/attention/ms_deform_attn.h"
+#include "kernels/registry.h"
 #include "models/core/config.h"
 #include "models/core/safetensors.h"
 #include "models/model.h"
@@ -15,6 +18,21 @@
 namespace {
 
 namespace core = libreyolo::models::core;
+using libreyolo::kernels::kMsDeformAttn;
+using libreyolo::kernels::Registry;
+
+/// Calls of `cuda` for ms_deform_attn so far, and whether it was disabled by a failure.
+std::pair<uint64_t, bool> cuda_msda_state() {
+  for (const auto& slot : Registry::global().report())
+    for (const auto& c : slot.candidates)
+      if (slot.slot == kMsDeformAttn && c.name == "cuda") return {c.calls, c.disabled};
+  return {0, false};
+}
+
+bool cuda_msda_selected() {
+  const auto names = Registry::global().iter_impls(kMsDeformAttn);
+  return std::find(names.begin(), names.end(), "cuda") != names.end();
+}
 
 class RTDetrCuda : public ::testing::TestWithParam<std::string> {};
 
@@ -32,8 +50,17 @@ TEST_P(RTDetrCuda, MatchesCpuReference) {
     options.dtype = dtype;
     options.device = at::Device(at::kCUDA, 0);
     const auto model = libreyolo::models::load_model(dir, options);
-    at::InferenceMode guard;
+    const auto [calls_before, disabled_before] = cuda_msda_state();
+    at::InferenceMode guard;  // as the daemon runs: inference tensors everywhere
     const auto out = model->forward(pixels.to(options.device, dtype));
+    // The bilinear families must run the in-tree kernel, not silently fall back (RT-DETRv2
+    // `discrete` stays portable by design).
+    const auto [calls_after, disabled_after] = cuda_msda_state();
+    EXPECT_FALSE(disabled_after) << "ms_deform_attn/cuda was disabled by a runtime failure";
+    if (cuda_msda_selected() && GetParam() != "rtdetr_v2_tiny_discrete") {
+      EXPECT_GT(calls_after, calls_before) << "the model did not call ms_deform_attn/cuda";
+    }
+    (void)disabled_before;
     ASSERT_TRUE(out.logits.is_cuda());
     EXPECT_EQ(out.logits.scalar_type(), at::kFloat);
     const double dl = (out.logits.cpu() - expected->view("logits")).abs().max().item<double>();

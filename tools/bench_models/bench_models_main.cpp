@@ -1,11 +1,16 @@
 // libreyolo-bench-models: end-to-end forward time of one checkpoint on random pixels.
 //
 //   libreyolo-bench-models --model DIR [--size 640] [--batch 1,8,32] [--device cpu|cuda]
-//                          [--dtype float32|float16|bfloat16] [--iters N] [--warmup N]
+//                          [--dtype float32|float16|bfloat16] [--iters N] [--warmup N] [--tf32]
+//                          [--cuda-graph]
 // Prints one line per batch size: ms per forward (median of --iters, after --warmup), images/s,
 // and the kernel calls counted per implementation of ms_deform_attn, so that a run under
 // LIBREYOLO_KERNELS=reference (portable path) and one without can be compared. CUDA time is
-// wall time around a synchronised forward (what a request sees), TF32 off.
+// wall time around a synchronised forward (what a request sees), TF32 off unless --tf32 (PyTorch's
+// own default lets cuDNN convolutions use TF32, which is what a transformers eager run measures).
+// --cuda-graph times models::CudaGraphRunner (the daemon's `cuda_graphs`): one captured forward
+// per batch size, replayed (no host launch cost; includes the input copy and output clone); a
+// model that cannot be captured prints `cuda_graph=failed` and the reason.
 // Exit codes: 0 ok, 1 runtime error, 2 usage error.
 #include <ATen/ATen.h>
 #include <ATen/Context.h>
@@ -13,6 +18,7 @@
 #include <algorithm>
 #include <chrono>
 #include <iostream>
+#include <memory>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -20,12 +26,14 @@
 #include "kernels/attention/ms_deform_attn.h"
 #include "kernels/kernels.h"
 #include "models/model.h"
+#include "models/runtime/cuda_graph_runner.h"
 
 namespace {
 
 int usage() {
   std::cerr << "usage: libreyolo-bench-models --model DIR [--size 640] [--batch 1,8] "
-               "[--device cpu|cuda] [--dtype float32|float16|bfloat16] [--iters N] [--warmup N]\n";
+               "[--device cpu|cuda] [--dtype float32|float16|bfloat16] [--iters N] [--warmup N] "
+               "[--tf32] [--cuda-graph]\n";
   return 2;
 }
 
@@ -50,6 +58,7 @@ int main(int argc, char** argv) {
   std::string model_dir, device_name = "cpu", dtype_name = "float32", batches = "1,8";
   int64_t size = 640;
   int iters = 10, warmup = 3;
+  bool tf32 = false, cuda_graph = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto next = [&]() -> std::string { return i + 1 < argc ? argv[++i] : ""; };
@@ -68,6 +77,10 @@ int main(int argc, char** argv) {
         iters = std::stoi(next());
       else if (a == "--warmup")
         warmup = std::stoi(next());
+      else if (a == "--tf32")
+        tf32 = true;
+      else if (a == "--cuda-graph")
+        cuda_graph = true;
       else
         return usage();
     } catch (const std::exception&) {
@@ -75,11 +88,12 @@ int main(int argc, char** argv) {
     }
   }
   if (model_dir.empty() || iters < 1 || warmup < 0 || size < 32) return usage();
+  if (cuda_graph && device_name.rfind("cuda", 0) != 0) return usage();
   try {
     libreyolo::kernels::initialize(
         libreyolo::kernels::policy_from_environment(libreyolo::kernels::process_environment()));
-    at::globalContext().setAllowTF32CuBLAS(false);
-    at::globalContext().setAllowTF32CuDNN(false);
+    at::globalContext().setAllowTF32CuBLAS(tf32);
+    at::globalContext().setAllowTF32CuDNN(tf32);
     libreyolo::models::LoadOptions options;
     options.device = at::Device(device_name);
     options.dtype = dtype_name == "float16"    ? at::kHalf
@@ -96,10 +110,24 @@ int main(int argc, char** argv) {
               .to(options.dtype);
       for (int w = 0; w < warmup; ++w) model->forward(pixels);
       synchronize(options.device);
+      std::unique_ptr<libreyolo::models::CudaGraphRunner> graph;
+      if (cuda_graph) {
+        try {
+          graph = std::make_unique<libreyolo::models::CudaGraphRunner>(
+              *model, std::vector<int64_t>{b}, size, size, options.dtype, options.device);
+        } catch (const std::exception& e) {
+          std::cout << "model=" << model->model_type() << " batch=" << b
+                    << " cuda_graph=failed: " << e.what() << std::endl;
+          continue;
+        }
+      }
       std::vector<double> ms;
       for (int it = 0; it < iters; ++it) {
         const auto t0 = std::chrono::steady_clock::now();
-        model->forward(pixels);
+        if (graph)
+          graph->run(pixels);
+        else
+          model->forward(pixels);
         synchronize(options.device);
         ms.push_back(
             std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
@@ -108,7 +136,9 @@ int main(int argc, char** argv) {
       std::sort(ms.begin(), ms.end());
       const double median = ms[ms.size() / 2];
       std::cout << "model=" << model->model_type() << " dir=" << model_dir
-                << " device=" << device_name << " dtype=" << dtype_name << " size=" << size
+                << " device=" << device_name << " dtype=" << dtype_name
+                << " tf32=" << (tf32 ? "on" : "off")
+                << " cuda_graph=" << (cuda_graph ? "on" : "off") << " size=" << size
                 << " batch=" << b << " median_ms=" << median << " min_ms=" << ms.front()
                 << " images_per_s=" << (1000.0 * b / median) << " " << msda_calls() << std::endl;
     }

@@ -1,6 +1,8 @@
 // libreyolo-client: talks to libreyolo-server over gRPC (inference.GRPCInferenceService).
 //   libreyolo-client detect --image FILE [--image FILE ...] [--server HOST:PORT] [--model NAME]
 //                           [--threshold T] [--timeout SECONDS]
+//   libreyolo-client classify --image FILE [--image FILE ...] [--server HOST:PORT] [--model NAME]
+//                             [--top-k K] [--timeout SECONDS]
 //   libreyolo-client health [--server HOST:PORT] [--service NAME]
 //   libreyolo-client call METHOD [TEXT] [--server HOST:PORT]   (e.g. call ModelConfig 'name: "m"')
 // Exit status: 0 on success, 1 on a gRPC error (its code and message on stderr), 2 on usage errors.
@@ -23,9 +25,13 @@ int usage() {
   std::cerr << "usage: libreyolo-client detect --image FILE [--image FILE ...] [--server "
                "HOST:PORT] [--model NAME]\n"
                "                              [--threshold T] [--timeout SECONDS]\n"
+               "       libreyolo-client classify --image FILE [--image FILE ...] [--server "
+               "HOST:PORT] [--model NAME]\n"
+               "                                [--top-k K] [--timeout SECONDS]\n"
                "       libreyolo-client health [--server HOST:PORT] [--service NAME]\n"
                "       libreyolo-client call METHOD [REQUEST_TEXT] [--server HOST:PORT]\n"
-               "defaults: --server localhost:8001 --model rtdetr_tiny\n";
+               "defaults: --server localhost:8001 --model rtdetr_tiny (detect), vit_tiny "
+               "(classify)\n";
   return 2;
 }
 
@@ -54,14 +60,41 @@ int fail(api::Code code, const std::string& message) {
   return 1;
 }
 
+/// One block per image: "<file>: top K (model M version V)" then "  <label name>  <probability>
+/// (label <index>)" lines, most probable first.
+int print_classes(const rpc::InferResult& r, const std::vector<std::string>& images) {
+  const auto& scores_t = r.output("scores");
+  if (scores_t.shape.size() != 2 || scores_t.datatype != "FP32")
+    return fail(api::Code::internal, "the server's 'scores' output is not FP32 [N,K]");
+  const std::int64_t k = scores_t.shape[1];
+  const auto scores = as<float>(scores_t.data);
+  const auto labels = as<std::int64_t>(r.output("labels").data);
+  const auto names = unpack_bytes(r.output("label_names").data);
+  const std::size_t expected = images.size() * static_cast<std::size_t>(k);
+  if (scores.size() != expected || labels.size() != expected || names.size() != expected)
+    return fail(api::Code::internal, "the server's top-k outputs disagree in size");
+  std::cout << std::fixed << std::setprecision(4);
+  for (std::size_t i = 0; i < images.size(); ++i) {
+    std::cout << images[i] << ": top " << k << " (model " << r.model_name << " version "
+              << r.model_version << ")\n";
+    for (std::int64_t j = 0; j < k; ++j) {
+      const std::size_t at = i * k + j;
+      std::cout << "  " << std::setw(24) << std::left << names[at] << std::right << " "
+                << scores[at] << "  (label " << labels[at] << ")\n";
+    }
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   if (argc < 2) return usage();
   const std::string command = argv[1];
-  std::string server = "localhost:8001", model = "rtdetr_tiny", service;
+  std::string server = "localhost:8001", model, service;
   std::vector<std::string> images, positional;
   double threshold = -1, timeout = 30;
+  long long top_k = 0;
   for (int i = 2; i < argc; ++i) {
     const std::string a = argv[i];
     auto value = [&]() -> std::string {
@@ -79,7 +112,12 @@ int main(int argc, char** argv) {
         threshold = std::stod(value());
       else if (a == "--timeout")
         timeout = std::stod(value());
-      else if (a == "--service")
+      else if (a == "--top-k") {
+        std::size_t used = 0;
+        const std::string v = value();
+        top_k = std::stoll(v, &used);
+        if (used != v.size() || top_k < 1) throw std::invalid_argument("--top-k needs K >= 1");
+      } else if (a == "--service")
         service = value();
       else if (a.rfind("--", 0) == 0)
         return usage();
@@ -109,7 +147,8 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  if (command != "detect" || images.empty()) return usage();
+  if ((command != "detect" && command != "classify") || images.empty()) return usage();
+  if (model.empty()) model = command == "detect" ? "rtdetr_tiny" : "vit_tiny";
   std::vector<std::string> data;
   for (const auto& path : images) {
     std::ifstream in(path, std::ios::binary);
@@ -124,8 +163,24 @@ int main(int argc, char** argv) {
        << "\" inputs { name: \"images\" datatype: \"BYTES\" shape: " << data.size() << " }";
   if (threshold >= 0)
     text << " parameters { key: \"threshold\" value { double_param: " << threshold << " } }";
+  if (top_k > 0) text << " parameters { key: \"top_k\" value { int64_param: " << top_k << " } }";
+  // The outputs printed, named explicitly: a model of the other kind answers INVALID_ARGUMENT
+  // (a detector has no `probabilities`, a classifier no `boxes`) instead of other tensors.
+  text << " outputs { name: \"scores\" } outputs { name: \"labels\" } outputs { name: "
+          "\"label_names\" }";
+  if (command == "classify")
+    text << " outputs { name: \"probabilities\" }";
+  else
+    text << " outputs { name: \"boxes\" } outputs { name: \"num_detections\" }";
   auto r = client.infer(text.str(), {rpc::pack_bytes(data)}, timeout);
   if (!r.ok()) return fail(r.code, r.message);
+  if (command == "classify") {
+    try {
+      return print_classes(r, images);
+    } catch (const std::out_of_range& e) {  // an output missing from the answer
+      return fail(api::Code::internal, e.what());
+    }
+  }
   const auto counts = as<std::int32_t>(r.output("num_detections").data);
   const auto& scores_t = r.output("scores");
   const std::int64_t k = scores_t.shape.size() > 1 ? scores_t.shape[1] : 0;

@@ -38,6 +38,11 @@ struct MsDeformAttnFunction : torch::autograd::Function<MsDeformAttnFunction> {
   }
 };
 
+// Inference tensors (made under at::InferenceMode, as the daemon runs) have no version counter:
+// `_version()` throws on them. They cannot be modified outside inference mode, so identity alone
+// keys them; the kernel's own bounds checks cover in-place edits made inside inference mode.
+uint32_t version_of(const at::Tensor& t) { return t.is_inference() ? 0 : t._version(); }
+
 bool capturing() {
   return c10::cuda::currentStreamCaptureStatusMayInitCtx() != c10::cuda::CaptureStatus::None;
 }
@@ -49,8 +54,8 @@ class MetadataCache {
  public:
   bool valid(const at::Tensor& shapes, const at::Tensor& starts, int64_t S) {
     for (const auto& e : entries_) {
-      if (e.S == S && e.shapes_version == shapes._version() &&
-          e.starts_version == starts._version() &&
+      if (e.S == S && e.shapes_version == version_of(shapes) &&
+          e.starts_version == version_of(starts) &&
           e.shapes.lock().get() == shapes.unsafeGetTensorImpl() &&
           e.starts.lock().get() == starts.unsafeGetTensorImpl())
         return true;
@@ -59,8 +64,8 @@ class MetadataCache {
     Entry& e = entries_[next_];
     e.shapes = Weak(shapes.getIntrusivePtr());
     e.starts = Weak(starts.getIntrusivePtr());
-    e.shapes_version = shapes._version();
-    e.starts_version = starts._version();
+    e.shapes_version = version_of(shapes);
+    e.starts_version = version_of(starts);
     e.S = S;
     next_ = (next_ + 1) % entries_.size();
     return true;
@@ -135,6 +140,15 @@ Outcome<at::Tensor> ms_deform_attn_cuda(const at::Tensor& value, const at::Tenso
   // bounds checks keep malformed metadata from reading out of bounds.
   if (!capturing() && !metadata_valid(spatial_shapes, level_start_index, S))
     return Decline{"malformed spatial metadata"};
+  // No autograd node when nothing needs a gradient (inference mode, no_grad, frozen inputs):
+  // the graph wiring costs host time and cannot save inference tensors for backward.
+  const bool needs_grad =
+      at::GradMode::is_enabled() && (value.requires_grad() || sampling_locations.requires_grad() ||
+                                     attention_weights.requires_grad());
+  if (!needs_grad)
+    return cuda::ms_deform_attn_forward(
+        value.contiguous(), spatial_shapes.contiguous(), level_start_index.contiguous(),
+        sampling_locations.contiguous(), attention_weights.contiguous());
   return MsDeformAttnFunction::apply(
       value.contiguous(), spatial_shapes.contiguous(), level_start_index.contiguous(),
       sampling_locations.contiguous(), attention_weights.contiguous());

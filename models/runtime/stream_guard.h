@@ -1,0 +1,26 @@
+// A dedicated CUDA stream per model instance (Triton gives each instance its own), so that models
+// sharing a GPU do not serialise on the legacy default stream.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <memory>
+
+namespace libreyolo::models {
+
+class StreamGuard {
+ public:
+  /// CUDA `device`: takes a stream from PyTorch's stream pool for that device and makes it the
+  /// calling thread's current stream until the guard dies. CPU: does nothing. Throws
+  /// std::runtime_error for a CUDA device when this build's LibTorch has no CUDA.
+  explicit StreamGuard(const at::Device& device);
+  ~StreamGuard();
+  StreamGuard(const StreamGuard&) = delete;
+  StreamGuard& operator=(const StreamGuard&) = delete;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace libreyolo::models

@@ -1,0 +1,197 @@
+#!/usr/bin/env bash
+# Serving overhead on the GPU machine (issue 4): libreyolo-server with device cuda and
+# max_batch_size 8 serving a full-size random-weight RT-DETR-R50, loaded by libreyolo-bench, against
+# the same model's forward-only throughput at batch 8 (libreyolo-bench-models) in the same run.
+# Target: serving throughput >= 0.90 x forward-only.
+#
+# Run from the repository root ON the GPU machine, after the project is built in build-gpu
+# (scripts/test-gpu.sh does that; the three binaries are built here when missing):
+#   scripts/bench-serving-gpu.sh [CHECKPOINTS]
+# CHECKPOINTS holds rtdetr_r50vd/ written by tools/bench_models/make_random_checkpoint.py (default
+# $CKPT_DIR or $CKPT, else /tmp/ckpt; written there when missing). Environment: BIN (default build-gpu/bin),
+# OUT (default ./bench-serving-out), DURATION / WARMUP seconds per step (10 / 3), CONCURRENCY
+# (1,2,4,8,16,32,64), MODEL (rtdetr_r50vd), DEVICE (cuda; cpu only to try the script itself),
+# FORWARD (images/s: skips the forward-only measurement and uses this number instead).
+# Writes to $OUT: summary.txt, forward_only.log, serving_*.{csv,json,log}, server.log,
+# bench_serving_gpu.json (everything together, with the ratio).
+# Exit status: 0 when every measurement ran (whether or not the target is met; summary.txt says),
+# 1 when something could not run.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+root=$(pwd)
+ckpt=${1:-${CKPT_DIR:-${CKPT:-/tmp/ckpt}}}
+model=${MODEL:-rtdetr_r50vd}
+bin=${BIN:-build-gpu/bin}
+OUT=${OUT:-$root/bench-serving-out}
+duration=${DURATION:-10}
+warmup=${WARMUP:-3}
+concurrency=${CONCURRENCY:-1,2,4,8,16,32,64}
+device=${DEVICE:-cuda}
+mkdir -p "$OUT"
+summary=$OUT/summary.txt
+: >"$summary"
+note() { echo "bench-serving-gpu: $*" | tee -a "$summary"; }
+die() { note "FAIL: $*"; exit 1; }
+
+if [ -f .device-kit/env.sh ]; then
+  # shellcheck disable=SC1091
+  source .device-kit/env.sh >/dev/null 2>&1 || note "warning: sourcing .device-kit/env.sh failed"
+else
+  note "warning: .device-kit/env.sh not found; using the current environment"
+fi
+export LIBREYOLO_HUB_KERNELS=0  # the GPU machine has no network
+python=$(command -v python3 || true)
+note "date $(date -u +%FT%TZ), gpu: $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null | head -1)"
+
+# --- binaries ----------------------------------------------------------------------------------
+need=(libreyolo-server libreyolo-bench libreyolo-bench-models)
+missing=()
+for b in "${need[@]}"; do [ -x "$bin/$b" ] || missing+=("$b"); done
+if [ ${#missing[@]} -gt 0 ]; then
+  [ -f "$(dirname "$bin")/build.ninja" ] || die "$bin lacks ${missing[*]} and $(dirname "$bin") is not a configured build folder (run scripts/test-gpu.sh first)"
+  note "building ${missing[*]} in $(dirname "$bin")"
+  timeout 1800 ninja -C "$(dirname "$bin")" "${missing[@]}" >"$OUT/build.log" 2>&1 ||
+    die "building ${missing[*]} failed (tail of $OUT/build.log: $(tail -3 "$OUT/build.log" | tr '\n' ' '))"
+fi
+
+# --- checkpoint ----------------------------------------------------------------------------------
+if [ ! -f "$ckpt/$model/model.safetensors" ]; then
+  [ -n "$python" ] || die "no $ckpt/$model and no python3 to write it"
+  note "writing random checkpoints to $ckpt (tools/bench_models/make_random_checkpoint.py)"
+  timeout 900 "$python" tools/bench_models/make_random_checkpoint.py "$ckpt" >"$OUT/checkpoint.log" 2>&1 ||
+    die "make_random_checkpoint.py failed: $(tail -3 "$OUT/checkpoint.log" | tr '\n' ' ')"
+fi
+[ -f "$ckpt/$model/config.json" ] || die "$ckpt/$model/config.json missing"
+
+# --- forward only, batch 8 (before the daemon starts: the GPU is the benchmark's alone) ---------
+if [ -n "${FORWARD:-}" ]; then
+  forward=$FORWARD
+  note "forward only batch 8: $forward images/s (given as FORWARD, not measured)"
+else
+  note "forward only: $bin/libreyolo-bench-models --model $ckpt/$model --device $device --batch 8"
+  timeout 600 "$bin/libreyolo-bench-models" --model "$ckpt/$model" --device "$device" --batch 8 \
+    --iters 30 --warmup 5 >"$OUT/forward_only.log" 2>&1 ||
+    die "libreyolo-bench-models failed: $(tail -3 "$OUT/forward_only.log" | tr '\n' ' ')"
+  forward=$(sed -n 's/.*batch=8 .*images_per_s=\([0-9.eE+-]*\).*/\1/p' "$OUT/forward_only.log" | tail -1)
+  [ -n "$forward" ] || die "no images_per_s for batch=8 in $OUT/forward_only.log"
+  note "forward only batch 8: $forward images/s ($(grep 'batch=8' "$OUT/forward_only.log" | tail -1))"
+fi
+
+# --- the daemon ----------------------------------------------------------------------------------
+work=$(mktemp -d /tmp/bench-serving-gpu.XXXXXX)
+daemon=
+cleanup() {
+  if [ -n "$daemon" ] && kill -0 "$daemon" 2>/dev/null; then
+    kill -TERM "$daemon" 2>/dev/null
+    for _ in $(seq 100); do kill -0 "$daemon" 2>/dev/null || break; sleep 0.2; done
+    kill -KILL "$daemon" 2>/dev/null
+    wait "$daemon" 2>/dev/null
+  fi
+  [ -f "$work/server.log" ] && cp "$work/server.log" "$OUT/server.log"
+  rm -rf "$work"
+}
+trap cleanup EXIT
+trap 'exit 1' INT TERM
+
+mkdir -p "$work/repo/$model/1"
+for f in config.json model.safetensors preprocessor_config.json; do
+  ln "$ckpt/$model/$f" "$work/repo/$model/1/$f" 2>/dev/null || cp "$ckpt/$model/$f" "$work/repo/$model/1/$f" ||
+    die "cannot copy $ckpt/$model/$f"
+done
+cat >"$work/repo/$model/serving.yaml" <<EOF
+device: $device
+dtype: float32
+max_batch_size: 8
+max_queue_delay_microseconds: 2000
+max_queue_size: 1024
+threshold: 0.5
+warmup: true
+EOF
+port() { "$python" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])' 2>/dev/null ||
+  echo $((20000 + RANDOM % 20000)); }
+gp=$(port)
+hp=$(port)
+while [ "$hp" = "$gp" ]; do hp=$(port); done
+cat >"$work/server.yaml" <<EOF
+server:
+  grpc_address: 127.0.0.1:$gp
+  http_address: 127.0.0.1:$hp
+  drain_seconds: 0
+  max_message_bytes: 268435456
+  log_level: warn
+model_repository: $work/repo
+device: $device
+kernels:
+  hub_kernels: off
+EOF
+"$bin/libreyolo-server" --config "$work/server.yaml" >"$work/server.log" 2>&1 &
+daemon=$!
+ready=0
+for _ in $(seq 600); do  # 300 s: loading + CUDA warm-up
+  kill -0 "$daemon" 2>/dev/null || break
+  if curl -sf -o /dev/null "http://127.0.0.1:$hp/v2/health/ready"; then ready=1; break; fi
+  sleep 0.5
+done
+[ "$ready" = 1 ] || die "the daemon was not ready within 300 s; tail of its log: $(tail -5 "$work/server.log" | tr '\n' ' ')"
+note "daemon ready: gRPC 127.0.0.1:$gp, HTTP 127.0.0.1:$hp, model $model (device $device, max_batch_size 8)"
+
+# --- serving -------------------------------------------------------------------------------------
+# name, concurrency levels, then libreyolo-bench arguments. pixel_values runs carry no image decoding (the same work as
+# the forward-only number plus the serving path); the images run adds JPEG decoding on the CPU.
+bench() {
+  local name=$1 levels=$2
+  shift 2
+  local steps
+  steps=$(echo "$levels" | tr ',' '\n' | wc -l)
+  local limit=$(( steps * (${duration%.*} + ${warmup%.*} + 30) + 60 ))
+  note "serving $name: libreyolo-bench --concurrency $levels $* (limit ${limit} s)"
+  if ! timeout "$limit" "$bin/libreyolo-bench" --server "127.0.0.1:$gp" --model "$model" \
+      --duration "$duration" --warmup "$warmup" --timeout 60 --concurrency "$levels" "$@" \
+      --csv "$OUT/serving_$name.csv" --json "$OUT/serving_$name.json" >"$OUT/serving_$name.log" 2>&1; then
+    note "FAIL: libreyolo-bench $name: $(tail -3 "$OUT/serving_$name.log" | tr '\n' ' ')"
+    return 1
+  fi
+  sed 's/^/    /' "$OUT/serving_$name.log" | grep -v "^    libreyolo-bench:" | tee -a "$summary" >/dev/null
+  return 0
+}
+status=0
+bench pixel_values_b1 "$concurrency" --shape 1,3,640,640 --channels 4 || status=1
+bench pixel_values_b8 1,2,4,8 --shape 8,3,640,640 --channels 4 || status=1
+bench images_b1 "$concurrency" --image tests/fixtures/images/astronaut.jpg --channels 4 || status=1
+kill -0 "$daemon" 2>/dev/null || { note "FAIL: the daemon died; tail of its log: $(tail -5 "$work/server.log" | tr '\n' ' ')"; status=1; }
+curl -sf "http://127.0.0.1:$hp/metrics" -o "$OUT/metrics.txt" || true
+
+# --- ratio ---------------------------------------------------------------------------------------
+"$python" - "$OUT" "$forward" "$model" <<'PY' | tee -a "$summary"
+import glob, json, os, sys
+out, forward, model = sys.argv[1], float(sys.argv[2]), sys.argv[3]
+runs = {}
+for p in sorted(glob.glob(os.path.join(out, "serving_*.json"))):
+    with open(p) as f:
+        runs[os.path.basename(p)[8:-5]] = json.load(f)
+best = {}
+for name, r in runs.items():
+    ok = [s for s in r["steps"] if s["errors"] == 0]
+    if ok:
+        best[name] = max(ok, key=lambda s: s["inferences_per_s"])
+tensor = {k: v for k, v in best.items() if k.startswith("pixel_values")}
+result = {"model": model, "forward_only_batch8_images_per_s": forward, "serving": runs, "best": best}
+if tensor:
+    name, step = max(tensor.items(), key=lambda kv: kv[1]["inferences_per_s"])
+    ratio = step["inferences_per_s"] / forward
+    result.update(ratio=ratio, ratio_run=name, target=0.90, target_met=ratio >= 0.90)
+    print(f"bench-serving-gpu: best serving (pixel_values, no errors): {step['inferences_per_s']:.1f} images/s "
+          f"({name}, concurrency {step['concurrency']}, p99 {step['latency_ms']['p99']:.1f} ms)")
+    print(f"bench-serving-gpu: forward only batch 8: {forward:.1f} images/s")
+    print(f"bench-serving-gpu: RATIO serving/forward-only = {ratio:.3f} (target >= 0.90: "
+          f"{'MET' if ratio >= 0.90 else 'MISSED'})")
+else:
+    print("bench-serving-gpu: FAIL: no error-free pixel_values serving step; no ratio")
+if "images_b1" in best:
+    s = best["images_b1"]
+    print(f"bench-serving-gpu: JPEG images (decode on CPU): {s['inferences_per_s']:.1f} images/s "
+          f"at concurrency {s['concurrency']} ({s['inferences_per_s'] / forward:.3f} of forward only)")
+with open(os.path.join(out, "bench_serving_gpu.json"), "w") as f:
+    json.dump(result, f, indent=2)
+PY
+exit $status

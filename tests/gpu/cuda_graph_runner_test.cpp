@@ -1,0 +1,77 @@
+// CudaGraphRunner (serving.yaml `cuda_graphs`) against eager forward on the RT-DETR fixtures
+// (skips without a GPU): replay equals eager, padding to a captured size keeps each row's result,
+// mismatched inputs are refused.
+#include <ATen/Context.h>
+#include <gtest/gtest.h>
+
+#include <iostream>
+#include <stdexcept>
+#include <string>
+
+#include "models/model.h"
+#include "models/runtime/cuda_graph_runner.h"
+
+namespace {
+
+using libreyolo::models::CudaGraphRunner;
+
+TEST(CudaGraphRunner, DefaultBatchSizesArePowersOfTwoThenTheMaximum) {
+  EXPECT_EQ(CudaGraphRunner::default_batch_sizes(8), (std::vector<int64_t>{1, 2, 4, 8}));
+  EXPECT_EQ(CudaGraphRunner::default_batch_sizes(6), (std::vector<int64_t>{1, 2, 4, 6}));
+  EXPECT_EQ(CudaGraphRunner::default_batch_sizes(1), (std::vector<int64_t>{1}));
+}
+
+TEST(CudaGraphRunner, ReplayEqualsEagerWithPadding) {
+  if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device";
+  ASSERT_TRUE(CudaGraphRunner::supported());
+  at::globalContext().setAllowTF32CuDNN(false);
+  at::globalContext().setAllowTF32CuBLAS(false);
+  for (const std::string name : {"rtdetr_tiny", "rtdetr_v2_tiny"}) {
+    libreyolo::models::LoadOptions options;
+    options.device = at::Device(at::kCUDA, 0);
+    const auto model = libreyolo::models::load_model(
+        std::string(LIBREYOLO_TEST_FIXTURES) + "/models/" + name, options);
+    const int64_t size = 64;
+    CudaGraphRunner runner(*model, {4, 1, 2, 2}, size, size, at::kFloat, options.device);
+    EXPECT_EQ(runner.batch_sizes(), (std::vector<int64_t>{1, 2, 4}));
+    at::InferenceMode guard;
+    const auto pixels = at::rand({3, 3, size, size}, at::TensorOptions().device(options.device));
+    const auto eager = model->forward(pixels);
+    ASSERT_TRUE(runner.accepts(pixels));
+    const auto replay = runner.run(pixels);  // padded to the graph of batch 4
+    ASSERT_EQ(replay.logits.sizes(), eager.logits.sizes());
+    const double dl = (replay.logits - eager.logits).abs().max().item<double>();
+    const double db = (replay.pred_boxes - eager.pred_boxes).abs().max().item<double>();
+    std::cout << "[gpu] " << name << " graph(4) on batch 3 vs eager: max|logits diff| = " << dl
+              << ", max|pred_boxes diff| = " << db << std::endl;
+    EXPECT_LE(dl, 1e-4);
+    EXPECT_LE(db, 1e-5);
+    // A second replay with other pixels must not return the first call's outputs.
+    const auto one = pixels.narrow(0, 1, 1).contiguous();
+    const auto replay1 = runner.run(one);
+    const auto eager1 = model->forward(one);
+    EXPECT_LE((replay1.logits - eager1.logits).abs().max().item<double>(), 1e-4);
+    EXPECT_LE((replay.logits.narrow(0, 1, 1) - eager1.logits).abs().max().item<double>(), 1e-4);
+    // Shapes outside the captured set are refused, never replayed.
+    const auto wrong = at::rand({1, 3, size, 2 * size}, at::TensorOptions().device(options.device));
+    EXPECT_FALSE(runner.accepts(wrong));
+    EXPECT_THROW(runner.run(wrong), std::invalid_argument);
+    EXPECT_FALSE(runner.accepts(at::rand({5, 3, size, size}, options.device)));
+  }
+}
+
+TEST(CudaGraphRunner, CpuModelIsRefusedWithAReason) {
+  libreyolo::models::LoadOptions options;
+  const auto model = libreyolo::models::load_model(
+      std::string(LIBREYOLO_TEST_FIXTURES) + "/models/rtdetr_tiny", options);
+  try {
+    CudaGraphRunner runner(*model, {1}, 64, 64, at::kFloat, at::kCPU);
+    FAIL() << "a CPU model was captured";
+  } catch (const std::runtime_error& e) {
+    EXPECT_STREQ(e.what(), CudaGraphRunner::supported()
+                               ? "cuda_graphs: the model is not on a CUDA device"
+                               : "cuda_graphs: this build's LibTorch has no CUDA");
+  }
+}
+
+}  // namespace

@@ -1,0 +1,174 @@
+// SIGTERM against the real libreyolo-server binary (a child process) with 32 ModelInfer calls in
+// flight on the tiny RT-DETR: readiness turns NOT_SERVING at once, requests are still accepted
+// during drain_seconds, every in-flight request completes OK, calls after the drain window are
+// refused (UNAVAILABLE) and the process exits 0 within drain_seconds + grace.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <thread>
+
+#include "server/rpc/client.h"
+#include "server_test_support.h"
+
+namespace libreyolo::server {
+namespace {
+
+using namespace testing;
+using api::Code;
+using SteadyClock = std::chrono::steady_clock;
+
+std::string binary() { return std::string(LIBREYOLO_BINARY_DIR) + "/bin/libreyolo-server"; }
+
+double since(SteadyClock::time_point t) {
+  return std::chrono::duration<double>(SteadyClock::now() - t).count();
+}
+
+/// Starts the binary with `args`, stdout and stderr to `log_file`; returns the pid.
+pid_t spawn(const std::vector<std::string>& args, const std::string& log_file) {
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    FILE* f = std::freopen(log_file.c_str(), "w", stdout);
+    (void)f;
+    ::dup2(::fileno(stdout), 2);
+    std::vector<std::string> copy = args;
+    std::string b = binary();
+    std::vector<char*> argv{b.data()};
+    for (auto& a : copy) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    ::setenv("LIBREYOLO_HUB_KERNELS", "0", 1);
+    ::execv(b.c_str(), argv.data());
+    std::_Exit(127);
+  }
+  return pid;
+}
+
+/// Exit code (negative signal number when killed); -1000 (after SIGKILL) past `timeout_s`.
+int wait_exit(pid_t pid, double timeout_s) {
+  const auto end = SteadyClock::now() + std::chrono::duration<double>(timeout_s);
+  int status = 0;
+  while (SteadyClock::now() < end) {
+    if (::waitpid(pid, &status, WNOHANG) == pid)
+      return WIFEXITED(status) ? WEXITSTATUS(status) : -WTERMSIG(status);
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ::kill(pid, SIGKILL);
+  ::waitpid(pid, &status, 0);
+  return -1000;
+}
+
+TEST(ServerShutdown, SigtermWith32InFlightDrainsCompletesAllAndExitsZero) {
+  if (::access(binary().c_str(), X_OK) != 0) GTEST_SKIP() << binary() << " not built";
+  const double drain_seconds = 1.0;
+  const auto dir = temp_dir("shutdown");
+  const int port = free_port();
+  const std::string address = "127.0.0.1:" + std::to_string(port);
+  // One image per forward: the 32 requests queue and run one after another (over a second on
+  // CPU), so that many are still queued or running when the signal arrives and when the drain
+  // window closes.
+  // No warm-up: the first forward (1-2 s on CPU) is paid by the requests in flight instead.
+  add_rtdetr_tiny(dir / "repo", "max_batch_size: 1\nmax_queue_size: 64\nwarmup: false\n");
+  write_file(dir / "server.yaml",
+             "server:\n  grpc_address: " + address +
+                 "\n  http_address: \"off\"\n  drain_seconds: " + std::to_string(drain_seconds) +
+                 "\n  preprocess_threads: 2\nmodel_repository: " + (dir / "repo").string() +
+                 "\ndevice: cpu\n");
+  const std::string log_file = (dir / "server.log").string();
+  const pid_t pid = spawn({"--config", (dir / "server.yaml").string()}, log_file);
+  ASSERT_GT(pid, 0);
+
+  rpc::Client c(address);
+  const auto t_start = SteadyClock::now();
+  std::string state;
+  while (since(t_start) < 30) {
+    state = c.health("readiness", 1.0).text;
+    if (state == "SERVING") break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ASSERT_EQ(state, "SERVING") << read_file(log_file);
+  std::cout << "ready after " << since(t_start) << " s\n";
+
+  const std::string request =
+      "model_name: \"rtdetr_tiny\" inputs { name: \"images\" datatype: \"BYTES\" shape: 1 } "
+      "parameters { key: \"threshold\" value { double_param: 0.0 } } "
+      "parameters { key: \"top_k\" value { int64_param: 5 } }";
+  const std::vector<std::string> raw = {
+      rpc::pack_bytes({read_file(std::string(LIBREYOLO_TEST_FIXTURES) + "/images/coffee.jpg")})};
+
+  // 32 calls on the wire, each waited for by its own thread (completion time recorded).
+  const int n = 32;
+  std::vector<std::unique_ptr<rpc::PendingInfer>> calls;
+  for (int i = 0; i < n; ++i) calls.push_back(c.start_infer(request, raw, 30.0));
+  std::this_thread::sleep_for(std::chrono::milliseconds(150));  // received and queued
+  const auto t_signal = SteadyClock::now();
+  ASSERT_EQ(::kill(pid, SIGTERM), 0);
+  std::vector<rpc::InferResult> results(n);
+  std::vector<double> done_at(n);
+  std::vector<std::thread> waiters;
+  for (int i = 0; i < n; ++i) {
+    waiters.emplace_back([&, i] {
+      results[i] = calls[i]->wait();
+      done_at[i] = since(t_signal);
+    });
+  }
+
+  // Draining: NOT_SERVING at once, still alive and still accepting requests.
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  auto during = c.start_infer(request, raw, 30.0);
+  const double during_sent = since(t_signal);
+  EXPECT_EQ(c.health("readiness", 1.0).text, "NOT_SERVING");
+  EXPECT_EQ(c.health("", 1.0).text, "NOT_SERVING");
+  EXPECT_EQ(c.health("liveness", 1.0).text, "SERVING");
+  EXPECT_EQ(c.call("ServerReady", "", 1.0).text, "");  // ready: false
+
+  // After the drain window: new calls are refused.
+  std::this_thread::sleep_for(std::chrono::duration<double>(drain_seconds + 0.3 - since(t_signal)));
+  const double late_sent = since(t_signal);
+  const auto late = c.infer(request, raw, 2.0);
+  EXPECT_EQ(late.code, Code::unavailable) << api::code_name(late.code) << " " << late.message;
+
+  for (auto& t : waiters) t.join();
+  const auto d = during->wait();
+  const int code = wait_exit(pid, drain_seconds + 10.0);
+  const double exit_s = since(t_signal);
+
+  int ok = 0, after_signal = 0, after_drain = 0;
+  for (int i = 0; i < n; ++i) {
+    const auto& r = results[i];
+    EXPECT_TRUE(r.ok()) << "request " << i << ": " << api::code_name(r.code) << " " << r.message;
+    if (!r.ok()) continue;
+    ++ok;
+    after_signal += done_at[i] > 0;
+    after_drain += done_at[i] > drain_seconds;
+    // The same photograph every time: the same detections.
+    ASSERT_EQ(r.outputs.size(), results[0].outputs.size());
+    for (std::size_t k = 0; k < r.outputs.size(); ++k) {
+      EXPECT_EQ(r.outputs[k].data, results[0].outputs[k].data) << r.outputs[k].name;
+    }
+    EXPECT_EQ(values<int32_t>(r.output("num_detections").data), std::vector<int32_t>{5});
+  }
+  const double last = *std::max_element(done_at.begin(), done_at.end());
+  std::cout << "SIGTERM with " << n << " in flight: OK " << ok << ", completed after the signal "
+            << after_signal << ", after the drain window (" << drain_seconds << " s) "
+            << after_drain << ", last at " << last << " s; request sent during the drain at "
+            << during_sent << " s: " << api::code_name(d.code) << "; request at " << late_sent
+            << " s: " << api::code_name(late.code) << " (" << late.message << "); exit " << code
+            << " at " << exit_s << " s\n";
+  EXPECT_EQ(ok, n);
+  EXPECT_GE(after_signal, 1) << "no request was in flight when SIGTERM arrived";
+  EXPECT_TRUE(d.ok()) << "a request during the drain window: " << api::code_name(d.code) << " "
+                      << d.message;
+  EXPECT_EQ(code, 0) << read_file(log_file);
+  EXPECT_LT(exit_s, drain_seconds + 10.0);
+  const auto log = read_file(log_file);
+  EXPECT_NE(log.find("signal 15: draining for 1"), std::string::npos) << log;
+  EXPECT_NE(log.find("exit 0"), std::string::npos) << log;
+  remove_tree(dir);
+}
+
+}  // namespace
+}  // namespace libreyolo::server
