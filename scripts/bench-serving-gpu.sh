@@ -11,7 +11,9 @@
 # $CKPT_DIR or $CKPT, else /tmp/ckpt; written there when missing). Environment: BIN (default build-gpu/bin),
 # OUT (default ./bench-serving-out), DURATION / WARMUP seconds per step (10 / 3), CONCURRENCY
 # (1,2,4,8,16,32,64), MODEL (rtdetr_r50vd), DEVICE (cuda; cpu only to try the script itself),
-# FORWARD (images/s: skips the forward-only measurement and uses this number instead).
+# FORWARD (images/s: skips the forward-only measurement and uses this number instead), DTYPE
+# (float32; or bfloat16/float16), CUDA_GRAPHS (off; on: serving.yaml cuda_graphs and
+# libreyolo-bench-models --cuda-graph). Both sides run with TF32 off (the daemon's `tf32: off`).
 # Writes to $OUT: summary.txt, forward_only.log, serving_*.{csv,json,log}, server.log,
 # bench_serving_gpu.json (everything together, with the ratio).
 # Exit status: 0 when every measurement ran (whether or not the target is met; summary.txt says),
@@ -27,6 +29,10 @@ duration=${DURATION:-10}
 warmup=${WARMUP:-3}
 concurrency=${CONCURRENCY:-1,2,4,8,16,32,64}
 device=${DEVICE:-cuda}
+dtype=${DTYPE:-float32}
+graphs=${CUDA_GRAPHS:-off}
+graph_flag=
+[ "$graphs" = on ] && graph_flag=--cuda-graph
 mkdir -p "$OUT"
 summary=$OUT/summary.txt
 : >"$summary"
@@ -70,7 +76,7 @@ if [ -n "${FORWARD:-}" ]; then
 else
   note "forward only: $bin/libreyolo-bench-models --model $ckpt/$model --device $device --batch 8"
   timeout 600 "$bin/libreyolo-bench-models" --model "$ckpt/$model" --device "$device" --batch 8 \
-    --iters 30 --warmup 5 >"$OUT/forward_only.log" 2>&1 ||
+    --dtype "$dtype" $graph_flag --iters 30 --warmup 5 >"$OUT/forward_only.log" 2>&1 ||
     die "libreyolo-bench-models failed: $(tail -3 "$OUT/forward_only.log" | tr '\n' ' ')"
   forward=$(sed -n 's/.*batch=8 .*images_per_s=\([0-9.eE+-]*\).*/\1/p' "$OUT/forward_only.log" | tail -1)
   [ -n "$forward" ] || die "no images_per_s for batch=8 in $OUT/forward_only.log"
@@ -100,7 +106,8 @@ for f in config.json model.safetensors preprocessor_config.json; do
 done
 cat >"$work/repo/$model/serving.yaml" <<EOF
 device: $device
-dtype: float32
+dtype: $dtype
+cuda_graphs: $graphs
 max_batch_size: 8
 max_queue_delay_microseconds: 2000
 max_queue_size: 1024
@@ -121,6 +128,7 @@ server:
   log_level: warn
 model_repository: $work/repo
 device: $device
+tf32: off
 kernels:
   hub_kernels: off
 EOF
@@ -133,7 +141,7 @@ for _ in $(seq 600); do  # 300 s: loading + CUDA warm-up
   sleep 0.5
 done
 [ "$ready" = 1 ] || die "the daemon was not ready within 300 s; tail of its log: $(tail -5 "$work/server.log" | tr '\n' ' ')"
-note "daemon ready: gRPC 127.0.0.1:$gp, HTTP 127.0.0.1:$hp, model $model (device $device, max_batch_size 8)"
+note "daemon ready: gRPC 127.0.0.1:$gp, HTTP 127.0.0.1:$hp, model $model (device $device, $dtype, cuda_graphs $graphs, max_batch_size 8)"
 
 # --- serving -------------------------------------------------------------------------------------
 # name, concurrency levels, then libreyolo-bench arguments. pixel_values runs carry no image decoding (the same work as

@@ -27,6 +27,8 @@ nlohmann::json read_json_file(const std::string& path) {
     std::string what = e.what();
     for (auto& c : what)
       if (c == '\n') c = ' ';
+    // The message quotes the offending token, which may be megabytes long (a huge number).
+    if (what.size() > 200) what = what.substr(0, 197) + "...";
     throw ConfigError(path + ": invalid JSON: " + what);
   }
 }

@@ -19,12 +19,52 @@
 
 namespace libreyolo::models::layers {
 
+/// The formulations of one attention call. All compute softmax(q k^T * scale + bias) v; they
+/// differ in kernels and memory traffic (docs/bench/attention.md measures them).
+enum class AttentionPath {
+  kManual,           ///< matmul, * scale, + bias, softmax, matmul (transformers eager)
+  kSdpa,             ///< at::scaled_dot_product_attention, bias expanded to (B, H, Lq, Lk)
+  kSdpaPaddedMask,   ///< SDPA, the bias copied once into storage whose rows are padded to a
+                     ///< multiple of 8 elements (SDPA's memory-efficient kernel would pad it
+                     ///< again otherwise: sdp_utils preprocess_mask)
+  kSdpaWindowBatch,  ///< window bias only: q/k/v laid out (B, nW*H, L, d) so that the bias is
+                     ///< one (1, nW*H, L, L) tensor broadcast over the images (no per-image copy)
+  kMemEfficient,     ///< CUDA only: SDPA's memory-efficient (cutlass) kernel called directly
+                     ///< (at::_scaled_dot_product_efficient_attention) on the 16-aligned mask;
+                     ///< SDPA itself would pick cuDNN for a biased fp16/bf16 call (slower)
+};
+
+/// What the bias of a call is: none, a dense tensor broadcastable to (B, H, Lq, Lk), or a
+/// per-window bias (nW, H or 1, L, L) shared by every image (Swin: relative position bias plus
+/// the shifted-window mask; batch index i uses window i % nW).
+enum class BiasKind { kNone, kDense, kWindow };
+
+/// "manual", "sdpa", "sdpa_padded_mask", "sdpa_window_batch", "mem_efficient".
+const char* attention_path_name(AttentionPath path);
+
+/// The formulation `fused_attn = true` runs for a shape class: the fastest one measured within
+/// tolerance (1e-4 in float32) of the manual math on the device kind. The table and the numbers
+/// behind it: docs/bench/attention.md (tools/bench_attention). Deterministic, no device query.
+AttentionPath attention_path(c10::DeviceType device, at::ScalarType dtype, BiasKind bias,
+                             int64_t tokens, int64_t head_dim);
+
 /// q (B, H, Lq, d), k (B, H, Lk, d), v (B, H, Lk, dv); bias additive, broadcastable to
 /// (B, H, Lq, Lk), or undefined. Returns (B, H, Lq, dv) in q's dtype.
 /// softmax_in_float32: softmax computed in float32 then cast back (ViT/Swin eager path).
+/// bias_windows > 0: bias is a window bias (nW = bias_windows, shape (nW, H or 1, Lq, Lk)) and
+/// B is a multiple of nW (image-major windows); the manual math then adds it without
+/// materialising the (B, H, Lq, Lk) copy (byte-identical to adding the expanded bias).
+/// fused: run attention_path(...) for this call; otherwise kManual. Throws c10::Error on shapes
+/// that do not match.
 at::Tensor dot_product_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                  const at::Tensor& bias, double scale, bool fused,
-                                 bool softmax_in_float32 = false);
+                                 bool softmax_in_float32 = false, int64_t bias_windows = 0);
+
+/// Same, with the formulation chosen by the caller (benchmarks, tests). kSdpaWindowBatch needs
+/// bias_windows > 0, kMemEfficient CUDA tensors and a float bias (c10::Error otherwise).
+at::Tensor dot_product_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                 const at::Tensor& bias, double scale, AttentionPath path,
+                                 bool softmax_in_float32 = false, int64_t bias_windows = 0);
 
 /// Construction options. Child names are the on-disk ones: RT-DETR/Deformable DETR
 /// q_proj/k_proj/v_proj/out_proj (the default); ViT "attention.attention" and Swin
@@ -47,11 +87,14 @@ class AttentionImpl : public torch::nn::Module {
   /// q = k = x + pos, v = x); bias additive, broadcastable to (B, H, Lq, Lk), or undefined.
   /// Returns (B, Lq, D): heads concatenated (index h * head_dim + c), then the output
   /// projection when there is one.
+  /// bias_windows > 0: bias is a window bias (bias_windows, H or 1, Lq, Lk) shared by the
+  /// images (see dot_product_attention).
   at::Tensor forward(const at::Tensor& query_in, const at::Tensor& key_in,
-                     const at::Tensor& value_in, const at::Tensor& bias = at::Tensor()) const;
+                     const at::Tensor& value_in, const at::Tensor& bias = at::Tensor(),
+                     int64_t bias_windows = 0) const;
 
-  /// Selects at::scaled_dot_product_attention instead of the manual math. Not thread-safe to
-  /// flip while forward() runs (set it at load time).
+  /// Selects the fused formulation attention_path() picks for the call's shape class instead of
+  /// the manual math. Not thread-safe to flip while forward() runs (set it at load time).
   bool fused_attn = false;
 
   Linear q_proj, k_proj, v_proj, o_proj;  ///< o_proj null when o_name is ""

@@ -8,6 +8,7 @@
 
 #if LIBREYOLO_TORCH_CUDA
 #include <ATen/cuda/CUDAGraph.h>
+#include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime_api.h>
@@ -40,6 +41,8 @@ CudaGraphRunner::CudaGraphRunner(const Model& model, std::vector<int64_t> batch_
   batch_sizes.erase(std::unique(batch_sizes.begin(), batch_sizes.end()), batch_sizes.end());
   if (batch_sizes.empty() || batch_sizes.front() < 1)
     throw std::runtime_error("cuda_graphs: batch sizes must be >= 1");
+  // "cuda" means the current device; tensors always carry an index, and accepts() compares.
+  if (!device.has_index()) device = at::Device(at::kCUDA, c10::cuda::current_device());
   impl_->height = height;
   impl_->width = width;
   impl_->dtype = dtype;

@@ -4,6 +4,7 @@
 #include <stdexcept>
 
 #if LIBREYOLO_TORCH_CUDA
+#include <c10/cuda/CUDAEvent.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #endif
@@ -28,5 +29,34 @@ StreamGuard::StreamGuard(const at::Device& device) : impl_(std::make_unique<Impl
 #endif
 
 StreamGuard::~StreamGuard() = default;
+
+#if LIBREYOLO_TORCH_CUDA
+struct StreamEvent::Impl {
+  bool cuda = false;
+  c10::cuda::CUDAEvent event;  // no timing: the cheapest kind
+};
+
+StreamEvent::StreamEvent(const at::Device& device) : impl_(std::make_unique<Impl>()) {
+  impl_->cuda = device.is_cuda();
+}
+void StreamEvent::record() {
+  if (impl_->cuda) impl_->event.record();
+}
+void StreamEvent::synchronize() {
+  if (impl_->cuda) impl_->event.synchronize();
+}
+#else
+struct StreamEvent::Impl {};
+
+StreamEvent::StreamEvent(const at::Device& device) : impl_(std::make_unique<Impl>()) {
+  if (device.is_cuda()) throw std::runtime_error("StreamEvent: this build's LibTorch has no CUDA");
+}
+void StreamEvent::record() {}
+void StreamEvent::synchronize() {}
+#endif
+
+StreamEvent::~StreamEvent() = default;
+StreamEvent::StreamEvent(StreamEvent&&) noexcept = default;
+StreamEvent& StreamEvent::operator=(StreamEvent&&) noexcept = default;
 
 }  // namespace libreyolo::models

@@ -23,4 +23,24 @@ class StreamGuard {
   std::unique_ptr<Impl> impl_;
 };
 
+/// A point on the current CUDA stream of `device`: synchronize() blocks the host until the work
+/// enqueued on that stream before record() has finished, and not the work enqueued after it
+/// (what lets a batcher post-process one batch while the GPU runs the next). CPU: no-ops.
+class StreamEvent {
+ public:
+  explicit StreamEvent(const at::Device& device);
+  ~StreamEvent();
+  StreamEvent(StreamEvent&&) noexcept;
+  StreamEvent& operator=(StreamEvent&&) noexcept;
+
+  /// Records the event on the calling thread's current stream.
+  void record();
+  /// Waits for it. Throws c10::Error on a CUDA error of that work.
+  void synchronize();
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
 }  // namespace libreyolo::models

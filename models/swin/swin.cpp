@@ -140,13 +140,14 @@ class BlockImpl : public torch::nn::Module {
     if (s > 0) h = at::roll(h, {-s, -s}, {1, 2});
     auto windows = window_partition(h, ws).view({-1, ws * ws, C});
     auto bias = position_bias(ws);
+    int64_t bias_windows = 0;  // shifted: one (nW, heads, n, n) bias shared by the images
     if (s > 0) {
       const auto mask = shifted_window_mask(hp, wp, ws, s, windows.scalar_type(), windows.device());
-      const int64_t n = ws * ws;
-      bias =
-          bias + mask.unsqueeze(1).unsqueeze(0).expand({B, -1, -1, -1, -1}).reshape({-1, 1, n, n});
+      bias = bias + mask.unsqueeze(1);
+      bias_windows = mask.size(0);
     }
-    auto a = attention_out->forward(attention->forward(windows, windows, windows, bias));
+    auto a =
+        attention_out->forward(attention->forward(windows, windows, windows, bias, bias_windows));
     a = window_reverse(a.view({-1, ws, ws, C}), ws, hp, wp);
     if (s > 0) a = at::roll(a, {s, s}, {1, 2});
     if (pad_r > 0 || pad_b > 0) a = a.slice(1, 0, height).slice(2, 0, width).contiguous();

@@ -126,12 +126,17 @@ void Batcher::loop() {
   }
   const int64_t max_batch = model_->serving.max_batch_size;
   const auto delay = std::chrono::microseconds(model_->serving.max_queue_delay_microseconds);
+  at::InferenceMode inference;
+  // One batch in flight on the device while the next is assembled and the previous one is
+  // post-processed: the GPU does not wait for the host between batches.
+  std::unique_ptr<InFlight> previous;
   for (;;) {
+    if (previous && pending() == 0) finish(std::move(previous));  // nothing to overlap with
     std::vector<std::shared_ptr<BatchJob>> batch;
     {
       std::unique_lock<std::mutex> lk(mu_);
       cv_.wait(lk, [&] { return stopping_ || !queue_.empty(); });
-      if (queue_.empty()) return;  // stopping and drained
+      if (queue_.empty()) break;  // stopping and drained
       const auto first = queue_.front();
       const auto window_end = first->enqueued + delay;
       // Let the batch grow until it is full or the oldest request has waited `delay`.
@@ -177,28 +182,32 @@ void Batcher::loop() {
         live.push_back(std::move(j));
       }
     }
-    if (!live.empty()) run(live);
+    if (live.empty()) continue;
+    auto current = launch(live);
+    if (previous) finish(std::move(previous));
+    previous = std::move(current);
   }
+  if (previous) finish(std::move(previous));
 }
 
-void Batcher::run(std::vector<std::shared_ptr<BatchJob>>& batch) {
-  const auto start = Clock::now();
+std::unique_ptr<Batcher::InFlight> Batcher::launch(std::vector<std::shared_ptr<BatchJob>>& batch) {
+  auto f = std::make_unique<InFlight>(model_->device);
+  f->start = Clock::now();
   try {
-    at::InferenceMode guard;
     std::vector<at::Tensor> pixels, masks;
-    int64_t images = 0;
     for (const auto& j : batch) {
       pixels.push_back(j->pixel_values);
       if (j->pixel_mask.defined()) masks.push_back(j->pixel_mask);
-      images += j->size();
+      f->images += j->size();
     }
     if (!masks.empty()) pad_to_largest(pixels, masks);
     at::Tensor pv;
-    if (model_->device.is_cuda()) {
+    const bool cuda = model_->device.is_cuda();
+    if (cuda) {
       // Staged in pinned memory (PyTorch's caching host allocator reuses the block), so the
-      // host-to-device copy runs at full PCIe rate instead of through a pageable bounce buffer.
+      // host-to-device copy runs at full PCIe rate and does not block the host.
       auto first = pixels[0];
-      auto staged = at::empty({images, first.size(1), first.size(2), first.size(3)},
+      auto staged = at::empty({f->images, first.size(1), first.size(2), first.size(3)},
                               first.options().pinned_memory(true));
       at::cat_out(staged, pixels, 0);
       pv = staged.to(model_->device, /*non_blocking=*/true).to(model_->dtype);
@@ -208,15 +217,36 @@ void Batcher::run(std::vector<std::shared_ptr<BatchJob>>& batch) {
     at::Tensor mask;
     if (!masks.empty())
       mask = (masks.size() == 1 ? masks[0] : at::cat(masks, 0)).to(model_->device);
-    const auto t_input = Clock::now();
+    f->t_input = Clock::now();
     auto out = (model_->graphs && !mask.defined() && model_->graphs->accepts(pv))
                    ? model_->graphs->run(pv)
                    : model_->model->forward(pv, mask);
-    const bool classifier = model_->is_classifier();
-    auto logits = out.logits.to(at::kCPU, at::kFloat);
-    auto boxes = classifier ? at::Tensor() : out.pred_boxes.to(at::kCPU, at::kFloat);
+    // Outputs are float32 by the Model contract; on CUDA they land in pinned host memory
+    // behind the forward, and `done` marks when they are there.
+    f->logits = out.logits.to(at::kCPU, at::kFloat, /*non_blocking=*/cuda);
+    if (!model_->is_classifier())
+      f->boxes = out.pred_boxes.to(at::kCPU, at::kFloat, /*non_blocking=*/cuda);
+    f->done.record();
+  } catch (const std::invalid_argument& e) {
+    fail_all(batch, api::Code::invalid_argument, "model '" + model_->name + "': " + e.what());
+    return nullptr;
+  } catch (const std::exception& e) {
+    log::error("model '" + model_->name + "': batch failed: " + e.what());
+    fail_all(batch, api::Code::internal, "model '" + model_->name + "': " + e.what());
+    return nullptr;
+  }
+  f->batch = std::move(batch);
+  return f;
+}
+
+void Batcher::finish(std::unique_ptr<InFlight> f) {
+  if (!f) return;
+  auto& batch = f->batch;
+  try {
+    f->done.synchronize();
     const auto t_infer = Clock::now();
-    const double input_s = seconds(t_input - start), infer_s = seconds(t_infer - t_input);
+    const double input_s = seconds(f->t_input - f->start), infer_s = seconds(t_infer - f->t_input);
+    const bool classifier = model_->is_classifier();
     int64_t offset = 0;
     double output_total = 0;
     std::vector<BatchResult> results(batch.size());
@@ -225,13 +255,13 @@ void Batcher::run(std::vector<std::shared_ptr<BatchJob>>& batch) {
       const auto t0 = Clock::now();
       BatchResult& r = results[i];
       const int64_t n = j->size();
-      auto l = logits.narrow(0, offset, n);
+      auto l = f->logits.narrow(0, offset, n);
       offset += n;
       if (classifier) {
         r.logits = l.contiguous();
         r.classifications = image::classify(r.logits, j->post.top_k);
       } else {
-        auto b = boxes.narrow(0, offset - n, n);
+        auto b = f->boxes.narrow(0, offset - n, n);
         r.detections =
             image::post_process_object_detection(l, b, j->target_sizes, model_->head, j->post);
         if (j->want_raw) {
@@ -239,16 +269,16 @@ void Batcher::run(std::vector<std::shared_ptr<BatchJob>>& batch) {
           r.pred_boxes = b.contiguous();
         }
       }
-      r.queue_seconds = seconds(start - j->enqueued);
+      r.queue_seconds = seconds(f->start - j->enqueued);
       r.input_seconds = input_s;
       r.infer_seconds = infer_s;
-      r.batch_size = images;
+      r.batch_size = f->images;
       r.output_seconds = seconds(Clock::now() - t0);
       output_total += r.output_seconds;
     }
     // Statistics first, answers second: a client that reads the statistics right after its
     // answer sees its batch counted.
-    if (hooks_.executed) hooks_.executed(images, input_s, infer_s, output_total);
+    if (hooks_.executed) hooks_.executed(f->images, input_s, infer_s, output_total);
     for (std::size_t i = 0; i < batch.size(); ++i)
       batch[i]->promise.set_value(std::move(results[i]));
   } catch (const std::invalid_argument& e) {

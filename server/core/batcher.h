@@ -3,6 +3,8 @@
 // requests of the same pixel size (any size for padded families: padded to the largest, with
 // pixel_mask) until max_batch_size images, drops requests whose deadline
 // passed while queued (DEADLINE_EXCEEDED, never run), runs one forward and post-processes.
+// On CUDA one batch stays in flight on the model's stream while the worker assembles the next
+// and post-processes the previous one, so the GPU does not wait for the host between batches.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -21,6 +23,7 @@
 #include <vector>
 
 #include "models/image/postprocess.h"
+#include "models/runtime/stream_guard.h"
 #include "server/api/types.h"
 #include "server/core/loaded_model.h"
 
@@ -83,8 +86,22 @@ class Batcher {
   int64_t pending() const;
 
  private:
+  /// A batch whose forward is enqueued on the model's stream, outputs copying to host behind it.
+  struct InFlight {
+    explicit InFlight(const at::Device& device) : done(device) {}
+    std::vector<std::shared_ptr<BatchJob>> batch;
+    at::Tensor logits, boxes;  ///< host float32; valid after done.synchronize()
+    models::StreamEvent done;
+    int64_t images = 0;
+    Clock::time_point start, t_input;
+  };
+
   void loop();
-  void run(std::vector<std::shared_ptr<BatchJob>>& batch);
+  /// Assembles the batch and enqueues its forward; answers it with the error when that fails
+  /// (returns null then).
+  std::unique_ptr<InFlight> launch(std::vector<std::shared_ptr<BatchJob>>& batch);
+  /// Waits for the outputs, post-processes and answers every request of the batch.
+  void finish(std::unique_ptr<InFlight> f);
 
   std::shared_ptr<LoadedModel> model_;
   Hooks hooks_;

@@ -46,13 +46,16 @@ void parse_server(const YAML::Node& n, const std::string& file, ServerConfig& c)
       set(c.http_address, as<std::string>(file, v, full, "a host:port string"), file, v);
     } else if (key == "drain_seconds") {
       const double d = as<double>(file, v, full, "a number of seconds");
-      if (d < 0) fail(file, v, full + " must be >= 0");
+      // Also refuses .nan/.inf and values whose conversion to a timeout would overflow.
+      if (!(d >= 0 && d <= 86400)) fail(file, v, full + " must be between 0 and 86400");
       set(c.drain_seconds, d, file, v);
     } else if (key == "max_message_bytes" || key == "max_images_per_request" ||
                key == "max_pixels_per_image" || key == "preprocess_threads") {
       const auto i = as<std::int64_t>(file, v, full, "an integer");
       const bool zero_ok = key == "preprocess_threads";
       if (i < 0 || (i == 0 && !zero_ok)) fail(file, v, full + " must be > 0");
+      // Each is a std::thread started at once: a billion would abort the process.
+      if (key == "preprocess_threads" && i > 1024) fail(file, v, full + " must be at most 1024");
       auto& target = key == "max_message_bytes"        ? c.max_message_bytes
                      : key == "max_images_per_request" ? c.max_images_per_request
                      : key == "max_pixels_per_image"   ? c.max_pixels_per_image

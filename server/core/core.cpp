@@ -4,6 +4,7 @@
 #include <c10/util/StringUtil.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <filesystem>
 #include <future>
@@ -236,20 +237,33 @@ int ServerCore::load_repository() {
     std::lock_guard<std::mutex> lk(mu_);
     for (auto& e : entries) models_[e->name] = e;
   }
-  std::vector<std::thread> loaders;
+  // At most kLoadThreads models load at once (Triton's --model-load-thread-count default):
+  // one thread per model made a repository of thousands of folders start thousands of threads
+  // (std::system_error, an abort, under a container's pids limit) and peak memory of every
+  // model at once.
+  constexpr std::size_t kLoadThreads = 4;
+  std::vector<std::shared_ptr<ModelEntry>> to_load;
   for (auto& e : entries) {
     if (e->state != "LOADING") {
       log::error("model '" + e->name + "': " + e->reason);
       continue;
     }
-    loaders.emplace_back([this, e] {
-      try {
-        bring_up(e, config_, metrics_, factory_);
-      } catch (const std::exception& ex) {
-        std::lock_guard<std::mutex> ek(e->mu);
-        e->state = "UNAVAILABLE";
-        e->reason = ex.what();
-        log::error("model '" + e->name + "' failed to load: " + ex.what());
+    to_load.push_back(e);
+  }
+  std::atomic<std::size_t> next{0};
+  std::vector<std::thread> loaders;
+  for (std::size_t t = 0; t < std::min(kLoadThreads, to_load.size()); ++t) {
+    loaders.emplace_back([this, &to_load, &next] {
+      for (std::size_t i = next++; i < to_load.size(); i = next++) {
+        const auto& e = to_load[i];
+        try {
+          bring_up(e, config_, metrics_, factory_);
+        } catch (const std::exception& ex) {
+          std::lock_guard<std::mutex> ek(e->mu);
+          e->state = "UNAVAILABLE";
+          e->reason = ex.what();
+          log::error("model '" + e->name + "' failed to load: " + ex.what());
+        }
       }
     });
   }
@@ -496,8 +510,11 @@ api::InferResponse ServerCore::infer(api::InferRequest&& request) {
       std::lock_guard<std::mutex> ek(e->mu);
       add(e->stats.fail, s);
     }
+    // c10::Error's what() carries the C++ backtrace: log it, answer without it.
+    const auto* c10_error = dynamic_cast<const c10::Error*>(&ex);
     log::error("model '" + e->name + "': " + ex.what());
-    throw Error(Code::internal, "model '" + e->name + "': " + ex.what());
+    throw Error(Code::internal, "model '" + e->name + "': " +
+                                    (c10_error ? c10_error->what_without_backtrace() : ex.what()));
   }
 }
 
@@ -549,7 +566,18 @@ api::InferResponse ServerCore::infer_on(ModelEntry& entry, api::InferRequest& re
           throw Error(Code::invalid_argument,
                       c10::str("input 'images': image ", i, ": ", ex.what()));
         }
-        return m->processor->preprocess({img});
+        try {
+          return m->processor->preprocess({img});
+        } catch (const c10::OutOfMemoryError&) {
+          throw;
+        } catch (const c10::Error& ex) {
+          // ATen's checks on the image's own size, e.g. a 40000x1 image that Deformable DETR's
+          // shortest/longest-edge resize maps to 0 rows (transformers fails on it too): the
+          // client's input, not a server failure.
+          throw Error(Code::invalid_argument,
+                      c10::str("input 'images': image ", i, " (", img.size(2), "x", img.size(1),
+                               " pixels) cannot be preprocessed: ", ex.what_without_backtrace()));
+        }
       }));
     }
     std::vector<image::ProcessorOutput> parts;

@@ -18,14 +18,9 @@
 
 #include "models/image/postprocess.h"
 #include "server/api/types.h"
+#include "server/core/image_inputs.h"
 
 namespace libreyolo::server {
-
-struct RequestLimits {
-  int64_t max_images = 64;        ///< N per request
-  int64_t max_pixels = 40000000;  ///< width * height per image
-  int64_t max_batch_size = 8;     ///< the model's max_batch_size
-};
 
 /// A validated detector request (views into the api::InferRequest: keep it alive).
 struct DetectorRequest {

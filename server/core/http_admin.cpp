@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstring>
 #include <stdexcept>
 #include <thread>
@@ -34,6 +35,7 @@ void send_all(int fd, const std::string& data) {
 
 void reply(int fd, int status, const char* type, const std::string& body, bool head = false) {
   const char* reason = status == 200   ? "OK"
+                       : status == 400 ? "Bad Request"
                        : status == 404 ? "Not Found"
                        : status == 405 ? "Method Not Allowed"
                        : status == 503 ? "Service Unavailable"
@@ -57,6 +59,10 @@ std::pair<std::string, std::string> split_address(const std::string& address) {
 
 }  // namespace
 
+/// Seconds a client has to send its whole request head (kubelet, Prometheus and curl send it
+/// in one write); also bounds how long the destructor waits for connection threads.
+constexpr int kHeadSeconds = 2;
+
 struct HttpAdmin::Impl {
   HttpHandlers handlers;
   int listen_fd = -1;
@@ -66,12 +72,19 @@ struct HttpAdmin::Impl {
   std::thread acceptor;
 
   void serve(int fd) {
-    // Read the request head (up to 8 KiB, 5 s).
+    // Read the request head (up to 8 KiB) within kHeadSeconds in total, not per read: a client
+    // dripping one byte at a time (slowloris) would otherwise hold one of the 64 connection
+    // slots for hours, and 64 of them would answer every health probe and scrape "busy".
     std::string head;
     char buf[2048];
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(kHeadSeconds);
     while (head.find("\r\n\r\n") == std::string::npos && head.size() < 8192) {
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+                            deadline - std::chrono::steady_clock::now())
+                            .count();
+      if (left <= 0) break;
       pollfd p{fd, POLLIN, 0};
-      if (::poll(&p, 1, 5000) <= 0) break;
+      if (::poll(&p, 1, static_cast<int>(left)) <= 0) break;
       const ssize_t n = ::recv(fd, buf, sizeof(buf), 0);
       if (n <= 0) break;
       head.append(buf, static_cast<std::size_t>(n));
@@ -177,7 +190,8 @@ HttpAdmin::~HttpAdmin() {
   impl_->stopping = true;
   if (impl_->acceptor.joinable()) impl_->acceptor.join();
   ::close(impl_->listen_fd);
-  // Connection threads hold `impl_`: wait for them (each ends within its 5 s read timeout).
+  // Connection threads hold `impl_`: wait for them (each ends within its kHeadSeconds read
+  // deadline plus the time to answer).
   for (int i = 0; i < 600 && impl_->active.load() > 0; ++i)
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
 }

@@ -19,6 +19,8 @@ at::Device resolve_device(const std::string& wanted) {
   if (d.is_cuda() && !at::hasCUDA()) {
     throw std::runtime_error("device " + wanted + " requested but no CUDA device is available");
   }
+  // "cuda" means the first device; say so in /active and the logs.
+  if (d.is_cuda() && !d.has_index()) d = at::Device(at::kCUDA, 0);
   return d;
 }
 
@@ -28,13 +30,44 @@ at::ScalarType resolve_dtype(const std::string& name) {
   return at::kFloat;
 }
 
+/// Parses a checkpoint's config.json; it must be an object. nlohmann's message quotes the
+/// offending token, which may be megabytes long: it is clipped, since the message becomes the
+/// model's reason (RepositoryIndex, /active) and a log line.
 nlohmann::json read_json(const std::string& path) {
   std::ifstream in(path);
   if (!in) throw std::runtime_error(path + ": cannot read");
+  // Hugging Face configs are kilobytes (a 22k-class id2label is about 1 MB); a 1 GB file (one
+  // huge number) would be buffered whole by the parser, on each of the parallel loaders.
+  constexpr std::streamoff kMaxBytes = 64 << 20;
+  in.seekg(0, std::ios::end);
+  const std::streamoff size = in.tellg();
+  in.seekg(0, std::ios::beg);
+  if (size > kMaxBytes) {
+    throw std::runtime_error(path + ": " + std::to_string(size) +
+                             " bytes, more than the 67108864 a config.json may have");
+  }
+  nlohmann::json j;
   try {
-    return nlohmann::json::parse(in);
+    j = nlohmann::json::parse(in);
   } catch (const std::exception& e) {
-    throw std::runtime_error(path + ": invalid JSON: " + e.what());
+    std::string what = e.what();
+    if (what.size() > 200) what = what.substr(0, 197) + "...";
+    throw std::runtime_error(path + ": invalid JSON: " + what);
+  }
+  if (!j.is_object()) throw std::runtime_error(path + ": not a JSON object");
+  return j;
+}
+
+/// config[key] as T, or `fallback` when absent or null; a value of another type is an error
+/// naming the file and the key (nlohmann's own type_error names neither).
+template <class T>
+T field(const nlohmann::json& config, const std::string& path, const char* key, T fallback) {
+  const auto it = config.find(key);
+  if (it == config.end() || it->is_null()) return fallback;
+  try {
+    return it->get<T>();
+  } catch (const std::exception& e) {
+    throw std::runtime_error(path + ": field '" + key + "': " + e.what());
   }
 }
 
@@ -53,10 +86,11 @@ std::shared_ptr<LoadedModel> load_model_version(const std::string& name, const s
   m->serving = serving;
   m->device = resolve_device(serving.device.empty() ? server_device : serving.device);
   m->dtype = resolve_dtype(serving.dtype);
-  const auto config = read_json(dir + "/config.json");
-  const std::string model_type = config.value("model_type", std::string());
-  m->use_focal_loss = config.value("use_focal_loss", true);
-  m->num_queries = config.value("num_queries", int64_t{-1});
+  const std::string config_path = dir + "/config.json";
+  const auto config = read_json(config_path);
+  const auto model_type = field<std::string>(config, config_path, "model_type", std::string());
+  m->use_focal_loss = field<bool>(config, config_path, "use_focal_loss", true);
+  m->num_queries = field<int64_t>(config, config_path, "num_queries", int64_t{-1});
   if (config.contains("id2label") && config["id2label"].is_object()) {
     m->num_labels = static_cast<int64_t>(config["id2label"].size());
   }

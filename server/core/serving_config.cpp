@@ -4,6 +4,7 @@
 
 #include "kernels/policy.h"
 
+#include <cmath>
 #include <fstream>
 #include <sstream>
 #include <stdexcept>
@@ -19,13 +20,21 @@ std::string where(const std::string& file, const YAML::Node& node) {
   throw std::runtime_error(where(file, node) + ": " + msg);
 }
 
+/// User text echoed in a message, clipped: a 20 MB scalar must not become a 20 MB model
+/// reason (RepositoryIndex would exceed the gRPC message limit) or log line.
+std::string clip(const std::string& s) { return s.size() <= 80 ? s : s.substr(0, 77) + "..."; }
+
+/// Longest accepted queue delay / timeout: one day. Larger values overflow the steady_clock
+/// arithmetic of the batcher (a wrapped deadline lies in the past).
+constexpr std::uint64_t kMaxMicroseconds = 86400ull * 1000 * 1000;
+
 template <class T>
 T as(const std::string& file, const YAML::Node& v, const std::string& key, const char* what) {
   if (!v.IsScalar()) fail(file, v, key + " must be " + what);
   try {
     return v.as<T>();
   } catch (const YAML::Exception&) {
-    fail(file, v, key + " must be " + what + ", got '" + v.Scalar() + "'");
+    fail(file, v, key + " must be " + what + ", got '" + clip(v.Scalar()) + "'");
   }
 }
 
@@ -49,20 +58,25 @@ ServingConfig parse_serving_config(const std::string& yaml_text, const std::stri
     } else if (key == "dtype") {
       c.dtype = as<std::string>(file, v, key, "float32, float16 or bfloat16");
       if (c.dtype != "float32" && c.dtype != "float16" && c.dtype != "bfloat16") {
-        fail(file, v, "dtype must be float32, float16 or bfloat16, got '" + c.dtype + "'");
+        fail(file, v, "dtype must be float32, float16 or bfloat16, got '" + clip(c.dtype) + "'");
       }
     } else if (key == "max_batch_size") {
       c.max_batch_size = as<std::int64_t>(file, v, key, "an integer");
       if (c.max_batch_size < 1) fail(file, v, "max_batch_size must be >= 1");
     } else if (key == "max_queue_delay_microseconds") {
       c.max_queue_delay_microseconds = as<std::uint64_t>(file, v, key, "an integer");
+      if (c.max_queue_delay_microseconds > kMaxMicroseconds)
+        fail(file, v, "max_queue_delay_microseconds must be at most 86400000000 (one day)");
     } else if (key == "max_queue_size") {
       c.max_queue_size = as<std::uint32_t>(file, v, key, "an integer");
       if (c.max_queue_size < 1) fail(file, v, "max_queue_size must be >= 1");
     } else if (key == "default_timeout_microseconds") {
       c.default_timeout_microseconds = as<std::uint64_t>(file, v, key, "an integer");
+      if (c.default_timeout_microseconds > kMaxMicroseconds)
+        fail(file, v, "default_timeout_microseconds must be at most 86400000000 (one day)");
     } else if (key == "threshold") {
       c.threshold = as<double>(file, v, key, "a number");
+      if (!std::isfinite(c.threshold)) fail(file, v, "threshold must be a finite number");
     } else if (key == "top_k") {
       c.top_k = as<std::int64_t>(file, v, key, "an integer");
       if (c.top_k < 0) fail(file, v, "top_k must be >= 0");
@@ -81,14 +95,14 @@ ServingConfig parse_serving_config(const std::string& yaml_text, const std::stri
       } else {
         fail(file, v,
              "fused_attention must be default, on or off, got '" +
-                 (v.IsScalar() ? v.Scalar() : std::string("a non-scalar")) + "'");
+                 (v.IsScalar() ? clip(v.Scalar()) : std::string("a non-scalar")) + "'");
       }
       c.fused_attention_origin = where(file, v);
     } else if (key == "cuda_graphs") {
       c.cuda_graphs = as<bool>(file, v, key, "on or off");
     } else {
       fail(file, kv.first,
-           "unknown key " + key +
+           "unknown key " + clip(key) +
                " (expected device, dtype, max_batch_size, max_queue_delay_microseconds, "
                "max_queue_size, default_timeout_microseconds, threshold, top_k, warmup, "
                "fused_attention, cuda_graphs)");

@@ -4,6 +4,7 @@
 
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
+#include <grpcpp/resource_quota.h>
 
 #include <cstring>
 #include <sstream>
@@ -358,6 +359,9 @@ GrpcServer::GrpcServer(api::InferenceService& service, const GrpcOptions& option
   builder.RegisterService(impl_->service.get());
   const int limit = static_cast<int>(
       std::min<std::size_t>(options.max_message_bytes, static_cast<std::size_t>(INT32_MAX)));
+  grpc::ResourceQuota quota("libreyolo-grpc");
+  quota.SetMaxThreads(std::max(options.max_threads, 2));
+  builder.SetResourceQuota(quota);
   builder.SetMaxReceiveMessageSize(limit);
   builder.SetMaxSendMessageSize(limit);
   // Sync threads wake at least this often; Wait() after Shutdown() takes up to this long.

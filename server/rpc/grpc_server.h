@@ -14,6 +14,11 @@ struct GrpcOptions {
   std::string address = "0.0.0.0:8001";       ///< host:port; port 0 picks a free one
   std::size_t max_message_bytes = 64u << 20;  ///< receive and send limit
   int threads = 0;                            ///< sync server threads (0: gRPC's default)
+  /// Most threads the sync server runs (grpc::ResourceQuota::SetMaxThreads, pollers included).
+  /// A call arriving when all are busy is answered RESOURCE_EXHAUSTED ("Server Threadpool
+  /// Exhausted") instead of starting one more thread that holds one more request: without a cap,
+  /// N concurrent 64 MiB requests held N threads and about 2N x 64 MiB of memory.
+  int max_threads = 256;
 };
 
 /// A running gRPC server. Health services "", "liveness" and "readiness" are registered;

@@ -28,7 +28,7 @@ TEST(CudaGraphRunner, ReplayEqualsEagerWithPadding) {
   at::globalContext().setAllowTF32CuBLAS(false);
   for (const std::string name : {"rtdetr_tiny", "rtdetr_v2_tiny"}) {
     libreyolo::models::LoadOptions options;
-    options.device = at::Device(at::kCUDA, 0);
+    options.device = at::Device("cuda");  // no index: the runner must take the current one
     const auto model = libreyolo::models::load_model(
         std::string(LIBREYOLO_TEST_FIXTURES) + "/models/" + name, options);
     const int64_t size = 64;

@@ -22,18 +22,10 @@ const std::string kFixtures = LIBREYOLO_TEST_FIXTURES;
 TEST(ServerBatching, DifferentSizesArePaddedIntoOneForwardLikeTransformers) {
   const std::string fixture = kFixtures + "/models/deformable_detr_tiny";
   const auto repo = temp_dir("ddetr_batching");
-  const auto dir = repo / "ddetr" / "1";
-  fs::create_directories(dir);
-  for (const char* f : {"config.json", "model.safetensors", "preprocessor_config.json"})
-    fs::copy_file(fixture + "/" + f, dir / f);
-  write_file(repo / "ddetr" / "serving.yaml",
-             "device: cpu\nmax_batch_size: 2\nmax_queue_delay_microseconds: 5000000\n"
-             "warmup: false\n");
-  ServerConfig config = parse_config("", "test.yaml", {}, {{"LIBREYOLO_HUB_KERNELS", "0"}});
-  config.grpc_address.value = "127.0.0.1:0";
-  config.http_address.value = "127.0.0.1:" + std::to_string(free_port());
-  config.model_repository.value = repo.string();
-  config.device.value = "cpu";
+  add_fixture_model(repo, "ddetr", "deformable_detr_tiny",
+                    "device: cpu\nmax_batch_size: 2\nmax_queue_delay_microseconds: 5000000\n"
+                    "warmup: false\n");
+  const auto config = loopback_config(repo);
   {
     Daemon daemon(config);
     daemon.start();

@@ -56,25 +56,7 @@ std::string test_device() {
 }
 
 ServerConfig test_config(const fs::path& repo, const std::string& yaml = "") {
-  ServerConfig c = parse_config(yaml, "test.yaml", {}, {{"LIBREYOLO_HUB_KERNELS", "0"}});
-  c.grpc_address.value = "127.0.0.1:0";
-  c.http_address.value = "127.0.0.1:" + std::to_string(free_port());
-  c.model_repository.value = repo.string();
-  c.device.value = test_device();
-  c.preprocess_threads.value = 2;
-  return c;
-}
-
-/// Adds <repo>/<name>/1 with the checkpoint files of tests/fixtures/models/<fixture>.
-void add_fixture_model(const fs::path& repo, const std::string& name, const std::string& fixture,
-                       const std::string& serving_yaml) {
-  const fs::path src = fs::path(kFixtures) / "models" / fixture;
-  const auto dir = repo / name / "1";
-  fs::create_directories(dir);
-  for (const char* f : {"config.json", "model.safetensors", "preprocessor_config.json"}) {
-    fs::copy_file(src / f, dir / f, fs::copy_options::overwrite_existing);
-  }
-  if (!serving_yaml.empty()) write_file(repo / name / "serving.yaml", serving_yaml);
+  return loopback_config(repo, test_device(), yaml);
 }
 
 /// The fixture's model input, exactly as transformers computed it (tests/fixtures/README.md:

@@ -21,16 +21,6 @@ using nlohmann::json;
 
 const std::string kFixtures = LIBREYOLO_TEST_FIXTURES;
 
-ServerConfig cuda_test_config(const fs::path& repo, const std::string& device) {
-  ServerConfig c = parse_config("", "test.yaml", {}, {{"LIBREYOLO_HUB_KERNELS", "0"}});
-  c.grpc_address.value = "127.0.0.1:0";
-  c.http_address.value = "127.0.0.1:" + std::to_string(free_port());
-  c.model_repository.value = repo.string();
-  c.device.value = device;
-  c.preprocess_threads.value = 2;
-  return c;
-}
-
 json model_entry(const json& active, const std::string& name) {
   for (const auto& m : active.at("models"))
     if (m.at("name") == name) return m;
@@ -84,7 +74,7 @@ TEST(ServerCuda, DetectionsEagerAndFromCudaGraphsWithTheCudaKernel) {
   add_rtdetr_tiny(repo, "device: cuda\nmax_batch_size: 4\ncuda_graphs: on\n");
   fs::rename(repo / "rtdetr_tiny", repo / "rtdetr_graphs");
   {
-    auto config = cuda_test_config(repo, "cuda");
+    auto config = loopback_config(repo, "cuda");
     config.tf32.value = "off";  // the reference is float32 without TF32
     Daemon daemon(config);
     daemon.start();
@@ -156,7 +146,7 @@ TEST(ServerCuda, CudaGraphsOnACpuModelAreIgnoredWithTheReason) {
   const auto repo = temp_dir("cpu_graphs_repo");
   add_rtdetr_tiny(repo, "device: cpu\ncuda_graphs: on\nwarmup: false\n");
   {
-    Daemon daemon(cuda_test_config(repo, "cpu"));
+    Daemon daemon(loopback_config(repo, "cpu"));
     daemon.start();
     ASSERT_TRUE(daemon.core().ready());
     const auto active = json::parse(http_get(daemon.http_port(), "/active").body);

@@ -24,13 +24,8 @@ using api::Code;
 const std::string kFixtures = LIBREYOLO_TEST_FIXTURES;
 
 ServerConfig test_config(const fs::path& repo, int64_t max_message_bytes = 16 << 20) {
-  ServerConfig c = parse_config("", "test.yaml", {}, {{"LIBREYOLO_HUB_KERNELS", "0"}});
-  c.grpc_address.value = "127.0.0.1:0";
-  c.http_address.value = "127.0.0.1:" + std::to_string(free_port());
-  c.model_repository.value = repo.string();
+  auto c = loopback_config(repo);
   c.max_message_bytes.value = max_message_bytes;
-  c.device.value = "cpu";
-  c.preprocess_threads.value = 2;
   return c;
 }
 

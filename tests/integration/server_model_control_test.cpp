@@ -33,12 +33,8 @@ ModelFactory fake_factory() {
 }
 
 ServerConfig control_config(const fs::path& repo, const std::string& model_control) {
-  ServerConfig c = parse_config("", "test.yaml", {}, {{"LIBREYOLO_HUB_KERNELS", "0"}});
-  c.grpc_address.value = "127.0.0.1:0";
+  auto c = loopback_config(repo);
   c.http_address.value = "off";
-  c.model_repository.value = repo.string();
-  c.device.value = "cpu";
-  c.preprocess_threads.value = 2;
   c.model_control.value = model_control;
   return c;
 }

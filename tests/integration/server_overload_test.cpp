@@ -21,12 +21,8 @@ using namespace testing;
 using api::Code;
 
 ServerConfig overload_config(const fs::path& repo) {
-  ServerConfig c = parse_config("", "test.yaml", {}, {{"LIBREYOLO_HUB_KERNELS", "0"}});
-  c.grpc_address.value = "127.0.0.1:0";
+  auto c = loopback_config(repo);
   c.http_address.value = "off";
-  c.model_repository.value = repo.string();
-  c.device.value = "cpu";
-  c.preprocess_threads.value = 2;
   return c;
 }
 

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "models/model.h"
+#include "server/core/config.h"
 
 namespace libreyolo::server::testing {
 
@@ -168,6 +169,33 @@ inline bool wait_port(int port, double seconds) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   return false;
+}
+
+/// A daemon configuration for the in-process tests: `yaml` parsed as the file (hub kernels off),
+/// gRPC on 127.0.0.1:0 (the daemon picks a port), the HTTP admin port on a free loopback port,
+/// `repo`, `device`, 2 preprocessing threads, 16 MiB messages.
+inline ServerConfig loopback_config(const fs::path& repo, const std::string& device = "cpu",
+                                    const std::string& yaml = "") {
+  ServerConfig c = parse_config(yaml, "test.yaml", {}, {{"LIBREYOLO_HUB_KERNELS", "0"}});
+  c.grpc_address.value = "127.0.0.1:0";
+  c.http_address.value = "127.0.0.1:" + std::to_string(free_port());
+  c.model_repository.value = repo.string();
+  c.device.value = device;
+  c.preprocess_threads.value = 2;
+  c.max_message_bytes.value = 16 << 20;
+  return c;
+}
+
+/// Copies the checkpoint files of tests/fixtures/models/<fixture> to <repo>/<name>/1 and writes
+/// <repo>/<name>/serving.yaml.
+inline void add_fixture_model(const fs::path& repo, const std::string& name,
+                              const std::string& fixture, const std::string& serving_yaml) {
+  const fs::path src = fs::path(LIBREYOLO_TEST_FIXTURES) / "models" / fixture;
+  const auto dir = repo / name / "1";
+  fs::create_directories(dir);
+  for (const char* f : {"config.json", "model.safetensors", "preprocessor_config.json"})
+    fs::copy_file(src / f, dir / f, fs::copy_options::overwrite_existing);
+  write_file(repo / name / "serving.yaml", serving_yaml);
 }
 
 struct HttpReply {

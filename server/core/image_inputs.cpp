@@ -1,0 +1,154 @@
+#include "server/core/image_inputs.h"
+
+#include <c10/util/StringUtil.h>
+
+#include <cstring>
+
+namespace libreyolo::server {
+namespace {
+
+int64_t element_size(const std::string& dt) {
+  if (dt == "FP32" || dt == "INT32" || dt == "UINT32") return 4;
+  if (dt == "FP64" || dt == "INT64" || dt == "UINT64") return 8;
+  if (dt == "FP16" || dt == "BF16" || dt == "INT16" || dt == "UINT16") return 2;
+  if (dt == "INT8" || dt == "UINT8" || dt == "BOOL") return 1;
+  return 0;
+}
+
+std::vector<std::string_view> split_bytes(const api::InputTensor& t) {
+  std::vector<std::string_view> out;
+  std::string_view d = t.data();
+  std::size_t at = 0;
+  while (at < d.size()) {
+    if (d.size() - at < 4) {
+      invalid_argument(c10::str("input '", t.name, "': BYTES data is malformed: ", d.size() - at,
+                                " trailing bytes are too short for an element length"));
+    }
+    std::uint32_t n = 0;
+    std::memcpy(&n, d.data() + at, 4);
+    at += 4;
+    if (n > d.size() - at) {
+      invalid_argument(c10::str("input '", t.name, "': BYTES data is malformed: element ",
+                                out.size(), " claims ", n, " bytes but only ", d.size() - at,
+                                " remain"));
+    }
+    out.push_back(d.substr(at, n));
+    at += n;
+  }
+  return out;
+}
+
+void check_batch(const api::InputTensor& t, int64_t n, const RequestLimits& limits) {
+  if (n == 0) invalid_argument("input '" + t.name + "': empty batch (N = 0)");
+  if (n > limits.max_images) {
+    invalid_argument(c10::str("input '", t.name, "': ", n, " images exceed the limit of ",
+                              limits.max_images, " per request (server.max_images_per_request)"));
+  }
+  if (n > limits.max_batch_size) {
+    invalid_argument(c10::str("input '", t.name, "': batch of ", n,
+                              " exceeds the model's max_batch_size ", limits.max_batch_size));
+  }
+}
+
+void parse_images(const api::InputTensor& t, const RequestLimits& limits, ImageInputs& r) {
+  if (t.datatype != "BYTES")
+    invalid_argument("input 'images': datatype " + t.datatype + ", expected BYTES");
+  // [N] (OIP) or [N,1] (Triton's convention for a batched scalar BYTES input).
+  if (t.shape.size() != 1 && !(t.shape.size() == 2 && t.shape[1] == 1)) {
+    invalid_argument("input 'images': shape " + shape_str(t.shape) + ", expected [N]");
+  }
+  if (t.shape[0] < 0)
+    invalid_argument("input 'images': shape " + shape_str(t.shape) + " has a negative dimension");
+  check_batch(t, t.shape[0], limits);
+  r.images = split_bytes(t);
+  if (static_cast<int64_t>(r.images.size()) != t.shape[0]) {
+    invalid_argument(c10::str("input 'images': shape ", shape_str(t.shape), " says ", t.shape[0],
+                              " elements but the BYTES data holds ", r.images.size()));
+  }
+  for (std::size_t i = 0; i < r.images.size(); ++i) {
+    if (r.images[i].empty())
+      invalid_argument(c10::str("input 'images': image ", i, " is empty (0 bytes)"));
+  }
+  r.batch = t.shape[0];
+}
+
+void parse_pixels(const api::InputTensor& t, const RequestLimits& limits, ImageInputs& r) {
+  if (t.datatype != "FP32")
+    invalid_argument("input 'pixel_values': datatype " + t.datatype + ", expected FP32");
+  if (t.shape.size() != 4 || t.shape[1] != 3) {
+    invalid_argument("input 'pixel_values': shape " + shape_str(t.shape) + ", expected [N,3,H,W]");
+  }
+  if (t.shape[0] == 0) invalid_argument("input 'pixel_values': empty batch (N = 0)");
+  if (t.shape[2] <= 0 || t.shape[3] <= 0) {
+    invalid_argument("input 'pixel_values': shape " + shape_str(t.shape) + " has an empty image");
+  }
+  // Each side first: the product of two huge sides overflows int64 (undefined behaviour).
+  if (t.shape[2] > limits.max_pixels || t.shape[3] > limits.max_pixels ||
+      t.shape[2] * t.shape[3] > limits.max_pixels) {
+    invalid_argument(c10::str("input 'pixel_values': ", t.shape[3], "x", t.shape[2],
+                              " pixels per image exceed the limit of ", limits.max_pixels));
+  }
+  check_batch(t, t.shape[0], limits);
+  check_fixed(t, "FP32", 4, "[N,3,H,W]");
+  const auto data = t.data();
+  r.pixel_values = at::empty({t.shape[0], 3, t.shape[2], t.shape[3]}, at::kFloat);
+  std::memcpy(r.pixel_values.data_ptr<float>(), data.data(), data.size());
+  r.batch = t.shape[0];
+}
+
+}  // namespace
+
+void invalid_argument(const std::string& message) {
+  throw api::Error(api::Code::invalid_argument, message);
+}
+
+std::string shape_str(const std::vector<int64_t>& s) {
+  std::string out = "[";
+  for (std::size_t i = 0; i < s.size(); ++i) out += (i ? "," : "") + std::to_string(s[i]);
+  return out + "]";
+}
+
+int64_t check_fixed(const api::InputTensor& t, const std::string& datatype, std::size_t rank,
+                    const std::string& expected_shape) {
+  if (t.datatype != datatype) {
+    invalid_argument("input '" + t.name + "': datatype " + t.datatype + ", expected " + datatype);
+  }
+  if (t.shape.size() != rank) {
+    invalid_argument("input '" + t.name + "': shape " + shape_str(t.shape) + ", expected " +
+                     expected_shape);
+  }
+  int64_t count = 1;
+  for (auto d : t.shape) {
+    if (d < 0)
+      invalid_argument("input '" + t.name + "': shape " + shape_str(t.shape) +
+                       " has a negative dimension");
+    if (d > 0 && count > (int64_t{1} << 40) / d)
+      invalid_argument("input '" + t.name + "': shape " + shape_str(t.shape) + " is too large");
+    count *= d;
+  }
+  const int64_t bytes = count * element_size(datatype);
+  if (static_cast<int64_t>(t.data().size()) != bytes) {
+    invalid_argument(c10::str("input '", t.name, "': shape ", shape_str(t.shape), " needs ", bytes,
+                              " bytes of ", datatype, ", got ", t.data().size()));
+  }
+  return count;
+}
+
+double number_param(const std::string& key, const api::Parameter& p) {
+  if (auto* d = std::get_if<double>(&p)) return *d;
+  if (auto* i = std::get_if<std::int64_t>(&p)) return static_cast<double>(*i);
+  if (auto* u = std::get_if<std::uint64_t>(&p)) return static_cast<double>(*u);
+  invalid_argument("parameter '" + key + "' must be a number (double_param or int64_param)");
+}
+
+ImageInputs parse_image_inputs(const api::InputTensor* images, const api::InputTensor* pixels,
+                               const RequestLimits& limits) {
+  ImageInputs r;
+  if (images)
+    parse_images(*images, limits, r);
+  else
+    parse_pixels(*pixels, limits, r);
+  return r;
+}
+
+}  // namespace libreyolo::server

@@ -1,0 +1,135 @@
+"""Hostile clients and operators against the real libreyolo-server binary: a slowloris on the HTTP
+admin port, absurd server configurations (the process must exit 2 with a message naming the
+key, never abort), and malformed ModelInfer requests through Triton's own protobuf classes.
+The C++ side of these attacks (in process, exact messages) is
+tests/integration/server_hostile_test.cpp.
+"""
+import os
+import socket
+import struct
+import subprocess
+import tempfile
+import time
+import unittest
+import urllib.error
+import urllib.request
+
+import grpc
+from tritonclient.grpc import service_pb2 as pb
+from tritonclient.grpc import service_pb2_grpc as pbg
+
+from peers_env import DETECTOR, GRPC, HTTP
+
+BUILD = os.environ.get("LIBREYOLO_PEERS_BUILD", "")
+SERVER = os.path.join(BUILD, "bin", "libreyolo-server")
+
+
+def http_status(path, timeout=5):
+    try:
+        with urllib.request.urlopen(f"http://{HTTP}{path}", timeout=timeout) as r:
+            return r.status
+    except urllib.error.HTTPError as e:
+        return e.code
+
+
+class HttpSlowloris(unittest.TestCase):
+    def test_dripping_clients_are_cut_off(self):
+        """64 connections that never finish their request head fill every connection slot:
+        health probes get 503 "busy" for at most the 2 s head deadline, not for hours."""
+        host, port = HTTP.rsplit(":", 1)
+        socks = []
+        try:
+            for _ in range(64):
+                s = socket.create_connection((host, int(port)), timeout=5)
+                s.sendall(b"GET /metrics HTTP/1.1\r\nX-Drip: ")
+                socks.append(s)
+            time.sleep(0.2)
+            self.assertEqual(http_status("/v2/health/live"), 503)
+            t0 = time.monotonic()
+            while time.monotonic() - t0 < 4:
+                for s in socks:
+                    try:
+                        s.sendall(b"x")  # one more header byte: a per-read timeout never fires
+                    except OSError:
+                        pass
+                if http_status("/v2/health/live") == 200:
+                    break
+                time.sleep(0.25)
+            waited = time.monotonic() - t0
+            print(f"health answered 200 again after {waited:.2f} s of dripping")
+            self.assertLess(waited, 3.0)
+        finally:
+            for s in socks:
+                s.close()
+
+
+class AbsurdConfigurations(unittest.TestCase):
+    def run_config(self, text):
+        with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
+            f.write(text)
+        try:
+            p = subprocess.run([SERVER, "--config", f.name], capture_output=True, text=True,
+                               timeout=30, env=dict(os.environ, LIBREYOLO_HUB_KERNELS="0"))
+        finally:
+            os.unlink(f.name)
+        return p.returncode, p.stderr.strip().replace(f.name, "CONFIG")
+
+    @unittest.skipUnless(os.access(SERVER, os.X_OK), "LIBREYOLO_PEERS_BUILD/bin/libreyolo-server")
+    def test_exit_2_naming_the_key(self):
+        cases = [
+            # Used to start 10^8 std::threads and abort (SIGABRT, exit 134).
+            ("server:\n  preprocess_threads: 100000000\n",
+             "libreyolo-server: CONFIG:2:23: server.preprocess_threads must be at most 1024"),
+            ("server:\n  drain_seconds: .nan\n",
+             "libreyolo-server: CONFIG:2:18: server.drain_seconds must be between 0 and 86400"),
+            ("a: &a [x,x,x,x,x,x,x,x,x]\nb: &b [*a,*a,*a,*a,*a,*a,*a,*a,*a]\n",
+             "libreyolo-server: CONFIG:1:1: unknown key a (expected server, model_repository, "
+             "device, tf32, kernels)"),
+        ]
+        for text, message in cases:
+            code, err = self.run_config(text)
+            self.assertEqual((code, err.splitlines()[-1] if err else ""), (2, message), text[:40])
+        code, err = self.run_config("server: " + "[" * 100000 + "]" * 100000 + "\n")
+        self.assertEqual(code, 2, err[-300:])
+        self.assertTrue(err.startswith("libreyolo-server: CONFIG:1:"), err[:200])
+
+
+class MalformedInfer(unittest.TestCase):
+    def setUp(self):
+        self.channel = grpc.insecure_channel(GRPC)
+        self.stub = pbg.GRPCInferenceServiceStub(self.channel)
+
+    def tearDown(self):
+        self.channel.close()
+
+    def infer_error(self, request):
+        with self.assertRaises(grpc.RpcError) as e:
+            self.stub.ModelInfer(request, timeout=10)
+        return e.exception.code(), e.exception.details()
+
+    def test_statuses_name_the_field(self):
+        r = pb.ModelInferRequest(model_name=DETECTOR)
+        t = r.inputs.add(name="images", datatype="BYTES", shape=[1])
+        r.raw_input_contents.append(struct.pack("<I", 0xFFFFFFFF) + b"abc")
+        self.assertEqual(self.infer_error(r), (
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "input 'images': BYTES data is malformed: element 0 claims 4294967295 bytes but only 3 "
+            "remain"))
+        r = pb.ModelInferRequest(model_name=DETECTOR)
+        r.inputs.add(name="pixel_values", datatype="FP32", shape=[1, 3, 3037000500, 3037000500])
+        r.raw_input_contents.append(b"")
+        self.assertEqual(self.infer_error(r), (
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "input 'pixel_values': 3037000500x3037000500 pixels per image exceed the limit of "
+            "40000000"))
+        r = pb.ModelInferRequest(model_name=DETECTOR)
+        r.inputs.add(name="images", datatype="BYTES", shape=[1])
+        r.raw_input_contents.append(b"x")
+        r.parameters["top_k"].uint64_param = 2**64 - 1
+        self.assertEqual(self.infer_error(r), (
+            grpc.StatusCode.INVALID_ARGUMENT, "parameter 'top_k' must be a non-negative integer"))
+        self.assertTrue(self.stub.ServerLive(pb.ServerLiveRequest(), timeout=5).live)
+
+
+if __name__ == "__main__":
+    unittest.main()
