@@ -89,6 +89,13 @@ fi
 ctest --test-dir $build -L gpu --timeout 600 >>"$OUT/ctest.log" 2>&1 || status=1
 note "ctest -L gpu: $(grep -E 'tests passed|tests failed' "$OUT/ctest.log" | tail -1)"
 
+# The classifier serving tests once more with the models on the GPU (they default to cpu).
+if [ "$mode" = full ] && [ -x $build/bin/test_integration ]; then
+  LIBREYOLO_TEST_DEVICE=cuda $build/bin/test_integration --gtest_filter='*Classif*' \
+    >>"$OUT/ctest.log" 2>&1 || status=1
+  note "test_integration *Classif* on cuda: $(grep -E '^\[  PASSED  \]|^\[  FAILED  \]' "$OUT/ctest.log" | tail -1)"
+fi
+
 # The gpu tests once more in one process, verbose: they print their measured maxima.
 if [ -x $build/bin/test_gpu ]; then
   $build/bin/test_gpu --gtest_output=xml:"$OUT/test_gpu.xml" >"$OUT/test_gpu.log" 2>&1 || status=1
