@@ -39,14 +39,7 @@ ClassifierRequest parse_classifier_request(const api::InferRequest& request,
     if (*slot) invalid_argument("input '" + t.name + "' is given twice");
     *slot = &t;
   }
-  if (!images && !pixels)
-    invalid_argument("missing input: send 'images' (BYTES [N]) or 'pixel_values' (FP32 [N,3,H,W])");
-  if (images && pixels)
-    invalid_argument("inputs 'images' and 'pixel_values' are exclusive; send one");
-  const auto in = parse_image_inputs(images, pixels, limits);
-  r.images = in.images;
-  r.pixel_values = in.pixel_values;
-  r.batch = in.batch;
+  static_cast<ImageInputs&>(r) = parse_image_inputs(images, pixels, limits);
   const auto& known = classifier_default_outputs();
   for (const auto& o : request.requested_outputs) {
     if (std::find(known.begin(), known.end(), o) == known.end()) {

@@ -23,15 +23,12 @@
 
 #include "models/image/postprocess.h"
 #include "server/api/types.h"
-#include "server/core/detector_io.h"
+#include "server/core/image_inputs.h"
 
 namespace libreyolo::server {
 
 /// A validated classifier request (views into the api::InferRequest: keep it alive).
-struct ClassifierRequest {
-  std::vector<std::string_view> images;  ///< encoded images, when `images` was sent
-  at::Tensor pixel_values;               ///< (N,3,H,W) float32 CPU, when `pixel_values` was sent
-  int64_t batch = 0;
+struct ClassifierRequest : ImageInputs {
   int64_t top_k = 0;              ///< K requested (0: image::classify's default, 5)
   std::set<std::string> outputs;  ///< requested outputs (defaults filled in)
 };

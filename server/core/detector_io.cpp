@@ -44,14 +44,7 @@ DetectorRequest parse_detector_request(const api::InferRequest& request,
     if (*slot) invalid_argument("input '" + t.name + "' is given twice");
     *slot = &t;
   }
-  if (!images && !pixels)
-    invalid_argument("missing input: send 'images' (BYTES [N]) or 'pixel_values' (FP32 [N,3,H,W])");
-  if (images && pixels)
-    invalid_argument("inputs 'images' and 'pixel_values' are exclusive; send one");
-  const auto in = parse_image_inputs(images, pixels, limits);
-  r.images = in.images;
-  r.pixel_values = in.pixel_values;
-  r.batch = in.batch;
+  static_cast<ImageInputs&>(r) = parse_image_inputs(images, pixels, limits);
   if (sizes) {
     check_fixed(*sizes, "INT64", 2, "[N,2]");
     if (sizes->shape[0] != r.batch || sizes->shape[1] != 2) {

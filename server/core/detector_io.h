@@ -23,11 +23,8 @@
 namespace libreyolo::server {
 
 /// A validated detector request (views into the api::InferRequest: keep it alive).
-struct DetectorRequest {
-  std::vector<std::string_view> images;  ///< encoded images, when `images` was sent
-  at::Tensor pixel_values;               ///< (N,3,H,W) float32 CPU, when `pixel_values` was sent
+struct DetectorRequest : ImageInputs {
   std::vector<std::pair<int64_t, int64_t>> target_sizes;  ///< from `target_sizes`, else empty
-  int64_t batch = 0;
   image::PostProcessOptions post;
   std::set<std::string> outputs;  ///< requested outputs (defaults filled in)
 };

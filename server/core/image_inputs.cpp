@@ -143,6 +143,10 @@ double number_param(const std::string& key, const api::Parameter& p) {
 
 ImageInputs parse_image_inputs(const api::InputTensor* images, const api::InputTensor* pixels,
                                const RequestLimits& limits) {
+  if (!images && !pixels)
+    invalid_argument("missing input: send 'images' (BYTES [N]) or 'pixel_values' (FP32 [N,3,H,W])");
+  if (images && pixels)
+    invalid_argument("inputs 'images' and 'pixel_values' are exclusive; send one");
   ImageInputs r;
   if (images)
     parse_images(*images, limits, r);

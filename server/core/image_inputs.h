@@ -43,8 +43,8 @@ int64_t check_fixed(const api::InputTensor& t, const std::string& datatype, std:
 /// Throws INVALID_ARGUMENT naming `key` for any other type.
 double number_param(const std::string& key, const api::Parameter& p);
 
-/// Parses the one of `images` / `pixel_values` that is non-null (the caller checked that
-/// exactly one is): BYTES elements split by their 4-byte little-endian lengths, non-empty; or
+/// Parses the one of `images` / `pixel_values` that is non-null (INVALID_ARGUMENT when neither
+/// or both are): BYTES elements split by their 4-byte little-endian lengths, non-empty; or
 /// FP32 pixels copied into a tensor. N must be >= 1 and within `limits` (max_images,
 /// max_batch_size), H*W within max_pixels. Throws INVALID_ARGUMENT naming the input and the
 /// problem.

@@ -29,14 +29,6 @@ ServerConfig test_config(const fs::path& repo, int64_t max_message_bytes = 16 <<
   return c;
 }
 
-ModelFactory fake_or_real() {
-  return
-      [](const std::string& dir, const models::LoadOptions& o) -> std::unique_ptr<models::Model> {
-        if (dir.find("fake") != std::string::npos) return std::make_unique<FakeDetector>();
-        return models::load_model(dir, o);
-      };
-}
-
 std::string images_request(const std::string& model, int64_t n, const std::string& extra = "") {
   return "model_name: \"" + model +
          "\" inputs { name: \"images\" datatype: \"BYTES\" shape: " + std::to_string(n) + " } " +

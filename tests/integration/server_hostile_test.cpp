@@ -29,14 +29,6 @@ ServerConfig hostile_config(const fs::path& repo, int64_t max_message_bytes = 16
   return c;
 }
 
-ModelFactory fake_or_real() {
-  return
-      [](const std::string& dir, const models::LoadOptions& o) -> std::unique_ptr<models::Model> {
-        if (dir.find("fake") != std::string::npos) return std::make_unique<FakeDetector>();
-        return models::load_model(dir, o);
-      };
-}
-
 std::string pixels(const std::string& model, const std::string& shape) {
   return "model_name: \"" + model +
          "\" inputs { name: \"pixel_values\" datatype: \"FP32\" shape: " + shape + " }";

@@ -16,6 +16,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <random>
@@ -184,6 +185,17 @@ inline ServerConfig loopback_config(const fs::path& repo, const std::string& dev
   c.preprocess_threads.value = 2;
   c.max_message_bytes.value = 16 << 20;
   return c;
+}
+
+/// Loads folders whose path contains "fake" as a FakeDetector, the others with
+/// models::load_model.
+inline std::function<std::unique_ptr<models::Model>(const std::string&, const models::LoadOptions&)>
+fake_or_real() {
+  return
+      [](const std::string& dir, const models::LoadOptions& o) -> std::unique_ptr<models::Model> {
+        if (dir.find("fake") != std::string::npos) return std::make_unique<FakeDetector>();
+        return models::load_model(dir, o);
+      };
 }
 
 /// Copies the checkpoint files of tests/fixtures/models/<fixture> to <repo>/<name>/1 and writes
