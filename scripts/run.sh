@@ -8,7 +8,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${BUILD_DIR:-build}
-bash scripts/build.sh >/dev/null
+echo "== building (first time: 15-30 min on 2 cores; ccache makes later builds fast)"
+# Progress without the compiler's noise; a failed build stops here (pipefail).
+bash scripts/build.sh 2>&1 | { grep -E "^\[[0-9]+/[0-9]+\] Linking|error|FAILED" || true; }
 grpc=${LIBREYOLO_GRPC_ADDRESS:-127.0.0.1:8001}
 http=${LIBREYOLO_HTTP_ADDRESS:-127.0.0.1:8000}
 "$build/bin/libreyolo-server" --config config/server.yaml --grpc-address "$grpc" \
@@ -27,7 +29,15 @@ echo "== top classes for tests/fixtures/images/coffee.jpg (random-weight ViT)"
 "$build/bin/libreyolo-client" classify --image tests/fixtures/images/coffee.jpg --server "$grpc" \
   --model vit_tiny --top-k 3
 echo "== kernel slots (GET http://$http/active)"
-curl -fsS "http://$http/active" | head -c 2000; echo
+curl -fsS "http://$http/active" | "${LIBREYOLO_VENV:-$HOME/.cache/libreyolo-server/venv-torch2.11}/bin/python" -c '
+import json, sys
+d = json.load(sys.stdin)
+for slot, impl in d["active"].items():
+    print("  slot", slot, "->", impl)
+for m in d["models"]:
+    print("  model", m["name"], m["state"], "on", m.get("device", "?"), "cuda_graphs:", m.get("cuda_graphs", "off"))
+print("  fallback events:", len(d["fallback_events"]), " tf32:", d["torch"]["tf32"])
+'
 echo "== serving: gRPC $grpc, HTTP admin http://$http (metrics, active, health). Ctrl-C drains and stops."
 if [ "${LIBREYOLO_RUN_ONCE:-0}" = 1 ]; then
   kill -INT $server
