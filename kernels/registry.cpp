@@ -6,7 +6,7 @@
 
 namespace libreyolo::kernels {
 
-struct Registry::Entry {
+struct RegistryEntry {
   std::string slot;
   std::string name;
   std::type_index signature;
@@ -18,7 +18,8 @@ struct Registry::Entry {
   std::mutex decline_mutex;
   std::map<std::string, std::uint64_t> declined;
 
-  Entry(std::string s, std::string n, std::type_index sig, std::shared_ptr<void> f, Predicate p)
+  RegistryEntry(std::string s, std::string n, std::type_index sig, std::shared_ptr<void> f,
+                Predicate p)
       : slot(std::move(s)),
         name(std::move(n)),
         signature(sig),
@@ -305,7 +306,42 @@ const void* Registry::function_of(const Entry& entry) { return entry.fn.get(); }
 
 bool Registry::is_disabled(const Entry& entry) { return entry.disabled.load(); }
 
-void Registry::count_call(Entry& entry) { entry.calls.fetch_add(1, std::memory_order_relaxed); }
+namespace {
+thread_local CallRecording* t_recording = nullptr;  // innermost CallRecording of this thread
+}  // namespace
+
+CallRecording::CallRecording() : outer_(t_recording) { t_recording = this; }
+CallRecording::~CallRecording() { t_recording = outer_; }
+
+std::uint64_t RecordedCalls::total() const {
+  std::uint64_t n = 0;
+  for (const auto& [entry, count] : counts_) n += count;
+  return n;
+}
+
+std::uint64_t RecordedCalls::of(const std::string& slot, const std::string& impl) const {
+  std::uint64_t n = 0;
+  for (const auto& [entry, count] : counts_)
+    if (entry->slot == slot && entry->name == impl) n += count;
+  return n;
+}
+
+void Registry::count_call(const std::shared_ptr<Entry>& entry) {
+  entry->calls.fetch_add(1, std::memory_order_relaxed);
+  if (!t_recording) return;
+  auto& counts = t_recording->calls_.counts_;
+  for (auto& [e, n] : counts)
+    if (e == entry) {
+      ++n;
+      return;
+    }
+  counts.emplace_back(entry, 1);
+}
+
+void Registry::count_replayed(const RecordedCalls& calls) {
+  for (const auto& [entry, count] : calls.counts_)
+    entry->calls.fetch_add(count, std::memory_order_relaxed);
+}
 
 void Registry::count_decline(Entry& entry, const char* reason) {
   std::lock_guard<std::mutex> lock(entry.decline_mutex);

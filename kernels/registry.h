@@ -100,6 +100,41 @@ struct Provider {
   std::function<void(class Registry&)> load;
 };
 
+struct RegistryEntry;  // one registered implementation; defined in registry.cpp
+
+/// Implementation calls made by one thread while a CallRecording lives on it. Work that runs
+/// again later without calling the slot (a replayed CUDA graph) is counted by passing this to
+/// Registry::count_replayed, so that calls counters and metrics stay honest.
+class RecordedCalls {
+ public:
+  /// Total calls recorded (all slots and implementations).
+  std::uint64_t total() const;
+  /// Calls recorded for `impl` of `slot`.
+  std::uint64_t of(const std::string& slot, const std::string& impl) const;
+
+ private:
+  friend class Registry;
+  friend class CallRecording;
+  std::vector<std::pair<std::shared_ptr<RegistryEntry>, std::uint64_t>> counts_;
+};
+
+/// While alive, every call the calling thread makes through any Registry is also recorded here
+/// (nested recordings: the innermost records). Not copyable; not shared between threads.
+class CallRecording {
+ public:
+  CallRecording();
+  ~CallRecording();
+  CallRecording(const CallRecording&) = delete;
+  CallRecording& operator=(const CallRecording&) = delete;
+  /// What was recorded so far.
+  const RecordedCalls& calls() const { return calls_; }
+
+ private:
+  friend class Registry;
+  RecordedCalls calls_;
+  CallRecording* outer_;
+};
+
 class Registry {
  public:
   Registry();
@@ -176,7 +211,7 @@ class Registry {
           count_decline(*entry, d->reason);
           continue;
         }
-        count_call(*entry);
+        count_call(entry);
         return std::move(std::get<R>(out));
       } catch (const std::exception& e) {
         disable(slot, *entry, e.what());
@@ -198,11 +233,15 @@ class Registry {
   /// (used by providers that detect a failure outside a call). Returns false if not found.
   bool disable_impl(const std::string& slot, const std::string& impl, const std::string& reason);
 
+  /// Adds `calls` (a CallRecording's, taken while a CUDA graph was captured) to the calls
+  /// counters once, for one replay of that work.
+  void count_replayed(const RecordedCalls& calls);
+
   /// Records a fallback event that is not tied to a registered implementation (a provider that
   /// failed to load, a plugin that could not be opened); logs one warning.
   void record_event(const std::string& slot, const std::string& impl, const std::string& reason);
 
-  struct Entry;  // opaque; defined in registry.cpp
+  using Entry = RegistryEntry;
 
  private:
   template <class R, class... A, class... Args>
@@ -215,7 +254,7 @@ class Registry {
   std::vector<std::shared_ptr<Entry>> candidates(const std::string& slot, std::type_index key);
   static const void* function_of(const Entry& entry);
   static bool is_disabled(const Entry& entry);
-  static void count_call(Entry& entry);
+  static void count_call(const std::shared_ptr<Entry>& entry);
   static void count_decline(Entry& entry, const char* reason);
   void disable(const std::string& slot, Entry& entry, const std::string& reason);
 

@@ -14,6 +14,10 @@
 #include "models/deformable_detr/deformable_detr.h"
 #define LIBREYOLO_HAS_DEFORMABLE_DETR 1
 #endif
+#if __has_include("models/dfine/dfine.h")
+#include "models/dfine/dfine.h"
+#define LIBREYOLO_HAS_DFINE 1
+#endif
 #if __has_include("models/vit/vit.h")
 #include "models/vit/vit.h"
 #define LIBREYOLO_HAS_VIT 1
@@ -25,7 +29,12 @@
 
 namespace libreyolo::models {
 
-std::unique_ptr<Model> load_model(const std::string& dir, const LoadOptions& options) {
+std::unique_ptr<Model> load_model(const std::string& dir, const LoadOptions& requested) {
+  // "cuda" means the current CUDA device. Models compare an input's device exactly (cuda:0 !=
+  // cuda), so resolve the index once here: what a tensor created on "cuda" reports.
+  LoadOptions options = requested;
+  if (options.device.is_cuda() && !options.device.has_index())
+    options.device = at::empty({0}, at::TensorOptions().device(options.device)).device();
   const std::string file = dir + "/config.json";
   const nlohmann::json config = core::read_json_file(file);
   const core::ConfigView view(config, file);
@@ -37,6 +46,9 @@ std::unique_ptr<Model> load_model(const std::string& dir, const LoadOptions& opt
   if (type == "rt_detr" || type == "rt_detr_v2") return load_rtdetr(dir, config, options);
 #ifdef LIBREYOLO_HAS_DEFORMABLE_DETR
   if (type == "deformable_detr") return load_deformable_detr(dir, config, options);
+#endif
+#ifdef LIBREYOLO_HAS_DFINE
+  if (type == "d_fine") return load_dfine(dir, config, options);
 #endif
 #ifdef LIBREYOLO_HAS_VIT
   if (type == "vit") return load_vit(dir, config, options);

@@ -18,7 +18,7 @@ enum class Task { object_detection, image_classification };
 /// How to load a checkpoint.
 struct LoadOptions {
   at::ScalarType dtype = at::kFloat;  ///< float32, float16 or bfloat16 (parameters and compute)
-  at::Device device = at::kCPU;       ///< cpu or cuda:N
+  at::Device device = at::kCPU;       ///< cpu, cuda:N, or cuda (load_model: the current device)
 };
 
 /// Raw model outputs. Detectors: `logits` (B, Q, num_labels) and `pred_boxes` (B, Q, 4) as
@@ -60,6 +60,8 @@ class Model {
 /// dispatching on config.json `model_type`. Throws std::runtime_error with a one-line message
 /// naming the file and the field or tensor key for anything wrong (unknown model_type,
 /// unsupported option, missing/unexpected/mis-shaped tensors, corrupt safetensors).
+/// A `cuda` device without an index becomes the current CUDA device (cuda:N): the model's
+/// inputs must then be on cuda:N.
 std::unique_ptr<Model> load_model(const std::string& dir, const LoadOptions& options = {});
 
 }  // namespace libreyolo::models

@@ -1,14 +1,23 @@
-// libreyolo-server: the daemon (DESIGN.md "Serving"). Signals: the first SIGTERM/SIGINT flips
-// readiness to NOT_SERVING, keeps serving for server.drain_seconds, then stops accepting and
-// finishes in-flight requests (exit 0); a second signal exits at once (exit 128 + signal).
-#include <atomic>
+// libreyolo-server: the daemon (DESIGN.md "Serving"). Signals: a SIGTERM/SIGINT during start-up
+// (configuration, kernels, LibTorch and model loading: readiness never was SERVING) exits 0 at
+// once; once serving, the first one flips readiness to NOT_SERVING, keeps serving for
+// server.drain_seconds, then stops accepting and finishes in-flight requests (exit 0); a second
+// signal exits at once (exit 128 + signal).
+//
+// SIGINT/SIGTERM are blocked in every thread from the first instruction of the process on (see
+// block_stop_signals) and only one thread, StopSignals, takes them with sigwait: a signal sent
+// while LibTorch or the models load is neither lost nor delivered to a library's thread.
+#include <pthread.h>
+
 #include <cerrno>
+#include <condition_variable>
 #include <csignal>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <ctime>
 #include <filesystem>
 #include <iostream>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -23,24 +32,96 @@ namespace {
 
 using namespace libreyolo;
 
+/// Prints the usage: to stdout and returns 0 for --help, to stderr for a usage error (code 2).
 int usage(int code) {
-  std::cerr << "usage: libreyolo-server [--config FILE] [--model-repository DIR] [--grpc-address "
-               "HOST:PORT]\n"
-               "                        [--http-address HOST:PORT|off] [--print-config]\n"
-               "       libreyolo-server kernels lock|download|verify [...]   (hub kernels; "
-               "docs/HUB_KERNELS.md)\n"
-               "Default configuration file: config/server.yaml when it exists.\n";
+  (code == 0 ? std::cout : std::cerr)
+      << "usage: libreyolo-server [--config FILE] [--model-repository DIR] [--grpc-address "
+         "HOST:PORT]\n"
+         "                        [--http-address HOST:PORT|off] [--print-config]\n"
+         "       libreyolo-server kernels lock|download|verify [...]   (hub kernels; "
+         "docs/HUB_KERNELS.md)\n"
+         "Default configuration file: config/server.yaml when it exists.\n";
   return code;
 }
 
-/// Waits up to `seconds` for SIGTERM/SIGINT (blocked in every thread); returns it or 0.
-int wait_signal(const sigset_t& set, double seconds) {
-  timespec ts;
-  ts.tv_sec = static_cast<time_t>(seconds);
-  ts.tv_nsec = static_cast<long>((seconds - static_cast<double>(ts.tv_sec)) * 1e9);
-  const int sig = sigtimedwait(&set, nullptr, &ts);
-  return sig > 0 ? sig : 0;
+/// SIGINT and SIGTERM.
+sigset_t stop_signals() {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGTERM);
+  sigaddset(&set, SIGINT);
+  return set;
 }
+
+/// Blocks SIGINT/SIGTERM before anything else runs: an entry of the executable's
+/// DT_PREINIT_ARRAY, which the dynamic loader runs before the initialisers of every shared
+/// library (LibTorch, gRPC, OpenMP may start threads there; a thread inherits the mask of its
+/// creator). Also resets an inherited SIG_IGN (a shell's background job ignores SIGINT): once
+/// blocked, the signal stays pending for sigwait instead of being discarded. Only a signal sent
+/// while the dynamic loader maps the libraries, before this runs, keeps its default action.
+void block_stop_signals(int, char**, char**) {
+  const sigset_t set = stop_signals();
+  sigprocmask(SIG_BLOCK, &set, nullptr);
+  signal(SIGTERM, SIG_DFL);
+  signal(SIGINT, SIG_DFL);
+}
+
+__attribute__((section(".preinit_array"),
+               used)) void (*const preinit_block_stop_signals)(int, char**,
+                                                               char**) = &block_stop_signals;
+
+/// The one thread that takes SIGINT/SIGTERM (sigwait). Before serving(): exit 0 at once (start-up:
+/// nothing was served, readiness never was SERVING). After serving(): the first signal is handed
+/// to the main thread (the drain); any later one exits at once with 128 + signal.
+class StopSignals {
+ public:
+  StopSignals() {
+    std::thread([this] { run(); }).detach();  // lives until the process exits
+  }
+
+  /// Start-up is over (called before readiness is first published): from now on the first
+  /// signal drains.
+  void serving() {
+    std::lock_guard<std::mutex> lk(mu_);
+    serving_ = true;
+  }
+
+  /// Waits for the first signal after serving() and returns it.
+  int wait() {
+    std::unique_lock<std::mutex> lk(mu_);
+    cv_.wait(lk, [&] { return first_ != 0; });
+    return first_;
+  }
+
+ private:
+  void run() {
+    const sigset_t set = stop_signals();
+    for (;;) {
+      int sig = 0;
+      if (sigwait(&set, &sig) != 0) continue;
+      std::unique_lock<std::mutex> lk(mu_);
+      if (!serving_) {
+        log::info("signal " + std::to_string(sig) +
+                  " during start-up (readiness never was SERVING): exit 0");
+        std::fflush(nullptr);
+        std::_Exit(0);
+      }
+      if (first_ == 0) {
+        first_ = sig;
+        cv_.notify_all();
+        continue;
+      }
+      log::warn("second signal " + std::to_string(sig) + ": exiting now");
+      std::fflush(nullptr);
+      std::_Exit(128 + sig);
+    }
+  }
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool serving_ = false;
+  int first_ = 0;
+};
 
 /// `libreyolo-server kernels ...` is `libreyolo-kernels-hub ...` (the program installed next to
 /// this one), so that init containers and operators need one program name. Returns only on error.
@@ -56,6 +137,9 @@ int exec_kernels_tool(int argc, char** argv) {
   std::vector<char*> args{path.data()};
   for (int i = 2; i < argc; ++i) args.push_back(argv[i]);
   args.push_back(nullptr);
+  // The hub tool is an ordinary command: Ctrl-C stops it (the mask survives execv).
+  const sigset_t set = stop_signals();
+  sigprocmask(SIG_UNBLOCK, &set, nullptr);
   execv(path.c_str(), args.data());
   std::cerr << "libreyolo-server kernels: cannot run " << path << ": " << std::strerror(errno)
             << "\n";
@@ -66,12 +150,12 @@ int exec_kernels_tool(int argc, char** argv) {
 
 int main(int argc, char** argv) {
   if (argc > 1 && std::string(argv[1]) == "kernels") return exec_kernels_tool(argc, argv);
-  // Block the signals before any thread starts, so that only sigtimedwait sees them.
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGTERM);
-  sigaddset(&signals, SIGINT);
+  // Already blocked since block_stop_signals (pre-init); again in case the executable was
+  // linked without its pre-init array (e.g. into another program).
+  const sigset_t signals = stop_signals();
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  // Never destroyed: its thread may take a signal while static destructors run after main.
+  StopSignals& stop = *new StopSignals;
 
   std::string config_file;
   bool config_given = false, print = false;
@@ -134,32 +218,17 @@ int main(int argc, char** argv) {
   const double drain = config.drain_seconds.value;
   server::Daemon daemon(std::move(config));
   try {
-    daemon.start();
+    daemon.start([&stop] { stop.serving(); });
   } catch (const std::exception& e) {
     log::error(std::string("start-up failed: ") + e.what());
     return 1;
   }
-  int sig = 0;
-  while ((sig = wait_signal(signals, 3600.0)) == 0) {
-  }
+  const int sig = stop.wait();
   log::info("signal " + std::to_string(sig) + ": draining for " + std::to_string(drain) + " s");
   daemon.begin_drain();
-  if (int again = wait_signal(signals, drain)) {
-    log::warn("second signal " + std::to_string(again) + ": exiting now");
-    std::_Exit(128 + again);
-  }
-  std::atomic<bool> done{false};
-  std::thread stopper([&] {
-    daemon.stop(30.0);
-    done = true;
-  });
-  while (!done) {
-    if (int again = wait_signal(signals, 0.1)) {
-      log::warn("second signal " + std::to_string(again) + ": exiting now");
-      std::_Exit(128 + again);
-    }
-  }
-  stopper.join();
+  // A second signal exits at once (StopSignals), during the drain window and the stop alike.
+  std::this_thread::sleep_for(std::chrono::duration<double>(drain));
+  daemon.stop(30.0);
   log::info("exit 0");
   return 0;
 }

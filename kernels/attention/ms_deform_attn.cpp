@@ -255,6 +255,22 @@ at::Tensor ms_deform_attn_v2(const at::Tensor& value, const SpatialShapes& shape
     return ms_deform_attn(value, shapes, sampling_locations.reshape({B, Q, H, L, P, 2}),
                           attention_weights.reshape({B, Q, H, L, P}));
   }
+  if (method == SamplingMethod::bilinear && value.is_cuda()) {
+    // Ragged points per level (D-FINE [3, 6, 3]) on CUDA: pad every level to the most points
+    // with weight 0, so the padded samples add exact zeros, and take the classic layout the
+    // slot's CUDA kernel serves (18 samples instead of 12 for [3, 6, 3], in one launch instead
+    // of a grid_sample per level). The CPU keeps transformers' per-level split below.
+    const int64_t P = *std::max_element(num_points.begin(), num_points.end());
+    std::vector<at::Tensor> locs, ws;
+    int64_t start = 0;
+    for (const int64_t p : num_points) {
+      locs.push_back(
+          at::constant_pad_nd(sampling_locations.narrow(3, start, p), {0, 0, 0, P - p}, 0.5));
+      ws.push_back(at::constant_pad_nd(attention_weights.narrow(3, start, p), {0, P - p}, 0.0));
+      start += p;
+    }
+    return ms_deform_attn(value, shapes, at::stack(locs, 3), at::stack(ws, 3));
+  }
 
   const bool discrete = method != SamplingMethod::bilinear;
   // Bilinear: grid_sample needs locations in value's dtype. Discrete: upstream computes the

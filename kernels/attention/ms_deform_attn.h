@@ -80,8 +80,9 @@ enum class SamplingMethod {
 /// RT-DETRv2's flat-points layout: value (B, S, H, C); sampling_locations (B, Q, H, sum(P_l), 2);
 /// attention_weights (B, Q, H, sum(P_l)); `num_points[l]` = P_l >= 1, one entry per level.
 /// Output (B, Q, H * C) in value's dtype.
-/// Reaches the slot (ms_deform_attn) only for `bilinear` with equal P_l (reshaped to the classic
-/// layout); `discrete*` and ragged points per level stay portable (per-level split, as
+/// `bilinear` reaches the slot (ms_deform_attn) in the classic layout: reshaped when every P_l
+/// is equal, and on CUDA also for ragged P_l, each level padded to max P_l with weight-0 samples
+/// (exact zeros). `discrete*`, and ragged P_l on the CPU, stay portable (per-level split, as
 /// transformers' multi_scale_deformable_attention_v2). Discrete sampling has no gradient to the
 /// locations (integer coordinates); value and weights get theirs through ATen autograd.
 /// Throws c10::Error naming the tensor on shapes that do not match.

@@ -1,5 +1,7 @@
 #include "models/core/config.h"
 
+#include <sys/stat.h>
+
 #include <cmath>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -16,21 +18,66 @@ std::string brief(const nlohmann::json& v) {
 
 }  // namespace
 
-nlohmann::json read_json_file(const std::string& path) {
+std::string read_json_text(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) throw ConfigError(path + ": cannot open");
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  try {
-    return nlohmann::json::parse(ss.str());
-  } catch (const nlohmann::json::exception& e) {
-    std::string what = e.what();
-    for (auto& c : what)
-      if (c == '\n') c = ' ';
-    // The message quotes the offending token, which may be megabytes long (a huge number).
-    if (what.size() > 200) what = what.substr(0, 197) + "...";
-    throw ConfigError(path + ": invalid JSON: " + what);
+  auto too_large = [&](const std::string& size) {
+    return ConfigError(path + ": " + size + " bytes, more than the " +
+                       std::to_string(kMaxJsonFileBytes) +
+                       " (16 MiB) a JSON configuration file may have");
+  };
+  struct stat st {};
+  if (::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode) && st.st_size > kMaxJsonFileBytes)
+    throw too_large(std::to_string(st.st_size));
+  // A FIFO or device has no size to check first: read up to one byte past the cap.
+  std::string text(static_cast<std::size_t>(kMaxJsonFileBytes) + 1, '\0');
+  in.read(text.data(), static_cast<std::streamsize>(text.size()));
+  text.resize(static_cast<std::size_t>(in.gcount()));
+  if (static_cast<std::int64_t>(text.size()) > kMaxJsonFileBytes)
+    throw too_large("at least " + std::to_string(kMaxJsonFileBytes + 1));
+  return text;
+}
+
+std::string clip_json_error(std::string what) {
+  for (auto& c : what) {
+    if (c == '\n' || c == '\r') c = ' ';
   }
+  constexpr std::size_t kLongest = 64, kKept = 48;
+  std::string out;
+  std::size_t at = 0;
+  while (at < what.size()) {
+    const std::size_t open = what.find('\'', at);
+    if (open == std::string::npos) {
+      out += what.substr(at);
+      break;
+    }
+    std::size_t close = what.find('\'', open + 1);
+    // An unterminated quote runs to the end of the message.
+    const std::size_t end = close == std::string::npos ? what.size() : close;
+    const std::size_t length = end - open - 1;
+    out += what.substr(at, open + 1 - at);
+    if (length > kLongest) {
+      out += what.substr(open + 1, kKept) + "...' (" + std::to_string(length) + " characters)";
+    } else {
+      out += what.substr(open + 1, length) + (close == std::string::npos ? "" : "'");
+    }
+    if (close == std::string::npos) break;
+    at = close + 1;
+  }
+  if (out.size() > 1024) out = out.substr(0, 1021) + "...";
+  return out;
+}
+
+nlohmann::json parse_json_text(const std::string& text, const std::string& path) {
+  try {
+    return nlohmann::json::parse(text);
+  } catch (const nlohmann::json::exception& e) {
+    throw ConfigError(path + ": invalid JSON: " + clip_json_error(e.what()));
+  }
+}
+
+nlohmann::json read_json_file(const std::string& path) {
+  return parse_json_text(read_json_text(path), path);
 }
 
 ConfigView::ConfigView(const nlohmann::json& json, std::string file, std::string prefix)

@@ -18,7 +18,29 @@ class ConfigError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-/// Reads and parses a JSON file. Throws ConfigError naming the path (cannot open, invalid JSON).
+/// Largest JSON configuration file read, bytes (16 MiB). Hugging Face config.json and
+/// preprocessor_config.json files are kilobytes (a 22k-class id2label is about 1 MB); without a
+/// cap a 1 GB file (one huge number) was buffered whole, on each of the parallel loaders.
+constexpr std::int64_t kMaxJsonFileBytes = std::int64_t{16} << 20;
+
+/// Reads a JSON configuration file's text. Throws ConfigError naming the path: cannot open, or
+/// more than kMaxJsonFileBytes ("<path>: 17825792 bytes, more than the 16777216 (16 MiB) a JSON
+/// configuration file may have"; files that are not regular are read up to the cap).
+std::string read_json_text(const std::string& path);
+
+/// Parses JSON text read from `path`. Throws ConfigError "<path>: invalid JSON: <nlohmann's
+/// message>" on one line, each quoted token longer than 64 characters clipped (see
+/// clip_json_error).
+nlohmann::json parse_json_text(const std::string& text, const std::string& path);
+
+/// nlohmann's exception message on one line, with every quoted token ('...') longer than 64
+/// characters cut to its first 48 and its length ("'1000000...' (3145729 characters)"): the
+/// parser quotes the offending token whole, which may be megabytes (a 3 MB number). At most
+/// 1024 characters.
+std::string clip_json_error(std::string what);
+
+/// read_json_text then parse_json_text. Throws ConfigError naming the path (cannot open, too
+/// large, invalid JSON).
 nlohmann::json read_json_file(const std::string& path);
 
 /// A view on one JSON object of a config file. Holds a pointer: the json must outlive it.

@@ -1,6 +1,8 @@
 // ImageProcessor: transformers 5.17 torchvision-backend numerics (see processor.h).
 #include "models/image/processor.h"
 
+#include "models/core/config.h"
+
 #include <c10/util/StringUtil.h>
 
 #include <cmath>
@@ -129,7 +131,8 @@ ProcessorConfig ProcessorConfig::from_json(const std::string& text, const std::s
   try {
     j = json::parse(text);
   } catch (const json::exception& e) {
-    throw std::runtime_error(source + ": not valid JSON (" + e.what() + ")");
+    throw std::runtime_error(source + ": not valid JSON (" +
+                             models::core::clip_json_error(e.what()) + ")");
   }
   if (!j.is_object()) throw std::runtime_error(source + ": not a JSON object");
   if (!j.contains("image_processor_type"))
@@ -166,11 +169,8 @@ ProcessorConfig ProcessorConfig::from_json(const std::string& text, const std::s
 }
 
 ProcessorConfig ProcessorConfig::from_file(const std::string& path) {
-  std::ifstream f(path);
-  if (!f) throw std::runtime_error(path + ": cannot open file");
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return from_json(ss.str(), path);
+  // The same size cap as config.json (models::core::kMaxJsonFileBytes).
+  return from_json(models::core::read_json_text(path), path);
 }
 
 std::pair<int64_t, int64_t> size_with_aspect_ratio(int64_t height, int64_t width,

@@ -43,7 +43,9 @@ struct ProcessorConfig {
   /// Throws std::runtime_error naming the source and key (unknown processor type, unsupported
   /// resample, malformed size, wrong value types).
   static ProcessorConfig from_json(const std::string& text, const std::string& source);
-  /// Reads <path> (a preprocessor_config.json).
+  /// Reads <path> (a preprocessor_config.json) and parses it. Throws std::runtime_error naming
+  /// the path when it cannot be opened or exceeds 16 MiB (models::core::read_json_text), or as
+  /// from_json.
   static ProcessorConfig from_file(const std::string& path);
 };
 

@@ -43,6 +43,15 @@ AttentionPath attention_path(c10::DeviceType device, at::ScalarType dtype, BiasK
 
 namespace {
 
+/// True when `mask` is in `dtype` with unit last stride and every other stride a multiple of 16
+/// elements (ATen attention.cpp aligned_tensor: the memory-efficient kernel reads it in place).
+bool is_aligned_mask(const at::Tensor& mask, at::ScalarType dtype) {
+  if (mask.scalar_type() != dtype || mask.dim() == 0 || mask.stride(-1) != 1) return false;
+  for (int64_t i = 0; i + 1 < mask.dim(); ++i)
+    if (mask.stride(i) % 16 != 0) return false;
+  return mask.storage_offset() % 16 == 0;
+}
+
 /// `mask` (nW or 1, h, Lq, Lk) in `dtype`, stored with rows padded to a multiple of 16
 /// elements (zeros) and sliced back to Lk; with batch_windows > 0 the rows are replicated
 /// image-major to (batch_windows, h, Lq, Lk) (a contiguous copy of the padded rows, which
@@ -51,6 +60,8 @@ namespace {
 /// preprocess_mask / pad_bias would pad a copy on every call otherwise).
 at::Tensor aligned_mask(const at::Tensor& mask, at::ScalarType dtype, int64_t batch_windows = 0) {
   if (mask.scalar_type() == at::kBool) return mask;  // a boolean mask keeps its meaning
+  if (is_aligned_mask(mask, dtype) && (batch_windows == 0 || mask.size(0) == batch_windows))
+    return mask;  // prepared already (prepare_window_bias): read in place
   const int64_t n = mask.size(-1), padded = (n + 15) / 16 * 16;
   auto sizes = mask.sizes().vec();
   sizes.back() = padded;
@@ -77,6 +88,15 @@ at::Tensor expand_window_bias(const at::Tensor& bias, int64_t batch_windows) {
 }
 
 }  // namespace
+
+at::Tensor prepare_attention_bias(const at::Tensor& bias, int64_t batch_windows,
+                                  at::ScalarType dtype, AttentionPath path) {
+  TORCH_CHECK(bias.dim() == 4 && batch_windows >= 0 &&
+                  (batch_windows == 0 || batch_windows % bias.size(0) == 0),
+              "attention: cannot prepare bias ", bias.sizes(), " for ", batch_windows, " windows");
+  if (path != AttentionPath::kMemEfficient && path != AttentionPath::kSdpaPaddedMask) return bias;
+  return aligned_mask(bias, dtype, batch_windows);
+}
 
 at::Tensor dot_product_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                  const at::Tensor& bias, double scale, AttentionPath path,

@@ -48,6 +48,16 @@ const char* attention_path_name(AttentionPath path);
 AttentionPath attention_path(c10::DeviceType device, at::ScalarType dtype, BiasKind bias,
                              int64_t tokens, int64_t head_dim);
 
+/// The bias that `path` reads in place, so that a caller can build it once and reuse it (Swin
+/// caches it per block): for kMemEfficient and kSdpaPaddedMask, `bias` (nW or 1, H or 1, Lq, Lk)
+/// in `dtype` stored with rows padded to 16 elements and, when batch_windows > 0, replicated
+/// image-major to (batch_windows, ...); pass it with bias_windows = batch_windows (or a leading
+/// slice of it for fewer images). Other paths: `bias` unchanged (they read it without a
+/// per-call copy). Bytes: batch_windows * H * Lq * 16-padded Lk * sizeof(dtype). Throws
+/// c10::Error when bias is not 4-D or batch_windows is not a multiple of its windows.
+at::Tensor prepare_attention_bias(const at::Tensor& bias, int64_t batch_windows,
+                                  at::ScalarType dtype, AttentionPath path);
+
 /// q (B, H, Lq, d), k (B, H, Lk, d), v (B, H, Lk, dv); bias additive, broadcastable to
 /// (B, H, Lq, Lk), or undefined. Returns (B, H, Lq, dv) in q's dtype.
 /// softmax_in_float32: softmax computed in float32 then cast back (ViT/Swin eager path).

@@ -4,23 +4,19 @@
 #include "models/rtdetr/modules.h"
 
 namespace libreyolo::models::rtdetr {
-namespace {
-
-// RTDetrConvNormLayer: conv (padding (k-1)//2 unless given, no bias) + BN(batch_norm_eps) + act.
 layers::ConvNorm conv_norm(const Config& c, int64_t in, int64_t out, int64_t kernel, int64_t stride,
-                           Activation act, int64_t padding = -1) {
+                           Activation act, int64_t padding, int64_t groups) {
   layers::ConvNormOptions o;
   o.in = in;
   o.out = out;
   o.kernel = kernel;
   o.stride = stride;
+  o.groups = groups;
   o.padding = padding >= 0 ? padding : (kernel - 1) / 2;
   o.act = act;
   o.eps = c.batch_norm_eps;
   return std::make_shared<layers::ConvNormImpl>(o);
 }
-
-}  // namespace
 
 at::Tensor sincos_position_embedding_2d(int64_t h, int64_t w, int64_t dim, double temperature,
                                         at::ScalarType dtype, const at::Device& device) {
@@ -63,13 +59,17 @@ at::Tensor EncoderLayerImpl::forward(const at::Tensor& x, const at::Tensor& pos)
   return h;
 }
 
-CSPRepLayerImpl::CSPRepLayerImpl(const Config& c) : act_(c.activation) {
-  const int64_t out = c.encoder_hidden_dim, in = 2 * out;
-  const auto hidden = static_cast<int64_t>(static_cast<double>(out) * c.hidden_expansion);
+CSPRepLayerImpl::CSPRepLayerImpl(const Config& c)
+    : CSPRepLayerImpl(c, 2 * c.encoder_hidden_dim, c.encoder_hidden_dim, 3, c.hidden_expansion) {}
+
+CSPRepLayerImpl::CSPRepLayerImpl(const Config& c, int64_t in, int64_t out, int64_t num_blocks,
+                                 double expansion)
+    : act_(c.activation) {
+  const auto hidden = static_cast<int64_t>(static_cast<double>(out) * expansion);
   conv1_ = register_module("conv1", conv_norm(c, in, hidden, 1, 1, c.activation));
   conv2_ = register_module("conv2", conv_norm(c, in, hidden, 1, 1, c.activation));
   auto seq = register_module("bottlenecks", std::make_shared<torch::nn::Module>());
-  for (int i = 0; i < 3; ++i) {
+  for (int64_t i = 0; i < num_blocks; ++i) {
     // RTDetrRepVggBlock: act(convnorm3x3(x) + convnorm1x1(x)), no identity branch.
     auto block = seq->register_module(std::to_string(i), std::make_shared<torch::nn::Module>());
     auto a =
@@ -91,12 +91,21 @@ at::Tensor CSPRepLayerImpl::forward(const at::Tensor& x) const {
   return conv3_ ? conv3_->forward(sum) : sum;
 }
 
-HybridEncoderImpl::HybridEncoderImpl(const Config& c)
+CCFMFactories rtdetr_ccfm(const Config& c) {
+  const int64_t e = c.encoder_hidden_dim;
+  CCFMFactories f;
+  f.lateral_conv = [c, e] { return ccfm_block(conv_norm(c, e, e, 1, 1, c.activation)); };
+  f.fpn_block = [c] { return ccfm_block(std::make_shared<CSPRepLayerImpl>(c)); };
+  f.downsample_conv = [c, e] { return ccfm_block(conv_norm(c, e, e, 3, 2, c.activation)); };
+  f.pan_block = f.fpn_block;
+  return f;
+}
+
+HybridEncoderImpl::HybridEncoderImpl(const Config& c, const CCFMFactories& blocks)
     : encode_proj_layers_(c.encode_proj_layers),
       hidden_dim_(c.encoder_hidden_dim),
       temperature_(c.positional_encoding_temperature),
       use_pos_(!c.eval_size_set) {
-  const int64_t e = c.encoder_hidden_dim;
   // On disk "encoder.{i}.layers.{j}" (transformers v5 in memory: aifi.{i}).
   auto aifi = register_module("encoder", std::make_shared<torch::nn::Module>());
   for (size_t i = 0; i < c.encode_proj_layers.size(); ++i) {
@@ -107,20 +116,20 @@ HybridEncoderImpl::HybridEncoderImpl(const Config& c)
     aifi_.push_back(layers::register_list(*block, "layers", ls));
   }
   const size_t stages = c.encoder_in_channels.size() - 1;
-  std::vector<layers::ConvNorm> lateral, down;
-  std::vector<std::shared_ptr<CSPRepLayerImpl>> fpn, pan;
-  for (size_t i = 0; i < stages; ++i) {
-    lateral.push_back(conv_norm(c, e, e, 1, 1, c.activation));
-    fpn.push_back(std::make_shared<CSPRepLayerImpl>(c));
-  }
-  for (size_t i = 0; i < stages; ++i) {
-    down.push_back(conv_norm(c, e, e, 3, 2, c.activation));
-    pan.push_back(std::make_shared<CSPRepLayerImpl>(c));
-  }
-  lateral_convs_ = layers::register_list(*this, "lateral_convs", lateral);
-  fpn_blocks_ = layers::register_list(*this, "fpn_blocks", fpn);
-  downsample_convs_ = layers::register_list(*this, "downsample_convs", down);
-  pan_blocks_ = layers::register_list(*this, "pan_blocks", pan);
+  auto make = [&](const std::string& name, const std::function<CCFMBlock()>& factory) {
+    auto list = register_module(name, std::make_shared<torch::nn::Module>());
+    std::vector<CCFMBlock> out;
+    for (size_t i = 0; i < stages; ++i) {
+      out.push_back(factory());
+      list->register_module(std::to_string(i), out.back().module);
+    }
+    return out;
+  };
+  // Registration order = transformers' (lateral, fpn, downsample, pan) for readable dumps.
+  lateral_convs_ = make("lateral_convs", blocks.lateral_conv);
+  fpn_blocks_ = make("fpn_blocks", blocks.fpn_block);
+  downsample_convs_ = make("downsample_convs", blocks.downsample_conv);
+  pan_blocks_ = make("pan_blocks", blocks.pan_block);
 }
 
 std::vector<at::Tensor> HybridEncoderImpl::forward(std::vector<at::Tensor> fm) const {
@@ -141,17 +150,17 @@ std::vector<at::Tensor> HybridEncoderImpl::forward(std::vector<at::Tensor> fm) c
   std::vector<at::Tensor> fpn{fm.back()};
   for (size_t idx = 0; idx < n; ++idx) {
     const at::Tensor& backbone_map = fm[n - idx - 1];
-    at::Tensor top = lateral_convs_[idx]->forward(fpn.back());
+    at::Tensor top = lateral_convs_[idx].forward(fpn.back());
     fpn.back() = top;
     top = at::upsample_nearest2d(top, std::nullopt, std::vector<double>{2.0, 2.0});
-    fpn.push_back(fpn_blocks_[idx]->forward(at::cat({top, backbone_map}, 1)));
+    fpn.push_back(fpn_blocks_[idx].forward(at::cat({top, backbone_map}, 1)));
   }
   std::reverse(fpn.begin(), fpn.end());
   // Bottom-up PAN.
   std::vector<at::Tensor> pan{fpn[0]};
   for (size_t idx = 0; idx < n; ++idx) {
-    const at::Tensor down = downsample_convs_[idx]->forward(pan.back());
-    pan.push_back(pan_blocks_[idx]->forward(at::cat({down, fpn[idx + 1]}, 1)));
+    const at::Tensor down = downsample_convs_[idx].forward(pan.back());
+    pan.push_back(pan_blocks_[idx].forward(at::cat({down, fpn[idx + 1]}, 1)));
   }
   return pan;
 }

@@ -6,7 +6,9 @@
 #include <ATen/ATen.h>
 #include <torch/nn/module.h>
 
+#include <functional>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "kernels/attention/ms_deform_attn.h"
@@ -50,7 +52,16 @@ struct Config {
 
   /// Parses and validates; throws core::ConfigError naming the file and field.
   static Config parse(const core::ConfigView& cfg);
+  /// The fields RT-DETR shares with D-FINE (hybrid encoder, query selection, decoder sizes;
+  /// not the backbone, decoder_n_points or the v2 fields), read into `c` with the checks that do
+  /// not depend on the family. Throws core::ConfigError naming the file and field.
+  static void parse_shared(const core::ConfigView& cfg, Config& c);
 };
+
+/// RTDetrConvNormLayer / DFineConvNormLayer: conv (no bias, padding (kernel-1)/2 unless given,
+/// `groups`) + BatchNorm2d(batch_norm_eps) + act, children "conv" / "norm".
+layers::ConvNorm conv_norm(const Config& c, int64_t in, int64_t out, int64_t kernel, int64_t stride,
+                           Activation act, int64_t padding = -1, int64_t groups = 1);
 
 // ---- backbone (modeling_rt_detr_resnet.py) ----------------------------------------------
 
@@ -99,10 +110,15 @@ class EncoderLayerImpl : public torch::nn::Module {
   bool normalize_before_;
 };
 
-/// CSPRepLayer (conv1 -> 3 RepVGG bottlenecks, conv2, conv3 or identity).
+/// CSPRepLayer (conv1 -> RepVGG bottlenecks, conv2, conv3 or identity); conv1/conv2/conv3 use
+/// config.activation_function, the RepVGG blocks act(convnorm3x3(x) + convnorm1x1(x)).
 class CSPRepLayerImpl : public torch::nn::Module {
  public:
+  /// RT-DETR's: 2E -> E (E = encoder_hidden_dim), 3 blocks, hidden = int(E * hidden_expansion).
   explicit CSPRepLayerImpl(const Config& c);
+  /// in -> out channels with `num_blocks` RepVGG blocks of int(out * expansion) channels
+  /// (D-FINE's RepNCSPELAN4 branches: expansion 1, round(3 * depth_mult) blocks).
+  CSPRepLayerImpl(const Config& c, int64_t in, int64_t out, int64_t num_blocks, double expansion);
   at::Tensor forward(const at::Tensor& x) const;
 
  private:
@@ -111,17 +127,35 @@ class CSPRepLayerImpl : public torch::nn::Module {
   Activation act_;
 };
 
-/// RTDetrHybridEncoder: AIFI ("encoder.{i}.layers.{j}") + CCFM (FPN + PAN).
+/// A CCFM block: the module to register and its forward (B, C, H, W) -> (B, C', H', W').
+struct CCFMBlock {
+  std::shared_ptr<torch::nn::Module> module;
+  std::function<at::Tensor(const at::Tensor&)> forward;
+};
+/// Wraps any module with a `forward(const at::Tensor&) const`.
+template <class T>
+CCFMBlock ccfm_block(std::shared_ptr<T> m) {
+  return {m, [m](const at::Tensor& x) { return m->forward(x); }};
+}
+/// Factories of the four CCFM block kinds; each call makes one new block.
+struct CCFMFactories {
+  std::function<CCFMBlock()> lateral_conv, fpn_block, downsample_conv, pan_block;
+};
+/// RT-DETR's: lateral 1x1 ConvNorm (activation), CSPRepLayer(2E -> E), 3x3 stride-2 ConvNorm.
+CCFMFactories rtdetr_ccfm(const Config& c);
+
+/// RTDetrHybridEncoder / DFineHybridEncoder: AIFI ("encoder.{i}.layers.{j}") + CCFM (FPN + PAN)
+/// with the family's blocks ("lateral_convs", "fpn_blocks", "downsample_convs", "pan_blocks").
 class HybridEncoderImpl : public torch::nn::Module {
  public:
-  explicit HybridEncoderImpl(const Config& c);
+  explicit HybridEncoderImpl(const Config& c) : HybridEncoderImpl(c, rtdetr_ccfm(c)) {}
+  HybridEncoderImpl(const Config& c, const CCFMFactories& blocks);
   /// feature maps (B, E, H_l, W_l) per level -> PAN outputs, same shapes.
   std::vector<at::Tensor> forward(std::vector<at::Tensor> feature_maps) const;
 
  private:
   std::vector<std::vector<std::shared_ptr<EncoderLayerImpl>>> aifi_;
-  std::vector<layers::ConvNorm> lateral_convs_, downsample_convs_;
-  std::vector<std::shared_ptr<CSPRepLayerImpl>> fpn_blocks_, pan_blocks_;
+  std::vector<CCFMBlock> lateral_convs_, downsample_convs_, fpn_blocks_, pan_blocks_;
   std::vector<int64_t> encode_proj_layers_;
   int64_t hidden_dim_;
   double temperature_;
@@ -189,6 +223,29 @@ class DecoderImpl : public torch::nn::Module {
   std::vector<layers::MLP> bbox_embed_;
 };
 
+/// Flattens decoder sources (B, D, H_l, W_l) to (B, sum H_l W_l, D) (level-major, row-major
+/// positions) and returns their sizes in `shapes`.
+at::Tensor flatten_sources(const std::vector<at::Tensor>& sources, kernels::SpatialShapes& shapes);
+
+/// The encoder heads of the two-stage query selection (RTDetrModel / DFineModel "enc_output",
+/// "enc_score_head", "enc_bbox_head").
+struct QuerySelectionHeads {
+  layers::Linear enc_output_linear, enc_score_head;
+  layers::LayerNorm enc_output_norm;
+  layers::MLP enc_bbox_head;
+};
+
+/// Registers "enc_output.{0,1}", "enc_score_head", "enc_bbox_head" (d_model wide) under `model`.
+QuerySelectionHeads register_query_selection(torch::nn::Module& model, const Config& c);
+
+/// Anchors + top-k query selection (RTDetrModel.forward / DFineModel.forward, eval):
+/// source_flatten (B, S, D) -> (target (B, Q, D), reference_points_unact (B, Q, 4)), Q =
+/// num_queries; anchors from `shapes` or config anchor_image_size / feat_strides. Throws
+/// std::invalid_argument when the anchors do not match the tokens.
+std::pair<at::Tensor, at::Tensor> select_queries(const Config& c, const QuerySelectionHeads& heads,
+                                                 const at::Tensor& source_flatten,
+                                                 const kernels::SpatialShapes& shapes);
+
 // ---- the whole detector ----------------------------------------------------------------------
 
 /// Root module: "model.{backbone.model, encoder_input_proj, encoder, enc_output, enc_score_head,
@@ -206,9 +263,7 @@ class DetectorImpl : public torch::nn::Module {
   std::vector<std::pair<layers::Conv2d, layers::BatchNorm2d>> encoder_input_proj_,
       decoder_input_proj_;
   std::shared_ptr<HybridEncoderImpl> encoder_;
-  layers::Linear enc_output_linear_, enc_score_head_;
-  layers::LayerNorm enc_output_norm_;
-  layers::MLP enc_bbox_head_;
+  QuerySelectionHeads heads_;
   std::shared_ptr<DecoderImpl> decoder_;
 };
 
@@ -216,5 +271,14 @@ class DetectorImpl : public torch::nn::Module {
 /// with invalid rows set to finfo(dtype).max, and the valid mask (1, S, 1) bool.
 std::pair<at::Tensor, at::Tensor> generate_anchors(const kernels::SpatialShapes& shapes,
                                                    at::ScalarType dtype, const at::Device& device);
+
+/// LoadRules::aliases of the decoder heads (hf-models.md 1.3): a module key
+/// "model.decoder.{class_embed,bbox_embed}.{i}.*" is also looked up as "{head}.{i}.*" and, when
+/// `tie` (tie_word_embeddings of RT-DETRv2 / D-FINE), as index 0 of both spellings.
+std::function<std::vector<std::string>(const std::string&)> head_aliases(bool tie);
+
+/// Checks the model input: (B, num_channels, H, W) floating point, B >= 1, H and W positive
+/// multiples of `stride`. Throws std::invalid_argument naming pixel_values otherwise.
+void check_pixel_values(const at::Tensor& pixel_values, int64_t num_channels, int64_t stride);
 
 }  // namespace libreyolo::models::rtdetr

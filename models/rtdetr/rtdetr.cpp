@@ -28,7 +28,71 @@ Activation activation_field(const core::ConfigView& cfg, const std::string& fiel
 
 std::string list_string(const std::vector<int64_t>& v) { return core::shape_string(v); }
 
+void positive(const core::ConfigView& cfg, const char* field, int64_t v) {
+  if (v <= 0) cfg.fail(field, "must be positive, found " + std::to_string(v));
+}
+
 }  // namespace
+
+void Config::parse_shared(const core::ConfigView& cfg, Config& c) {
+  c.freeze_backbone_batch_norms = cfg.get_bool("freeze_backbone_batch_norms", true);
+
+  c.encoder_hidden_dim = cfg.get_int("encoder_hidden_dim", c.encoder_hidden_dim);
+  c.encoder_in_channels = cfg.get_int_list("encoder_in_channels", c.encoder_in_channels);
+  c.feat_strides = cfg.get_int_list("feat_strides", c.feat_strides);
+  c.encoder_layers = cfg.get_int("encoder_layers", c.encoder_layers);
+  c.encoder_ffn_dim = cfg.get_int("encoder_ffn_dim", c.encoder_ffn_dim);
+  c.encoder_attention_heads = cfg.get_int("encoder_attention_heads", c.encoder_attention_heads);
+  c.encode_proj_layers = cfg.get_int_list("encode_proj_layers", c.encode_proj_layers);
+  c.positional_encoding_temperature =
+      cfg.get_double("positional_encoding_temperature", c.positional_encoding_temperature);
+  c.encoder_activation = activation_field(cfg, "encoder_activation_function", "gelu");
+  c.activation = activation_field(cfg, "activation_function", "silu");
+  c.normalize_before = cfg.get_bool("normalize_before", false);
+  c.eval_size_set = cfg.has("eval_size");
+  c.hidden_expansion = cfg.get_double("hidden_expansion", c.hidden_expansion);
+  c.layer_norm_eps = cfg.get_double("layer_norm_eps", c.layer_norm_eps);
+  c.batch_norm_eps = cfg.get_double("batch_norm_eps", c.batch_norm_eps);
+
+  c.d_model = cfg.get_int("d_model", c.d_model);
+  c.num_queries = cfg.get_int("num_queries", c.num_queries);
+  c.decoder_in_channels = cfg.get_int_list("decoder_in_channels", c.decoder_in_channels);
+  c.decoder_ffn_dim = cfg.get_int("decoder_ffn_dim", c.decoder_ffn_dim);
+  c.num_feature_levels = cfg.get_int("num_feature_levels", c.num_feature_levels);
+  c.decoder_layers = cfg.get_int("decoder_layers", c.decoder_layers);
+  c.decoder_attention_heads = cfg.get_int("decoder_attention_heads", c.decoder_attention_heads);
+  c.decoder_activation = activation_field(cfg, "decoder_activation_function", "relu");
+  const auto labels = cfg.id2label();
+  c.num_labels = !labels.empty() ? static_cast<int64_t>(labels.size())
+                                 : cfg.get_int("num_labels", c.num_labels);
+  if (cfg.get_bool("learn_initial_query", false))
+    cfg.fail("learn_initial_query", "true is not supported (broken upstream in transformers 5.17)");
+  if (cfg.has("anchor_image_size")) {
+    c.anchor_image_size = cfg.get_int_list("anchor_image_size");
+    if (c.anchor_image_size->size() != 2) cfg.fail("anchor_image_size", "expected [height, width]");
+  }
+
+  positive(cfg, "d_model", c.d_model);
+  positive(cfg, "encoder_hidden_dim", c.encoder_hidden_dim);
+  positive(cfg, "num_queries", c.num_queries);
+  positive(cfg, "decoder_layers", c.decoder_layers);
+  positive(cfg, "encoder_attention_heads", c.encoder_attention_heads);
+  positive(cfg, "decoder_attention_heads", c.decoder_attention_heads);
+  positive(cfg, "num_labels", c.num_labels);
+  if (c.encoder_hidden_dim % 4 != 0 || c.encoder_hidden_dim % c.encoder_attention_heads != 0)
+    cfg.fail("encoder_hidden_dim", "must be divisible by 4 and by encoder_attention_heads");
+  if (c.d_model % c.decoder_attention_heads != 0)
+    cfg.fail("d_model", "must be divisible by decoder_attention_heads");
+  if (c.encoder_in_channels.size() < 2) cfg.fail("encoder_in_channels", "needs at least 2 levels");
+  if (c.decoder_in_channels.size() != c.encoder_in_channels.size())
+    cfg.fail("decoder_in_channels", "needs one entry per encoder level");
+  if (c.num_feature_levels < static_cast<int64_t>(c.decoder_in_channels.size()))
+    cfg.fail("num_feature_levels", "must be at least len(decoder_in_channels)");
+  for (auto l : c.encode_proj_layers)
+    if (l < 0 || l >= static_cast<int64_t>(c.encoder_in_channels.size()))
+      cfg.fail("encode_proj_layers", "level " + std::to_string(l) + " out of range");
+  if (c.hidden_expansion <= 0) cfg.fail("hidden_expansion", "must be positive");
+}
 
 Config Config::parse(const core::ConfigView& cfg) {
   Config c;
@@ -54,45 +118,10 @@ Config Config::parse(const core::ConfigView& cfg) {
         b.fail("out_indices", "index " + std::to_string(i) + " out of range");
     if (c.embedding_size < 2 || c.embedding_size % 2 != 0) b.fail("embedding_size", "must be even");
   }
-  c.freeze_backbone_batch_norms = cfg.get_bool("freeze_backbone_batch_norms", true);
-
-  c.encoder_hidden_dim = cfg.get_int("encoder_hidden_dim", c.encoder_hidden_dim);
-  c.encoder_in_channels = cfg.get_int_list("encoder_in_channels", c.encoder_in_channels);
-  c.feat_strides = cfg.get_int_list("feat_strides", c.feat_strides);
-  c.encoder_layers = cfg.get_int("encoder_layers", c.encoder_layers);
-  c.encoder_ffn_dim = cfg.get_int("encoder_ffn_dim", c.encoder_ffn_dim);
-  c.encoder_attention_heads = cfg.get_int("encoder_attention_heads", c.encoder_attention_heads);
-  c.encode_proj_layers = cfg.get_int_list("encode_proj_layers", c.encode_proj_layers);
-  c.positional_encoding_temperature =
-      cfg.get_double("positional_encoding_temperature", c.positional_encoding_temperature);
-  c.encoder_activation = activation_field(cfg, "encoder_activation_function", "gelu");
-  c.activation = activation_field(cfg, "activation_function", "silu");
-  c.normalize_before = cfg.get_bool("normalize_before", false);
-  c.eval_size_set = cfg.has("eval_size");
-  c.hidden_expansion = cfg.get_double("hidden_expansion", c.hidden_expansion);
-  c.layer_norm_eps = cfg.get_double("layer_norm_eps", c.layer_norm_eps);
-  c.batch_norm_eps = cfg.get_double("batch_norm_eps", c.batch_norm_eps);
-
-  c.d_model = cfg.get_int("d_model", c.d_model);
-  c.num_queries = cfg.get_int("num_queries", c.num_queries);
-  c.decoder_in_channels = cfg.get_int_list("decoder_in_channels", c.decoder_in_channels);
-  c.decoder_ffn_dim = cfg.get_int("decoder_ffn_dim", c.decoder_ffn_dim);
-  c.num_feature_levels = cfg.get_int("num_feature_levels", c.num_feature_levels);
   if (cfg.has("decoder_n_points") && cfg.raw("decoder_n_points").is_array())
     cfg.fail("decoder_n_points", "per-level point counts are not supported for RT-DETR");
   c.decoder_n_points = cfg.get_int("decoder_n_points", c.decoder_n_points);
-  c.decoder_layers = cfg.get_int("decoder_layers", c.decoder_layers);
-  c.decoder_attention_heads = cfg.get_int("decoder_attention_heads", c.decoder_attention_heads);
-  c.decoder_activation = activation_field(cfg, "decoder_activation_function", "relu");
-  const auto labels = cfg.id2label();
-  c.num_labels = !labels.empty() ? static_cast<int64_t>(labels.size())
-                                 : cfg.get_int("num_labels", c.num_labels);
-  if (cfg.get_bool("learn_initial_query", false))
-    cfg.fail("learn_initial_query", "true is not supported (broken upstream in transformers 5.17)");
-  if (cfg.has("anchor_image_size")) {
-    c.anchor_image_size = cfg.get_int_list("anchor_image_size");
-    if (c.anchor_image_size->size() != 2) cfg.fail("anchor_image_size", "expected [height, width]");
-  }
+  parse_shared(cfg, c);
   if (c.v2) {
     const int64_t levels = cfg.get_int("decoder_n_levels", 3);
     if (levels != c.num_feature_levels)
@@ -107,22 +136,8 @@ Config Config::parse(const core::ConfigView& cfg) {
   }
 
   // Consistency checks that transformers would only hit as shape errors at run time.
-  auto positive = [&](const char* field, int64_t v) {
-    if (v <= 0) cfg.fail(field, "must be positive, found " + std::to_string(v));
-  };
-  positive("d_model", c.d_model);
-  positive("encoder_hidden_dim", c.encoder_hidden_dim);
-  positive("num_queries", c.num_queries);
-  positive("decoder_layers", c.decoder_layers);
-  positive("decoder_n_points", c.decoder_n_points);
-  positive("encoder_attention_heads", c.encoder_attention_heads);
-  positive("decoder_attention_heads", c.decoder_attention_heads);
-  positive("num_labels", c.num_labels);
-  if (c.encoder_hidden_dim % 4 != 0 || c.encoder_hidden_dim % c.encoder_attention_heads != 0)
-    cfg.fail("encoder_hidden_dim", "must be divisible by 4 and by encoder_attention_heads");
-  if (c.d_model % c.decoder_attention_heads != 0)
-    cfg.fail("d_model", "must be divisible by decoder_attention_heads");
-  if (c.encoder_in_channels.size() != c.out_indices.size() || c.encoder_in_channels.size() < 2)
+  positive(cfg, "decoder_n_points", c.decoder_n_points);
+  if (c.encoder_in_channels.size() != c.out_indices.size())
     cfg.fail("encoder_in_channels", "needs one entry per backbone output (out_indices " +
                                         list_string(c.out_indices) + ")");
   std::vector<int64_t> channels{c.embedding_size};
@@ -131,20 +146,12 @@ Config Config::parse(const core::ConfigView& cfg) {
     if (channels[c.out_indices[i]] != c.encoder_in_channels[i])
       cfg.fail("encoder_in_channels", list_string(c.encoder_in_channels) +
                                           " does not match the backbone's output channels");
-  if (c.decoder_in_channels.size() != c.encoder_in_channels.size())
-    cfg.fail("decoder_in_channels", "needs one entry per encoder level");
   for (auto ch : c.decoder_in_channels)
     if (ch != c.encoder_hidden_dim)
       cfg.fail("decoder_in_channels", "every entry must equal encoder_hidden_dim");
-  if (c.num_feature_levels < static_cast<int64_t>(c.decoder_in_channels.size()))
-    cfg.fail("num_feature_levels", "must be at least len(decoder_in_channels)");
   if (c.num_feature_levels > static_cast<int64_t>(c.decoder_in_channels.size()) &&
       c.d_model != c.encoder_hidden_dim)
     cfg.fail("num_feature_levels", "extra levels need d_model == encoder_hidden_dim");
-  for (auto l : c.encode_proj_layers)
-    if (l < 0 || l >= static_cast<int64_t>(c.encoder_in_channels.size()))
-      cfg.fail("encode_proj_layers", "level " + std::to_string(l) + " out of range");
-  if (c.hidden_expansion <= 0) cfg.fail("hidden_expansion", "must be positive");
   return c;
 }
 
@@ -183,6 +190,95 @@ std::pair<at::Tensor, at::Tensor> generate_anchors(const kernels::SpatialShapes&
   return {a, valid};
 }
 
+at::Tensor flatten_sources(const std::vector<at::Tensor>& sources, kernels::SpatialShapes& shapes) {
+  shapes.clear();
+  std::vector<at::Tensor> flat;
+  for (const auto& s : sources) {
+    shapes.push_back({s.size(2), s.size(3)});
+    flat.push_back(s.flatten(2).transpose(1, 2));
+  }
+  return at::cat(flat, 1);
+}
+
+QuerySelectionHeads register_query_selection(torch::nn::Module& model, const Config& c) {
+  const int64_t d = c.d_model;
+  QuerySelectionHeads h;
+  auto enc_output = model.register_module("enc_output", std::make_shared<torch::nn::Module>());
+  h.enc_output_linear =
+      enc_output->register_module("0", std::make_shared<layers::LinearImpl>(d, d));
+  h.enc_output_norm = enc_output->register_module(
+      "1", std::make_shared<layers::LayerNormImpl>(d, c.layer_norm_eps));
+  h.enc_score_head = model.register_module("enc_score_head",
+                                           std::make_shared<layers::LinearImpl>(d, c.num_labels));
+  h.enc_bbox_head =
+      model.register_module("enc_bbox_head", std::make_shared<layers::MLPImpl>(d, d, 4, 3));
+  return h;
+}
+
+std::pair<at::Tensor, at::Tensor> select_queries(const Config& c, const QuerySelectionHeads& heads,
+                                                 const at::Tensor& source_flatten,
+                                                 const kernels::SpatialShapes& shapes) {
+  const auto dtype = source_flatten.scalar_type();
+  kernels::SpatialShapes anchor_shapes = shapes;
+  if (c.anchor_image_size) {
+    anchor_shapes.clear();
+    for (auto s : c.feat_strides)
+      anchor_shapes.push_back({(*c.anchor_image_size)[0] / s, (*c.anchor_image_size)[1] / s});
+  }
+  auto [anchors, valid_mask] = generate_anchors(anchor_shapes, dtype, source_flatten.device());
+  if (anchors.size(1) != source_flatten.size(1))
+    throw std::invalid_argument(
+        c10::str("pixel_values: the input size does not match config.json anchor_image_size (",
+                 anchors.size(1), " anchors for ", source_flatten.size(1), " tokens)"));
+  const at::Tensor memory = valid_mask.to(dtype) * source_flatten;
+  const at::Tensor output_memory =
+      heads.enc_output_norm->forward(heads.enc_output_linear->forward(memory));
+  const at::Tensor enc_class = heads.enc_score_head->forward(output_memory);
+  const at::Tensor coord_logits = heads.enc_bbox_head->forward(output_memory) + anchors;
+  const at::Tensor topk_ind =
+      std::get<1>(at::topk(std::get<0>(enc_class.max(-1)), c.num_queries, 1));
+  const at::Tensor idx4 = topk_ind.unsqueeze(-1).expand({-1, -1, coord_logits.size(-1)});
+  const at::Tensor reference_unact = coord_logits.gather(1, idx4);
+  const at::Tensor target =
+      output_memory.gather(1, topk_ind.unsqueeze(-1).expand({-1, -1, output_memory.size(-1)}));
+  return {target, reference_unact};
+}
+
+std::function<std::vector<std::string>(const std::string&)> head_aliases(bool tie) {
+  return [tie](const std::string& key) {
+    // hf-models.md 1.3: top-level <-> model.decoder. prefixes, then (tied v2) index 0.
+    static const std::string prefix = "model.decoder.";
+    std::vector<std::string> out;
+    if (key.rfind(prefix, 0) != 0) return out;
+    const std::string rest = key.substr(prefix.size());  // class_embed.3.weight
+    if (rest.rfind("class_embed.", 0) != 0 && rest.rfind("bbox_embed.", 0) != 0) return out;
+    out.push_back(rest);
+    if (tie) {
+      const auto dot1 = rest.find('.');
+      const auto dot2 = rest.find('.', dot1 + 1);
+      const std::string head = rest.substr(0, dot1), tail = rest.substr(dot2);
+      out.push_back(prefix + head + ".0" + tail);
+      out.push_back(head + ".0" + tail);
+    }
+    return out;
+  };
+}
+
+void check_pixel_values(const at::Tensor& pixel_values, int64_t num_channels, int64_t stride) {
+  if (!pixel_values.defined() || pixel_values.dim() != 4)
+    throw std::invalid_argument("pixel_values: expected a (B, C, H, W) tensor");
+  if (pixel_values.size(1) != num_channels)
+    throw std::invalid_argument(c10::str("pixel_values: expected ", num_channels,
+                                         " channels, found ", pixel_values.size(1)));
+  const int64_t H = pixel_values.size(2), W = pixel_values.size(3);
+  if (pixel_values.size(0) < 1 || H < stride || W < stride || H % stride != 0 || W % stride != 0)
+    throw std::invalid_argument(
+        c10::str("pixel_values: height and width must be positive multiples of ", stride,
+                 ", found ", H, "x", W));
+  if (!at::isFloatingType(pixel_values.scalar_type()))
+    throw std::invalid_argument("pixel_values: expected a floating-point tensor");
+}
+
 DetectorImpl::DetectorImpl(const Config& c) : config_(c) {
   auto model = register_module("model", std::make_shared<torch::nn::Module>());
   backbone_ = model->register_module("backbone", std::make_shared<ResNetBackboneImpl>(c));
@@ -201,14 +297,7 @@ DetectorImpl::DetectorImpl(const Config& c) : config_(c) {
   }
   encoder_ = model->register_module("encoder", std::make_shared<HybridEncoderImpl>(c));
 
-  auto enc_output = model->register_module("enc_output", std::make_shared<torch::nn::Module>());
-  enc_output_linear_ = enc_output->register_module("0", std::make_shared<layers::LinearImpl>(d, d));
-  enc_output_norm_ = enc_output->register_module(
-      "1", std::make_shared<layers::LayerNormImpl>(d, c.layer_norm_eps));
-  enc_score_head_ = model->register_module("enc_score_head",
-                                           std::make_shared<layers::LinearImpl>(d, c.num_labels));
-  enc_bbox_head_ =
-      model->register_module("enc_bbox_head", std::make_shared<layers::MLPImpl>(d, d, 4, 3));
+  heads_ = register_query_selection(*model, c);
 
   auto out_proj =
       model->register_module("decoder_input_proj", std::make_shared<torch::nn::Module>());
@@ -246,37 +335,8 @@ std::pair<at::Tensor, at::Tensor> DetectorImpl::forward(const at::Tensor& pixel_
         decoder_input_proj_[l].second->forward(decoder_input_proj_[l].first->forward(in)));
   }
   kernels::SpatialShapes shapes;
-  std::vector<at::Tensor> flat;
-  for (const auto& s : sources) {
-    shapes.push_back({s.size(2), s.size(3)});
-    flat.push_back(s.flatten(2).transpose(1, 2));
-  }
-  const at::Tensor source_flatten = at::cat(flat, 1);
-  const auto dtype = source_flatten.scalar_type();
-
-  // Anchors and query selection (RTDetrModel.forward).
-  kernels::SpatialShapes anchor_shapes = shapes;
-  if (config_.anchor_image_size) {
-    anchor_shapes.clear();
-    for (auto s : config_.feat_strides)
-      anchor_shapes.push_back(
-          {(*config_.anchor_image_size)[0] / s, (*config_.anchor_image_size)[1] / s});
-  }
-  auto [anchors, valid_mask] = generate_anchors(anchor_shapes, dtype, source_flatten.device());
-  if (anchors.size(1) != source_flatten.size(1))
-    throw std::invalid_argument(
-        c10::str("pixel_values: the input size does not match config.json anchor_image_size (",
-                 anchors.size(1), " anchors for ", source_flatten.size(1), " tokens)"));
-  const at::Tensor memory = valid_mask.to(dtype) * source_flatten;
-  const at::Tensor output_memory = enc_output_norm_->forward(enc_output_linear_->forward(memory));
-  const at::Tensor enc_class = enc_score_head_->forward(output_memory);
-  const at::Tensor coord_logits = enc_bbox_head_->forward(output_memory) + anchors;
-  const at::Tensor topk_ind =
-      std::get<1>(at::topk(std::get<0>(enc_class.max(-1)), config_.num_queries, 1));
-  const at::Tensor idx4 = topk_ind.unsqueeze(-1).expand({-1, -1, coord_logits.size(-1)});
-  const at::Tensor reference_unact = coord_logits.gather(1, idx4);
-  const at::Tensor target =
-      output_memory.gather(1, topk_ind.unsqueeze(-1).expand({-1, -1, output_memory.size(-1)}));
+  const at::Tensor source_flatten = flatten_sources(sources, shapes);
+  const auto [target, reference_unact] = select_queries(config_, heads_, source_flatten, shapes);
   return decoder_->forward(target, reference_unact, source_flatten, shapes);
 }
 
@@ -299,19 +359,9 @@ class RTDetrModel final : public Model {
 
   ModelOutput forward(const at::Tensor& pixel_values, const at::Tensor&) const override {
     // pixel_mask is accepted and ignored: RT-DETR never uses it (hf-models.md 2.4).
-    if (!pixel_values.defined() || pixel_values.dim() != 4)
-      throw std::invalid_argument("pixel_values: expected a (B, C, H, W) tensor");
-    if (pixel_values.size(1) != config_.num_channels)
-      throw std::invalid_argument(c10::str("pixel_values: expected ", config_.num_channels,
-                                           " channels, found ", pixel_values.size(1)));
-    const int64_t stride = 32;  // total stride of the ResNet-vd backbone
+    rtdetr::check_pixel_values(pixel_values, config_.num_channels,
+                               32);  // total stride of the ResNet-vd backbone
     const int64_t H = pixel_values.size(2), W = pixel_values.size(3);
-    if (pixel_values.size(0) < 1 || H < stride || W < stride || H % stride != 0 || W % stride != 0)
-      throw std::invalid_argument(
-          c10::str("pixel_values: height and width must be positive multiples of ", stride,
-                   ", found ", H, "x", W));
-    if (!at::isFloatingType(pixel_values.scalar_type()))
-      throw std::invalid_argument("pixel_values: expected a floating-point tensor");
     int64_t tokens = 0;
     int64_t h = H / 8, w = W / 8;
     for (int64_t l = 0; l < config_.num_feature_levels; ++l) {
@@ -359,23 +409,7 @@ std::unique_ptr<Model> load_rtdetr(const std::string& dir, const nlohmann::json&
   rules.ignored_file_keys = {R"(model\.denoising_class_embed\.weight)",
                              R"((class_embed|bbox_embed)\.\d+\..*)"};
   rules.optional_module_keys = {R"(model\.decoder\.layers\.\d+\.encoder_attn\.n_points_scale)"};
-  rules.aliases = [tie](const std::string& key) {
-    // hf-models.md 1.3: top-level <-> model.decoder. prefixes, then (tied v2) index 0.
-    static const std::string prefix = "model.decoder.";
-    std::vector<std::string> out;
-    if (key.rfind(prefix, 0) != 0) return out;
-    const std::string rest = key.substr(prefix.size());  // class_embed.3.weight
-    if (rest.rfind("class_embed.", 0) != 0 && rest.rfind("bbox_embed.", 0) != 0) return out;
-    out.push_back(rest);
-    if (tie) {
-      const auto dot1 = rest.find('.');
-      const auto dot2 = rest.find('.', dot1 + 1);
-      const std::string head = rest.substr(0, dot1), tail = rest.substr(dot2);
-      out.push_back(prefix + head + ".0" + tail);
-      out.push_back(head + ".0" + tail);
-    }
-    return out;
-  };
+  rules.aliases = rtdetr::head_aliases(tie);
   const auto report = core::load_state_dict(*net, *file, rules, options.dtype, options.device);
   log::debug(c10::str(dir, ": loaded ", report.loaded, " tensors as ", type, " (",
                       report.aliased.size(), " aliased, ", report.ignored.size(), " ignored)"));

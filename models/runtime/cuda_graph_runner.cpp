@@ -6,6 +6,8 @@
 #include <map>
 #include <stdexcept>
 
+#include "kernels/registry.h"
+
 #if LIBREYOLO_TORCH_CUDA
 #include <ATen/cuda/CUDAGraph.h>
 #include <c10/cuda/CUDAFunctions.h>
@@ -23,6 +25,7 @@ struct CudaGraphRunner::Impl {
     at::Tensor input;  ///< static (b, 3, H, W): replays read it
     ModelOutput output;
     std::unique_ptr<at::cuda::CUDAGraph> graph;
+    kernels::RecordedCalls calls;  ///< registry calls made while capturing: one replay redoes them
   };
   int64_t height = 0, width = 0;
   at::ScalarType dtype = at::kFloat;
@@ -64,7 +67,9 @@ CudaGraphRunner::CudaGraphRunner(const Model& model, std::vector<int64_t> batch_
       // Thread-local capture: other models loading on other threads may allocate meanwhile.
       c.graph->capture_begin(pool, cudaStreamCaptureModeThreadLocal);
       try {
+        kernels::CallRecording recording;
         c.output = model.forward(c.input);
+        c.calls = recording.calls();
       } catch (...) {
         // Leave capture mode so that the stream stays usable, then report the forward's error.
         cudaGraph_t aborted = nullptr;
@@ -106,6 +111,8 @@ ModelOutput CudaGraphRunner::run(const at::Tensor& pv) {
   c.input.narrow(0, 0, n).copy_(pv);
   if (c.input.size(0) > n) c.input.narrow(0, n, c.input.size(0) - n).zero_();
   c.graph->replay();
+  // The slots' implementations ran again without being called: count them (/active, metrics).
+  kernels::Registry::global().count_replayed(c.calls);
   ModelOutput out;
   out.logits = c.output.logits.narrow(0, 0, n).clone();
   if (c.output.pred_boxes.defined()) out.pred_boxes = c.output.pred_boxes.narrow(0, 0, n).clone();

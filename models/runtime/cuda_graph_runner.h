@@ -36,7 +36,9 @@ class CudaGraphRunner {
 
   /// Copies `pixel_values` into the smallest captured input with batch >= B (zero padding),
   /// replays, and returns the first B rows of the outputs as new tensors (the graph's outputs
-  /// are overwritten by the next replay). Not thread-safe: one caller (the model's batcher).
+  /// are overwritten by the next replay). Each replay adds the kernel-registry calls made while
+  /// that graph was captured to the registry's calls counters (kernels::CallRecording), so they
+  /// count what ran. Not thread-safe: one caller (the model's batcher).
   /// Throws std::invalid_argument when !accepts(pixel_values).
   ModelOutput run(const at::Tensor& pixel_values);
 

@@ -7,6 +7,7 @@
 #include <c10/cuda/CUDAEvent.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
+#include <cuda_runtime_api.h>
 #endif
 
 namespace libreyolo::models {
@@ -54,6 +55,19 @@ StreamEvent::StreamEvent(const at::Device& device) : impl_(std::make_unique<Impl
 void StreamEvent::record() {}
 void StreamEvent::synchronize() {}
 #endif
+
+bool stream_is_capturing(const at::Device& device) {
+#if LIBREYOLO_TORCH_CUDA
+  if (!device.is_cuda()) return false;
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  C10_CUDA_CHECK(
+      cudaStreamIsCapturing(c10::cuda::getCurrentCUDAStream(device.index()).stream(), &status));
+  return status != cudaStreamCaptureStatusNone;
+#else
+  (void)device;
+  return false;
+#endif
+}
 
 StreamEvent::~StreamEvent() = default;
 StreamEvent::StreamEvent(StreamEvent&&) noexcept = default;

@@ -43,4 +43,9 @@ class StreamEvent {
   std::unique_ptr<Impl> impl_;
 };
 
+/// True while the calling thread's current stream on the CUDA `device` is capturing a CUDA graph:
+/// work enqueued now is recorded for replay, not run, so its results cannot be kept for eager
+/// calls. CPU, or a build without CUDA: false.
+bool stream_is_capturing(const at::Device& device);
+
 }  // namespace libreyolo::models

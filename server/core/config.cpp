@@ -4,8 +4,12 @@
 
 #include "kernels/policy.h"
 
+#include <cmath>
+#include <cstdio>
 #include <fstream>
+#include <iomanip>
 #include <sstream>
+#include <vector>
 
 namespace libreyolo::server {
 namespace {
@@ -61,6 +65,12 @@ void parse_server(const YAML::Node& n, const std::string& file, ServerConfig& c)
                      : key == "max_pixels_per_image"   ? c.max_pixels_per_image
                                                        : c.preprocess_threads;
       set(target, i, file, v);
+    } else if (key == "max_concurrent_rpcs") {
+      const auto i = as<std::int64_t>(file, v, full, "an integer");
+      // Each is a thread holding up to max_message_bytes of request: a cap, not a wish. Below 2
+      // gRPC's sync server cannot poll and answer at once.
+      if (i < 2 || i > 4096) fail(file, v, full + " must be between 2 and 4096");
+      set(c.max_concurrent_rpcs, i, file, v);
     } else if (key == "model_control") {
       const auto s = as<std::string>(file, v, full, "none or explicit");
       if (s != "none" && s != "explicit")
@@ -77,8 +87,8 @@ void parse_server(const YAML::Node& n, const std::string& file, ServerConfig& c)
       fail(file, kv.first,
            "unknown key " + full +
                " (expected grpc_address, http_address, drain_seconds, max_message_bytes, "
-               "max_images_per_request, max_pixels_per_image, preprocess_threads, model_control, "
-               "log_level)");
+               "max_images_per_request, max_pixels_per_image, preprocess_threads, "
+               "max_concurrent_rpcs, model_control, log_level)");
     }
   }
 }
@@ -150,10 +160,75 @@ std::string origin(Source s, const std::string& o) {
          o;
 }
 
+/// True when `s` reads back from a YAML plain scalar as the same text: not empty, not a null
+/// spelling, no indicator at the start, no ": " / " #", no surrounding blanks, no control
+/// characters. (Booleans and numbers are fine: the parser takes string keys as text.)
+bool plain_safe(const std::string& s) {
+  if (s.empty() || s == "~" || s == "null" || s == "Null" || s == "NULL") return false;
+  if (std::string("-?:,[]{}#&*!|>'\"%@`").find(s[0]) != std::string::npos) return false;
+  if (s.front() == ' ' || s.back() == ' ' || s.back() == ':') return false;
+  if (s.find(": ") != std::string::npos || s.find(" #") != std::string::npos) return false;
+  for (unsigned char ch : s) {
+    if (ch < 0x20 || ch == 0x7f) return false;
+  }
+  return true;
+}
+
+/// A YAML scalar for the string `s`: plain when safe, else double-quoted with escapes.
+std::string yaml_string(const std::string& s) {
+  if (plain_safe(s)) return s;
+  std::string out = "\"";
+  for (unsigned char ch : s) {
+    if (ch == '"' || ch == '\\') {
+      out += '\\';
+      out += static_cast<char>(ch);
+    } else if (ch < 0x20 || ch == 0x7f) {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\x%02x", ch);
+      out += buf;
+    } else {
+      out += static_cast<char>(ch);
+    }
+  }
+  return out + "\"";
+}
+
+/// The shortest decimal text that reads back as `v` (10, 2.5, 0.1).
+std::string yaml_number(double v) {
+  // YAML's spellings of the non-finite values (kernels.hub.timeout_seconds may be .inf).
+  if (std::isnan(v)) return ".nan";
+  if (std::isinf(v)) return v > 0 ? ".inf" : "-.inf";
+  for (int precision = 6; precision <= 17; ++precision) {
+    std::ostringstream os;
+    os << std::setprecision(precision) << v;
+    if (std::stod(os.str()) == v) return os.str();
+  }
+  return std::to_string(v);
+}
+
+std::string yaml_value(const std::string& v) { return yaml_string(v); }
+std::string yaml_value(double v) { return yaml_number(v); }
+std::string yaml_value(std::int64_t v) { return std::to_string(v); }
+std::string yaml_value(bool v) { return v ? "true" : "false"; }
+std::string yaml_value(const std::vector<std::string>& v) {
+  std::string out = "[";
+  for (std::size_t i = 0; i < v.size(); ++i) out += (i ? ", " : "") + yaml_string(v[i]);
+  return out + "]";
+}
+
+/// A comment stays on its line.
+std::string comment(std::string text) {
+  for (auto& ch : text) {
+    if (ch == '\n' || ch == '\r') ch = ' ';
+  }
+  return text;
+}
+
 template <class T>
 void row(std::ostringstream& out, const std::string& indent, const std::string& key,
-         const Setting<T>& s) {
-  out << indent << key << ": " << s.value << "  # " << origin(s.source, s.origin) << "\n";
+         const Setting<T>& s, const std::string& note = "") {
+  out << indent << key << ": " << yaml_value(s.value) << "  # "
+      << comment(origin(s.source, s.origin) + note) << "\n";
 }
 
 }  // namespace
@@ -182,7 +257,8 @@ ServerConfig load_config(const std::string& file, const Overrides& overrides,
 
 std::string describe(const ServerConfig& c) {
   std::ostringstream out;
-  out << "# effective configuration" << (c.file.empty() ? "" : " (file " + c.file + ")") << "\n";
+  out << "# effective configuration" << (c.file.empty() ? "" : comment(" (file " + c.file + ")"))
+      << "\n";
   out << "server:\n";
   row(out, "  ", "grpc_address", c.grpc_address);
   row(out, "  ", "http_address", c.http_address);
@@ -191,12 +267,49 @@ std::string describe(const ServerConfig& c) {
   row(out, "  ", "max_images_per_request", c.max_images_per_request);
   row(out, "  ", "max_pixels_per_image", c.max_pixels_per_image);
   row(out, "  ", "preprocess_threads", c.preprocess_threads);
+  row(out, "  ", "max_concurrent_rpcs", c.max_concurrent_rpcs);
   row(out, "  ", "model_control", c.model_control);
   row(out, "  ", "log_level", c.log_level);
   row(out, "", "model_repository", c.model_repository);
   row(out, "", "device", c.device);
   row(out, "", "tf32", c.tf32);
-  out << "kernels:  # key, value, source\n" << c.kernels.describe();
+  const auto& k = c.kernels;
+  out << "kernels:\n";
+  row(out, "  ", "selection", k.selection,
+      k.selection_from_legacy_alias ? " (legacy alias of LIBREYOLO_KERNELS)" : "");
+  row(out, "  ", "hub_kernels", k.hub_kernels);
+  const Setting<std::string> fused{kernels::fused_attention_name(k.fused_attention.value),
+                                   k.fused_attention.source, k.fused_attention.origin};
+  row(out, "  ", "fused_attention", fused);
+  if (k.slot_allow.empty()) {
+    out << "  slots: {}  # default: every implementation allowed\n";
+  } else {
+    out << "  slots:\n";
+    for (const auto& [slot, names] : k.slot_allow) {
+      out << "    " << slot << ":\n";
+      row(out, "      ", "allow", names);
+    }
+  }
+  const auto& h = k.hub;
+  out << "  hub:\n";
+  row(out, "    ", "endpoint", h.endpoint);
+  row(out, "    ", "cache_dir", h.cache_dir,
+      h.cache_dir.value.empty() ? " (empty: KERNELS_CACHE, else HF_HUB_CACHE, else ~/.cache)" : "");
+  row(out, "    ", "offline", h.offline);
+  std::string lock_note;
+  if (h.lock_file.value.empty()) {
+    const auto slash = h.config_file.rfind('/');
+    lock_note = h.config_file.empty()
+                    ? " (empty: no lock file without a configuration file)"
+                    : " (empty: " +
+                          (slash == std::string::npos ? std::string()
+                                                      : h.config_file.substr(0, slash + 1)) +
+                          "kernels.lock, next to the configuration file)";
+  }
+  row(out, "    ", "lock_file", h.lock_file, lock_note);
+  row(out, "    ", "timeout_seconds", h.timeout_seconds);
+  // Never the token itself: only whether the environment set it.
+  out << "  # hub token: " << (h.token.empty() ? "unset" : "set (environment HF_TOKEN)") << "\n";
   return out.str();
 }
 

@@ -33,8 +33,12 @@ struct ServerConfig {
   Setting<std::int64_t> max_images_per_request{64};   ///< images (batch N) per ModelInfer
   Setting<std::int64_t> max_pixels_per_image{40000000};  ///< width*height, checked from the header
   Setting<std::int64_t> preprocess_threads{0};  ///< CPU pool for decoding; 0: hardware threads
-  Setting<std::string> model_control{"none"};   ///< none | explicit (load/unload RPCs)
-  Setting<std::string> log_level{"info"};       ///< debug | info | warn | error
+  /// gRPC handler threads, pollers included (grpc::ResourceQuota::SetMaxThreads): calls beyond
+  /// are answered RESOURCE_EXHAUSTED at once instead of each holding a thread and its request.
+  /// 2 to 4096.
+  Setting<std::int64_t> max_concurrent_rpcs{256};
+  Setting<std::string> model_control{"none"};  ///< none | explicit (load/unload RPCs)
+  Setting<std::string> log_level{"info"};      ///< debug | info | warn | error
 
   Setting<std::string> model_repository{"./examples/model_repository"};
   Setting<std::string> device{"auto"};  ///< auto | cpu | cuda | cuda:N
@@ -61,7 +65,11 @@ ServerConfig load_config(const std::string& file, const Overrides& overrides,
 ServerConfig parse_config(const std::string& yaml_text, const std::string& file,
                           const Overrides& overrides, const kernels::Environment& env);
 
-/// Effective configuration as YAML-like text, one `key: value  # source` line per value.
+/// Effective configuration as YAML that load_config/parse_config read back to the same values
+/// (`--print-config`): one `key: value  # source` line per value, strings double-quoted, the
+/// `kernels:` section in its own YAML form (slots.<slot>.allow lists, hub.*). Values set by the
+/// environment are printed too (re-reading with the same environment gives the same values);
+/// HF_TOKEN is never printed, only whether it is set (a comment).
 std::string describe(const ServerConfig& config);
 
 }  // namespace libreyolo::server

@@ -10,6 +10,7 @@
 #include <future>
 #include <nlohmann/json.hpp>
 #include <thread>
+#include <tuple>
 
 #include "kernels/registry.h"
 #include "log/log.h"
@@ -487,11 +488,40 @@ std::vector<api::RepositoryEntry> ServerCore::repository_index(bool ready_only) 
   return out;
 }
 
+ServerCore::Serving ServerCore::acquire(const std::string& name, const std::string& version) const {
+  // One critical section for the lookup and the state check: load_model swaps a reloaded
+  // entry into models_ under mu_ and only then retires the old one, so an entry found here is
+  // either READY (its batcher and model are taken, and the request finishes on them even if a
+  // reload retires the entry a moment later: the drain) or out of service on purpose
+  // (unloaded, failed). Looking up and checking under two separate locks answered a request
+  // racing a reload UNAVAILABLE "replaced by version N".
+  Serving s;
+  std::lock_guard<std::mutex> lk(mu_);
+  auto it = models_.find(name);
+  if (it == models_.end()) throw Error(Code::not_found, "unknown model '" + name + "'");
+  s.entry = it->second;
+  if (!version.empty() && version != s.entry->version) {
+    throw Error(Code::not_found, "model '" + name + "' has no version '" + version +
+                                     "' (served: '" + s.entry->version + "')");
+  }
+  if (lookup_hook_for_testing) lookup_hook_for_testing(name);
+  std::lock_guard<std::mutex> ek(s.entry->mu);
+  if (s.entry->state == "READY") {
+    s.loaded = s.entry->loaded;
+    s.batcher = s.entry->batcher;
+  } else {
+    s.not_ready = "model '" + s.entry->name + "' is not ready (" + s.entry->state +
+                  (s.entry->reason.empty() ? "" : ": " + s.entry->reason) + ")";
+  }
+  return s;
+}
+
 api::InferResponse ServerCore::infer(api::InferRequest&& request) {
   const auto t0 = Clock::now();
-  auto e = find(request.model_name, request.model_version);
+  Serving serving = acquire(request.model_name, request.model_version);
+  auto& e = serving.entry;
   try {
-    auto response = infer_on(*e, request);
+    auto response = infer_on(serving, request);
     const double s = seconds_since(t0);
     metrics_.request(e->name, e->version, "OK", s);
     std::lock_guard<std::mutex> ek(e->mu);
@@ -518,22 +548,18 @@ api::InferResponse ServerCore::infer(api::InferRequest&& request) {
   }
 }
 
-api::InferResponse ServerCore::infer_on(ModelEntry& entry, api::InferRequest& request) {
-  std::shared_ptr<LoadedModel> m;
-  std::shared_ptr<Batcher> batcher;
-  {
-    std::lock_guard<std::mutex> ek(entry.mu);
-    if (entry.state != "READY") {
-      throw Error(Code::unavailable, "model '" + entry.name + "' is not ready (" + entry.state +
-                                         (entry.reason.empty() ? "" : ": " + entry.reason) + ")");
-    }
-    m = entry.loaded;
-    batcher = entry.batcher;
-  }
+api::InferResponse ServerCore::infer_on(Serving& serving, api::InferRequest& request) {
+  if (!serving.loaded) throw Error(Code::unavailable, serving.not_ready);
+  ModelEntry& entry = *serving.entry;
+  const std::shared_ptr<LoadedModel>& m = serving.loaded;
+  const std::shared_ptr<Batcher>& batcher = serving.batcher;
   RequestLimits limits;
   limits.max_images = config_.max_images_per_request.value;
   limits.max_pixels = config_.max_pixels_per_image.value;
   limits.max_batch_size = m->serving.max_batch_size;
+  const auto& pc = m->processor->config();
+  std::tie(limits.max_model_pixels, limits.model_pixels_reason) =
+      model_pixel_limit(pc.height, pc.width, pc.shortest_edge, pc.longest_edge, pc.do_resize);
   const bool classifier = m->is_classifier();
   DetectorRequest req;
   if (classifier) {
@@ -712,9 +738,23 @@ std::string ServerCore::active_json() const {
   const json torch = {{"tf32", config_.tf32.value},
                       {"allow_tf32_cudnn", at::globalContext().allowTF32CuDNN()},
                       {"allow_tf32_matmul", at::globalContext().allowTF32CuBLAS()}};
+  // The server section of the configuration (kernels: "policy" above), with the origin of
+  // every value as --print-config shows it.
+  auto server_setting = [&](const auto& st) { return setting(st.value, st.source, st.origin); };
+  const json server = {
+      {"grpc_address", server_setting(config_.grpc_address)},
+      {"http_address", server_setting(config_.http_address)},
+      {"drain_seconds", server_setting(config_.drain_seconds)},
+      {"max_message_bytes", server_setting(config_.max_message_bytes)},
+      {"max_images_per_request", server_setting(config_.max_images_per_request)},
+      {"max_pixels_per_image", server_setting(config_.max_pixels_per_image)},
+      {"preprocess_threads", server_setting(config_.preprocess_threads)},
+      {"max_concurrent_rpcs", server_setting(config_.max_concurrent_rpcs)},
+      {"model_control", server_setting(config_.model_control)},
+  };
   json out = {{"active", reg.active()},    {"policy", policy}, {"slots", slots},
               {"fallback_events", events}, {"models", models}, {"ready", ready()},
-              {"draining", draining()},    {"torch", torch}};
+              {"draining", draining()},    {"torch", torch},   {"server", server}};
   return out.dump(2);
 }
 

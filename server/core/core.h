@@ -24,6 +24,8 @@ namespace libreyolo::server {
 
 class ThreadPool;
 struct ModelEntry;
+struct LoadedModel;
+class Batcher;
 
 /// Loads a checkpoint folder (models::load_model in the daemon; tests inject fakes).
 using ModelFactory = std::function<std::unique_ptr<models::Model>(const std::string& dir,
@@ -63,9 +65,26 @@ class ServerCore : public api::InferenceService {
   void unload_model(const std::string& name) override;
   api::InferResponse infer(api::InferRequest&& request) override;
 
+  /// Tests only: infer() calls it with the model name once the model is looked up, before its
+  /// readiness is checked and its batcher taken (the window a racing reload must not fall into;
+  /// since the two happen in one critical section, it runs under the repository's lock). Set it
+  /// before any request.
+  std::function<void(const std::string&)> lookup_hook_for_testing;
+
  private:
+  /// What one request runs on: the entry and, when it was READY, its model and batcher (held
+  /// until the request is answered, so a reload or unload drains it instead of failing it).
+  struct Serving {
+    std::shared_ptr<ModelEntry> entry;
+    std::shared_ptr<LoadedModel> loaded;  ///< null when the entry was not READY
+    std::shared_ptr<Batcher> batcher;
+    std::string not_ready;  ///< the UNAVAILABLE message when loaded is null
+  };
+
   std::shared_ptr<ModelEntry> find(const std::string& name, const std::string& version) const;
-  api::InferResponse infer_on(ModelEntry& entry, api::InferRequest& request);
+  /// find() and the READY check in one critical section. Throws NOT_FOUND like find().
+  Serving acquire(const std::string& name, const std::string& version) const;
+  api::InferResponse infer_on(Serving& serving, api::InferRequest& request);
 
   ServerConfig config_;
   Metrics& metrics_;

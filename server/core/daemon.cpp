@@ -68,7 +68,7 @@ Daemon::Daemon(ServerConfig config, ModelFactory factory) : impl_(std::make_uniq
 
 Daemon::~Daemon() { stop(0.0); }
 
-void Daemon::start() {
+void Daemon::start(const std::function<void()>& on_serving) {
   const auto start = Clock::now();
   auto t = Clock::now();
   // initialize() logs the effective policy (with sources) and the resolved table.
@@ -79,6 +79,7 @@ void Daemon::start() {
   rpc::GrpcOptions options;
   options.address = impl_->config.grpc_address.value;
   options.max_message_bytes = static_cast<std::size_t>(impl_->config.max_message_bytes.value);
+  options.max_threads = static_cast<int>(impl_->config.max_concurrent_rpcs.value);
   impl_->grpc = std::make_unique<rpc::GrpcServer>(*impl_->core, options);
   if (!http_off(impl_->config.http_address.value)) {
     auto* core = impl_->core.get();
@@ -96,6 +97,7 @@ void Daemon::start() {
   const int ready = impl_->core->load_repository();
   log::info(c10::str("start-up: repository loaded and warmed up in ", since(t), " s (", ready,
                      " models ready)"));
+  if (on_serving) on_serving();
   const bool is_ready = impl_->core->ready();
   impl_->grpc->set_ready(is_ready);
   impl_->monitor = std::thread([impl = impl_.get(), is_ready] { impl->watch_readiness(is_ready); });

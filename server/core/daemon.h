@@ -4,6 +4,7 @@
 // with its duration. No torch in this header.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -22,8 +23,10 @@ class Daemon {
   /// Runs the start-up sequence. Throws std::runtime_error when a port cannot be bound.
   /// Returns when every model is loaded (or failed); readiness is then true iff all are ready.
   /// From then on gRPC health "readiness" follows ServerCore::ready() within 100 ms (models
-  /// loaded or unloaded by RepositoryModelLoad/Unload).
-  void start();
+  /// loaded or unloaded by RepositoryModelLoad/Unload). `on_serving`, when set, is called once
+  /// the repository is loaded and before readiness is first published (main: from then on a
+  /// signal drains instead of ending the start-up; a probe may see SERVING right after).
+  void start(const std::function<void()>& on_serving = {});
 
   int grpc_port() const;
   int http_port() const;  ///< 0 when the HTTP admin port is off

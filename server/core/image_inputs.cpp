@@ -84,9 +84,15 @@ void parse_pixels(const api::InputTensor& t, const RequestLimits& limits, ImageI
   }
   // Each side first: the product of two huge sides overflows int64 (undefined behaviour).
   if (t.shape[2] > limits.max_pixels || t.shape[3] > limits.max_pixels ||
-      t.shape[2] * t.shape[3] > limits.max_pixels) {
+      t.shape[2] > limits.max_pixels / t.shape[3]) {
     invalid_argument(c10::str("input 'pixel_values': ", t.shape[3], "x", t.shape[2],
                               " pixels per image exceed the limit of ", limits.max_pixels));
+  }
+  if (limits.max_model_pixels > 0 && t.shape[2] * t.shape[3] > limits.max_model_pixels) {
+    invalid_argument(c10::str("input 'pixel_values': shape ", shape_str(t.shape), ": ", t.shape[3],
+                              "x", t.shape[2], " = ", t.shape[2] * t.shape[3],
+                              " pixels per image exceed the model's limit of ",
+                              limits.max_model_pixels, " (", limits.model_pixels_reason, ")"));
   }
   check_batch(t, t.shape[0], limits);
   check_fixed(t, "FP32", 4, "[N,3,H,W]");
@@ -97,6 +103,27 @@ void parse_pixels(const api::InputTensor& t, const RequestLimits& limits, ImageI
 }
 
 }  // namespace
+
+std::pair<int64_t, std::string> model_pixel_limit(int64_t height, int64_t width,
+                                                  int64_t shortest_edge, int64_t longest_edge,
+                                                  bool do_resize) {
+  constexpr int64_t f2 = kModelPixelsFactor * kModelPixelsFactor;
+  // Sizes come from a checkpoint file: bounded before multiplying (2^20 pixels a side is
+  // far beyond any processor, and the product stays within int64).
+  auto sane = [](int64_t v) { return v > 0 && v <= (int64_t{1} << 20); };
+  if (!do_resize) return {0, ""};
+  if (sane(height) && sane(width)) {
+    return {f2 * height * width, c10::str(f2, " x the model's ", width, "x", height,
+                                          " input size, preprocessor_config.json size")};
+  }
+  if (sane(longest_edge)) {
+    return {f2 * longest_edge * longest_edge,
+            c10::str(f2, " x the square of the model's longest_edge ", longest_edge,
+                     ", preprocessor_config.json size")};
+  }
+  (void)shortest_edge;  // the long side is not bounded by the processor: no bound
+  return {0, ""};
+}
 
 void invalid_argument(const std::string& message) {
   throw api::Error(api::Code::invalid_argument, message);

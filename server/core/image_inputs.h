@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "server/api/types.h"
@@ -19,7 +20,25 @@ struct RequestLimits {
   int64_t max_images = 64;        ///< N per request
   int64_t max_pixels = 40000000;  ///< width * height per image
   int64_t max_batch_size = 8;     ///< the model's max_batch_size
+  /// `pixel_values` only: the largest H * W the model takes (model_pixel_limit); 0: no bound
+  /// beyond max_pixels. Encoded `images` are resized by the processor and need none.
+  int64_t max_model_pixels = 0;
+  std::string model_pixels_reason;  ///< how max_model_pixels was derived (the error message)
 };
+
+/// Every side of a `pixel_values` input may be this many times the model's input size:
+/// its H * W at most kModelPixelsFactor^2 times the processor's (ViT/Swin attention memory
+/// grows with tokens^2, RT-DETR's encoder attention as well).
+constexpr int64_t kModelPixelsFactor = 2;
+
+/// The pixel_values bound of a model from its preprocessor_config.json `size`: {height, width}
+/// (ViT, Swin, RT-DETR): 4 * height * width; {shortest_edge, longest_edge} (Deformable DETR):
+/// 4 * longest_edge^2; shortest_edge alone, or no resize: 0 (no bound: the processor itself
+/// does not bound the long side). Returns (limit, reason), e.g. (200704, "4 x the model's
+/// 224x224 input size (preprocessor_config.json size)").
+std::pair<int64_t, std::string> model_pixel_limit(int64_t height, int64_t width,
+                                                  int64_t shortest_edge, int64_t longest_edge,
+                                                  bool do_resize);
 
 /// The validated image input of a request (views into the api::InferRequest: keep it alive).
 struct ImageInputs {
@@ -46,8 +65,8 @@ double number_param(const std::string& key, const api::Parameter& p);
 /// Parses the one of `images` / `pixel_values` that is non-null (INVALID_ARGUMENT when neither
 /// or both are): BYTES elements split by their 4-byte little-endian lengths, non-empty; or
 /// FP32 pixels copied into a tensor. N must be >= 1 and within `limits` (max_images,
-/// max_batch_size), H*W within max_pixels. Throws INVALID_ARGUMENT naming the input and the
-/// problem.
+/// max_batch_size), H*W within max_pixels and, for pixel_values, within max_model_pixels.
+/// Throws INVALID_ARGUMENT naming the input and the problem (shape and limit included).
 ImageInputs parse_image_inputs(const api::InputTensor* images, const api::InputTensor* pixels,
                                const RequestLimits& limits);
 

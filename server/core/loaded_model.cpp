@@ -4,10 +4,10 @@
 
 #include <nlohmann/json.hpp>
 
-#include <fstream>
 #include <stdexcept>
 
 #include "log/log.h"
+#include "models/core/config.h"
 
 namespace libreyolo::server {
 namespace {
@@ -30,30 +30,11 @@ at::ScalarType resolve_dtype(const std::string& name) {
   return at::kFloat;
 }
 
-/// Parses a checkpoint's config.json; it must be an object. nlohmann's message quotes the
-/// offending token, which may be megabytes long: it is clipped, since the message becomes the
-/// model's reason (RepositoryIndex, /active) and a log line.
+/// Parses a checkpoint's config.json; it must be an object. The size cap and the clipping of
+/// huge tokens in parse errors are models::core::read_json_file's (the message becomes the
+/// model's reason: RepositoryIndex, /active, a log line).
 nlohmann::json read_json(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) throw std::runtime_error(path + ": cannot read");
-  // Hugging Face configs are kilobytes (a 22k-class id2label is about 1 MB); a 1 GB file (one
-  // huge number) would be buffered whole by the parser, on each of the parallel loaders.
-  constexpr std::streamoff kMaxBytes = 64 << 20;
-  in.seekg(0, std::ios::end);
-  const std::streamoff size = in.tellg();
-  in.seekg(0, std::ios::beg);
-  if (size > kMaxBytes) {
-    throw std::runtime_error(path + ": " + std::to_string(size) +
-                             " bytes, more than the 67108864 a config.json may have");
-  }
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(in);
-  } catch (const std::exception& e) {
-    std::string what = e.what();
-    if (what.size() > 200) what = what.substr(0, 197) + "...";
-    throw std::runtime_error(path + ": invalid JSON: " + what);
-  }
+  nlohmann::json j = models::core::read_json_file(path);
   if (!j.is_object()) throw std::runtime_error(path + ": not a JSON object");
   return j;
 }
@@ -94,8 +75,13 @@ std::shared_ptr<LoadedModel> load_model_version(const std::string& name, const s
   if (config.contains("id2label") && config["id2label"].is_object()) {
     m->num_labels = static_cast<int64_t>(config["id2label"].size());
   }
+  // Read with the same cap and parsed once for the clipped error first: from_file would
+  // buffer any size and quote a huge token whole.
+  const std::string processor_path = dir + "/preprocessor_config.json";
+  const std::string processor_text = models::core::read_json_text(processor_path);
+  (void)models::core::parse_json_text(processor_text, processor_path);
   m->processor = std::make_unique<image::ImageProcessor>(
-      image::ProcessorConfig::from_file(dir + "/preprocessor_config.json"));
+      image::ProcessorConfig::from_json(processor_text, processor_path));
   models::LoadOptions options;
   options.device = m->device;
   options.dtype = m->dtype;

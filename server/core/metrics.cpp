@@ -39,6 +39,9 @@ prometheus::ClientMetric value_metric(std::vector<prometheus::ClientMetric::Labe
   return m;
 }
 
+/// The reason label of the always-zero series of every (slot, impl) pair.
+constexpr const char* kNoReason = "none";
+
 }  // namespace
 
 struct Metrics::Impl {
@@ -147,7 +150,13 @@ std::string Metrics::serialize() const {
                                            c.name == slot.selected ? 1.0 : 0.0, false));
       calls.metric.push_back(value_metric({{"slot", slot.slot}, {"impl", c.name}},
                                           static_cast<double>(c.calls), true));
+      // Prometheus' convention: a counter known at start-up has a series from the first
+      // scrape (rate()/increase() miss the first event of a series that appears with it, and
+      // alerts on absent series stay silent). reason="none" is that series: always 0.
+      declined.metric.push_back(
+          value_metric({{"slot", slot.slot}, {"impl", c.name}, {"reason", kNoReason}}, 0.0, true));
       for (const auto& [reason, n] : c.declined) {
+        if (reason == kNoReason) continue;
         declined.metric.push_back(
             value_metric({{"slot", slot.slot}, {"impl", c.name}, {"reason", reason}},
                          static_cast<double>(n), true));
@@ -155,7 +164,12 @@ std::string Metrics::serialize() const {
     }
   }
   std::map<std::tuple<std::string, std::string, std::string>, double> events;
-  for (const auto& e : reg.events()) events[{e.slot, e.impl, e.reason}] += 1;
+  for (const auto& slot : reg.report()) {
+    for (const auto& c : slot.candidates) events[{slot.slot, c.name, kNoReason}] = 0;
+  }
+  for (const auto& e : reg.events()) {
+    if (e.reason != kNoReason) events[{e.slot, e.impl, e.reason}] += 1;
+  }
   for (const auto& [k, n] : events) {
     fallback.metric.push_back(value_metric(
         {{"slot", std::get<0>(k)}, {"impl", std::get<1>(k)}, {"reason", std::get<2>(k)}}, n, true));

@@ -17,7 +17,8 @@ struct GrpcOptions {
   /// Most threads the sync server runs (grpc::ResourceQuota::SetMaxThreads, pollers included).
   /// A call arriving when all are busy is answered RESOURCE_EXHAUSTED ("Server Threadpool
   /// Exhausted") instead of starting one more thread that holds one more request: without a cap,
-  /// N concurrent 64 MiB requests held N threads and about 2N x 64 MiB of memory.
+  /// N concurrent 64 MiB requests held N threads and about 2N x 64 MiB of memory. The daemon
+  /// sets it from server.max_concurrent_rpcs.
   int max_threads = 256;
 };
 

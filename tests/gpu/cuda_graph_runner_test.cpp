@@ -8,6 +8,8 @@
 #include <stdexcept>
 #include <string>
 
+#include "kernels/attention/ms_deform_attn.h"
+#include "kernels/registry.h"
 #include "models/model.h"
 #include "models/runtime/cuda_graph_runner.h"
 
@@ -58,6 +60,37 @@ TEST(CudaGraphRunner, ReplayEqualsEagerWithPadding) {
     EXPECT_THROW(runner.run(wrong), std::invalid_argument);
     EXPECT_FALSE(runner.accepts(at::rand({5, 3, size, size}, options.device)));
   }
+}
+
+/// Calls counted so far for the `cuda` ms_deform_attn (the registry's report, what /active shows).
+uint64_t cuda_msda_calls() {
+  for (const auto& slot : libreyolo::kernels::Registry::global().report())
+    for (const auto& c : slot.candidates)
+      if (slot.slot == libreyolo::kernels::kMsDeformAttn && c.name == "cuda") return c.calls;
+  return 0;
+}
+
+TEST(CudaGraphRunner, ReplaysCountTheCapturedKernelCalls) {
+  // A replay runs the captured cuda ms_deform_attn launches without calling the slot; the
+  // registry's counters must still count them, once per replay.
+  if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device";
+  libreyolo::models::LoadOptions options;
+  options.device = at::Device(at::kCUDA, 0);
+  const auto model = libreyolo::models::load_model(
+      std::string(LIBREYOLO_TEST_FIXTURES) + "/models/rtdetr_tiny", options);
+  at::InferenceMode guard;
+  const auto pixels = at::rand({2, 3, 64, 64}, at::TensorOptions().device(options.device));
+  const uint64_t before_eager = cuda_msda_calls();
+  model->forward(pixels);
+  const uint64_t per_forward = cuda_msda_calls() - before_eager;
+  std::cout << "[gpu] rtdetr_tiny: " << per_forward << " cuda ms_deform_attn calls per forward"
+            << std::endl;
+  ASSERT_GT(per_forward, 0u);  // the decoder layers: the cuda kernel serves this model
+  CudaGraphRunner runner(*model, {2}, 64, 64, at::kFloat, options.device);
+  const uint64_t before_replays = cuda_msda_calls();
+  runner.run(pixels);
+  runner.run(pixels.narrow(0, 0, 1).contiguous());
+  EXPECT_EQ(cuda_msda_calls() - before_replays, 2 * per_forward);
 }
 
 TEST(CudaGraphRunner, CpuModelIsRefusedWithAReason) {

@@ -1,15 +1,19 @@
 // SIGTERM against the real libreyolo-server binary (a child process) with 32 ModelInfer calls in
 // flight on the tiny RT-DETR: readiness turns NOT_SERVING at once, requests are still accepted
 // during drain_seconds, every in-flight request completes OK, calls after the drain window are
-// refused (UNAVAILABLE) and the process exits 0 within drain_seconds + grace.
+// refused (UNAVAILABLE) and the process exits 0 within drain_seconds + grace. A signal during
+// start-up (the process barely started, or a model still loading) exits 0 at once.
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 
 #include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
+#include <iostream>
 #include <thread>
 
 #include "server/rpc/client.h"
@@ -30,6 +34,9 @@ double since(SteadyClock::time_point t) {
 
 /// Starts the binary with `args`, stdout and stderr to `log_file`; returns the pid.
 pid_t spawn(const std::vector<std::string>& args, const std::string& log_file) {
+  // The child would write the parent's unflushed output a second time (freopen flushes).
+  std::cout.flush();
+  std::fflush(nullptr);
   const pid_t pid = ::fork();
   if (pid == 0) {
     FILE* f = std::freopen(log_file.c_str(), "w", stdout);
@@ -59,6 +66,96 @@ int wait_exit(pid_t pid, double timeout_s) {
   ::kill(pid, SIGKILL);
   ::waitpid(pid, &status, 0);
   return -1000;
+}
+
+/// SigBlk of /proc/<pid>/status (the main thread's blocked signals), 0 when unreadable.
+unsigned long long blocked_signals(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("SigBlk:", 0) == 0) return std::stoull(line.substr(7), nullptr, 16);
+  }
+  return 0;
+}
+
+/// A signal sent as early as the process can take it: the moment SIGINT/SIGTERM are blocked
+/// (the executable's pre-init, before LibTorch's initialisers run) it is pending, and the
+/// signal thread exits 0 before anything is served.
+TEST(ServerShutdown, SignalRightAfterLaunchExitsZero) {
+  if (::access(binary().c_str(), X_OK) != 0) GTEST_SKIP() << binary() << " not built";
+  for (const int sig : {SIGINT, SIGTERM}) {
+    const auto dir = temp_dir("early-signal");
+    add_rtdetr_tiny(dir / "repo");
+    write_file(dir / "server.yaml",
+               "server:\n  grpc_address: 127.0.0.1:" + std::to_string(free_port()) +
+                   "\n  http_address: \"off\"\nmodel_repository: " + (dir / "repo").string() +
+                   "\ndevice: cpu\n");
+    const std::string log_file = (dir / "server.log").string();
+    const auto t0 = SteadyClock::now();
+    const pid_t pid = spawn({"--config", (dir / "server.yaml").string()}, log_file);
+    ASSERT_GT(pid, 0);
+    const unsigned long long want = (1ull << (SIGINT - 1)) | (1ull << (SIGTERM - 1));
+    while ((blocked_signals(pid) & want) != want && since(t0) < 20) {
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+    const double blocked_at = since(t0);
+    ASSERT_EQ(blocked_signals(pid) & want, want) << "SIGINT/SIGTERM never blocked";
+    ASSERT_EQ(::kill(pid, sig), 0);
+    const int code = wait_exit(pid, 20.0);
+    const auto log = read_file(log_file);
+    std::cout << "signal " << sig << " at " << blocked_at << " s after the launch (blocked): exit "
+              << code << " at " << since(t0) << " s\n";
+    EXPECT_EQ(code, 0) << log;
+    EXPECT_NE(log.find("signal " + std::to_string(sig) +
+                       " during start-up (readiness never was SERVING): exit 0"),
+              std::string::npos)
+        << log;
+    EXPECT_EQ(log.find("ready after"), std::string::npos) << log;
+    remove_tree(dir);
+  }
+}
+
+/// SIGTERM while a model is still loading: its config.json is a FIFO nobody writes, so the
+/// load never ends (a slow disk or a huge checkpoint, forever). The daemon listens, is live and
+/// not ready; the signal exits 0 at once. (It used to be taken only once every model had
+/// loaded: never, here.)
+TEST(ServerShutdown, SigtermWhileAModelLoadsExitsZero) {
+  if (::access(binary().c_str(), X_OK) != 0) GTEST_SKIP() << binary() << " not built";
+  const auto dir = temp_dir("loading-signal");
+  add_rtdetr_tiny(dir / "repo", "warmup: false\n");
+  fs::create_directories(dir / "repo" / "stuck" / "1");
+  ASSERT_EQ(::mkfifo((dir / "repo" / "stuck" / "1" / "config.json").c_str(), 0600), 0);
+  const int port = free_port();
+  const std::string address = "127.0.0.1:" + std::to_string(port);
+  write_file(dir / "server.yaml", "server:\n  grpc_address: " + address +
+                                      "\n  http_address: \"off\"\n  drain_seconds: 30\n"
+                                      "model_repository: " +
+                                      (dir / "repo").string() + "\ndevice: cpu\n");
+  const std::string log_file = (dir / "server.log").string();
+  const pid_t pid = spawn({"--config", (dir / "server.yaml").string()}, log_file);
+  ASSERT_GT(pid, 0);
+  ASSERT_TRUE(wait_port(port, 30)) << read_file(log_file);
+  rpc::Client c(address);
+  // rtdetr_tiny loads; stuck never does: live, not ready.
+  const auto t0 = SteadyClock::now();
+  while (read_file(log_file).find("model 'rtdetr_tiny' version 1 ready") == std::string::npos &&
+         since(t0) < 30) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_EQ(c.health("liveness", 1.0).text, "SERVING");
+  EXPECT_EQ(c.health("readiness", 1.0).text, "NOT_SERVING");
+  const auto t_signal = SteadyClock::now();
+  ASSERT_EQ(::kill(pid, SIGTERM), 0);
+  const int code = wait_exit(pid, 10.0);
+  const auto log = read_file(log_file);
+  std::cout << "SIGTERM while a model loads: exit " << code << " after " << since(t_signal)
+            << " s\n";
+  EXPECT_EQ(code, 0) << log;
+  EXPECT_LT(since(t_signal), 5.0);
+  EXPECT_NE(log.find("signal 15 during start-up (readiness never was SERVING): exit 0"),
+            std::string::npos)
+      << log;
+  remove_tree(dir);
 }
 
 TEST(ServerShutdown, SigtermWith32InFlightDrainsCompletesAllAndExitsZero) {

@@ -51,7 +51,11 @@ def reinit(model, seed):
                 continue
             for pn, p in mod.named_parameters(recurse=False):
                 full = (name + "." + pn) if name else pn
-                if p.dim() >= 2 and not any(s in full for s in skip):
+                if full.endswith("decoder.reg_scale") or full.endswith("decoder.up"):
+                    continue  # D-FINE's FDR constants: keep the config's values
+                if full.endswith("lab.scale"):  # HGNetV2 learnable affine: scale near 1
+                    p.copy_(1 + 0.2 * torch.randn(p.shape, generator=g))
+                elif p.dim() >= 2 and not any(s in full for s in skip):
                     p.copy_(torch.randn(p.shape, generator=g) / math.sqrt(p[0].numel()))
                 elif p.dim() >= 1 and p.dtype.is_floating_point:
                     p.copy_(0.2 * torch.randn(p.shape, generator=g))
@@ -87,6 +91,34 @@ def rt_cfg(C, bb, levels, nq, **extra):
              num_denoising=0, num_labels=7, **extra)
 
 
+def hgnet_backbone(variant, lab):
+    """HGNetV2 widths: "a" = the HF test config, "b" = other widths, light/plain mix, depths."""
+    if variant == "a":
+        kw = dict(stem_channels=[3, 16, 16], stage_in_channels=[16, 64, 128, 256],
+                  stage_mid_channels=[16, 32, 64, 128], stage_out_channels=[64, 128, 256, 512],
+                  stage_num_blocks=[1, 1, 2, 1], stage_downsample=[False, True, True, True],
+                  stage_light_block=[False, False, True, True], stage_kernel_size=[3, 3, 5, 5],
+                  stage_numb_of_layers=[3, 3, 3, 3], hidden_sizes=[64, 128, 256, 512])
+    else:
+        kw = dict(stem_channels=[3, 8, 16], stage_in_channels=[16, 32, 48, 64],
+                  stage_mid_channels=[8, 16, 24, 32], stage_out_channels=[32, 48, 64, 96],
+                  stage_num_blocks=[1, 2, 1, 1], stage_downsample=[False, True, True, True],
+                  stage_light_block=[False, True, False, True], stage_kernel_size=[3, 5, 3, 5],
+                  stage_numb_of_layers=[2, 3, 2, 2], hidden_sizes=[32, 48, 64, 96])
+    return tr.HGNetV2Config(out_features=["stage2", "stage3", "stage4"], out_indices=[2, 3, 4],
+                            use_learnable_affine_block=lab, **kw)
+
+
+def df_cfg(bb, nq, **extra):
+    base = dict(backbone_config=bb, encoder_hidden_dim=32, encoder_in_channels=list(bb.hidden_sizes[1:]),
+                encoder_layers=1, encoder_ffn_dim=64, encoder_attention_heads=2, hidden_expansion=0.5,
+                d_model=32, num_queries=nq, decoder_in_channels=[32, 32, 32], decoder_ffn_dim=64,
+                decoder_layers=2, decoder_attention_heads=2, decoder_n_points=[3, 6, 3],
+                num_feature_levels=3, depth_mult=0.34, num_denoising=0, num_labels=7)
+    base.update(extra)
+    return tr.DFineConfig(**base)
+
+
 def dd_cfg(**kw):
     bb = tr.ResNetConfig(embedding_size=16, hidden_sizes=[16, 24, 40, 56], depths=[1, 2, 1, 1],
                          hidden_act="relu", out_features=["stage2", "stage3", "stage4"], out_indices=[2, 3, 4])
@@ -115,6 +147,14 @@ def cases():
     yield "rtdetr_basic_4lvl_416x288", RT, rt_cfg(tr.RTDetrConfig, rt_backbone("basic", (16, 16, 32, 48), (1, 2, 1, 1)), 4, 25), RTP, (1, 416, 288), False
     yield "rtdetr_v2_352x352", RT2, rt_cfg(tr.RTDetrV2Config, rt_backbone("bottleneck", (16, 32, 48, 64), (1, 1, 1, 1)), 3, 30, decoder_n_levels=3), RTP, (2, 352, 352), False
     yield "rtdetr_v2_discrete_288x384", RT2, rt_cfg(tr.RTDetrV2Config, rt_backbone("bottleneck", (16, 32, 48, 64), (1, 1, 1, 1)), 3, 30, decoder_n_levels=3, decoder_method="discrete"), RTP, (1, 288, 384), False
+    DF = tr.DFineForObjectDetection
+    yield "dfine_lab_3lvl_320x480", DF, df_cfg(hgnet_backbone("a", True), 40), RTP, (2, 320, 480), False
+    yield "dfine_nolab_widths_416x288", DF, df_cfg(hgnet_backbone("b", False), 25, decoder_layers=3, depth_mult=0.5, hidden_expansion=1.0), RTP, (1, 416, 288), False
+    yield "dfine_dmodel64_4lvl_352x352", DF, df_cfg(hgnet_backbone("a", True), 30, d_model=64, decoder_attention_heads=4, num_feature_levels=4, decoder_n_points=2), RTP, (2, 352, 352), False
+    # (An identity decoder_input_proj with extra levels repeats the last level's tokens: exact
+    # top-k ties, so extra levels are exercised with d_model != decoder_in_channels only.)
+    yield "dfine_unfrozen_bn_288x384", DF, df_cfg(hgnet_backbone("b", True), 30, decoder_n_points=[2, 3, 4], freeze_backbone_batch_norms=False), RTP, (1, 288, 384), False
+    yield "dfine_discrete_256x320", DF, df_cfg(hgnet_backbone("a", False), 20, decoder_method="discrete"), RTP, (1, 256, 320), False
     yield "deformable_detr_masked", DD, dd_cfg(), DDP, [(200, 320), (256, 192)], True
     yield "deformable_detr_refine_two_stage", DD, dd_cfg(with_box_refine=True, two_stage=True, two_stage_num_proposals=10), DDP, [(224, 288)], True
     yield "vit_48_3layers", tr.ViTForImageClassification, tr.ViTConfig(image_size=224, patch_size=16, hidden_size=48, num_hidden_layers=3, num_attention_heads=4, intermediate_size=64, num_labels=7), VP, (2, 224, 224), False

@@ -14,6 +14,7 @@
 #include <sstream>
 
 #include "models/deformable_detr/deformable_detr.h"
+#include "models/dfine/dfine.h"
 #include "models/model.h"
 #include "models/swin/swin.h"
 #include "models/vit/vit.h"
@@ -112,6 +113,7 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(Row{"vit_tiny", models::vit::kFusedAttentionDefault},
                       Row{"swin_tiny", models::swin::kFusedAttentionDefault},
                       Row{"deformable_detr_tiny", models::deformable_detr::kFusedAttentionDefault},
+                      Row{"dfine_tiny", models::dfine::kFusedAttentionDefault},
                       // measured when the RT-DETR family and its fixture exist
                       Row{"rtdetr_tiny", std::nullopt}),
     [](const ::testing::TestParamInfo<Row>& info) { return info.param.fixture; });

@@ -74,6 +74,31 @@ TEST(SwinParity, SmallMapsRunBothPaths) {
   }
 }
 
+TEST(SwinParity, BiasKeptPerBlockFollowsBatchAndMapSize) {
+  // Each block keeps its attention bias for the last (map size, dtype, path) and slices it for
+  // fewer images: batches of 1, 2, 1, 3, another map size, then 1 again, on one model, with
+  // both attention paths, must all match the reference (CUDA: tests/gpu/classifier_cuda_test).
+  c10::InferenceMode inference_mode;
+  const auto dir = test::model_fixture("swin_tiny");
+  auto model = models::load_model(dir);
+  // The fixture holds two images; the first one, repeated, makes the batches.
+  const auto pixels = test::normalized_pixels(dir).slice(0, 0, 1);
+  const auto ref = test::expected_tensor(dir, "logits").slice(0, 0, 1);
+  const auto extra = models::core::SafetensorsFile::open(dir + "/extra_expected.safetensors");
+  for (bool fused : {false, true}) {
+    model->set_fused_attention(fused);
+    for (int64_t images : {1, 2, 1, 3}) {
+      const auto out = model->forward(pixels.expand({images, -1, -1, -1}).contiguous()).logits;
+      for (int64_t i = 0; i < images; ++i)
+        EXPECT_LE(test::max_abs_diff(out.slice(0, i, i + 1), ref), 1e-4)
+            << "fused " << fused << ", " << images << " images, image " << i;
+    }
+    const auto odd = model->forward(extra->view("pixel_values").clone()).logits;
+    EXPECT_LE(test::max_abs_diff(odd, extra->view("logits")), 1e-4) << "fused " << fused;
+    EXPECT_LE(test::max_abs_diff(model->forward(pixels).logits, ref), 1e-4) << "fused " << fused;
+  }
+}
+
 TEST(SwinWindows, PartitionReverseRoundTripAndMask) {
   const auto x = at::arange(2 * 6 * 9 * 3, at::kFloat).view({2, 6, 9, 3});
   const auto w = models::swin::window_partition(x, 3);

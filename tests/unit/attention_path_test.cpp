@@ -153,6 +153,36 @@ TEST(AttentionPathNumerics, ModuleForwardWithWindowBiasEqualsExpandedBias) {
   }
 }
 
+TEST(AttentionPathNumerics, PreparedBiasIsReadInPlaceAndSlicesPerImage) {
+  // Swin keeps prepare_attention_bias()'s result per block; calls with fewer images pass a
+  // leading slice of it. The prepared bias must give the same output as the per-call one.
+  c10::InferenceMode guard;
+  const auto in = swin_inputs(at::kFloat);  // 2 images x 4 windows
+  const double scale = 1.0 / std::sqrt(32.0);
+  // Paths that read the bias without a per-call copy get it back unchanged.
+  for (auto path : {P::kManual, P::kSdpa, P::kSdpaWindowBatch})
+    EXPECT_TRUE(prepare_attention_bias(in.window_bias, 8, at::kFloat, path).is_same(in.window_bias))
+        << attention_path_name(path);
+  // The aligned paths: 16-aligned rows (49 -> 64 elements), replicated image-major, 3 images.
+  const auto prepared = prepare_attention_bias(in.window_bias, 12, at::kFloat, P::kSdpaPaddedMask);
+  EXPECT_EQ(prepared.sizes(), (std::vector<int64_t>{12, 3, 49, 49}));
+  EXPECT_EQ(prepared.strides(), (std::vector<int64_t>{3 * 49 * 64, 49 * 64, 64, 1}));
+  EXPECT_TRUE(at::equal(prepared.slice(0, 0, 8), in.expanded_bias));
+  const auto per_call =
+      dot_product_attention(in.q, in.k, in.v, in.window_bias, scale, P::kSdpaPaddedMask, false, 4);
+  const auto reused = dot_product_attention(in.q, in.k, in.v, prepared.slice(0, 0, 8), scale,
+                                            P::kSdpaPaddedMask, false, 8);
+  EXPECT_TRUE(at::equal(per_call, reused)) << max_diff(per_call, reused);
+  // A dense (1, H, L, L) bias is aligned, not replicated.
+  const auto dense =
+      prepare_attention_bias(in.window_bias.slice(0, 0, 1), 0, at::kHalf, P::kMemEfficient);
+  EXPECT_EQ(dense.sizes(), (std::vector<int64_t>{1, 3, 49, 49}));
+  EXPECT_EQ(dense.stride(2), 64);
+  EXPECT_EQ(dense.scalar_type(), at::kHalf);
+  EXPECT_THROW(prepare_attention_bias(in.window_bias, 6, at::kFloat, P::kMemEfficient),
+               c10::Error);  // 6 is not a multiple of the 4 windows
+}
+
 TEST(AttentionPathNumerics, BadWindowArgumentsThrow) {
   const auto in = swin_inputs(at::kFloat);
   EXPECT_THROW(dot_product_attention(in.q, in.k, in.v, in.window_bias, 1.0, P::kManual, false, 3),

@@ -246,6 +246,14 @@ std::vector<Row> bench_shape(const Shape& s, at::ScalarType dt) {
                   "",
                   "efficient kernel called directly, aligned mask (the policy for a bias)"});
     if (mask.defined()) {
+      const auto kept = layers::prepare_attention_bias(mask, 0, dt, P::kMemEfficient);
+      vs.push_back({"mem_efficient_kept",
+                    [&, kept] {
+                      return layers::dot_product_attention(q, k, v, kept, scale, P::kMemEfficient);
+                    },
+                    {},
+                    "",
+                    "the policy as Swin runs it: aligned bias kept per block"});
       const auto mp = padded(mask);
       vs.push_back({"sdpa_padded_mask", lib(P::kSdpaPaddedMask),
                     [=] {
@@ -302,6 +310,15 @@ std::vector<Row> bench_shape(const Shape& s, at::ScalarType dt) {
                   {},
                   "",
                   "efficient kernel called directly, aligned expanded mask built per call"});
+    const auto kept = layers::prepare_attention_bias(bias_dt, BW, dt, P::kMemEfficient);
+    vs.push_back({"mem_efficient_kept",
+                  [&, kept] {
+                    return layers::dot_product_attention(q, k, v, kept, scale, P::kMemEfficient,
+                                                         false, BW);
+                  },
+                  {},
+                  "",
+                  "the policy as Swin runs it: prepared mask kept per block (no per-call copy)"});
     vs.push_back({"sdpa_padded_prebuilt", sdpa_with(bias_full_padded),
                   [&] {
                     return std::vector<at::Tensor>{q, k, v, bias_full_padded};

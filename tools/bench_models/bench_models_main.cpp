@@ -2,7 +2,7 @@
 //
 //   libreyolo-bench-models --model DIR [--size 640] [--batch 1,8,32] [--device cpu|cuda]
 //                          [--dtype float32|float16|bfloat16] [--iters N] [--warmup N] [--tf32]
-//                          [--cuda-graph]
+//                          [--cuda-graph] [--fused-attention default|on|off]
 // Prints one line per batch size: ms per forward (median of --iters, after --warmup), images/s,
 // and the kernel calls counted per implementation of ms_deform_attn, so that a run under
 // LIBREYOLO_KERNELS=reference (portable path) and one without can be compared. CUDA time is
@@ -11,6 +11,8 @@
 // --cuda-graph times models::CudaGraphRunner (the daemon's `cuda_graphs`): one captured forward
 // per batch size, replayed (no host launch cost; includes the input copy and output clone); a
 // model that cannot be captured prints `cuda_graph=failed` and the reason.
+// --fused-attention sets the model's attention path (Model::set_fused_attention; `default` keeps
+// the family's default), so that manual and fused attention are timed on the same checkpoint.
 // Exit codes: 0 ok, 1 runtime error, 2 usage error.
 #include <ATen/ATen.h>
 #include <ATen/Context.h>
@@ -33,7 +35,7 @@ namespace {
 int usage() {
   std::cerr << "usage: libreyolo-bench-models --model DIR [--size 640] [--batch 1,8] "
                "[--device cpu|cuda] [--dtype float32|float16|bfloat16] [--iters N] [--warmup N] "
-               "[--tf32] [--cuda-graph]\n";
+               "[--tf32] [--cuda-graph] [--fused-attention default|on|off]\n";
   return 2;
 }
 
@@ -56,6 +58,7 @@ std::string msda_calls() {
 
 int main(int argc, char** argv) {
   std::string model_dir, device_name = "cpu", dtype_name = "float32", batches = "1,8";
+  std::string fused = "default";
   int64_t size = 640;
   int iters = 10, warmup = 3;
   bool tf32 = false, cuda_graph = false;
@@ -81,6 +84,8 @@ int main(int argc, char** argv) {
         tf32 = true;
       else if (a == "--cuda-graph")
         cuda_graph = true;
+      else if (a == "--fused-attention")
+        fused = next();
       else
         return usage();
     } catch (const std::exception&) {
@@ -89,6 +94,7 @@ int main(int argc, char** argv) {
   }
   if (model_dir.empty() || iters < 1 || warmup < 0 || size < 32) return usage();
   if (cuda_graph && device_name.rfind("cuda", 0) != 0) return usage();
+  if (fused != "default" && fused != "on" && fused != "off") return usage();
   try {
     libreyolo::kernels::initialize(
         libreyolo::kernels::policy_from_environment(libreyolo::kernels::process_environment()));
@@ -100,6 +106,7 @@ int main(int argc, char** argv) {
                     : dtype_name == "bfloat16" ? at::kBFloat16
                                                : at::kFloat;
     const auto model = libreyolo::models::load_model(model_dir, options);
+    if (fused != "default") model->set_fused_attention(fused == "on");
     at::InferenceMode guard;
     std::stringstream list(batches);
     std::string item;
@@ -138,9 +145,10 @@ int main(int argc, char** argv) {
       std::cout << "model=" << model->model_type() << " dir=" << model_dir
                 << " device=" << device_name << " dtype=" << dtype_name
                 << " tf32=" << (tf32 ? "on" : "off")
-                << " cuda_graph=" << (cuda_graph ? "on" : "off") << " size=" << size
-                << " batch=" << b << " median_ms=" << median << " min_ms=" << ms.front()
-                << " images_per_s=" << (1000.0 * b / median) << " " << msda_calls() << std::endl;
+                << " cuda_graph=" << (cuda_graph ? "on" : "off") << " fused_attention=" << fused
+                << " size=" << size << " batch=" << b << " median_ms=" << median
+                << " min_ms=" << ms.front() << " images_per_s=" << (1000.0 * b / median) << " "
+                << msda_calls() << std::endl;
     }
   } catch (const std::exception& e) {
     std::cerr << "libreyolo-bench-models: " << e.what() << "\n";

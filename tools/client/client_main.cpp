@@ -5,7 +5,9 @@
 //                             [--top-k K] [--timeout SECONDS]
 //   libreyolo-client health [--server HOST:PORT] [--service NAME]
 //   libreyolo-client call METHOD [TEXT] [--server HOST:PORT]   (e.g. call ModelConfig 'name: "m"')
-// Exit status: 0 on success, 1 on a gRPC error (its code and message on stderr), 2 on usage errors.
+//   libreyolo-client --help   (the usage on stdout, exit 0)
+// Exit status: 0 on success, 1 on a gRPC error (its code and message on stderr), 2 on usage errors
+// (the usage on stderr).
 #include <cstdint>
 #include <cstring>
 #include <fstream>
@@ -21,18 +23,21 @@ namespace {
 
 using namespace libreyolo::server;
 
-int usage() {
-  std::cerr << "usage: libreyolo-client detect --image FILE [--image FILE ...] [--server "
-               "HOST:PORT] [--model NAME]\n"
-               "                              [--threshold T] [--timeout SECONDS]\n"
-               "       libreyolo-client classify --image FILE [--image FILE ...] [--server "
-               "HOST:PORT] [--model NAME]\n"
-               "                                [--top-k K] [--timeout SECONDS]\n"
-               "       libreyolo-client health [--server HOST:PORT] [--service NAME]\n"
-               "       libreyolo-client call METHOD [REQUEST_TEXT] [--server HOST:PORT]\n"
-               "defaults: --server localhost:8001 --model rtdetr_tiny (detect), vit_tiny "
-               "(classify)\n";
-  return 2;
+/// The usage text: on stdout with exit status 0 when asked for (--help), else on stderr with 2.
+int usage(bool asked = false) {
+  (asked ? std::cout : std::cerr)
+      << "usage: libreyolo-client detect --image FILE [--image FILE ...] [--server "
+         "HOST:PORT] [--model NAME]\n"
+         "                              [--threshold T] [--timeout SECONDS]\n"
+         "       libreyolo-client classify --image FILE [--image FILE ...] [--server "
+         "HOST:PORT] [--model NAME]\n"
+         "                                [--top-k K] [--timeout SECONDS]\n"
+         "       libreyolo-client health [--server HOST:PORT] [--service NAME]\n"
+         "       libreyolo-client call METHOD [REQUEST_TEXT] [--server HOST:PORT]\n"
+         "defaults: --server localhost:8001 --model rtdetr_tiny (detect), vit_tiny "
+         "(classify)\n"
+         "       libreyolo-client --help\n";
+  return asked ? 0 : 2;
 }
 
 template <class T>
@@ -89,6 +94,10 @@ int print_classes(const rpc::InferResult& r, const std::vector<std::string>& ima
 }  // namespace
 
 int main(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--help" || a == "-h") return usage(true);
+  }
   if (argc < 2) return usage();
   const std::string command = argv[1];
   std::string server = "localhost:8001", model, service;

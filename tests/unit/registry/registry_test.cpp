@@ -264,3 +264,51 @@ TEST(Registry, DeclaredSlotWithoutImplementationsIsUnavailable) {
 
 }  // namespace
 }  // namespace libreyolo::kernels
+
+namespace libreyolo::kernels {
+namespace {
+
+std::uint64_t calls_of(Registry& r, const std::string& slot, const std::string& impl) {
+  for (const auto& s : r.report())
+    if (s.slot == slot)
+      for (const auto& c : s.candidates)
+        if (c.name == impl) return c.calls;
+  return ~std::uint64_t{0};
+}
+
+TEST(RegistryCallRecording, CountsThisThreadsCallsAndReplaysAddThem) {
+  // A CUDA graph captures slot calls once and replays them without calling the slot: the
+  // runner records the capture's calls and counts them again per replay.
+  Registry r;
+  r.register_impl("op", kReference, Impl(adds(0)));
+  r.register_impl("op", "cuda", Impl(adds(100)), [] { return true; });
+  r.register_impl("other", kReference, Impl(adds(1)));
+  EXPECT_EQ(run(r, "op", 1), 101);  // before the recording: not recorded
+  RecordedCalls recorded;
+  {
+    CallRecording recording;
+    EXPECT_EQ(run(r, "op", 1), 101);
+    EXPECT_EQ(run(r, "op", 2), 102);
+    EXPECT_EQ(run(r, "other", 2), 3);
+    std::thread([&] { run(r, "op", 3); }).join();  // another thread: not recorded
+    {
+      CallRecording inner;  // nested: the innermost records
+      run(r, "other", 0);
+      EXPECT_EQ(inner.calls().total(), 1u);
+    }
+    recorded = recording.calls();
+  }
+  run(r, "op", 4);  // after the recording: not recorded
+  EXPECT_EQ(recorded.total(), 3u);
+  EXPECT_EQ(recorded.of("op", "cuda"), 2u);
+  EXPECT_EQ(recorded.of("other", kReference), 1u);
+  EXPECT_EQ(recorded.of("op", kReference), 0u);
+  EXPECT_EQ(calls_of(r, "op", "cuda"), 5u);
+  r.count_replayed(recorded);
+  r.count_replayed(recorded);
+  EXPECT_EQ(calls_of(r, "op", "cuda"), 9u);
+  EXPECT_EQ(calls_of(r, "other", kReference), 4u);
+}
+
+}  // namespace
+}  // namespace libreyolo::kernels

@@ -1,0 +1,230 @@
+// D-FINE: config parsing, the detector's top level, the Model wrapper and the loader
+// (modeling_d_fine.py DFineModel / DFineForObjectDetection, transformers 5.17).
+#include "models/dfine/dfine.h"
+
+#include <c10/util/StringUtil.h>
+
+#include <algorithm>
+#include <cmath>
+#include <nlohmann/json.hpp>
+#include <stdexcept>
+
+#include "log/log.h"
+#include "models/core/state_dict.h"
+#include "models/dfine/modules.h"
+
+namespace libreyolo::models {
+namespace dfine {
+
+Config Config::parse(const core::ConfigView& cfg) {
+  Config c;
+  cfg.get_enum("model_type", "", {"d_fine"});
+  if (cfg.get_bool("use_timm_backbone", false))
+    cfg.fail("use_timm_backbone", "timm backbones are not supported (use hgnet_v2)");
+  if (cfg.has("backbone_config")) c.backbone = HGNetV2Config::parse(cfg.child("backbone_config"));
+  rtdetr::Config::parse_shared(cfg, c);
+  c.backbone.frozen_batch_norm = c.freeze_backbone_batch_norms;
+  c.num_channels = c.backbone.num_channels;
+  c.out_indices = c.backbone.out_indices;
+
+  // decoder_n_points: one count for every level, or one per level.
+  if (cfg.has("decoder_n_points") && cfg.raw("decoder_n_points").is_array()) {
+    c.decoder_points = cfg.get_int_list("decoder_n_points");
+    if (static_cast<int64_t>(c.decoder_points.size()) != c.num_feature_levels)
+      cfg.fail("decoder_n_points", "needs one entry per feature level (num_feature_levels " +
+                                       std::to_string(c.num_feature_levels) + ")");
+  } else {
+    c.decoder_points.assign(c.num_feature_levels, cfg.get_int("decoder_n_points", 4));
+  }
+  for (auto p : c.decoder_points)
+    if (p <= 0) cfg.fail("decoder_n_points", "must be positive, found " + std::to_string(p));
+  c.decoder_n_points = c.decoder_points.front();
+  c.decoder_offset_scale = cfg.get_double("decoder_offset_scale", 0.5);
+  c.decoder_method =
+      cfg.get_enum("decoder_method", "default", {"default", "discrete"}) == "discrete"
+          ? kernels::SamplingMethod::discrete_per_axis  // what transformers computes
+          : kernels::SamplingMethod::bilinear;
+  const int64_t eval_idx = cfg.get_int("eval_idx", -1);
+  if (eval_idx != -1 && eval_idx != c.decoder_layers - 1)
+    cfg.fail("eval_idx",
+             "only the last decoder layer (-1) is supported (other values index past "
+             "the heads in transformers 5.17), found " +
+                 std::to_string(eval_idx));
+  c.max_num_bins = cfg.get_int("max_num_bins", c.max_num_bins);
+  if (c.max_num_bins < 4 || c.max_num_bins % 2 != 0)
+    cfg.fail("max_num_bins",
+             "must be even and at least 4, found " + std::to_string(c.max_num_bins));
+  c.top_prob_values = cfg.get_int("top_prob_values", c.top_prob_values);
+  if (c.top_prob_values < 1 || c.top_prob_values > c.max_num_bins + 1)
+    cfg.fail("top_prob_values", "must be in [1, max_num_bins + 1]");
+  c.lqe_hidden_dim = cfg.get_int("lqe_hidden_dim", c.lqe_hidden_dim);
+  c.lqe_layers = cfg.get_int("lqe_layers", c.lqe_layers);
+  if (c.lqe_hidden_dim < 1) cfg.fail("lqe_hidden_dim", "must be positive");
+  if (c.lqe_layers < 1) cfg.fail("lqe_layers", "must be positive");
+  c.depth_mult = cfg.get_double("depth_mult", c.depth_mult);
+  if (c.depth_mult < 0) cfg.fail("depth_mult", "must not be negative");
+  c.reg_scale = cfg.get_double("reg_scale", c.reg_scale);
+  c.up = cfg.get_double("up", c.up);
+
+  // Consistency checks that transformers would only hit as shape errors at run time.
+  const size_t levels = c.backbone.out_indices.size();
+  if (c.encoder_in_channels.size() != levels || c.decoder_in_channels.size() != levels)
+    cfg.fail("encoder_in_channels",
+             "encoder_in_channels and decoder_in_channels need one entry "
+             "per backbone output (out_indices " +
+                 core::shape_string(c.backbone.out_indices) + ")");
+  if (c.decoder_in_channels.back() != c.encoder_hidden_dim)
+    cfg.fail("decoder_in_channels", "the last entry must equal encoder_hidden_dim (" +
+                                        std::to_string(c.encoder_hidden_dim) + ")");
+  if (std::floor(c.hidden_expansion * static_cast<double>(c.encoder_hidden_dim) / 2.0) < 1)
+    cfg.fail("hidden_expansion", "gives RepNCSPELAN4 branches without channels");
+  return c;
+}
+
+DetectorImpl::DetectorImpl(const Config& c) : config_(c) {
+  auto model = register_module("model", std::make_shared<torch::nn::Module>());
+  auto backbone = model->register_module("backbone", std::make_shared<torch::nn::Module>());
+  backbone_ = backbone->register_module("model", std::make_shared<BackboneImpl>(c.backbone));
+  const int64_t e = c.encoder_hidden_dim, d = c.d_model;
+
+  // BatchNorm2d(encoder_hidden_dim): PyTorch's default eps, not batch_norm_eps.
+  auto in_proj =
+      model->register_module("encoder_input_proj", std::make_shared<torch::nn::Module>());
+  const auto channels = c.backbone.out_channels();
+  for (size_t i = 0; i < channels.size(); ++i) {
+    auto seq = in_proj->register_module(std::to_string(i), std::make_shared<torch::nn::Module>());
+    layers::Conv2dOptions o;
+    o.in = channels[i];
+    o.out = e;
+    auto conv = seq->register_module("0", std::make_shared<layers::Conv2dImpl>(o));
+    auto bn = seq->register_module("1", std::make_shared<layers::BatchNorm2dImpl>(e, 1e-5));
+    encoder_input_proj_.emplace_back(conv, bn);
+  }
+  encoder_ = model->register_module("encoder",
+                                    std::make_shared<rtdetr::HybridEncoderImpl>(c, dfine_ccfm(c)));
+  heads_ = rtdetr::register_query_selection(*model, c);
+
+  // decoder_input_proj: identity (no keys) when d_model == decoder_in_channels[-1]; otherwise
+  // every level, the extra ones too, reads decoder_in_channels[-1] channels.
+  const int64_t in = c.decoder_in_channels.back();
+  if (d != in) {
+    auto out_proj =
+        model->register_module("decoder_input_proj", std::make_shared<torch::nn::Module>());
+    for (int64_t i = 0; i < c.num_feature_levels; ++i) {
+      const bool extra = i >= static_cast<int64_t>(c.decoder_in_channels.size());
+      layers::Conv2dOptions o;
+      o.in = in;
+      o.out = d;
+      if (extra) o.kernel = 3, o.stride = 2, o.padding = 1;
+      auto seq =
+          out_proj->register_module(std::to_string(i), std::make_shared<torch::nn::Module>());
+      auto conv = seq->register_module("0", std::make_shared<layers::Conv2dImpl>(o));
+      auto bn =
+          seq->register_module("1", std::make_shared<layers::BatchNorm2dImpl>(d, c.batch_norm_eps));
+      decoder_input_proj_.emplace_back(conv, bn);
+    }
+  }
+  decoder_ = model->register_module("decoder", std::make_shared<DecoderImpl>(c));
+}
+
+std::pair<at::Tensor, at::Tensor> DetectorImpl::forward(const at::Tensor& pixel_values) const {
+  std::vector<at::Tensor> proj;
+  const auto feats = backbone_->forward(pixel_values);
+  for (size_t i = 0; i < feats.size(); ++i)
+    proj.push_back(
+        encoder_input_proj_[i].second->forward(encoder_input_proj_[i].first->forward(feats[i])));
+  const auto pan = encoder_->forward(std::move(proj));
+
+  // Every extra level is computed from the last PAN map (not chained), as upstream.
+  std::vector<at::Tensor> sources;
+  for (int64_t l = 0; l < config_.num_feature_levels; ++l) {
+    const at::Tensor& in = l < static_cast<int64_t>(pan.size()) ? pan[l] : pan.back();
+    sources.push_back(decoder_input_proj_.empty() ? in
+                                                  : decoder_input_proj_[l].second->forward(
+                                                        decoder_input_proj_[l].first->forward(in)));
+  }
+  kernels::SpatialShapes shapes;
+  const at::Tensor source_flatten = rtdetr::flatten_sources(sources, shapes);
+  const auto [target, reference_unact] =
+      rtdetr::select_queries(config_, heads_, source_flatten, shapes);
+  return decoder_->forward(target, reference_unact, source_flatten, shapes);
+}
+
+}  // namespace dfine
+
+namespace {
+
+class DFineModel final : public Model {
+ public:
+  DFineModel(dfine::Config config, std::shared_ptr<dfine::DetectorImpl> net,
+             std::map<int64_t, std::string> labels, LoadOptions options)
+      : config_(std::move(config)),
+        net_(std::move(net)),
+        labels_(std::move(labels)),
+        options_(options),
+        strides_(config_.backbone.out_strides()) {}
+
+  std::string model_type() const override { return "d_fine"; }
+  Task task() const override { return Task::object_detection; }
+
+  ModelOutput forward(const at::Tensor& pixel_values, const at::Tensor&) const override {
+    // pixel_mask is accepted and ignored: D-FINE never uses it (hf-models.md 2.4).
+    const int64_t stride = *std::max_element(strides_.begin(), strides_.end());
+    rtdetr::check_pixel_values(pixel_values, config_.num_channels, stride);
+    const int64_t H = pixel_values.size(2), W = pixel_values.size(3);
+    int64_t tokens = 0, h = 0, w = 0;
+    for (auto s : strides_) tokens += (h = H / s) * (w = W / s);
+    const int64_t extra = config_.num_feature_levels - static_cast<int64_t>(strides_.size());
+    // Extra levels: conv 3x3 stride 2 of the last map, or the map itself (identity projection).
+    if (config_.d_model != config_.decoder_in_channels.back()) h = (h + 1) / 2, w = (w + 1) / 2;
+    tokens += extra * h * w;
+    if (tokens < config_.num_queries)
+      throw std::invalid_argument(c10::str("pixel_values: ", H, "x", W, " gives ", tokens,
+                                           " encoder tokens, fewer than num_queries ",
+                                           config_.num_queries));
+    at::NoGradGuard no_grad;
+    const auto x = pixel_values.to(options_.device, options_.dtype);
+    auto [logits, boxes] = net_->forward(x);
+    return {logits.to(at::kFloat), boxes.to(at::kFloat)};
+  }
+
+  const std::map<int64_t, std::string>& id2label() const override { return labels_; }
+  const LoadOptions& options() const override { return options_; }
+  int set_fused_attention(bool enabled) override {
+    return layers::set_fused_attention(*net_, enabled);
+  }
+
+ private:
+  dfine::Config config_;
+  std::shared_ptr<dfine::DetectorImpl> net_;
+  std::map<int64_t, std::string> labels_;
+  LoadOptions options_;
+  std::vector<int64_t> strides_;
+};
+
+}  // namespace
+
+std::unique_ptr<Model> load_dfine(const std::string& dir, const nlohmann::json& config,
+                                  const LoadOptions& options) {
+  const core::ConfigView cfg(config, dir + "/config.json");
+  const auto c = dfine::Config::parse(cfg);
+  const bool tie = cfg.get_bool("tie_word_embeddings", true);
+  auto labels = cfg.id2label();
+
+  auto net = std::make_shared<dfine::DetectorImpl>(c);
+  const auto file = core::SafetensorsFile::open(dir + "/model.safetensors");
+  core::LoadRules rules;
+  // Unused at inference: denoising embeddings; top-level heads aliasing model.decoder.*.
+  rules.ignored_file_keys = {R"(model\.denoising_class_embed\.weight)",
+                             R"((class_embed|bbox_embed)\.\d+\..*)"};
+  // A buffer derived from decoder_n_points: files converted without it keep the computed one.
+  rules.optional_module_keys = {R"(model\.decoder\.layers\.\d+\.encoder_attn\.num_points_scale)"};
+  rules.aliases = rtdetr::head_aliases(tie);
+  const auto report = core::load_state_dict(*net, *file, rules, options.dtype, options.device);
+  net->prepare();
+  log::debug(c10::str(dir, ": loaded ", report.loaded, " tensors as d_fine (",
+                      report.aliased.size(), " aliased, ", report.ignored.size(), " ignored)"));
+  return std::make_unique<DFineModel>(c, std::move(net), std::move(labels), options);
+}
+
+}  // namespace libreyolo::models
