@@ -434,7 +434,7 @@ def main():
         details = []
         for (owners, _), r in zip(jobs, runs):
             assert r.returncode == 0, f"{owners}: --print-config exit {r.returncode}: {r.stderr.strip()}"
-            assert re.search(r"hub_kernels = (on|off)", r.stdout), r.stdout
+            assert re.search(r"^  hub_kernels: (true|false)  # ", r.stdout, re.M), r.stdout
             details.append(owners)
         r = runs[-1]
         assert r.returncode != 0 and "drain_second" in r.stderr, f"misspelt key accepted (exit {r.returncode})"
