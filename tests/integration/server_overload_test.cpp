@@ -135,13 +135,18 @@ TEST_F(Overload, ThousandConcurrentRequestsAgainstQueueOfEight) {
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   ASSERT_EQ(results.size(), static_cast<std::size_t>(n));
-  int ok = 0, exhausted = 0, wrong = 0;
+  // RESOURCE_EXHAUSTED comes from the model's queue (max_queue_size) or, when more calls arrive
+  // at once than server.max_concurrent_rpcs (256) allows, from gRPC's thread quota before any
+  // handler runs (a loaded 2-core machine gets there): both are the overload answer.
+  int ok = 0, exhausted = 0, thread_quota = 0, wrong = 0;
   std::map<std::string, int> others;
   for (const auto& r : results) {
     if (r.ok()) {
       ++ok;
       const auto bad = check_fake_outputs(r);
       if (!bad.empty() && ++wrong <= 3) ADD_FAILURE() << "wrong outputs: " << bad;
+    } else if (r.code == Code::resource_exhausted && r.message == "Server Threadpool Exhausted") {
+      ++thread_quota;
     } else if (r.code == Code::resource_exhausted) {
       ++exhausted;
       EXPECT_EQ(r.message, "model 'fake': queue full (max_queue_size 8 requests waiting)");
@@ -152,10 +157,11 @@ TEST_F(Overload, ThousandConcurrentRequestsAgainstQueueOfEight) {
   const auto batches = FakeState::get().batches();
   const int64_t images = std::accumulate(batches.begin(), batches.end(), int64_t{0});
   std::cout << n << " concurrent requests in " << seconds << " s: OK " << ok
-            << ", RESOURCE_EXHAUSTED " << exhausted << ", forwards " << batches.size()
-            << ", largest batch " << *std::max_element(batches.begin(), batches.end()) << "\n";
+            << ", RESOURCE_EXHAUSTED " << exhausted << " (queue) + " << thread_quota
+            << " (gRPC thread quota), forwards " << batches.size() << ", largest batch "
+            << *std::max_element(batches.begin(), batches.end()) << "\n";
   for (const auto& [what, count] : others) ADD_FAILURE() << count << " x " << what;
-  EXPECT_EQ(ok + exhausted, n);
+  EXPECT_EQ(ok + exhausted + thread_quota, n);
   EXPECT_GE(ok, 1);
   EXPECT_GE(exhausted, 1);
   EXPECT_EQ(wrong, 0);
