@@ -139,6 +139,8 @@ const char* source_name(Source source) {
       return "file";
     case Source::environment:
       return "environment";
+    case Source::flag:
+      return "flag";
   }
   return "?";
 }

@@ -18,8 +18,8 @@ class Node;
 namespace libreyolo::kernels {
 
 /// Where an effective value came from.
-enum class Source { default_value, file, environment };
-/// "default" | "file" | "environment".
+enum class Source { default_value, file, environment, flag };
+/// "default" | "file" | "environment" | "flag" (a command-line flag of the daemon).
 const char* source_name(Source source);
 
 /// A policy value and its origin ("server.yaml:12:3", "LIBREYOLO_KERNELS", "").

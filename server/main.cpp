@@ -2,7 +2,9 @@
 // (configuration, kernels, LibTorch and model loading: readiness never was SERVING) exits 0 at
 // once; once serving, the first one flips readiness to NOT_SERVING, keeps serving for
 // server.drain_seconds, then stops accepting and finishes in-flight requests (exit 0); a second
-// signal exits at once (exit 128 + signal).
+// signal exits at once (exit 128 + signal). The same signal again within 1 s of the first is the
+// same request to stop: a terminal's Ctrl-C reaches the whole process group, so a wrapper that
+// forwards it (scripts/run.sh, timeout(1)) delivers it twice.
 //
 // SIGINT/SIGTERM are blocked in every thread from the first instruction of the process on (see
 // block_stop_signals) and only one thread, StopSignals, takes them with sigwait: a signal sent
@@ -10,6 +12,7 @@
 #include <pthread.h>
 
 #include <cerrno>
+#include <chrono>
 #include <condition_variable>
 #include <csignal>
 #include <cstdio>
@@ -108,7 +111,12 @@ class StopSignals {
       }
       if (first_ == 0) {
         first_ = sig;
+        first_at_ = std::chrono::steady_clock::now();
         cv_.notify_all();
+        continue;
+      }
+      if (sig == first_ && std::chrono::steady_clock::now() - first_at_ < std::chrono::seconds(1)) {
+        log::info("signal " + std::to_string(sig) + " again within 1 s: the same stop request");
         continue;
       }
       log::warn("second signal " + std::to_string(sig) + ": exiting now");
@@ -121,6 +129,7 @@ class StopSignals {
   std::condition_variable cv_;
   bool serving_ = false;
   int first_ = 0;
+  std::chrono::steady_clock::time_point first_at_;
 };
 
 /// `libreyolo-server kernels ...` is `libreyolo-kernels-hub ...` (the program installed next to
@@ -203,8 +212,7 @@ int main(int argc, char** argv) {
     return 0;
   }
   try {
-    const char* env_level = std::getenv("LIBREYOLO_LOG_LEVEL");
-    log::set_level(log::parse_level(env_level && *env_level ? env_level : config.log_level.value));
+    log::set_level(log::parse_level(config.log_level.value));  // LIBREYOLO_LOG_LEVEL included
   } catch (const std::exception& e) {
     std::cerr << "libreyolo-server: " << e.what() << "\n";
     return 2;

@@ -104,9 +104,9 @@ bool valid_device(const std::string& d) {
 
 void apply(const Overrides& o, ServerConfig& c) {
   if (o.model_repository)
-    c.model_repository = {*o.model_repository, Source::file, "--model-repository"};
-  if (o.grpc_address) c.grpc_address = {*o.grpc_address, Source::file, "--grpc-address"};
-  if (o.http_address) c.http_address = {*o.http_address, Source::file, "--http-address"};
+    c.model_repository = {*o.model_repository, Source::flag, "--model-repository"};
+  if (o.grpc_address) c.grpc_address = {*o.grpc_address, Source::flag, "--grpc-address"};
+  if (o.http_address) c.http_address = {*o.http_address, Source::flag, "--http-address"};
 }
 
 ServerConfig parse_root(const YAML::Node& root, const std::string& file, const Overrides& overrides,
@@ -148,13 +148,21 @@ ServerConfig parse_root(const YAML::Node& root, const std::string& file, const O
   } catch (const kernels::PolicyError& e) {
     throw ConfigError(e.what());
   }
+  // The daemon's log level: LIBREYOLO_LOG_LEVEL wins over the file (checked like the key).
+  if (const auto it = env.find("LIBREYOLO_LOG_LEVEL"); it != env.end() && !it->second.empty()) {
+    const auto& s = it->second;
+    if (s != "debug" && s != "info" && s != "warn" && s != "warning" && s != "error" && s != "off")
+      throw ConfigError("LIBREYOLO_LOG_LEVEL must be debug, info, warn, error or off, got '" + s +
+                        "'");
+    c.log_level = {s, Source::environment, "LIBREYOLO_LOG_LEVEL"};
+  }
   apply(overrides, c);
   return c;
 }
 
 std::string origin(Source s, const std::string& o) {
   if (s == Source::default_value) return "default";
-  return std::string(o.rfind("--", 0) == 0      ? "flag "
+  return std::string(s == Source::flag          ? "flag "
                      : s == Source::environment ? "environment "
                                                 : "") +
          o;

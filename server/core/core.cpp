@@ -751,6 +751,7 @@ std::string ServerCore::active_json() const {
       {"preprocess_threads", server_setting(config_.preprocess_threads)},
       {"max_concurrent_rpcs", server_setting(config_.max_concurrent_rpcs)},
       {"model_control", server_setting(config_.model_control)},
+      {"log_level", server_setting(config_.log_level)},
   };
   json out = {{"active", reg.active()},    {"policy", policy}, {"slots", slots},
               {"fallback_events", events}, {"models", models}, {"ready", ready()},

@@ -389,7 +389,8 @@ TEST(ServerHardenPrograms, HelpOnStdoutExitZeroUnknownFlagOnStderrExitTwo) {
   const std::map<std::string, std::string> usage = {
       {"libreyolo-client", "usage: libreyolo-client detect --image FILE"},
       {"libreyolo-server", "usage: libreyolo-server [--config FILE]"},
-      {"libreyolo-predict", "usage: libreyolo-predict --model DIR"}};
+      {"libreyolo-predict", "usage: libreyolo-predict --model DIR"},
+      {"libreyolo-kernels-hub", "usage: libreyolo-kernels-hub lock|download|verify"}};
   std::vector<std::pair<std::string, std::vector<std::string>>> runs;
   std::vector<std::string> first;  // the usage line each run must show
   std::vector<int> want;           // its exit status: 0 with the usage on stdout, 2 on stderr

@@ -28,15 +28,17 @@ namespace {
 namespace hub = libreyolo::kernels::hub;
 using libreyolo::kernels::HubSettings;
 
-int usage(const std::string& error) {
+/// Prints the usage: to stdout and returns 0 for --help (`help` true), else to stderr after
+/// `error` and returns 2.
+int usage(const std::string& error, bool help = false) {
   if (!error.empty()) std::cerr << "error: " << error << "\n";
-  std::cerr
+  (help ? std::cout : std::cerr)
       << "usage: libreyolo-kernels-hub lock|download|verify [--config FILE] [--lock-file FILE]\n"
          "         lock:     [--slot ms_deform_attn] [--repo ORG/NAME] [--revision REV | "
          "--version N] [--variant NAME]...\n"
          "         download: [--variant NAME]... [--all-variants]\n"
          "         verify:   [--variant NAME]... [--all-variants]\n";
-  return 2;
+  return help ? 0 : 2;
 }
 
 struct Args {
@@ -64,6 +66,7 @@ std::vector<std::string> chosen(const hub::LockEntry& entry, const Args& a) {
 
 int main(int argc, char** argv) {
   if (argc < 2) return usage("");
+  if (std::string(argv[1]) == "--help" || std::string(argv[1]) == "-h") return usage("", true);
   Args a;
   a.command = argv[1];
   for (int i = 2; i < argc; ++i) {
