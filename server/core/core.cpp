@@ -211,7 +211,14 @@ int ServerCore::load_repository() {
   std::vector<std::shared_ptr<ModelEntry>> entries;
   std::error_code ec;
   if (!fs::is_directory(repo, ec)) {
-    log::error("model repository " + repo + " is not a directory");
+    // Triton refuses to start without its repository too: a typo or a failed download must
+    // not leave a daemon that runs but never becomes ready.
+    const auto& s = config_.model_repository;
+    throw std::runtime_error("model_repository " + repo + " (" +
+                             (s.source == kernels::Source::default_value
+                                  ? std::string("default")
+                                  : std::string(kernels::source_name(s.source)) + " " + s.origin) +
+                             "): not a directory");
   } else {
     std::vector<fs::path> dirs;
     for (const auto& d : fs::directory_iterator(repo, ec)) {

@@ -40,7 +40,9 @@ class ServerCore : public api::InferenceService {
   /// Scans model_repository (<model>/<numeric version>/; highest version served; optional
   /// <model>/serving.yaml), loads every model in parallel and warms each up. A model that fails
   /// is UNAVAILABLE with its reason and readiness stays false; the others serve.
-  /// Returns the number of models ready.
+  /// Returns the number of models ready. Throws std::runtime_error when model_repository is not
+  /// a directory ("model_repository DIR (flag --model-repository): not a directory"): the daemon
+  /// then exits 1 instead of running without ever being ready.
   int load_repository();
 
   /// Readiness false from now on (SIGTERM); requests are still served.

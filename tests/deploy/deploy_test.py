@@ -531,6 +531,14 @@ def main():
                                         "--model", "rtdetr_tiny"], capture_output=True, text=True, timeout=60)
                     assert r.returncode == 0, f"detect: {r.stderr}"
                     detail.append("1 inference")
+                    # The wrong command for the model's kind says which one fits.
+                    for cmd, model, hint in (("classify", "rtdetr_tiny", "is an object detector: use `libreyolo-client detect`"),
+                                             ("detect", "vit_tiny", "is an image classifier: use `libreyolo-client classify`")):
+                        r = subprocess.run([client_bin, cmd, "--image", img, "--server", f"127.0.0.1:{gp}",
+                                            "--model", model], capture_output=True, text=True, timeout=60)
+                        assert r.returncode != 0 and f"{model} {hint}" in r.stderr, \
+                            f"{cmd} --model {model}: exit {r.returncode}: {r.stderr}"
+                    detail.append("wrong command -> hint")
             else:
                 detail.append("no libreyolo-client: health services checked in the sources only")
             with urllib.request.urlopen(f"http://127.0.0.1:{hp}/metrics", timeout=5) as r:

@@ -293,3 +293,28 @@ TEST(ServerBinary, SameSignalTwiceWithinASecondDrainsOnce) {
 
 }  // namespace
 }  // namespace libreyolo::server
+
+namespace libreyolo::server {
+namespace {
+
+TEST(ServerBinary, MissingModelRepositoryExitsOneNamingIt) {
+  // Like Triton: a repository that is not there (a typo, a failed download) stops the start-up
+  // instead of leaving a daemon that runs but is never ready.
+  if (!fs::exists(binary())) GTEST_SKIP() << binary() << " not built";
+  const auto dir = temp_dir("norepo");
+  write_file(dir / "s.yaml", "server:\n  http_address: \"off\"\n");
+  const auto out = dir / "out.txt";
+  const pid_t pid = spawn({"--config", (dir / "s.yaml").string(), "--model-repository",
+                           (dir / "missing").string(), "--grpc-address", "127.0.0.1:0"},
+                          out.string(), /*with_stderr=*/true);
+  EXPECT_EQ(wait_exit(pid, 60), 1);
+  const auto text = read_file(out);
+  EXPECT_NE(text.find("start-up failed: model_repository " + (dir / "missing").string() +
+                      " (flag --model-repository): not a directory"),
+            std::string::npos)
+      << text;
+  remove_tree(dir);
+}
+
+}  // namespace
+}  // namespace libreyolo::server

@@ -182,7 +182,17 @@ int main(int argc, char** argv) {
   else
     text << " outputs { name: \"boxes\" } outputs { name: \"num_detections\" }";
   auto r = client.infer(text.str(), {rpc::pack_bytes(data)}, timeout);
-  if (!r.ok()) return fail(r.code, r.message);
+  if (!r.ok()) {
+    // The outputs asked for name the model's kind: point at the command that fits it.
+    std::string hint;
+    if (r.code == api::Code::invalid_argument &&
+        r.message.find("unknown output 'probabilities'") != std::string::npos)
+      hint = " (" + model + " is an object detector: use `libreyolo-client detect`)";
+    if (r.code == api::Code::invalid_argument &&
+        r.message.find("unknown output 'boxes'") != std::string::npos)
+      hint = " (" + model + " is an image classifier: use `libreyolo-client classify`)";
+    return fail(r.code, r.message + hint);
+  }
   if (command == "classify") {
     try {
       return print_classes(r, images);
