@@ -12,6 +12,7 @@
 #include "log/log.h"
 #include "models/core/state_dict.h"
 #include "models/dfine/modules.h"
+#include "models/rtdetr/detector_model.h"
 
 namespace libreyolo::models {
 namespace dfine {
@@ -152,58 +153,6 @@ std::pair<at::Tensor, at::Tensor> DetectorImpl::forward(const at::Tensor& pixel_
 
 }  // namespace dfine
 
-namespace {
-
-class DFineModel final : public Model {
- public:
-  DFineModel(dfine::Config config, std::shared_ptr<dfine::DetectorImpl> net,
-             std::map<int64_t, std::string> labels, LoadOptions options)
-      : config_(std::move(config)),
-        net_(std::move(net)),
-        labels_(std::move(labels)),
-        options_(options),
-        strides_(config_.backbone.out_strides()) {}
-
-  std::string model_type() const override { return "d_fine"; }
-  Task task() const override { return Task::object_detection; }
-
-  ModelOutput forward(const at::Tensor& pixel_values, const at::Tensor&) const override {
-    // pixel_mask is accepted and ignored: D-FINE never uses it (hf-models.md 2.4).
-    const int64_t stride = *std::max_element(strides_.begin(), strides_.end());
-    rtdetr::check_pixel_values(pixel_values, config_.num_channels, stride);
-    const int64_t H = pixel_values.size(2), W = pixel_values.size(3);
-    int64_t tokens = 0, h = 0, w = 0;
-    for (auto s : strides_) tokens += (h = H / s) * (w = W / s);
-    const int64_t extra = config_.num_feature_levels - static_cast<int64_t>(strides_.size());
-    // Extra levels: conv 3x3 stride 2 of the last map, or the map itself (identity projection).
-    if (config_.d_model != config_.decoder_in_channels.back()) h = (h + 1) / 2, w = (w + 1) / 2;
-    tokens += extra * h * w;
-    if (tokens < config_.num_queries)
-      throw std::invalid_argument(c10::str("pixel_values: ", H, "x", W, " gives ", tokens,
-                                           " encoder tokens, fewer than num_queries ",
-                                           config_.num_queries));
-    at::NoGradGuard no_grad;
-    const auto x = pixel_values.to(options_.device, options_.dtype);
-    auto [logits, boxes] = net_->forward(x);
-    return {logits.to(at::kFloat), boxes.to(at::kFloat)};
-  }
-
-  const std::map<int64_t, std::string>& id2label() const override { return labels_; }
-  const LoadOptions& options() const override { return options_; }
-  int set_fused_attention(bool enabled) override {
-    return layers::set_fused_attention(*net_, enabled);
-  }
-
- private:
-  dfine::Config config_;
-  std::shared_ptr<dfine::DetectorImpl> net_;
-  std::map<int64_t, std::string> labels_;
-  LoadOptions options_;
-  std::vector<int64_t> strides_;
-};
-
-}  // namespace
-
 std::unique_ptr<Model> load_dfine(const std::string& dir, const nlohmann::json& config,
                                   const LoadOptions& options) {
   const core::ConfigView cfg(config, dir + "/config.json");
@@ -224,7 +173,22 @@ std::unique_ptr<Model> load_dfine(const std::string& dir, const nlohmann::json& 
   net->prepare();
   log::debug(c10::str(dir, ": loaded ", report.loaded, " tensors as d_fine (",
                       report.aliased.size(), " aliased, ", report.ignored.size(), " ignored)"));
-  return std::make_unique<DFineModel>(c, std::move(net), std::move(labels), options);
+  rtdetr::DetectorGeometry geometry;
+  geometry.num_channels = c.num_channels;
+  const auto strides = c.backbone.out_strides();
+  geometry.stride = *std::max_element(strides.begin(), strides.end());
+  geometry.num_queries = c.num_queries;
+  geometry.encoder_tokens = [strides, levels = c.num_feature_levels,
+                             projected = c.d_model != c.decoder_in_channels.back()](int64_t H,
+                                                                                    int64_t W) {
+    int64_t tokens = 0, h = 0, w = 0;
+    for (auto s : strides) tokens += (h = H / s) * (w = W / s);
+    // Extra levels: conv 3x3 stride 2 of the last map, or the map itself (identity projection).
+    if (projected) h = (h + 1) / 2, w = (w + 1) / 2;
+    return tokens + (levels - static_cast<int64_t>(strides.size())) * h * w;
+  };
+  return std::make_unique<rtdetr::DetectorModel<dfine::DetectorImpl>>(
+      "d_fine", std::move(geometry), std::move(net), std::move(labels), options);
 }
 
 }  // namespace libreyolo::models

@@ -10,6 +10,7 @@
 
 #include "log/log.h"
 #include "models/core/state_dict.h"
+#include "models/rtdetr/detector_model.h"
 #include "models/rtdetr/modules.h"
 
 namespace libreyolo::models {
@@ -342,58 +343,6 @@ std::pair<at::Tensor, at::Tensor> DetectorImpl::forward(const at::Tensor& pixel_
 
 }  // namespace rtdetr
 
-namespace {
-
-class RTDetrModel final : public Model {
- public:
-  RTDetrModel(std::string type, rtdetr::Config config, std::shared_ptr<rtdetr::DetectorImpl> net,
-              std::map<int64_t, std::string> labels, LoadOptions options)
-      : type_(std::move(type)),
-        config_(std::move(config)),
-        net_(std::move(net)),
-        labels_(std::move(labels)),
-        options_(options) {}
-
-  std::string model_type() const override { return type_; }
-  Task task() const override { return Task::object_detection; }
-
-  ModelOutput forward(const at::Tensor& pixel_values, const at::Tensor&) const override {
-    // pixel_mask is accepted and ignored: RT-DETR never uses it (hf-models.md 2.4).
-    rtdetr::check_pixel_values(pixel_values, config_.num_channels,
-                               32);  // total stride of the ResNet-vd backbone
-    const int64_t H = pixel_values.size(2), W = pixel_values.size(3);
-    int64_t tokens = 0;
-    int64_t h = H / 8, w = W / 8;
-    for (int64_t l = 0; l < config_.num_feature_levels; ++l) {
-      tokens += h * w;
-      h = (h + 1) / 2, w = (w + 1) / 2;
-    }
-    if (tokens < config_.num_queries)
-      throw std::invalid_argument(c10::str("pixel_values: ", H, "x", W, " gives ", tokens,
-                                           " encoder tokens, fewer than num_queries ",
-                                           config_.num_queries));
-    at::NoGradGuard no_grad;
-    const auto x = pixel_values.to(options_.device, options_.dtype);
-    auto [logits, boxes] = net_->forward(x);
-    return {logits.to(at::kFloat), boxes.to(at::kFloat)};
-  }
-
-  const std::map<int64_t, std::string>& id2label() const override { return labels_; }
-  const LoadOptions& options() const override { return options_; }
-  int set_fused_attention(bool enabled) override {
-    return layers::set_fused_attention(*net_, enabled);
-  }
-
- private:
-  std::string type_;
-  rtdetr::Config config_;
-  std::shared_ptr<rtdetr::DetectorImpl> net_;
-  std::map<int64_t, std::string> labels_;
-  LoadOptions options_;
-};
-
-}  // namespace
-
 std::unique_ptr<Model> load_rtdetr(const std::string& dir, const nlohmann::json& config,
                                    const LoadOptions& options) {
   const core::ConfigView cfg(config, dir + "/config.json");
@@ -413,7 +362,21 @@ std::unique_ptr<Model> load_rtdetr(const std::string& dir, const nlohmann::json&
   const auto report = core::load_state_dict(*net, *file, rules, options.dtype, options.device);
   log::debug(c10::str(dir, ": loaded ", report.loaded, " tensors as ", type, " (",
                       report.aliased.size(), " aliased, ", report.ignored.size(), " ignored)"));
-  return std::make_unique<RTDetrModel>(type, c, std::move(net), std::move(labels), options);
+  rtdetr::DetectorGeometry geometry;
+  geometry.num_channels = c.num_channels;
+  geometry.stride = 32;  // total stride of the ResNet-vd backbone
+  geometry.num_queries = c.num_queries;
+  // Levels at strides 8, 16, 32, then each extra level halves the last (ceil).
+  geometry.encoder_tokens = [levels = c.num_feature_levels](int64_t H, int64_t W) {
+    int64_t tokens = 0, h = H / 8, w = W / 8;
+    for (int64_t l = 0; l < levels; ++l) {
+      tokens += h * w;
+      h = (h + 1) / 2, w = (w + 1) / 2;
+    }
+    return tokens;
+  };
+  return std::make_unique<rtdetr::DetectorModel<rtdetr::DetectorImpl>>(
+      type, std::move(geometry), std::move(net), std::move(labels), options);
 }
 
 }  // namespace libreyolo::models
