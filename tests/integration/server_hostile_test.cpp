@@ -670,7 +670,14 @@ TEST(ServerHostileGrpc, HandlerThreadsAreBounded) {
   EXPECT_GE(ok, 1);
   EXPECT_GE(exhausted, 12);
   EXPECT_LT(s, 3.0);
-  EXPECT_TRUE(c.infer(request, {rpc::pack_bytes({"x"})}).ok());
+  // Still serving once the burst is over. gRPC gives the quota's threads back asynchronously
+  // (seen on a loaded CI machine: the very next call was RESOURCE_EXHAUSTED), so allow 5 s.
+  auto after = c.infer(request, {rpc::pack_bytes({"x"})});
+  for (int i = 0; i < 50 && !after.ok() && after.code == Code::resource_exhausted; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    after = c.infer(request, {rpc::pack_bytes({"x"})});
+  }
+  EXPECT_TRUE(after.ok()) << api::code_name(after.code) << ": " << after.message;
 }
 
 }  // namespace
