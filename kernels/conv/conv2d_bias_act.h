@@ -1,0 +1,58 @@
+// The `conv2d_bias_act` slot: y = act(conv2d(x, w) + bias + residual), the fused form of a
+// convolution whose BatchNorm was folded into it (a layout, models/layouts/), optionally with the
+// residual add of a ResNet block before the activation.
+//
+// Implementations: the portable path (below, ATen ops one after another), and `cuda`: cuDNN's
+// fused convolution through ATen's cudnn_convolution_relu / cudnn_convolution_add_relu
+// (aten/src/ATen/native/cudnn/ConvShared.cpp), which fuse ReLU only; other activations decline
+// and run portably.
+//
+// Shapes and dtypes:
+//   input     (B, C_in, H, W)        float32 / float16 / bfloat16, any memory format
+//   weight    (C_out, C_in/groups, kH, kW), input's dtype and device
+//   bias      (C_out) or undefined
+//   residual  (B, C_out, H', W') (the output's shape) or undefined
+//   output    (B, C_out, H', W') in input's dtype; channels_last when input is
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <cstdint>
+
+#include "kernels/activation.h"
+#include "kernels/slot.h"
+
+namespace libreyolo::kernels {
+
+/// nn.Conv2d geometry (per axis: height, width).
+struct ConvGeometry {
+  int64_t stride_h = 1, stride_w = 1;
+  int64_t pad_h = 0, pad_w = 0;
+  int64_t dilation_h = 1, dilation_w = 1;
+  int64_t groups = 1;
+};
+
+/// The slot's declaration.
+inline constexpr SlotDef<at::Tensor(const at::Tensor& input, const at::Tensor& weight,
+                                    const at::Tensor& bias, const at::Tensor& residual,
+                                    const ConvGeometry& geometry, Activation act)>
+    kConv2dBiasAct{"conv2d_bias_act"};
+using Conv2dBiasActHandle = Handle<decltype(kConv2dBiasAct)::Signature>;
+
+/// The model-facing entry point: validates (c10::Error naming the tensor), calls `handle`, and
+/// runs conv2d_bias_act_portable when the handle is empty or every candidate declined.
+at::Tensor conv2d_bias_act(const Conv2dBiasActHandle& handle, const at::Tensor& input,
+                           const at::Tensor& weight, const at::Tensor& bias,
+                           const at::Tensor& residual, const ConvGeometry& geometry,
+                           Activation act);
+
+/// at::conv2d, then + residual, then the activation (transformers' order: the residual is added
+/// before the block's activation). Bit-identical to the unfused modules when the weights are.
+at::Tensor conv2d_bias_act_portable(const at::Tensor& input, const at::Tensor& weight,
+                                    const at::Tensor& bias, const at::Tensor& residual,
+                                    const ConvGeometry& geometry, Activation act);
+
+/// y = act(x) for the activations above (gelu: exact erf form).
+at::Tensor apply_activation(Activation act, const at::Tensor& x);
+
+}  // namespace libreyolo::kernels
