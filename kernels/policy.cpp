@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cstdlib>
+#include <optional>
 #include <sstream>
 
 extern char** environ;
@@ -68,6 +69,15 @@ void parse_hub(const YAML::Node& hub, const std::string& file, HubSettings& out)
   }
 }
 
+// default | on | off (YAML 1.1 reads bare on/off as booleans; both spellings mean the same).
+std::optional<int> tri_state(const std::string& raw) {
+  const std::string s = normalize(raw);
+  if (s == "default") return 0;
+  if (s == "on" || s == "true") return 1;
+  if (s == "off" || s == "false") return 2;
+  return std::nullopt;
+}
+
 void apply_environment(const Environment& env, Policy& p) {
   auto get = [&](const char* name) -> std::optional<std::string> {
     auto it = env.find(name);
@@ -88,6 +98,12 @@ void apply_environment(const Environment& env, Policy& p) {
   }
   if (!value.empty()) p.selection = {value, Source::environment, origin};
 
+  if (auto layouts = get("LIBREYOLO_LAYOUTS"); layouts && !normalize(*layouts).empty()) {
+    auto t = tri_state(*layouts);
+    if (!t)
+      throw PolicyError("LIBREYOLO_LAYOUTS must be default, on or off, got '" + *layouts + "'");
+    p.layouts = {static_cast<LayoutMode>(*t), Source::environment, "LIBREYOLO_LAYOUTS"};
+  }
   if (auto hub = get("LIBREYOLO_HUB_KERNELS")) {
     p.hub_kernels = {!is_falsy(*hub), Source::environment, "LIBREYOLO_HUB_KERNELS"};
   }
@@ -152,6 +168,18 @@ const char* fused_attention_name(FusedAttention value) {
     case FusedAttention::on:
       return "on";
     case FusedAttention::off:
+      return "off";
+  }
+  return "?";
+}
+
+const char* layout_mode_name(LayoutMode value) {
+  switch (value) {
+    case LayoutMode::family_default:
+      return "default";
+    case LayoutMode::on:
+      return "on";
+    case LayoutMode::off:
       return "off";
   }
   return "?";
@@ -226,6 +254,10 @@ Policy parse_policy(const YAML::Node& kernels, const std::string& file, const En
           fail(file, v, "kernels.fused_attention must be default, on or off");
         }
         p.fused_attention = {f, Source::file, where(file, v)};
+      } else if (key == "layouts") {
+        auto t = v.IsScalar() ? tri_state(v.Scalar()) : std::nullopt;
+        if (!t) fail(file, v, "kernels.layouts must be default, on or off");
+        p.layouts = {static_cast<LayoutMode>(*t), Source::file, where(file, v)};
       } else if (key == "slots") {
         if (v.IsNull()) continue;
         if (!v.IsMap()) fail(file, v, "kernels.slots must be a mapping of slot name to settings");
@@ -262,7 +294,7 @@ Policy parse_policy(const YAML::Node& kernels, const std::string& file, const En
       } else {
         fail(file, kv.first,
              "unknown key kernels." + key +
-                 " (expected selection, hub_kernels, fused_attention, slots, hub)");
+                 " (expected selection, hub_kernels, fused_attention, layouts, slots, hub)");
       }
     }
   }
@@ -310,6 +342,7 @@ std::string Policy::describe() const {
   row("hub_kernels", hub_kernels.value ? "on" : "off", hub_kernels.source, hub_kernels.origin);
   row("fused_attention", fused_attention_name(fused_attention.value), fused_attention.source,
       fused_attention.origin);
+  row("layouts", layout_mode_name(layouts.value), layouts.source, layouts.origin);
   for (const auto& [slot, names] : slot_allow) {
     row("slots." + slot + ".allow", "[" + join(names.value) + "]", names.source, names.origin);
   }

@@ -35,6 +35,13 @@ enum class FusedAttention { family_default, on, off };
 /// "default" | "on" | "off".
 const char* fused_attention_name(FusedAttention value);
 
+/// Whether the built-in layouts (KernelConfig, models/layouts/) apply: `default` applies each
+/// layout where it is on by default for the family (the parity gate decided), `on` applies every
+/// layout whose predicate holds, `off` none (byte-identical to the unlayouted modules).
+enum class LayoutMode { family_default, on, off };
+/// "default" | "on" | "off".
+const char* layout_mode_name(LayoutMode value);
+
 /// Settings of the hub provider (`kernels.hub`); see the hub-kernels issue.
 struct HubSettings {
   Setting<std::string> endpoint{"https://huggingface.co"};
@@ -60,6 +67,8 @@ struct Policy {
   bool selection_from_legacy_alias = false;
   Setting<bool> hub_kernels{true};
   Setting<FusedAttention> fused_attention{FusedAttention::family_default};
+  /// `kernels.layouts` / LIBREYOLO_LAYOUTS (environment wins).
+  Setting<LayoutMode> layouts{LayoutMode::family_default};
   /// Per slot: allowed implementation names (`slots: {ms_deform_attn: {allow: [cuda, hub]}}`).
   std::map<std::string, Setting<std::vector<std::string>>> slot_allow;
   HubSettings hub;
