@@ -7,6 +7,7 @@
 #include <stdexcept>
 
 #include "models/core/config.h"
+#include "models/layouts/layouts.h"
 #include "models/model.h"
 #include "models/rtdetr/rtdetr.h"
 
@@ -29,7 +30,9 @@
 
 namespace libreyolo::models {
 
-std::unique_ptr<Model> load_model(const std::string& dir, const LoadOptions& requested) {
+namespace {
+
+std::unique_ptr<Model> load_family(const std::string& dir, const LoadOptions& requested) {
   // "cuda" means the current CUDA device. Models compare an input's device exactly (cuda:0 !=
   // cuda), so resolve the index once here: what a tensor created on "cuda" reports.
   LoadOptions options = requested;
@@ -57,6 +60,20 @@ std::unique_ptr<Model> load_model(const std::string& dir, const LoadOptions& req
   if (type == "swin") return load_swin(dir, config, options);
 #endif
   view.fail("model_type", "unsupported model type \"" + type + "\"");
+}
+
+}  // namespace
+
+std::unique_ptr<Model> load_model(const std::string& dir, const LoadOptions& requested) {
+  auto model = load_family(dir, requested);
+  // Layouts rewrite the loaded tensors once (models/layouts/layouts.h); off leaves the modules
+  // exactly as loaded.
+  if (auto* root = model->layout_root()) {
+    const auto& o = model->options();
+    model->layout_reports_ = layouts::apply_layouts(
+        *root, layouts::LayoutContext{model->model_type(), o.device, o.dtype}, o.layouts);
+  }
+  return model;
 }
 
 }  // namespace libreyolo::models

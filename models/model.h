@@ -10,7 +10,16 @@
 #include <string>
 #include <vector>
 
+#include "models/layouts/options.h"
+
+namespace torch::nn {
+class Module;
+}
+
 namespace libreyolo::models {
+
+using LayoutOptions = layouts::LayoutOptions;
+using LayoutReport = layouts::LayoutReport;
 
 /// What the model predicts (Hugging Face pipeline task names).
 enum class Task { object_detection, image_classification };
@@ -19,6 +28,9 @@ enum class Task { object_detection, image_classification };
 struct LoadOptions {
   at::ScalarType dtype = at::kFloat;  ///< float32, float16 or bfloat16 (parameters and compute)
   at::Device device = at::kCPU;       ///< cpu, cuda:N, or cuda (load_model: the current device)
+  /// Which layouts (models/layouts/) transform the loaded modules; applied once, after the
+  /// checkpoint's tensors are loaded.
+  LayoutOptions layouts;
 };
 
 /// Raw model outputs. Detectors: `logits` (B, Q, num_labels) and `pred_boxes` (B, Q, 4) as
@@ -54,6 +66,17 @@ class Model {
 
   /// Number of attention modules whose `fused_attn` flag changed (set_fused_attention).
   virtual int set_fused_attention(bool enabled) = 0;
+
+  /// The layouts load_model applied, in application order (empty: none).
+  const std::vector<LayoutReport>& layouts() const { return layout_reports_; }
+
+ protected:
+  /// The module tree the layouts transform; null when the model has none (no layout applies).
+  virtual torch::nn::Module* layout_root() { return nullptr; }
+
+ private:
+  friend std::unique_ptr<Model> load_model(const std::string& dir, const LoadOptions& options);
+  std::vector<LayoutReport> layout_reports_;
 };
 
 /// Loads a checkpoint folder (config.json + model.safetensors [+ preprocessor_config.json]),
@@ -61,7 +84,8 @@ class Model {
 /// naming the file and the field or tensor key for anything wrong (unknown model_type,
 /// unsupported option, missing/unexpected/mis-shaped tensors, corrupt safetensors).
 /// A `cuda` device without an index becomes the current CUDA device (cuda:N): the model's
-/// inputs must then be on cuda:N.
+/// inputs must then be on cuda:N. Then applies options.layouts (models/layouts/layouts.h); a
+/// kernel_config entry that cannot be honoured throws std::runtime_error naming the entry.
 std::unique_ptr<Model> load_model(const std::string& dir, const LoadOptions& options = {});
 
 }  // namespace libreyolo::models

@@ -33,6 +33,11 @@ class ModuleModel : public Model {
   }
 
  protected:
+  torch::nn::Module* layout_root() override { return net_.get(); }
+
+ public:
+
+ protected:
   /// Throws std::invalid_argument naming the model type unless pixel_values is
   /// (B >= 1, `channels`, H >= min_size, W >= min_size) in the model's dtype on its device.
   void check_pixel_values(const at::Tensor& pixel_values, int64_t channels,

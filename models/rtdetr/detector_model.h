@@ -68,6 +68,11 @@ class DetectorModel final : public Model {
     return layers::set_fused_attention(*net_, enabled);
   }
 
+ protected:
+  torch::nn::Module* layout_root() override { return net_.get(); }
+
+ public:
+
  private:
   std::string type_;
   DetectorGeometry geometry_;
