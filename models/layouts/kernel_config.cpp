@@ -16,7 +16,10 @@ namespace {
   throw std::runtime_error(kernels::yaml_location(file, node) + ": kernel_config: " + msg);
 }
 
-std::string clip(const std::string& s) { return s.size() <= 80 ? s : s.substr(0, 77) + "..."; }
+/// User text echoed in a message, clipped (a huge scalar must not become a huge reason).
+std::string clip(const std::string& s, size_t max = 80) {
+  return s.size() <= max ? s : s.substr(0, max - 3) + "...";
+}
 
 std::string join(const std::vector<std::string>& v) {
   std::string out;
@@ -47,8 +50,8 @@ void parse_key(const std::string& file, const YAML::Node& key, KernelConfigEntry
   const auto classes = known_classes();
   auto check_class = [&](const YAML::Node& n, const std::string& c) {
     if (std::find(classes.begin(), classes.end(), c) == classes.end())
-      fail(file, n, "unknown class '" + clip(c) + "' (no layout replaces it; known: " +
-                        join(classes) + ")");
+      fail(file, n,
+           "unknown class '" + clip(c) + "' (no layout replaces it; known: " + join(classes) + ")");
   };
   if (key.IsScalar()) {
     e.key = key.Scalar();
@@ -75,24 +78,25 @@ void parse_key(const std::string& file, const YAML::Node& key, KernelConfigEntry
     const auto& b = e.targets[i].path_pattern;
     if (parent(a) != parent(b))
       fail(file, key[i],
-           "key " + clip(e.key) + ": path patterns '" + a + "' and '" + b +
-               "' do not share one parent");
+           "key " + clip(e.key, 400) + ": path patterns '" + clip(a, 160) + "' and '" +
+               clip(b, 160) + "' do not share one parent");
   }
 }
 
 /// The value: a layout name, off, or a hub reference (scalar or {layout, version|revision,
 /// trust_remote_code}).
 void parse_value(const std::string& file, const YAML::Node& v, KernelConfigEntry& e) {
-  YAML::Node layout = v;
+  // yaml-cpp's Node::operator= assigns the referenced node's content: bind with reset().
+  YAML::Node layout;
+  bool has_layout = false;
   if (v.IsMap()) {
-    layout = YAML::Node();
     for (const auto& kv : v) {
       const std::string k = scalar(file, kv.first, "option names must be strings");
       if (k == "layout") {
-        layout = kv.second;
+        layout.reset(kv.second);
+        has_layout = true;
       } else if (k == "version" || k == "revision") {
-        const std::string s =
-            scalar(file, kv.second, e.key + ": " + k + " must be a string");
+        const std::string s = scalar(file, kv.second, e.key + ": " + k + " must be a string");
         (k == "version" ? e.version : e.revision) = s;
       } else if (k == "trust_remote_code") {
         try {
@@ -106,17 +110,20 @@ void parse_value(const std::string& file, const YAML::Node& v, KernelConfigEntry
                  "' (expected layout, version, revision, trust_remote_code)");
       }
     }
-    if (!layout.IsDefined() || layout.IsNull()) fail(file, v, e.key + ": missing 'layout'");
+    if (!has_layout) fail(file, v, e.key + ": missing 'layout'");
     if (!e.version.empty() && !e.revision.empty())
       fail(file, v, e.key + ": give version or revision, not both");
+  } else {
+    layout.reset(v);
   }
   e.value = scalar(file, layout,
                    e.key + ": the value must be a layout name, off, or owner/repo:ClassName");
   std::vector<std::string> names{"off"};
   for (const auto& l : layout_catalog()) names.push_back(l.name);
   if (e.value.find('/') != std::string::npos) {
-    static const std::regex hub("^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*:"
-                                "[A-Za-z_][A-Za-z0-9_]*$");
+    static const std::regex hub(
+        "^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*:"
+        "[A-Za-z_][A-Za-z0-9_]*$");
     if (!std::regex_match(e.value, hub))
       fail(file, layout,
            e.key + ": hub reference '" + clip(e.value) + "' must be owner/repo:ClassName");
@@ -134,13 +141,14 @@ void parse_value(const std::string& file, const YAML::Node& v, KernelConfigEntry
     if (std::find(info->replaces.begin(), info->replaces.end(), t.class_name) ==
         info->replaces.end())
       fail(file, layout,
-           e.key + ": layout " + e.value + " does not replace " + t.class_name +
-               " (it replaces " + join(info->replaces) + ")");
+           e.key + ": layout " + e.value + " does not replace " + t.class_name + " (it replaces " +
+               join(info->replaces) + ")");
 }
 
 }  // namespace
 
-std::vector<KernelConfigEntry> parse_kernel_config(const YAML::Node& node, const std::string& file) {
+std::vector<KernelConfigEntry> parse_kernel_config(const YAML::Node& node,
+                                                   const std::string& file) {
   std::vector<KernelConfigEntry> out;
   if (!node.IsDefined() || node.IsNull()) return out;
   if (!node.IsMap())

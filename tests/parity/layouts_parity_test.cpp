@@ -132,6 +132,92 @@ TEST_P(LayoutsParity, OnStaysWithinToleranceOffIsByteIdentical) {
   }
 }
 
+// What each layout did to rtdetr_tiny (ResNet-vd bottleneck backbone, hybrid encoder with 4 CSP
+// blocks of 3 RepVGG blocks, 1 AIFI + 2 decoder self-attentions), counted from its config.json:
+// repvgg 12 blocks, 32256 -> 27840 elements (each 3x3+1x1 conv-BN pair of 32 channels becomes
+// one 3x3 kernel with bias); batchnorm_fold the other 37 conv-norm modules (3 stem + 4 stages of
+// bottlenecks + shortcuts, encoder 1x1/3x3), 4 BN tensors per module -> 1 bias; qkv_concat keeps
+// the element count (the projections become views).
+TEST(LayoutsReport, RtdetrTinyExactCounts) {
+  const auto model =
+      models::load_model(test::model_fixture("rtdetr_tiny"), with_mode(LayoutMode::on));
+  const auto& r = model->layouts();
+  ASSERT_EQ(r.size(), 3u) << models::layouts::describe(r);
+  EXPECT_EQ(r[0].layout, "repvgg");
+  EXPECT_EQ(r[0].modules, 12);
+  EXPECT_EQ(r[0].params_before, 32256);
+  EXPECT_EQ(r[0].params_after, 27840);
+  EXPECT_EQ(r[0].classes, std::vector<std::string>{"RTDetrRepVggBlock"});
+  EXPECT_EQ(r[0].source, "kernels.layouts: on");
+  EXPECT_EQ(r[1].layout, "batchnorm_fold");
+  EXPECT_EQ(r[1].modules, 37);
+  EXPECT_EQ(r[1].params_before, 49848);
+  EXPECT_EQ(r[1].params_after, 47304);
+  EXPECT_EQ(r[1].classes, (std::vector<std::string>{"RTDetrConvNormLayer", "RTDetrResNetConvLayer",
+                                                    "RTDetrResNetShortCut"}));
+  EXPECT_EQ(r[2].layout, "qkv_concat");
+  EXPECT_EQ(r[2].modules, 3);
+  EXPECT_EQ(r[2].params_before, r[2].params_after);
+  // The default for rt_detr is the same set (the gate passed), with its own source.
+  const auto by_default = models::load_model(test::model_fixture("rtdetr_tiny"));
+  ASSERT_EQ(by_default->layouts().size(), 3u);
+  EXPECT_EQ(by_default->layouts()[1].source, "default (rt_detr)");
+}
+
+TEST(LayoutsReport, KernelConfigPathPatternOffAndHub) {
+  c10::InferenceMode inference_mode;
+  const std::string dir = test::model_fixture("rtdetr_tiny");
+  // Only the RepVGG blocks of fpn_blocks.0, by path; everything else explicitly off.
+  LoadOptions o = with_mode(LayoutMode::off);
+  o.layouts.mode.value = LayoutMode::family_default;
+  o.layouts.kernel_config.push_back(
+      {"[[RTDetrRepVggBlock, model.encoder.fpn_blocks.0.bottlenecks.*]]",
+       {{"RTDetrRepVggBlock", "model.encoder.fpn_blocks.0.bottlenecks.*"}},
+       "repvgg",
+       "",
+       "",
+       false,
+       "s.yaml:1:1"});
+  for (const auto& cls : {"RTDetrRepVggBlock", "RTDetrConvNormLayer", "RTDetrResNetConvLayer",
+                          "RTDetrResNetShortCut", "RTDetrSelfAttention"})
+    o.layouts.kernel_config.push_back({cls, {{cls, ""}}, "off"});
+  const auto model = models::load_model(dir, o);
+  ASSERT_EQ(model->layouts().size(), 1u) << models::layouts::describe(model->layouts());
+  const auto& r = model->layouts()[0];
+  EXPECT_EQ(r.layout, "repvgg");
+  EXPECT_EQ(r.modules, 3);
+  EXPECT_EQ(r.source,
+            "kernel_config: [[RTDetrRepVggBlock, model.encoder.fpn_blocks.0.bottlenecks.*]] "
+            "(s.yaml:1:1)");
+  const auto [pixels, mask] = inputs(dir);
+  const auto file = models::core::SafetensorsFile::open(dir + "/expected.safetensors");
+  EXPECT_LE(test::max_abs_diff(model->forward(pixels).logits, file->view("logits")), 1e-4);
+
+  // kernels.layouts: off wins over kernel_config.
+  LoadOptions off = with_mode(LayoutMode::off);
+  off.layouts.kernel_config.push_back({"RTDetrRepVggBlock", {{"RTDetrRepVggBlock", ""}}, "repvgg"});
+  EXPECT_TRUE(models::load_model(dir, off)->layouts().empty());
+
+  // A hub layout is refused at load, naming the entry.
+  LoadOptions hub = with_mode(LayoutMode::family_default);
+  hub.layouts.kernel_config.push_back({"RTDetrSelfAttention",
+                                       {{"RTDetrSelfAttention", ""}},
+                                       "acme/attn:Fused",
+                                       "",
+                                       "v1",
+                                       true,
+                                       "m/serving.yaml:3:3"});
+  try {
+    models::load_model(dir, hub);
+    FAIL() << "no error";
+  } catch (const std::runtime_error& e) {
+    EXPECT_STREQ(e.what(),
+                 "kernel_config: RTDetrSelfAttention (m/serving.yaml:3:3): 'acme/attn:Fused' "
+                 "cannot be loaded: the pinned hub provider (kernels.lock) supplies kernel slot "
+                 "ops, not layouts (use a built-in layout name or off)");
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Fixtures, LayoutsParity, ::testing::ValuesIn(kFixtures),
                          [](const auto& info) { return info.param; });
 
