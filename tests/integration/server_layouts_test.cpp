@@ -13,6 +13,7 @@ namespace libreyolo::server {
 namespace {
 
 using nlohmann::json;
+using namespace testing;
 
 const json* model_entry(const json& active, const std::string& name) {
   for (const auto& m : active.at("models"))
