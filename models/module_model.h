@@ -36,7 +36,6 @@ class ModuleModel : public Model {
   torch::nn::Module* layout_root() override { return net_.get(); }
 
  public:
-
  protected:
   /// Throws std::invalid_argument naming the model type unless pixel_values is
   /// (B >= 1, `channels`, H >= min_size, W >= min_size) in the model's dtype on its device.

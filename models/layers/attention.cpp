@@ -220,8 +220,9 @@ at::Tensor AttentionImpl::forward(const at::Tensor& query_in, const at::Tensor& 
     const bool qkv_shared = concat_projections == 3 && key_in.is_same(value_in);
     const int64_t n = qkv_shared ? 3 : 2, D = num_heads * head_dim;
     const auto w = n == 3 ? in_proj_weight : in_proj_weight.narrow(0, 0, 2 * D);
-    const auto b =
-        !in_proj_bias.defined() ? at::Tensor() : n == 3 ? in_proj_bias : in_proj_bias.narrow(0, 0, 2 * D);
+    const auto b = !in_proj_bias.defined() ? at::Tensor()
+                   : n == 3                ? in_proj_bias
+                                           : in_proj_bias.narrow(0, 0, 2 * D);
     const auto packed = at::linear(query_in, w, b).view({B, Lq, n, num_heads, head_dim});
     q = packed.select(2, 0).transpose(1, 2);
     k = packed.select(2, 1).transpose(1, 2);

@@ -43,8 +43,8 @@ bool on_by_default(const std::string& layout, const std::string& model_type) {
   // passed for these; channels_last has no CPU effect and no CUDA gate run yet.
   static const std::vector<std::string> detectors{"rt_detr", "rt_detr_v2", "d_fine",
                                                   "deformable_detr"};
-  static const std::vector<std::string> all{"rt_detr", "rt_detr_v2", "d_fine", "deformable_detr",
-                                            "vit", "swin"};
+  static const std::vector<std::string> all{"rt_detr",         "rt_detr_v2", "d_fine",
+                                            "deformable_detr", "vit",        "swin"};
   auto in = [&](const std::vector<std::string>& v) {
     return std::find(v.begin(), v.end(), model_type) != v.end();
   };

@@ -61,7 +61,8 @@ std::string decide(const std::string& layout, const Candidate& c, const LayoutCo
   }
   const auto& mode = o.mode;
   if (mode.value == kernels::LayoutMode::on)
-    return std::string("kernels.layouts: on") + (mode.origin.empty() ? "" : " (" + mode.origin + ")");
+    return std::string("kernels.layouts: on") +
+           (mode.origin.empty() ? "" : " (" + mode.origin + ")");
   if (mode.value == kernels::LayoutMode::family_default && on_by_default(layout, ctx.model_type))
     return "default (" + ctx.model_type + ")";
   return "";
@@ -78,8 +79,8 @@ struct FoldedConv {
 
 FoldedConv folded_weights(const layers::ConvNormImpl& m) {
   const auto w = m.conv->weight.to(at::kDouble);
-  at::Tensor b = m.conv->bias.defined() ? m.conv->bias.to(at::kDouble)
-                                        : at::zeros({w.size(0)}, w.options());
+  at::Tensor b =
+      m.conv->bias.defined() ? m.conv->bias.to(at::kDouble) : at::zeros({w.size(0)}, w.options());
   if (m.folded) return {w, b};
   at::Tensor scale, shift;
   if (m.frozen_norm) {

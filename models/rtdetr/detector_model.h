@@ -72,7 +72,6 @@ class DetectorModel final : public Model {
   torch::nn::Module* layout_root() override { return net_.get(); }
 
  public:
-
  private:
   std::string type_;
   DetectorGeometry geometry_;
