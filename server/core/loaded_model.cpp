@@ -6,6 +6,8 @@
 
 #include <stdexcept>
 
+#include "kernels/policy.h"
+#include "kernels/registry.h"
 #include "log/log.h"
 #include "models/core/config.h"
 
@@ -85,6 +87,14 @@ std::shared_ptr<LoadedModel> load_model_version(const std::string& name, const s
   models::LoadOptions options;
   options.device = m->device;
   options.dtype = m->dtype;
+  options.name = name;
+  // serving.yaml's kernel lists, checked against what the process declares and provides.
+  try {
+    kernels::check_names(serving.kernels.slot_allow, kernels::Registry::process_default());
+  } catch (const kernels::PolicyError& e) {
+    throw std::runtime_error(e.what());
+  }
+  options.kernel_slots = serving.kernels.allow();
   m->model = loader(dir, options);
   m->task = m->model->task();
   if (m->task == models::Task::object_detection) {

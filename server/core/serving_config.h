@@ -31,6 +31,10 @@ struct ServingConfig {
   /// Only for CUDA models with a fixed input size (RT-DETR, ViT, Swin); elsewhere ignored with a
   /// log line. A capture failure logs a warning and keeps eager execution.
   bool cuda_graphs = false;
+  /// `kernels: {slots: {ms_deform_attn: {allow: [reference]}}, layouts: off}`: this model's
+  /// kernel policy, overriding the server's for the slots it names (the names are checked
+  /// against the process registry at load: an unknown slot or implementation fails the load).
+  kernels::ModelKernelPolicy kernels;
 };
 
 /// Reads `file` when it exists (else the defaults). Throws std::runtime_error naming

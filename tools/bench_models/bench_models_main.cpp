@@ -2,7 +2,7 @@
 //
 //   libreyolo-bench-models --model DIR [--size 640] [--batch 1,8,32] [--device cpu|cuda]
 //                          [--dtype float32|float16|bfloat16] [--iters N] [--warmup N] [--tf32]
-//                          [--cuda-graph] [--fused-attention default|on|off]
+//                          [--cuda-graph] [--fused-attention default|on|off] [--profile]
 // Prints one line per batch size: ms per forward (median of --iters, after --warmup), images/s,
 // and the kernel calls counted per implementation of ms_deform_attn, so that a run under
 // LIBREYOLO_KERNELS=reference (portable path) and one without can be compared. CUDA time is
@@ -13,6 +13,8 @@
 // model that cannot be captured prints `cuda_graph=failed` and the reason.
 // --fused-attention sets the model's attention path (Model::set_fused_attention; `default` keeps
 // the family's default), so that manual and fused attention are timed on the same checkpoint.
+// --profile (CUDA) adds, per batch size, the GPU time of one eager forward by op class (conv,
+// gemm, elementwise, ...) from the torch profiler (tools/bench_models/profile.h).
 // Exit codes: 0 ok, 1 runtime error, 2 usage error.
 #include <ATen/ATen.h>
 #include <ATen/Context.h>
@@ -29,13 +31,14 @@
 #include "kernels/kernels.h"
 #include "models/model.h"
 #include "models/runtime/cuda_graph_runner.h"
+#include "tools/bench_models/profile.h"
 
 namespace {
 
 int usage() {
   std::cerr << "usage: libreyolo-bench-models --model DIR [--size 640] [--batch 1,8] "
                "[--device cpu|cuda] [--dtype float32|float16|bfloat16] [--iters N] [--warmup N] "
-               "[--tf32] [--cuda-graph] [--fused-attention default|on|off]\n";
+               "[--tf32] [--cuda-graph] [--fused-attention default|on|off] [--profile]\n";
   return 2;
 }
 
@@ -46,8 +49,8 @@ void synchronize(const at::Device& device) {
 
 std::string msda_calls() {
   std::ostringstream os;
-  for (const auto& s : libreyolo::kernels::Registry::global().report()) {
-    if (s.slot != libreyolo::kernels::kMsDeformAttn) continue;
+  for (const auto& s : libreyolo::kernels::Registry::process_default().report()) {
+    if (s.slot != libreyolo::kernels::kMsDeformAttn.name) continue;
     os << "selected=" << s.selected;
     for (const auto& c : s.candidates) os << " " << c.name << ".calls=" << c.calls;
   }
@@ -61,7 +64,7 @@ int main(int argc, char** argv) {
   std::string fused = "default";
   int64_t size = 640;
   int iters = 10, warmup = 3;
-  bool tf32 = false, cuda_graph = false;
+  bool tf32 = false, cuda_graph = false, profile = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto next = [&]() -> std::string { return i + 1 < argc ? argv[++i] : ""; };
@@ -86,6 +89,8 @@ int main(int argc, char** argv) {
         cuda_graph = true;
       else if (a == "--fused-attention")
         fused = next();
+      else if (a == "--profile")
+        profile = true;
       else
         return usage();
     } catch (const std::exception&) {
@@ -149,6 +154,15 @@ int main(int argc, char** argv) {
                 << " size=" << size << " batch=" << b << " median_ms=" << median
                 << " min_ms=" << ms.front() << " images_per_s=" << (1000.0 * b / median) << " "
                 << msda_calls() << std::endl;
+      if (profile) {
+        std::cout << libreyolo::bench::profile_by_op_class(
+                         [&] {
+                           model->forward(pixels);
+                           synchronize(options.device);
+                         },
+                         5)
+                  << std::flush;
+      }
     }
   } catch (const std::exception& e) {
     std::cerr << "libreyolo-bench-models: " << e.what() << "\n";
