@@ -31,11 +31,8 @@ class ModuleModel : public Model {
   int set_fused_attention(bool enabled) override {
     return layers::set_fused_attention(*net_, enabled);
   }
+  torch::nn::Module& root() override { return *net_; }
 
- protected:
-  torch::nn::Module* layout_root() override { return net_.get(); }
-
- public:
  protected:
   /// Throws std::invalid_argument naming the model type unless pixel_values is
   /// (B >= 1, `channels`, H >= min_size, W >= min_size) in the model's dtype on its device.

@@ -78,12 +78,3 @@ at::Tensor conv2d_bias_act(const Conv2dBiasActHandle& handle, const at::Tensor& 
 }
 
 }  // namespace libreyolo::kernels
-
-// Transitional (replaced by the registry redesign in kernels/registry.cpp): a default-constructed
-// Handle has no candidates, so these are never reached.
-namespace libreyolo::kernels::detail {
-bool is_disabled(const BoundCandidate&) { return true; }
-void count_call(const BoundCandidate&) {}
-void count_decline(const BoundCandidate&, const char*) {}
-void fail(const Binding&, const BoundCandidate&, const std::string&) {}
-}  // namespace libreyolo::kernels::detail

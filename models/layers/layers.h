@@ -13,6 +13,7 @@
 
 #include "kernels/activation.h"
 #include "kernels/conv/conv2d_bias_act.h"
+#include "models/layers/bound_kernels.h"
 
 namespace libreyolo::models::layers {
 
@@ -114,9 +115,10 @@ struct ConvNormOptions {
   double eps = 1e-5;    ///< BatchNorm2d eps (ignored when frozen)
   std::string conv_name = "conv", norm_name = "norm";
 };
-class ConvNormImpl : public torch::nn::Module {
+class ConvNormImpl : public torch::nn::Module, public UsesKernels {
  public:
   explicit ConvNormImpl(const ConvNormOptions& o);
+  void bind_kernels(const BoundKernels& k) override { conv_kernel = k.conv2d_bias_act; }
   /// Unfolded: conv -> norm -> act (transformers' order). Folded: one conv2d_bias_act call.
   at::Tensor forward(const at::Tensor& x) const;
   /// act(conv(x) + bias + residual) in one conv2d_bias_act call; requires `folded` (the
@@ -134,7 +136,7 @@ class ConvNormImpl : public torch::nn::Module {
   /// Set by the batchnorm_fold layout (models/layouts/): the norm is folded into conv.weight and
   /// conv.bias (the norm child is removed) and forward() calls conv2d_bias_act.
   bool folded = false;
-  /// The conv2d_bias_act slot's handle (filled by the kernel binder; empty = portable path).
+  /// The conv2d_bias_act slot's handle (bound at load; empty = the portable path).
   kernels::Conv2dBiasActHandle conv_kernel;
 };
 using ConvNorm = std::shared_ptr<ConvNormImpl>;

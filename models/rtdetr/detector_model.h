@@ -67,11 +67,8 @@ class DetectorModel final : public Model {
   int set_fused_attention(bool enabled) override {
     return layers::set_fused_attention(*net_, enabled);
   }
+  torch::nn::Module& root() override { return *net_; }
 
- protected:
-  torch::nn::Module* layout_root() override { return net_.get(); }
-
- public:
  private:
   std::string type_;
   DetectorGeometry geometry_;

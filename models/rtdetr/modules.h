@@ -14,6 +14,7 @@
 #include "kernels/attention/ms_deform_attn.h"
 #include "models/core/config.h"
 #include "models/layers/attention.h"
+#include "models/layers/bound_kernels.h"
 #include "models/layers/layers.h"
 
 namespace libreyolo::models::rtdetr {
@@ -186,7 +187,16 @@ at::Tensor sincos_position_embedding_2d(int64_t h, int64_t w, int64_t dim, doubl
 /// boxes, as RT-DETR's decoder uses): sampling_offsets, attention_weights, value_proj,
 /// output_proj (+ buffer n_points_scale for v2). The sampling itself goes through the
 /// ms_deform_attn slot (kernels/attention/ms_deform_attn.h).
-class MSDeformAttnImpl : public torch::nn::Module {
+class MSDeformAttnImpl : public torch::nn::Module, public layers::UsesKernels {
+ public:
+  /// Takes the `ms_deform_attn` handle the model was bound to.
+  void bind_kernels(const layers::BoundKernels& k) override {
+    ms_deform_attn_kernel_ = k.ms_deform_attn;
+  }
+
+ private:
+  kernels::MsDeformAttnHandle ms_deform_attn_kernel_;
+
  public:
   explicit MSDeformAttnImpl(const Config& c);
   /// query (B, Q, D) (position embedding already added), memory (B, S, D),

@@ -12,7 +12,9 @@
 #include <thread>
 #include <tuple>
 
+#include "kernels/kernels.h"
 #include "kernels/registry.h"
+#include "kernels/report_json.h"
 #include "log/log.h"
 #include "models/image/decode.h"
 #include "models/model.h"
@@ -688,43 +690,12 @@ api::InferResponse ServerCore::infer_on(Serving& serving, api::InferRequest& req
 
 std::string ServerCore::active_json() const {
   using nlohmann::json;
-  auto& reg = kernels::Registry::global();
-  const auto& p = config_.kernels;
+  auto& reg = kernels::Registry::process_default();
   auto setting = [](const auto& value, kernels::Source s, const std::string& origin) {
     return json{{"value", value}, {"source", kernels::source_name(s)}, {"origin", origin}};
   };
-  json policy = {
-      {"selection", setting(p.selection.value, p.selection.source, p.selection.origin)},
-      {"hub_kernels", setting(p.hub_kernels.value, p.hub_kernels.source, p.hub_kernels.origin)},
-      {"fused_attention", setting(kernels::fused_attention_name(p.fused_attention.value),
-                                  p.fused_attention.source, p.fused_attention.origin)},
-      {"layouts",
-       setting(kernels::layout_mode_name(p.layouts.value), p.layouts.source, p.layouts.origin)},
-  };
-  json slots = json::object();
-  for (const auto& s : reg.report()) {
-    json cands = json::array();
-    for (const auto& c : s.candidates) {
-      cands.push_back({{"name", c.name},
-                       {"allowed", c.allowed},
-                       {"eligible", c.eligible},
-                       {"reason", c.reason},
-                       {"disabled", c.disabled},
-                       {"calls", c.calls},
-                       {"declined", c.declined}});
-    }
-    slots[s.slot] = {
-        {"selected", s.selected}, {"has_reference", s.has_reference}, {"candidates", cands}};
-  }
-  json events = json::array();
-  for (const auto& ev : reg.events()) {
-    events.push_back({{"slot", ev.slot},
-                      {"impl", ev.impl},
-                      {"reason", ev.reason},
-                      {"time_ms", std::chrono::duration_cast<std::chrono::milliseconds>(
-                                      ev.time.time_since_epoch())
-                                      .count()}});
-  }
+  // The kernel state in the one schema libreyolo-kernels --json prints (kernels/report_json.h).
+  json out = kernels::kernels_json(reg, config_.kernels, kernels::built_with_cuda());
   json models = json::array();
   {
     std::lock_guard<std::mutex> lk(mu_);
@@ -773,9 +744,11 @@ std::string ServerCore::active_json() const {
       {"model_control", server_setting(config_.model_control)},
       {"log_level", server_setting(config_.log_level)},
   };
-  json out = {{"active", reg.active()},    {"policy", policy}, {"slots", slots},
-              {"fallback_events", events}, {"models", models}, {"ready", ready()},
-              {"draining", draining()},    {"torch", torch},   {"server", server}};
+  out["models"] = std::move(models);
+  out["ready"] = ready();
+  out["draining"] = draining();
+  out["torch"] = torch;
+  out["server"] = server;
   return out.dump(2);
 }
 

@@ -6,6 +6,8 @@
 
 #include <stdexcept>
 
+#include "kernels/policy.h"
+#include "kernels/registry.h"
 #include "log/log.h"
 #include "models/core/config.h"
 
@@ -84,7 +86,16 @@ std::shared_ptr<LoadedModel> load_model_version(
   models::LoadOptions options;
   options.device = m->device;
   options.dtype = m->dtype;
-  options.layouts.mode = server_layouts;
+  options.name = name;
+  // serving.yaml's kernel lists, checked against what the process declares and provides.
+  try {
+    kernels::check_names(serving.kernels.slot_allow, kernels::Registry::process_default());
+  } catch (const kernels::PolicyError& e) {
+    throw std::runtime_error(e.what());
+  }
+  options.kernel_slots = serving.kernels.allow();
+  // serving.yaml `kernels.layouts` wins over the server's kernels.layouts for this model.
+  options.layouts.mode = serving.kernels.layouts ? *serving.kernels.layouts : server_layouts;
   options.layouts.kernel_config = serving.kernel_config;
   m->model = loader(dir, options);
   for (const auto& r : m->model->layouts())

@@ -3,7 +3,7 @@
 //   libreyolo-bench-models --model DIR [--size 640] [--batch 1,8,32] [--device cpu|cuda]
 //                          [--dtype float32|float16|bfloat16] [--iters N] [--warmup N] [--tf32]
 //                          [--cuda-graph] [--fused-attention default|on|off]
-//                          [--layouts default|on|off] [--out FILE.json]
+//                          [--layouts default|on|off] [--out FILE.json] [--profile]
 // Prints one line per batch size: ms per forward (median of --iters, after --warmup), images/s,
 // and the kernel calls counted per implementation of ms_deform_attn, so that a run under
 // LIBREYOLO_KERNELS=reference (portable path) and one without can be compared. CUDA time is
@@ -14,6 +14,8 @@
 // model that cannot be captured prints `cuda_graph=failed` and the reason.
 // --fused-attention sets the model's attention path (Model::set_fused_attention; `default` keeps
 // the family's default), so that manual and fused attention are timed on the same checkpoint.
+// --profile (CUDA) adds, per batch size, the GPU time of one eager forward by op class (conv,
+// gemm, elementwise, ...) from the torch profiler (tools/bench_models/profile.h).
 // --layouts picks the layouts (models/layouts/; not given: LIBREYOLO_LAYOUTS, else default); what
 // was applied goes to stderr and, with --out, into the JSON file with every timed line.
 // Exit codes: 0 ok, 1 runtime error, 2 usage error.
@@ -35,6 +37,7 @@
 #include "kernels/policy.h"
 #include "models/model.h"
 #include "models/runtime/cuda_graph_runner.h"
+#include "tools/bench_models/profile.h"
 
 namespace {
 
@@ -42,7 +45,7 @@ int usage() {
   std::cerr << "usage: libreyolo-bench-models --model DIR [--size 640] [--batch 1,8] "
                "[--device cpu|cuda] [--dtype float32|float16|bfloat16] [--iters N] [--warmup N] "
                "[--tf32] [--cuda-graph] [--fused-attention default|on|off] "
-               "[--layouts default|on|off] [--out FILE.json]\n";
+               "[--layouts default|on|off] [--out FILE.json] [--profile]\n";
   return 2;
 }
 
@@ -53,8 +56,8 @@ void synchronize(const at::Device& device) {
 
 std::string msda_calls() {
   std::ostringstream os;
-  for (const auto& s : libreyolo::kernels::Registry::global().report()) {
-    if (s.slot != libreyolo::kernels::kMsDeformAttn) continue;
+  for (const auto& s : libreyolo::kernels::Registry::process_default().report()) {
+    if (s.slot != libreyolo::kernels::kMsDeformAttn.name) continue;
     os << "selected=" << s.selected;
     for (const auto& c : s.candidates) os << " " << c.name << ".calls=" << c.calls;
   }
@@ -68,7 +71,7 @@ int main(int argc, char** argv) {
   std::string fused = "default", layouts, out;
   int64_t size = 640;
   int iters = 10, warmup = 3;
-  bool tf32 = false, cuda_graph = false;
+  bool tf32 = false, cuda_graph = false, profile = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto next = [&]() -> std::string { return i + 1 < argc ? argv[++i] : ""; };
@@ -93,6 +96,8 @@ int main(int argc, char** argv) {
         cuda_graph = true;
       else if (a == "--fused-attention")
         fused = next();
+      else if (a == "--profile")
+        profile = true;
       else if (a == "--layouts")
         layouts = next();
       else if (a == "--out")
@@ -189,6 +194,15 @@ int main(int argc, char** argv) {
                 << " layouts=" << kernels::layout_mode_name(mode.value) << " size=" << size
                 << " batch=" << b << " median_ms=" << median << " min_ms=" << ms.front()
                 << " images_per_s=" << (1000.0 * b / median) << " " << msda_calls() << std::endl;
+      if (profile) {
+        std::cout << libreyolo::bench::profile_by_op_class(
+                         [&] {
+                           model->forward(pixels);
+                           synchronize(options.device);
+                         },
+                         5)
+                  << std::flush;
+      }
       report["runs"].push_back({{"batch", b},
                                 {"size", size},
                                 {"device", device_name},

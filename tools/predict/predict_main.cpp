@@ -318,7 +318,7 @@ int run(const Args& a) {
     }
   }
 
-  auto& registry = libreyolo::kernels::Registry::global();
+  auto& registry = libreyolo::kernels::Registry::process_default();
   const auto report = registry.report();
   std::cout << "kernels:\n" << libreyolo::kernels::format_table(report);
   for (const auto& s : report) result["kernels"][s.slot] = s.selected;
