@@ -7,6 +7,7 @@
 #include <stdexcept>
 
 #include "models/core/config.h"
+#include "models/layouts/layouts.h"
 #include "models/model.h"
 #include "models/rtdetr/rtdetr.h"
 
@@ -79,6 +80,11 @@ std::unique_ptr<Model> load_model(const std::string& dir, const LoadOptions& req
                              std::string(c10::toString(options.dtype)) +
                              " (supported: float32, float16, bfloat16)");
   auto model = load_family(dir, config, view, options);
+  // Layouts rewrite the loaded tensors once (models/layouts/layouts.h); off leaves the modules
+  // exactly as loaded. Before binding: a folded module binds the slot its new forward calls.
+  model->layout_reports_ = layouts::apply_layouts(
+      model->root(), layouts::LayoutContext{model->model_type(), options.device, options.dtype},
+      options.layouts);
   // Bind (kernelize): every slot resolved once for this model's device, dtype and policy.
   kernels::Registry& registry =
       options.registry ? *options.registry : kernels::Registry::process_default();

@@ -29,9 +29,25 @@ at::Tensor AttentionImpl::forward(const at::Tensor& query_in, const at::Tensor& 
   auto heads = [&](const at::Tensor& x, int64_t L) {
     return x.view({B, L, num_heads, head_dim}).transpose(1, 2);
   };
-  const auto q = heads(q_proj->forward(query_in), Lq);
-  const auto k = heads(k_proj->forward(key_in), Lk);
-  const auto v = heads(v_proj->forward(value_in), Lk);
+  at::Tensor q, k, v;
+  const bool qk_shared = concat_projections >= 2 && query_in.is_same(key_in);
+  if (qk_shared) {
+    // One GEMM over the concatenated rows; (B, L, n, H, d) then per-projection (B, H, L, d).
+    const bool qkv_shared = concat_projections == 3 && key_in.is_same(value_in);
+    const int64_t n = qkv_shared ? 3 : 2, D = num_heads * head_dim;
+    const auto w = n == 3 ? in_proj_weight : in_proj_weight.narrow(0, 0, 2 * D);
+    const auto b = !in_proj_bias.defined() ? at::Tensor()
+                   : n == 3                ? in_proj_bias
+                                           : in_proj_bias.narrow(0, 0, 2 * D);
+    const auto packed = at::linear(query_in, w, b).view({B, Lq, n, num_heads, head_dim});
+    q = packed.select(2, 0).transpose(1, 2);
+    k = packed.select(2, 1).transpose(1, 2);
+    v = qkv_shared ? packed.select(2, 2).transpose(1, 2) : heads(v_proj->forward(value_in), Lk);
+  } else {
+    q = heads(q_proj->forward(query_in), Lq);
+    k = heads(k_proj->forward(key_in), Lk);
+    v = heads(v_proj->forward(value_in), Lk);
+  }
   auto out = kernels::attention(attention_kernel, fused_attn, q, k, v, bias,
                                 {scale, softmax_in_float32, bias_windows});
   out = out.transpose(1, 2).reshape({B, Lq, num_heads * head_dim});

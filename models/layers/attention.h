@@ -65,6 +65,14 @@ class AttentionImpl : public torch::nn::Module, public UsesKernels {
   /// The `attention` slot as bound for the model (empty until bound: the manual math runs).
   kernels::AttentionHandle attention_kernel;
 
+  /// Set by the qkv_concat layout (models/layouts/): 3 = q, k and v projections concatenated
+  /// into in_proj_weight (3D, D) / in_proj_bias (3D), 2 = q and k only (2D rows; v keeps its
+  /// own), 0 = separate projections. q_proj/k_proj(/v_proj) weights then are views into it.
+  /// forward() runs one GEMM for the inputs that are the same tensor (query_in.is_same(key_in),
+  /// ...) and the views otherwise, so any call stays correct.
+  int64_t concat_projections = 0;
+  at::Tensor in_proj_weight, in_proj_bias;  ///< undefined unless concat_projections > 0
+
   Linear q_proj, k_proj, v_proj, o_proj;  ///< o_proj null when o_name is ""
   int64_t num_heads, head_dim;
   double scale;

@@ -111,6 +111,20 @@ class EncoderLayerImpl : public torch::nn::Module {
   bool normalize_before_;
 };
 
+/// RTDetrRepVggBlock / DFineRepVggBlock: act(convnorm3x3(x) + convnorm1x1(x)), children
+/// "conv1" (3x3, padding 1) and "conv2" (1x1), no identity branch. The repvgg layout
+/// (models/layouts/) re-parameterises it into one 3x3 convolution with bias (lyuwenyu/RT-DETR
+/// RepVggBlock.convert_to_deploy): conv1 then holds the merged kernel with `act`, conv2 is null.
+class RepVggBlockImpl : public torch::nn::Module {
+ public:
+  RepVggBlockImpl(const Config& c, int64_t channels);
+  /// (B, C, H, W) -> (B, C, H, W).
+  at::Tensor forward(const at::Tensor& x) const;
+  layers::ConvNorm conv1, conv2;
+  Activation act;
+  bool reparameterized = false;
+};
+
 /// CSPRepLayer (conv1 -> RepVGG bottlenecks, conv2, conv3 or identity); conv1/conv2/conv3 use
 /// config.activation_function, the RepVGG blocks act(convnorm3x3(x) + convnorm1x1(x)).
 class CSPRepLayerImpl : public torch::nn::Module {
@@ -124,8 +138,7 @@ class CSPRepLayerImpl : public torch::nn::Module {
 
  private:
   layers::ConvNorm conv1_, conv2_, conv3_;
-  std::vector<std::pair<layers::ConvNorm, layers::ConvNorm>> bottlenecks_;
-  Activation act_;
+  std::vector<std::shared_ptr<RepVggBlockImpl>> bottlenecks_;
 };
 
 /// A CCFM block: the module to register and its forward (B, C, H, W) -> (B, C', H', W').

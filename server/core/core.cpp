@@ -144,8 +144,9 @@ void bring_up(const std::shared_ptr<ModelEntry>& e, const ServerConfig& config, 
   const auto t0 = Clock::now();
   const auto serving = load_serving_config(
       (fs::path(config.model_repository.value) / e->name / "serving.yaml").string());
-  auto loaded = load_model_version(e->name, e->version, e->dir, serving, config.device.value,
-                                   factory, config.kernels.fused_attention.value);
+  auto loaded =
+      load_model_version(e->name, e->version, e->dir, serving, config.device.value, factory,
+                         config.kernels.fused_attention.value, config.kernels.layouts);
   const double load_s = seconds_since(t0);
   const auto t1 = Clock::now();
   if (serving.warmup) warm_up(*loaded);
@@ -709,6 +710,16 @@ std::string ServerCore::active_json() const {
         m["fused_attention"] = {{"value", kernels::fused_attention_name(l.fused_attention)},
                                 {"source", l.fused_attention_source},
                                 {"modules_changed", l.fused_attention_changed}};
+        // Each layout applied at load (models/layouts/): source, modules, parameters.
+        json layouts = json::array();
+        for (const auto& r : l.model->layouts())
+          layouts.push_back({{"layout", r.layout},
+                             {"source", r.source},
+                             {"classes", r.classes},
+                             {"modules_replaced", r.modules},
+                             {"params_before", r.params_before},
+                             {"params_after", r.params_after}});
+        m["layouts"] = std::move(layouts);
         m["cuda_graphs"] = l.cuda_graphs_status;
         m["device"] = l.device.str();
       }
