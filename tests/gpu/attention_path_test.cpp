@@ -9,6 +9,7 @@
 #include <c10/core/InferenceMode.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <iostream>
 #include <string>
@@ -89,10 +90,11 @@ TEST_P(AttentionPathCuda, FormulationsMatchManual) {
         EXPECT_LE(dr, 2.0 * manual_err + ulp) << s.name << " " << attention_path_name(path);
       }
     }
-    // fused = true runs the policy's formulation: the same numbers as calling it directly.
-    const auto fused = dot_product_attention(q, k, v, bias, scale, true, false, bias_windows);
-    const auto direct = dot_product_attention(q, k, v, bias, scale, policy, false, bias_windows);
-    EXPECT_TRUE(at::equal(fused, direct)) << s.name << " " << attention_path_name(policy);
+    // The policy's formulation (what the attention slot's sdpa / mem_efficient implementations
+    // run: kernels/attention/dot_product_attention.cpp) is the manual math or one checked above.
+    EXPECT_TRUE(policy == P::kManual ||
+                std::find(paths.begin(), paths.end(), policy) != paths.end())
+        << s.name << " " << attention_path_name(policy);
   }
 }
 

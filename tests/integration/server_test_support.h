@@ -80,10 +80,13 @@ class FakeDetector : public models::Model {
   const std::map<int64_t, std::string>& id2label() const override { return labels_; }
   const models::LoadOptions& options() const override { return options_; }
   int set_fused_attention(bool) override { return 0; }
+  /// No modules: nothing to bind, no layout applies.
+  torch::nn::Module& root() override { return root_; }
 
  private:
   std::map<int64_t, std::string> labels_{{0, "cat"}, {1, "dog"}, {2, "bird"}};
   models::LoadOptions options_;
+  torch::nn::Module root_;
 };
 
 inline std::string read_file(const std::string& path) {
