@@ -9,7 +9,9 @@
 # layouts off and on (--profile, the torch profiler from C++).
 # Run ON the GPU machine from the repository root after `source .device-kit/env.sh` and a build
 # of libreyolo-bench-models in ${BUILD_DIR:-build-gpu}. Writes $OUT/bench_vs_compile.log.
-# SKIP_ANCHORS=1 skips the Python anchors (they take about 5 minutes, mostly compiling).
+# SKIP_ANCHORS=1 skips the Python anchors (they take about 5 minutes, mostly compiling);
+# QUICK=1 runs the subset that fits one 10-minute device call: R50 both layouts (bf16 graphs,
+# profile), R50 fp32 and R18 bf16 with layouts on, anchors for R50 in bf16 only.
 set -uo pipefail
 OUT=${OUT:-$PWD/gpu-out}
 mkdir -p "$OUT"
@@ -34,18 +36,21 @@ ours() {  # label, model, dtype, batches, extra flags
     --warmup 5 ${5:-} 2>&1 | grep -E "batch|layout|applied|cuda_graph|error|FAIL|profile|class" |
     tee -a "$log" || status=1
 }
+quick=${QUICK:-0}
 for layouts in off on; do
   ours "R50 bf16 graphs layouts=$layouts" rtdetr_r50vd bfloat16 1,32 "--cuda-graph --layouts $layouts"
+  ours "R50 bf16 eager profile layouts=$layouts" rtdetr_r50vd bfloat16 32 "--layouts $layouts --profile"
+  if [ "$quick" = 1 ] && [ "$layouts" = off ]; then continue; fi
   ours "R18 bf16 graphs layouts=$layouts" rtdetr_r18vd bfloat16 1,32 "--cuda-graph --layouts $layouts"
   ours "R50 fp32 (TF32 off) layouts=$layouts" rtdetr_r50vd float32 32 "--layouts $layouts"
-  ours "R50 bf16 eager profile layouts=$layouts" rtdetr_r50vd bfloat16 32 "--layouts $layouts --profile"
 done
 if [ "${SKIP_ANCHORS:-0}" != 1 ]; then
-  for m in rtdetr_r50vd rtdetr_r18vd; do
+  models="rtdetr_r50vd rtdetr_r18vd" modes=eager_fp32,eager_bf16_cl,compile_bf16_cl
+  [ "$quick" = 1 ] && models=rtdetr_r50vd modes=eager_bf16_cl,compile_bf16_cl
+  for m in $models; do
     echo "== anchors: $m" | tee -a "$log"
-    timeout 420 python3 tools/bench_models/anchors.py "$ckpt/$m" --batch 1,32 \
-      --modes eager_fp32,eager_bf16_cl,compile_bf16_cl 2>&1 | grep -E "^anchor|Error" |
-      tee -a "$log" || status=1
+    timeout 420 python3 tools/bench_models/anchors.py "$ckpt/$m" --batch 32,1 --modes "$modes" \
+      2>&1 | grep -E "^anchor|Error" | tee -a "$log" || status=1
   done
 fi
 exit $status

@@ -34,6 +34,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/registry.h"
 #include "models/layers/attention.h"
 #include "models/swin/windows.h"
 
@@ -427,10 +428,15 @@ std::vector<Row> bench_shape(const Shape& s, at::ScalarType dt) {
                     b, "(d) broadcast mask, one backend"});
     }
   }
+  // What a fused module runs: the `attention` slot bound for a model on this device.
+  kernels::BindContext context;
+  context.device = q.is_cuda() ? kernels::BindContext::Device::cuda
+                               : kernels::BindContext::Device::cpu;
+  const auto handle = kernels::Registry::process_default().bind(kernels::kAttention, context);
   vs.push_back({"policy(fused_attn=true)",
-                [&] {
-                  return layers::dot_product_attention(q, k, v, bias_dt, scale, true, false,
-                                                       bias_windows);
+                [=] {
+                  return kernels::attention(handle, true, q, k, v, bias_dt,
+                                            {scale, false, bias_windows});
                 },
                 {},
                 "",
