@@ -6,7 +6,9 @@
 // graph, the graph is replayed R times between two CUDA events, time per call = elapsed / (N * R);
 // warm clocks (warm-up replays first), inputs resident in L2 when they fit ("warm"). The "cold"
 // figure adds an L2 flush (a 256 MB memset) before every call inside the graph and subtracts the
-// flush's own time measured alone. Usage: bench_kernels [--json FILE]
+// flush's own time measured alone.
+//
+// Usage: bench_kernels [--json FILE]
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <ATen/cuda/CUDAEvent.h>
