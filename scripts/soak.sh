@@ -13,7 +13,8 @@
 #   SOAK_STEP=60 SOAK_SAMPLE=5 SOAK_MODEL=rtdetr_tiny (a folder of tests/fixtures/models)
 #   SOAK_IMAGE=tests/fixtures/images/astronaut.jpg SOAK_OUT=(a new /tmp folder: rss.csv,
 #   steps.csv, server.log, summary.md) SOAK_MAX_GROWTH_MB (unset: report only; set: exit 1 when
-#   the second half grew more than this) SOAK_SERVING_YAML (the model's serving.yaml; default
+#   the second half grew more than this) SOAK_IDLE=30 (seconds without load before the last RSS
+#   sample) SOAK_MAX_IDLE_MB (unset: report only; set: exit 1 above it) SOAK_SERVING_YAML (the model's serving.yaml; default
 #   "warmup: false"). MALLOC_ARENA_MAX and the like reach the daemon unchanged.
 # Exit: 0 done (and within SOAK_MAX_GROWTH_MB), 1 the bound was exceeded or the daemon died, 2 setup.
 set -euo pipefail
@@ -111,11 +112,17 @@ kill -0 "$daemon" 2>/dev/null || { echo "soak: the daemon died" >&2; exit 1; }
 echo "$(($(date +%s) - t0)),$(rss_kb),$(ls "/proc/$daemon/task" | wc -l)" >>"$out/rss.csv"
 kill "$sampler" 2>/dev/null || true
 sampler=
+# Idle: what the daemon keeps once the load is gone (freed memory returned to the kernel or not).
+idle=${SOAK_IDLE:-30}
+sleep "$idle"
+idle_mb=$(($(rss_kb) / 1024))
+echo "soak: RSS $idle_mb MB after $idle s without load"
 
 # Summary over the samples taken after the first step (start-up and the first allocations).
-"$venv/bin/python" - "$out" "$done_requests" "$errors_total" "$concurrency" "$step" "${SOAK_MAX_GROWTH_MB:-}" <<'PY'
+"$venv/bin/python" - "$out" "$done_requests" "$errors_total" "$concurrency" "$step" "${SOAK_MAX_GROWTH_MB:-}" "$idle_mb" "${SOAK_MAX_IDLE_MB:-}" <<'PY'
 import csv, sys
 out, requests, errors, conc, step, bound = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], float(sys.argv[5]), sys.argv[6]
+idle_mb, idle_bound = int(sys.argv[7]), sys.argv[8]
 rows = [(float(r["t_s"]), int(r["rss_kb"]) / 1024) for r in csv.DictReader(open(f"{out}/rss.csv")) if int(r["rss_kb"]) > 0]
 threads = max(int(r["threads"]) for r in csv.DictReader(open(f"{out}/rss.csv")))
 end = rows[-1][0]
@@ -134,13 +141,19 @@ q3 = [v for t, v in half if t < end * 0.75] or [half[0][1]]
 q4 = [v for t, v in half if t >= end * 0.75] or [half[-1][1]]
 growth = median(q4) - median(q3)
 text = (f"| {end/60:.1f} min | {conc} | {requests} | {errors} | {after[0][1]:.0f} | {half[0][1]:.0f} | "
-        f"{rows[-1][1]:.0f} | {max(v for _, v in rows):.0f} | {growth:+.1f} | {slope(half):+.1f} | {threads} |")
+        f"{rows[-1][1]:.0f} | {max(v for _, v in rows):.0f} | {growth:+.1f} | {slope(half):+.1f} | {threads} | {idle_mb} |")
 header = ("| ran | concurrency | requests OK | errors | RSS after first step (MB) | RSS at half time (MB) | "
-          "RSS at end (MB) | peak (MB) | second-half growth (MB) | second-half slope (MB/h) | most threads |\n"
-          "|---|---|---|---|---|---|---|---|---|---|---|")
+          "RSS at end (MB) | peak (MB) | second-half growth (MB) | second-half slope (MB/h) | most threads | "
+          "RSS idle after (MB) |\n"
+          "|---|---|---|---|---|---|---|---|---|---|---|---|")
 open(f"{out}/summary.md", "w").write(header + "\n" + text + "\n")
 print(header); print(text)
+failed = False
 if bound and growth > float(bound):
     print(f"soak: RSS grew {growth:.1f} MB in the second half, above the bound of {bound} MB")
-    sys.exit(1)
+    failed = True
+if idle_bound and idle_mb > float(idle_bound):
+    print(f"soak: RSS {idle_mb} MB without load, above the bound of {idle_bound} MB")
+    failed = True
+sys.exit(1 if failed else 0)
 PY
