@@ -123,6 +123,8 @@ class EdgeServing : public ::testing::Test {
     add_fake_model(*repo_, "fake", "");
     add_fake_model(*repo_, "fake_k2", "top_k: 2\n");
     add_fixture_model(*repo_, "vit_k2", "vit_tiny", "warmup: false\ntop_k: 2\n");
+    add_fake_model(*repo_, "fake_window",
+                   "max_batch_size: 4\nmax_queue_delay_microseconds: 600000\nmax_queue_size: 8\n");
     daemon_ = new Daemon(loopback_config(*repo_), fake_or_real());
     daemon_->start();
     address_ = new std::string("127.0.0.1:" + std::to_string(daemon_->grpc_port()));
@@ -221,6 +223,25 @@ TEST_F(EdgeServing, HugeModelNameIsNotFoundWithTheNameClipped) {
   EXPECT_EQ(in.message.substr(0, 18), "unexpected input '");
   EXPECT_EQ(in.message.size(), 2048u + std::string("... (15076 bytes, clipped)").size());
   EXPECT_EQ(in.message.substr(2048), "... (15076 bytes, clipped)");
+}
+
+TEST_F(EdgeServing, RequestCancelledWhileItsBatchWindowIsOpenLeavesTheModelServing) {
+  // The only queued request leads a 600 ms batching window and its 100 ms deadline passes inside
+  // it: Batcher::cancel takes it out of the queue while the worker waits. The worker then read
+  // front() of the empty queue (undefined behaviour: the daemon died with "Promise already
+  // satisfied" in the peers' deadline test).
+  rpc::Client c(*address_);
+  const auto jpg = rpc::pack_bytes({read_file(kFixtures + "/images/coffee.jpg")});
+  const std::string req =
+      "model_name: \"fake_window\" inputs { name: \"images\" datatype: \"BYTES\" shape: 1 }";
+  for (int i = 0; i < 3; ++i) {
+    const auto late = c.infer(req, {jpg}, 0.1);
+    EXPECT_EQ(late.code, Code::deadline_exceeded) << late.message;
+    std::this_thread::sleep_for(std::chrono::milliseconds(700));  // the window closes empty
+    const auto ok = c.infer(req, {jpg}, 10.0);
+    ASSERT_TRUE(ok.ok()) << i << ": " << ok.message;
+    EXPECT_EQ(values<int32_t>(ok.output("num_detections").data), std::vector<int32_t>{4});
+  }
 }
 
 // ---- item 7: relative paths of a configuration file -----------------------------------------
