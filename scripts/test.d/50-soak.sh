@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # A few minutes of scripts/soak.sh (concurrency 64 on the tiny RT-DETR) with two bounds:
 # - RSS 30 s after the load stopped: at most SOAK_CI_MAX_IDLE_MB (default 900). Without the
-#   daemon's malloc settings (2 arenas, malloc_trim every 10 s: server/main.cpp) glibc kept what
-#   the load freed: 1365 MB idle after 2 minutes, against 637 MB with them (docs/SOAK.md).
+#   daemon's malloc settings (2 arenas, malloc_trim once idle: server/main.cpp) glibc kept what
+#   the load freed: 1365 MB idle after 2 minutes, against 633 MB with them (docs/SOAK.md).
 # - RSS growth over the second half: at most SOAK_CI_MAX_GROWTH_MB (default 200; the noise of
 #   the median between two minutes at this load is about +-100 MB on 2 cores). Catches a gross
 #   per-request leak (an image or a tensor kept per request grows by MB per second), not a slow
