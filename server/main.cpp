@@ -74,10 +74,10 @@ void block_stop_signals(int, char**, char**) {
 /// glibc malloc arenas for a daemon of many threads (gRPC handlers up to
 /// server.max_concurrent_rpcs, the preprocessing pool, the batchers). glibc gives threads that
 /// contend for malloc up to 8 arenas per core, each keeping its own freed memory: on the 2-core
-/// soak at concurrency 64 (docs/SOAK.md) 20 arena heaps held ~450 MB, and RSS plateaued about
-/// 300 MB higher than with 2 arenas at the same throughput; on a 64-core host the default allows
-/// 512. Two arenas unless the operator chose (MALLOC_ARENA_MAX or GLIBC_TUNABLES, which glibc reads
-/// itself). Runs from the pre-init array, before any library's initialiser starts a thread.
+/// soak at concurrency 64 (docs/SOAK.md) 24 arena heaps held 700 MB and RSS plateaued ~230 MB
+/// higher than with 2 arenas at the same throughput; on a 64-core host the default allows 512. Two
+/// arenas unless the operator chose (MALLOC_ARENA_MAX or GLIBC_TUNABLES, which glibc reads itself).
+/// Runs from the pre-init array, before any library's initialiser starts a thread.
 void limit_malloc_arenas(int, char**, char**) {
   if (std::getenv("MALLOC_ARENA_MAX") != nullptr || std::getenv("GLIBC_TUNABLES") != nullptr)
     return;
@@ -251,7 +251,7 @@ int main(int argc, char** argv) {
   }
   // Freed memory back to the kernel once the daemon is idle: glibc keeps what a load freed (at
   // concurrency 64, 2 arenas held ~330 MB free of 886 MB; 30 s after a load RSS was still 1365
-  // MB, 637 MB with a trim: docs/SOAK.md), so RSS only went up from run to run. Checked every 5 s;
+  // MB, 633 MB with this: docs/SOAK.md), so RSS only went up from run to run. Checked every 5 s;
   // idle = the process used under 5% of one core meanwhile, so a busy daemon never pays for the
   // page faults that follow a trim. malloc_trim(0) releases the free pages of every arena
   // (madvise), not only the heap's top; when nothing was freed it is a cheap walk.
