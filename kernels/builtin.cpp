@@ -1,7 +1,12 @@
+// The process registry's built-in content and the start-up that applies the policy to it.
 #include <sstream>
 
+#include "kernels/attention/dot_product_attention.h"
+#include "kernels/attention/ms_deform_attn.h"
+#include "kernels/conv/conv2d_bias_act.h"
 #include "kernels/hub/provider.h"
 #include "kernels/kernels.h"
+#include "kernels/quant/fake_quant_fp8.h"
 #include "log/log.h"
 
 namespace libreyolo::kernels {
@@ -9,26 +14,28 @@ namespace libreyolo::kernels {
 #ifdef LIBREYOLO_WITH_CUDA
 // Defined by the CUDA sources (kernels/*/cuda/): registers every `cuda` implementation.
 void register_cuda_kernels(Registry& registry);
+bool cuda_device_usable();
 #endif
 
 // Defined next to each op.
 void register_fake_quant_fp8_reference(Registry& registry);
+void register_attention_implementations(Registry& registry);
 
-Registry& Registry::global() {
+Registry& Registry::process_default() {
   static Registry* registry = [] {
     auto* r = new Registry();  // never destroyed: kernels may run during static destruction
-    const Environment env = process_environment();
-    register_references(*r);
-    add_builtin_providers(*r, env);
-    r->set_filter(policy_from_environment(env).filter());
+    register_builtin_slots(*r);
+    if (auto cuda = make_cuda_provider()) r->add_provider(std::move(cuda));
     return r;
   }();
   return *registry;
 }
 
-void register_references(Registry& registry) {
-  registry.declare_slot("ms_deform_attn");  // no reference: callers keep the portable path
+void register_builtin_slots(Registry& registry) {
+  registry.declare(kMsDeformAttn);   // no reference: callers keep the portable path
+  registry.declare(kConv2dBiasAct);  // no reference: conv2d_bias_act_portable
   register_fake_quant_fp8_reference(registry);
+  register_attention_implementations(registry);
 }
 
 bool built_with_cuda() {
@@ -39,31 +46,45 @@ bool built_with_cuda() {
 #endif
 }
 
-void add_builtin_providers(Registry& registry, const Environment& env) {
+namespace {
+
 #ifdef LIBREYOLO_WITH_CUDA
-  registry.add_provider({"cuda", [](Registry& r) { register_cuda_kernels(r); }});
-#endif
-  auto it = env.find("LIBREYOLO_KERNEL_PLUGINS");
-  if (it != env.end() && !it->second.empty()) {
-    const std::string paths = it->second;
-    registry.add_provider({"plugins", [paths](Registry& r) { load_plugins(r, paths); }});
+class CudaProvider : public Provider {
+ public:
+  std::string name() const override { return "cuda"; }
+  const char* unavailable() const override {
+    return cuda_device_usable() ? nullptr : "no usable CUDA device";
   }
-  // "hub" (kernels/hub/provider.h): kernels-hub builds pinned in kernels.lock. Its settings are
-  // the policy's once initialize() stored them, else the environment's. The registry never runs
-  // it when the filter disables "hub" (hub_kernels: off, LIBREYOLO_HUB_KERNELS=0).
-  registry.add_provider(hub::make_provider([env] {
+  void load(Registry& registry) override { register_cuda_kernels(registry); }
+};
+#endif
+
+}  // namespace
+
+std::shared_ptr<Provider> make_cuda_provider() {
+#ifdef LIBREYOLO_WITH_CUDA
+  return std::make_shared<CudaProvider>();
+#else
+  return nullptr;
+#endif
+}
+
+void apply_policy(Registry& registry, const Policy& policy) {
+  if (!policy.plugins.value.empty() && !registry.has_provider("plugins"))
+    registry.add_provider(make_plugins_provider(policy.plugins.value));
+  if (!registry.has_provider(hub::kProviderName)) {
     hub::ProviderOptions options;
-    auto stored = hub::process_settings();
-    options.settings = stored ? *stored : policy_from_environment(env).hub;
-    return options;
-  }));
+    options.settings = policy.hub;
+    registry.add_provider(hub::make_provider(std::move(options)));
+  }
+  registry.set_filter(policy.filter());
+  registry.resolve();
+  check_names(policy, registry);
 }
 
 void initialize(const Policy& policy) {
-  auto& r = Registry::global();
-  hub::set_process_settings(policy.hub);  // before the resolve that runs the hub provider
-  r.set_filter(policy.filter());
-  r.resolve();
+  auto& r = Registry::process_default();
+  apply_policy(r, policy);
   log::info("kernel policy:\n" + policy.describe());
   log::info("kernel slots:\n" + format_table(r.report()));
 }

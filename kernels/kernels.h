@@ -1,6 +1,8 @@
-// Start-up of the process registry: built-in references and providers, policy, one resolution.
+// Start-up of the process registry: built-in slots and references, the providers, the policy,
+// one resolution.
 #pragma once
 
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -9,20 +11,29 @@
 
 namespace libreyolo::kernels {
 
-/// Registers the references of every slot that has one (called once by Registry::global()).
-void register_references(Registry& registry);
+/// Declares every built-in slot (ms_deform_attn, fake_quant_fp8, attention, conv2d_bias_act) and
+/// registers the references of those that have one. Called once for Registry::process_default();
+/// tests call it on their own registries.
+void register_builtin_slots(Registry& registry);
 
-/// Adds the accelerated providers compiled into this build: "cuda" when built with CUDA,
-/// "plugins" (LIBREYOLO_KERNEL_PLUGINS of `env`), and later "hub".
-void add_builtin_providers(Registry& registry, const Environment& env);
+/// The in-tree CUDA kernels as a provider ("cuda"), or null in a build without them. The
+/// provider is unavailable (not loaded) when no CUDA device is usable.
+std::shared_ptr<Provider> make_cuda_provider();
 
-/// dlopen()s every path of a ':'-separated list; each library registers its implementations
-/// from static initialisers. A missing or broken library is logged (warning), recorded as a
-/// fallback event (slot "*", impl "plugin:<path>") and skipped. Returns how many loaded.
-int load_plugins(Registry& registry, const std::string& paths);
+/// The `plugins` provider: dlopen()s every path of a ':'-separated list and calls each library's
+/// `extern "C" void libreyolo_register_kernels(libreyolo::kernels::Registry&)` with the registry
+/// that loads it (the plugin ABI; tests/plugin/test_plugin.cpp is an example). A missing or
+/// broken library, or one without that function, is logged (warning), recorded as a fallback
+/// event (slot "*", impl "plugin:<path>") and skipped.
+std::shared_ptr<Provider> make_plugins_provider(std::string paths);
 
-/// Applies `policy` to Registry::global(), resolves every slot once and logs the policy and the
-/// resolved table. Call once at start-up, before serving.
+/// What initialize() applies to a registry: the policy's filter, the providers the policy asks
+/// for (plugins, hub with the policy's settings) unless present, one resolution, and the name
+/// check (check_names). Throws PolicyError for a name nothing declares or provides.
+void apply_policy(Registry& registry, const Policy& policy);
+
+/// apply_policy(Registry::process_default(), policy), then logs the policy and the resolved
+/// table. Call once at start-up, before loading models.
 void initialize(const Policy& policy);
 
 /// The resolved table as text: per slot the selection and every candidate with eligibility,

@@ -89,6 +89,33 @@ std::optional<int> tri_state(const std::string& raw) {
   return std::nullopt;
 }
 
+// `slots: {<slot>: {allow: [names]}}` (whether each slot exists is check_names()'s question:
+// the registry declares slots).
+void parse_slots(const YAML::Node& v, const std::string& file,
+                 std::map<std::string, Setting<std::vector<std::string>>>& out) {
+  if (v.IsNull()) return;
+  if (!v.IsMap()) fail(file, v, "kernels.slots must be a mapping of slot name to settings");
+  for (const auto& s : v) {
+    const std::string slot = s.first.Scalar();
+    if (!s.second.IsMap()) fail(file, s.second, "kernels.slots." + slot + " must be a mapping");
+    for (const auto& sk : s.second) {
+      if (sk.first.Scalar() != "allow") {
+        fail(file, sk.first,
+             "unknown key kernels.slots." + slot + "." + sk.first.Scalar() + " (expected allow)");
+      }
+      if (!sk.second.IsSequence()) {
+        fail(file, sk.second, "kernels.slots." + slot + ".allow must be a list of names");
+      }
+      std::vector<std::string> names;
+      for (const auto& n : sk.second) {
+        if (!n.IsScalar()) fail(file, n, "kernels.slots." + slot + ".allow: names must be strings");
+        names.push_back(normalize(n.Scalar()));
+      }
+      out[slot] = {names, Source::file, where(file, s.first)};  // errors name the slot's key
+    }
+  }
+}
+
 void apply_environment(const Environment& env, Policy& p) {
   auto get = [&](const char* name) -> std::optional<std::string> {
     auto it = env.find(name);
@@ -115,8 +142,14 @@ void apply_environment(const Environment& env, Policy& p) {
       throw PolicyError("LIBREYOLO_LAYOUTS must be default, on or off, got '" + *layouts + "'");
     p.layouts = {static_cast<LayoutMode>(*t), Source::environment, "LIBREYOLO_LAYOUTS"};
   }
-  if (auto hub = get("LIBREYOLO_HUB_KERNELS")) {
+  if (auto hub = get("LIBREYOLO_HUB_KERNELS"); hub && !normalize(*hub).empty()) {
+    if (!is_falsy(*hub) && !is_truthy(*hub))
+      throw PolicyError("LIBREYOLO_HUB_KERNELS must be on or off (1/0, true/false, yes/no), got '" +
+                        *hub + "'");
     p.hub_kernels = {!is_falsy(*hub), Source::environment, "LIBREYOLO_HUB_KERNELS"};
+  }
+  if (auto plugins = get("LIBREYOLO_KERNEL_PLUGINS"); plugins && !plugins->empty()) {
+    p.plugins = {*plugins, Source::environment, "LIBREYOLO_KERNEL_PLUGINS"};
   }
   if (auto off = get("HF_HUB_OFFLINE")) {
     const std::string v = normalize(*off);
@@ -211,10 +244,57 @@ bool is_falsy(const std::string& value) {
   return v == "0" || v == "false" || v == "off" || v == "no";
 }
 
-const std::set<std::string>& known_slots() {
-  static const std::set<std::string> slots = {"ms_deform_attn", "fake_quant_fp8", "fp8_gemm",
-                                              "attention"};
-  return slots;
+bool is_truthy(const std::string& value) {
+  const std::string v = normalize(value);
+  return v == "1" || v == "true" || v == "on" || v == "yes";
+}
+
+namespace {
+
+std::string prefix(Source source, const std::string& origin) {
+  if (origin.empty()) return std::string(source_name(source)) + ": ";
+  return origin + ": ";
+}
+
+std::string listed(const std::vector<std::string>& names) {
+  std::string out;
+  for (const auto& n : names) out += (out.empty() ? "" : ", ") + n;
+  return out;
+}
+
+}  // namespace
+
+void check_names(const std::map<std::string, Setting<std::vector<std::string>>>& slot_allow,
+                 const Registry& registry) {
+  const auto slots = registry.declared_slots();
+  const auto names = registry.known_names();
+  for (const auto& [slot, allow] : slot_allow) {
+    if (std::find(slots.begin(), slots.end(), slot) == slots.end()) {
+      throw PolicyError(prefix(allow.source, allow.origin) + "unknown slot '" + slot +
+                        "' in kernels.slots (declared: " + listed(slots) + ")");
+    }
+    for (const auto& n : allow.value) {
+      if (!names.count(n)) {
+        throw PolicyError(prefix(allow.source, allow.origin) + "kernels.slots." + slot +
+                          ".allow: unknown implementation '" + n +
+                          "' (known: " + listed({names.begin(), names.end()}) + ")");
+      }
+    }
+  }
+}
+
+void check_names(const Policy& policy, const Registry& registry) {
+  const std::string& s = policy.selection.value;
+  if (s != "auto" && s != "off" && s != "reference" && !s.empty()) {
+    const auto names = registry.known_names();
+    if (!names.count(s)) {
+      throw PolicyError(prefix(policy.selection.source, policy.selection.origin) +
+                        "kernels.selection: unknown implementation '" + s +
+                        "' (expected auto, off, reference or one of: " +
+                        listed({names.begin(), names.end()}) + ")");
+    }
+  }
+  check_names(policy.slot_allow, registry);
 }
 
 Environment process_environment() {
@@ -270,36 +350,7 @@ Policy parse_policy(const YAML::Node& kernels, const std::string& file, const En
         if (!t) fail(file, v, "kernels.layouts must be default, on or off");
         p.layouts = {static_cast<LayoutMode>(*t), Source::file, where(file, v)};
       } else if (key == "slots") {
-        if (v.IsNull()) continue;
-        if (!v.IsMap()) fail(file, v, "kernels.slots must be a mapping of slot name to settings");
-        for (const auto& s : v) {
-          const std::string slot = s.first.Scalar();
-          if (!known_slots().count(slot)) {
-            std::string names;
-            for (const auto& k : known_slots()) names += (names.empty() ? "" : ", ") + k;
-            fail(file, s.first,
-                 "unknown slot '" + slot + "' in kernels.slots (known: " + names + ")");
-          }
-          if (!s.second.IsMap())
-            fail(file, s.second, "kernels.slots." + slot + " must be a mapping");
-          for (const auto& sk : s.second) {
-            if (sk.first.Scalar() != "allow") {
-              fail(file, sk.first,
-                   "unknown key kernels.slots." + slot + "." + sk.first.Scalar() +
-                       " (expected allow)");
-            }
-            if (!sk.second.IsSequence()) {
-              fail(file, sk.second, "kernels.slots." + slot + ".allow must be a list of names");
-            }
-            std::vector<std::string> names;
-            for (const auto& n : sk.second) {
-              if (!n.IsScalar())
-                fail(file, n, "kernels.slots." + slot + ".allow: names must be strings");
-              names.push_back(normalize(n.Scalar()));
-            }
-            p.slot_allow[slot] = {names, Source::file, where(file, sk.second)};
-          }
-        }
+        parse_slots(v, file, p.slot_allow);
       } else if (key == "hub") {
         parse_hub(v, file, p.hub);
       } else {
@@ -311,6 +362,32 @@ Policy parse_policy(const YAML::Node& kernels, const std::string& file, const En
   }
   apply_environment(env, p);
   return p;
+}
+
+ModelKernelPolicy parse_model_kernels(const YAML::Node& kernels, const std::string& file) {
+  ModelKernelPolicy out;
+  if (!kernels || kernels.IsNull()) return out;
+  if (!kernels.IsMap()) fail(file, kernels, "kernels must be a mapping");
+  for (const auto& kv : kernels) {
+    const std::string key = kv.first.Scalar();
+    const YAML::Node& v = kv.second;
+    if (key == "slots") {
+      parse_slots(v, file, out.slot_allow);
+    } else if (key == "layouts") {
+      auto t = v.IsScalar() ? tri_state(v.Scalar()) : std::nullopt;
+      if (!t) fail(file, v, "kernels.layouts must be default, on or off");
+      out.layouts = Setting<LayoutMode>{static_cast<LayoutMode>(*t), Source::file, where(file, v)};
+    } else {
+      fail(file, kv.first, "unknown key kernels." + key + " (expected slots, layouts)");
+    }
+  }
+  return out;
+}
+
+SlotAllow ModelKernelPolicy::allow() const {
+  SlotAllow out;
+  for (const auto& [slot, names] : slot_allow) out[slot] = names.value;
+  return out;
 }
 
 Policy load_policy_file(const std::string& file, const Environment& env) {

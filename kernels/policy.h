@@ -4,6 +4,7 @@
 #pragma once
 
 #include <map>
+#include <optional>
 #include <set>
 #include <stdexcept>
 #include <string>
@@ -72,6 +73,9 @@ struct Policy {
   /// Per slot: allowed implementation names (`slots: {ms_deform_attn: {allow: [cuda, hub]}}`).
   std::map<std::string, Setting<std::vector<std::string>>> slot_allow;
   HubSettings hub;
+  /// LIBREYOLO_KERNEL_PLUGINS: ':'-separated shared libraries for the `plugins` provider
+  /// (environment only).
+  Setting<std::string> plugins;
 
   /// The registry filter this policy means.
   Filter filter() const;
@@ -80,10 +84,11 @@ struct Policy {
 };
 
 /// Environment variables as read once at start-up (name -> value). Only passed around, never
-/// read implicitly below the programs' main(), so tests can give any environment.
+/// read implicitly below the programs' main() (process_environment() is their one reader), so
+/// tests can give any environment.
 using Environment = std::map<std::string, std::string>;
 
-/// The LIBREYOLO_*, HF_* and KERNELS_* variables of this process.
+/// The LIBREYOLO_*, HF_* and KERNELS_* variables of this process. Called by main() only.
 Environment process_environment();
 
 /// A policy error; what() is "FILE:LINE:COLUMN: message" when the value came from a file.
@@ -96,22 +101,47 @@ class PolicyError : public std::runtime_error {
 /// prefix of every configuration error (policy, server config, serving.yaml).
 std::string yaml_location(const std::string& file, const YAML::Node& node);
 
-/// Slots the policy may name (`slots:` keys). Unknown names are errors.
-const std::set<std::string>& known_slots();
-
 /// Trimmed, lower-cased copy (the normalisation applied to every environment value).
 std::string normalize(const std::string& value);
 
-/// True for "0", "false", "off", "no" after normalize(): LIBREYOLO_HUB_KERNELS disables.
+/// True for "0", "false", "off", "no" after normalize().
 bool is_falsy(const std::string& value);
+/// True for "1", "true", "on", "yes" after normalize().
+bool is_truthy(const std::string& value);
 
-/// Policy from the defaults and the environment only.
+/// Policy from the defaults and the environment only. Throws PolicyError naming the variable
+/// for a value it cannot mean (LIBREYOLO_HUB_KERNELS=maybe, LIBREYOLO_LAYOUTS=sometimes).
 Policy policy_from_environment(const Environment& env);
+
+/// Checks the names a policy uses against what `registry` declares and provides (after its
+/// providers loaded): every `slots:` key is a declared slot, every `allow:` entry and a
+/// `selection` name is a known implementation (Registry::known_names). Throws PolicyError
+/// prefixed with the value's origin ("FILE:LINE:COLUMN" or the variable's name), listing the
+/// known names. A typo never silently leaves only references.
+void check_names(const Policy& policy, const Registry& registry);
+
+/// The same check for one model's per-slot lists (serving.yaml `kernels.slots`).
+void check_names(const std::map<std::string, Setting<std::vector<std::string>>>& slot_allow,
+                 const Registry& registry);
 
 /// Policy from a `kernels:` YAML mapping (may be a null node: all defaults) read from `file`,
 /// then the environment. Throws PolicyError naming file, line and column for unknown keys,
 /// wrong types and unknown slots.
 Policy parse_policy(const YAML::Node& kernels, const std::string& file, const Environment& env);
+
+/// A model's own kernel settings: serving.yaml `kernels: {slots: {...}, layouts: ...}`.
+struct ModelKernelPolicy {
+  /// Per slot: allowed names, replacing the server's list for that slot.
+  std::map<std::string, Setting<std::vector<std::string>>> slot_allow;
+  /// Overrides the server's kernels.layouts for this model when set.
+  std::optional<Setting<LayoutMode>> layouts;
+  /// slot_allow without the sources (what Filter::overridden takes).
+  SlotAllow allow() const;
+};
+
+/// Parses a serving.yaml `kernels:` mapping (null: nothing set). Throws PolicyError naming
+/// FILE:LINE:COLUMN for unknown keys and wrong types (names are check_names()'s).
+ModelKernelPolicy parse_model_kernels(const YAML::Node& kernels, const std::string& file);
 
 /// Reads `file` (a whole server configuration) and parses its `kernels:` section.
 Policy load_policy_file(const std::string& file, const Environment& env);

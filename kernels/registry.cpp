@@ -1,6 +1,9 @@
 #include "kernels/registry.h"
 
+#include <cxxabi.h>
+
 #include <algorithm>
+#include <cstdlib>
 
 #include "log/log.h"
 
@@ -12,6 +15,7 @@ struct RegistryEntry {
   std::type_index signature;
   std::shared_ptr<void> fn;
   Predicate predicate;
+  Capability capability;
   std::atomic<bool> disabled{false};
   std::atomic<bool> predicate_warned{false};
   std::atomic<std::uint64_t> calls{0};
@@ -19,12 +23,20 @@ struct RegistryEntry {
   std::map<std::string, std::uint64_t> declined;
 
   RegistryEntry(std::string s, std::string n, std::type_index sig, std::shared_ptr<void> f,
-                Predicate p)
+                Predicate p, Capability c)
       : slot(std::move(s)),
         name(std::move(n)),
         signature(sig),
         fn(std::move(f)),
-        predicate(std::move(p)) {}
+        predicate(std::move(p)),
+        capability(std::move(c)) {}
+};
+
+/// A binding's own counters for one candidate (what /active shows per model).
+struct detail::BoundCandidate::Counters {
+  std::atomic<std::uint64_t> calls{0};
+  std::mutex decline_mutex;
+  std::map<std::string, std::uint64_t> declined;
 };
 
 namespace {
@@ -32,13 +44,43 @@ namespace {
 using EntryPtr = std::shared_ptr<Registry::Entry>;
 
 /// Immutable result of a resolution: per slot, the eligible entries in call order, plus the
-/// report of every candidate as it was when resolved.
+/// rejected ones with the reason.
 struct Snapshot {
   std::map<std::string, std::vector<EntryPtr>> order;
   std::map<std::string, std::vector<std::pair<EntryPtr, std::string>>> rejected;  // entry, reason
 };
 
+std::string demangle(const char* name) {
+  int status = 0;
+  char* out = abi::__cxa_demangle(name, nullptr, nullptr, &status);
+  std::string s = status == 0 && out ? out : name;
+  std::free(out);
+  return s;
+}
+
+void add_decline(std::mutex& m, std::map<std::string, std::uint64_t>& declined,
+                 const char* reason) {
+  std::lock_guard<std::mutex> lock(m);
+  ++declined[reason ? reason : "unspecified"];
+}
+
+class FunctionProvider : public Provider {
+ public:
+  FunctionProvider(std::string name, std::function<void(Registry&)> load)
+      : name_(std::move(name)), load_(std::move(load)) {}
+  std::string name() const override { return name_; }
+  void load(Registry& registry) override { load_(registry); }
+
+ private:
+  std::string name_;
+  std::function<void(Registry&)> load_;
+};
+
 }  // namespace
+
+std::shared_ptr<Provider> make_provider(std::string name, std::function<void(Registry&)> load) {
+  return std::make_shared<FunctionProvider>(std::move(name), std::move(load));
+}
 
 bool Filter::allows(const std::string& slot, const std::string& impl) const {
   if (impl == kReference) return true;
@@ -57,40 +99,72 @@ bool Filter::allows_provider(const std::string& provider) const {
   return disabled_providers.count(provider) == 0;
 }
 
+Filter Filter::overridden(const SlotAllow& model_allow) const {
+  Filter f = *this;
+  for (const auto& [slot, names] : model_allow) f.allow[slot] = names;
+  return f;
+}
+
 struct Registry::State {
-  mutable std::mutex mutex;                            // guards everything below
+  struct Declared {
+    std::type_index signature;
+    std::string type_name;
+  };
+  struct ProviderState {
+    std::shared_ptr<Provider> provider;
+    std::string state = "pending";
+    std::string detail;
+  };
+  mutable std::mutex mutex;  // guards everything below
+  std::map<std::string, Declared> declared;
   std::map<std::string, std::vector<EntryPtr>> slots;  // newest first
-  std::vector<Provider> providers;
-  std::set<std::string> providers_run;
+  std::vector<ProviderState> providers;
   Filter filter;
   std::shared_ptr<const Snapshot> snapshot;  // null = stale
   std::vector<FallbackEvent> events;
+  std::vector<std::weak_ptr<const detail::Binding>> bindings;
 };
 
 Registry::Registry() : state_(std::make_unique<State>()) {}
 Registry::~Registry() = default;
 
+void Registry::declare_entry(const std::string& slot, std::type_index signature,
+                             const char* type_name) {
+  if (slot.empty()) throw std::invalid_argument("declare: a slot needs a name");
+  std::lock_guard<std::mutex> lock(state_->mutex);
+  auto it = state_->declared.find(slot);
+  if (it != state_->declared.end()) {
+    if (it->second.signature != signature) {
+      throw std::logic_error("declare: slot '" + slot + "' is already declared as " +
+                             it->second.type_name + ", not " + demangle(type_name));
+    }
+    return;
+  }
+  state_->declared.emplace(slot, State::Declared{signature, demangle(type_name)});
+  state_->slots.emplace(slot, std::vector<EntryPtr>{});
+  state_->snapshot.reset();
+}
+
 void Registry::add_entry(const std::string& slot, const std::string& name,
-                         std::type_index signature, std::shared_ptr<void> fn, Predicate predicate) {
+                         std::type_index signature, std::shared_ptr<void> fn, Predicate predicate,
+                         Capability capability) {
   if (slot.empty() || name.empty()) {
     throw std::invalid_argument("register_impl: slot and implementation names must be non-empty");
   }
   std::lock_guard<std::mutex> lock(state_->mutex);
-  auto& list = state_->slots[slot];
-  for (const auto& e : list) {
-    if (e->signature != signature) {
-      throw std::logic_error("register_impl: implementation '" + name + "' of slot '" + slot +
-                             "' has a different signature than '" + e->name + "'");
-    }
+  auto it = state_->declared.find(slot);
+  if (it == state_->declared.end()) {
+    throw std::logic_error("register_impl: implementation '" + name + "' of slot '" + slot +
+                           "': the slot is not declared");
   }
-  list.insert(list.begin(),
-              std::make_shared<Entry>(slot, name, signature, std::move(fn), std::move(predicate)));
+  if (it->second.signature != signature) {
+    throw std::logic_error("register_impl: implementation '" + name + "' of slot '" + slot +
+                           "' does not have the slot's signature " + it->second.type_name);
+  }
+  auto& list = state_->slots[slot];
+  list.insert(list.begin(), std::make_shared<Entry>(slot, name, signature, std::move(fn),
+                                                    std::move(predicate), std::move(capability)));
   state_->snapshot.reset();
-}
-
-void Registry::declare_slot(const std::string& slot) {
-  std::lock_guard<std::mutex> lock(state_->mutex);
-  if (state_->slots.emplace(slot, std::vector<EntryPtr>{}).second) state_->snapshot.reset();
 }
 
 int Registry::unregister_impl(const std::string& slot, const std::string& name) {
@@ -107,10 +181,23 @@ int Registry::unregister_impl(const std::string& slot, const std::string& name) 
   return removed;
 }
 
-void Registry::add_provider(Provider provider) {
+void Registry::add_provider(std::shared_ptr<Provider> provider) {
+  if (!provider) throw std::invalid_argument("add_provider: null provider");
+  const std::string name = provider->name();
   std::lock_guard<std::mutex> lock(state_->mutex);
-  state_->providers.push_back(std::move(provider));
+  for (const auto& p : state_->providers) {
+    if (p.provider->name() == name)
+      throw std::logic_error("add_provider: a provider named '" + name + "' was already added");
+  }
+  state_->providers.push_back({std::move(provider)});
   state_->snapshot.reset();
+}
+
+bool Registry::has_provider(const std::string& name) const {
+  std::lock_guard<std::mutex> lock(state_->mutex);
+  for (const auto& p : state_->providers)
+    if (p.provider->name() == name) return true;
+  return false;
 }
 
 void Registry::set_filter(Filter filter) {
@@ -127,26 +214,42 @@ Filter Registry::filter() const {
 void Registry::resolve() {
   // 1. Providers: run outside the lock, since their loaders call register_impl.
   for (;;) {
-    std::optional<Provider> next;
+    std::shared_ptr<Provider> next;
+    size_t index = 0;
     {
       std::lock_guard<std::mutex> lock(state_->mutex);
       if (state_->snapshot) return;
-      for (const auto& p : state_->providers) {
-        if (!state_->providers_run.count(p.name) && state_->filter.allows_provider(p.name)) {
-          state_->providers_run.insert(p.name);
-          next = p;
-          break;
+      for (size_t i = 0; i < state_->providers.size(); ++i) {
+        auto& p = state_->providers[i];
+        if (p.state != "pending" && p.state != "disabled by policy") continue;
+        if (!state_->filter.allows_provider(p.provider->name())) {
+          p.state = "disabled by policy";
+          continue;
         }
+        if (const char* why = p.provider->unavailable()) {
+          p.state = "unavailable";
+          p.detail = why;
+          continue;
+        }
+        p.state = "loading";
+        next = p.provider;
+        index = i;
+        break;
       }
     }
     if (!next) break;
+    std::string failure;
     try {
       next->load(*this);
     } catch (const std::exception& e) {
-      record_event("*", next->name, std::string("provider failed to load: ") + e.what());
+      failure = e.what();
     } catch (...) {
-      record_event("*", next->name, "provider failed to load: unknown exception");
+      failure = "unknown exception";
     }
+    if (!failure.empty()) record_event("*", next->name(), "provider failed to load: " + failure);
+    std::lock_guard<std::mutex> lock(state_->mutex);
+    state_->providers[index].state = failure.empty() ? "loaded" : "failed";
+    state_->providers[index].detail = failure;
   }
 
   // 2. Predicates: evaluated outside the lock too (they may be slow or log).
@@ -210,30 +313,82 @@ std::optional<std::string> Registry::resolve(const std::string& slot) {
 
 std::vector<std::string> Registry::iter_impls(const std::string& slot) {
   std::vector<std::string> names;
-  for (const auto& e : candidates(slot, typeid(void))) {
-    if (!e->disabled.load()) names.push_back(e->name);
+  for (const auto& r : report()) {
+    if (r.slot != slot) continue;
+    for (const auto& c : r.candidates)
+      if (c.eligible) names.push_back(c.name);
   }
   return names;
 }
 
-std::vector<EntryPtr> Registry::candidates(const std::string& slot, std::type_index key) {
+std::shared_ptr<const detail::Binding> Registry::bind_entry(const std::string& slot,
+                                                            std::type_index signature,
+                                                            const BindContext& context,
+                                                            const Filter* model_filter) {
+  // Null only while registrations keep racing with resolution (never in the daemon, whose
+  // registrations end at start-up): the binding is then empty and the model runs portably.
   std::shared_ptr<const Snapshot> snap;
   for (int attempt = 0; attempt < 8 && !snap; ++attempt) {
     resolve();
     std::lock_guard<std::mutex> lock(state_->mutex);
     snap = state_->snapshot;
   }
-  if (!snap) {
-    // Registrations keep racing with resolution: fall back to an unfiltered view rather than
-    // spin. Cannot happen in the daemon (registration ends at start-up).
-    return {};
+  Filter process_filter;
+  {
+    std::lock_guard<std::mutex> lock(state_->mutex);
+    auto it = state_->declared.find(slot);
+    if (it == state_->declared.end())
+      throw std::logic_error("bind: slot '" + slot + "' is not declared");
+    if (it->second.signature != signature)
+      throw std::logic_error("bind: slot '" + slot + "' is declared as " + it->second.type_name +
+                             ", bound with another signature");
+    process_filter = state_->filter;
   }
-  auto it = snap->order.find(slot);
-  if (it == snap->order.end()) return {};
-  if (key != typeid(void) && !it->second.empty() && it->second.front()->signature != key) {
-    throw std::logic_error("slot '" + slot + "' called with a signature its implementations lack");
+  auto binding = std::make_shared<detail::Binding>();
+  binding->slot = slot;
+  binding->model = context.model;
+  binding->registry = this;
+  if (snap) {
+    const Filter& filter = model_filter ? *model_filter : process_filter;
+    for (const auto& [e, why] : snap->rejected.at(slot))
+      if (filter.allows(slot, e->name)) binding->rejected.emplace_back(e->name, why);
+    for (const auto& e : snap->order.at(slot)) {
+      if (!filter.allows(slot, e->name)) {
+        binding->rejected.emplace_back(e->name, "excluded by the model's policy");
+        continue;
+      }
+      if (e->disabled.load()) {
+        binding->rejected.emplace_back(e->name, "disabled after a runtime failure");
+        continue;
+      }
+      const char* incapable = nullptr;
+      if (e->capability) {
+        try {
+          incapable = e->capability(context);
+        } catch (...) {
+          incapable = "capability check threw";
+        }
+      }
+      if (incapable) {
+        binding->rejected.emplace_back(e->name, incapable);
+        continue;
+      }
+      binding->candidates.push_back(
+          {e, e->fn.get(), std::make_shared<detail::BoundCandidate::Counters>()});
+    }
+    // Excluded by the process policy: listed too, so a model's report is complete.
+    for (const auto& [e, why] : snap->rejected.at(slot))
+      if (!filter.allows(slot, e->name))
+        binding->rejected.emplace_back(
+            e->name, model_filter ? "excluded by the model's policy" : "excluded by policy");
   }
-  return it->second;
+  std::shared_ptr<const detail::Binding> out = binding;
+  std::lock_guard<std::mutex> lock(state_->mutex);
+  auto& live = state_->bindings;
+  live.erase(std::remove_if(live.begin(), live.end(), [](const auto& w) { return w.expired(); }),
+             live.end());
+  live.push_back(out);
+  return out;
 }
 
 std::map<std::string, std::string> Registry::active() {
@@ -246,15 +401,18 @@ std::vector<SlotReport> Registry::report() {
   resolve();
   std::shared_ptr<const Snapshot> snap;
   std::map<std::string, std::vector<EntryPtr>> slots;
+  std::map<std::string, std::string> signatures;
   {
     std::lock_guard<std::mutex> lock(state_->mutex);
     snap = state_->snapshot;
     slots = state_->slots;
+    for (const auto& [name, d] : state_->declared) signatures[name] = d.type_name;
   }
   std::vector<SlotReport> out;
   for (const auto& [slot, list] : slots) {
     SlotReport r;
     r.slot = slot;
+    r.signature = signatures[slot];
     r.selected = kUnavailable;
     for (const auto& e : list) {
       CandidateReport c;
@@ -292,6 +450,65 @@ std::vector<SlotReport> Registry::report() {
   return out;
 }
 
+std::vector<BindingReport> Registry::bindings() const {
+  std::vector<std::shared_ptr<const detail::Binding>> live;
+  {
+    std::lock_guard<std::mutex> lock(state_->mutex);
+    for (const auto& w : state_->bindings)
+      if (auto b = w.lock()) live.push_back(std::move(b));
+  }
+  std::vector<BindingReport> out;
+  for (const auto& b : live) {
+    BindingReport r;
+    r.model = b->model;
+    r.slot = b->slot;
+    r.selected = kUnavailable;
+    for (const auto& c : b->candidates) {
+      CandidateReport cr;
+      cr.name = c.entry->name;
+      cr.allowed = true;
+      cr.disabled = c.entry->disabled.load();
+      cr.eligible = !cr.disabled;
+      if (cr.disabled) cr.reason = "disabled after a runtime failure";
+      cr.calls = c.counters->calls.load();
+      {
+        std::lock_guard<std::mutex> lock(c.counters->decline_mutex);
+        cr.declined = c.counters->declined;
+      }
+      if (cr.eligible && r.selected == kUnavailable) r.selected = cr.name;
+      r.candidates.push_back(std::move(cr));
+    }
+    for (const auto& [name, why] : b->rejected) {
+      CandidateReport cr;
+      cr.name = name;
+      cr.reason = why;
+      cr.allowed = why.find("excluded by") == std::string::npos;
+      r.candidates.push_back(std::move(cr));
+    }
+    out.push_back(std::move(r));
+  }
+  std::sort(out.begin(), out.end(), [](const BindingReport& a, const BindingReport& b) {
+    return std::tie(a.model, a.slot) < std::tie(b.model, b.slot);
+  });
+  return out;
+}
+
+std::vector<std::string> Registry::declared_slots() const {
+  std::lock_guard<std::mutex> lock(state_->mutex);
+  std::vector<std::string> out;
+  for (const auto& [name, d] : state_->declared) out.push_back(name);
+  return out;
+}
+
+std::set<std::string> Registry::known_names() const {
+  std::lock_guard<std::mutex> lock(state_->mutex);
+  std::set<std::string> out{kReference};
+  for (const auto& [slot, list] : state_->slots)
+    for (const auto& e : list) out.insert(e->name);
+  for (const auto& p : state_->providers) out.insert(p.provider->name());
+  return out;
+}
+
 std::vector<FallbackEvent> Registry::events() const {
   std::lock_guard<std::mutex> lock(state_->mutex);
   return state_->events;
@@ -299,12 +516,19 @@ std::vector<FallbackEvent> Registry::events() const {
 
 std::vector<std::string> Registry::loaded_providers() const {
   std::lock_guard<std::mutex> lock(state_->mutex);
-  return {state_->providers_run.begin(), state_->providers_run.end()};
+  std::vector<std::string> out;
+  for (const auto& p : state_->providers)
+    if (p.state == "loaded" || p.state == "failed") out.push_back(p.provider->name());
+  std::sort(out.begin(), out.end());
+  return out;
 }
 
-const void* Registry::function_of(const Entry& entry) { return entry.fn.get(); }
-
-bool Registry::is_disabled(const Entry& entry) { return entry.disabled.load(); }
+std::vector<ProviderReport> Registry::providers() const {
+  std::lock_guard<std::mutex> lock(state_->mutex);
+  std::vector<ProviderReport> out;
+  for (const auto& p : state_->providers) out.push_back({p.provider->name(), p.state, p.detail});
+  return out;
+}
 
 namespace {
 thread_local CallRecording* t_recording = nullptr;  // innermost CallRecording of this thread
@@ -315,45 +539,58 @@ CallRecording::~CallRecording() { t_recording = outer_; }
 
 std::uint64_t RecordedCalls::total() const {
   std::uint64_t n = 0;
-  for (const auto& [entry, count] : counts_) n += count;
+  for (const auto& c : counts_) n += c.n;
   return n;
 }
 
 std::uint64_t RecordedCalls::of(const std::string& slot, const std::string& impl) const {
   std::uint64_t n = 0;
-  for (const auto& [entry, count] : counts_)
-    if (entry->slot == slot && entry->name == impl) n += count;
+  for (const auto& c : counts_)
+    if (c.entry->slot == slot && c.entry->name == impl) n += c.n;
   return n;
 }
 
-void Registry::count_call(const std::shared_ptr<Entry>& entry) {
-  entry->calls.fetch_add(1, std::memory_order_relaxed);
+bool detail::is_disabled(const BoundCandidate& c) {
+  return c.entry->disabled.load(std::memory_order_relaxed);
+}
+
+void detail::count_call(const BoundCandidate& c) {
+  c.entry->calls.fetch_add(1, std::memory_order_relaxed);
+  c.counters->calls.fetch_add(1, std::memory_order_relaxed);
   if (!t_recording) return;
   auto& counts = t_recording->calls_.counts_;
-  for (auto& [e, n] : counts)
-    if (e == entry) {
-      ++n;
+  for (auto& rc : counts)
+    if (rc.counters == c.counters) {
+      ++rc.n;
       return;
     }
-  counts.emplace_back(entry, 1);
+  counts.push_back({c.entry, c.counters, 1});
+}
+
+void detail::count_decline(const BoundCandidate& c, const char* reason) {
+  add_decline(c.entry->decline_mutex, c.entry->declined, reason);
+  add_decline(c.counters->decline_mutex, c.counters->declined, reason);
+}
+
+void detail::fail(const Binding& b, const BoundCandidate& c, const std::string& reason) {
+  if (b.registry) b.registry->disable(b.slot, *c.entry, reason, b.model);
 }
 
 void Registry::count_replayed(const RecordedCalls& calls) {
-  for (const auto& [entry, count] : calls.counts_)
-    entry->calls.fetch_add(count, std::memory_order_relaxed);
+  for (const auto& c : calls.counts_) {
+    c.entry->calls.fetch_add(c.n, std::memory_order_relaxed);
+    c.counters->calls.fetch_add(c.n, std::memory_order_relaxed);
+  }
 }
 
-void Registry::count_decline(Entry& entry, const char* reason) {
-  std::lock_guard<std::mutex> lock(entry.decline_mutex);
-  ++entry.declined[reason ? reason : "unspecified"];
-}
-
-void Registry::disable(const std::string& slot, Entry& entry, const std::string& reason) {
+void Registry::disable(const std::string& slot, Entry& entry, const std::string& reason,
+                       const std::string& model) {
   if (entry.disabled.exchange(true)) return;  // another thread got there first: one warning
   log::warn("kernel " + slot + "/" + entry.name +
-            " failed and is disabled for the rest of the process, falling back: " + reason);
+            " failed and is disabled for the rest of the process, falling back" +
+            (model.empty() ? "" : " (in model " + model + ")") + ": " + reason);
   std::lock_guard<std::mutex> lock(state_->mutex);
-  state_->events.push_back({slot, entry.name, reason, std::chrono::system_clock::now()});
+  state_->events.push_back({slot, entry.name, reason, std::chrono::system_clock::now(), model});
   state_->snapshot.reset();
 }
 
@@ -368,7 +605,7 @@ bool Registry::disable_impl(const std::string& slot, const std::string& impl,
       if (e->name == impl) hits.push_back(e);
     }
   }
-  for (const auto& e : hits) disable(slot, *e, reason);
+  for (const auto& e : hits) disable(slot, *e, reason, "");
   return !hits.empty();
 }
 
@@ -376,7 +613,7 @@ void Registry::record_event(const std::string& slot, const std::string& impl,
                             const std::string& reason) {
   log::warn("kernel " + slot + "/" + impl + ": " + reason);
   std::lock_guard<std::mutex> lock(state_->mutex);
-  state_->events.push_back({slot, impl, reason, std::chrono::system_clock::now()});
+  state_->events.push_back({slot, impl, reason, std::chrono::system_clock::now(), ""});
 }
 
 }  // namespace libreyolo::kernels

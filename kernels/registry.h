@@ -1,13 +1,17 @@
-// The kernel registry: op slots, their implementations, one resolution, fallbacks.
+// The kernel registry: typed op slots, their implementations, providers, one resolution, the
+// bindings models call through, fallbacks.
 //
-// Modelled on c10::Dispatcher (an op name, kernels per key, fallthrough) and ONNX Runtime's
-// execution providers (capability check, then fallback), with LibreYOLO's semantics
-// (shared/docs/research/libreyolo-kernels.md section 2): newest registration first, `reference`
-// last, predicates that throw are ineligible, runtime failures disable an implementation for the
-// rest of the process. Unlike LibreYOLO, the resolution cache is invalidated correctly: any
-// register/unregister/filter change drops the snapshot and the next resolve() rebuilds it.
+// Modelled on c10::Dispatcher (an op declared once with its schema, kernels registered against
+// it, OperatorHandle resolved once and called without lookups: torch/library.h,
+// ATen/core/dispatch/Dispatcher.h) and ONNX Runtime's execution providers (a capability check,
+// then fallback: IExecutionProvider::GetCapability), with LibreYOLO's semantics (docs/DESIGN.md
+// "Kernel registry"): newest registration first, `reference` last, predicates that throw are
+// ineligible, runtime failures disable an implementation for the rest of the process. Any
+// register/unregister/filter change drops the resolution snapshot and the next resolve()
+// rebuilds it; bindings made before keep the candidates they were bound to (models hold the
+// handles they were bound to) except that a disabled implementation is skipped everywhere.
 //
-// This header has no torch dependency: slots are typed by their C++ signature.
+// This header has no torch dependency: slots are typed by their C++ signature (kernels/slot.h).
 #pragma once
 
 #include <atomic>
@@ -23,8 +27,9 @@
 #include <string>
 #include <typeindex>
 #include <utility>
-#include <variant>
 #include <vector>
+
+#include "kernels/slot.h"
 
 namespace libreyolo::kernels {
 
@@ -33,20 +38,14 @@ inline constexpr const char* kReference = "reference";
 /// What active() reports for a slot with no eligible implementation.
 inline constexpr const char* kUnavailable = "unavailable";
 
-/// Returned by an implementation that does not handle this particular input (wrong device,
-/// dtype, layout). Not a failure: counted per reason, never warned, the next candidate runs.
-/// `reason` must be a string literal (it is stored, not copied).
-struct Decline {
-  const char* reason;
-};
-
-/// What an implementation returns: its result, or a Decline.
-template <class R>
-using Outcome = std::variant<R, Decline>;
-
-/// Zero-argument eligibility check, evaluated at resolution (not per call). May throw: a throw is
-/// logged once as a warning and counts as ineligible.
+/// Zero-argument eligibility check of the process (a driver, a device present), evaluated at
+/// resolution, not per call. May throw: a throw is logged once as a warning and counts as
+/// ineligible. What depends on the model (device, dtype) is a Capability (kernels/slot.h).
 using Predicate = std::function<bool()>;
+
+/// Per slot: the implementation names allowed (`slots: {ms_deform_attn: {allow: [cuda]}}`);
+/// `reference` is always allowed.
+using SlotAllow = std::map<std::string, std::vector<std::string>>;
 
 /// Which implementations the policy allows (built by policy.h from YAML and environment).
 struct Filter {
@@ -56,14 +55,17 @@ struct Filter {
     only_name,       ///< LIBREYOLO_KERNELS=<name>: that name plus `reference`
   };
   Mode mode = Mode::automatic;
-  std::string name;                                       ///< for only_name (lower case)
-  std::map<std::string, std::vector<std::string>> allow;  ///< per slot: allowed names (+reference)
-  std::set<std::string> disabled_providers;               ///< e.g. "hub" when hub_kernels is off
+  std::string name;                          ///< for only_name (lower case)
+  SlotAllow allow;                           ///< per slot: allowed names (+reference)
+  std::set<std::string> disabled_providers;  ///< e.g. "hub" when hub_kernels is off
 
   /// True when `impl` of `slot` passes this filter. `reference` always passes.
   bool allows(const std::string& slot, const std::string& impl) const;
   /// True when the named provider's loader may run.
   bool allows_provider(const std::string& provider) const;
+  /// This filter with a model's per-slot lists replacing the process's for those slots (the
+  /// mode and the providers stay the process's: a model cannot load what the process refused).
+  Filter overridden(const SlotAllow& model_allow) const;
 };
 
 /// One runtime failure (or provider failure) that disabled an implementation.
@@ -72,13 +74,14 @@ struct FallbackEvent {
   std::string impl;
   std::string reason;
   std::chrono::system_clock::time_point time;
+  std::string model;  ///< the model whose call failed ("" outside a model's binding)
 };
 
 /// State of one implementation of one slot, as reported by /active and the CLI.
 struct CandidateReport {
   std::string name;
   bool allowed = false;   ///< passes the policy filter
-  bool eligible = false;  ///< allowed, predicate true, not disabled
+  bool eligible = false;  ///< allowed, predicate (and capability, for a binding) true, not disabled
   std::string reason;     ///< why not eligible ("" when eligible)
   bool disabled = false;  ///< disabled by a runtime failure
   std::uint64_t calls = 0;
@@ -87,20 +90,46 @@ struct CandidateReport {
 
 struct SlotReport {
   std::string slot;
-  std::string selected;  ///< first eligible candidate, or kUnavailable
+  std::string signature;  ///< the declared C++ signature (demangled where possible)
+  std::string selected;   ///< first eligible candidate, or kUnavailable
   bool has_reference = false;
   std::vector<CandidateReport> candidates;  ///< newest first, i.e. in call order
 };
 
-/// A provider: a loader that registers implementations (in-tree CUDA, hub, plugins). Loaders
-/// run at most once, at the first resolve() whose filter allows them; a loader that throws is
-/// logged, recorded as a fallback event and never retried.
-struct Provider {
-  std::string name;
-  std::function<void(class Registry&)> load;
+/// One model's binding of one slot: what its handle calls, in order, with the model's own
+/// counters, and every implementation it does not call with the reason.
+struct BindingReport {
+  std::string model;
+  std::string slot;
+  std::string selected;                     ///< first candidate not disabled, or kUnavailable
+  std::vector<CandidateReport> candidates;  ///< bound (eligible) first, then the rejected ones
 };
 
-struct RegistryEntry;  // one registered implementation; defined in registry.cpp
+/// A provider of implementations (the in-tree `cuda` kernels, `hub` builds, plugins): an
+/// object with its own options (given at construction), a capability check and a loader.
+/// The registry runs load() at most once, at the first resolve() whose filter allows the
+/// provider and whose unavailable() is null; a load() that throws is logged, recorded as a
+/// fallback event and never retried.
+class Provider {
+ public:
+  virtual ~Provider() = default;
+  /// The name the policy uses ("cuda", "hub", "plugins").
+  virtual std::string name() const = 0;
+  /// Why this provider cannot load in this process (a string literal), or nullptr.
+  virtual const char* unavailable() const { return nullptr; }
+  /// Registers this provider's implementations into `registry`.
+  virtual void load(class Registry& registry) = 0;
+};
+
+/// A provider from a name and a loader (tests, small in-tree providers).
+std::shared_ptr<Provider> make_provider(std::string name, std::function<void(Registry&)> load);
+
+/// What happened to one provider.
+struct ProviderReport {
+  std::string name;
+  std::string state;   ///< "loaded" | "failed" | "unavailable" | "disabled by policy" | "pending"
+  std::string detail;  ///< the failure or the unavailability reason
+};
 
 /// Implementation calls made by one thread while a CallRecording lives on it. Work that runs
 /// again later without calling the slot (a replayed CUDA graph) is counted by passing this to
@@ -115,10 +144,16 @@ class RecordedCalls {
  private:
   friend class Registry;
   friend class CallRecording;
-  std::vector<std::pair<std::shared_ptr<RegistryEntry>, std::uint64_t>> counts_;
+  friend void detail::count_call(const detail::BoundCandidate&);
+  struct Count {
+    std::shared_ptr<RegistryEntry> entry;                        // process-wide counters
+    std::shared_ptr<detail::BoundCandidate::Counters> counters;  // the binding's (model's)
+    std::uint64_t n = 0;
+  };
+  std::vector<Count> counts_;
 };
 
-/// While alive, every call the calling thread makes through any Registry is also recorded here
+/// While alive, every call the calling thread makes through any Handle is also recorded here
 /// (nested recordings: the innermost records). Not copyable; not shared between threads.
 class CallRecording {
  public:
@@ -131,6 +166,7 @@ class CallRecording {
 
  private:
   friend class Registry;
+  friend void detail::count_call(const detail::BoundCandidate&);
   RecordedCalls calls_;
   CallRecording* outer_;
 };
@@ -142,32 +178,54 @@ class Registry {
   Registry(const Registry&) = delete;
   Registry& operator=(const Registry&) = delete;
 
-  /// The process registry, with the built-in references and providers installed and the filter
-  /// taken from the process environment (defined in kernels/builtin.cpp). The only global
-  /// mutable state of the project.
-  static Registry& global();
+  /// The process's registry: every built-in slot declared, the references registered and the
+  /// in-tree `cuda` provider added (kernels/builtin.cpp); its filter is the default (automatic)
+  /// until kernels::initialize(policy) applies the daemon's policy and adds the policy's
+  /// providers (hub, plugins). Never reads the environment. Programs use it explicitly (load
+  /// options name the registry a model binds from); tests use their own Registry instances.
+  static Registry& process_default();
 
-  /// Puts an implementation in front of the slot's list (newest wins). `fn` must be a
-  /// std::function<Outcome<R>(Args...)>; every implementation of a slot must have the same
-  /// signature (std::logic_error otherwise). Invalidates the resolution.
-  template <class R, class... Args>
-  void register_impl(const std::string& slot, const std::string& name,
-                     std::function<Outcome<R>(Args...)> fn, Predicate predicate = {}) {
-    add_entry(slot, name, std::type_index(typeid(Outcome<R>(Args...))),
-              std::make_shared<std::function<Outcome<R>(Args...)>>(std::move(fn)),
-              std::move(predicate));
+  /// Declares `slot` with its signature; idempotent for the same signature, std::logic_error
+  /// naming the slot when it was declared with another. Declared slots are listed by report()
+  /// (kUnavailable) before any implementation exists.
+  template <class Sig>
+  void declare(const SlotDef<Sig>& slot) {
+    declare_entry(slot.name, std::type_index(typeid(Sig)), typeid(Sig).name());
   }
 
-  /// Makes `slot` known with no implementation yet, so that active() and report() list it
-  /// (as kUnavailable) before any provider registers one. Idempotent.
-  void declare_slot(const std::string& slot);
+  /// Puts an implementation in front of the slot's list (newest wins). The slot must have been
+  /// declared with this signature (std::logic_error naming the slot otherwise). `capability`
+  /// decides at bind time whether a model's context can use it (empty: any). Invalidates the
+  /// resolution.
+  template <class Sig>
+  void register_impl(const SlotDef<Sig>& slot, const std::string& name,
+                     typename SlotDef<Sig>::Fn fn, Predicate predicate = {},
+                     Capability capability = {}) {
+    add_entry(slot.name, name, std::type_index(typeid(Sig)),
+              std::make_shared<typename SlotDef<Sig>::Fn>(std::move(fn)), std::move(predicate),
+              std::move(capability));
+  }
+
+  /// Binds `slot` for a model (kernelize): resolves if stale, then keeps, in call order, the
+  /// candidates that `filter` allows (the process filter when null; see Filter::overridden),
+  /// whose predicate holds, that are not disabled and whose capability accepts `context`. The
+  /// handle calls them with no lock and no lookup. The registry must outlive the handle.
+  /// std::logic_error when the slot is not declared with this signature.
+  template <class Sig>
+  Handle<Sig> bind(const SlotDef<Sig>& slot, const BindContext& context,
+                   const Filter* filter = nullptr) {
+    return Handle<Sig>(bind_entry(slot.name, std::type_index(typeid(Sig)), context, filter));
+  }
 
   /// Removes every implementation of `slot` named `name`; returns how many were removed.
-  /// Invalidates the resolution.
+  /// Invalidates the resolution (existing bindings keep theirs).
   int unregister_impl(const std::string& slot, const std::string& name);
 
-  /// Adds a provider (see Provider). Invalidates the resolution.
-  void add_provider(Provider provider);
+  /// Adds a provider (see Provider); one per name (std::logic_error for a second with the same
+  /// name). Invalidates the resolution.
+  void add_provider(std::shared_ptr<Provider> provider);
+  /// True when a provider of that name was added.
+  bool has_provider(const std::string& name) const;
 
   /// Replaces the policy filter. Invalidates the resolution.
   void set_filter(Filter filter);
@@ -177,65 +235,43 @@ class Registry {
   /// evaluates predicates, orders candidates. Cheap when nothing changed.
   void resolve();
 
-  /// Name of the implementation a call to `slot` tries first, if any.
+  /// Name of the implementation the process default context tries first, if any (reports and
+  /// tests; models call through handles).
   std::optional<std::string> resolve(const std::string& slot);
 
   /// Every allowed and eligible implementation of `slot`, in call order (newest first).
   std::vector<std::string> iter_impls(const std::string& slot);
 
-  /// Every registered slot -> selected implementation name or kUnavailable.
+  /// Every declared slot -> selected implementation name or kUnavailable.
   std::map<std::string, std::string> active();
 
-  /// Full state of every slot (CLI, /active, metrics).
+  /// Full state of every declared slot (CLI, /active, metrics).
   std::vector<SlotReport> report();
+
+  /// Every live binding (handles still held by a model), sorted by model then slot.
+  std::vector<BindingReport> bindings() const;
+
+  /// The declared slots.
+  std::vector<std::string> declared_slots() const;
+  /// Every name the policy may use: `reference`, every registered implementation's, every
+  /// provider's (a provider's implementations are named after it, loaded or not).
+  std::set<std::string> known_names() const;
 
   /// Fallback events so far, oldest first.
   std::vector<FallbackEvent> events() const;
 
   /// Names of providers whose loader ran (successfully or not).
   std::vector<std::string> loaded_providers() const;
-
-  /// Calls the slot: walks the eligible implementations in order; a Decline moves on (counted);
-  /// an exception disables that implementation for the rest of the process (one warning, one
-  /// FallbackEvent) and moves on. Returns std::nullopt when nothing resolved or every
-  /// implementation declined or failed: the caller then runs its portable path.
-  template <class R, class... Args>
-  std::optional<R> call(const std::string& slot, Args... args) {
-    using Fn = std::function<Outcome<R>(Args...)>;
-    const auto key = std::type_index(typeid(Outcome<R>(Args...)));
-    for (const auto& entry : candidates(slot, key)) {
-      if (is_disabled(*entry)) continue;
-      try {
-        auto out = (*static_cast<const Fn*>(function_of(*entry)))(args...);
-        if (auto* d = std::get_if<Decline>(&out)) {
-          count_decline(*entry, d->reason);
-          continue;
-        }
-        count_call(entry);
-        return std::move(std::get<R>(out));
-      } catch (const std::exception& e) {
-        disable(slot, *entry, e.what());
-      } catch (...) {
-        disable(slot, *entry, "unknown exception");
-      }
-    }
-    return std::nullopt;
-  }
-
-  /// call() with the argument types taken from an implementation type, e.g.
-  /// `registry.call_as<MsDeformAttnImpl>(kMsDeformAttn, value, shapes, ...)`.
-  template <class Impl, class... Args>
-  auto call_as(const std::string& slot, Args&&... args) {
-    return call_with(static_cast<Impl*>(nullptr), slot, std::forward<Args>(args)...);
-  }
+  /// Every provider added, with its state.
+  std::vector<ProviderReport> providers() const;
 
   /// Disables `impl` of `slot` for the rest of the process as if it had failed at run time
   /// (used by providers that detect a failure outside a call). Returns false if not found.
   bool disable_impl(const std::string& slot, const std::string& impl, const std::string& reason);
 
   /// Adds `calls` (a CallRecording's, taken while a CUDA graph was captured) to the calls
-  /// counters once, for one replay of that work.
-  void count_replayed(const RecordedCalls& calls);
+  /// counters (process-wide and the bindings') once, for one replay of that work.
+  static void count_replayed(const RecordedCalls& calls);
 
   /// Records a fallback event that is not tied to a registered implementation (a provider that
   /// failed to load, a plugin that could not be opened); logs one warning.
@@ -244,19 +280,17 @@ class Registry {
   using Entry = RegistryEntry;
 
  private:
-  template <class R, class... A, class... Args>
-  std::optional<R> call_with(std::function<Outcome<R>(A...)>*, const std::string& slot,
-                             Args&&... args) {
-    return call<R, A...>(slot, std::forward<Args>(args)...);
-  }
+  friend void detail::fail(const detail::Binding&, const detail::BoundCandidate&,
+                           const std::string&);
+  void declare_entry(const std::string& slot, std::type_index signature, const char* type_name);
   void add_entry(const std::string& slot, const std::string& name, std::type_index signature,
-                 std::shared_ptr<void> fn, Predicate predicate);
-  std::vector<std::shared_ptr<Entry>> candidates(const std::string& slot, std::type_index key);
-  static const void* function_of(const Entry& entry);
-  static bool is_disabled(const Entry& entry);
-  static void count_call(const std::shared_ptr<Entry>& entry);
-  static void count_decline(Entry& entry, const char* reason);
-  void disable(const std::string& slot, Entry& entry, const std::string& reason);
+                 std::shared_ptr<void> fn, Predicate predicate, Capability capability);
+  std::shared_ptr<const detail::Binding> bind_entry(const std::string& slot,
+                                                    std::type_index signature,
+                                                    const BindContext& context,
+                                                    const Filter* filter);
+  void disable(const std::string& slot, Entry& entry, const std::string& reason,
+               const std::string& model);
 
   struct State;
   std::unique_ptr<State> state_;

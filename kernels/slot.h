@@ -25,6 +25,8 @@
 
 namespace libreyolo::kernels {
 
+class Registry;
+
 /// Returned by an implementation that does not handle this particular input (wrong device,
 /// dtype, layout). Not a failure: counted per reason, never warned, the next candidate runs.
 /// `reason` must be a string literal (it is stored, not copied).
@@ -49,6 +51,11 @@ struct BindContext {
 /// Bind-time capability check: nullptr when `impl` can serve models of this context, else the
 /// reason (a string literal) it cannot. Must not throw (a throw counts as incapable).
 using Capability = std::function<const char*(const BindContext&)>;
+
+/// The capability of implementations that run CUDA tensors only.
+inline const char* cuda_models_only(const BindContext& c) {
+  return c.device == BindContext::Device::cuda ? nullptr : "the model is not on a CUDA device";
+}
 
 /// A slot: its name and signature. Declared once per slot (kernels/*/<slot>.h).
 template <class Sig>
@@ -80,7 +87,9 @@ struct Binding {
   std::string slot;
   std::string model;
   std::vector<BoundCandidate> candidates;
-  class Registry* registry = nullptr;  ///< for fallback events; must outlive the binding
+  /// Implementations not bound, with the reason (policy, predicate, capability, disabled).
+  std::vector<std::pair<std::string, std::string>> rejected;
+  Registry* registry = nullptr;  ///< for fallback events; must outlive the binding
 };
 
 // Defined in registry.cpp: the few operations a call needs, none taking the registry's lock.

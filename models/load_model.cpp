@@ -7,6 +7,7 @@
 #include <stdexcept>
 
 #include "models/core/config.h"
+#include "models/layouts/layouts.h"
 #include "models/model.h"
 #include "models/rtdetr/rtdetr.h"
 
@@ -29,19 +30,10 @@
 
 namespace libreyolo::models {
 
-std::unique_ptr<Model> load_model(const std::string& dir, const LoadOptions& requested) {
-  // "cuda" means the current CUDA device. Models compare an input's device exactly (cuda:0 !=
-  // cuda), so resolve the index once here: what a tensor created on "cuda" reports.
-  LoadOptions options = requested;
-  if (options.device.is_cuda() && !options.device.has_index())
-    options.device = at::empty({0}, at::TensorOptions().device(options.device)).device();
-  const std::string file = dir + "/config.json";
-  const nlohmann::json config = core::read_json_file(file);
-  const core::ConfigView view(config, file);
-  if (options.dtype != at::kFloat && options.dtype != at::kHalf && options.dtype != at::kBFloat16)
-    throw std::runtime_error(dir + ": unsupported load dtype " +
-                             std::string(c10::toString(options.dtype)) +
-                             " (supported: float32, float16, bfloat16)");
+namespace {
+
+std::unique_ptr<Model> load_family(const std::string& dir, const nlohmann::json& config,
+                                   const core::ConfigView& view, const LoadOptions& options) {
   const std::string type = view.get_string("model_type");
   if (type == "rt_detr" || type == "rt_detr_v2") return load_rtdetr(dir, config, options);
 #ifdef LIBREYOLO_HAS_DEFORMABLE_DETR
@@ -57,6 +49,54 @@ std::unique_ptr<Model> load_model(const std::string& dir, const LoadOptions& req
   if (type == "swin") return load_swin(dir, config, options);
 #endif
   view.fail("model_type", "unsupported model type \"" + type + "\"");
+}
+
+std::string dtype_name(at::ScalarType dtype) {
+  if (dtype == at::kHalf) return "float16";
+  if (dtype == at::kBFloat16) return "bfloat16";
+  return "float32";
+}
+
+std::string folder_name(const std::string& dir) {
+  std::string d = dir;
+  while (d.size() > 1 && d.back() == '/') d.pop_back();
+  const auto slash = d.rfind('/');
+  return slash == std::string::npos ? d : d.substr(slash + 1);
+}
+
+}  // namespace
+
+std::unique_ptr<Model> load_model(const std::string& dir, const LoadOptions& requested) {
+  // "cuda" means the current CUDA device. Models compare an input's device exactly (cuda:0 !=
+  // cuda), so resolve the index once here: what a tensor created on "cuda" reports.
+  LoadOptions options = requested;
+  if (options.device.is_cuda() && !options.device.has_index())
+    options.device = at::empty({0}, at::TensorOptions().device(options.device)).device();
+  const std::string file = dir + "/config.json";
+  const nlohmann::json config = core::read_json_file(file);
+  const core::ConfigView view(config, file);
+  if (options.dtype != at::kFloat && options.dtype != at::kHalf && options.dtype != at::kBFloat16)
+    throw std::runtime_error(dir + ": unsupported load dtype " +
+                             std::string(c10::toString(options.dtype)) +
+                             " (supported: float32, float16, bfloat16)");
+  auto model = load_family(dir, config, view, options);
+  // Layouts rewrite the loaded tensors once (models/layouts/layouts.h); off leaves the modules
+  // exactly as loaded. Before binding: a folded module binds the slot its new forward calls.
+  model->layout_reports_ = layouts::apply_layouts(
+      model->root(), layouts::LayoutContext{model->model_type(), options.device, options.dtype},
+      options.layouts);
+  // Bind (kernelize): every slot resolved once for this model's device, dtype and policy.
+  kernels::Registry& registry =
+      options.registry ? *options.registry : kernels::Registry::process_default();
+  kernels::BindContext context;
+  context.device = options.device.is_cuda()  ? kernels::BindContext::Device::cuda
+                   : options.device.is_cpu() ? kernels::BindContext::Device::cpu
+                                             : kernels::BindContext::Device::other;
+  context.device_index = options.device.has_index() ? options.device.index() : -1;
+  context.dtype = dtype_name(options.dtype);
+  context.model = options.name.empty() ? folder_name(dir) : options.name;
+  model->bind_kernels(registry, context, registry.filter().overridden(options.kernel_slots));
+  return model;
 }
 
 }  // namespace libreyolo::models

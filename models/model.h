@@ -10,7 +10,18 @@
 #include <string>
 #include <vector>
 
+#include "kernels/registry.h"
+#include "models/layers/bound_kernels.h"
+#include "models/layouts/options.h"
+
+namespace torch::nn {
+class Module;
+}
+
 namespace libreyolo::models {
+
+using LayoutOptions = layouts::LayoutOptions;
+using LayoutReport = layouts::LayoutReport;
 
 /// What the model predicts (Hugging Face pipeline task names).
 enum class Task { object_detection, image_classification };
@@ -19,6 +30,17 @@ enum class Task { object_detection, image_classification };
 struct LoadOptions {
   at::ScalarType dtype = at::kFloat;  ///< float32, float16 or bfloat16 (parameters and compute)
   at::Device device = at::kCPU;       ///< cpu, cuda:N, or cuda (load_model: the current device)
+  /// The registry the model binds its slots from; null: kernels::Registry::process_default().
+  /// It must outlive the model.
+  kernels::Registry* registry = nullptr;
+  /// The model's own per-slot lists (serving.yaml `kernels.slots`), replacing the process
+  /// policy's for those slots (kernels::Filter::overridden).
+  kernels::SlotAllow kernel_slots;
+  /// The model's name in kernel reports and fallback events ("" = the folder's name).
+  std::string name;
+  /// Which layouts (models/layouts/) transform the loaded modules; applied once, after the
+  /// checkpoint's tensors are loaded.
+  LayoutOptions layouts;
 };
 
 /// Raw model outputs. Detectors: `logits` (B, Q, num_labels) and `pred_boxes` (B, Q, 4) as
@@ -54,6 +76,27 @@ class Model {
 
   /// Number of attention modules whose `fused_attn` flag changed (set_fused_attention).
   virtual int set_fused_attention(bool enabled) = 0;
+
+  /// The family's root module (what load_model binds and the layouts transform).
+  virtual torch::nn::Module& root() = 0;
+
+  /// The handles the model's modules were bound to at load (kept here so that the registry's
+  /// per-model report lists every slot, called or not).
+  const layers::BoundKernels& kernels() const { return kernels_; }
+  /// Binds the model's slots (load_model calls it once, after the layouts, before the first
+  /// forward).
+  void bind_kernels(kernels::Registry& registry, const kernels::BindContext& context,
+                    const kernels::Filter& filter) {
+    kernels_ = layers::bind_kernels(root(), registry, context, filter);
+  }
+
+  /// The layouts load_model applied, in application order (empty: none).
+  const std::vector<LayoutReport>& layouts() const { return layout_reports_; }
+
+ private:
+  friend std::unique_ptr<Model> load_model(const std::string& dir, const LoadOptions& options);
+  layers::BoundKernels kernels_;
+  std::vector<LayoutReport> layout_reports_;
 };
 
 /// Loads a checkpoint folder (config.json + model.safetensors [+ preprocessor_config.json]),
@@ -61,7 +104,10 @@ class Model {
 /// naming the file and the field or tensor key for anything wrong (unknown model_type,
 /// unsupported option, missing/unexpected/mis-shaped tensors, corrupt safetensors).
 /// A `cuda` device without an index becomes the current CUDA device (cuda:N): the model's
-/// inputs must then be on cuda:N.
+/// inputs must then be on cuda:N. Then applies options.layouts (models/layouts/layouts.h; a
+/// kernel_config entry that cannot be honoured throws std::runtime_error naming the entry) and
+/// binds the model to options.registry (its process filter overridden by options.kernel_slots)
+/// for its device and dtype.
 std::unique_ptr<Model> load_model(const std::string& dir, const LoadOptions& options = {});
 
 }  // namespace libreyolo::models

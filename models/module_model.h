@@ -31,6 +31,7 @@ class ModuleModel : public Model {
   int set_fused_attention(bool enabled) override {
     return layers::set_fused_attention(*net_, enabled);
   }
+  torch::nn::Module& root() override { return *net_; }
 
  protected:
   /// Throws std::invalid_argument naming the model type unless pixel_values is

@@ -216,20 +216,18 @@ at::Tensor ms_deform_attn_portable(const at::Tensor& value, const SpatialShapes&
   return to_output(summed, B, H, C, Q);
 }
 
-at::Tensor ms_deform_attn(const at::Tensor& value, const SpatialShapes& shapes,
-                          const at::Tensor& sampling_locations,
+at::Tensor ms_deform_attn(const MsDeformAttnHandle& handle, const at::Tensor& value,
+                          const SpatialShapes& shapes, const at::Tensor& sampling_locations,
                           const at::Tensor& attention_weights) {
   // Validate before any implementation sees the input: a malformed input must be the caller's
   // error, not a "runtime failure" that would disable an implementation for the process.
   check_classic(value, shapes, sampling_locations, attention_weights);
-  auto& registry = Registry::global();
-  if (!registry.resolve(kMsDeformAttn)) {
+  if (handle.empty()) {
     return ms_deform_attn_portable(value, shapes, sampling_locations, attention_weights);
   }
   const auto shapes_t = spatial_shapes_tensor(shapes, value.device());
   const auto start_t = level_start_index(shapes, value.device());
-  auto out = registry.call_as<MsDeformAttnImpl>(kMsDeformAttn, value, shapes_t, start_t,
-                                                sampling_locations, attention_weights);
+  auto out = handle(value, shapes_t, start_t, sampling_locations, attention_weights);
   if (!out) return ms_deform_attn_portable(value, shapes, sampling_locations, attention_weights);
   const int64_t B = value.size(0), Q = sampling_locations.size(1);
   const int64_t HC = value.size(2) * value.size(3);
@@ -241,8 +239,8 @@ at::Tensor ms_deform_attn(const at::Tensor& value, const SpatialShapes& shapes,
   return std::move(*out);
 }
 
-at::Tensor ms_deform_attn_v2(const at::Tensor& value, const SpatialShapes& shapes,
-                             const at::Tensor& sampling_locations,
+at::Tensor ms_deform_attn_v2(const MsDeformAttnHandle& handle, const at::Tensor& value,
+                             const SpatialShapes& shapes, const at::Tensor& sampling_locations,
                              const at::Tensor& attention_weights,
                              const std::vector<int64_t>& num_points, SamplingMethod method) {
   check_flat(value, shapes, sampling_locations, attention_weights, num_points);
@@ -252,7 +250,7 @@ at::Tensor ms_deform_attn_v2(const at::Tensor& value, const SpatialShapes& shape
                                         [&](int64_t p) { return p == num_points[0]; });
   if (method == SamplingMethod::bilinear && equal_points) {
     const int64_t P = num_points[0];
-    return ms_deform_attn(value, shapes, sampling_locations.reshape({B, Q, H, L, P, 2}),
+    return ms_deform_attn(handle, value, shapes, sampling_locations.reshape({B, Q, H, L, P, 2}),
                           attention_weights.reshape({B, Q, H, L, P}));
   }
   if (method == SamplingMethod::bilinear && value.is_cuda()) {
@@ -269,7 +267,7 @@ at::Tensor ms_deform_attn_v2(const at::Tensor& value, const SpatialShapes& shape
       ws.push_back(at::constant_pad_nd(attention_weights.narrow(3, start, p), {0, P - p}, 0.0));
       start += p;
     }
-    return ms_deform_attn(value, shapes, at::stack(locs, 3), at::stack(ws, 3));
+    return ms_deform_attn(handle, value, shapes, at::stack(locs, 3), at::stack(ws, 3));
   }
 
   const bool discrete = method != SamplingMethod::bilinear;

@@ -20,15 +20,29 @@
 #include <vector>
 
 #include "kernels/registry.h"
+#include "kernels/slot.h"
 
 namespace libreyolo::kernels {
 
-inline constexpr const char* kMsDeformAttn = "ms_deform_attn";
-
-/// Signature every `ms_deform_attn` implementation registers with.
-using MsDeformAttnImpl = std::function<Outcome<at::Tensor>(
+/// The slot's declaration: (value, spatial_shapes, level_start_index, sampling_locations,
+/// attention_weights) -> output, shapes above.
+inline constexpr SlotDef<at::Tensor(
     const at::Tensor& value, const at::Tensor& spatial_shapes, const at::Tensor& level_start_index,
-    const at::Tensor& sampling_locations, const at::Tensor& attention_weights)>;
+    const at::Tensor& sampling_locations, const at::Tensor& attention_weights)>
+    kMsDeformAttn{"ms_deform_attn"};
+/// What an implementation is; what a model holds.
+using MsDeformAttnImpl = decltype(kMsDeformAttn)::Fn;
+using MsDeformAttnHandle = Handle<decltype(kMsDeformAttn)::Signature>;
+
+/// Schemas of the ms_deform_attn ops a kernels-hub build provides (without the `<id>::`
+/// namespace), as c10::FunctionSchema prints them (kernels-community/deformable-detr
+/// torch_binding.cpp); the hub binding (ms_deform_attn_hub.cpp) requires the forward.
+inline constexpr const char* kMsDeformAttnForwardSchema =
+    "ms_deform_attn_forward(Tensor value, Tensor spatial_shapes, Tensor level_start_index, "
+    "Tensor sampling_loc, Tensor attn_weight, int im2col_step) -> Tensor";
+inline constexpr const char* kMsDeformAttnBackwardSchema =
+    "ms_deform_attn_backward(Tensor value, Tensor spatial_shapes, Tensor level_start_index, "
+    "Tensor sampling_loc, Tensor attn_weight, Tensor grad_output, int im2col_step) -> Tensor[]";
 
 /// Host-side level sizes (H_l, W_l), the form the models hold them in.
 using SpatialShapes = std::vector<std::array<int64_t, 2>>;
@@ -42,14 +56,14 @@ at::Tensor spatial_shapes_tensor(const SpatialShapes& shapes, const at::Device& 
 /// spatial_shapes_tensor (do not modify); same errors.
 at::Tensor level_start_index(const SpatialShapes& shapes, const at::Device& device);
 
-/// The slot entry point: walks the registry's eligible implementations of `ms_deform_attn`
-/// (Registry::global()) and runs the portable path when none resolves or all decline.
+/// The slot entry point: calls the model's bound `handle` (its candidates in order) and runs
+/// the portable path when the handle is empty or every candidate declined or failed.
 /// Inputs are validated before any implementation sees them. Differentiable (the portable path
 /// through ATen autograd; an implementation must bring its own backward). Throws c10::Error on
 /// shapes, dtypes or devices that do not match the contract above (message naming the tensor and
 /// the expected shape), and when an implementation returns a tensor that is not (B, Q, H * C).
-at::Tensor ms_deform_attn(const at::Tensor& value, const SpatialShapes& shapes,
-                          const at::Tensor& sampling_locations,
+at::Tensor ms_deform_attn(const MsDeformAttnHandle& handle, const at::Tensor& value,
+                          const SpatialShapes& shapes, const at::Tensor& sampling_locations,
                           const at::Tensor& attention_weights);
 
 /// The portable path alone (grid_sample math, at::grid_sampler bilinear / zeros /
@@ -80,14 +94,14 @@ enum class SamplingMethod {
 /// RT-DETRv2's flat-points layout: value (B, S, H, C); sampling_locations (B, Q, H, sum(P_l), 2);
 /// attention_weights (B, Q, H, sum(P_l)); `num_points[l]` = P_l >= 1, one entry per level.
 /// Output (B, Q, H * C) in value's dtype.
-/// `bilinear` reaches the slot (ms_deform_attn) in the classic layout: reshaped when every P_l
-/// is equal, and on CUDA also for ragged P_l, each level padded to max P_l with weight-0 samples
-/// (exact zeros). `discrete*`, and ragged P_l on the CPU, stay portable (per-level split, as
-/// transformers' multi_scale_deformable_attention_v2). Discrete sampling has no gradient to the
-/// locations (integer coordinates); value and weights get theirs through ATen autograd.
+/// `bilinear` reaches the slot (ms_deform_attn through `handle`) in the classic layout: reshaped
+/// when every P_l is equal, and on CUDA also for ragged P_l, each level padded to max P_l with
+/// weight-0 samples (exact zeros). `discrete*`, and ragged P_l on the CPU, stay portable (per-level
+/// split, as transformers' multi_scale_deformable_attention_v2). Discrete sampling has no gradient
+/// to the locations (integer coordinates); value and weights get theirs through ATen autograd.
 /// Throws c10::Error naming the tensor on shapes that do not match.
-at::Tensor ms_deform_attn_v2(const at::Tensor& value, const SpatialShapes& shapes,
-                             const at::Tensor& sampling_locations,
+at::Tensor ms_deform_attn_v2(const MsDeformAttnHandle& handle, const at::Tensor& value,
+                             const SpatialShapes& shapes, const at::Tensor& sampling_locations,
                              const at::Tensor& attention_weights,
                              const std::vector<int64_t>& num_points, SamplingMethod method);
 

@@ -22,7 +22,6 @@
 #include <mutex>
 #include <sstream>
 
-#include "kernels/attention/ms_deform_attn.h"
 #include "kernels/hub/digest.h"
 #include "kernels/hub/fetch.h"
 #include "kernels/hub/lock.h"
@@ -31,16 +30,6 @@
 
 namespace libreyolo::kernels::hub {
 namespace {
-
-using ForwardFn = at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                             const at::Tensor&, const at::Tensor&, int64_t);
-
-/// A loaded, checked hub op.
-struct LoadedOp {
-  c10::TypedOperatorHandle<ForwardFn> forward;
-  std::string backend;      ///< "cpu" | "cuda"
-  std::string description;  ///< "org/name@sha build/<variant>"
-};
 
 /// Process-wide record of op namespaces this provider dlopen()ed, with the SHA-256 of the
 /// library: loading a second library into one TORCH_LIBRARY namespace aborts the process
@@ -52,15 +41,6 @@ std::mutex& libraries_mutex() {
 std::map<std::string, std::string>& loaded_namespaces() {
   static auto* m = new std::map<std::string, std::string>();  // leaked: ops outlive statics
   return *m;
-}
-
-std::mutex& settings_mutex() {
-  static std::mutex m;
-  return m;
-}
-std::optional<HubSettings>& stored_settings() {
-  static auto* s = new std::optional<HubSettings>();
-  return *s;
 }
 
 bool file_exists(const std::string& path) {
@@ -86,10 +66,10 @@ bool ends_with(const std::string& s, const std::string& suffix) {
          s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
-// dlopen + dispatcher lookup + schema check of `<id>::ms_deform_attn_forward`.
-c10::TypedOperatorHandle<ForwardFn> open_library(const std::string& path, const std::string& id,
-                                                 const std::string& backend) {
-  const std::string op_name = id + "::ms_deform_attn_forward";
+// dlopen + dispatcher lookup + schema check of `<id>::<binding.op>`.
+c10::OperatorHandle open_library(const std::string& path, const std::string& id,
+                                 const std::string& backend, const HubBinding& binding) {
+  const std::string op_name = id + "::" + binding.op;
   auto& dispatcher = c10::Dispatcher::singleton();
   {
     std::lock_guard<std::mutex> lock(libraries_mutex());
@@ -130,19 +110,15 @@ c10::TypedOperatorHandle<ForwardFn> open_library(const std::string& path, const 
   std::string schema = c10::toString(handle->schema());
   const std::string prefix = id + "::";
   if (schema.rfind(prefix, 0) == 0) schema = schema.substr(prefix.size());
-  if (schema != kForwardSchema) {
+  if (schema != binding.schema) {
     throw HubError("schema",
-                   op_name + " has schema '" + schema + "', expected '" + kForwardSchema + "'");
+                   op_name + " has schema '" + schema + "', expected '" + binding.schema + "'");
   }
   const auto key = backend == "cuda" ? c10::DispatchKey::CUDA : c10::DispatchKey::CPU;
   if (!handle->hasKernelForDispatchKey(key)) {
     throw HubError("schema", op_name + " has no " + c10::toString(key) + " kernel");
   }
-  try {
-    return handle->typed<ForwardFn>();
-  } catch (const c10::Error& e) {
-    throw HubError("schema", op_name + ": " + e.what_without_backtrace());
-  }
+  return *handle;
 }
 
 std::string join(const std::vector<std::string>& v) {
@@ -152,8 +128,9 @@ std::string join(const std::vector<std::string>& v) {
 }
 
 // Fetch, verify and open the first accepted variant whose metadata fits the device.
-LoadedOp load_entry(const Connection& connection, const LockEntry& entry,
-                    const std::vector<std::string>& accepted, const SystemInfo& system) {
+HubOp load_entry(const Connection& connection, const LockEntry& entry,
+                 const std::vector<std::string>& accepted, const SystemInfo& system,
+                 const HubBinding& binding) {
   std::vector<std::string> archs_rejected;
   for (const auto& variant : accepted) {
     const auto& files = entry.variants.at(variant).files;
@@ -207,105 +184,26 @@ LoadedOp load_entry(const Connection& connection, const LockEntry& entry,
       throw HubError("metadata", "build/" + variant + " of " + entry.repo_id + " has no library " +
                                      meta.id + ".abi3.so (metadata.json id)");
     }
-    LoadedOp op{open_library(dir + "/" + library, meta.id, system.backend), system.backend,
-                entry.repo_id + "@" + entry.sha + " build/" + variant};
-    return op;
+    return HubOp{open_library(dir + "/" + library, meta.id, system.backend, binding),
+                 system.backend, entry.repo_id + "@" + entry.sha + " build/" + variant};
   }
   throw HubError("no_variant", "no build variant of " + entry.repo_id + "@" + entry.sha +
                                    " fits this device (" + system.describe() + ")");
 }
 
-/// Shared by the loader and the registered implementation.
-struct SlotState {
-  std::function<LoadedOp()> load;
-  std::function<bool()> capturing;
-  std::mutex mutex;
-  std::shared_ptr<const LoadedOp> loaded;  // read with std::atomic_load
-  std::string load_error;                  // set when a deferred load failed
-  std::atomic<bool> warmed{false};         // one successful call outside a capture
-
-  std::shared_ptr<const LoadedOp> get() { return std::atomic_load(&loaded); }
-
-  std::shared_ptr<const LoadedOp> load_now() {
-    std::lock_guard<std::mutex> lock(mutex);
-    if (auto op = std::atomic_load(&loaded)) return op;
-    if (!load_error.empty()) throw std::runtime_error(load_error);
-    try {
-      auto op = std::make_shared<const LoadedOp>(load());
-      std::atomic_store(&loaded, op);
-      log::info("hub: loaded " + op->description);
-      return op;
-    } catch (const std::exception& e) {
-      load_error = e.what();
-      throw;
-    }
-  }
-};
-
-// Largest divisor of B that is <= 64 (the op requires B % min(B, im2col_step) == 0;
-// transformers passes 64).
-int64_t im2col_step_for(int64_t batch) {
-  for (int64_t step = std::min<int64_t>(batch, 64); step > 1; --step) {
-    if (batch % step == 0) return step;
-  }
-  return 1;
-}
-
-MsDeformAttnImpl make_impl(std::shared_ptr<SlotState> state) {
-  return [state](const at::Tensor& value, const at::Tensor& spatial_shapes,
-                 const at::Tensor& level_start_index, const at::Tensor& sampling_locations,
-                 const at::Tensor& attention_weights) -> Outcome<at::Tensor> {
-    const bool capturing = state->capturing && state->capturing();
-    auto op = state->get();
-    if (!op) {
-      if (capturing) return Decline{"hub: not loaded yet, CUDA graph capture"};
-      op = state->load_now();  // throws: the registry disables `hub` with one warning
-    }
-    if (capturing && !state->warmed.load())
-      return Decline{"hub: first call inside CUDA graph capture"};
-    const bool on_cuda = value.is_cuda();
-    if ((op->backend == "cuda") != on_cuda || (op->backend == "cpu" && !value.is_cpu())) {
-      return Decline{"hub: tensors on another device than the build"};
-    }
-    const auto dtype = value.scalar_type();
-    if (dtype != at::kFloat && dtype != at::kHalf && dtype != at::kBFloat16) {
-      return Decline{"hub: dtype (float32, float16, bfloat16 only)"};
-    }
-    if (at::GradMode::is_enabled() &&
-        (value.requires_grad() || sampling_locations.requires_grad() ||
-         attention_weights.requires_grad())) {
-      return Decline{"hub: autograd (the hub op has no autograd kernel)"};
-    }
-    if (value.dim() != 4 || sampling_locations.dim() != 6 || attention_weights.dim() != 5) {
-      return Decline{"hub: layout"};
-    }
-    // fp16/bf16 by upcast (DESIGN.md "Slots": the accelerated paths accumulate in float32).
-    const auto v = value.to(at::kFloat).contiguous();
-    const auto loc = sampling_locations.to(at::kFloat).contiguous();
-    const auto w = attention_weights.to(at::kFloat).contiguous();
-    const auto shapes = spatial_shapes.to(at::kLong).contiguous();
-    const auto start = level_start_index.to(at::kLong).contiguous();
-    const int64_t B = v.size(0), H = v.size(2), C = v.size(3), Q = loc.size(1);
-    at::Tensor out = op->forward.call(v, shapes, start, loc, w, im2col_step_for(B));
-    if (!out.defined() || out.sizes() != at::IntArrayRef({B, Q, H * C})) {
-      std::ostringstream os;
-      os << "hub op " << op->description << " returned "
-         << (out.defined() ? c10::str(out.sizes()) : std::string("an undefined tensor"))
-         << ", expected [" << B << ", " << Q << ", " << H * C << "]";
-      throw std::runtime_error(os.str());
-    }
-    if (!capturing) state->warmed.store(true);
-    return dtype == at::kFloat ? out : out.to(dtype);
-  };
-}
-
 // One lock entry: refuse, select, load (or defer), register. Throws HubError on refusal.
 void install_entry(Registry& registry, const LockEntry& entry, const std::string& lock_path,
                    const ProviderOptions& options) {
-  if (entry.slot != kMsDeformAttn) {
+  const HubBinding* binding = nullptr;
+  std::string supported;
+  for (const auto& b : options.bindings) {
+    if (b.slot == entry.slot) binding = &b;
+    supported += (supported.empty() ? "" : ", ") + b.slot;
+  }
+  if (!binding) {
     throw HubError("unsupported", "slot '" + entry.slot + "' of " + entry.repo_id + " in " +
-                                      lock_path +
-                                      " has no hub binding (supported: ms_deform_attn)");
+                                      lock_path + " has no hub binding (supported: " + supported +
+                                      ")");
   }
   if (!is_commit(entry.sha)) {
     throw HubError("unpinned", entry.repo_id + " in " + lock_path + " is not pinned: sha '" +
@@ -338,21 +236,22 @@ void install_entry(Registry& registry, const LockEntry& entry, const std::string
   }
 
   const HubSettings settings = options.settings;
-  auto state = std::make_shared<SlotState>();
-  state->capturing = options.capturing ? options.capturing : cuda_graph_capturing;
   const std::vector<std::string> accepted = selection.accepted;
-  state->load = [settings, entry, accepted, system]() {
-    // The whole load (every request, retry and backoff) fits in kernels.hub.timeout_seconds,
-    // counted from when it starts.
-    return load_entry(connection_for(settings), entry, accepted, system);
-  };
+  const HubBinding bound = *binding;
+  auto state = std::make_shared<LazyHubOp>(
+      [settings, entry, accepted, system, bound]() {
+        // The whole load (every request, retry and backoff) fits in kernels.hub.timeout_seconds,
+        // counted from when it starts.
+        return load_entry(connection_for(settings), entry, accepted, system, bound);
+      },
+      options.capturing ? options.capturing : cuda_graph_capturing);
   if (state->capturing()) {
     log::info("hub: a CUDA graph is being captured: " + entry.repo_id +
               " is loaded at the first call outside the capture");
   } else {
     state->load_now();
   }
-  registry.register_impl(kMsDeformAttn, kProviderName, make_impl(state));
+  bound.install(registry, std::move(state));
 }
 
 void load_provider(Registry& registry, const ProviderOptions& options) {
@@ -432,29 +331,41 @@ SystemInfo detect_system() {
   return s;
 }
 
-Provider make_provider(std::function<ProviderOptions()> options) {
-  return Provider{kProviderName, [options](Registry& registry) {
-                    // Never throws: every failure is one event with its cause.
-                    ProviderOptions o;
-                    try {
-                      o = options();
-                    } catch (const std::exception& e) {
-                      registry.record_event("*", kProviderName,
-                                            std::string("settings: ") + e.what());
-                      return;
-                    }
-                    load_provider(registry, o);
-                  }};
+std::shared_ptr<const HubOp> LazyHubOp::load_now() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (auto op = std::atomic_load(&loaded_)) return op;
+  if (!load_error_.empty()) throw std::runtime_error(load_error_);
+  try {
+    auto op = std::make_shared<const HubOp>(load_());
+    std::atomic_store(&loaded_, op);
+    log::info("hub: loaded " + op->description);
+    return op;
+  } catch (const std::exception& e) {
+    load_error_ = e.what();
+    throw;
+  }
 }
 
-void set_process_settings(const HubSettings& settings) {
-  std::lock_guard<std::mutex> lock(settings_mutex());
-  stored_settings() = settings;
-}
+namespace {
 
-std::optional<HubSettings> process_settings() {
-  std::lock_guard<std::mutex> lock(settings_mutex());
-  return stored_settings();
+class HubProvider : public Provider {
+ public:
+  explicit HubProvider(ProviderOptions options) : options_(std::move(options)) {
+    if (options_.bindings.empty()) options_.bindings = builtin_bindings();
+  }
+  std::string name() const override { return kProviderName; }
+  void load(Registry& registry) override {
+    load_provider(registry, options_);  // never throws: every failure is one event
+  }
+
+ private:
+  ProviderOptions options_;
+};
+
+}  // namespace
+
+std::shared_ptr<Provider> make_provider(ProviderOptions options) {
+  return std::make_shared<HubProvider>(std::move(options));
 }
 
 }  // namespace libreyolo::kernels::hub

@@ -1,9 +1,8 @@
 // Build variants of a Hugging Face kernels-hub repository (`build/<variant>/`): parsing of the
 // directory names and the choice of the variants this process can load.
 //
-// Grammar and rules follow huggingface/kernels `variants.py` / `backends.py`
-// (shared/docs/research/hf-kernels-hub.md sections 1.3 and 1.5), restricted to what a C++
-// process without Python can load: arch variants with a Torch ABI (classic or stable).
+// Grammar and rules follow huggingface/kernels `variants.py` / `backends.py`, restricted to what a
+// C++ process without Python can load: arch variants with a Torch ABI (classic or stable).
 #pragma once
 
 #include <optional>

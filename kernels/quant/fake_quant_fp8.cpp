@@ -1,6 +1,5 @@
 // FP8 (E4M3FN) fake quantization: the reference that defines the numbers and the slot entry.
-// Math from LibreYOLO libreyolo/quant/fake_quant.py (fake_quant_fp8, _ste); see
-// shared/docs/research/libreyolo-kernels.md section 7.1 and msda-and-fp8.md section 4.
+// Math from LibreYOLO libreyolo/quant/fake_quant.py (fake_quant_fp8, _ste).
 #include "kernels/quant/fake_quant_fp8.h"
 
 #include <c10/util/Exception.h>
@@ -66,11 +65,12 @@ at::Tensor fake_quant_fp8_reference(const at::Tensor& x, const at::Tensor& scale
   return quantize_dequantize(x, scale);
 }
 
-at::Tensor fake_quant_fp8(const at::Tensor& x, const at::Tensor& scale) {
+at::Tensor fake_quant_fp8(const FakeQuantFp8Handle& handle, const at::Tensor& x,
+                          const at::Tensor& scale) {
   // Validate here so that a malformed input is the caller's error and never counts as a runtime
   // failure that would disable an implementation for the rest of the process.
   check_inputs(x, scale);
-  auto out = Registry::global().call_as<FakeQuantFp8Impl>(kFakeQuantFp8, x, scale);
+  auto out = handle(x, scale);
   if (out) return std::move(*out);
   return fake_quant_fp8_reference(x, scale);  // every implementation (reference too) failed
 }
@@ -78,6 +78,7 @@ at::Tensor fake_quant_fp8(const at::Tensor& x, const at::Tensor& scale) {
 /// Registers `reference` for the `fake_quant_fp8` slot (called by register_references in
 /// kernels/builtin.cpp).
 void register_fake_quant_fp8_reference(Registry& registry) {
+  registry.declare(kFakeQuantFp8);
   registry.register_impl(kFakeQuantFp8, kReference,
                          FakeQuantFp8Impl{[](const at::Tensor& x, const at::Tensor& scale) {
                            return Outcome<at::Tensor>(fake_quant_fp8_reference(x, scale));

@@ -59,7 +59,8 @@ at::Tensor MultiscaleDeformableAttentionImpl::forward(const at::Tensor& hidden,
         c10::str("deformable attention: reference_points must end in 2 or 4, got ",
                  reference_points.sizes()));
   }
-  const auto out = kernels::ms_deform_attn(value, shapes, locations, weights);
+  const auto out =
+      kernels::ms_deform_attn(ms_deform_attn_kernel_, value, shapes, locations, weights);
   return output_proj->forward(out);
 }
 

@@ -8,11 +8,21 @@
 #include <torch/nn/module.h>
 
 #include "kernels/attention/ms_deform_attn.h"
+#include "models/layers/bound_kernels.h"
 #include "models/layers/layers.h"
 
 namespace libreyolo::models::deformable_detr {
 
-class MultiscaleDeformableAttentionImpl : public torch::nn::Module {
+class MultiscaleDeformableAttentionImpl : public torch::nn::Module, public layers::UsesKernels {
+ public:
+  /// Takes the `ms_deform_attn` handle the model was bound to.
+  void bind_kernels(const layers::BoundKernels& k) override {
+    ms_deform_attn_kernel_ = k.ms_deform_attn;
+  }
+
+ private:
+  kernels::MsDeformAttnHandle ms_deform_attn_kernel_;
+
  public:
   MultiscaleDeformableAttentionImpl(int64_t d_model, int64_t num_heads, int64_t num_levels,
                                     int64_t num_points);

@@ -93,6 +93,12 @@ ResNetLayerImpl::ResNetLayerImpl(const ResNetConfig& c, int64_t in, int64_t out,
 
 at::Tensor ResNetLayerImpl::forward(const at::Tensor& x) const {
   at::Tensor h = x;
+  if (layer.back()->folded) {
+    // batchnorm_fold layout: residual add + activation inside the last convolution's
+    // conv2d_bias_act call (same order: conv + bias, + residual, act).
+    for (size_t i = 0; i + 1 < layer.size(); ++i) h = layer[i]->forward(h);
+    return layer.back()->forward_residual(h, shortcut ? shortcut->forward(x) : x, act);
+  }
   for (const auto& l : layer) h = l->forward(h);
   h = h + (shortcut ? shortcut->forward(x) : x);
   return layers::activate(act, h);

@@ -68,7 +68,8 @@ at::Tensor MSDeformAttnImpl::forward(const at::Tensor& query, const at::Tensor& 
   const auto nps = num_points_scale_.to(query.scalar_type()).unsqueeze(-1);
   const auto offset = offsets * nps * ref.slice(-1, 2, 4) * offset_scale_;
   const auto loc = ref.slice(-1, 0, 2) + offset;  // (B, Q, H, sum P, 2)
-  return kernels::ms_deform_attn_v2(value, shapes, loc, weights, points_, method_);
+  return kernels::ms_deform_attn_v2(ms_deform_attn_kernel_, value, shapes, loc, weights, points_,
+                                    method_);
 }
 
 DecoderLayerImpl::DecoderLayerImpl(const Config& c) : act_(c.decoder_activation) {

@@ -13,6 +13,7 @@
 
 #include "kernels/attention/ms_deform_attn.h"
 #include "models/dfine/hgnetv2.h"
+#include "models/layers/bound_kernels.h"
 #include "models/rtdetr/modules.h"
 
 namespace libreyolo::models::dfine {
@@ -79,7 +80,16 @@ rtdetr::CCFMFactories dfine_ccfm(const Config& c);
 /// num_points_scale (1 / P_l per point); no value/output projections (the value is the encoder
 /// memory split into heads). Bilinear sampling runs through the ms_deform_attn slot, ragged
 /// per-level point counts padded to the largest with zero attention weights.
-class MSDeformAttnImpl : public torch::nn::Module {
+class MSDeformAttnImpl : public torch::nn::Module, public layers::UsesKernels {
+ public:
+  /// Takes the `ms_deform_attn` handle the model was bound to.
+  void bind_kernels(const layers::BoundKernels& k) override {
+    ms_deform_attn_kernel_ = k.ms_deform_attn;
+  }
+
+ private:
+  kernels::MsDeformAttnHandle ms_deform_attn_kernel_;
+
  public:
   explicit MSDeformAttnImpl(const Config& c);
   /// query (B, Q, D) (position embedding added), value (B, S, H, D/H), reference_boxes

@@ -4,190 +4,6 @@
 
 namespace libreyolo::models::layers {
 
-const char* attention_path_name(AttentionPath path) {
-  switch (path) {
-    case AttentionPath::kManual:
-      return "manual";
-    case AttentionPath::kSdpa:
-      return "sdpa";
-    case AttentionPath::kSdpaPaddedMask:
-      return "sdpa_padded_mask";
-    case AttentionPath::kSdpaWindowBatch:
-      return "sdpa_window_batch";
-    case AttentionPath::kMemEfficient:
-      return "mem_efficient";
-  }
-  return "unknown";
-}
-
-AttentionPath attention_path(c10::DeviceType device, at::ScalarType dtype, BiasKind bias,
-                             int64_t tokens, int64_t head_dim) {
-  (void)tokens;
-  // CPU: SDPA as transformers runs it (the parity fixtures are measured on this path).
-  if (device != c10::DeviceType::CUDA) return AttentionPath::kSdpa;
-  // CUDA. The fused kernels (flash, memory-efficient, cuDNN) need head_dim % 8 == 0; anything
-  // else falls back to SDPA's math backend, slower than the manual math (0.35-0.77x measured).
-  if (head_dim % 8 != 0 || head_dim > 128) return AttentionPath::kManual;
-  if (dtype != at::kFloat && dtype != at::kHalf && dtype != at::kBFloat16)
-    return AttentionPath::kManual;
-  // H200, LibTorch 2.11, bench_attention (docs/bench/attention.md, speed-up over manual):
-  //   no bias (ViT-B 197x64, AIFI 400x32): SDPA picks cuDNN in fp16/bf16 (8.1x ViT-B, 4.2x
-  //   AIFI) and the memory-efficient kernel in fp32 (1.47x, 1.13x).
-  //   a bias (Swin windows 49x32): SDPA picks cuDNN in fp16/bf16, whose biased kernel is slow
-  //   (0.82x with the expanded mask, 1.82x on a pre-aligned one), while the memory-efficient
-  //   kernel on the same aligned mask is 3.3x (shifted) / 3.0x (plain). So biased calls go to
-  //   the memory-efficient kernel directly, with the mask stored 16-aligned (no pad per call).
-  if (bias == BiasKind::kNone) return AttentionPath::kSdpa;
-  return AttentionPath::kMemEfficient;
-}
-
-namespace {
-
-/// True when `mask` is in `dtype` with unit last stride and every other stride a multiple of 16
-/// elements (ATen attention.cpp aligned_tensor: the memory-efficient kernel reads it in place).
-bool is_aligned_mask(const at::Tensor& mask, at::ScalarType dtype) {
-  if (mask.scalar_type() != dtype || mask.dim() == 0 || mask.stride(-1) != 1) return false;
-  for (int64_t i = 0; i + 1 < mask.dim(); ++i)
-    if (mask.stride(i) % 16 != 0) return false;
-  return mask.storage_offset() % 16 == 0;
-}
-
-/// `mask` (nW or 1, h, Lq, Lk) in `dtype`, stored with rows padded to a multiple of 16
-/// elements (zeros) and sliced back to Lk; with batch_windows > 0 the rows are replicated
-/// image-major to (batch_windows, h, Lq, Lk) (a contiguous copy of the padded rows, which
-/// TensorIterator runs at copy speed; copying into a strided slice is 3-4x slower). Aligned
-/// rows let SDPA's memory-efficient kernel read the mask in place (ATen sdp_utils
-/// preprocess_mask / pad_bias would pad a copy on every call otherwise).
-at::Tensor aligned_mask(const at::Tensor& mask, at::ScalarType dtype, int64_t batch_windows = 0) {
-  if (mask.scalar_type() == at::kBool) return mask;  // a boolean mask keeps its meaning
-  if (is_aligned_mask(mask, dtype) && (batch_windows == 0 || mask.size(0) == batch_windows))
-    return mask;  // prepared already (prepare_window_bias): read in place
-  const int64_t n = mask.size(-1), padded = (n + 15) / 16 * 16;
-  auto sizes = mask.sizes().vec();
-  sizes.back() = padded;
-  auto storage = at::zeros(sizes, mask.options().dtype(dtype));
-  storage.slice(-1, 0, n).copy_(mask);
-  if (batch_windows > 0) {
-    auto big = sizes;
-    big.insert(big.begin(), batch_windows / mask.size(0));
-    auto flat = sizes;
-    flat[0] = batch_windows;
-    storage = storage.unsqueeze(0).expand(big).reshape(flat);
-  }
-  return storage.slice(-1, 0, n);
-}
-
-/// (nW, h, L, L) window bias -> (B * nW, h, L, L) (image-major), materialised.
-at::Tensor expand_window_bias(const at::Tensor& bias, int64_t batch_windows) {
-  const int64_t nW = bias.size(0);
-  auto sizes = bias.sizes().vec();
-  sizes.insert(sizes.begin(), batch_windows / nW);
-  auto flat = bias.sizes().vec();
-  flat[0] = batch_windows;
-  return bias.unsqueeze(0).expand(sizes).reshape(flat);
-}
-
-}  // namespace
-
-at::Tensor prepare_attention_bias(const at::Tensor& bias, int64_t batch_windows,
-                                  at::ScalarType dtype, AttentionPath path) {
-  TORCH_CHECK(bias.dim() == 4 && batch_windows >= 0 &&
-                  (batch_windows == 0 || batch_windows % bias.size(0) == 0),
-              "attention: cannot prepare bias ", bias.sizes(), " for ", batch_windows, " windows");
-  if (path != AttentionPath::kMemEfficient && path != AttentionPath::kSdpaPaddedMask) return bias;
-  return aligned_mask(bias, dtype, batch_windows);
-}
-
-at::Tensor dot_product_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                 const at::Tensor& bias, double scale, AttentionPath path,
-                                 bool softmax_in_float32, int64_t bias_windows) {
-  const bool windowed = bias.defined() && bias_windows > 0;
-  if (windowed) {
-    TORCH_CHECK(q.dim() == 4 && q.size(0) % bias_windows == 0, "attention: batch ", q.size(0),
-                " is not a multiple of the ", bias_windows, " windows of the bias");
-    TORCH_CHECK(bias.dim() == 4 && bias.size(0) == bias_windows, "attention: window bias ",
-                bias.sizes(), " does not start with ", bias_windows, " windows");
-  }
-  TORCH_CHECK(path != AttentionPath::kSdpaWindowBatch || windowed,
-              "attention: sdpa_window_batch needs a window bias");
-  switch (path) {
-    case AttentionPath::kManual:
-      break;
-    case AttentionPath::kSdpa:
-    case AttentionPath::kSdpaPaddedMask: {
-      std::optional<at::Tensor> mask;
-      if (bias.defined()) {
-        if (path == AttentionPath::kSdpaPaddedMask)
-          mask = aligned_mask(bias, q.scalar_type(), windowed ? q.size(0) : 0);
-        else
-          mask = (windowed ? expand_window_bias(bias, q.size(0)) : bias).to(q.scalar_type());
-      }
-      return at::scaled_dot_product_attention(q, k, v, mask, /*dropout_p=*/0.0,
-                                              /*is_causal=*/false, scale);
-    }
-    case AttentionPath::kMemEfficient: {
-      TORCH_CHECK(q.is_cuda() && q.dim() == 4, "attention: mem_efficient needs 4-D CUDA tensors");
-      std::optional<at::Tensor> mask;
-      if (bias.defined()) {
-        TORCH_CHECK(bias.scalar_type() != at::kBool,
-                    "attention: mem_efficient takes an additive (float) bias");
-        auto m = aligned_mask(bias.dim() == 4 ? bias : bias.expand({1, 1, q.size(2), k.size(2)}),
-                              q.scalar_type(), windowed ? q.size(0) : 0);
-        mask = m.expand({q.size(0), q.size(1), q.size(2), k.size(2)});
-      }
-      // What SDPA runs for its efficient backend (attention.cpp, sdpa dispatch), called
-      // directly: SDPA's own choice for a biased fp16/bf16 call is the slower cuDNN kernel.
-      const bool grad = at::GradMode::is_enabled() &&
-                        (q.requires_grad() || k.requires_grad() || v.requires_grad());
-      return std::get<0>(at::_scaled_dot_product_efficient_attention(
-          q, k, v, mask, /*compute_log_sumexp=*/grad, /*dropout_p=*/0.0, /*is_causal=*/false,
-          scale));
-    }
-    case AttentionPath::kSdpaWindowBatch: {
-      // (B*nW, H, L, d) -> (B, nW*H, L, d): windows x heads become SDPA's head axis, so the
-      // window bias is one (1, nW*H, L, L) tensor broadcast over the B images.
-      const int64_t nW = bias_windows, BW = q.size(0), B = BW / nW, H = q.size(1);
-      auto batch = [&](const at::Tensor& x) {
-        return x.view({B, nW, H, x.size(2), x.size(3)}).reshape({B, nW * H, x.size(2), x.size(3)});
-      };
-      const auto mask =
-          aligned_mask(bias.expand({nW, H, bias.size(2), bias.size(3)}), q.scalar_type())
-              .view({1, nW * H, bias.size(2), bias.size(3)});
-      auto out = at::scaled_dot_product_attention(batch(q), batch(k), batch(v), mask,
-                                                  /*dropout_p=*/0.0, /*is_causal=*/false, scale);
-      return out.reshape({BW, H, out.size(2), out.size(3)});
-    }
-  }
-  // transformers eager_attention_forward: matmul, then scale (same order), then + mask.
-  auto w = at::matmul(q, k.transpose(2, 3)) * scale;
-  if (windowed) {
-    // The same additions as w + expand_window_bias(bias), without the (B*nW, H, L, L) copy.
-    const auto sizes = w.sizes().vec();
-    w = (w.view({-1, bias_windows, w.size(1), w.size(2), w.size(3)}) + bias.unsqueeze(0))
-            .view(sizes);
-  } else if (bias.defined()) {
-    w = w + bias;
-  }
-  if (softmax_in_float32)
-    w = at::softmax(w, -1, at::kFloat).to(q.scalar_type());
-  else
-    w = at::softmax(w, -1);
-  return at::matmul(w, v);
-}
-
-at::Tensor dot_product_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                 const at::Tensor& bias, double scale, bool fused,
-                                 bool softmax_in_float32, int64_t bias_windows) {
-  AttentionPath path = AttentionPath::kManual;
-  if (fused) {
-    const BiasKind kind = !bias.defined()    ? BiasKind::kNone
-                          : bias_windows > 0 ? BiasKind::kWindow
-                                             : BiasKind::kDense;
-    path = attention_path(q.device().type(), q.scalar_type(), kind, q.size(2), q.size(3));
-  }
-  return dot_product_attention(q, k, v, bias, scale, path, softmax_in_float32, bias_windows);
-}
-
 AttentionImpl::AttentionImpl(const AttentionOptions& o)
     : num_heads(o.num_heads),
       head_dim(o.embed_dim / o.num_heads),
@@ -213,11 +29,27 @@ at::Tensor AttentionImpl::forward(const at::Tensor& query_in, const at::Tensor& 
   auto heads = [&](const at::Tensor& x, int64_t L) {
     return x.view({B, L, num_heads, head_dim}).transpose(1, 2);
   };
-  const auto q = heads(q_proj->forward(query_in), Lq);
-  const auto k = heads(k_proj->forward(key_in), Lk);
-  const auto v = heads(v_proj->forward(value_in), Lk);
-  auto out =
-      dot_product_attention(q, k, v, bias, scale, fused_attn, softmax_in_float32, bias_windows);
+  at::Tensor q, k, v;
+  const bool qk_shared = concat_projections >= 2 && query_in.is_same(key_in);
+  if (qk_shared) {
+    // One GEMM over the concatenated rows; (B, L, n, H, d) then per-projection (B, H, L, d).
+    const bool qkv_shared = concat_projections == 3 && key_in.is_same(value_in);
+    const int64_t n = qkv_shared ? 3 : 2, D = num_heads * head_dim;
+    const auto w = n == 3 ? in_proj_weight : in_proj_weight.narrow(0, 0, 2 * D);
+    const auto b = !in_proj_bias.defined() ? at::Tensor()
+                   : n == 3                ? in_proj_bias
+                                           : in_proj_bias.narrow(0, 0, 2 * D);
+    const auto packed = at::linear(query_in, w, b).view({B, Lq, n, num_heads, head_dim});
+    q = packed.select(2, 0).transpose(1, 2);
+    k = packed.select(2, 1).transpose(1, 2);
+    v = qkv_shared ? packed.select(2, 2).transpose(1, 2) : heads(v_proj->forward(value_in), Lk);
+  } else {
+    q = heads(q_proj->forward(query_in), Lq);
+    k = heads(k_proj->forward(key_in), Lk);
+    v = heads(v_proj->forward(value_in), Lk);
+  }
+  auto out = kernels::attention(attention_kernel, fused_attn, q, k, v, bias,
+                                {scale, softmax_in_float32, bias_windows});
   out = out.transpose(1, 2).reshape({B, Lq, num_heads * head_dim});
   return o_proj ? o_proj->forward(out) : out;
 }

@@ -110,7 +110,27 @@ ConvNormImpl::ConvNormImpl(const ConvNormOptions& o) : act(o.act) {
     norm = register_module(o.norm_name, std::make_shared<BatchNorm2dImpl>(o.out, o.eps));
 }
 
+kernels::ConvGeometry ConvNormImpl::geometry() const {
+  const auto& o = conv->options;
+  kernels::ConvGeometry g;
+  g.stride_h = g.stride_w = o.stride;
+  g.pad_h = g.pad_w = o.padding;
+  g.dilation_h = g.dilation_w = o.dilation;
+  g.groups = o.groups;
+  return g;
+}
+
+at::Tensor ConvNormImpl::forward_residual(const at::Tensor& x, const at::Tensor& residual,
+                                          Activation block_act) const {
+  TORCH_CHECK(folded, "ConvNorm::forward_residual needs a folded module");
+  return kernels::conv2d_bias_act(conv_kernel, x, conv->weight, conv->bias, residual, geometry(),
+                                  block_act);
+}
+
 at::Tensor ConvNormImpl::forward(const at::Tensor& x) const {
+  if (folded)
+    return kernels::conv2d_bias_act(conv_kernel, x, conv->weight, conv->bias, at::Tensor(),
+                                    geometry(), act);
   auto y = conv->forward(x);
   y = frozen_norm ? frozen_norm->forward(y) : norm->forward(y);
   return activate(act, y);

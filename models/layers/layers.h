@@ -11,10 +11,14 @@
 #include <string>
 #include <vector>
 
+#include "kernels/activation.h"
+#include "kernels/conv/conv2d_bias_act.h"
+#include "models/layers/bound_kernels.h"
+
 namespace libreyolo::models::layers {
 
-/// transformers ACT2FN subset. gelu is the exact (erf) form.
-enum class Activation { none, relu, silu, gelu, tanh };
+/// transformers ACT2FN subset (one enum with the kernels' one). gelu is the exact (erf) form.
+using Activation = kernels::Activation;
 /// "relu" | "silu" | "swish" | "gelu" | "tanh" | "" / "identity" / "linear" (= none).
 /// Throws std::invalid_argument naming the value otherwise (callers rethrow with the config field).
 Activation activation_from_name(const std::string& name);
@@ -111,14 +115,29 @@ struct ConvNormOptions {
   double eps = 1e-5;    ///< BatchNorm2d eps (ignored when frozen)
   std::string conv_name = "conv", norm_name = "norm";
 };
-class ConvNormImpl : public torch::nn::Module {
+class ConvNormImpl : public torch::nn::Module, public UsesKernels {
  public:
   explicit ConvNormImpl(const ConvNormOptions& o);
+  void bind_kernels(const BoundKernels& k) override { conv_kernel = k.conv2d_bias_act; }
+  /// Unfolded: conv -> norm -> act (transformers' order). Folded: one conv2d_bias_act call.
   at::Tensor forward(const at::Tensor& x) const;
+  /// act(conv(x) + bias + residual) in one conv2d_bias_act call; requires `folded` (the
+  /// residual add of a ResNet layer fused into its last convolution). residual has the output's
+  /// shape; `act` replaces this module's activation for the call.
+  at::Tensor forward_residual(const at::Tensor& x, const at::Tensor& residual,
+                              Activation block_act) const;
+  /// The convolution's stride / padding / dilation / groups.
+  kernels::ConvGeometry geometry() const;
+
   Conv2d conv;
-  BatchNorm2d norm;               ///< set when !frozen
-  FrozenBatchNorm2d frozen_norm;  ///< set when frozen
+  BatchNorm2d norm;               ///< set when !frozen (null once folded)
+  FrozenBatchNorm2d frozen_norm;  ///< set when frozen (null once folded)
   Activation act;
+  /// Set by the batchnorm_fold layout (models/layouts/): the norm is folded into conv.weight and
+  /// conv.bias (the norm child is removed) and forward() calls conv2d_bias_act.
+  bool folded = false;
+  /// The conv2d_bias_act slot's handle (bound at load; empty = the portable path).
+  kernels::Conv2dBiasActHandle conv_kernel;
 };
 using ConvNorm = std::shared_ptr<ConvNormImpl>;
 

@@ -43,7 +43,7 @@ at::Tensor MSDeformAttnImpl::forward(const at::Tensor& query, const at::Tensor& 
     const auto ref = reference_boxes.unsqueeze(2).unsqueeze(4);
     const auto xy = ref.slice(-1, 0, 2), wh = ref.slice(-1, 2, 4);
     const auto loc = xy + offsets / static_cast<double>(points_) * wh * 0.5;
-    out = kernels::ms_deform_attn(value, shapes, loc, weights);
+    out = kernels::ms_deform_attn(ms_deform_attn_kernel_, value, shapes, loc, weights);
   } else {
     const auto offsets =
         sampling_offsets_->forward(query).view({B, Q, heads_, levels_ * points_, 2});
@@ -54,7 +54,7 @@ at::Tensor MSDeformAttnImpl::forward(const at::Tensor& query, const at::Tensor& 
     const auto nps = n_points_scale_.to(query.scalar_type()).unsqueeze(-1);
     const auto offset = offsets * nps * ref.slice(-1, 2, 4) * offset_scale_;
     const auto loc = ref.slice(-1, 0, 2) + offset;
-    out = kernels::ms_deform_attn_v2(value, shapes, loc, weights,
+    out = kernels::ms_deform_attn_v2(ms_deform_attn_kernel_, value, shapes, loc, weights,
                                      std::vector<int64_t>(levels_, points_), method_);
   }
   return output_proj_->forward(out);

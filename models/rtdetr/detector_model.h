@@ -67,6 +67,7 @@ class DetectorModel final : public Model {
   int set_fused_attention(bool enabled) override {
     return layers::set_fused_attention(*net_, enabled);
   }
+  torch::nn::Module& root() override { return *net_; }
 
  private:
   std::string type_;

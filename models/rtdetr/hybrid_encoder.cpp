@@ -62,30 +62,33 @@ at::Tensor EncoderLayerImpl::forward(const at::Tensor& x, const at::Tensor& pos)
 CSPRepLayerImpl::CSPRepLayerImpl(const Config& c)
     : CSPRepLayerImpl(c, 2 * c.encoder_hidden_dim, c.encoder_hidden_dim, 3, c.hidden_expansion) {}
 
+RepVggBlockImpl::RepVggBlockImpl(const Config& c, int64_t channels) : act(c.activation) {
+  conv1 = register_module("conv1", conv_norm(c, channels, channels, 3, 1, Activation::none, 1));
+  conv2 = register_module("conv2", conv_norm(c, channels, channels, 1, 1, Activation::none, 0));
+}
+
+at::Tensor RepVggBlockImpl::forward(const at::Tensor& x) const {
+  // Re-parameterised: conv1 is the merged 3x3 kernel with the block's activation.
+  if (reparameterized) return conv1->forward(x);
+  return layers::activate(act, conv1->forward(x) + conv2->forward(x));
+}
+
 CSPRepLayerImpl::CSPRepLayerImpl(const Config& c, int64_t in, int64_t out, int64_t num_blocks,
-                                 double expansion)
-    : act_(c.activation) {
+                                 double expansion) {
   const auto hidden = static_cast<int64_t>(static_cast<double>(out) * expansion);
   conv1_ = register_module("conv1", conv_norm(c, in, hidden, 1, 1, c.activation));
   conv2_ = register_module("conv2", conv_norm(c, in, hidden, 1, 1, c.activation));
-  auto seq = register_module("bottlenecks", std::make_shared<torch::nn::Module>());
-  for (int64_t i = 0; i < num_blocks; ++i) {
-    // RTDetrRepVggBlock: act(convnorm3x3(x) + convnorm1x1(x)), no identity branch.
-    auto block = seq->register_module(std::to_string(i), std::make_shared<torch::nn::Module>());
-    auto a =
-        block->register_module("conv1", conv_norm(c, hidden, hidden, 3, 1, Activation::none, 1));
-    auto b =
-        block->register_module("conv2", conv_norm(c, hidden, hidden, 1, 1, Activation::none, 0));
-    bottlenecks_.emplace_back(a, b);
-  }
+  std::vector<std::shared_ptr<RepVggBlockImpl>> blocks;
+  for (int64_t i = 0; i < num_blocks; ++i)
+    blocks.push_back(std::make_shared<RepVggBlockImpl>(c, hidden));
+  bottlenecks_ = layers::register_list(*this, "bottlenecks", blocks);
   if (hidden != out)
     conv3_ = register_module("conv3", conv_norm(c, hidden, out, 1, 1, c.activation));
 }
 
 at::Tensor CSPRepLayerImpl::forward(const at::Tensor& x) const {
   at::Tensor h1 = conv1_->forward(x);
-  for (const auto& [a, b] : bottlenecks_)
-    h1 = layers::activate(act_, a->forward(h1) + b->forward(h1));
+  for (const auto& block : bottlenecks_) h1 = block->forward(h1);
   const at::Tensor h2 = conv2_->forward(x);
   const at::Tensor sum = h1 + h2;
   return conv3_ ? conv3_->forward(sum) : sum;

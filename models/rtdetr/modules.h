@@ -14,6 +14,7 @@
 #include "kernels/attention/ms_deform_attn.h"
 #include "models/core/config.h"
 #include "models/layers/attention.h"
+#include "models/layers/bound_kernels.h"
 #include "models/layers/layers.h"
 
 namespace libreyolo::models::rtdetr {
@@ -110,6 +111,20 @@ class EncoderLayerImpl : public torch::nn::Module {
   bool normalize_before_;
 };
 
+/// RTDetrRepVggBlock / DFineRepVggBlock: act(convnorm3x3(x) + convnorm1x1(x)), children
+/// "conv1" (3x3, padding 1) and "conv2" (1x1), no identity branch. The repvgg layout
+/// (models/layouts/) re-parameterises it into one 3x3 convolution with bias (lyuwenyu/RT-DETR
+/// RepVggBlock.convert_to_deploy): conv1 then holds the merged kernel with `act`, conv2 is null.
+class RepVggBlockImpl : public torch::nn::Module {
+ public:
+  RepVggBlockImpl(const Config& c, int64_t channels);
+  /// (B, C, H, W) -> (B, C, H, W).
+  at::Tensor forward(const at::Tensor& x) const;
+  layers::ConvNorm conv1, conv2;
+  Activation act;
+  bool reparameterized = false;
+};
+
 /// CSPRepLayer (conv1 -> RepVGG bottlenecks, conv2, conv3 or identity); conv1/conv2/conv3 use
 /// config.activation_function, the RepVGG blocks act(convnorm3x3(x) + convnorm1x1(x)).
 class CSPRepLayerImpl : public torch::nn::Module {
@@ -123,8 +138,7 @@ class CSPRepLayerImpl : public torch::nn::Module {
 
  private:
   layers::ConvNorm conv1_, conv2_, conv3_;
-  std::vector<std::pair<layers::ConvNorm, layers::ConvNorm>> bottlenecks_;
-  Activation act_;
+  std::vector<std::shared_ptr<RepVggBlockImpl>> bottlenecks_;
 };
 
 /// A CCFM block: the module to register and its forward (B, C, H, W) -> (B, C', H', W').
@@ -173,7 +187,16 @@ at::Tensor sincos_position_embedding_2d(int64_t h, int64_t w, int64_t dim, doubl
 /// boxes, as RT-DETR's decoder uses): sampling_offsets, attention_weights, value_proj,
 /// output_proj (+ buffer n_points_scale for v2). The sampling itself goes through the
 /// ms_deform_attn slot (kernels/attention/ms_deform_attn.h).
-class MSDeformAttnImpl : public torch::nn::Module {
+class MSDeformAttnImpl : public torch::nn::Module, public layers::UsesKernels {
+ public:
+  /// Takes the `ms_deform_attn` handle the model was bound to.
+  void bind_kernels(const layers::BoundKernels& k) override {
+    ms_deform_attn_kernel_ = k.ms_deform_attn;
+  }
+
+ private:
+  kernels::MsDeformAttnHandle ms_deform_attn_kernel_;
+
  public:
   explicit MSDeformAttnImpl(const Config& c);
   /// query (B, Q, D) (position embedding already added), memory (B, S, D),

@@ -61,13 +61,19 @@ ResNetLayerImpl::ResNetLayerImpl(const Config& c, int64_t in, int64_t out, int64
 }
 
 at::Tensor ResNetLayerImpl::forward(const at::Tensor& x) const {
-  at::Tensor h = x;
-  for (const auto& conv : layer_) h = conv->forward(h);
   at::Tensor residual = x;
   if (avg_pool_)
     residual = at::avg_pool2d(residual, {2, 2}, {2, 2}, {0, 0}, /*ceil_mode=*/true,
                               /*count_include_pad=*/true);
   if (shortcut_) residual = shortcut_->forward(residual);
+  at::Tensor h = x;
+  if (layer_.back()->folded) {
+    // batchnorm_fold layout: the residual add and the layer's activation run inside the last
+    // convolution's conv2d_bias_act call (same order: conv + bias, + residual, act).
+    for (size_t i = 0; i + 1 < layer_.size(); ++i) h = layer_[i]->forward(h);
+    return layer_.back()->forward_residual(h, residual, act_);
+  }
+  for (const auto& conv : layer_) h = conv->forward(h);
   return layers::activate(act_, h + residual);
 }
 

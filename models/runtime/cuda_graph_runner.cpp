@@ -112,7 +112,7 @@ ModelOutput CudaGraphRunner::run(const at::Tensor& pv) {
   if (c.input.size(0) > n) c.input.narrow(0, n, c.input.size(0) - n).zero_();
   c.graph->replay();
   // The slots' implementations ran again without being called: count them (/active, metrics).
-  kernels::Registry::global().count_replayed(c.calls);
+  kernels::Registry::count_replayed(c.calls);
   ModelOutput out;
   out.logits = c.output.logits.narrow(0, 0, n).clone();
   if (c.output.pred_boxes.defined()) out.pred_boxes = c.output.pred_boxes.narrow(0, 0, n).clone();

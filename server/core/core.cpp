@@ -12,7 +12,9 @@
 #include <thread>
 #include <tuple>
 
+#include "kernels/kernels.h"
 #include "kernels/registry.h"
+#include "kernels/report_json.h"
 #include "log/log.h"
 #include "models/image/decode.h"
 #include "models/model.h"
@@ -142,8 +144,9 @@ void bring_up(const std::shared_ptr<ModelEntry>& e, const ServerConfig& config, 
   const auto t0 = Clock::now();
   const auto serving = load_serving_config(
       (fs::path(config.model_repository.value) / e->name / "serving.yaml").string());
-  auto loaded = load_model_version(e->name, e->version, e->dir, serving, config.device.value,
-                                   factory, config.kernels.fused_attention.value);
+  auto loaded =
+      load_model_version(e->name, e->version, e->dir, serving, config.device.value, factory,
+                         config.kernels.fused_attention.value, config.kernels.layouts);
   const double load_s = seconds_since(t0);
   const auto t1 = Clock::now();
   if (serving.warmup) warm_up(*loaded);
@@ -688,41 +691,12 @@ api::InferResponse ServerCore::infer_on(Serving& serving, api::InferRequest& req
 
 std::string ServerCore::active_json() const {
   using nlohmann::json;
-  auto& reg = kernels::Registry::global();
-  const auto& p = config_.kernels;
+  auto& reg = kernels::Registry::process_default();
   auto setting = [](const auto& value, kernels::Source s, const std::string& origin) {
     return json{{"value", value}, {"source", kernels::source_name(s)}, {"origin", origin}};
   };
-  json policy = {
-      {"selection", setting(p.selection.value, p.selection.source, p.selection.origin)},
-      {"hub_kernels", setting(p.hub_kernels.value, p.hub_kernels.source, p.hub_kernels.origin)},
-      {"fused_attention", setting(kernels::fused_attention_name(p.fused_attention.value),
-                                  p.fused_attention.source, p.fused_attention.origin)},
-  };
-  json slots = json::object();
-  for (const auto& s : reg.report()) {
-    json cands = json::array();
-    for (const auto& c : s.candidates) {
-      cands.push_back({{"name", c.name},
-                       {"allowed", c.allowed},
-                       {"eligible", c.eligible},
-                       {"reason", c.reason},
-                       {"disabled", c.disabled},
-                       {"calls", c.calls},
-                       {"declined", c.declined}});
-    }
-    slots[s.slot] = {
-        {"selected", s.selected}, {"has_reference", s.has_reference}, {"candidates", cands}};
-  }
-  json events = json::array();
-  for (const auto& ev : reg.events()) {
-    events.push_back({{"slot", ev.slot},
-                      {"impl", ev.impl},
-                      {"reason", ev.reason},
-                      {"time_ms", std::chrono::duration_cast<std::chrono::milliseconds>(
-                                      ev.time.time_since_epoch())
-                                      .count()}});
-  }
+  // The kernel state in the one schema libreyolo-kernels --json prints (kernels/report_json.h).
+  json out = kernels::kernels_json(reg, config_.kernels, kernels::built_with_cuda());
   json models = json::array();
   {
     std::lock_guard<std::mutex> lk(mu_);
@@ -737,6 +711,16 @@ std::string ServerCore::active_json() const {
         m["fused_attention"] = {{"value", kernels::fused_attention_name(l.fused_attention)},
                                 {"source", l.fused_attention_source},
                                 {"modules_changed", l.fused_attention_changed}};
+        // Each layout applied at load (models/layouts/): source, modules, parameters.
+        json layouts = json::array();
+        for (const auto& r : l.model->layouts())
+          layouts.push_back({{"layout", r.layout},
+                             {"source", r.source},
+                             {"classes", r.classes},
+                             {"modules_replaced", r.modules},
+                             {"params_before", r.params_before},
+                             {"params_after", r.params_after}});
+        m["layouts"] = std::move(layouts);
         m["cuda_graphs"] = l.cuda_graphs_status;
         m["device"] = l.device.str();
       }
@@ -766,9 +750,11 @@ std::string ServerCore::active_json() const {
                config_.model_repository.origin)},
       {"device", server_setting(config_.device)},
   };
-  json out = {{"active", reg.active()},    {"policy", policy}, {"slots", slots},
-              {"fallback_events", events}, {"models", models}, {"ready", ready()},
-              {"draining", draining()},    {"torch", torch},   {"server", server}};
+  out["models"] = std::move(models);
+  out["ready"] = ready();
+  out["draining"] = draining();
+  out["torch"] = torch;
+  out["server"] = server;
   return out.dump(2);
 }
 

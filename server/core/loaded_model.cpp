@@ -6,6 +6,8 @@
 
 #include <stdexcept>
 
+#include "kernels/policy.h"
+#include "kernels/registry.h"
 #include "log/log.h"
 #include "models/core/config.h"
 
@@ -54,12 +56,11 @@ T field(const nlohmann::json& config, const std::string& path, const char* key, 
 
 }  // namespace
 
-std::shared_ptr<LoadedModel> load_model_version(const std::string& name, const std::string& version,
-                                                const std::string& dir,
-                                                const ServingConfig& serving,
-                                                const std::string& server_device,
-                                                const ModelLoader& loader,
-                                                kernels::FusedAttention server_fused_attention) {
+std::shared_ptr<LoadedModel> load_model_version(
+    const std::string& name, const std::string& version, const std::string& dir,
+    const ServingConfig& serving, const std::string& server_device, const ModelLoader& loader,
+    kernels::FusedAttention server_fused_attention,
+    const kernels::Setting<kernels::LayoutMode>& server_layouts) {
   auto m = std::make_shared<LoadedModel>();
   m->name = name;
   m->version = version;
@@ -85,7 +86,21 @@ std::shared_ptr<LoadedModel> load_model_version(const std::string& name, const s
   models::LoadOptions options;
   options.device = m->device;
   options.dtype = m->dtype;
+  options.name = name;
+  // serving.yaml's kernel lists, checked against what the process declares and provides.
+  try {
+    kernels::check_names(serving.kernels.slot_allow, kernels::Registry::process_default());
+  } catch (const kernels::PolicyError& e) {
+    throw std::runtime_error(e.what());
+  }
+  options.kernel_slots = serving.kernels.allow();
+  // serving.yaml `kernels.layouts` wins over the server's kernels.layouts for this model.
+  options.layouts.mode = serving.kernels.layouts ? *serving.kernels.layouts : server_layouts;
+  options.layouts.kernel_config = serving.kernel_config;
   m->model = loader(dir, options);
+  for (const auto& r : m->model->layouts())
+    log::info(c10::str("model '", name, "': layout ", r.layout, " (", r.source, "): ", r.modules,
+                       " modules, parameters ", r.params_before, " -> ", r.params_after));
   m->task = m->model->task();
   if (m->task == models::Task::object_detection) {
     try {

@@ -54,12 +54,15 @@ struct LoadedModel {
 /// `server_device` ("auto" | "cpu" | "cuda" | "cuda:N"; serving.device wins when set), then
 /// applies the effective fused-attention setting (serving.fused_attention, else
 /// `server_fused_attention`, the server's kernels.fused_attention): on/off call
-/// models::Model::set_fused_attention(true/false) and log how many modules changed.
+/// models::Model::set_fused_attention(true/false) and log how many modules changed. Layouts:
+/// `server_layouts` (kernels.layouts / LIBREYOLO_LAYOUTS) with serving.kernel_config, applied
+/// by the loader (models::load_model); each applied layout is logged.
 /// Object detectors and image classifiers. Throws std::runtime_error naming the file/field.
 std::shared_ptr<LoadedModel> load_model_version(
     const std::string& name, const std::string& version, const std::string& dir,
     const ServingConfig& serving, const std::string& server_device, const ModelLoader& loader,
-    kernels::FusedAttention server_fused_attention = kernels::FusedAttention::family_default);
+    kernels::FusedAttention server_fused_attention = kernels::FusedAttention::family_default,
+    const kernels::Setting<kernels::LayoutMode>& server_layouts = {});
 
 /// One forward on zeros at the processor's output size (the warm-up). Throws on failure.
 void warm_up(const LoadedModel& model);

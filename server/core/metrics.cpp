@@ -127,7 +127,7 @@ void Metrics::model_load(const std::string& model, const std::string& version, d
 std::string Metrics::serialize() const {
   auto families = impl_->registry->Collect();
   // Kernel registry, read at scrape time (its counters are the source of truth).
-  auto& reg = kernels::Registry::global();
+  auto& reg = kernels::Registry::process_default();
   prometheus::MetricFamily active{"libreyolo_kernel_active",
                                   "1 for the implementation selected for a slot",
                                   prometheus::MetricType::Gauge,
@@ -174,7 +174,30 @@ std::string Metrics::serialize() const {
     fallback.metric.push_back(value_metric(
         {{"slot", std::get<0>(k)}, {"impl", std::get<1>(k)}, {"reason", std::get<2>(k)}}, n, true));
   }
-  for (auto* f : {&active, &calls, &declined, &fallback}) families.push_back(std::move(*f));
+  // Per model: what each model's handles call (Registry::bindings), the resolution per model.
+  prometheus::MetricFamily model_active{
+      "libreyolo_model_kernel_active",
+      "1 for the implementation a model's handle tries first, per slot",
+      prometheus::MetricType::Gauge,
+      {}};
+  prometheus::MetricFamily model_calls{"libreyolo_model_kernel_calls_total",
+                                       "Calls a model's handle made to an implementation",
+                                       prometheus::MetricType::Counter,
+                                       {}};
+  for (const auto& b : reg.bindings()) {
+    for (const auto& c : b.candidates) {
+      // Only bound candidates (eligible, or disabled after a failure) get series.
+      const std::vector<prometheus::ClientMetric::Label> labels{
+          {"model", b.model}, {"slot", b.slot}, {"impl", c.name}};
+      if (c.eligible || c.disabled) {
+        model_active.metric.push_back(
+            value_metric(labels, c.name == b.selected ? 1.0 : 0.0, false));
+        model_calls.metric.push_back(value_metric(labels, static_cast<double>(c.calls), true));
+      }
+    }
+  }
+  for (auto* f : {&active, &calls, &declined, &fallback, &model_active, &model_calls})
+    families.push_back(std::move(*f));
   return prometheus::TextSerializer().Serialize(families);
 }
 

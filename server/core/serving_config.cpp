@@ -3,6 +3,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include "kernels/policy.h"
+#include "models/layouts/kernel_config.h"
 
 #include <cmath>
 #include <fstream>
@@ -102,12 +103,16 @@ ServingConfig parse_serving_config(const std::string& yaml_text, const std::stri
       c.fused_attention_origin = where(file, v);
     } else if (key == "cuda_graphs") {
       c.cuda_graphs = as<bool>(file, v, key, "on or off");
+    } else if (key == "kernels") {
+      c.kernels = kernels::parse_model_kernels(v, file);
+    } else if (key == "kernel_config") {
+      c.kernel_config = models::layouts::parse_kernel_config(v, file);
     } else {
       fail(file, kv.first,
            "unknown key " + clip(key) +
                " (expected device, dtype, max_batch_size, max_queue_delay_microseconds, "
                "max_queue_size, default_timeout_microseconds, threshold, top_k, warmup, "
-               "fused_attention, cuda_graphs)");
+               "fused_attention, cuda_graphs, kernels, kernel_config)");
     }
   }
   return c;

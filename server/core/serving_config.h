@@ -4,8 +4,10 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "kernels/policy.h"
+#include "models/layouts/options.h"
 
 namespace libreyolo::server {
 
@@ -31,6 +33,13 @@ struct ServingConfig {
   /// Only for CUDA models with a fixed input size (RT-DETR, ViT, Swin); elsewhere ignored with a
   /// log line. A capture failure logs a warning and keeps eager execution.
   bool cuda_graphs = false;
+  /// `kernels: {slots: {ms_deform_attn: {allow: [reference]}}, layouts: off}`: this model's
+  /// kernel policy, overriding the server's for the slots it names (the names are checked
+  /// against the process registry at load: an unknown slot or implementation fails the load).
+  kernels::ModelKernelPolicy kernels;
+  /// `kernel_config:` (models/layouts/kernel_config.h): which layout replaces which transformers
+  /// class of this model, in file order; validated here, applied by load_model.
+  std::vector<models::layouts::KernelConfigEntry> kernel_config;
 };
 
 /// Reads `file` when it exists (else the defaults). Throws std::runtime_error naming

@@ -14,6 +14,9 @@
 #include <string>
 #include <vector>
 
+#include "kernels/attention/dot_product_attention.h"
+#include "kernels/attention/ms_deform_attn.h"
+#include "kernels/conv/conv2d_bias_act.h"
 #include "kernels/kernels.h"
 #include "kernels/quant/cuda/fake_quant_fp8_cuda.h"
 #include "kernels/quant/fake_quant_fp8.h"
@@ -37,17 +40,34 @@ using test::bit_mismatches;
   if (!built_with_cuda() || !&register_cuda_kernels)               \
   GTEST_SKIP() << "built without the CUDA kernels"
 
+/// The context of a model on cuda:0 (what the cuda implementations bind to).
+BindContext cuda_context() {
+  BindContext c;
+  c.device = BindContext::Device::cuda;
+  c.device_index = 0;
+  return c;
+}
+
+/// A registry with the built-in slots declared and only the `cuda` implementations.
+void declare_with_cuda_only(Registry& reg) {
+  reg.declare(kMsDeformAttn);
+  reg.declare(kFakeQuantFp8);
+  reg.declare(kConv2dBiasAct);
+  reg.declare(kAttention);
+  register_cuda_kernels(reg);
+}
+
 Registry& cuda_only() {
   static Registry* r = [] {
     auto* reg = new Registry();
-    register_cuda_kernels(*reg);
+    declare_with_cuda_only(*reg);
     return reg;
   }();
   return *r;
 }
 
 at::Tensor run_cuda(const at::Tensor& x, const at::Tensor& scale) {
-  auto out = cuda_only().call_as<FakeQuantFp8Impl>(kFakeQuantFp8, x, scale);
+  auto out = cuda_only().bind(kFakeQuantFp8, cuda_context())(x, scale);
   EXPECT_TRUE(out.has_value()) << "the cuda implementation declined";
   return out ? *out : at::Tensor();
 }
@@ -131,11 +151,11 @@ TEST(CudaFakeQuantFp8, GradientIsIdentity) {
 TEST(CudaFakeQuantFp8, DeclinesAreCountedNotThrown) {
   REQUIRE_CUDA();
   Registry reg;
-  register_cuda_kernels(reg);
+  declare_with_cuda_only(reg);
   const auto x = at::randn({8, 6}, at::TensorOptions().device(kCuda));
   const auto s = at::full({1}, 0.1f, x.options());
   auto call = [&](const at::Tensor& a, const at::Tensor& b) {
-    return reg.call_as<FakeQuantFp8Impl>(kFakeQuantFp8, a, b);
+    return reg.bind(kFakeQuantFp8, cuda_context())(a, b);
   };
   EXPECT_FALSE(call(x.cpu(), s.cpu()));
   EXPECT_FALSE(call(x.to(at::kDouble), s.to(at::kDouble)));
@@ -147,7 +167,8 @@ TEST(CudaFakeQuantFp8, DeclinesAreCountedNotThrown) {
   uint64_t calls = 0;
   for (const auto& slot : reg.report())
     for (const auto& c : slot.candidates)
-      if (slot.slot == kFakeQuantFp8 && c.name == "cuda") declined = c.declined, calls = c.calls;
+      if (slot.slot == kFakeQuantFp8.name && c.name == "cuda")
+        declined = c.declined, calls = c.calls;
   EXPECT_EQ(calls, 2u);
   EXPECT_EQ(declined["cpu tensor"], 1u);
   EXPECT_EQ(declined["unsupported dtype"], 1u);

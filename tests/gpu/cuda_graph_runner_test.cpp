@@ -64,9 +64,9 @@ TEST(CudaGraphRunner, ReplayEqualsEagerWithPadding) {
 
 /// Calls counted so far for the `cuda` ms_deform_attn (the registry's report, what /active shows).
 uint64_t cuda_msda_calls() {
-  for (const auto& slot : libreyolo::kernels::Registry::global().report())
+  for (const auto& slot : libreyolo::kernels::Registry::process_default().report())
     for (const auto& c : slot.candidates)
-      if (slot.slot == libreyolo::kernels::kMsDeformAttn && c.name == "cuda") return c.calls;
+      if (slot.slot == libreyolo::kernels::kMsDeformAttn.name && c.name == "cuda") return c.calls;
   return 0;
 }
 

@@ -16,8 +16,11 @@
 #include <vector>
 
 #include "kernels/attention/cuda/ms_deform_attn_cuda.h"
+#include "kernels/attention/dot_product_attention.h"
 #include "kernels/attention/ms_deform_attn.h"
+#include "kernels/conv/conv2d_bias_act.h"
 #include "kernels/kernels.h"
+#include "kernels/quant/fake_quant_fp8.h"
 #include "kernels/registry.h"
 #include "tests/gpu/cuda_test_util.h"
 
@@ -51,10 +54,27 @@ using test::max_rel_diff;
   GTEST_SKIP() << "built without the CUDA kernels"
 
 /// A registry holding only the `cuda` implementations (no policy, no references).
+/// The context of a model on cuda:0 (what the cuda implementations bind to).
+BindContext cuda_context() {
+  BindContext c;
+  c.device = BindContext::Device::cuda;
+  c.device_index = 0;
+  return c;
+}
+
+/// A registry with the built-in slots declared and only the `cuda` implementations.
+void declare_with_cuda_only(Registry& reg) {
+  reg.declare(kMsDeformAttn);
+  reg.declare(kFakeQuantFp8);
+  reg.declare(kConv2dBiasAct);
+  reg.declare(kAttention);
+  register_cuda_kernels(reg);
+}
+
 Registry& cuda_only() {
   static Registry* r = [] {
     auto* reg = new Registry();
-    register_cuda_kernels(*reg);
+    declare_with_cuda_only(*reg);
     return reg;
   }();
   return *r;
@@ -88,8 +108,8 @@ Inputs make_inputs(int64_t B, int64_t Q, int64_t H, int64_t C, const SpatialShap
 }
 
 at::Tensor run_cuda(const Inputs& in) {
-  auto out = cuda_only().call_as<MsDeformAttnImpl>(kMsDeformAttn, in.value, in.shapes, in.starts,
-                                                   in.loc, in.attn);
+  auto out = cuda_only().bind(kMsDeformAttn, cuda_context())(in.value, in.shapes, in.starts, in.loc,
+                                                             in.attn);
   EXPECT_TRUE(out.has_value()) << "the cuda implementation declined";
   return out ? *out : at::Tensor();
 }
@@ -286,11 +306,11 @@ TEST(CudaMsDeformAttn, CudaGraphReplayEqualsEager) {
 TEST(CudaMsDeformAttn, DeclinesAreCountedNotThrown) {
   REQUIRE_CUDA();
   Registry reg;
-  register_cuda_kernels(reg);
+  declare_with_cuda_only(reg);
   const auto in = make_inputs(1, 4, 2, 16, {{4, 6}, {2, 3}}, 2, at::kFloat, at::kFloat, 7);
   auto call = [&](const at::Tensor& v, const at::Tensor& shapes, const at::Tensor& starts,
                   const at::Tensor& loc, const at::Tensor& attn) {
-    return reg.call_as<MsDeformAttnImpl>(kMsDeformAttn, v, shapes, starts, loc, attn);
+    return reg.bind(kMsDeformAttn, cuda_context())(v, shapes, starts, loc, attn);
   };
   EXPECT_FALSE(call(in.value.cpu(), in.shapes.cpu(), in.starts.cpu(), in.loc.cpu(), in.attn.cpu()));
   EXPECT_FALSE(call(in.value.to(at::kDouble), in.shapes, in.starts, in.loc.to(at::kDouble),
@@ -306,7 +326,8 @@ TEST(CudaMsDeformAttn, DeclinesAreCountedNotThrown) {
   uint64_t calls = 0;
   for (const auto& slot : reg.report())
     for (const auto& c : slot.candidates)
-      if (slot.slot == kMsDeformAttn && c.name == "cuda") declined = c.declined, calls = c.calls;
+      if (slot.slot == kMsDeformAttn.name && c.name == "cuda")
+        declined = c.declined, calls = c.calls;
   EXPECT_EQ(calls, 1u);
   EXPECT_EQ(declined["cpu tensor"], 1u);
   EXPECT_EQ(declined["unsupported dtype"], 2u);
@@ -317,14 +338,14 @@ TEST(CudaMsDeformAttn, DeclinesAreCountedNotThrown) {
 
 TEST(CudaMsDeformAttn, SlotEntryUsesCudaAndIsDifferentiable) {
   REQUIRE_CUDA();
-  auto& reg = Registry::global();
-  const auto names = reg.iter_impls(kMsDeformAttn);
+  auto& reg = Registry::process_default();
+  const auto names = reg.iter_impls(kMsDeformAttn.name);
   if (std::find(names.begin(), names.end(), "cuda") == names.end())
     GTEST_SKIP() << "cuda not selected by the policy (LIBREYOLO_KERNELS?)";
   auto calls = [&] {
     for (const auto& slot : reg.report())
       for (const auto& c : slot.candidates)
-        if (slot.slot == kMsDeformAttn && c.name == "cuda") return c.calls;
+        if (slot.slot == kMsDeformAttn.name && c.name == "cuda") return c.calls;
     return uint64_t{0};
   };
   const auto in = make_inputs(2, 10, 4, 32, {{8, 12}, {4, 6}}, 3, at::kFloat, at::kFloat, 9);
@@ -332,7 +353,8 @@ TEST(CudaMsDeformAttn, SlotEntryUsesCudaAndIsDifferentiable) {
   auto l = in.loc.clone().requires_grad_();
   auto a = in.attn.clone().requires_grad_();
   const auto before = calls();
-  auto out = ms_deform_attn(v, in.levels, l, a);
+  auto out = ms_deform_attn(Registry::process_default().bind(kMsDeformAttn, cuda_context()), v,
+                            in.levels, l, a);
   EXPECT_EQ(calls(), before + 1);
   ASSERT_TRUE(out.requires_grad());
   const auto grad_out = at::randn_like(out);
@@ -348,25 +370,28 @@ TEST(CudaMsDeformAttn, SlotEntryUsesCudaAndIsDifferentiable) {
 // be saved for backward. The slot must run `cuda` there (no fallback), and equal the eager result.
 TEST(CudaMsDeformAttn, SlotEntryRunsCudaUnderInferenceMode) {
   REQUIRE_CUDA();
-  auto& reg = Registry::global();
-  const auto names = reg.iter_impls(kMsDeformAttn);
+  auto& reg = Registry::process_default();
+  const auto names = reg.iter_impls(kMsDeformAttn.name);
   if (std::find(names.begin(), names.end(), "cuda") == names.end())
     GTEST_SKIP() << "cuda not selected by the policy (LIBREYOLO_KERNELS?)";
   auto state = [&] {
     for (const auto& slot : reg.report())
       for (const auto& c : slot.candidates)
-        if (slot.slot == kMsDeformAttn && c.name == "cuda")
+        if (slot.slot == kMsDeformAttn.name && c.name == "cuda")
           return std::make_pair(c.calls, c.disabled);
     return std::make_pair(uint64_t{0}, false);
   };
   const auto in = make_inputs(2, 10, 4, 32, {{8, 12}, {4, 6}}, 3, at::kFloat, at::kFloat, 11);
-  const auto eager = ms_deform_attn(in.value, in.levels, in.loc, in.attn);
+  const auto eager = ms_deform_attn(Registry::process_default().bind(kMsDeformAttn, cuda_context()),
+                                    in.value, in.levels, in.loc, in.attn);
   const auto before = state();
   at::Tensor out;
   {
     at::InferenceMode guard;
-    out = ms_deform_attn(in.value.clone(), in.levels, in.loc.clone(), in.attn.clone());
-    out = ms_deform_attn(in.value.clone(), in.levels, in.loc.clone(), in.attn.clone());
+    out = ms_deform_attn(Registry::process_default().bind(kMsDeformAttn, cuda_context()),
+                         in.value.clone(), in.levels, in.loc.clone(), in.attn.clone());
+    out = ms_deform_attn(Registry::process_default().bind(kMsDeformAttn, cuda_context()),
+                         in.value.clone(), in.levels, in.loc.clone(), in.attn.clone());
   }
   const auto after = state();
   EXPECT_FALSE(after.second) << "cuda was disabled by a failure under InferenceMode";

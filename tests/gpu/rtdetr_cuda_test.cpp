@@ -23,14 +23,14 @@ using libreyolo::kernels::Registry;
 
 /// Calls of `cuda` for ms_deform_attn so far, and whether it was disabled by a failure.
 std::pair<uint64_t, bool> cuda_msda_state() {
-  for (const auto& slot : Registry::global().report())
+  for (const auto& slot : Registry::process_default().report())
     for (const auto& c : slot.candidates)
-      if (slot.slot == kMsDeformAttn && c.name == "cuda") return {c.calls, c.disabled};
+      if (slot.slot == kMsDeformAttn.name && c.name == "cuda") return {c.calls, c.disabled};
   return {0, false};
 }
 
 bool cuda_msda_selected() {
-  const auto names = Registry::global().iter_impls(kMsDeformAttn);
+  const auto names = Registry::process_default().iter_impls(kMsDeformAttn.name);
   return std::find(names.begin(), names.end(), "cuda") != names.end();
 }
 

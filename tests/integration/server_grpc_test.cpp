@@ -2,6 +2,7 @@
 // fixture detections, health states, bad-input statuses, queue overflow, deadlines, batching,
 // the HTTP admin port and the drain.
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include <cmath>
 #include <future>
@@ -489,12 +490,32 @@ TEST_F(ServerGrpc, HttpAdminEndpoints) {
   // GPU machine); the gauge must name whichever the registry selected.
   const std::string active_line =
       "libreyolo_kernel_active{slot=\"fake_quant_fp8\",impl=\"" +
-      libreyolo::kernels::Registry::global().active().at("fake_quant_fp8") + "\"} 1";
+      libreyolo::kernels::Registry::process_default().active().at("fake_quant_fp8") + "\"} 1";
   EXPECT_NE(m.body.find(active_line), std::string::npos) << "missing " << active_line;
   auto active = http_get(port, "/active");
   EXPECT_EQ(active.status, 200);
   EXPECT_NE(active.body.find("\"fake_quant_fp8\": {"), std::string::npos) << active.body;
   EXPECT_NE(active.body.find("\"state\": \"READY\""), std::string::npos) << active.body;
+  // The kernel part has the schema of libreyolo-kernels --json (kernels/report_json.h), with
+  // what the loaded model was bound to: on a CPU model the attention slot's first candidate is
+  // sdpa (mem_efficient binds to CUDA models only), and nothing serves ms_deform_attn.
+  const auto doc = nlohmann::json::parse(active.body);
+  for (const char* key :
+       {"policy", "active", "slots", "bindings", "providers", "fallback_events", "built_with_cuda"})
+    EXPECT_TRUE(doc.contains(key)) << key;
+  if (doc["models"].size() > 0 && doc["bindings"].contains("rtdetr_tiny")) {
+    const auto& b = doc["bindings"]["rtdetr_tiny"];
+    EXPECT_EQ(b["attention"]["selected"], "sdpa");
+    EXPECT_EQ(b["attention"]["candidates"][2]["name"], "mem_efficient");
+    EXPECT_EQ(b["attention"]["candidates"][2]["reason"], "the model is not on a CUDA device");
+    EXPECT_EQ(b["ms_deform_attn"]["selected"], "unavailable");
+    EXPECT_NE(m.body.find("libreyolo_model_kernel_active{model=\"rtdetr_tiny\",slot=\"attention\","
+                          "impl=\"sdpa\"} 1"),
+              std::string::npos)
+        << m.body;
+  } else {
+    ADD_FAILURE() << "rtdetr_tiny has no kernel bindings in /active: " << active.body;
+  }
   EXPECT_EQ(http_get(port, "/nothing").status, 404);
 }
 

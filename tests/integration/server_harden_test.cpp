@@ -299,7 +299,7 @@ TEST(ServerHardenMetrics, KernelCountersHaveZeroSeriesForEveryKnownPair) {
   d.start();
   const auto body = http_get(d.http_port(), "/metrics").body;
   int pairs = 0;
-  for (const auto& slot : kernels::Registry::global().report()) {
+  for (const auto& slot : kernels::Registry::process_default().report()) {
     for (const auto& c : slot.candidates) {
       ++pairs;
       for (const char* family :

@@ -201,24 +201,28 @@ def main():
             with torch.no_grad():
                 ref = m(**kw)
             save_file({k: v.contiguous() for k, v in kw.items()}, os.path.join(d, "pixels.safetensors"))
-            out_path = os.path.join(d, "out.safetensors")
-            r = subprocess.run([predict, "--model", d, "--pixels", os.path.join(d, "pixels.safetensors"),
-                                "--out", out_path], capture_output=True, text=True)
-            if r.returncode != 0:
-                print(f"FAIL {tag}: libreyolo-predict exited {r.returncode}: {r.stderr.strip()[-400:]}")
-                failed += 1
-                continue
-            ours = load_file(out_path)
-            dl = float((ours["logits"] - ref.logits).abs().max())
-            line = f"{tag}: logits max abs diff {dl:.3g}"
-            ok = dl <= LOGITS_BAR
-            if hasattr(ref, "pred_boxes") and ref.pred_boxes is not None:
-                db = float((ours["pred_boxes"] - ref.pred_boxes).abs().max())
-                line += f", pred_boxes {db:.3g}"
-                ok = ok and db <= BOXES_BAR
-            print(("ok   " if ok else "FAIL ") + line, flush=True)
-            passed += ok
-            failed += not ok
+            # Both with the layouts off (the modules as loaded) and on (every layout whose
+            # predicate holds: models/layouts/), against the same transformers outputs.
+            for layouts in ("off", "on"):
+                out_path = os.path.join(d, f"out_{layouts}.safetensors")
+                r = subprocess.run([predict, "--model", d, "--pixels", os.path.join(d, "pixels.safetensors"),
+                                    "--layouts", layouts, "--out", out_path], capture_output=True, text=True)
+                if r.returncode != 0:
+                    print(f"FAIL {tag} layouts={layouts}: libreyolo-predict exited {r.returncode}: "
+                          f"{r.stderr.strip()[-400:]}")
+                    failed += 1
+                    continue
+                ours = load_file(out_path)
+                dl = float((ours["logits"] - ref.logits).abs().max())
+                line = f"{tag} layouts={layouts}: logits max abs diff {dl:.3g}"
+                ok = dl <= LOGITS_BAR
+                if hasattr(ref, "pred_boxes") and ref.pred_boxes is not None:
+                    db = float((ours["pred_boxes"] - ref.pred_boxes).abs().max())
+                    line += f", pred_boxes {db:.3g}"
+                    ok = ok and db <= BOXES_BAR
+                print(("ok   " if ok else "FAIL ") + line, flush=True)
+                passed += ok
+                failed += not ok
     print(f"live parity: {passed} passed, {failed} failed")
     return 0 if failed == 0 else 1
 

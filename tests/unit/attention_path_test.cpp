@@ -6,6 +6,9 @@
 #include <c10/core/InferenceMode.h>
 #include <gtest/gtest.h>
 
+#include "kernels/kernels.h"
+#include "kernels/registry.h"
+
 #include <cmath>
 #include <iostream>
 
@@ -93,9 +96,40 @@ TEST(AttentionPathNumerics, WindowBiasManualIsByteIdenticalToTheExpandedBias) {
       dot_product_attention(in.q, in.k, in.v, in.window_bias, scale, P::kManual, false, 4);
   EXPECT_TRUE(at::equal(expanded, windowed));
   EXPECT_EQ(windowed.sizes(), (std::vector<int64_t>{8, 3, 49, 32}));
-  // fused = false is the manual path whatever the device.
+  // fused = false is the manual path whatever the device and the handle.
+  const auto handle =
+      kernels::Registry::process_default().bind(kernels::kAttention, kernels::BindContext{});
   EXPECT_TRUE(at::equal(
-      dot_product_attention(in.q, in.k, in.v, in.window_bias, scale, false, false, 4), windowed));
+      kernels::attention(handle, false, in.q, in.k, in.v, in.window_bias, {scale, false, 4}),
+      windowed));
+}
+
+TEST(AttentionSlot, FusedCallsGoThroughTheBoundHandleAndAreCounted) {
+  // The `attention` slot on a CPU model: mem_efficient is not a candidate (CUDA models only),
+  // sdpa takes the call (attention_path on the CPU is SDPA), the reference is last.
+  kernels::Registry r;
+  kernels::register_builtin_slots(r);
+  kernels::BindContext cpu;
+  cpu.model = "m";
+  const auto handle = r.bind(kernels::kAttention, cpu);
+  ASSERT_EQ(handle.binding()->candidates.size(), 2u);
+  EXPECT_EQ(r.bindings().at(0).selected, "sdpa");
+  const auto q = at::randn({2, 3, 5, 8}), k = at::randn({2, 3, 7, 8}), v = at::randn({2, 3, 7, 8});
+  const auto fused = kernels::attention(handle, true, q, k, v, at::Tensor(), {0.5, false, 0});
+  const auto manual = dot_product_attention(q, k, v, at::Tensor(), 0.5, P::kManual);
+  EXPECT_LE((fused - manual).abs().max().item<double>(), 1e-6);
+  EXPECT_TRUE(at::equal(
+      fused, dot_product_attention(q, k, v, at::Tensor(), 0.5, P::kSdpa)));  // what sdpa runs
+  const auto report = r.bindings().at(0);
+  EXPECT_EQ(report.candidates[0].name, "sdpa");
+  EXPECT_EQ(report.candidates[0].calls, 1u);
+  EXPECT_EQ(report.candidates[2].name, "mem_efficient");
+  EXPECT_EQ(report.candidates[2].reason, "the model is not on a CUDA device");
+  // A model whose policy allows only the reference computes the manual math, even fused.
+  const auto only_ref = r.filter().overridden({{"attention", {"reference"}}});
+  const auto ref_handle = r.bind(kernels::kAttention, cpu, &only_ref);
+  EXPECT_TRUE(at::equal(
+      kernels::attention(ref_handle, true, q, k, v, at::Tensor(), {0.5, false, 0}), manual));
 }
 
 TEST(AttentionPathNumerics, EveryFormulationMatchesManualInFloat32) {

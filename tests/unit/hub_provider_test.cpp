@@ -35,6 +35,7 @@
 namespace fs = libreyolo::test::hubfs;
 namespace hub = libreyolo::kernels::hub;
 namespace lylog = libreyolo::log;
+using libreyolo::kernels::BindContext;
 using libreyolo::kernels::kMsDeformAttn;
 using libreyolo::kernels::MsDeformAttnImpl;
 using libreyolo::kernels::Registry;
@@ -101,8 +102,9 @@ struct Inputs {
 
 /// What the slot entry point does with a registry: its implementations, then the portable path.
 at::Tensor slot_call(Registry& r, const Inputs& in) {
-  auto out = r.call_as<MsDeformAttnImpl>(kMsDeformAttn, in.value, in.shapes_t, in.start_t, in.loc,
-                                         in.attn);
+  BindContext c;
+  c.device = in.value.is_cuda() ? BindContext::Device::cuda : BindContext::Device::cpu;
+  auto out = r.bind(kMsDeformAttn, c)(in.value, in.shapes_t, in.start_t, in.loc, in.attn);
   return out ? *out : in.portable();
 }
 
@@ -114,7 +116,7 @@ void reset_test_op_calls(const std::string& ns) {
 
 uint64_t hub_calls(Registry& r) {
   for (const auto& s : r.report()) {
-    if (s.slot != kMsDeformAttn) continue;
+    if (s.slot != kMsDeformAttn.name) continue;
     for (const auto& c : s.candidates) {
       if (c.name == "hub") return c.calls;
     }
@@ -148,15 +150,13 @@ class HubProvider : public ::testing::Test {
   /// A registry with only the hub provider, configured by the fixture; resolved.
   std::unique_ptr<Registry> make_registry(libreyolo::kernels::Filter filter = {}) {
     auto r = std::make_unique<Registry>();
-    r->declare_slot(kMsDeformAttn);
+    r->declare(kMsDeformAttn);
     r->set_filter(std::move(filter));
-    r->add_provider(hub::make_provider([this] {
-      hub::ProviderOptions o;
-      o.settings = settings;
-      o.system = system;
-      if (!real_capture_status) o.capturing = [this] { return capturing; };
-      return o;
-    }));
+    hub::ProviderOptions o;
+    o.settings = settings;
+    o.system = system;
+    if (!real_capture_status) o.capturing = [this] { return capturing; };
+    r->add_provider(hub::make_provider(std::move(o)));
     r->resolve();
     return r;
   }
@@ -182,7 +182,7 @@ TEST_F(HubProvider, HappyPathMatchesThePortablePathAndCachesLikeTheHub) {
                                              file_url("ok", "_libreyolo_hubtest_cpu_ok.abi3.so")};
   EXPECT_EQ(server.requests(), expected);
   EXPECT_EQ(server.authorizations(), std::vector<std::string>(2, "Bearer test-token"));
-  EXPECT_EQ(r->resolve(kMsDeformAttn), std::optional<std::string>("hub"));
+  EXPECT_EQ(r->resolve(kMsDeformAttn.name), std::optional<std::string>("hub"));
   for (int seed = 0; seed < 3; ++seed) {
     Inputs in(seed);
     const at::Tensor got = slot_call(*r, in);
@@ -206,7 +206,7 @@ TEST_F(HubProvider, HappyPathMatchesThePortablePathAndCachesLikeTheHub) {
   server.clear();
   auto again = make_registry();
   EXPECT_TRUE(server.requests().empty());
-  EXPECT_EQ(again->resolve(kMsDeformAttn), std::optional<std::string>("hub"));
+  EXPECT_EQ(again->resolve(kMsDeformAttn.name), std::optional<std::string>("hub"));
 }
 
 TEST_F(HubProvider, DigestMismatchIsRefusedBeforeLoading) {
@@ -217,10 +217,10 @@ TEST_F(HubProvider, DigestMismatchIsRefusedBeforeLoading) {
   lylog::Capture capture;
   auto r = make_registry();
   EXPECT_EQ(server.requests().size(), 2u);  // metadata.json, the library: refused, not retried
-  EXPECT_EQ(r->resolve(kMsDeformAttn), std::nullopt);
+  EXPECT_EQ(r->resolve(kMsDeformAttn.name), std::nullopt);
   EXPECT_EQ(capture.count(lylog::Level::warn), 1);
   ASSERT_EQ(r->events().size(), 1u);
-  EXPECT_EQ(r->events()[0].slot, kMsDeformAttn);
+  EXPECT_EQ(r->events()[0].slot, kMsDeformAttn.name);
   EXPECT_EQ(r->events()[0].impl, "hub");
   EXPECT_EQ(
       r->events()[0].reason.rfind("digest: downloaded build/" + test_variant() +
@@ -312,7 +312,7 @@ TEST_F(HubProvider, OfflineUsesTheCacheOnly) {
   lylog::Capture capture;
   auto r = make_registry();
   EXPECT_TRUE(server.requests().empty());
-  EXPECT_EQ(r->resolve(kMsDeformAttn), std::optional<std::string>("hub"));
+  EXPECT_EQ(r->resolve(kMsDeformAttn.name), std::optional<std::string>("hub"));
   EXPECT_EQ(capture.count(lylog::Level::warn), 0);
   Inputs in(7);
   EXPECT_LT((slot_call(*r, in) - in.portable()).abs().max().item<double>(), 1e-5);
@@ -325,7 +325,7 @@ TEST_F(HubProvider, OfflineUsesTheCacheOnly) {
   ::unlink(meta.c_str());
   fs::write(meta, "{}");
   auto tampered = make_registry();
-  EXPECT_EQ(tampered->resolve(kMsDeformAttn), std::nullopt);
+  EXPECT_EQ(tampered->resolve(kMsDeformAttn.name), std::nullopt);
   ASSERT_EQ(tampered->events().size(), 1u);
   EXPECT_EQ(tampered->events()[0].reason.rfind("digest: cached ", 0), 0u)
       << tampered->events()[0].reason;
@@ -338,7 +338,7 @@ TEST_F(HubProvider, OfflineColdCacheFallsBack) {
   lylog::Capture capture;
   auto r = make_registry();
   EXPECT_TRUE(server.requests().empty());
-  EXPECT_EQ(r->resolve(kMsDeformAttn), std::nullopt);
+  EXPECT_EQ(r->resolve(kMsDeformAttn.name), std::nullopt);
   EXPECT_EQ(capture.count(lylog::Level::warn), 1);
   ASSERT_EQ(r->events().size(), 1u);
   EXPECT_EQ(r->events()[0].reason.rfind("offline: offline mode and build/" + test_variant() +
@@ -360,7 +360,7 @@ TEST_F(HubProvider, EndpointDownFallsBack) {
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::printf("endpoint down: provider gave up after %.2f s (3 attempts, backoff 0.2 + 0.4 s)\n",
               seconds);
-  EXPECT_EQ(r->resolve(kMsDeformAttn), std::nullopt);
+  EXPECT_EQ(r->resolve(kMsDeformAttn.name), std::nullopt);
   EXPECT_EQ(capture.count(lylog::Level::warn), 1);
   ASSERT_EQ(r->events().size(), 1u);
   EXPECT_EQ(
@@ -386,7 +386,7 @@ TEST_F(HubProvider, SlowEndpointTimesOutWithinTheConfiguredLimit) {
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::printf("slow endpoint: provider gave up after %.2f s (limit 0.5 s)\n", seconds);
   EXPECT_EQ(slow.requests().size(), 1u);
-  EXPECT_EQ(r->resolve(kMsDeformAttn), std::nullopt);
+  EXPECT_EQ(r->resolve(kMsDeformAttn.name), std::nullopt);
   EXPECT_EQ(capture.count(lylog::Level::warn), 1);
   ASSERT_EQ(r->events().size(), 1u);
   EXPECT_NE(r->events()[0].reason.find("timed out"), std::string::npos) << r->events()[0].reason;
@@ -399,7 +399,7 @@ TEST_F(HubProvider, OpThrowingAtTheFirstCallDisablesHubWithCorrectAnswers) {
   lylog::Capture capture;
   auto r = make_registry();
   reset_test_op_calls("_libreyolo_hubtest_cpu_throw1");
-  ASSERT_EQ(r->resolve(kMsDeformAttn), std::optional<std::string>("hub"));
+  ASSERT_EQ(r->resolve(kMsDeformAttn.name), std::optional<std::string>("hub"));
   for (int i = 0; i < 3; ++i) {
     Inputs in(100 + i);
     EXPECT_LT((slot_call(*r, in) - in.portable()).abs().max().item<double>(), 1e-7);
@@ -408,7 +408,7 @@ TEST_F(HubProvider, OpThrowingAtTheFirstCallDisablesHubWithCorrectAnswers) {
   EXPECT_EQ(capture.count(lylog::Level::warn), 1);
   ASSERT_EQ(r->events().size(), 1u);
   EXPECT_NE(r->events()[0].reason.find("injected failure at call 1"), std::string::npos);
-  EXPECT_EQ(r->resolve(kMsDeformAttn), std::nullopt);
+  EXPECT_EQ(r->resolve(kMsDeformAttn.name), std::nullopt);
 }
 
 TEST_F(HubProvider, OpThrowingAtTheHundredthCallDisablesHubWithCorrectAnswers) {
@@ -443,7 +443,7 @@ TEST_F(HubProvider, DisabledByPolicyMakesNoRequestAndLoadsNothing) {
     EXPECT_TRUE(server.requests().empty());
     const auto providers = r->loaded_providers();
     EXPECT_EQ(std::count(providers.begin(), providers.end(), "hub"), 0);
-    EXPECT_EQ(r->resolve(kMsDeformAttn), std::nullopt);
+    EXPECT_EQ(r->resolve(kMsDeformAttn.name), std::nullopt);
     EXPECT_EQ(capture.count(lylog::Level::warn), 0);
     EXPECT_TRUE(r->events().empty());
   }
@@ -477,7 +477,7 @@ TEST_F(HubProvider, LibraryWithoutTheOpIsRefused) {
   EXPECT_EQ(r->events()[0].reason,
             "schema: _libreyolo_hubtest_cpu_noop.abi3.so registers no op "
             "_libreyolo_hubtest_cpu_noop::ms_deform_attn_forward");
-  EXPECT_EQ(r->resolve(kMsDeformAttn), std::nullopt);
+  EXPECT_EQ(r->resolve(kMsDeformAttn.name), std::nullopt);
 }
 
 TEST_F(HubProvider, WrongSchemaIsRefused) {
@@ -490,7 +490,7 @@ TEST_F(HubProvider, WrongSchemaIsRefused) {
           "schema: _libreyolo_hubtest_cpu_badschema::ms_deform_attn_forward has schema "
           "'ms_deform_attn_forward(Tensor value, Tensor spatial_shapes, Tensor "
           "level_start_index, Tensor sampling_loc, Tensor attn_weight) -> Tensor', expected '") +
-          hub::kForwardSchema + "'");
+          libreyolo::kernels::kMsDeformAttnForwardSchema + "'");
 }
 
 TEST_F(HubProvider, MetadataDigestIsChecked) {
@@ -521,7 +521,7 @@ TEST_F(HubProvider, MetadataDigestIsChecked) {
   serve_and_lock("digest", root);
   auto good = make_registry();
   EXPECT_TRUE(good->events().empty());
-  EXPECT_EQ(good->resolve(kMsDeformAttn), std::optional<std::string>("hub"));
+  EXPECT_EQ(good->resolve(kMsDeformAttn.name), std::optional<std::string>("hub"));
 }
 
 TEST_F(HubProvider, NothingIsFetchedOrLoadedDuringCudaGraphCapture) {
@@ -529,7 +529,7 @@ TEST_F(HubProvider, NothingIsFetchedOrLoadedDuringCudaGraphCapture) {
   capturing = true;
   auto r = make_registry();
   EXPECT_TRUE(server.requests().empty());
-  ASSERT_EQ(r->resolve(kMsDeformAttn), std::optional<std::string>("hub"));
+  ASSERT_EQ(r->resolve(kMsDeformAttn.name), std::optional<std::string>("hub"));
   Inputs in(3);
   EXPECT_LT((slot_call(*r, in) - in.portable()).abs().max().item<double>(), 1e-7);  // declined
   EXPECT_TRUE(server.requests().empty());
@@ -552,7 +552,7 @@ TEST_F(HubProvider, CudaArtifactMatchesThePortablePath) {
   lylog::Capture capture;
   auto r = make_registry();
   for (const auto& e : r->events()) std::printf("event: %s\n", e.reason.c_str());
-  ASSERT_EQ(r->resolve(kMsDeformAttn), std::optional<std::string>("hub"));
+  ASSERT_EQ(r->resolve(kMsDeformAttn.name), std::optional<std::string>("hub"));
   EXPECT_EQ(server.requests().size(), 2u);
   double worst = 0;
   for (int seed = 0; seed < 3; ++seed) {
@@ -579,7 +579,7 @@ TEST_F(HubProvider, CudaArtifactMatchesThePortablePath) {
 uint64_t hub_declines(Registry& r, const std::string& reason) {
   for (const auto& s : r.report()) {
     for (const auto& c : s.candidates) {
-      if (s.slot == kMsDeformAttn && c.name == "hub") {
+      if (s.slot == kMsDeformAttn.name && c.name == "hub") {
         auto it = c.declined.find(reason);
         return it == c.declined.end() ? 0 : it->second;
       }
@@ -597,7 +597,7 @@ TEST_F(HubProvider, CudaGraphCaptureNeverRunsAColdHubKernel) {
   real_capture_status = true;
   serve_and_lock("cuda");
   auto r = make_registry();
-  ASSERT_EQ(r->resolve(kMsDeformAttn), std::optional<std::string>("hub"));
+  ASSERT_EQ(r->resolve(kMsDeformAttn.name), std::optional<std::string>("hub"));
   Inputs in(11);
   in.value = in.value.cuda();
   in.loc = in.loc.cuda();

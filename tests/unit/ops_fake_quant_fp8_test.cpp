@@ -26,7 +26,6 @@ int64_t bit_mismatches(const at::Tensor& a, const at::Tensor& b) {
   return a.contiguous().view(at::kInt).ne(b.contiguous().view(at::kInt)).sum().item<int64_t>();
 }
 
-/// Runs with the automatic filter on Registry::global() and restores the filter afterwards.
 /// What the process registry selects for fake_quant_fp8 on this machine.
 std::string expected_selection() {
   return built_with_cuda() && at::hasCUDA() ? "cuda" : kReference;
@@ -35,13 +34,15 @@ std::string expected_selection() {
 class OpsFakeQuantFp8 : public ::testing::Test {
  protected:
   void SetUp() override {
-    saved_filter_ = Registry::global().filter();
-    Registry::global().set_filter(Filter{});
     fixture_ = load_safetensors(fixture_path("ops/fake_quant_fp8.safetensors"));
   }
-  void TearDown() override { Registry::global().set_filter(saved_filter_); }
+  /// fake_quant_fp8 through a handle bound from the process registry for `device`.
+  static at::Tensor fake_quant_fp8(const at::Tensor& x, const at::Tensor& scale) {
+    BindContext c;
+    c.device = x.is_cuda() ? BindContext::Device::cuda : BindContext::Device::cpu;
+    return kernels::fake_quant_fp8(Registry::process_default().bind(kFakeQuantFp8, c), x, scale);
+  }
 
-  Filter saved_filter_;
   std::map<std::string, at::Tensor> fixture_;
 };
 
@@ -137,19 +138,19 @@ TEST_F(OpsFakeQuantFp8, RejectsBadDtypesAndScaleShapes) {
   EXPECT_NO_THROW(fake_quant_fp8(x, at::ones({4, 1})));
   EXPECT_NO_THROW(fake_quant_fp8(x, at::ones({})));
   // Bad input is the caller's error: the selection stays as it was and enabled.
-  EXPECT_EQ(Registry::global().resolve(kFakeQuantFp8),
+  EXPECT_EQ(Registry::process_default().resolve(kFakeQuantFp8.name),
             std::optional<std::string>(expected_selection()));
-  EXPECT_TRUE(Registry::global().events().empty() ||
-              Registry::global().events().back().slot != kFakeQuantFp8);
+  EXPECT_TRUE(Registry::process_default().events().empty() ||
+              Registry::process_default().events().back().slot != kFakeQuantFp8.name);
 }
 
 TEST_F(OpsFakeQuantFp8, ResolvesToReferenceWithoutAGpu) {
   // Without a CUDA device (CI) the reference is selected; on the GPU machine the `cuda`
   // implementation is, and it declines CPU tensors (so every CPU test above ran the reference).
-  EXPECT_EQ(Registry::global().resolve(kFakeQuantFp8),
+  EXPECT_EQ(Registry::process_default().resolve(kFakeQuantFp8.name),
             std::optional<std::string>(expected_selection()));
-  EXPECT_EQ(Registry::global().active().at(kFakeQuantFp8), expected_selection());
-  const auto impls = Registry::global().iter_impls(kFakeQuantFp8);
+  EXPECT_EQ(Registry::process_default().active().at(kFakeQuantFp8.name), expected_selection());
+  const auto impls = Registry::process_default().iter_impls(kFakeQuantFp8.name);
   ASSERT_FALSE(impls.empty());
   EXPECT_EQ(impls.back(), kReference);
 }

@@ -1,5 +1,5 @@
 // ms_deform_attn: portable math against the grid_sample fixtures (forward and gradients), zero
-// padding, level_start_index, slot routing through Registry::global(), RT-DETRv2 variants.
+// padding, level_start_index, slot routing through a bound handle, RT-DETRv2 variants.
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -28,26 +28,16 @@ SpatialShapes shapes_of(const at::Tensor& t) {
   return shapes;
 }
 
-/// Keeps Registry::global() as the test found it: automatic filter during the test, the
-/// original filter and no "mock" implementation afterwards.
+/// Each test has its own registry with the slot declared; handle_ is empty (the portable path)
+/// until register_mock binds one, as load_model binds a model.
 class OpsMsDeformAttn : public ::testing::Test {
  protected:
-  void SetUp() override {
-    saved_filter_ = Registry::global().filter();
-    Registry::global().set_filter(Filter{});
-    // Load the built-in providers now (on a GPU machine: `cuda`), so the mock registered by a
-    // test is the newest implementation.
-    Registry::global().resolve();
-  }
-  void TearDown() override {
-    Registry::global().unregister_impl(kMsDeformAttn, "mock");
-    Registry::global().set_filter(saved_filter_);
-  }
+  void SetUp() override { registry_.declare(kMsDeformAttn); }
 
   /// Registers a "mock" implementation returning all 7s (or declining) that records the shapes
-  /// of every call.
+  /// of every call, and binds handle_ to it.
   void register_mock(bool decline) {
-    Registry::global().register_impl(
+    registry_.register_impl(
         kMsDeformAttn, "mock",
         MsDeformAttnImpl{[this, decline](const at::Tensor& value, const at::Tensor& shapes,
                                          const at::Tensor& start, const at::Tensor& locs,
@@ -60,9 +50,11 @@ class OpsMsDeformAttn : public ::testing::Test {
           return at::full({value.size(0), locs.size(1), value.size(2) * value.size(3)}, 7.0,
                           value.options());
         }});
+    handle_ = registry_.bind(kMsDeformAttn, BindContext{});
   }
 
-  Filter saved_filter_;
+  Registry registry_;
+  MsDeformAttnHandle handle_;
   std::vector<std::vector<std::vector<int64_t>>> calls_;
   at::Tensor last_shapes_, last_start_;
 };
@@ -78,7 +70,7 @@ TEST_F(OpsMsDeformAttn, ForwardMatchesGridSampleFixtures) {
         load_safetensors(fixture_path(std::string("ops/ms_deform_attn_") + name + ".safetensors"));
     const auto shapes = shapes_of(f.at("spatial_shapes"));
     // The slot entry (nothing registered: portable) and the portable path alone.
-    auto out = ms_deform_attn(f.at("value"), shapes, f.at("sampling_locations"),
+    auto out = ms_deform_attn(handle_, f.at("value"), shapes, f.at("sampling_locations"),
                               f.at("attention_weights"));
     auto portable = ms_deform_attn_portable(f.at("value"), shapes, f.at("sampling_locations"),
                                             f.at("attention_weights"));
@@ -102,7 +94,7 @@ TEST_F(OpsMsDeformAttn, GradientsMatchFloat64Fixtures) {
     auto value = f.at("value").clone().requires_grad_(true);
     auto locs = f.at("sampling_locations").clone().requires_grad_(true);
     auto weights = f.at("attention_weights").clone().requires_grad_(true);
-    auto out = ms_deform_attn(value, shapes, locs, weights);
+    auto out = ms_deform_attn(handle_, value, shapes, locs, weights);
     out.backward(f.at("grad_output_f32"));
     const double rv = max_rel_diff(value.grad(), f.at("grad_value_f64"));
     const double rl = max_rel_diff(locs.grad(), f.at("grad_sampling_locations_f64"));
@@ -126,14 +118,14 @@ TEST_F(OpsMsDeformAttn, LocationsOutsideTheMapReadZeros) {
   auto locs =
       at::tensor({0.25f, 0.25f, 0.0f, 0.25f, -0.5f, 0.5f, 0.75f, 1.5f}).view({1, 1, 1, 1, 4, 2});
   auto weights = at::tensor({1.0f, 10.0f, 100.0f, 1000.0f}).view({1, 1, 1, 1, 4});
-  auto out = ms_deform_attn(value, {{2, 2}}, locs, weights);
+  auto out = ms_deform_attn(handle_, value, {{2, 2}}, locs, weights);
   ASSERT_EQ(out.sizes(), (std::vector<int64_t>{1, 1, 1}));
   EXPECT_EQ(out.item<float>(), 1.0f * 1 + 10.0f * 0.5f);  // 6 exactly
   // Each point alone, to see the zeros themselves.
   auto only = [&](int p) {
     auto w = at::zeros_like(weights);
     w[0][0][0][0][p] = 1.0f;
-    return ms_deform_attn(value, {{2, 2}}, locs, w).item<float>();
+    return ms_deform_attn(handle_, value, {{2, 2}}, locs, w).item<float>();
   };
   EXPECT_EQ(only(2), 0.0f);
   EXPECT_EQ(only(3), 0.0f);
@@ -164,19 +156,22 @@ TEST_F(OpsMsDeformAttn, RejectsMalformedShapesWithNamedErrors) {
     }
   };
   auto v = f.at("value"), l = f.at("sampling_locations"), w = f.at("attention_weights");
-  expect_error([&] { ms_deform_attn(v.narrow(1, 0, 29), shapes, l, w); }, "value.size(1) = 29");
-  expect_error([&] { ms_deform_attn(v, shapes, l.narrow(4, 0, 1), w); }, "attention_weights");
-  expect_error([&] { ms_deform_attn(v, shapes, l.select(5, 0), w); }, "sampling_locations");
-  expect_error([&] { ms_deform_attn(v, {{4, 6}}, l, w); }, "value.size(1)");
-  expect_error([&] { ms_deform_attn(v.to(at::kLong), shapes, l, w); }, "value must be");
-  expect_error([&] { ms_deform_attn(v[0], shapes, l, w); }, "value must be (B, S, H, C)");
+  expect_error([&] { ms_deform_attn(handle_, v.narrow(1, 0, 29), shapes, l, w); },
+               "value.size(1) = 29");
+  expect_error([&] { ms_deform_attn(handle_, v, shapes, l.narrow(4, 0, 1), w); },
+               "attention_weights");
+  expect_error([&] { ms_deform_attn(handle_, v, shapes, l.select(5, 0), w); },
+               "sampling_locations");
+  expect_error([&] { ms_deform_attn(handle_, v, {{4, 6}}, l, w); }, "value.size(1)");
+  expect_error([&] { ms_deform_attn(handle_, v.to(at::kLong), shapes, l, w); }, "value must be");
+  expect_error([&] { ms_deform_attn(handle_, v[0], shapes, l, w); }, "value must be (B, S, H, C)");
 }
 
 TEST_F(OpsMsDeformAttn, SlotRoutesToRegisteredImplementation) {
   auto f = canonical();
   register_mock(/*decline=*/false);
-  ASSERT_EQ(Registry::global().resolve(kMsDeformAttn), std::optional<std::string>("mock"));
-  auto out = ms_deform_attn(f.at("value"), {{4, 6}, {2, 3}}, f.at("sampling_locations"),
+  ASSERT_EQ(registry_.resolve(kMsDeformAttn.name), std::optional<std::string>("mock"));
+  auto out = ms_deform_attn(handle_, f.at("value"), {{4, 6}, {2, 3}}, f.at("sampling_locations"),
                             f.at("attention_weights"));
   ASSERT_EQ(calls_.size(), 1u);
   EXPECT_EQ(calls_[0][0], (std::vector<int64_t>{2, 30, 2, 4}));
@@ -197,7 +192,7 @@ TEST_F(OpsMsDeformAttn, SlotRoutesToRegisteredImplementation) {
 TEST_F(OpsMsDeformAttn, DeclineFallsBackToPortableAndIsCounted) {
   auto f = canonical();
   register_mock(/*decline=*/true);
-  auto out = ms_deform_attn(f.at("value"), {{4, 6}, {2, 3}}, f.at("sampling_locations"),
+  auto out = ms_deform_attn(handle_, f.at("value"), {{4, 6}, {2, 3}}, f.at("sampling_locations"),
                             f.at("attention_weights"));
   EXPECT_EQ(calls_.size(), 1u);
   EXPECT_TRUE(at::equal(
@@ -205,8 +200,8 @@ TEST_F(OpsMsDeformAttn, DeclineFallsBackToPortableAndIsCounted) {
                                    f.at("attention_weights"))));
   EXPECT_LE(max_abs_diff(out, f.at("output_f32")), 1e-6);
   bool found = false;
-  for (const auto& slot : Registry::global().report()) {
-    if (slot.slot != kMsDeformAttn) continue;
+  for (const auto& slot : registry_.report()) {
+    if (slot.slot != kMsDeformAttn.name) continue;
     for (const auto& c : slot.candidates) {
       if (c.name != "mock") continue;
       found = true;
@@ -234,14 +229,14 @@ TEST_F(OpsMsDeformAttn, V2EqualPointsBilinearReachesSlotInClassicLayout) {
   const SpatialShapes shapes = {{4, 6}, {2, 3}};
   // Without a mock: the same numbers as the classic portable path.
   auto f = canonical();
-  auto plain =
-      ms_deform_attn_v2(in.value, shapes, in.locs, in.weights, {2, 2}, SamplingMethod::bilinear);
+  auto plain = ms_deform_attn_v2(handle_, in.value, shapes, in.locs, in.weights, {2, 2},
+                                 SamplingMethod::bilinear);
   EXPECT_TRUE(
       at::equal(plain, ms_deform_attn_portable(f.at("value"), shapes, f.at("sampling_locations"),
                                                f.at("attention_weights"))));
   register_mock(/*decline=*/false);
-  auto out =
-      ms_deform_attn_v2(in.value, shapes, in.locs, in.weights, {2, 2}, SamplingMethod::bilinear);
+  auto out = ms_deform_attn_v2(handle_, in.value, shapes, in.locs, in.weights, {2, 2},
+                               SamplingMethod::bilinear);
   ASSERT_EQ(calls_.size(), 1u);
   EXPECT_EQ(calls_[0][3], (std::vector<int64_t>{2, 3, 2, 2, 2, 2}));
   EXPECT_EQ(calls_[0][4], (std::vector<int64_t>{2, 3, 2, 2, 2}));
@@ -253,13 +248,13 @@ TEST_F(OpsMsDeformAttn, V2DiscreteAndRaggedNeverReachSlot) {
   const SpatialShapes shapes = {{4, 6}, {2, 3}};
   register_mock(/*decline=*/false);
   for (auto method : {SamplingMethod::discrete, SamplingMethod::discrete_per_axis}) {
-    auto out = ms_deform_attn_v2(in.value, shapes, in.locs, in.weights, {2, 2}, method);
+    auto out = ms_deform_attn_v2(handle_, in.value, shapes, in.locs, in.weights, {2, 2}, method);
     EXPECT_EQ(out.sizes(), (std::vector<int64_t>{2, 3, 8}));
     EXPECT_FALSE(at::equal(out, at::full({2, 3, 8}, 7.0f)));
   }
   // Ragged [1, 3]: same 4 points per (b, q, h), split differently across levels.
-  auto ragged =
-      ms_deform_attn_v2(in.value, shapes, in.locs, in.weights, {1, 3}, SamplingMethod::bilinear);
+  auto ragged = ms_deform_attn_v2(handle_, in.value, shapes, in.locs, in.weights, {1, 3},
+                                  SamplingMethod::bilinear);
   EXPECT_EQ(ragged.sizes(), (std::vector<int64_t>{2, 3, 8}));
   EXPECT_TRUE(calls_.empty());
 
@@ -304,9 +299,10 @@ TEST_F(OpsMsDeformAttn, V2DiscreteGathersNearestPixel) {
     }
     return at::tensor(out).view({1, 1, 2});
   };
-  auto discrete = ms_deform_attn_v2(value, {{2, 3}}, locs, weights, {4}, SamplingMethod::discrete);
-  auto per_axis =
-      ms_deform_attn_v2(value, {{2, 3}}, locs, weights, {4}, SamplingMethod::discrete_per_axis);
+  auto discrete =
+      ms_deform_attn_v2(handle_, value, {{2, 3}}, locs, weights, {4}, SamplingMethod::discrete);
+  auto per_axis = ms_deform_attn_v2(handle_, value, {{2, 3}}, locs, weights, {4},
+                                    SamplingMethod::discrete_per_axis);
   std::cout << "[ms_deform_attn_v2 discrete] " << discrete << " per-axis " << per_axis << "\n";
   EXPECT_TRUE(at::allclose(discrete, expected({4, 0, 4, 1}), 0, 1e-5));
   EXPECT_TRUE(at::allclose(per_axis, expected({4, 0, 5, 2}), 0, 1e-5));
@@ -315,25 +311,25 @@ TEST_F(OpsMsDeformAttn, V2DiscreteGathersNearestPixel) {
 TEST_F(OpsMsDeformAttn, V2RejectsMismatchedPointCounts) {
   auto in = flat_canonical();
   const SpatialShapes shapes = {{4, 6}, {2, 3}};
-  EXPECT_THROW(ms_deform_attn_v2(in.value, shapes, in.locs, in.weights, {1, 1, 1, 1},
+  EXPECT_THROW(ms_deform_attn_v2(handle_, in.value, shapes, in.locs, in.weights, {1, 1, 1, 1},
                                  SamplingMethod::bilinear),
                c10::Error);
-  EXPECT_THROW(
-      ms_deform_attn_v2(in.value, shapes, in.locs, in.weights, {}, SamplingMethod::bilinear),
-      c10::Error);
-  EXPECT_THROW(
-      ms_deform_attn_v2(in.value, shapes, in.locs, in.weights, {1, 2}, SamplingMethod::discrete),
-      c10::Error);
-  EXPECT_THROW(
-      ms_deform_attn_v2(in.value, shapes, in.locs, in.weights, {0, 4}, SamplingMethod::bilinear),
-      c10::Error);
+  EXPECT_THROW(ms_deform_attn_v2(handle_, in.value, shapes, in.locs, in.weights, {},
+                                 SamplingMethod::bilinear),
+               c10::Error);
+  EXPECT_THROW(ms_deform_attn_v2(handle_, in.value, shapes, in.locs, in.weights, {1, 2},
+                                 SamplingMethod::discrete),
+               c10::Error);
+  EXPECT_THROW(ms_deform_attn_v2(handle_, in.value, shapes, in.locs, in.weights, {0, 4},
+                                 SamplingMethod::bilinear),
+               c10::Error);
 }
 
 TEST_F(OpsMsDeformAttn, HalfValueComputesInItsDtype) {
   auto f = canonical();
   const SpatialShapes shapes = {{4, 6}, {2, 3}};
   for (auto dtype : {at::kHalf, at::kBFloat16}) {
-    auto out = ms_deform_attn(f.at("value").to(dtype), shapes, f.at("sampling_locations"),
+    auto out = ms_deform_attn(handle_, f.at("value").to(dtype), shapes, f.at("sampling_locations"),
                               f.at("attention_weights"));
     EXPECT_EQ(out.scalar_type(), dtype);
     const double err = max_abs_diff(out, f.at("output_f64"));

@@ -3,6 +3,7 @@
 //   libreyolo-bench-models --model DIR [--size 640] [--batch 1,8,32] [--device cpu|cuda]
 //                          [--dtype float32|float16|bfloat16] [--iters N] [--warmup N] [--tf32]
 //                          [--cuda-graph] [--fused-attention default|on|off]
+//                          [--layouts default|on|off] [--out FILE.json] [--profile]
 // Prints one line per batch size: ms per forward (median of --iters, after --warmup), images/s,
 // and the kernel calls counted per implementation of ms_deform_attn, so that a run under
 // LIBREYOLO_KERNELS=reference (portable path) and one without can be compared. CUDA time is
@@ -13,29 +14,38 @@
 // model that cannot be captured prints `cuda_graph=failed` and the reason.
 // --fused-attention sets the model's attention path (Model::set_fused_attention; `default` keeps
 // the family's default), so that manual and fused attention are timed on the same checkpoint.
+// --profile (CUDA) adds, per batch size, the GPU time of one eager forward by op class (conv,
+// gemm, elementwise, ...) from the torch profiler (tools/bench_models/profile.h).
+// --layouts picks the layouts (models/layouts/; not given: LIBREYOLO_LAYOUTS, else default); what
+// was applied goes to stderr and, with --out, into the JSON file with every timed line.
 // Exit codes: 0 ok, 1 runtime error, 2 usage error.
 #include <ATen/ATen.h>
 #include <ATen/Context.h>
 
 #include <algorithm>
 #include <chrono>
+#include <fstream>
 #include <iostream>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
 #include <vector>
 
 #include "kernels/attention/ms_deform_attn.h"
 #include "kernels/kernels.h"
+#include "kernels/policy.h"
 #include "models/model.h"
 #include "models/runtime/cuda_graph_runner.h"
+#include "tools/bench_models/profile.h"
 
 namespace {
 
 int usage() {
   std::cerr << "usage: libreyolo-bench-models --model DIR [--size 640] [--batch 1,8] "
                "[--device cpu|cuda] [--dtype float32|float16|bfloat16] [--iters N] [--warmup N] "
-               "[--tf32] [--cuda-graph] [--fused-attention default|on|off]\n";
+               "[--tf32] [--cuda-graph] [--fused-attention default|on|off] "
+               "[--layouts default|on|off] [--out FILE.json] [--profile]\n";
   return 2;
 }
 
@@ -46,8 +56,8 @@ void synchronize(const at::Device& device) {
 
 std::string msda_calls() {
   std::ostringstream os;
-  for (const auto& s : libreyolo::kernels::Registry::global().report()) {
-    if (s.slot != libreyolo::kernels::kMsDeformAttn) continue;
+  for (const auto& s : libreyolo::kernels::Registry::process_default().report()) {
+    if (s.slot != libreyolo::kernels::kMsDeformAttn.name) continue;
     os << "selected=" << s.selected;
     for (const auto& c : s.candidates) os << " " << c.name << ".calls=" << c.calls;
   }
@@ -58,10 +68,10 @@ std::string msda_calls() {
 
 int main(int argc, char** argv) {
   std::string model_dir, device_name = "cpu", dtype_name = "float32", batches = "1,8";
-  std::string fused = "default";
+  std::string fused = "default", layouts, out;
   int64_t size = 640;
   int iters = 10, warmup = 3;
-  bool tf32 = false, cuda_graph = false;
+  bool tf32 = false, cuda_graph = false, profile = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto next = [&]() -> std::string { return i + 1 < argc ? argv[++i] : ""; };
@@ -86,6 +96,12 @@ int main(int argc, char** argv) {
         cuda_graph = true;
       else if (a == "--fused-attention")
         fused = next();
+      else if (a == "--profile")
+        profile = true;
+      else if (a == "--layouts")
+        layouts = next();
+      else if (a == "--out")
+        out = next();
       else
         return usage();
     } catch (const std::exception&) {
@@ -95,9 +111,13 @@ int main(int argc, char** argv) {
   if (model_dir.empty() || iters < 1 || warmup < 0 || size < 32) return usage();
   if (cuda_graph && device_name.rfind("cuda", 0) != 0) return usage();
   if (fused != "default" && fused != "on" && fused != "off") return usage();
+  if (!layouts.empty() && layouts != "default" && layouts != "on" && layouts != "off")
+    return usage();
+  if (!out.empty() && (out.size() < 5 || out.substr(out.size() - 5) != ".json")) return usage();
+  namespace kernels = libreyolo::kernels;
   try {
-    libreyolo::kernels::initialize(
-        libreyolo::kernels::policy_from_environment(libreyolo::kernels::process_environment()));
+    const auto policy = kernels::policy_from_environment(kernels::process_environment());
+    kernels::initialize(policy);
     at::globalContext().setAllowTF32CuBLAS(tf32);
     at::globalContext().setAllowTF32CuDNN(tf32);
     libreyolo::models::LoadOptions options;
@@ -105,7 +125,32 @@ int main(int argc, char** argv) {
     options.dtype = dtype_name == "float16"    ? at::kHalf
                     : dtype_name == "bfloat16" ? at::kBFloat16
                                                : at::kFloat;
+    options.layouts.mode = policy.layouts;
+    if (!layouts.empty())
+      options.layouts.mode = {layouts == "on"    ? kernels::LayoutMode::on
+                              : layouts == "off" ? kernels::LayoutMode::off
+                                                 : kernels::LayoutMode::family_default,
+                              kernels::Source::flag, "--layouts"};
     const auto model = libreyolo::models::load_model(model_dir, options);
+    const auto& mode = options.layouts.mode;
+    std::cerr << "layouts " << kernels::layout_mode_name(mode.value) << " ("
+              << kernels::source_name(mode.source) << (mode.origin.empty() ? "" : " " + mode.origin)
+              << "):\n"
+              << libreyolo::models::layouts::describe(model->layouts());
+    nlohmann::json report = {{"model", model_dir},
+                             {"model_type", model->model_type()},
+                             {"layouts",
+                              {{"mode", kernels::layout_mode_name(mode.value)},
+                               {"source", kernels::source_name(mode.source)},
+                               {"applied", nlohmann::json::array()}}},
+                             {"runs", nlohmann::json::array()}};
+    for (const auto& r : model->layouts())
+      report["layouts"]["applied"].push_back({{"layout", r.layout},
+                                              {"source", r.source},
+                                              {"classes", r.classes},
+                                              {"modules_replaced", r.modules},
+                                              {"params_before", r.params_before},
+                                              {"params_after", r.params_after}});
     if (fused != "default") model->set_fused_attention(fused == "on");
     at::InferenceMode guard;
     std::stringstream list(batches);
@@ -146,9 +191,30 @@ int main(int argc, char** argv) {
                 << " device=" << device_name << " dtype=" << dtype_name
                 << " tf32=" << (tf32 ? "on" : "off")
                 << " cuda_graph=" << (cuda_graph ? "on" : "off") << " fused_attention=" << fused
-                << " size=" << size << " batch=" << b << " median_ms=" << median
-                << " min_ms=" << ms.front() << " images_per_s=" << (1000.0 * b / median) << " "
-                << msda_calls() << std::endl;
+                << " layouts=" << kernels::layout_mode_name(mode.value) << " size=" << size
+                << " batch=" << b << " median_ms=" << median << " min_ms=" << ms.front()
+                << " images_per_s=" << (1000.0 * b / median) << " " << msda_calls() << std::endl;
+      if (profile) {
+        std::cout << libreyolo::bench::profile_by_op_class(
+                         [&] {
+                           model->forward(pixels);
+                           synchronize(options.device);
+                         },
+                         5)
+                  << std::flush;
+      }
+      report["runs"].push_back({{"batch", b},
+                                {"size", size},
+                                {"device", device_name},
+                                {"dtype", dtype_name},
+                                {"median_ms", median},
+                                {"min_ms", ms.front()},
+                                {"images_per_s", 1000.0 * b / median}});
+    }
+    if (!out.empty()) {
+      std::ofstream f(out);
+      if (!f) throw std::runtime_error(out + ": cannot open for writing");
+      f << report.dump(1) << "\n";
     }
   } catch (const std::exception& e) {
     std::cerr << "libreyolo-bench-models: " << e.what() << "\n";

@@ -4,7 +4,8 @@
 //   libreyolo-predict --model DIR (--image FILE ... | --pixels FILE.safetensors)
 //   (DIR: a checkpoint folder, or a model folder <repo>/<model>: its highest numeric version)
 //                     [--threshold T] [--top-k K] [--device cpu|cuda[:N]]
-//                     [--dtype float32|float16|bfloat16] [--out FILE.json|FILE.safetensors]
+//                     [--dtype float32|float16|bfloat16] [--layouts default|on|off]
+//                     [--out FILE.json|FILE.safetensors]
 // Exit codes: 0 ok, 1 runtime error (bad image, bad checkpoint, ...), 2 usage error.
 #include <ATen/ATen.h>
 #include <c10/core/InferenceMode.h>
@@ -37,8 +38,8 @@ using nlohmann::json;
 const char* kUsage =
     "usage: libreyolo-predict --model DIR (--image FILE ... | --pixels FILE.safetensors)\n"
     "                         [--threshold T] [--top-k K] [--device cpu|cuda[:N]]\n"
-    "                         [--dtype float32|float16|bfloat16] [--out "
-    "FILE.json|FILE.safetensors]\n"
+    "                         [--dtype float32|float16|bfloat16] [--layouts default|on|off]\n"
+    "                         [--out FILE.json|FILE.safetensors]\n"
     "  --model DIR       checkpoint folder (config.json, model.safetensors, "
     "preprocessor_config.json),\n"
     "                    or a model folder of a model repository (DIR/<version>/...): its\n"
@@ -53,6 +54,8 @@ const char* kUsage =
     "                    classifiers: classes printed (default 5)\n"
     "  --device D        cpu (default), cuda, cuda:N\n"
     "  --dtype T         float32 (default), float16, bfloat16\n"
+    "  --layouts M       default (the family's, or LIBREYOLO_LAYOUTS), on, off: which layouts\n"
+    "                    (models/layouts/) rewrite the loaded model; printed on stderr\n"
     "  --out FILE        .json: the printed results; .safetensors: raw logits/pred_boxes,\n"
     "                    pixel_values and per-image img{i}_{scores,labels,boxes}\n"
     "Image sizes are printed width x height (WxH), as in error messages; boxes are\n"
@@ -70,6 +73,7 @@ struct Args {
   int64_t top_k = 0;
   std::string device = "cpu";
   std::string dtype = "float32";
+  std::string layouts;  ///< "" = not given (LIBREYOLO_LAYOUTS, else default)
   std::string out;
 };
 
@@ -107,6 +111,10 @@ Args parse_args(int argc, char** argv) {
         a.device = value(i, f);
       } else if (f == "--dtype") {
         a.dtype = value(i, f);
+      } else if (f == "--layouts") {
+        a.layouts = value(i, f);
+        if (a.layouts != "default" && a.layouts != "on" && a.layouts != "off")
+          throw UsageError("--layouts must be default, on or off");
       } else if (f == "--out") {
         a.out = value(i, f);
       } else {
@@ -239,12 +247,26 @@ int run(Args a) {
     a.model = folder;
   }
   const auto env = libreyolo::kernels::process_environment();
-  libreyolo::kernels::initialize(libreyolo::kernels::policy_from_environment(env));
+  const auto policy = libreyolo::kernels::policy_from_environment(env);
+  libreyolo::kernels::initialize(policy);
 
   models::LoadOptions options;
   options.dtype = scalar_type(a.dtype);
   options.device = at::Device(a.device);
+  options.layouts.mode = policy.layouts;  // LIBREYOLO_LAYOUTS, else default
+  if (!a.layouts.empty()) {
+    using libreyolo::kernels::LayoutMode;
+    options.layouts.mode = {a.layouts == "on"    ? LayoutMode::on
+                            : a.layouts == "off" ? LayoutMode::off
+                                                 : LayoutMode::family_default,
+                            libreyolo::kernels::Source::flag, "--layouts"};
+  }
   const auto model = models::load_model(a.model, options);
+  const auto& mode = options.layouts.mode;
+  std::cerr << "layouts " << libreyolo::kernels::layout_mode_name(mode.value) << " ("
+            << libreyolo::kernels::source_name(mode.source)
+            << (mode.origin.empty() ? "" : " " + mode.origin) << "):\n"
+            << models::layouts::describe(model->layouts());
   const json config = read_json(a.model + "/config.json");
 
   const Inputs in = a.images.empty() ? inputs_from_pixels(a) : inputs_from_images(a);
@@ -262,6 +284,16 @@ int run(Args a) {
   result["model_type"] = model->model_type();
   result["device"] = a.device;
   result["dtype"] = a.dtype;
+  result["layouts"] = {{"mode", libreyolo::kernels::layout_mode_name(mode.value)},
+                       {"source", libreyolo::kernels::source_name(mode.source)},
+                       {"applied", json::array()}};
+  for (const auto& r : model->layouts())
+    result["layouts"]["applied"].push_back({{"layout", r.layout},
+                                            {"source", r.source},
+                                            {"classes", r.classes},
+                                            {"modules_replaced", r.modules},
+                                            {"params_before", r.params_before},
+                                            {"params_after", r.params_after}});
   std::map<std::string, at::Tensor> dump = {{"logits", logits}, {"pixel_values", in.pixel_values}};
   if (in.pixel_mask.defined()) dump["pixel_mask"] = in.pixel_mask;
 
@@ -322,7 +354,7 @@ int run(Args a) {
     }
   }
 
-  auto& registry = libreyolo::kernels::Registry::global();
+  auto& registry = libreyolo::kernels::Registry::process_default();
   const auto report = registry.report();
   std::cout << "kernels:\n" << libreyolo::kernels::format_table(report);
   for (const auto& s : report) result["kernels"][s.slot] = s.selected;

@@ -158,8 +158,9 @@ Outcome<at::Tensor> ms_deform_attn_cuda(const at::Tensor& value, const at::Tenso
 
 /// Registers `cuda` for `ms_deform_attn` (eligible when a CUDA device is present).
 void register_ms_deform_attn_cuda(Registry& registry) {
-  registry.register_impl(kMsDeformAttn, "cuda", MsDeformAttnImpl(&ms_deform_attn_cuda),
-                         [] { return at::cuda::is_available(); });
+  registry.register_impl(
+      kMsDeformAttn, "cuda", MsDeformAttnImpl(&ms_deform_attn_cuda),
+      [] { return at::cuda::is_available(); }, cuda_models_only);
 }
 
 }  // namespace libreyolo::kernels

@@ -1,15 +1,22 @@
-// Entry point of the in-tree CUDA provider (called by kernels/builtin.cpp's "cuda" provider).
+// Entry point of the in-tree CUDA provider (kernels/builtin.cpp's "cuda" provider).
+#include <ATen/cuda/CUDAContext.h>
+
 #include "kernels/registry.h"
 
 namespace libreyolo::kernels {
 
-void register_ms_deform_attn_cuda(Registry& registry);  // attention/cuda/ms_deform_attn_cuda.cpp
-void register_fake_quant_fp8_cuda(Registry& registry);  // quant/cuda/fake_quant_fp8_cuda.cpp
+void register_ms_deform_attn_cuda(Registry& registry);   // attention/cuda/ms_deform_attn_cuda.cpp
+void register_fake_quant_fp8_cuda(Registry& registry);   // quant/cuda/fake_quant_fp8_cuda.cpp
+void register_conv2d_bias_act_cuda(Registry& registry);  // conv/cuda/conv2d_bias_act_cuda.cpp
 
-/// Registers every `cuda` implementation: ms_deform_attn and fake_quant_fp8.
+/// The provider's capability check: a CUDA device this process can use.
+bool cuda_device_usable() { return at::cuda::is_available(); }
+
+/// Registers every `cuda` implementation.
 void register_cuda_kernels(Registry& registry) {
   register_ms_deform_attn_cuda(registry);
   register_fake_quant_fp8_cuda(registry);
+  register_conv2d_bias_act_cuda(registry);
 }
 
 }  // namespace libreyolo::kernels

@@ -47,8 +47,9 @@ Outcome<at::Tensor> fake_quant_fp8_cuda(const at::Tensor& x, const at::Tensor& s
 
 /// Registers `cuda` for `fake_quant_fp8` (eligible when a CUDA device is present).
 void register_fake_quant_fp8_cuda(Registry& registry) {
-  registry.register_impl(kFakeQuantFp8, "cuda", FakeQuantFp8Impl(&fake_quant_fp8_cuda),
-                         [] { return at::cuda::is_available(); });
+  registry.register_impl(
+      kFakeQuantFp8, "cuda", FakeQuantFp8Impl(&fake_quant_fp8_cuda),
+      [] { return at::cuda::is_available(); }, cuda_models_only);
 }
 
 }  // namespace libreyolo::kernels

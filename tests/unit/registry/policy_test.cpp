@@ -81,10 +81,94 @@ TEST(Policy, HubKernelsEnvironmentFalsySet) {
     EXPECT_EQ(p.hub_kernels.source, Source::environment);
     EXPECT_EQ(p.filter().disabled_providers.count("hub"), 1u);
   }
-  for (const char* v : {"1", "yes", "true", "garbage", "", "on"}) {
+  for (const char* v : {"1", "yes", "true", "", "on", " On "}) {
     Policy p = policy_from_environment({{"LIBREYOLO_HUB_KERNELS", v}});
     EXPECT_TRUE(p.hub_kernels.value) << v;
     EXPECT_TRUE(p.filter().allows_provider("hub"));
+  }
+}
+
+TEST(Policy, EnvironmentValuesAreValidatedLikeTheYamlOnes) {
+  auto env_error = [](const char* name, const char* value) -> std::string {
+    try {
+      policy_from_environment({{name, value}});
+    } catch (const PolicyError& e) {
+      return e.what();
+    }
+    return "";
+  };
+  EXPECT_EQ(env_error("LIBREYOLO_HUB_KERNELS", "nonsense"),
+            "LIBREYOLO_HUB_KERNELS must be on or off (1/0, true/false, yes/no), got 'nonsense'");
+  EXPECT_EQ(env_error("LIBREYOLO_LAYOUTS", "sometimes"),
+            "LIBREYOLO_LAYOUTS must be default, on or off, got 'sometimes'");
+  const Policy p = policy_from_environment({{"LIBREYOLO_LAYOUTS", "OFF"}});
+  EXPECT_EQ(p.layouts.value, LayoutMode::off);
+  EXPECT_EQ(p.layouts.origin, "LIBREYOLO_LAYOUTS");
+  EXPECT_EQ(from_yaml("kernels: {layouts: on}").layouts.value, LayoutMode::on);
+  EXPECT_EQ(from_yaml("kernels: {layouts: on}", {{"LIBREYOLO_LAYOUTS", "off"}}).layouts.value,
+            LayoutMode::off);
+  EXPECT_EQ(policy_from_environment({{"LIBREYOLO_KERNEL_PLUGINS", "/a.so:/b.so"}}).plugins.value,
+            "/a.so:/b.so");
+}
+
+/// A registry declaring ms_deform_attn and fake_quant_fp8 with cuda and reference impls.
+Registry& named_registry() {
+  static Registry* r = [] {
+    auto* reg = new Registry();
+    constexpr SlotDef<int(int)> ms{"ms_deform_attn"}, fq{"fake_quant_fp8"};
+    reg->declare(ms);
+    reg->declare(fq);
+    reg->register_impl(fq, kReference, [](int x) -> Outcome<int> { return x; });
+    reg->register_impl(ms, "cuda", [](int x) -> Outcome<int> { return x; });
+    reg->add_provider(make_provider("hub", [](Registry&) {}));
+    return reg;
+  }();
+  return *r;
+}
+
+std::string names_error(const Policy& p) {
+  try {
+    check_names(p, named_registry());
+  } catch (const PolicyError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(Policy, NamesAreCheckedAgainstTheRegistry) {
+  EXPECT_EQ(names_error(from_yaml("kernels:\n  slots:\n    ms_deform: {allow: [cuda]}\n")),
+            "server.yaml:3:5: unknown slot 'ms_deform' in kernels.slots (declared: "
+            "fake_quant_fp8, ms_deform_attn)");
+  EXPECT_EQ(names_error(from_yaml("kernels:\n  slots:\n    ms_deform_attn: {allow: [cdua]}\n")),
+            "server.yaml:3:5: kernels.slots.ms_deform_attn.allow: unknown implementation 'cdua' "
+            "(known: cuda, hub, reference)");
+  EXPECT_EQ(names_error(from_yaml("kernels:\n  selection: cdua\n")),
+            "server.yaml:2:14: kernels.selection: unknown implementation 'cdua' (expected auto, "
+            "off, reference or one of: cuda, hub, reference)");
+  EXPECT_EQ(names_error(policy_from_environment({{"LIBREYOLO_KERNELS", "cdua"}})),
+            "LIBREYOLO_KERNELS: kernels.selection: unknown implementation 'cdua' (expected auto, "
+            "off, reference or one of: cuda, hub, reference)");
+  // Known names pass, a provider's name counts before it loaded (hub), and so do off/reference.
+  EXPECT_EQ(names_error(policy_from_environment({{"LIBREYOLO_KERNELS", "hub"}})), "");
+  EXPECT_EQ(names_error(policy_from_environment({{"LIBREYOLO_KERNELS", "off"}})), "");
+  EXPECT_EQ(names_error(from_yaml("kernels:\n  slots:\n    ms_deform_attn: {allow: [cuda]}\n")),
+            "");
+}
+
+TEST(Policy, AModelsKernelSettings) {
+  const auto node = YAML::Load("slots:\n  ms_deform_attn: {allow: [Reference]}\nlayouts: off\n");
+  const auto m = parse_model_kernels(node, "serving.yaml");
+  ASSERT_EQ(m.slot_allow.count("ms_deform_attn"), 1u);
+  EXPECT_EQ(m.allow(), (SlotAllow{{"ms_deform_attn", {"reference"}}}));
+  ASSERT_TRUE(m.layouts.has_value());
+  EXPECT_EQ(m.layouts->value, LayoutMode::off);
+  EXPECT_EQ(m.layouts->origin, "serving.yaml:3:10");
+  try {
+    parse_model_kernels(YAML::Load("selection: cuda\n"), "serving.yaml");
+    FAIL();
+  } catch (const PolicyError& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "serving.yaml:1:1: unknown key kernels.selection (expected slots, layouts)");
   }
 }
 
@@ -132,15 +216,12 @@ TEST(Policy, FusedAttentionValues) {
 TEST(Policy, ErrorsNameFileLineAndColumn) {
   EXPECT_EQ(error_of("kernels:\n  selction: auto\n"),
             "server.yaml:2:3: unknown key kernels.selction (expected selection, hub_kernels, "
-            "fused_attention, slots, hub)");
+            "fused_attention, layouts, slots, hub)");
   EXPECT_EQ(error_of("kernels:\n  hub_kernels: maybe\n"),
             "server.yaml:2:16: kernels.hub_kernels must be a boolean (on/off, true/false), got "
             "'maybe'");
   EXPECT_EQ(error_of("kernels:\n  hub_kernels: [1]\n"),
             "server.yaml:2:16: kernels.hub_kernels must be a boolean (on/off, true/false)");
-  EXPECT_EQ(error_of("kernels:\n  slots:\n    ms_deform: {allow: [cuda]}\n"),
-            "server.yaml:3:5: unknown slot 'ms_deform' in kernels.slots (known: attention, "
-            "fake_quant_fp8, fp8_gemm, ms_deform_attn)");
   EXPECT_EQ(error_of("kernels:\n  slots:\n    ms_deform_attn: {allow: cuda}\n"),
             "server.yaml:3:29: kernels.slots.ms_deform_attn.allow must be a list of names");
   EXPECT_EQ(error_of("kernels:\n  fused_attention: sometimes\n"),

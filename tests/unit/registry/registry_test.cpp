@@ -20,32 +20,43 @@ Impl adds(int offset) {
   return [offset](int x) -> Outcome<int> { return x + offset; };
 }
 
-std::optional<int> run(Registry& r, const std::string& slot, int x) {
-  return r.call_as<Impl>(slot, x);
+constexpr SlotDef<int(int)> kOp{"op"}, kMs{"ms"}, kOther{"other"}, kOp2{"op2"},
+    kMsdaSlot{"ms_deform_attn"};
+
+/// Declares `slot` (idempotent) and registers `fn` as `name`.
+void add(Registry& r, const SlotDef<int(int)>& slot, const std::string& name, Impl fn,
+         Predicate predicate = {}) {
+  r.declare(slot);
+  r.register_impl(slot, name, std::move(fn), std::move(predicate));
+}
+
+/// One call through a fresh binding of the process context (what a model's handle does).
+std::optional<int> run(Registry& r, const SlotDef<int(int)>& slot, int x) {
+  return r.bind(slot, BindContext{})(x);
 }
 
 TEST(Registry, NewestRegistrationWinsAndReferenceIsLast) {
   Registry r;
-  r.register_impl("op", kReference, Impl(adds(0)));
-  r.register_impl("op", "a", Impl(adds(100)));
-  r.register_impl("op", "b", Impl(adds(200)));
+  add(r, kOp, kReference, Impl(adds(0)));
+  add(r, kOp, "a", Impl(adds(100)));
+  add(r, kOp, "b", Impl(adds(200)));
   EXPECT_EQ(r.iter_impls("op"), (std::vector<std::string>{"b", "a", "reference"}));
   EXPECT_EQ(r.resolve("op"), "b");
-  EXPECT_EQ(run(r, "op", 1), 201);
+  EXPECT_EQ(run(r, kOp, 1), 201);
   EXPECT_EQ(r.active().at("op"), "b");
 }
 
 TEST(Registry, ForcingANameKeepsTheReferenceAsFallback) {
   Registry r;
-  r.register_impl("op", kReference, Impl(adds(0)));
-  r.register_impl("op", "cuda", Impl(adds(100)));
-  r.register_impl("op", "hub", Impl(adds(200)));
+  add(r, kOp, kReference, Impl(adds(0)));
+  add(r, kOp, "cuda", Impl(adds(100)));
+  add(r, kOp, "hub", Impl(adds(200)));
   Filter f;
   f.mode = Filter::Mode::only_name;
   f.name = "cuda";
   r.set_filter(f);
   EXPECT_EQ(r.iter_impls("op"), (std::vector<std::string>{"cuda", "reference"}));
-  EXPECT_EQ(run(r, "op", 1), 101);
+  EXPECT_EQ(run(r, kOp, 1), 101);
   f.name = "triton";  // a name nobody registered: only the reference remains
   r.set_filter(f);
   EXPECT_EQ(r.iter_impls("op"), (std::vector<std::string>{"reference"}));
@@ -54,10 +65,10 @@ TEST(Registry, ForcingANameKeepsTheReferenceAsFallback) {
 
 TEST(Registry, ActiveIsUnavailableWithoutAnEligibleImplementation) {
   Registry r;
-  r.register_impl("ms", "cuda", Impl(adds(1)), [] { return false; });
+  add(r, kMs, "cuda", Impl(adds(1)), [] { return false; });
   EXPECT_EQ(r.active().at("ms"), kUnavailable);
   EXPECT_EQ(r.resolve("ms"), std::nullopt);
-  EXPECT_EQ(run(r, "ms", 1), std::nullopt);  // caller keeps its portable path
+  EXPECT_EQ(run(r, kMs, 1), std::nullopt);  // caller keeps its portable path
   auto rep = r.report();
   ASSERT_EQ(rep.size(), 1u);
   EXPECT_FALSE(rep[0].has_reference);
@@ -68,13 +79,12 @@ TEST(Registry, ActiveIsUnavailableWithoutAnEligibleImplementation) {
 TEST(Registry, ThrowingPredicateWarnsOnceAndIsIneligible) {
   log::Capture capture;
   Registry r;
-  r.register_impl("op", kReference, Impl(adds(0)));
-  r.register_impl("op", "bad", Impl(adds(5)),
-                  []() -> bool { throw std::runtime_error("no driver"); });
+  add(r, kOp, kReference, Impl(adds(0)));
+  add(r, kOp, "bad", Impl(adds(5)), []() -> bool { throw std::runtime_error("no driver"); });
   EXPECT_EQ(r.resolve("op"), "reference");
-  EXPECT_EQ(run(r, "op", 1), 1);
+  EXPECT_EQ(run(r, kOp, 1), 1);
   // Re-resolution (a registration elsewhere invalidates the snapshot) must not warn again.
-  r.register_impl("other", kReference, Impl(adds(0)));
+  add(r, kOther, kReference, Impl(adds(0)));
   EXPECT_EQ(r.resolve("op"), "reference");
   EXPECT_EQ(capture.count(log::Level::warn, "kernel predicate failed for op/bad: no driver"), 1);
   auto rep = r.report();
@@ -86,16 +96,16 @@ TEST(Registry, ReferenceOnlyFilterNeverRunsProviderLoaders) {
   for (const auto mode : {Filter::Mode::reference_only}) {
     Registry r;
     int loads = 0;
-    r.register_impl("op", kReference, Impl(adds(0)));
-    r.add_provider({"cuda", [&loads](Registry& reg) {
-                      ++loads;
-                      reg.register_impl("op", "cuda", Impl(adds(100)));
-                    }});
+    add(r, kOp, kReference, Impl(adds(0)));
+    r.add_provider(make_provider("cuda", [&loads](Registry& reg) {
+      ++loads;
+      add(reg, kOp, "cuda", Impl(adds(100)));
+    }));
     Filter f;
     f.mode = mode;
     r.set_filter(f);
     EXPECT_EQ(r.resolve("op"), "reference");
-    EXPECT_EQ(run(r, "op", 1), 1);
+    EXPECT_EQ(run(r, kOp, 1), 1);
     r.report();
     EXPECT_EQ(loads, 0);
     EXPECT_TRUE(r.loaded_providers().empty());
@@ -111,7 +121,7 @@ TEST(Registry, ReferenceOnlyFilterNeverRunsProviderLoaders) {
 TEST(Registry, DisabledProviderIsNotLoaded) {
   Registry r;
   int loads = 0;
-  r.add_provider({"hub", [&loads](Registry&) { ++loads; }});
+  r.add_provider(make_provider("hub", [&loads](Registry&) { ++loads; }));
   Filter f;
   f.disabled_providers = {"hub"};
   r.set_filter(f);
@@ -123,13 +133,13 @@ TEST(Registry, ProviderThatThrowsIsRecordedAndNotRetried) {
   log::Capture capture;
   Registry r;
   int loads = 0;
-  r.register_impl("op", kReference, Impl(adds(0)));
-  r.add_provider({"broken", [&loads](Registry&) {
-                    ++loads;
-                    throw std::runtime_error("libcuda.so.1: cannot open shared object file");
-                  }});
+  add(r, kOp, kReference, Impl(adds(0)));
+  r.add_provider(make_provider("broken", [&loads](Registry&) {
+    ++loads;
+    throw std::runtime_error("libcuda.so.1: cannot open shared object file");
+  }));
   EXPECT_EQ(r.resolve("op"), "reference");
-  r.register_impl("op2", kReference, Impl(adds(0)));
+  add(r, kOp2, kReference, Impl(adds(0)));
   r.resolve();
   EXPECT_EQ(loads, 1);
   ASSERT_EQ(r.events().size(), 1u);
@@ -141,38 +151,54 @@ TEST(Registry, ProviderThatThrowsIsRecordedAndNotRetried) {
 
 TEST(Registry, RegisterAndUnregisterAfterResolutionAreSeenByTheNextResolve) {
   Registry r;
-  r.register_impl("op", kReference, Impl(adds(0)));
+  add(r, kOp, kReference, Impl(adds(0)));
   EXPECT_EQ(r.resolve("op"), "reference");
-  r.register_impl("op", "late", Impl(adds(9)));
+  add(r, kOp, "late", Impl(adds(9)));
   EXPECT_EQ(r.resolve("op"), "late");  // LibreYOLO's cache would still say "reference"
-  EXPECT_EQ(run(r, "op", 1), 10);
+  EXPECT_EQ(run(r, kOp, 1), 10);
   EXPECT_EQ(r.unregister_impl("op", "late"), 1);
   EXPECT_EQ(r.resolve("op"), "reference");
-  EXPECT_EQ(run(r, "op", 1), 1);
+  EXPECT_EQ(run(r, kOp, 1), 1);
   EXPECT_EQ(r.unregister_impl("op", "late"), 0);
 }
 
-TEST(Registry, MismatchedSignatureIsRejected) {
+TEST(Registry, ImplementationsAreCheckedAgainstTheDeclaredSignature) {
   Registry r;
-  r.register_impl("op", kReference, Impl(adds(0)));
-  using Other = std::function<Outcome<float>(float)>;
-  EXPECT_THROW(r.register_impl("op", "x", Other([](float v) -> Outcome<float> { return v; })),
-               std::logic_error);
-  EXPECT_THROW((r.call_as<Other>("op", 1.0f)), std::logic_error);
+  add(r, kOp, kReference, Impl(adds(0)));
+  constexpr SlotDef<float(float)> kOpAsFloat{"op"};
+  try {
+    r.register_impl(kOpAsFloat, "x", [](float v) -> Outcome<float> { return v; });
+    FAIL() << "registered with another signature";
+  } catch (const std::logic_error& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "register_impl: implementation 'x' of slot 'op' does not have the slot's "
+              "signature int (int)");
+  }
+  EXPECT_THROW(r.declare(kOpAsFloat), std::logic_error);
+  EXPECT_THROW(r.bind(kOpAsFloat, BindContext{}), std::logic_error);
+  constexpr SlotDef<int(int)> kUndeclared{"nobody_declared_me"};
+  try {
+    r.register_impl(kUndeclared, "x", Impl(adds(1)));
+    FAIL() << "registered into an undeclared slot";
+  } catch (const std::logic_error& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "register_impl: implementation 'x' of slot 'nobody_declared_me': the slot is not "
+              "declared");
+  }
 }
 
 TEST(Registry, RuntimeFailureFallsBackDisablesWarnsOnceAndRecordsAnEvent) {
   log::Capture capture;
   Registry r;
   int failing_calls = 0;
-  r.register_impl("op", kReference, Impl(adds(0)));
-  r.register_impl("op", "cuda", Impl([&failing_calls](int) -> Outcome<int> {
-                    ++failing_calls;
-                    throw std::runtime_error("CUDA error: an illegal memory access");
-                  }));
+  add(r, kOp, kReference, Impl(adds(0)));
+  add(r, kOp, "cuda", Impl([&failing_calls](int) -> Outcome<int> {
+        ++failing_calls;
+        throw std::runtime_error("CUDA error: an illegal memory access");
+      }));
   EXPECT_EQ(r.active().at("op"), "cuda");
-  for (int i = 0; i < 5; ++i) EXPECT_EQ(run(r, "op", i), i);  // right answer every time
-  EXPECT_EQ(failing_calls, 1);                                // never retried
+  for (int i = 0; i < 5; ++i) EXPECT_EQ(run(r, kOp, i), i);  // right answer every time
+  EXPECT_EQ(failing_calls, 1);                               // never retried
   EXPECT_EQ(r.active().at("op"), "reference");
   EXPECT_EQ(capture.count(log::Level::warn), 1);
   EXPECT_EQ(capture.count(log::Level::warn, "kernel op/cuda failed"), 1);
@@ -191,14 +217,14 @@ TEST(Registry, RuntimeFailureFallsBackDisablesWarnsOnceAndRecordsAnEvent) {
 TEST(Registry, DeclineIsCountedNotWarned) {
   log::Capture capture;
   Registry r;
-  r.register_impl("op", kReference, Impl(adds(0)));
-  r.register_impl("op", "cuda", Impl([](int x) -> Outcome<int> {
-                    if (x < 0) return Decline{"cpu tensor"};
-                    return x * 10;
-                  }));
-  EXPECT_EQ(run(r, "op", -1), -1);
-  EXPECT_EQ(run(r, "op", -2), -2);
-  EXPECT_EQ(run(r, "op", 3), 30);
+  add(r, kOp, kReference, Impl(adds(0)));
+  add(r, kOp, "cuda", Impl([](int x) -> Outcome<int> {
+        if (x < 0) return Decline{"cpu tensor"};
+        return x * 10;
+      }));
+  EXPECT_EQ(run(r, kOp, -1), -1);
+  EXPECT_EQ(run(r, kOp, -2), -2);
+  EXPECT_EQ(run(r, kOp, 3), 30);
   EXPECT_EQ(capture.count(log::Level::warn), 0);
   EXPECT_EQ(r.active().at("op"), "cuda");  // a decline does not disable
   auto rep = r.report();
@@ -210,29 +236,29 @@ TEST(Registry, DeclineIsCountedNotWarned) {
 
 TEST(Registry, EveryImplementationDecliningReturnsNothing) {
   Registry r;
-  r.register_impl("ms", "second", Impl([](int) -> Outcome<int> { return 7; }));
-  r.register_impl("ms", "first", Impl([](int) -> Outcome<int> { return Decline{"layout"}; }));
-  EXPECT_EQ(run(r, "ms", 0), 7);  // the walk reaches the older provider
+  add(r, kMs, "second", Impl([](int) -> Outcome<int> { return 7; }));
+  add(r, kMs, "first", Impl([](int) -> Outcome<int> { return Decline{"layout"}; }));
+  EXPECT_EQ(run(r, kMs, 0), 7);  // the walk reaches the older provider
   r.unregister_impl("ms", "second");
-  EXPECT_EQ(run(r, "ms", 0), std::nullopt);
+  EXPECT_EQ(run(r, kMs, 0), std::nullopt);
 }
 
 TEST(Registry, ConcurrentCallsWhileAnImplementationSelfDisables) {
   log::Capture capture;
   Registry r;
   std::atomic<int> flaky_calls{0};
-  r.register_impl("op", kReference, Impl(adds(0)));
-  r.register_impl("op", "flaky", Impl([&flaky_calls](int x) -> Outcome<int> {
-                    if (flaky_calls.fetch_add(1) >= 100) throw std::runtime_error("device lost");
-                    return x;  // same numbers as the reference while it works
-                  }));
+  add(r, kOp, kReference, Impl(adds(0)));
+  add(r, kOp, "flaky", Impl([&flaky_calls](int x) -> Outcome<int> {
+        if (flaky_calls.fetch_add(1) >= 100) throw std::runtime_error("device lost");
+        return x;  // same numbers as the reference while it works
+      }));
   std::atomic<int> wrong{0};
   std::vector<std::thread> threads;
   for (int t = 0; t < 16; ++t) {
     threads.emplace_back([&, t] {
       for (int i = 0; i < 500; ++i) {
         const int x = t * 1000 + i;
-        if (run(r, "op", x) != x) ++wrong;
+        if (run(r, kOp, x) != x) ++wrong;
         if (i % 50 == 0) {
           r.resolve("op");
           r.active();
@@ -255,10 +281,10 @@ namespace {
 
 TEST(Registry, DeclaredSlotWithoutImplementationsIsUnavailable) {
   Registry r;
-  r.declare_slot("ms_deform_attn");
+  r.declare(kMsdaSlot);
   EXPECT_EQ(r.active().at("ms_deform_attn"), kUnavailable);
   EXPECT_TRUE(r.iter_impls("ms_deform_attn").empty());
-  r.register_impl("ms_deform_attn", "hub", Impl(adds(1)));
+  add(r, kMsdaSlot, "hub", Impl(adds(1)));
   EXPECT_EQ(r.active().at("ms_deform_attn"), "hub");
 }
 
@@ -280,25 +306,25 @@ TEST(RegistryCallRecording, CountsThisThreadsCallsAndReplaysAddThem) {
   // A CUDA graph captures slot calls once and replays them without calling the slot: the
   // runner records the capture's calls and counts them again per replay.
   Registry r;
-  r.register_impl("op", kReference, Impl(adds(0)));
-  r.register_impl("op", "cuda", Impl(adds(100)), [] { return true; });
-  r.register_impl("other", kReference, Impl(adds(1)));
-  EXPECT_EQ(run(r, "op", 1), 101);  // before the recording: not recorded
+  add(r, kOp, kReference, Impl(adds(0)));
+  add(r, kOp, "cuda", Impl(adds(100)), [] { return true; });
+  add(r, kOther, kReference, Impl(adds(1)));
+  EXPECT_EQ(run(r, kOp, 1), 101);  // before the recording: not recorded
   RecordedCalls recorded;
   {
     CallRecording recording;
-    EXPECT_EQ(run(r, "op", 1), 101);
-    EXPECT_EQ(run(r, "op", 2), 102);
-    EXPECT_EQ(run(r, "other", 2), 3);
-    std::thread([&] { run(r, "op", 3); }).join();  // another thread: not recorded
+    EXPECT_EQ(run(r, kOp, 1), 101);
+    EXPECT_EQ(run(r, kOp, 2), 102);
+    EXPECT_EQ(run(r, kOther, 2), 3);
+    std::thread([&] { run(r, kOp, 3); }).join();  // another thread: not recorded
     {
       CallRecording inner;  // nested: the innermost records
-      run(r, "other", 0);
+      run(r, kOther, 0);
       EXPECT_EQ(inner.calls().total(), 1u);
     }
     recorded = recording.calls();
   }
-  run(r, "op", 4);  // after the recording: not recorded
+  run(r, kOp, 4);  // after the recording: not recorded
   EXPECT_EQ(recorded.total(), 3u);
   EXPECT_EQ(recorded.of("op", "cuda"), 2u);
   EXPECT_EQ(recorded.of("other", kReference), 1u);

@@ -1,0 +1,125 @@
+#include "models/layouts/catalog.h"
+
+#include <algorithm>
+#include <sstream>
+
+#include "models/layouts/options.h"
+
+namespace libreyolo::models::layouts {
+
+const std::vector<LayoutInfo>& layout_catalog() {
+  static const std::vector<LayoutInfo> catalog{
+      {"repvgg",
+       {"RTDetrRepVggBlock", "RTDetrV2RepVggBlock", "DFineRepVggBlock"},
+       "RepVGG re-parameterisation: the 3x3 and 1x1 conv-BN branches become one 3x3 convolution "
+       "with bias (RT-DETR deploy mode)"},
+      {"batchnorm_fold",
+       {"RTDetrResNetConvLayer", "RTDetrResNetShortCut", "RTDetrConvNormLayer",
+        "RTDetrV2ConvNormLayer", "DFineConvNormLayer", "HGNetV2ConvLayer", "ResNetConvLayer",
+        "ResNetShortCut"},
+       "BatchNorm / FrozenBatchNorm folded into the preceding convolution; conv2d_bias_act with "
+       "the activation (and a ResNet layer's residual add) fused"},
+      {"qkv_concat",
+       {"ViTAttention", "ViTSelfAttention", "SwinAttention", "SwinSelfAttention",
+        "RTDetrSelfAttention", "RTDetrV2SelfAttention", "DFineSelfAttention",
+        "DeformableDetrSelfAttention"},
+       "q/k/v projections concatenated: one GEMM for the projections whose inputs are the same "
+       "tensor (q, k, v in ViT/Swin; q, k in the DETR self-attentions)"},
+      {"channels_last",
+       {"Conv2d"},
+       "CUDA only: convolution weights (hence activations) in channels_last memory format"},
+  };
+  return catalog;
+}
+
+const LayoutInfo* find_layout_info(const std::string& name) {
+  for (const auto& l : layout_catalog())
+    if (l.name == name) return &l;
+  return nullptr;
+}
+
+bool on_by_default(const std::string& layout, const std::string& model_type) {
+  // The parity gate (CPU float32 against transformers, tests/parity/layouts_parity_test.cpp)
+  // passed for these; channels_last has no CPU effect and no CUDA gate run yet.
+  static const std::vector<std::string> detectors{"rt_detr", "rt_detr_v2", "d_fine",
+                                                  "deformable_detr"};
+  static const std::vector<std::string> all{"rt_detr",         "rt_detr_v2", "d_fine",
+                                            "deformable_detr", "vit",        "swin"};
+  auto in = [&](const std::vector<std::string>& v) {
+    return std::find(v.begin(), v.end(), model_type) != v.end();
+  };
+  if (layout == "repvgg" || layout == "batchnorm_fold") return in(detectors);
+  if (layout == "qkv_concat") return in(all);
+  return false;
+}
+
+namespace {
+
+std::vector<std::string> split(const std::string& path) {
+  std::vector<std::string> out;
+  std::string part;
+  std::istringstream in(path);
+  while (std::getline(in, part, '.')) out.push_back(part);
+  return out;
+}
+
+bool has_segment(const std::string& path, const std::string& segment) {
+  const auto parts = split(path);
+  return std::find(parts.begin(), parts.end(), segment) != parts.end();
+}
+
+}  // namespace
+
+std::vector<std::string> upstream_classes(const std::string& model_type, ModuleKind kind,
+                                          const std::string& path) {
+  const bool rtdetr = model_type == "rt_detr" || model_type == "rt_detr_v2";
+  const std::string prefix = model_type == "rt_detr"      ? "RTDetr"
+                             : model_type == "rt_detr_v2" ? "RTDetrV2"
+                             : model_type == "d_fine"     ? "DFine"
+                                                          : "";
+  const bool backbone = has_segment(path, "backbone");
+  switch (kind) {
+    case ModuleKind::conv_norm:
+      if (rtdetr && backbone)
+        return {has_segment(path, "shortcut") ? "RTDetrResNetShortCut" : "RTDetrResNetConvLayer"};
+      if (model_type == "d_fine" && backbone) return {"HGNetV2ConvLayer"};
+      if (!prefix.empty()) return {prefix + "ConvNormLayer"};
+      if (model_type == "deformable_detr")
+        return {has_segment(path, "shortcut") ? "ResNetShortCut" : "ResNetConvLayer"};
+      return {};
+    case ModuleKind::repvgg_block:
+      if (!prefix.empty()) return {prefix + "RepVggBlock"};
+      return {};
+    case ModuleKind::attention:
+      if (model_type == "vit") return {"ViTAttention", "ViTSelfAttention"};
+      if (model_type == "swin") return {"SwinAttention", "SwinSelfAttention"};
+      if (!prefix.empty()) return {prefix + "SelfAttention"};
+      if (model_type == "deformable_detr") return {"DeformableDetrSelfAttention"};
+      return {};
+    case ModuleKind::conv2d:
+      return {"Conv2d"};
+  }
+  return {};
+}
+
+bool path_matches(const std::string& pattern, const std::string& path) {
+  const auto p = split(pattern), s = split(path);
+  if (p.size() != s.size()) return false;
+  for (size_t i = 0; i < p.size(); ++i)
+    if (p[i] != "*" && p[i] != s[i]) return false;
+  return true;
+}
+
+std::string describe(const std::vector<LayoutReport>& reports) {
+  if (reports.empty()) return "layouts: none applied\n";
+  std::ostringstream out;
+  for (const auto& r : reports) {
+    out << "layout " << r.layout << ": " << r.modules << " modules (";
+    for (size_t i = 0; i < r.classes.size(); ++i) out << (i ? ", " : "") << r.classes[i];
+    out << "), parameters " << r.params_before << " -> " << r.params_after << ", source "
+        << r.source << "\n";
+  }
+  return out.str();
+}
+
+}  // namespace libreyolo::models::layouts

@@ -1,0 +1,41 @@
+// The built-in layouts by name, the transformers classes each replaces, and which module of a
+// family is which transformers class. No torch dependency: the serving.yaml parser checks
+// `kernel_config:` against it before any model loads.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace libreyolo::models::layouts {
+
+/// A built-in layout's name and what it replaces.
+struct LayoutInfo {
+  std::string name;
+  std::vector<std::string> replaces;  ///< transformers (or torch.nn) class names
+  std::string summary;                ///< one line, for docs and --help
+};
+
+/// Every built-in layout, in the order load_model applies them (repvgg before batchnorm_fold:
+/// it merges the branches' norms itself; channels_last last: it converts the folded weights).
+const std::vector<LayoutInfo>& layout_catalog();
+
+/// The catalog entry called `name`, or nullptr.
+const LayoutInfo* find_layout_info(const std::string& name);
+
+/// Families (config.json model_type) on which `layout` is on under `kernels.layouts: default`,
+/// decided by the parity gate (tests/parity/layouts_parity_test.cpp; DESIGN.md "Layouts").
+bool on_by_default(const std::string& layout, const std::string& model_type);
+
+/// Module kinds of our tree a layout looks at.
+enum class ModuleKind { conv_norm, repvgg_block, attention, conv2d };
+
+/// The transformers class names of a module of `kind` at dotted `path` in a `model_type` model
+/// (first = the class itself, then older spellings), e.g. rt_detr, a ConvNorm below
+/// "model.backbone." -> {"RTDetrResNetConvLayer"}; empty when the family has no such class.
+std::vector<std::string> upstream_classes(const std::string& model_type, ModuleKind kind,
+                                          const std::string& path);
+
+/// True when dotted `path` matches `pattern` segment by segment (`*` = exactly one segment).
+bool path_matches(const std::string& pattern, const std::string& path);
+
+}  // namespace libreyolo::models::layouts

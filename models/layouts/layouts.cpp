@@ -1,0 +1,245 @@
+#include "models/layouts/layouts.h"
+
+#include <map>
+#include <memory>
+#include <set>
+#include <stdexcept>
+#include <utility>
+
+#include "models/layers/attention.h"
+#include "models/layers/layers.h"
+#include "models/rtdetr/modules.h"
+
+namespace libreyolo::models::layouts {
+namespace {
+
+/// A module a layout may replace.
+struct Candidate {
+  std::string path;
+  std::vector<std::string> classes;
+  std::shared_ptr<torch::nn::Module> module;
+};
+
+std::vector<Candidate> find_candidates(torch::nn::Module& root, const std::string& model_type,
+                                       const std::string& layout) {
+  std::vector<Candidate> out;
+  for (const auto& item : root.named_modules("", /*include_self=*/false)) {
+    torch::nn::Module* m = item.value().get();
+    ModuleKind kind;
+    if (layout == "batchnorm_fold" && dynamic_cast<layers::ConvNormImpl*>(m))
+      kind = ModuleKind::conv_norm;
+    else if (layout == "repvgg" && dynamic_cast<rtdetr::RepVggBlockImpl*>(m))
+      kind = ModuleKind::repvgg_block;
+    else if (layout == "qkv_concat" && dynamic_cast<layers::AttentionImpl*>(m))
+      kind = ModuleKind::attention;
+    else if (layout == "channels_last" && dynamic_cast<layers::Conv2dImpl*>(m))
+      kind = ModuleKind::conv2d;
+    else
+      continue;
+    auto classes = upstream_classes(model_type, kind, item.key());
+    if (!classes.empty()) out.push_back({item.key(), std::move(classes), item.value()});
+  }
+  return out;
+}
+
+bool entry_matches(const KernelConfigEntry& e, const Candidate& c) {
+  for (const auto& t : e.targets) {
+    bool cls = false;
+    for (const auto& name : c.classes) cls = cls || name == t.class_name;
+    if (cls && (t.path_pattern.empty() || path_matches(t.path_pattern, c.path))) return true;
+  }
+  return false;
+}
+
+/// Whether `layout` replaces candidate `c`, and why ("" = it does not).
+std::string decide(const std::string& layout, const Candidate& c, const LayoutContext& ctx,
+                   const LayoutOptions& o) {
+  for (const auto& e : o.kernel_config) {
+    if (!entry_matches(e, c)) continue;
+    if (e.value != layout) return "";  // "off", or (never, after validation) another layout
+    return "kernel_config: " + e.key + (e.origin.empty() ? "" : " (" + e.origin + ")");
+  }
+  const auto& mode = o.mode;
+  if (mode.value == kernels::LayoutMode::on)
+    return std::string("kernels.layouts: on") +
+           (mode.origin.empty() ? "" : " (" + mode.origin + ")");
+  if (mode.value == kernels::LayoutMode::family_default && on_by_default(layout, ctx.model_type))
+    return "default (" + ctx.model_type + ")";
+  return "";
+}
+
+// ---- the conversion mappings ------------------------------------------------------------------
+
+/// A convolution with its norm folded in, in float64: W' = W * s, b' = b * s + t with the norm's
+/// per-channel scale s and shift t (transformers *FrozenBatchNorm2d: s = w * rsqrt(var + 1e-5),
+/// t = bias - mean * s; nn.BatchNorm2d in eval: the same with the module's eps).
+struct FoldedConv {
+  at::Tensor weight, bias;
+};
+
+FoldedConv folded_weights(const layers::ConvNormImpl& m) {
+  const auto w = m.conv->weight.to(at::kDouble);
+  at::Tensor b =
+      m.conv->bias.defined() ? m.conv->bias.to(at::kDouble) : at::zeros({w.size(0)}, w.options());
+  if (m.folded) return {w, b};
+  at::Tensor scale, shift;
+  if (m.frozen_norm) {
+    const auto& n = *m.frozen_norm;
+    scale = n.weight.to(at::kDouble) * (n.running_var.to(at::kDouble) + 1e-5).rsqrt();
+    shift = n.bias.to(at::kDouble) - n.running_mean.to(at::kDouble) * scale;
+  } else {
+    const auto& n = *m.norm;
+    scale = n.weight.to(at::kDouble) * (n.running_var.to(at::kDouble) + n.eps).rsqrt();
+    shift = n.bias.to(at::kDouble) - n.running_mean.to(at::kDouble) * scale;
+  }
+  return {w * scale.view({-1, 1, 1, 1}), b * scale + shift};
+}
+
+/// Installs folded weights into `m` (cast to its dtype), removes its norm child and switches
+/// it to the conv2d_bias_act forward with activation `act`.
+void install_folded(layers::ConvNormImpl& m, const FoldedConv& f, layers::Activation act) {
+  at::NoGradGuard no_grad;
+  auto& conv = *m.conv;
+  conv.weight.copy_(f.weight);
+  const auto bias = f.bias.to(conv.weight.options());
+  if (conv.bias.defined())
+    conv.bias.copy_(bias);
+  else
+    conv.bias = conv.register_parameter("bias", bias, /*requires_grad=*/false);
+  conv.options.bias = true;
+  for (const auto& child : m.named_children()) {
+    const auto* ptr = child.value().get();
+    if (ptr == m.norm.get() || ptr == m.frozen_norm.get()) m.unregister_module(child.key());
+  }
+  m.norm = nullptr;
+  m.frozen_norm = nullptr;
+  m.act = act;
+  m.folded = true;
+}
+
+/// batchnorm_fold on one ConvNorm. False when already folded.
+bool fold(torch::nn::Module& module) {
+  auto& m = dynamic_cast<layers::ConvNormImpl&>(module);
+  if (m.folded) return false;
+  install_folded(m, folded_weights(m), m.act);
+  return true;
+}
+
+/// repvgg on one RepVggBlock (lyuwenyu/RT-DETR rtdetr_pytorch/src/zoo/rtdetr/hybrid_encoder.py
+/// RepVggBlock.get_equivalent_kernel_bias: both branches folded, the 1x1 kernel zero-padded to
+/// 3x3 and added). False when already re-parameterised or the geometry is not 3x3 + 1x1.
+bool reparameterize(torch::nn::Module& module) {
+  auto& block = dynamic_cast<rtdetr::RepVggBlockImpl&>(module);
+  if (block.reparameterized || !block.conv2) return false;
+  const auto& o3 = block.conv1->conv->options;
+  const auto& o1 = block.conv2->conv->options;
+  if (o3.kernel != 3 || o3.padding != 1 || o1.kernel != 1 || o1.padding != 0 || o3.stride != 1 ||
+      o1.stride != 1 || o3.groups != 1 || o1.groups != 1 || o3.dilation != 1 || o1.dilation != 1 ||
+      block.conv1->act != layers::Activation::none || block.conv2->act != layers::Activation::none)
+    return false;
+  const auto a = folded_weights(*block.conv1);
+  const auto b = folded_weights(*block.conv2);
+  install_folded(*block.conv1,
+                 {a.weight + at::constant_pad_nd(b.weight, {1, 1, 1, 1}), a.bias + b.bias},
+                 block.act);
+  block.unregister_module("conv2");
+  block.conv2 = nullptr;
+  block.reparameterized = true;
+  return true;
+}
+
+/// qkv_concat on one attention module: [q; k; v] rows in one weight, the three projections'
+/// weights become views into it (no extra memory). False when the projections differ in shape
+/// or in having a bias.
+bool concat_qkv(torch::nn::Module& module) {
+  auto& a = dynamic_cast<layers::AttentionImpl&>(module);
+  if (a.concat_projections != 0) return false;
+  const auto& q = a.q_proj->weight;
+  const auto& k = a.k_proj->weight;
+  const auto& v = a.v_proj->weight;
+  const bool biased = a.q_proj->bias.defined();
+  if (q.sizes() != k.sizes() || q.sizes() != v.sizes() || a.k_proj->bias.defined() != biased ||
+      a.v_proj->bias.defined() != biased)
+    return false;
+  const int64_t D = q.size(0);
+  at::NoGradGuard no_grad;
+  a.in_proj_weight = at::cat({q, k, v}, 0);
+  if (biased) a.in_proj_bias = at::cat({a.q_proj->bias, a.k_proj->bias, a.v_proj->bias}, 0);
+  layers::Linear projections[] = {a.q_proj, a.k_proj, a.v_proj};
+  for (int64_t i = 0; i < 3; ++i) {
+    projections[i]->weight.set_(a.in_proj_weight.narrow(0, i * D, D));
+    if (biased) projections[i]->bias.set_(a.in_proj_bias.narrow(0, i * D, D));
+  }
+  a.concat_projections = 3;
+  return true;
+}
+
+/// channels_last on one convolution. False when the weight already is.
+bool to_channels_last(torch::nn::Module& module) {
+  auto& c = dynamic_cast<layers::Conv2dImpl&>(module);
+  if (c.weight.dim() != 4 || c.weight.is_contiguous(at::MemoryFormat::ChannelsLast)) return false;
+  at::NoGradGuard no_grad;
+  c.weight.set_(c.weight.contiguous(at::MemoryFormat::ChannelsLast));
+  return true;
+}
+
+bool apply_one(const std::string& layout, torch::nn::Module& m) {
+  if (layout == "batchnorm_fold") return fold(m);
+  if (layout == "repvgg") return reparameterize(m);
+  if (layout == "qkv_concat") return concat_qkv(m);
+  if (layout == "channels_last") return to_channels_last(m);
+  return false;
+}
+
+}  // namespace
+
+int64_t count_elements(const torch::nn::Module& m) {
+  int64_t n = 0;
+  for (const auto& p : m.parameters(/*recurse=*/true)) n += p.numel();
+  for (const auto& b : m.buffers(/*recurse=*/true)) n += b.numel();
+  return n;
+}
+
+const char* unsupported(const std::string& layout, const LayoutContext& ctx) {
+  if (layout == "channels_last" && !ctx.device.is_cuda()) return "needs a CUDA device";
+  return nullptr;
+}
+
+std::vector<LayoutReport> apply_layouts(torch::nn::Module& root, const LayoutContext& ctx,
+                                        const LayoutOptions& options) {
+  if (options.mode.value == kernels::LayoutMode::off) return {};
+  for (const auto& e : options.kernel_config) {
+    if (e.is_hub())
+      throw std::runtime_error(
+          "kernel_config: " + e.key + (e.origin.empty() ? "" : " (" + e.origin + ")") + ": '" +
+          e.value +
+          "' cannot be loaded: the pinned hub provider (kernels.lock) supplies kernel slot ops, "
+          "not layouts (use a built-in layout name or off)");
+  }
+  std::vector<LayoutReport> reports;
+  for (const auto& info : layout_catalog()) {
+    if (unsupported(info.name, ctx)) continue;
+    std::map<std::string, LayoutReport> by_source;  // one report per (layout, source)
+    std::map<std::string, std::set<std::string>> classes;
+    for (const auto& c : find_candidates(root, ctx.model_type, info.name)) {
+      const std::string source = decide(info.name, c, ctx, options);
+      if (source.empty()) continue;
+      const int64_t before = count_elements(*c.module);
+      if (!apply_one(info.name, *c.module)) continue;
+      auto& r = by_source[source];
+      r.layout = info.name;
+      r.source = source;
+      r.modules += 1;
+      r.params_before += before;
+      r.params_after += count_elements(*c.module);
+      classes[source].insert(c.classes.front());
+    }
+    for (auto& [source, r] : by_source) {
+      r.classes.assign(classes[source].begin(), classes[source].end());
+      reports.push_back(std::move(r));
+    }
+  }
+  return reports;
+}
+
+}  // namespace libreyolo::models::layouts

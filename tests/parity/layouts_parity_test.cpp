@@ -1,0 +1,225 @@
+// The layouts' parity gate (issue "kernels layer: layouts"): with every layout on, each model
+// fixture stays within the model tolerances of the transformers reference outputs (CPU float32:
+// logits <= 1e-4, boxes <= 1e-5) on both attention paths, and the post-processed detections
+// equal the transformers ones; with layouts off, nothing is rewritten and the outputs are
+// byte-identical to the modules as loaded. Prints the measured table ([layouts] lines).
+#include <ATen/ATen.h>
+#include <c10/core/InferenceMode.h>
+#include <gtest/gtest.h>
+
+#include <iomanip>
+#include <iostream>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "models/core/safetensors.h"
+#include "models/image/postprocess.h"
+#include "models/layouts/catalog.h"
+#include "models/layouts/layouts.h"
+#include "models/model.h"
+#include "tests/parity/fused_attention_fixtures.h"
+
+namespace libreyolo {
+namespace {
+
+using kernels::LayoutMode;
+using models::LayoutOptions;
+using models::LoadOptions;
+
+const std::vector<std::string> kFixtures{"rtdetr_tiny",
+                                         "rtdetr_tiny_basic",
+                                         "rtdetr_v2_tiny",
+                                         "rtdetr_v2_tiny_discrete",
+                                         "dfine_tiny",
+                                         "deformable_detr_tiny",
+                                         "deformable_detr_tiny_refine",
+                                         "deformable_detr_tiny_two_stage",
+                                         "vit_tiny",
+                                         "swin_tiny"};
+
+LoadOptions with_mode(LayoutMode mode) {
+  LoadOptions o;
+  o.layouts.mode.value = mode;
+  o.layouts.mode.source = kernels::Source::flag;
+  return o;
+}
+
+/// The model input as the transformers processor made it (fixtures/README.md), and the mask.
+std::pair<at::Tensor, at::Tensor> inputs(const std::string& dir) {
+  const auto pre = test::read_json(dir + "/preprocessor_config.json");
+  const auto file = models::core::SafetensorsFile::open(dir + "/expected.safetensors");
+  at::Tensor mask = file->contains("pixel_mask") ? file->view("pixel_mask").clone() : at::Tensor();
+  if (pre.value("do_normalize", true)) return {test::normalized_pixels(dir), mask};
+  const float rescale = static_cast<float>(pre.at("rescale_factor").get<double>());
+  return {file->view("pixel_u8").to(at::kFloat) * rescale, mask};
+}
+
+bool is_detector(const models::Model& m) { return m.task() == models::Task::object_detection; }
+
+class LayoutsParity : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(LayoutsParity, OnStaysWithinToleranceOffIsByteIdentical) {
+  c10::InferenceMode inference_mode;
+  const std::string name = GetParam();
+  const std::string dir = test::model_fixture(name);
+  const auto [pixels, mask] = inputs(dir);
+  const auto file = models::core::SafetensorsFile::open(dir + "/expected.safetensors");
+
+  const auto off = models::load_model(dir, with_mode(LayoutMode::off));
+  const auto on = models::load_model(dir, with_mode(LayoutMode::on));
+  EXPECT_TRUE(off->layouts().empty());
+  ASSERT_FALSE(on->layouts().empty()) << name << ": no layout applied with layouts on";
+  std::cout << "[layouts] " << name << " (on):\n" << models::layouts::describe(on->layouts());
+
+  // Off: two loads without layouts agree bit for bit, and so does a load whose kernel_config
+  // sets every class to off while the mode is on (nothing may be rewritten either way).
+  LoadOptions all_off = with_mode(LayoutMode::on);
+  for (const auto& info : models::layouts::layout_catalog())
+    for (const auto& cls : info.replaces)
+      all_off.layouts.kernel_config.push_back({cls, {{cls, ""}}, "off"});
+  const auto denied = models::load_model(dir, all_off);
+  EXPECT_TRUE(denied->layouts().empty());
+  const auto plain = models::load_model(dir, with_mode(LayoutMode::off));
+
+  for (bool fused : {false, true}) {
+    for (auto* m : {off.get(), on.get(), denied.get(), plain.get()}) m->set_fused_attention(fused);
+    const auto out_off = off->forward(pixels, mask);
+    const auto out_on = on->forward(pixels, mask);
+    EXPECT_TRUE(at::equal(out_off.logits, plain->forward(pixels, mask).logits)) << name;
+    EXPECT_TRUE(at::equal(out_off.logits, denied->forward(pixels, mask).logits)) << name;
+    const char* path = fused ? "sdpa  " : "manual";
+    if (is_detector(*on)) {
+      const auto logits_ref = file->view("logits"), boxes_ref = file->view("pred_boxes");
+      const double dl = test::max_abs_diff(out_on.logits, logits_ref);
+      const double db = test::max_abs_diff(out_on.pred_boxes, boxes_ref);
+      const double dl_off = test::max_abs_diff(out_off.logits, logits_ref);
+      const double db_off = test::max_abs_diff(out_off.pred_boxes, boxes_ref);
+      std::cout << std::setprecision(3) << "[layouts] " << std::left << std::setw(32) << name
+                << path << " on: logits " << dl << ", boxes " << db << " | off: logits " << dl_off
+                << ", boxes " << db_off << "\n";
+      EXPECT_LE(dl, 1e-4) << name << " " << path;
+      EXPECT_LE(db, 1e-5) << name << " " << path;
+      EXPECT_TRUE(at::equal(out_off.pred_boxes, plain->forward(pixels, mask).pred_boxes)) << name;
+
+      // Post-processed detections at threshold 0.3 in the fixture's target sizes: the same
+      // labels in the same order as transformers' (and the same count).
+      const auto meta = test::read_json(dir + "/meta.json");
+      std::vector<std::pair<int64_t, int64_t>> sizes;
+      for (const auto& hw : meta.at("target_sizes_hw"))
+        sizes.emplace_back(hw.at(0).get<int64_t>(), hw.at(1).get<int64_t>());
+      image::PostProcessOptions pp;
+      pp.threshold = 0.3;
+      const auto head = image::detection_head_for(on->model_type());
+      const auto dets =
+          image::post_process_object_detection(out_on.logits, out_on.pred_boxes, sizes, head, pp);
+      for (size_t i = 0; i < dets.size(); ++i) {
+        const std::string key = "th0.3_img" + std::to_string(i) + "_";
+        const auto labels_ref = file->view(key + "labels");
+        ASSERT_EQ(dets[i].labels.numel(), labels_ref.numel()) << name << " image " << i;
+        EXPECT_TRUE(at::equal(dets[i].labels, labels_ref.to(at::kLong))) << name << " image " << i;
+        EXPECT_LE(test::max_abs_diff(dets[i].scores, file->view(key + "scores")), 1e-4) << name;
+      }
+    } else {
+      const auto ref = file->view(fused ? "logits" : "logits_eager");
+      const double d = test::max_abs_diff(out_on.logits, ref);
+      const double d_off = test::max_abs_diff(out_off.logits, ref);
+      std::cout << std::setprecision(3) << "[layouts] " << std::left << std::setw(32) << name
+                << path << " on: logits " << d << " | off: logits " << d_off << "\n";
+      EXPECT_LE(d, 1e-4) << name << " " << path;
+      EXPECT_TRUE(at::equal(at::argmax(out_on.logits, -1), at::argmax(ref, -1))) << name;
+    }
+  }
+}
+
+// What each layout did to rtdetr_tiny (ResNet-vd bottleneck backbone, hybrid encoder with 4 CSP
+// blocks of 3 RepVGG blocks, 1 AIFI + 2 decoder self-attentions), counted from its config.json:
+// repvgg 12 blocks, 32256 -> 27840 elements (each 3x3+1x1 conv-BN pair of 32 channels becomes
+// one 3x3 kernel with bias); batchnorm_fold the other 37 conv-norm modules (3 stem + 4 stages of
+// bottlenecks + shortcuts, encoder 1x1/3x3), 4 BN tensors per module -> 1 bias; qkv_concat keeps
+// the element count (the projections become views).
+TEST(LayoutsReport, RtdetrTinyExactCounts) {
+  const auto model =
+      models::load_model(test::model_fixture("rtdetr_tiny"), with_mode(LayoutMode::on));
+  const auto& r = model->layouts();
+  ASSERT_EQ(r.size(), 3u) << models::layouts::describe(r);
+  EXPECT_EQ(r[0].layout, "repvgg");
+  EXPECT_EQ(r[0].modules, 12);
+  EXPECT_EQ(r[0].params_before, 32256);
+  EXPECT_EQ(r[0].params_after, 27840);
+  EXPECT_EQ(r[0].classes, std::vector<std::string>{"RTDetrRepVggBlock"});
+  EXPECT_EQ(r[0].source, "kernels.layouts: on");
+  EXPECT_EQ(r[1].layout, "batchnorm_fold");
+  EXPECT_EQ(r[1].modules, 37);
+  EXPECT_EQ(r[1].params_before, 49848);
+  EXPECT_EQ(r[1].params_after, 47304);
+  EXPECT_EQ(r[1].classes, (std::vector<std::string>{"RTDetrConvNormLayer", "RTDetrResNetConvLayer",
+                                                    "RTDetrResNetShortCut"}));
+  EXPECT_EQ(r[2].layout, "qkv_concat");
+  EXPECT_EQ(r[2].modules, 3);
+  EXPECT_EQ(r[2].params_before, r[2].params_after);
+  // The default for rt_detr is the same set (the gate passed), with its own source.
+  const auto by_default = models::load_model(test::model_fixture("rtdetr_tiny"));
+  ASSERT_EQ(by_default->layouts().size(), 3u);
+  EXPECT_EQ(by_default->layouts()[1].source, "default (rt_detr)");
+}
+
+TEST(LayoutsReport, KernelConfigPathPatternOffAndHub) {
+  c10::InferenceMode inference_mode;
+  const std::string dir = test::model_fixture("rtdetr_tiny");
+  // Only the RepVGG blocks of fpn_blocks.0, by path; everything else explicitly off.
+  LoadOptions o = with_mode(LayoutMode::off);
+  o.layouts.mode.value = LayoutMode::family_default;
+  o.layouts.kernel_config.push_back(
+      {"[[RTDetrRepVggBlock, model.encoder.fpn_blocks.0.bottlenecks.*]]",
+       {{"RTDetrRepVggBlock", "model.encoder.fpn_blocks.0.bottlenecks.*"}},
+       "repvgg",
+       "",
+       "",
+       false,
+       "s.yaml:1:1"});
+  for (const auto& cls : {"RTDetrRepVggBlock", "RTDetrConvNormLayer", "RTDetrResNetConvLayer",
+                          "RTDetrResNetShortCut", "RTDetrSelfAttention"})
+    o.layouts.kernel_config.push_back({cls, {{cls, ""}}, "off"});
+  const auto model = models::load_model(dir, o);
+  ASSERT_EQ(model->layouts().size(), 1u) << models::layouts::describe(model->layouts());
+  const auto& r = model->layouts()[0];
+  EXPECT_EQ(r.layout, "repvgg");
+  EXPECT_EQ(r.modules, 3);
+  EXPECT_EQ(r.source,
+            "kernel_config: [[RTDetrRepVggBlock, model.encoder.fpn_blocks.0.bottlenecks.*]] "
+            "(s.yaml:1:1)");
+  const auto [pixels, mask] = inputs(dir);
+  const auto file = models::core::SafetensorsFile::open(dir + "/expected.safetensors");
+  EXPECT_LE(test::max_abs_diff(model->forward(pixels).logits, file->view("logits")), 1e-4);
+
+  // kernels.layouts: off wins over kernel_config.
+  LoadOptions off = with_mode(LayoutMode::off);
+  off.layouts.kernel_config.push_back({"RTDetrRepVggBlock", {{"RTDetrRepVggBlock", ""}}, "repvgg"});
+  EXPECT_TRUE(models::load_model(dir, off)->layouts().empty());
+
+  // A hub layout is refused at load, naming the entry.
+  LoadOptions hub = with_mode(LayoutMode::family_default);
+  hub.layouts.kernel_config.push_back({"RTDetrSelfAttention",
+                                       {{"RTDetrSelfAttention", ""}},
+                                       "acme/attn:Fused",
+                                       "",
+                                       "v1",
+                                       true,
+                                       "m/serving.yaml:3:3"});
+  try {
+    models::load_model(dir, hub);
+    FAIL() << "no error";
+  } catch (const std::runtime_error& e) {
+    EXPECT_STREQ(e.what(),
+                 "kernel_config: RTDetrSelfAttention (m/serving.yaml:3:3): 'acme/attn:Fused' "
+                 "cannot be loaded: the pinned hub provider (kernels.lock) supplies kernel slot "
+                 "ops, not layouts (use a built-in layout name or off)");
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, LayoutsParity, ::testing::ValuesIn(kFixtures),
+                         [](const auto& info) { return info.param; });
+
+}  // namespace
+}  // namespace libreyolo

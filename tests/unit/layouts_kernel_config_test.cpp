@@ -1,0 +1,132 @@
+// serving.yaml `kernel_config:` (models/layouts/kernel_config.h): the accepted forms and the exact
+// configuration errors, and the layout catalog's class table.
+#include <gtest/gtest.h>
+
+#include <stdexcept>
+#include <string>
+
+#include "models/layouts/catalog.h"
+#include "models/layouts/kernel_config.h"
+
+namespace libreyolo::models::layouts {
+namespace {
+
+std::string error_of(const std::string& yaml) {
+  try {
+    parse_kernel_config_text(yaml, "s.yaml");
+  } catch (const std::runtime_error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+TEST(KernelConfig, ClassNamesAndOff) {
+  const auto e = parse_kernel_config_text(
+      "RTDetrConvNormLayer: batchnorm_fold\nRTDetrResNetConvLayer: off\n", "s.yaml");
+  ASSERT_EQ(e.size(), 2u);
+  EXPECT_EQ(e[0].key, "RTDetrConvNormLayer");
+  ASSERT_EQ(e[0].targets.size(), 1u);
+  EXPECT_EQ(e[0].targets[0].class_name, "RTDetrConvNormLayer");
+  EXPECT_EQ(e[0].targets[0].path_pattern, "");
+  EXPECT_EQ(e[0].value, "batchnorm_fold");
+  EXPECT_EQ(e[0].origin, "s.yaml:1:1");
+  EXPECT_FALSE(e[0].is_hub());
+  EXPECT_EQ(e[1].value, "off");
+  EXPECT_EQ(e[1].origin, "s.yaml:2:1");
+}
+
+TEST(KernelConfig, ClassPathPairsSharingOneParent) {
+  const auto e = parse_kernel_config_text(
+      "? [[RTDetrRepVggBlock, model.encoder.fpn_blocks.0.bottlenecks.*],\n"
+      "   [RTDetrV2RepVggBlock, model.encoder.fpn_blocks.0.bottlenecks.1]]\n"
+      ": repvgg\n",
+      "s.yaml");
+  ASSERT_EQ(e.size(), 1u);
+  ASSERT_EQ(e[0].targets.size(), 2u);
+  EXPECT_EQ(e[0].targets[1].class_name, "RTDetrV2RepVggBlock");
+  EXPECT_EQ(e[0].targets[1].path_pattern, "model.encoder.fpn_blocks.0.bottlenecks.1");
+  EXPECT_EQ(e[0].key,
+            "[[RTDetrRepVggBlock, model.encoder.fpn_blocks.0.bottlenecks.*], "
+            "[RTDetrV2RepVggBlock, model.encoder.fpn_blocks.0.bottlenecks.1]]");
+  EXPECT_EQ(e[0].value, "repvgg");
+}
+
+TEST(KernelConfig, HubReferenceWithOptions) {
+  const auto e = parse_kernel_config_text(
+      "ViTAttention: {layout: \"acme/fast-attn:FusedQKV\", revision: v1, trust_remote_code: true}",
+      "s.yaml");
+  ASSERT_EQ(e.size(), 1u);
+  EXPECT_TRUE(e[0].is_hub());
+  EXPECT_EQ(e[0].value, "acme/fast-attn:FusedQKV");
+  EXPECT_EQ(e[0].revision, "v1");
+  EXPECT_EQ(e[0].version, "");
+  EXPECT_TRUE(e[0].trust_remote_code);
+}
+
+TEST(KernelConfig, ExactErrors) {
+  EXPECT_EQ(error_of("- a\n"),
+            "s.yaml:1:1: kernel_config: must be a mapping of class names (or [class, path] "
+            "pairs) to layouts");
+  EXPECT_EQ(
+      error_of("? [[RTDetrConvNormLayer, model.encoder.lateral_convs.*], "
+               "[RTDetrConvNormLayer, model.encoder.downsample_convs.0]]\n: batchnorm_fold\n"),
+      "s.yaml:1:58: kernel_config: key [[RTDetrConvNormLayer, "
+      "model.encoder.lateral_convs.*], [RTDetrConvNormLayer, "
+      "model.encoder.downsample_convs.0]]: path patterns 'model.encoder.lateral_convs.*' "
+      "and 'model.encoder.downsample_convs.0' do not share one parent");
+  EXPECT_EQ(error_of("RTDetrConvNormLayer: repvgg\n"),
+            "s.yaml:1:22: kernel_config: RTDetrConvNormLayer: layout repvgg does not replace "
+            "RTDetrConvNormLayer (it replaces RTDetrRepVggBlock, RTDetrV2RepVggBlock, "
+            "DFineRepVggBlock)");
+  EXPECT_EQ(error_of("ViTAttention: fused\n"),
+            "s.yaml:1:15: kernel_config: ViTAttention: unknown layout 'fused' (expected off, "
+            "repvgg, batchnorm_fold, qkv_concat, channels_last, or owner/repo:ClassName)");
+  EXPECT_EQ(error_of("ViTAttention: acme/fast-attn\n"),
+            "s.yaml:1:15: kernel_config: ViTAttention: hub reference 'acme/fast-attn' must be "
+            "owner/repo:ClassName");
+  EXPECT_EQ(error_of("ViTAttention: {layout: a/b:C, version: '1', revision: x}\n"),
+            "s.yaml:1:15: kernel_config: ViTAttention: give version or revision, not both");
+  EXPECT_EQ(error_of("ViTAttention: {layout: qkv_concat, revision: x}\n"),
+            "s.yaml:1:15: kernel_config: ViTAttention: version, revision and trust_remote_code "
+            "apply to hub references only");
+  EXPECT_EQ(error_of("ViTAttention: {layout: a/b:C, pin: x}\n"),
+            "s.yaml:1:31: kernel_config: ViTAttention: unknown option 'pin' (expected layout, "
+            "version, revision, trust_remote_code)");
+  EXPECT_EQ(error_of("? [RTDetrConvNormLayer]\n: off\n"),
+            "s.yaml:1:4: kernel_config: a key must be a class name or a list of [class_name, "
+            "path_pattern] pairs");
+  const std::string unknown = error_of("LlamaRMSNorm: off\n");
+  EXPECT_EQ(unknown.rfind("s.yaml:1:1: kernel_config: unknown class 'LlamaRMSNorm' (no layout "
+                          "replaces it; known: RTDetrRepVggBlock, ",
+                          0),
+            0u)
+      << unknown;
+}
+
+TEST(LayoutCatalog, UpstreamClassesPerFamilyAndPath) {
+  using K = ModuleKind;
+  EXPECT_EQ(upstream_classes("rt_detr", K::conv_norm, "model.backbone.model.embedder.embedder.0"),
+            std::vector<std::string>{"RTDetrResNetConvLayer"});
+  EXPECT_EQ(upstream_classes("rt_detr", K::conv_norm,
+                             "model.backbone.model.encoder.stages.1.layers.0.shortcut.1"),
+            std::vector<std::string>{"RTDetrResNetShortCut"});
+  EXPECT_EQ(upstream_classes("rt_detr_v2", K::conv_norm, "model.encoder.lateral_convs.0"),
+            std::vector<std::string>{"RTDetrV2ConvNormLayer"});
+  EXPECT_EQ(upstream_classes("d_fine", K::conv_norm, "model.backbone.model.embedder.stem1"),
+            std::vector<std::string>{"HGNetV2ConvLayer"});
+  EXPECT_EQ(upstream_classes("d_fine", K::repvgg_block, "x"),
+            std::vector<std::string>{"DFineRepVggBlock"});
+  EXPECT_EQ(upstream_classes("deformable_detr", K::conv_norm, "model.backbone.a.shortcut"),
+            std::vector<std::string>{"ResNetShortCut"});
+  EXPECT_EQ(upstream_classes("vit", K::attention, "vit.encoder.layer.0.attention.attention"),
+            (std::vector<std::string>{"ViTAttention", "ViTSelfAttention"}));
+  EXPECT_TRUE(upstream_classes("vit", K::repvgg_block, "x").empty());
+  EXPECT_TRUE(path_matches("model.encoder.*.0", "model.encoder.fpn_blocks.0"));
+  EXPECT_FALSE(path_matches("model.encoder.*", "model.encoder.fpn_blocks.0"));
+  EXPECT_FALSE(path_matches("model.encoder.*.1", "model.encoder.fpn_blocks.0"));
+  EXPECT_TRUE(on_by_default("batchnorm_fold", "rt_detr"));
+  EXPECT_FALSE(on_by_default("channels_last", "rt_detr"));
+}
+
+}  // namespace
+}  // namespace libreyolo::models::layouts

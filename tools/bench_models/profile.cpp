@@ -1,0 +1,89 @@
+#include "tools/bench_models/profile.h"
+
+#include <torch/csrc/autograd/profiler_kineto.h>
+
+#include <algorithm>
+#include <cctype>
+#include <map>
+#include <set>
+#include <sstream>
+#include <vector>
+
+namespace libreyolo::bench {
+namespace {
+
+bool has(const std::string& s, const char* part) { return s.find(part) != std::string::npos; }
+
+/// The op class of a CUDA kernel, from its (mangled or plain) name.
+std::string op_class(std::string name) {
+  std::transform(name.begin(), name.end(), name.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  if (has(name, "ms_deform") || has(name, "msda")) return "ms_deform_attn";
+  if (has(name, "fmha") || has(name, "attention") || has(name, "flash")) return "attention";
+  if (has(name, "conv") || has(name, "xmma_fprop") || has(name, "implicit_gemm") ||
+      has(name, "cudnn") || has(name, "fprop") || has(name, "dgrad") || has(name, "winograd"))
+    return "conv";
+  if (has(name, "gemm") || has(name, "cutlass") || has(name, "cublas") || has(name, "nvjet") ||
+      has(name, "sm90_xmma"))
+    return "gemm";
+  if (has(name, "norm") || has(name, "softmax") || has(name, "reduce") || has(name, "topk") ||
+      has(name, "sort") || has(name, "scan"))
+    return "norm_softmax_reduce";
+  if (has(name, "memcpy") || has(name, "memset") || has(name, "copy") || has(name, "cat") ||
+      has(name, "index") || has(name, "gather") || has(name, "transpose"))
+    return "copy";
+  if (has(name, "elementwise") || has(name, "vectorized") || has(name, "unrolled") ||
+      has(name, "pointwise") || has(name, "activation"))
+    return "elementwise";
+  return "other";
+}
+
+}  // namespace
+
+std::string profile_by_op_class(const std::function<void()>& forward, int iters) {
+  namespace prof = torch::autograd::profiler;
+  using torch::profiler::impl::ActivityType;
+  using torch::profiler::impl::ProfilerConfig;
+  using torch::profiler::impl::ProfilerState;
+  const ProfilerConfig config(ProfilerState::KINETO);
+  const std::set<ActivityType> activities{ActivityType::CPU, ActivityType::CUDA};
+  prof::prepareProfiler(config, activities);
+  prof::enableProfiler(config, activities);
+  for (int i = 0; i < iters; ++i) forward();
+  const auto result = prof::disableProfiler();
+  std::map<std::string, std::pair<double, int>> by_class;  // ms, kernels
+  std::map<std::string, double> by_kernel;
+  double total = 0;
+  for (const auto& e : result->events()) {
+    if (e.deviceType() != c10::DeviceType::CUDA) continue;
+    const double ms = static_cast<double>(e.durationNs()) / 1e6;
+    const std::string name = e.name();
+    auto& c = by_class[op_class(name)];
+    c.first += ms;
+    c.second += 1;
+    by_kernel[name] += ms;
+    total += ms;
+  }
+  std::vector<std::pair<std::string, std::pair<double, int>>> classes(by_class.begin(),
+                                                                      by_class.end());
+  std::sort(classes.begin(), classes.end(),
+            [](const auto& a, const auto& b) { return a.second.first > b.second.first; });
+  std::ostringstream os;
+  for (const auto& [name, v] : classes) {
+    os << "profile class=" << name << " ms_per_forward=" << v.first / iters
+       << " share=" << (total > 0 ? 100.0 * v.first / total : 0.0)
+       << "% kernels_per_forward=" << v.second / iters << "\n";
+  }
+  os << "profile total_gpu_ms_per_forward=" << total / iters << "\n";
+  std::vector<std::pair<std::string, double>> kernels(by_kernel.begin(), by_kernel.end());
+  std::sort(kernels.begin(), kernels.end(),
+            [](const auto& a, const auto& b) { return a.second > b.second; });
+  for (size_t i = 0; i < kernels.size() && i < 12; ++i) {
+    os << "profile kernel ms_per_forward=" << kernels[i].second / iters
+       << " class=" << op_class(kernels[i].first) << " name=" << kernels[i].first.substr(0, 140)
+       << "\n";
+  }
+  return os.str();
+}
+
+}  // namespace libreyolo::bench

@@ -1,0 +1,19 @@
+// Where a forward's GPU time goes, by op class, from the torch profiler (Kineto, CUPTI) driven
+// from C++ (torch/csrc/autograd/profiler_kineto.h): the breakdown issue 14 asks for before and
+// after the layouts.
+#pragma once
+
+#include <functional>
+#include <string>
+
+namespace libreyolo::bench {
+
+/// Runs `forward` `iters` times under the profiler (CPU and CUDA activities) and returns lines
+/// `profile class=<c> ms_per_forward=<x> share=<p>% kernels_per_forward=<n>` for the classes
+/// conv, gemm, elementwise, norm_softmax_reduce, ms_deform_attn, attention, copy, other, sorted by
+/// time, then `profile total_gpu_ms_per_forward=<x>`, and the 12 slowest kernel names. GPU time
+/// is the sum of kernel durations (no overlap correction: one stream). Throws std::runtime_error
+/// when the profiler cannot start.
+std::string profile_by_op_class(const std::function<void()>& forward, int iters);
+
+}  // namespace libreyolo::bench
