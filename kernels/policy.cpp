@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cstdlib>
+#include <filesystem>
 #include <optional>
 #include <sstream>
 
@@ -44,12 +45,22 @@ void parse_hub(const YAML::Node& hub, const std::string& file, HubSettings& out)
     auto set_string = [&](Setting<std::string>& s) {
       s = {scalar(file, v, "hub." + key), Source::file, where(file, v)};
     };
+    // A relative path is relative to the configuration file's folder (as the default
+    // kernels.lock next to it, and model_repository: server/core/config.h path_from_file).
+    auto set_path = [&](Setting<std::string>& s) {
+      set_string(s);
+      namespace fs = std::filesystem;
+      if (file.empty() || s.value.empty() || fs::path(s.value).is_absolute()) return;
+      fs::path dir = fs::path(file).parent_path();
+      if (dir.empty()) dir = ".";
+      s.value = fs::absolute(dir / s.value).lexically_normal().string();
+    };
     if (key == "endpoint") {
       set_string(out.endpoint);
     } else if (key == "cache_dir") {
-      set_string(out.cache_dir);
+      set_path(out.cache_dir);
     } else if (key == "lock_file") {
-      set_string(out.lock_file);
+      set_path(out.lock_file);
     } else if (key == "offline") {
       out.offline = {boolean(file, v, "kernels.hub.offline"), Source::file, where(file, v)};
     } else if (key == "timeout_seconds") {

@@ -4,32 +4,88 @@
 # real photographs with the bundled client (detect, classify), shows the resolved kernel slots (/active), then keeps
 # serving in the foreground until Ctrl-C (SIGINT drains and exits 0).
 #   LIBREYOLO_RUN_ONCE=1 scripts/run.sh   stops the daemon after the demo (for scripted checks)
-# Extra arguments go to libreyolo-server (e.g. --grpc-address 127.0.0.1:9001).
+#   LIBREYOLO_BUILD=0 scripts/run.sh      serves again without building (the binaries of $BUILD_DIR)
+#   LIBREYOLO_READY_TIMEOUT=S             seconds to wait for readiness (default 120)
+# Extra arguments go to libreyolo-server, e.g. --grpc-address 127.0.0.1:9001 --http-address
+# 127.0.0.1:9000 (the demo's client and /active then use those addresses; the last of each wins,
+# as in libreyolo-server; --http-address off skips /active). LIBREYOLO_GRPC_ADDRESS and
+# LIBREYOLO_HTTP_ADDRESS set them too. The daemon never outlives this script: any failure,
+# Ctrl-C or SIGTERM stops it (SIGINT, then SIGKILL after 60 s).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${BUILD_DIR:-build}
-echo "== building (first time: 15-30 min on 2 cores; ccache makes later builds fast)"
-# Progress without the compiler's noise; a failed build stops here (pipefail).
-bash scripts/build.sh 2>&1 | { grep -E "^\[[0-9]+/[0-9]+\] Linking|error|FAILED" || true; }
+if [ "${LIBREYOLO_BUILD:-1}" != 0 ]; then
+  echo "== building (first time: 15-30 min on 2 cores; ccache makes later builds fast)"
+  # Progress without the compiler's noise; a failed build stops here (pipefail).
+  bash scripts/build.sh 2>&1 | { grep -E "^\[[0-9]+/[0-9]+\] Linking|error|FAILED" || true; }
+elif [ ! -x "$build/bin/libreyolo-server" ] || [ ! -x "$build/bin/libreyolo-client" ]; then
+  echo "run: $build/bin/libreyolo-server or libreyolo-client is not built (run without LIBREYOLO_BUILD=0)" >&2
+  exit 1
+fi
 grpc=${LIBREYOLO_GRPC_ADDRESS:-127.0.0.1:8001}
 http=${LIBREYOLO_HTTP_ADDRESS:-127.0.0.1:8000}
+args=("$@")
+for ((i = 0; i + 1 < ${#args[@]}; i++)); do
+  case "${args[i]}" in
+    --grpc-address) grpc=${args[i + 1]} ;;
+    --http-address) http=${args[i + 1]} ;;
+  esac
+done
+
+server=
+stop_server() {
+  [ -n "$server" ] || return 0
+  if kill -0 "$server" 2>/dev/null; then
+    kill -INT "$server" 2>/dev/null || true
+    for _ in $(seq 1 600); do
+      kill -0 "$server" 2>/dev/null || break
+      sleep 0.1
+    done
+    kill -KILL "$server" 2>/dev/null || true
+  fi
+  wait "$server" 2>/dev/null && stopped_rc=0 || stopped_rc=$?
+  server=
+}
+# Ctrl-C: the daemon drains (it gets the terminal's SIGINT too; the same signal twice within 1 s
+# is one stop request) and this script exits with its status, 0 after a clean drain.
+stopped_rc=
+trap stop_server EXIT
+trap 'stop_server; exit "${stopped_rc:-130}"' INT
+trap 'stop_server; exit "${stopped_rc:-143}"' TERM
+
 "$build/bin/libreyolo-server" --config config/server.yaml --grpc-address "$grpc" \
   --http-address "$http" "$@" &
 server=$!
-trap 'kill -INT $server 2>/dev/null; wait $server' INT TERM
-for _ in $(seq 1 120); do
-  if "$build/bin/libreyolo-client" health --server "$grpc" --service readiness >/dev/null 2>&1; then break; fi
-  if ! kill -0 $server 2>/dev/null; then echo "run: libreyolo-server exited during start-up" >&2; exit 1; fi
+timeout=${LIBREYOLO_READY_TIMEOUT:-120}
+ready=0
+for _ in $(seq 1 $((timeout * 2))); do
+  if "$build/bin/libreyolo-client" health --server "$grpc" --service readiness >/dev/null 2>&1; then
+    ready=1
+    break
+  fi
+  if ! kill -0 "$server" 2>/dev/null; then
+    wait "$server" && rc=0 || rc=$?
+    server=
+    echo "run: libreyolo-server exited during start-up (exit $rc)" >&2
+    exit 1
+  fi
   sleep 0.5
 done
+if [ "$ready" != 1 ]; then
+  echo "run: libreyolo-server is not ready on $grpc after $timeout s; stopping it" >&2
+  exit 1
+fi
 echo "== detections for tests/fixtures/images/astronaut.jpg (random-weight example model)"
 "$build/bin/libreyolo-client" detect --image tests/fixtures/images/astronaut.jpg --server "$grpc" \
   --model rtdetr_tiny --threshold 0.3
 echo "== top classes for tests/fixtures/images/coffee.jpg (random-weight ViT)"
 "$build/bin/libreyolo-client" classify --image tests/fixtures/images/coffee.jpg --server "$grpc" \
   --model vit_tiny --top-k 3
-echo "== kernel slots (GET http://$http/active)"
-curl -fsS "http://$http/active" | "${LIBREYOLO_VENV:-$HOME/.cache/libreyolo-server/venv-torch2.11}/bin/python" -c '
+if [ "$http" = off ] || [ "$http" = none ] || [ -z "$http" ]; then
+  echo "== HTTP admin port off: no /active"
+else
+  echo "== kernel slots (GET http://$http/active)"
+  curl -fsS "http://$http/active" | "${LIBREYOLO_VENV:-$HOME/.cache/libreyolo-server/venv-torch2.11}/bin/python" -c '
 import json, sys
 d = json.load(sys.stdin)
 for slot, impl in d["active"].items():
@@ -37,9 +93,13 @@ for slot, impl in d["active"].items():
 for m in d["models"]:
     print("  model", m["name"], m["state"], "on", m.get("device", "?"), "cuda_graphs:", m.get("cuda_graphs", "off"))
 print("  fallback events:", len(d["fallback_events"]), " tf32:", d["torch"]["tf32"])
+print("  model_repository:", d["server"]["model_repository"]["value"])
 '
+fi
 echo "== serving: gRPC $grpc, HTTP admin http://$http (metrics, active, health). Ctrl-C drains and stops."
 if [ "${LIBREYOLO_RUN_ONCE:-0}" = 1 ]; then
-  kill -INT $server
+  kill -INT "$server"
 fi
-wait $server
+wait "$server" && rc=0 || rc=$?
+server=
+exit $rc

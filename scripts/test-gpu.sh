@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds and tests everything on the GPU machine, then benchmarks the CUDA kernels. Run from the
-# repository root ON that machine, with the device kit carried (`../shared/device/stage.sh` here,
-# then a device run with carry [".device-kit"]):
+# repository root ON that machine, with the device kit (.device-kit/env.sh: the environment that
+# points the build at the machine's CUDA LibTorch; staged outside the repository and carried to
+# the machine with the working tree):
 #   scripts/test-gpu.sh                 whole project in build-gpu: ctest (every label), the gpu
 #                                       label verbose, bench_kernels
 #   scripts/test-gpu.sh --kernels-only  only the kernels, test_gpu and bench_kernels
@@ -31,7 +32,7 @@ jobs=$(nproc)
 status=0
 
 if [ ! -f .device-kit/env.sh ]; then
-  note "FAIL: .device-kit/env.sh missing (run ../shared/device/stage.sh here and carry .device-kit)"
+  note "FAIL: .device-kit/env.sh missing (stage the device kit and carry .device-kit)"
   exit 2
 fi
 # shellcheck disable=SC1091

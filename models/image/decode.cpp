@@ -238,6 +238,158 @@ RgbImage decode_png_impl(const uint8_t* data, size_t size, const DecodeOptions& 
   return out;
 }
 
+// ---------------------------------------------------------------------------------------------
+// EXIF orientation, as Pillow 13 reads it (src/PIL/JpegImagePlugin.py APP, PngImagePlugin.py
+// chunk_eXIf, Image.py Image.getexif / Exif.load, TiffImagePlugin.py ImageFileDirectory_v2).
+// Every read is bounds-checked; anything malformed means "no orientation" (1).
+
+constexpr uint16_t kOrientationTag = 0x0112;
+
+/// Orientation tag of IFD0 of a TIFF stream (Exif.load: leading "Exif\0\0" stripped up to
+/// twice). Returns 0 when the tag is absent, -1 when the data is not TIFF or the tag is not one
+/// integer (PIL would fail or ignore it), else the value.
+int tiff_orientation(const uint8_t* d, size_t n) {
+  for (int i = 0; i < 2 && n >= 6 && std::memcmp(d, "Exif\0\0", 6) == 0; ++i) {
+    d += 6;
+    n -= 6;
+  }
+  if (n < 8) return -1;
+  bool little;
+  if (std::memcmp(d, "II*\0", 4) == 0) {
+    little = true;
+  } else if (std::memcmp(d, "MM\0*", 4) == 0) {
+    little = false;
+  } else {
+    return -1;
+  }
+  auto u16 = [&](size_t at) -> uint32_t {
+    return little ? d[at] | d[at + 1] << 8 : d[at] << 8 | d[at + 1];
+  };
+  auto u32 = [&](size_t at) -> uint32_t {
+    return little ? u16(at) | u16(at + 2) << 16 : u16(at) << 16 | u16(at + 2);
+  };
+  const size_t ifd = u32(4);
+  if (ifd > n || n - ifd < 2) return -1;
+  const size_t count = u16(ifd);
+  int found = 0;
+  for (size_t i = 0; i < count; ++i) {
+    const size_t e = ifd + 2 + 12 * i;
+    if (e > n || n - e < 12) return found ? found : -1;  // truncated IFD
+    if (u16(e) != kOrientationTag) continue;
+    const uint32_t type = u16(e + 2), values = u32(e + 4);
+    if (values != 1) return -1;
+    // SHORT, LONG and their signed forms read as one int; PIL keeps a BYTE as bytes, which
+    // matches no orientation. (RATIONAL/FLOAT orientations are not read.)
+    int64_t v;
+    if (type == 3) {
+      v = u16(e + 8);
+    } else if (type == 8) {
+      v = static_cast<int16_t>(u16(e + 8));
+    } else if (type == 4) {
+      v = u32(e + 8);
+    } else if (type == 9) {
+      v = static_cast<int32_t>(u32(e + 8));
+    } else {
+      return -1;
+    }
+    found = v >= 1 && v <= 8 ? static_cast<int>(v) : -1;  // the last entry wins (a dict in PIL)
+  }
+  return found;
+}
+
+/// `tiff:Orientation="N"` or `<tiff:Orientation>N` in XMP text (Image.getexif's fallback): N,
+/// else 0.
+int xmp_orientation(const uint8_t* d, size_t n) {
+  static const char kKey[] = "tiff:Orientation";
+  const size_t k = sizeof kKey - 1;
+  for (size_t i = 0; i + k < n; ++i) {
+    if (std::memcmp(d + i, kKey, k) != 0) continue;
+    size_t at = i + k;
+    if (at + 1 < n && d[at] == '=' && d[at + 1] == '"') {
+      at += 2;
+    } else if (at < n && d[at] == '>') {
+      at += 1;
+    } else {
+      continue;
+    }
+    if (at < n && d[at] >= '0' && d[at] <= '9') return d[at] - '0';
+  }
+  return 0;
+}
+
+/// Orientation of a whole file's EXIF and XMP payloads: the EXIF tag when present (even an
+/// unusable value: PIL looks at XMP only when EXIF has no orientation tag), else XMP's.
+int orientation_of(const std::string& exif, bool has_exif, const std::string& xmp) {
+  if (has_exif) {
+    const int t = tiff_orientation(reinterpret_cast<const uint8_t*>(exif.data()), exif.size());
+    if (t != 0) return t < 0 ? 1 : t;
+  }
+  const int x = xmp_orientation(reinterpret_cast<const uint8_t*>(xmp.data()), xmp.size());
+  return x >= 1 && x <= 8 ? x : 1;
+}
+
+int jpeg_orientation(const uint8_t* d, size_t n) {
+  static const char kXmp[] = "http://ns.adobe.com/xap/1.0/";  // then one NUL
+  std::string exif, xmp;
+  bool has_exif = false;
+  size_t at = 2;  // after SOI
+  while (at + 4 <= n) {
+    if (d[at] != 0xFF) break;              // not a marker: PIL would fail; stop reading metadata
+    while (at < n && d[at] == 0xFF) ++at;  // fill bytes
+    if (at >= n) break;
+    const uint8_t marker = d[at++];
+    if (marker == 0xD9 || marker == 0xDA) break;  // EOI, SOS: no metadata after the scan
+    if (marker == 0x01 || (marker >= 0xD0 && marker <= 0xD7)) continue;  // no length
+    if (at + 2 > n) break;
+    const size_t length = static_cast<size_t>(d[at]) << 8 | d[at + 1];
+    if (length < 2 || length > n - at) break;
+    const uint8_t* s = d + at + 2;
+    const size_t len = length - 2;
+    if (marker == 0xE1 && len >= 6 && std::memcmp(s, "Exif\0\0", 6) == 0) {
+      // PIL: the first segment whole, later ones appended without their "Exif\0\0".
+      if (has_exif) {
+        exif.append(reinterpret_cast<const char*>(s) + 6, len - 6);
+      } else {
+        exif.assign(reinterpret_cast<const char*>(s), len);
+        has_exif = true;
+      }
+    } else if (marker == 0xE1 && len >= sizeof kXmp && std::memcmp(s, kXmp, sizeof kXmp) == 0) {
+      xmp.assign(reinterpret_cast<const char*>(s) + sizeof kXmp, len - sizeof kXmp);  // last wins
+    }
+    at += length;
+  }
+  return orientation_of(exif, has_exif, xmp);
+}
+
+int png_orientation(const uint8_t* d, size_t n) {
+  static const char kXmpKey[] = "XML:com.adobe.xmp";  // then NUL, flag, method, lang NUL, NUL
+  std::string exif, xmp;
+  bool has_exif = false;
+  size_t at = 8;
+  while (at + 12 <= n) {
+    const size_t length = static_cast<size_t>(d[at]) << 24 | static_cast<size_t>(d[at + 1]) << 16 |
+                          static_cast<size_t>(d[at + 2]) << 8 | d[at + 3];
+    const uint8_t* type = d + at + 4;
+    if (length > n - at - 12) break;
+    const uint8_t* s = d + at + 8;
+    if (std::memcmp(type, "eXIf", 4) == 0) {
+      exif.assign("Exif\0\0", 6);  // chunk_eXIf prepends it; Exif.load strips up to two
+      exif.append(reinterpret_cast<const char*>(s), length);
+      has_exif = true;  // the last chunk wins
+    } else if (std::memcmp(type, "iTXt", 4) == 0 && length > sizeof kXmpKey + 1 &&
+               std::memcmp(s, kXmpKey, sizeof kXmpKey) == 0 && s[sizeof kXmpKey] == 0) {
+      // Uncompressed XMP only (a compressed one is not read): skip language and translation.
+      size_t p = sizeof kXmpKey + 2;
+      for (int nul = 0; nul < 2 && p < length; ++p) nul += s[p] == 0;
+      if (p <= length) xmp.assign(reinterpret_cast<const char*>(s) + p, length - p);
+    } else if (std::memcmp(type, "IEND", 4) == 0) {
+      break;
+    }
+    at += 12 + length;
+  }
+  return orientation_of(exif, has_exif, xmp);
+}
+
 }  // namespace
 
 const char* format_name(ImageFormat format) {
@@ -279,17 +431,78 @@ ImageInfo read_image_info(const uint8_t* data, size_t size) {
 
 RgbImage decode_rgb(const uint8_t* data, size_t size, const DecodeOptions& options) {
   check_not_empty(data, size);
+  const int orientation = options.apply_orientation ? image_orientation(data, size) : 1;
   switch (sniff_format(data, size)) {
     case ImageFormat::jpeg:
-      return decode_jpeg(data, size, options);
+      return apply_orientation(decode_jpeg(data, size, options), orientation);
     case ImageFormat::png: {
       ImageInfo info;
-      return decode_png_impl(data, size, options, /*header_only=*/false, info);
+      return apply_orientation(decode_png_impl(data, size, options, /*header_only=*/false, info),
+                               orientation);
     }
     default:
       throw ImageError("unknown image format (not JPEG or PNG; " + std::to_string(size) +
                        " bytes)");
   }
+}
+
+int image_orientation(const uint8_t* data, size_t size) {
+  if (data == nullptr) return 1;
+  switch (sniff_format(data, size)) {
+    case ImageFormat::jpeg:
+      return jpeg_orientation(data, size);
+    case ImageFormat::png:
+      return png_orientation(data, size);
+    default:
+      return 1;
+  }
+}
+
+RgbImage apply_orientation(RgbImage in, int orientation) {
+  if (orientation < 2 || orientation > 8) return in;
+  const int64_t w = in.width, h = in.height;
+  const bool swap = orientation >= 5;
+  RgbImage out;
+  out.width = swap ? h : w;
+  out.height = swap ? w : h;
+  out.rgb.resize(in.rgb.size());
+  // For each output pixel (x, y), the input pixel PIL's Image.transpose takes
+  // (libImaging/Geometry.c): ROTATE_90 is counter-clockwise, ROTATE_270 clockwise.
+  for (int64_t y = 0; y < out.height; ++y) {
+    for (int64_t x = 0; x < out.width; ++x) {
+      int64_t sx = x, sy = y;
+      switch (orientation) {
+        case 2:
+          sx = w - 1 - x;
+          break;  // FLIP_LEFT_RIGHT
+        case 3:
+          sx = w - 1 - x;
+          sy = h - 1 - y;
+          break;  // ROTATE_180
+        case 4:
+          sy = h - 1 - y;
+          break;  // FLIP_TOP_BOTTOM
+        case 5:
+          sx = y;
+          sy = x;
+          break;  // TRANSPOSE
+        case 6:
+          sx = y;
+          sy = h - 1 - x;
+          break;  // ROTATE_270
+        case 7:
+          sx = w - 1 - y;
+          sy = h - 1 - x;
+          break;  // TRANSVERSE
+        default:
+          sx = w - 1 - y;
+          sy = x;
+          break;  // 8: ROTATE_90
+      }
+      std::memcpy(&out.rgb[3 * (y * out.width + x)], &in.rgb[3 * (sy * w + sx)], 3);
+    }
+  }
+  return out;
 }
 
 std::vector<uint8_t> read_file_bytes(const std::string& path) {

@@ -1,7 +1,9 @@
 // Image processors driven by preprocessor_config.json: RTDetrImageProcessor,
 // DeformableDetrImageProcessor and ViTImageProcessor (transformers 5.17, torchvision backend:
 // resize on uint8, fused rescale/normalize, bottom/right padding with a pixel mask).
-// Formulas: shared/docs/research/hf-models.md section 8 and fixtures/README.md.
+// Formulas: transformers' image_processing_rt_detr.py, image_processing_deformable_detr.py,
+// image_processing_vit.py and image_transforms.py (v5.17); checked against the fixtures'
+// pixel_u8 (tests/parity, tests/unit/image_processor_test.cpp).
 #pragma once
 
 #include <ATen/ATen.h>

@@ -147,7 +147,12 @@ void Batcher::loop() {
         }
         if (images >= max_batch || Clock::now() >= window_end) break;
         cv_.wait_until(lk, window_end);
+        // cancel() may have taken `first` out while the lock was released (a deadline or a
+        // client cancellation during the window): front() of an empty queue below was undefined
+        // behaviour (a stale job answered twice: "Promise already satisfied", terminate).
+        if (queue_.empty() || queue_.front() != first) break;
       }
+      if (queue_.empty() || queue_.front() != first) continue;  // start over from the new oldest
       int64_t images = 0;
       for (auto it = queue_.begin(); it != queue_.end();) {
         if (same_shape(**it, *first) && images + (*it)->size() <= max_batch) {

@@ -17,13 +17,7 @@ ClassifierRequest parse_classifier_request(const api::InferRequest& request,
   ClassifierRequest r;
   r.top_k = default_top_k;
   for (const auto& [key, value] : request.parameters) {
-    if (key == "top_k") {
-      const double k = number_param(key, value);
-      if (k < 1 || k > 1e9 || k != static_cast<double>(static_cast<int64_t>(k))) {
-        invalid_argument("parameter 'top_k' must be a positive integer");
-      }
-      r.top_k = static_cast<int64_t>(k);
-    }
+    if (key == "top_k") r.top_k = top_k_param(value, default_top_k);
   }
   const api::InputTensor* images = nullptr;
   const api::InputTensor* pixels = nullptr;

@@ -1,6 +1,7 @@
 // Classifier I/O of ModelInfer (DESIGN.md "Serving"; ViT, Swin). Inputs: `images` BYTES [N]
 // (encoded JPEG/PNG) or `pixel_values` FP32 [N,3,H,W] (already rescaled and normalised); request
-// parameter `top_k` (K; default serving.yaml top_k, 0 there means 5; capped at C). Outputs, named
+// parameter `top_k` (K; 0 or absent: serving.yaml top_k, 0 there means 5; capped at C; the rule:
+// image_inputs.h top_k_param). Outputs, named
 // like the detector's so one client reads both:
 //   `logits`        FP32  [N,C]  raw classifier logits
 //   `probabilities` FP32  [N,C]  softmax(logits) over C
@@ -29,7 +30,7 @@ namespace libreyolo::server {
 
 /// A validated classifier request (views into the api::InferRequest: keep it alive).
 struct ClassifierRequest : ImageInputs {
-  int64_t top_k = 0;              ///< K requested (0: image::classify's default, 5)
+  int64_t top_k = 0;              ///< K (0: image::classify's default, 5)
   std::set<std::string> outputs;  ///< requested outputs (defaults filled in)
 };
 

@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <iomanip>
 #include <sstream>
@@ -36,6 +37,23 @@ template <class T>
 void set(Setting<T>& s, T value, const std::string& file, const YAML::Node& node) {
   s = {std::move(value), Source::file, where(file, node)};
 }
+
+}  // namespace
+
+std::string absolute_path(const std::string& path) {
+  if (path.empty()) return path;
+  return std::filesystem::absolute(path).lexically_normal().string();
+}
+
+std::string path_from_file(const std::string& file, const std::string& path) {
+  namespace fs = std::filesystem;
+  if (file.empty() || path.empty() || fs::path(path).is_absolute()) return path;
+  fs::path dir = fs::path(file).parent_path();
+  if (dir.empty()) dir = ".";
+  return fs::absolute(dir / path).lexically_normal().string();
+}
+
+namespace {
 
 void parse_server(const YAML::Node& n, const std::string& file, ServerConfig& c) {
   if (n.IsNull()) return;
@@ -122,7 +140,9 @@ ServerConfig parse_root(const YAML::Node& root, const std::string& file, const O
       if (key == "server") {
         parse_server(v, file, c);
       } else if (key == "model_repository") {
-        set(c.model_repository, as<std::string>(file, v, key, "a directory path"), file, v);
+        // Relative to the file's folder, like kernels.lock next to it (and kernels.hub paths).
+        set(c.model_repository,
+            path_from_file(file, as<std::string>(file, v, key, "a directory path")), file, v);
       } else if (key == "device") {
         const auto d = as<std::string>(file, v, key, "auto, cpu, cuda or cuda:N");
         if (!valid_device(d))
@@ -278,7 +298,13 @@ std::string describe(const ServerConfig& c) {
   row(out, "  ", "max_concurrent_rpcs", c.max_concurrent_rpcs);
   row(out, "  ", "model_control", c.model_control);
   row(out, "  ", "log_level", c.log_level);
-  row(out, "", "model_repository", c.model_repository);
+  // Absolute, so that the printed file reads back to the same folder from wherever it is saved
+  // (a relative path in a file is relative to that file's folder).
+  auto absolute = [](Setting<std::string> p) {
+    p.value = absolute_path(p.value);
+    return p;
+  };
+  row(out, "", "model_repository", absolute(c.model_repository));
   row(out, "", "device", c.device);
   row(out, "", "tf32", c.tf32);
   const auto& k = c.kernels;
@@ -301,7 +327,7 @@ std::string describe(const ServerConfig& c) {
   const auto& h = k.hub;
   out << "  hub:\n";
   row(out, "    ", "endpoint", h.endpoint);
-  row(out, "    ", "cache_dir", h.cache_dir,
+  row(out, "    ", "cache_dir", absolute(h.cache_dir),
       h.cache_dir.value.empty() ? " (empty: KERNELS_CACHE, else HF_HUB_CACHE, else ~/.cache)" : "");
   row(out, "    ", "offline", h.offline);
   std::string lock_note;
@@ -314,7 +340,7 @@ std::string describe(const ServerConfig& c) {
                                                       : h.config_file.substr(0, slash + 1)) +
                           "kernels.lock, next to the configuration file)";
   }
-  row(out, "    ", "lock_file", h.lock_file, lock_note);
+  row(out, "    ", "lock_file", absolute(h.lock_file), lock_note);
   row(out, "    ", "timeout_seconds", h.timeout_seconds);
   // Never the token itself: only whether the environment set it.
   out << "  # hub token: " << (h.token.empty() ? "unset" : "set (environment HF_TOKEN)") << "\n";

@@ -55,6 +55,18 @@ struct Overrides {
   std::optional<std::string> model_repository, grpc_address, http_address;
 };
 
+/// `path` as written in the configuration file `file`: unchanged when absolute (or when `file`
+/// or `path` is ""), else resolved against the folder of `file` and returned absolute and
+/// lexically normal (config/server.yaml's "../examples/model_repository" is
+/// "<checkout>/examples/model_repository" from any current directory). Used for
+/// model_repository; kernels.hub.lock_file and cache_dir follow the same rule (kernels/policy.cpp).
+/// Flags and defaults stay relative to the current directory.
+std::string path_from_file(const std::string& file, const std::string& path);
+
+/// `path` absolute (against the current directory) and lexically normal; "" stays "". What
+/// --print-config and /active show for model_repository.
+std::string absolute_path(const std::string& path);
+
 /// Reads `file` (may be "" for defaults only), applies `overrides` and the environment (kernels).
 /// Throws ConfigError with file:line:column for unknown keys, wrong types and bad values, and
 /// for an unreadable file.

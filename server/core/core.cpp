@@ -385,12 +385,12 @@ std::shared_ptr<ModelEntry> ServerCore::find(const std::string& name,
   {
     std::lock_guard<std::mutex> lk(mu_);
     auto it = models_.find(name);
-    if (it == models_.end()) throw Error(Code::not_found, "unknown model '" + name + "'");
+    if (it == models_.end()) throw Error(Code::not_found, "unknown model " + quoted_name(name));
     e = it->second;
   }
   if (!version.empty() && version != e->version) {
-    throw Error(Code::not_found, "model '" + name + "' has no version '" + version +
-                                     "' (served: '" + e->version + "')");
+    throw Error(Code::not_found, "model " + quoted_name(name) + " has no version " +
+                                     quoted_name(version) + " (served: '" + e->version + "')");
   }
   return e;
 }
@@ -508,11 +508,12 @@ ServerCore::Serving ServerCore::acquire(const std::string& name, const std::stri
   Serving s;
   std::lock_guard<std::mutex> lk(mu_);
   auto it = models_.find(name);
-  if (it == models_.end()) throw Error(Code::not_found, "unknown model '" + name + "'");
+  if (it == models_.end()) throw Error(Code::not_found, "unknown model " + quoted_name(name));
   s.entry = it->second;
   if (!version.empty() && version != s.entry->version) {
-    throw Error(Code::not_found, "model '" + name + "' has no version '" + version +
-                                     "' (served: '" + s.entry->version + "')");
+    throw Error(Code::not_found, "model " + quoted_name(name) + " has no version " +
+                                     quoted_name(version) + " (served: '" + s.entry->version +
+                                     "')");
   }
   if (lookup_hook_for_testing) lookup_hook_for_testing(name);
   std::lock_guard<std::mutex> ek(s.entry->mu);
@@ -743,6 +744,11 @@ std::string ServerCore::active_json() const {
       {"max_concurrent_rpcs", server_setting(config_.max_concurrent_rpcs)},
       {"model_control", server_setting(config_.model_control)},
       {"log_level", server_setting(config_.log_level)},
+      // As resolved and absolute (a file's relative path is relative to the file's folder).
+      {"model_repository",
+       setting(absolute_path(config_.model_repository.value), config_.model_repository.source,
+               config_.model_repository.origin)},
+      {"device", server_setting(config_.device)},
   };
   out["models"] = std::move(models);
   out["ready"] = ready();

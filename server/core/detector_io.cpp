@@ -20,13 +20,9 @@ DetectorRequest parse_detector_request(const api::InferRequest& request,
   r.post.top_k = default_top_k;
   for (const auto& [key, value] : request.parameters) {
     if (key == "threshold") {
-      r.post.threshold = number_param(key, value);
+      r.post.threshold = threshold_param(value);
     } else if (key == "top_k") {
-      const double k = number_param(key, value);
-      if (k < 0 || k != static_cast<double>(static_cast<int64_t>(k))) {
-        invalid_argument("parameter 'top_k' must be a non-negative integer");
-      }
-      r.post.top_k = static_cast<int64_t>(k);
+      r.post.top_k = top_k_param(value, default_top_k);
     }
     // Other parameters (Triton's priority/timeout/binary_data_output...) are ignored.
   }

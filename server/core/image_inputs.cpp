@@ -2,6 +2,7 @@
 
 #include <c10/util/StringUtil.h>
 
+#include <cmath>
 #include <cstring>
 
 namespace libreyolo::server {
@@ -166,6 +167,33 @@ double number_param(const std::string& key, const api::Parameter& p) {
   if (auto* i = std::get_if<std::int64_t>(&p)) return static_cast<double>(*i);
   if (auto* u = std::get_if<std::uint64_t>(&p)) return static_cast<double>(*u);
   invalid_argument("parameter '" + key + "' must be a number (double_param or int64_param)");
+}
+
+std::int64_t top_k_param(const api::Parameter& p, std::int64_t model_default) {
+  const double k = number_param("top_k", p);  // refuses strings and bools
+  std::string got;
+  if (auto* i = std::get_if<std::int64_t>(&p)) {
+    got = std::to_string(*i);
+  } else if (auto* u = std::get_if<std::uint64_t>(&p)) {
+    got = std::to_string(*u);
+  } else {
+    got = c10::str(k);
+  }
+  // Integral and in range, checked on the double (exact for every value up to 2^53), so that
+  // NaN, infinities and 2^64-1 all fail here before any conversion.
+  if (!(k >= 0 && k <= static_cast<double>(kMaxTopK)) || k != std::floor(k)) {
+    invalid_argument(c10::str("parameter 'top_k' must be an integer from 0 to ", kMaxTopK,
+                              " (0: the model's default), got ", got));
+  }
+  const auto v = static_cast<std::int64_t>(k);
+  return v == 0 ? model_default : v;
+}
+
+double threshold_param(const api::Parameter& p) {
+  const double t = number_param("threshold", p);
+  if (!std::isfinite(t))
+    invalid_argument(c10::str("parameter 'threshold' must be a finite number, got ", t));
+  return t;
 }
 
 ImageInputs parse_image_inputs(const api::InputTensor* images, const api::InputTensor* pixels,

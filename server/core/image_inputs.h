@@ -62,6 +62,22 @@ int64_t check_fixed(const api::InputTensor& t, const std::string& datatype, std:
 /// Throws INVALID_ARGUMENT naming `key` for any other type.
 double number_param(const std::string& key, const api::Parameter& p);
 
+/// Largest request parameter `top_k` accepted (detectors and classifiers alike). K is capped at
+/// the candidates anyway (queries, queries x classes, classes): the bound only refuses nonsense.
+constexpr std::int64_t kMaxTopK = 1000000000;
+
+/// The request parameter `top_k`, one rule for every task (server/README.md "Request
+/// parameters"): an integer from 0 to kMaxTopK given as int64_param, uint64_param or an integral
+/// double_param; 0 means the model's default (serving.yaml `top_k`, as if not sent). Throws
+/// INVALID_ARGUMENT "parameter 'top_k' must be an integer from 0 to 1000000000 (0: the model's
+/// default), got <value>" otherwise (negative, fractional, NaN, infinite, larger).
+std::int64_t top_k_param(const api::Parameter& p, std::int64_t model_default);
+
+/// The request parameter `threshold` (detectors): a finite number, as serving.yaml's
+/// `threshold` must be. Throws INVALID_ARGUMENT "parameter 'threshold' must be a finite
+/// number, got nan" (or inf, -inf); a non-number as number_param does.
+double threshold_param(const api::Parameter& p);
+
 /// Parses the one of `images` / `pixel_values` that is non-null (INVALID_ARGUMENT when neither
 /// or both are): BYTES elements split by their 4-byte little-endian lengths, non-empty; or
 /// FP32 pixels copied into a tensor. N must be >= 1 and within `limits` (max_images,

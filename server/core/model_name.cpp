@@ -52,6 +52,14 @@ std::string printable_name(const std::string& name, std::size_t max_bytes) {
   return out;
 }
 
+std::string quoted_name(const std::string& name) {
+  // The limits of models::core::clip_json_error.
+  constexpr std::size_t kLongest = 64, kKept = 48;
+  if (name.size() <= kLongest) return "'" + printable_name(name, SIZE_MAX) + "'";
+  return "'" + printable_name(name.substr(0, kKept), SIZE_MAX) + "...' (" +
+         std::to_string(name.size()) + " bytes)";
+}
+
 void check_model_name(const std::string& name) {
   if (name.empty()) refuse(name, "empty; expected the name of a folder of the model repository");
   if (name.size() > kMaxModelNameBytes) {

@@ -16,6 +16,12 @@ constexpr std::size_t kMaxModelNameBytes = 255;
 /// as \xNN; after `max_bytes` output bytes, "..." ends it.
 std::string printable_name(const std::string& name, std::size_t max_bytes = 80);
 
+/// `name` for an error message, quoted: '<printable_name(name)>' when at most 64 bytes, else its
+/// first 48 bytes as '<...>...' (N bytes)' (as models::core::clip_json_error clips long tokens):
+/// a 15,000-byte name echoed whole made the status message exceed gRPC's 8 KiB metadata limit
+/// and the client got RESOURCE_EXHAUSTED instead of the real status.
+std::string quoted_name(const std::string& name);
+
 /// Throws api::Error INVALID_ARGUMENT "model_name '<name>': <problem>" when `name` is not a plain
 /// folder name: empty, longer than kMaxModelNameBytes, "." or "..", containing '/' or '\\'
 /// (absolute and relative paths), or a control character (bytes < 0x20 and 0x7f).

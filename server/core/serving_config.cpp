@@ -80,7 +80,9 @@ ServingConfig parse_serving_config(const std::string& yaml_text, const std::stri
       if (!std::isfinite(c.threshold)) fail(file, v, "threshold must be a finite number");
     } else if (key == "top_k") {
       c.top_k = as<std::int64_t>(file, v, key, "an integer");
-      if (c.top_k < 0) fail(file, v, "top_k must be >= 0");
+      // The request parameter's rule (server/core/image_inputs.h kMaxTopK).
+      if (c.top_k < 0 || c.top_k > 1000000000)
+        fail(file, v, "top_k must be an integer from 0 to 1000000000");
     } else if (key == "warmup") {
       c.warmup = as<bool>(file, v, key, "true or false");
     } else if (key == "fused_attention") {

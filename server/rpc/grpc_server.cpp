@@ -17,8 +17,21 @@ namespace {
 
 namespace pb = ::inference;
 
+/// Longest status message sent, bytes. The message travels in the grpc-message trailer and
+/// clients refuse metadata above 8 KiB (grpc.max_metadata_size): a longer one reached the client
+/// as RESOURCE_EXHAUSTED "received metadata size exceeds limit" instead of the real status. The
+/// core clips the names it echoes (server/core/model_name.h quoted_name); this is the net for
+/// any other echoed text (input and output names).
+constexpr std::size_t kMaxStatusMessageBytes = 2048;
+
 grpc::Status to_status(const api::Error& e) {
-  return grpc::Status(static_cast<grpc::StatusCode>(static_cast<int>(e.code())), e.what());
+  std::string message = e.what();
+  if (message.size() > kMaxStatusMessageBytes) {
+    const std::size_t total = message.size();
+    message.resize(kMaxStatusMessageBytes);
+    message += "... (" + std::to_string(total) + " bytes, clipped)";
+  }
+  return grpc::Status(static_cast<grpc::StatusCode>(static_cast<int>(e.code())), message);
 }
 
 api::Parameter from_pb(const pb::InferParameter& p) {
@@ -341,6 +354,20 @@ class Service final : public pb::GRPCInferenceService::Service {
   api::InferenceService& core_;
 };
 
+/// The port of "host:port" / "[v6]:port"; 0 when it is 0 or not a number (gRPC then fails or
+/// picks one, and the bound port is not compared).
+int requested_port(const std::string& address) {
+  const auto colon = address.rfind(':');
+  if (colon == std::string::npos || colon + 1 >= address.size()) return 0;
+  int port = 0;
+  for (std::size_t i = colon + 1; i < address.size(); ++i) {
+    const char c = address[i];
+    if (c < '0' || c > '9' || port > 65535) return 0;
+    port = port * 10 + (c - '0');
+  }
+  return port <= 65535 ? port : 0;
+}
+
 }  // namespace
 
 struct GrpcServer::Impl {
@@ -355,6 +382,10 @@ GrpcServer::GrpcServer(api::InferenceService& service, const GrpcOptions& option
   impl_->service = std::make_unique<Service>(service);
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
+  // gRPC sets SO_REUSEPORT by default on Linux: a second daemon on the same address then binds
+  // too and the kernel splits new connections between the two. Off, the second one's bind fails
+  // (EADDRINUSE) like the HTTP admin port's.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.AddListeningPort(options.address, grpc::InsecureServerCredentials(), &impl_->port);
   builder.RegisterService(impl_->service.get());
   const int limit = static_cast<int>(
@@ -371,8 +402,14 @@ GrpcServer::GrpcServer(api::InferenceService& service, const GrpcOptions& option
                                 options.threads);
   }
   impl_->server = builder.BuildAndStart();
-  if (!impl_->server || impl_->port == 0) {
-    throw std::runtime_error("gRPC: cannot listen on " + options.address);
+  // A name resolving to several addresses (localhost: ::1 and 127.0.0.1) starts when at least
+  // one binds: a port other than the one asked for means the asked one was not bound.
+  const int wanted = requested_port(options.address);
+  if (!impl_->server || impl_->port == 0 || (wanted > 0 && impl_->port != wanted)) {
+    if (impl_->server) impl_->server->Shutdown();
+    throw std::runtime_error("gRPC: cannot listen on " + options.address +
+                             " (the port is in use, e.g. by another daemon, or the address is "
+                             "not local)");
   }
   auto* health = impl_->server->GetHealthCheckService();
   health->SetServingStatus("liveness", true);

@@ -26,7 +26,10 @@ struct GrpcOptions {
 /// "" and "readiness" follow set_ready(), "liveness" is SERVING while the server runs.
 class GrpcServer {
  public:
-  /// Binds and starts. Throws std::runtime_error when the address cannot be bound.
+  /// Binds and starts. Throws std::runtime_error "gRPC: cannot listen on <address> (...)" when
+  /// the address cannot be bound, also when another process listens on it (SO_REUSEPORT is
+  /// off: two daemons never split one port's connections) and when a name resolving to several
+  /// addresses bound another port than the one asked for.
   GrpcServer(api::InferenceService& service, const GrpcOptions& options);
   ~GrpcServer();
   GrpcServer(const GrpcServer&) = delete;

@@ -419,9 +419,10 @@ TEST_F(ServerClassifier, BadServingYamlAndBadInputs) {
             "unknown output 'boxes' (available: logits, probabilities, scores, labels, "
             "label_names)"},
            {"model_name: \"vit_tiny\" " + images +
-                "parameters { key: \"top_k\" value { int64_param: 0 } }",
+                "parameters { key: \"top_k\" value { int64_param: -3 } }",
             {rpc::pack_bytes({jpg})},
-            "parameter 'top_k' must be a positive integer"},
+            "parameter 'top_k' must be an integer from 0 to 1000000000 (0: the model's default), "
+            "got -3"},
            {"model_name: \"vit_tiny\" inputs { name: \"pixel_values\" datatype: \"FP32\" shape: "
             "[1, 3, 8, 8] }",
             {std::string(10, '\0')},

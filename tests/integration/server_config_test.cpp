@@ -44,12 +44,16 @@ TEST(ServerConfig, ShippedFileEqualsDefaults) {
   EXPECT_EQ(c.max_message_bytes.value, d.max_message_bytes.value);
   EXPECT_EQ(c.max_images_per_request.value, d.max_images_per_request.value);
   EXPECT_EQ(c.max_pixels_per_image.value, d.max_pixels_per_image.value);
-  EXPECT_EQ(c.model_repository.value, d.model_repository.value);
+  // The file's ../examples/model_repository is relative to config/: the same folder as the
+  // default ./examples/model_repository from the checkout's root, but from any directory.
+  EXPECT_EQ(c.model_repository.value,
+            (fs::path(LIBREYOLO_SOURCE_DIR) / "examples/model_repository").lexically_normal());
+  EXPECT_EQ(d.model_repository.value, "./examples/model_repository");
   EXPECT_EQ(c.device.value, d.device.value);
   EXPECT_EQ(c.kernels.selection.value, d.kernels.selection.value);
   EXPECT_EQ(c.kernels.hub_kernels.value, d.kernels.hub_kernels.value);
   EXPECT_EQ(c.grpc_address.source, Source::file);
-  EXPECT_EQ(c.grpc_address.origin, file + ":10:17");
+  EXPECT_EQ(c.grpc_address.origin, file + ":14:17");
 }
 
 TEST(ServerConfig, FileThenFlagsWithOrigins) {

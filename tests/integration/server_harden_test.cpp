@@ -170,7 +170,9 @@ void expect_same_values(const ServerConfig& a, const ServerConfig& b) {
   EXPECT_EQ(a.max_concurrent_rpcs.value, b.max_concurrent_rpcs.value);
   EXPECT_EQ(a.model_control.value, b.model_control.value);
   EXPECT_EQ(a.log_level.value, b.log_level.value);
-  EXPECT_EQ(a.model_repository.value, b.model_repository.value);
+  // The same folder: --print-config shows paths absolute (a relative one in a file is relative
+  // to the file's folder, so the printed file reads back to that folder from anywhere).
+  EXPECT_EQ(absolute_path(a.model_repository.value), absolute_path(b.model_repository.value));
   EXPECT_EQ(a.device.value, b.device.value);
   EXPECT_EQ(a.tf32.value, b.tf32.value);
   const auto &k = a.kernels, &l = b.kernels;
@@ -183,9 +185,9 @@ void expect_same_values(const ServerConfig& a, const ServerConfig& b) {
     EXPECT_EQ(names.value, l.slot_allow.at(slot).value) << slot;
   }
   EXPECT_EQ(k.hub.endpoint.value, l.hub.endpoint.value);
-  EXPECT_EQ(k.hub.cache_dir.value, l.hub.cache_dir.value);
+  EXPECT_EQ(absolute_path(k.hub.cache_dir.value), absolute_path(l.hub.cache_dir.value));
   EXPECT_EQ(k.hub.offline.value, l.hub.offline.value);
-  EXPECT_EQ(k.hub.lock_file.value, l.hub.lock_file.value);
+  EXPECT_EQ(absolute_path(k.hub.lock_file.value), absolute_path(l.hub.lock_file.value));
   EXPECT_EQ(k.hub.timeout_seconds.value, l.hub.timeout_seconds.value);
   EXPECT_EQ(k.hub.token, l.hub.token);
 }

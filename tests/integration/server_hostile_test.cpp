@@ -173,15 +173,43 @@ TEST_F(ServerHostile, MalformedRequestsAreInvalidArgument) {
       {"top_k -1",
        images("fake") + param("top_k", "int64_param: -1"),
        {J},
-       "parameter 'top_k' must be a non-negative integer"},
+       "parameter 'top_k' must be an integer from 0 to 1000000000 (0: the model's default), got "
+       "-1"},
       {"top_k 2^64-1",
        images("fake") + param("top_k", "uint64_param: 18446744073709551615"),
        {J},
-       "parameter 'top_k' must be a non-negative integer"},
+       "parameter 'top_k' must be an integer from 0 to 1000000000 (0: the model's default), got "
+       "18446744073709551615"},
       {"top_k nan",
        images("fake") + param("top_k", "double_param: nan"),
        {J},
-       "parameter 'top_k' must be a non-negative integer"},
+       "parameter 'top_k' must be an integer from 0 to 1000000000 (0: the model's default), got "
+       "nan"},
+      // One top_k rule for every task: the detector accepted 2^62 (the classifier refused it).
+      {"detector top_k 2^62",
+       images("fake") + param("top_k", "int64_param: 4611686018427387904"),
+       {J},
+       "parameter 'top_k' must be an integer from 0 to 1000000000 (0: the model's default), got "
+       "4611686018427387904"},
+      {"top_k 2.5",
+       images("fake") + param("top_k", "double_param: 2.5"),
+       {J},
+       "parameter 'top_k' must be an integer from 0 to 1000000000 (0: the model's default), got "
+       "2.5"},
+      {"top_k 1e9+1",
+       images("vit_tiny") + param("top_k", "uint64_param: 1000000001"),
+       {J},
+       "parameter 'top_k' must be an integer from 0 to 1000000000 (0: the model's default), got "
+       "1000000001"},
+      // NaN compared false with every score: OK with 0 detections, while serving.yaml refuses it.
+      {"threshold nan",
+       images("fake") + param("threshold", "double_param: nan"),
+       {J},
+       "parameter 'threshold' must be a finite number, got nan"},
+      {"threshold -inf",
+       images("fake") + param("threshold", "double_param: -inf"),
+       {J},
+       "parameter 'threshold' must be a finite number, got -inf"},
       {"threshold as string",
        images("fake") + param("threshold", "string_param: \"0.5\""),
        {J},
@@ -198,7 +226,8 @@ TEST_F(ServerHostile, MalformedRequestsAreInvalidArgument) {
       {"classifier top_k 2^62",
        images("vit_tiny") + param("top_k", "int64_param: 4611686018427387904"),
        {J},
-       "parameter 'top_k' must be a positive integer"},
+       "parameter 'top_k' must be an integer from 0 to 1000000000 (0: the model's default), got "
+       "4611686018427387904"},
       {"RT-DETR at 1x1 pixels",
        pixels("rtdetr_tiny", "[1,3,1,1]"),
        {floats(3, 0.5f)},

@@ -22,7 +22,7 @@ BOXES_BAR = 1e-5
 
 
 def reinit(model, seed):
-    """Non-trivial norms and well-spread weights (the fixtures' recipe, shared/fixtures/make_fixtures.py)."""
+    """Non-trivial norms and well-spread weights: the recipe the tests/fixtures/models checkpoints were made with."""
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for _, mod in model.named_modules():

@@ -127,7 +127,16 @@ class MalformedInfer(unittest.TestCase):
         r.raw_input_contents.append(b"x")
         r.parameters["top_k"].uint64_param = 2**64 - 1
         self.assertEqual(self.infer_error(r), (
-            grpc.StatusCode.INVALID_ARGUMENT, "parameter 'top_k' must be a non-negative integer"))
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "parameter 'top_k' must be an integer from 0 to 1000000000 (0: the model's default), got "
+            "18446744073709551615"))
+        # A model name of 15,000 bytes: NOT_FOUND with the name clipped, not RESOURCE_EXHAUSTED
+        # "received metadata size exceeds limit" from grpcio's own 8 KiB limit.
+        r = pb.ModelInferRequest(model_name="m" * 15000)
+        r.inputs.add(name="images", datatype="BYTES", shape=[1])
+        r.raw_input_contents.append(b"x")
+        self.assertEqual(self.infer_error(r), (
+            grpc.StatusCode.NOT_FOUND, "unknown model '" + "m" * 48 + "...' (15000 bytes)"))
         self.assertTrue(self.stub.ServerLive(pb.ServerLiveRequest(), timeout=5).live)
 
 

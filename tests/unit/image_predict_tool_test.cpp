@@ -5,6 +5,7 @@
 
 #include <ATen/ATen.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
@@ -88,7 +89,8 @@ TEST_F(PredictTool, RtDetrOnFixtureJpegMatchesTransformers) {
                              (kFixtures / "images" / "coffee.jpg").string() +
                              "' --threshold 0.3 --out '" + out.string() + "'");
   ASSERT_EQ(r.rc, 0) << r.err;
-  EXPECT_NE(r.out.find("coffee.jpg (400x600): 30 detections with score > 0.3"), std::string::npos)
+  // WxH (coffee.jpg is 600 wide, 400 high), the convention of the error messages.
+  EXPECT_NE(r.out.find("coffee.jpg (600x400): 30 detections with score > 0.3"), std::string::npos)
       << r.out;
   EXPECT_NE(r.out.find("ms_deform_attn ->"), std::string::npos) << "kernel table missing";
   auto got = libreyolo::models::core::SafetensorsFile::open(out.string());
@@ -104,6 +106,41 @@ TEST_F(PredictTool, RtDetrOnFixtureJpegMatchesTransformers) {
             << db << " px\n";
   EXPECT_LE(ds, 1e-4);
   EXPECT_LE(db, 1e-2);
+}
+
+TEST_F(PredictTool, ModelFolderRunsItsHighestNumericVersion) {
+  // <dir>/9 is empty (not a checkpoint) and <dir>/10 the fixture: the highest version is 10
+  // numerically (9 as text); "010" and "x" are not versions.
+  const fs::path model = kFixtures / "models" / "rtdetr_tiny";
+  if (!fs::exists(model / "model.safetensors")) GTEST_SKIP() << "no rtdetr_tiny weights";
+  const fs::path dir =
+      fs::temp_directory_path() / ("image_predict_repo_" + std::to_string(::getpid()));
+  fs::create_directories(dir / "rtdetr" / "9");
+  fs::create_directories(dir / "rtdetr" / "010");
+  fs::create_directories(dir / "rtdetr" / "x");
+  fs::create_directory_symlink(model, dir / "rtdetr" / "10");
+  const std::string image = (kFixtures / "images" / "coffee.jpg").string();
+  const ToolRun r = run_tool("--model '" + (dir / "rtdetr").string() + "' --image '" + image +
+                             "' --threshold 0.3");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_NE(r.out.find("model " + (dir / "rtdetr").string() + ": highest version " +
+                       (dir / "rtdetr" / "10").string() + "\n"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("coffee.jpg (600x400): 30 detections with score > 0.3"), std::string::npos)
+      << r.out;
+  // A folder with neither: exit 1 naming it.
+  const ToolRun e =
+      run_tool("--model '" + (dir / "rtdetr" / "x").string() + "' --image '" + image + "'");
+  EXPECT_EQ(e.rc, 1);
+  EXPECT_NE(e.err.find("libreyolo-predict: error: " + (dir / "rtdetr" / "x").string() +
+                       ": no config.json and no numeric version folder"),
+            std::string::npos)
+      << e.err;
+  ::unlink((dir / "rtdetr" / "10").c_str());
+  for (const char* d : {"9", "010", "x"}) ::rmdir((dir / "rtdetr" / d).c_str());
+  ::rmdir((dir / "rtdetr").c_str());
+  ::rmdir(dir.c_str());
 }
 
 }  // namespace

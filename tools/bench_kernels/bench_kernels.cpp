@@ -2,11 +2,12 @@
 // issue 6 (Deformable DETR decoder/encoder at 800x1333, RT-DETR decoder at 640), and of the
 // portable paths in the same run.
 //
-// Method (shared/.library/device/METHOD.md, research notes msda-and-fp8.md section 2.2): each
-// measured call is captured N times into one CUDA graph, the graph is replayed R times between
-// two CUDA events, time per call = elapsed / (N * R); warm clocks (warm-up replays first), inputs
-// resident in L2 when they fit ("warm"). The "cold" figure adds an L2 flush (a 256 MB memset)
-// before every call inside the graph and subtracts the flush's own time measured alone.
+// Method (results: docs/bench/kernels.md): each measured call is captured N times into one CUDA
+// graph, the graph is replayed R times between two CUDA events, time per call = elapsed / (N * R);
+// warm clocks (warm-up replays first), inputs resident in L2 when they fit ("warm"). The "cold"
+// figure adds an L2 flush (a 256 MB memset) before every call inside the graph and subtracts the
+// flush's own time measured alone.
+//
 // Usage: bench_kernels [--json FILE]
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>

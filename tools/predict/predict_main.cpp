@@ -2,6 +2,7 @@
 // detections / classes, the kernel implementation of every slot, and optionally dumps results.
 //
 //   libreyolo-predict --model DIR (--image FILE ... | --pixels FILE.safetensors)
+//   (DIR: a checkpoint folder, or a model folder <repo>/<model>: its highest numeric version)
 //                     [--threshold T] [--top-k K] [--device cpu|cuda[:N]]
 //                     [--dtype float32|float16|bfloat16] [--layouts default|on|off]
 //                     [--out FILE.json|FILE.safetensors]
@@ -10,6 +11,7 @@
 #include <c10/core/InferenceMode.h>
 
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <iomanip>
 #include <iostream>
@@ -39,7 +41,9 @@ const char* kUsage =
     "                         [--dtype float32|float16|bfloat16] [--layouts default|on|off]\n"
     "                         [--out FILE.json|FILE.safetensors]\n"
     "  --model DIR       checkpoint folder (config.json, model.safetensors, "
-    "preprocessor_config.json)\n"
+    "preprocessor_config.json),\n"
+    "                    or a model folder of a model repository (DIR/<version>/...): its\n"
+    "                    highest numeric version, as libreyolo-server serves it\n"
     "  --image FILE      JPEG or PNG; repeat for a batch\n"
     "  --pixels FILE     safetensors with pixel_values (float, processed) or pixel_u8 (uint8,\n"
     "                    resized; rescaled/normalised here), optional pixel_mask (B,H,W) and\n"
@@ -53,7 +57,9 @@ const char* kUsage =
     "  --layouts M       default (the family's, or LIBREYOLO_LAYOUTS), on, off: which layouts\n"
     "                    (models/layouts/) rewrite the loaded model; printed on stderr\n"
     "  --out FILE        .json: the printed results; .safetensors: raw logits/pred_boxes,\n"
-    "                    pixel_values and per-image img{i}_{scores,labels,boxes}\n";
+    "                    pixel_values and per-image img{i}_{scores,labels,boxes}\n"
+    "Image sizes are printed width x height (WxH), as in error messages; boxes are\n"
+    "[x0, y0, x1, y1] in pixels of the image as displayed (EXIF orientation applied).\n";
 
 struct UsageError : std::runtime_error {
   using std::runtime_error::runtime_error;
@@ -130,6 +136,31 @@ Args parse_args(int argc, char** argv) {
   if (!a.out.empty() && !ends_with(a.out, ".json") && !ends_with(a.out, ".safetensors"))
     throw UsageError("--out must end in .json or .safetensors");
   return a;
+}
+
+/// The checkpoint folder of `--model DIR`: DIR itself when it has a config.json, else its
+/// highest numeric version folder DIR/<N> (digits, no leading zero: libreyolo-server's rule,
+/// server/core/model_name.h highest_version). Throws std::runtime_error naming DIR otherwise.
+std::string checkpoint_folder(const std::string& dir) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (fs::exists(fs::path(dir) / "config.json", ec)) return dir;
+  if (!fs::is_directory(dir, ec)) throw std::runtime_error(dir + ": not a directory");
+  std::string best;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.empty() || name.size() > 17 || name[0] == '0' ||
+        name.find_first_not_of("0123456789") != std::string::npos || !e.is_directory(ec))
+      continue;
+    if (best.empty() || name.size() > best.size() || (name.size() == best.size() && name > best))
+      best = name;
+  }
+  if (best.empty()) {
+    throw std::runtime_error(dir +
+                             ": no config.json and no numeric version folder (expected a "
+                             "checkpoint folder, or a model folder DIR/<version>/)");
+  }
+  return (fs::path(dir) / best).string();
 }
 
 at::ScalarType scalar_type(const std::string& dtype) {
@@ -210,7 +241,11 @@ std::string fmt(double v, int precision) {
   return s.str();
 }
 
-int run(const Args& a) {
+int run(Args a) {
+  if (const std::string folder = checkpoint_folder(a.model); folder != a.model) {
+    std::cout << "model " << a.model << ": highest version " << folder << "\n";
+    a.model = folder;
+  }
   const auto env = libreyolo::kernels::process_environment();
   const auto policy = libreyolo::kernels::policy_from_environment(env);
   libreyolo::kernels::initialize(policy);
@@ -274,8 +309,9 @@ int run(const Args& a) {
         logits, boxes, in.target_sizes, image::detection_head_for(model->model_type()), post);
     for (size_t i = 0; i < dets.size(); ++i) {
       const auto& d = dets[i];
-      std::cout << in.sources[i] << " (" << in.target_sizes[i].first << "x"
-                << in.target_sizes[i].second << "): " << d.scores.numel()
+      // WxH, the convention of every size in messages (target_sizes themselves are (H, W)).
+      std::cout << in.sources[i] << " (" << in.target_sizes[i].second << "x"
+                << in.target_sizes[i].first << "): " << d.scores.numel()
                 << " detections with score > " << a.threshold << "\n";
       json ji = {{"source", in.sources[i]},
                  {"height", in.target_sizes[i].first},
