@@ -315,6 +315,9 @@ std::string describe(const ServerConfig& c) {
   const Setting<std::string> fused{kernels::fused_attention_name(k.fused_attention.value),
                                    k.fused_attention.source, k.fused_attention.origin};
   row(out, "  ", "fused_attention", fused);
+  const Setting<std::string> layouts{kernels::layout_mode_name(k.layouts.value), k.layouts.source,
+                                     k.layouts.origin};
+  row(out, "  ", "layouts", layouts);
   if (k.slot_allow.empty()) {
     out << "  slots: {}  # default: every implementation allowed\n";
   } else {

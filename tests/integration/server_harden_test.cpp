@@ -179,6 +179,7 @@ void expect_same_values(const ServerConfig& a, const ServerConfig& b) {
   EXPECT_EQ(k.selection.value, l.selection.value);
   EXPECT_EQ(k.hub_kernels.value, l.hub_kernels.value);
   EXPECT_EQ(k.fused_attention.value, l.fused_attention.value);
+  EXPECT_EQ(k.layouts.value, l.layouts.value);
   ASSERT_EQ(k.slot_allow.size(), l.slot_allow.size());
   for (const auto& [slot, names] : k.slot_allow) {
     ASSERT_TRUE(l.slot_allow.count(slot)) << slot;
@@ -253,9 +254,11 @@ TEST(ServerHardenConfig, PrintConfigIsYamlThatReadsBackToTheSameValues) {
   EXPECT_NE(text.find("    endpoint: \"https://mirror.example/hf #1: a\"  # environment "
                       "HF_ENDPOINT\n"),
             std::string::npos);
+  // The origin of a slot's list is its key (the check of its names points there).
   EXPECT_NE(text.find("    ms_deform_attn:\n      allow: [cuda, hub]  # "
-                      "/etc/libreyolo/server.yaml:19:29\n"),
+                      "/etc/libreyolo/server.yaml:19:5\n"),
             std::string::npos);
+  EXPECT_NE(text.find("  layouts: default  # default\n"), std::string::npos) << text;
   EXPECT_NE(text.find("  # hub token: set (environment HF_TOKEN)\n"), std::string::npos);
   EXPECT_NE(text.find("    lock_file: \"\"  # default (empty: /etc/libreyolo/kernels.lock, next "
                       "to the configuration file)\n"),

@@ -429,14 +429,15 @@ std::vector<Row> bench_shape(const Shape& s, at::ScalarType dt) {
     }
   }
   // What a fused module runs: the `attention` slot bound for a model on this device.
-  kernels::BindContext context;
-  context.device = q.is_cuda() ? kernels::BindContext::Device::cuda
-                               : kernels::BindContext::Device::cpu;
-  const auto handle = kernels::Registry::process_default().bind(kernels::kAttention, context);
+  libreyolo::kernels::BindContext context;
+  context.device = q.is_cuda() ? libreyolo::kernels::BindContext::Device::cuda
+                               : libreyolo::kernels::BindContext::Device::cpu;
+  const auto handle =
+      libreyolo::kernels::Registry::process_default().bind(libreyolo::kernels::kAttention, context);
   vs.push_back({"policy(fused_attn=true)",
                 [=] {
-                  return kernels::attention(handle, true, q, k, v, bias_dt,
-                                            {scale, false, bias_windows});
+                  return libreyolo::kernels::attention(handle, true, q, k, v, bias_dt,
+                                                       {scale, false, bias_windows});
                 },
                 {},
                 "",
