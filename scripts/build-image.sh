@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds the CPU image from the Dockerfile with podman: no Docker daemon, no registry (the Debian
 # bases come from debootstrap, scripts/podman-env.sh), only Debian's mirror and PyPI inside.
-# Cached between runs: podman's layers (LIBREYOLO_CONTAINERS, default
+# Docker image format: OCI images drop SHELL. Cached between runs: podman's layers (LIBREYOLO_CONTAINERS, default
 # ~/.cache/libreyolo-server/containers) and the compiler cache (the host's ccache, mounted at the
 # Dockerfile's /ccache).
 #
@@ -22,6 +22,6 @@ libreyolo_podman_bases "$debian_tag"
 ccache_dir=${LIBREYOLO_CCACHE_DIR:-$(ccache -k cache_dir 2>/dev/null || echo "$HOME/.cache/ccache")}
 mkdir -p "$ccache_dir"
 start=$(date +%s)
-nice -n "${LIBREYOLO_IMAGE_NICE:-10}" podman build --isolation=chroot --pull=never --layers \
+nice -n "${LIBREYOLO_IMAGE_NICE:-10}" podman build --isolation=chroot --pull=never --layers --format docker \
   --build-arg JOBS="${JOBS:-2}" -v "$ccache_dir:/ccache" -t "$tag" "$@" -f Dockerfile .
 echo "build-image: $tag built in $(($(date +%s) - start)) s"

@@ -56,6 +56,13 @@ libreyolo_podman_bases() {
   fi
   rm -f "$rootfs.log"
   chmod 0755 "$rootfs"  # mktemp made it 0700: it becomes the image's "/"
+  # The suites Docker's debian images list (debootstrap writes only the release itself): point
+  # and security updates reach the builder's packages and so the libraries the image ships.
+  cat > "$rootfs/etc/apt/sources.list" <<'SOURCES'
+deb http://deb.debian.org/debian bookworm main
+deb http://deb.debian.org/debian bookworm-updates main
+deb http://deb.debian.org/debian-security bookworm-security main
+SOURCES
   # What Docker's debian images also leave out: package caches and lists (apt-get update refills).
   rm -rf "$rootfs"/var/cache/apt/archives/*.deb "$rootfs"/var/cache/apt/*.bin "$rootfs"/var/lib/apt/lists/* \
     "$rootfs"/var/log/*.log "$rootfs"/var/log/apt/*
