@@ -174,7 +174,10 @@ fi
 # One detect, container vs the host build on the same photograph: the same text, box for box.
 image=$root/tests/fixtures/images/astronaut.jpg
 detect() { "$client" detect --image "$image" --server "127.0.0.1:$1" --model rtdetr_tiny --threshold 0.2 2>&1; }
-if in_image=$(detect "$grpc") && on_host=$(detect "$host_grpc"); then
+# The first call of a fresh channel may find a loaded 2-core machine slow to send the HTTP/2
+# SETTINGS frame (UNAVAILABLE before the request is sent); /metrics below counts what arrived.
+first_detect() { detect "$1" || { sleep 1; detect "$1"; }; }
+if in_image=$(first_detect "$grpc") && on_host=$(first_detect "$host_grpc"); then
   n=$(echo "$in_image" | head -1 | sed -n 's/.*: \([0-9]*\) detections.*/\1/p')
   if [ "$in_image" = "$on_host" ] && [ "${n:-0}" -gt 0 ]; then
     pass "detect rtdetr_tiny: $n boxes, identical to the host build's ($(echo "$in_image" | sed -n 2p | tr -s ' '))"
@@ -191,10 +194,13 @@ if active=$(curl -sf "http://127.0.0.1:$http/active") &&
    summary=$(echo "$active" | python3 -c '
 import json, sys
 a = json.load(sys.stdin)
-models = sorted(m if isinstance(m, str) else m.get("name", "?") for m in a["models"])
-assert models == ["dfine_tiny", "rtdetr_tiny", "swin_tiny", "vit_tiny"], models
+models = sorted((m["name"], m["state"], m["device"]) for m in a["models"])
+want = [(n, "READY", "cpu") for n in ("dfine_tiny", "rtdetr_tiny", "swin_tiny", "vit_tiny")]
+assert models == want, models
+assert a["ready"] is True and a["draining"] is False, (a["ready"], a["draining"])
 assert a["server"]["grpc_address"]["value"] == sys.argv[1], a["server"]["grpc_address"]
-print("models", " ".join(models) + ";", len(a.get("slots", a.get("kernels", {}))), "kernel slots")
+assert a["server"]["grpc_address"]["origin"].startswith("/etc/libreyolo/server.yaml:"), a["server"]["grpc_address"]
+print("models", " ".join(m[0] for m in models), "READY on cpu;", len(a["slots"]), "kernel slots; ready, not draining")
 ' "127.0.0.1:$grpc" 2>&1); then
   pass "/active: $summary"
 else
@@ -203,8 +209,7 @@ fi
 
 # /metrics: Prometheus text with the one detect counted.
 if metrics=$(curl -sf "http://127.0.0.1:$http/metrics") &&
-   line=$(echo "$metrics" | grep -E '^libreyolo_inference_requests_total\{[^}]*model="rtdetr_tiny"[^}]*\} 1$' | grep -v 'status="[^o]') &&
-   [ -n "$line" ]; then
+   line=$(echo "$metrics" | grep -E '^libreyolo_inference_requests_total\{code="OK",model="rtdetr_tiny",version="1"\} 1$'); then
   pass "/metrics: $(echo "$metrics" | grep -c '^libreyolo_') libreyolo_ samples; $line"
 else
   fail "/metrics: no libreyolo_inference_requests_total{model=\"rtdetr_tiny\"} 1 sample: $(echo "${metrics:-}" | grep '^libreyolo_inference_requests_total' | head -5)"
