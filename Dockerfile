@@ -28,15 +28,20 @@ SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 # Optional package index for torch, e.g. https://download.pytorch.org/whl/cpu (its 2.11.0+cpu
 # satisfies ==2.11.0 and is smaller to fetch); empty (the default): PyPI only.
 ARG TORCH_INDEX_URL=
+# Optional: a PEM bundle, visible inside the build, that pip trusts instead of its own (a TLS
+# proxy's CA; scripts/build-image.sh mounts the host's bundle here). Not kept in the image.
+ARG EXTRA_CA_CERTS=
 ENV LIBREYOLO_SETUP=image \
     LIBREYOLO_VENV=/opt/venv \
     PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /src
 COPY scripts/setup.sh scripts/requirements-image.txt scripts/
+RUN LIBREYOLO_SETUP=image-packages bash scripts/setup.sh
 RUN if [ -n "$TORCH_INDEX_URL" ]; then \
       export PIP_INDEX_URL="$TORCH_INDEX_URL" PIP_EXTRA_INDEX_URL=https://pypi.org/simple; \
     fi; \
+    if [ -n "$EXTRA_CA_CERTS" ]; then export PIP_CERT="$EXTRA_CA_CERTS"; fi; \
     bash scripts/setup.sh
 # The PyPI wheel is built with CUDA: link only its CPU side (no CUDA toolkit here; top-level
 # CMakeLists.txt, LIBREYOLO_TORCH_CUDA). Debian 12's Python is 3.11.
@@ -48,6 +53,8 @@ SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 ARG LIBTORCH_URL=https://download.pytorch.org/libtorch/cu130/libtorch-shared-with-deps-2.11.0%2Bcu130.zip
 # Optional: the archive's SHA-256 (recommended for reproducible builds); empty skips the check.
 ARG LIBTORCH_SHA256=
+# Optional: a PEM bundle curl trusts for the download (as in builder-cpu).
+ARG EXTRA_CA_CERTS=
 # CUDA: sm_90 SASS + PTX by default.
 ARG CUDA_ARCHITECTURES=90
 # Torch_DIR set: setup.sh installs the packages and no venv; CMake takes the official LibTorch.
@@ -58,7 +65,7 @@ WORKDIR /src
 COPY scripts/setup.sh scripts/requirements-image.txt scripts/
 RUN bash scripts/setup.sh
 RUN set -eu; \
-    curl -fsSL --retry 3 -o /tmp/libtorch.zip "$LIBTORCH_URL"; \
+    curl -fsSL --retry 3 ${EXTRA_CA_CERTS:+--cacert "$EXTRA_CA_CERTS"} -o /tmp/libtorch.zip "$LIBTORCH_URL"; \
     if [ -n "$LIBTORCH_SHA256" ]; then echo "$LIBTORCH_SHA256  /tmp/libtorch.zip" | sha256sum -c -; fi; \
     python3 -m zipfile -e /tmp/libtorch.zip /opt; \
     rm /tmp/libtorch.zip; \

@@ -11,6 +11,8 @@
 # tools), the apt lists removed afterwards, and a venv holding only the torch==2.11.0 wheel and
 # the two CUDA runtime wheels its libtorch_cpu.so links (scripts/requirements-image.txt); no venv
 # at all when Torch_DIR names a LibTorch already (the CUDA image's official distribution).
+# LIBREYOLO_SETUP=image-packages: the packages of the image mode only (the Dockerfile's first
+# layer, so that a failed download of the wheel does not redo apt).
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")/.." && pwd)
@@ -22,7 +24,9 @@ SUDO=""
 if [ "$(id -u)" != 0 ]; then SUDO=sudo; fi
 
 mode=${LIBREYOLO_SETUP:-full}
-case $mode in full|image) ;; *) echo "setup: LIBREYOLO_SETUP=$mode: expected full or image" >&2; exit 2 ;; esac
+packages_only=0
+if [ "$mode" = image-packages ]; then mode=image packages_only=1; fi
+case $mode in full|image) ;; *) echo "setup: LIBREYOLO_SETUP=$mode: expected full, image or image-packages" >&2; exit 2 ;; esac
 
 # What builds the server, the client and the tools (the image's builder needs exactly these).
 build_debs=(
@@ -62,6 +66,7 @@ else
 fi
 
 if [ "$mode" = image ]; then
+  [ "$packages_only" = 1 ] && exit 0
   if [ -n "${Torch_DIR:-}" ]; then
     echo "setup: LibTorch from Torch_DIR=$Torch_DIR: no virtual environment"
     exit 0

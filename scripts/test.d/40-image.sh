@@ -36,10 +36,16 @@ fail() { echo "40-image: FAIL $*"; failures=$((failures + 1)); }
 
 echo "40-image: disk before: $(df -h / | awk 'NR==2 {print $4 " free of " $2}')"
 start=$(date +%s)
-if ! bash scripts/build-image.sh "$tag"; then
-  echo "40-image: FAIL podman build of $tag"
+# The whole build log goes to a file; the steps, cache hits and timings are shown.
+build_log=$(mktemp /tmp/libreyolo-image-build.XXXXXX.log)
+if ! bash scripts/build-image.sh "$tag" > "$build_log" 2>&1; then
+  tail -60 "$build_log" | sed 's/^/40-image:   /'
+  echo "40-image: FAIL podman build of $tag (log $build_log)"
   exit 1
 fi
+grep -E '^\[[0-9]/[0-9]\] STEP|^--> Using cache|^build-in-image:|^build-image:|^collect-runtime:|^podman-env:' "$build_log" |
+  cut -c1-160 | sed 's/^/40-image:   /'
+rm -f "$build_log"
 build_s=$(($(date +%s) - start))
 # shellcheck source=scripts/podman-env.sh
 source scripts/podman-env.sh
