@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Sourced (not run) by scripts/build-image.sh and scripts/test.d/40-image.sh: points podman at a
 # fixed storage root of its own, so that its layer cache survives between runs (CI caches
 # ~/.cache/libreyolo-server), and with settings that work on a root machine without systemd,
