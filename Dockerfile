@@ -73,32 +73,42 @@ RUN set -eu; \
 
 # ---------------------------------------------------------------------------------------------
 # Build steps (the same for both flavors). CMAKE_ARGS: extra CMake arguments for scripts/build.sh.
+# Few instructions after the toolchain: with podman's vfs driver each one is a full copy of it.
 # /ccache is a cache mount (kept between builds); scripts/build-image.sh mounts the host's
 # ccache there instead (podman build -v), so that CI's cache serves the image build too.
 FROM builder-cuda AS build-cuda
 ARG CMAKE_ARGS="-DLIBREYOLO_BUILD_TESTS=OFF -DLIBREYOLO_BUILD_BENCHMARKS=OFF -DLIBREYOLO_TSAN=OFF"
 ARG JOBS=
-ENV CCACHE_DIR=/ccache
 COPY . .
-RUN --mount=type=cache,id=libreyolo-ccache,target=/ccache bash deploy/docker/build-in-image.sh
+RUN --mount=type=cache,id=libreyolo-ccache,target=/ccache CCACHE_DIR=/ccache bash deploy/docker/build-in-image.sh
 
 FROM builder-cpu AS build-cpu
 ARG CMAKE_ARGS="-DLIBREYOLO_BUILD_TESTS=OFF -DLIBREYOLO_BUILD_BENCHMARKS=OFF -DLIBREYOLO_TSAN=OFF"
 ARG JOBS=
-ENV CCACHE_DIR=/ccache
 COPY . .
-RUN --mount=type=cache,id=libreyolo-ccache,target=/ccache bash deploy/docker/build-in-image.sh
+RUN --mount=type=cache,id=libreyolo-ccache,target=/ccache CCACHE_DIR=/ccache bash deploy/docker/build-in-image.sh
 
 # ---------------------------------------------------------------------------------------------
 # Runtimes: the same distribution as their builder (same glibc and libstdc++). The two stages
 # below differ only in FROM, the build stage they copy from and the flavor label
-# (tests/deploy/deploy_test.py checks that).
+# (tests/deploy/deploy_test.py checks that). The programs come last: with podman's vfs driver
+# every instruction copies the whole tree, so the metadata goes first, while it is small.
 FROM nvidia/cuda:${CUDA_VERSION}-cudnn-runtime-${CUDA_UBUNTU} AS cuda
 LABEL org.opencontainers.image.title="libreyolo-server" \
       org.opencontainers.image.description="LibTorch gRPC inference daemon (KServe v2 / Open Inference Protocol) for DETR-lineage detectors" \
       org.opencontainers.image.version="0.1.0" \
       io.libreyolo.flavor="cuda"
-COPY --from=build-cuda /out/ /
+ENV PATH=/opt/libreyolo/bin:$PATH \
+    LD_LIBRARY_PATH=/opt/libreyolo/lib \
+    KERNELS_CACHE=/var/cache/libreyolo/kernels \
+    HOME=/tmp
+# 8000: HTTP admin (/metrics, /active, /v2/health/*); 8001: gRPC (inference + grpc.health.v1).
+EXPOSE 8000 8001
+# SIGTERM drains (server.drain_seconds), a second one exits at once.
+STOPSIGNAL SIGTERM
+ENTRYPOINT ["libreyolo-server"]
+CMD ["--config", "/etc/libreyolo/server.yaml"]
+WORKDIR /
 # A fixed numeric user, so that Kubernetes' runAsNonRoot can verify it; no login shell, no home.
 RUN set -eu; \
     groupadd --system --gid 10001 libreyolo; \
@@ -106,20 +116,10 @@ RUN set -eu; \
             --shell /usr/sbin/nologin libreyolo; \
     mkdir -p /models /var/cache/libreyolo/kernels; \
     chown 10001:10001 /var/cache/libreyolo/kernels
-ENV PATH=/opt/libreyolo/bin:$PATH \
-    LD_LIBRARY_PATH=/opt/libreyolo/lib \
-    KERNELS_CACHE=/var/cache/libreyolo/kernels \
-    HOME=/tmp
 # Model repository (<repo>/<model>/<version>/...) and the hub-kernel cache (HF cache layout).
 VOLUME ["/models", "/var/cache/libreyolo/kernels"]
+COPY --from=build-cuda /out/ /
 USER 10001:10001
-WORKDIR /
-# 8000: HTTP admin (/metrics, /active, /v2/health/*); 8001: gRPC (inference + grpc.health.v1).
-EXPOSE 8000 8001
-# SIGTERM drains (server.drain_seconds), a second one exits at once.
-STOPSIGNAL SIGTERM
-ENTRYPOINT ["libreyolo-server"]
-CMD ["--config", "/etc/libreyolo/server.yaml"]
 
 # The default target: last.
 FROM debian:${DEBIAN_TAG}-slim AS cpu
@@ -127,7 +127,17 @@ LABEL org.opencontainers.image.title="libreyolo-server" \
       org.opencontainers.image.description="LibTorch gRPC inference daemon (KServe v2 / Open Inference Protocol) for DETR-lineage detectors" \
       org.opencontainers.image.version="0.1.0" \
       io.libreyolo.flavor="cpu"
-COPY --from=build-cpu /out/ /
+ENV PATH=/opt/libreyolo/bin:$PATH \
+    LD_LIBRARY_PATH=/opt/libreyolo/lib \
+    KERNELS_CACHE=/var/cache/libreyolo/kernels \
+    HOME=/tmp
+# 8000: HTTP admin (/metrics, /active, /v2/health/*); 8001: gRPC (inference + grpc.health.v1).
+EXPOSE 8000 8001
+# SIGTERM drains (server.drain_seconds), a second one exits at once.
+STOPSIGNAL SIGTERM
+ENTRYPOINT ["libreyolo-server"]
+CMD ["--config", "/etc/libreyolo/server.yaml"]
+WORKDIR /
 # A fixed numeric user, so that Kubernetes' runAsNonRoot can verify it; no login shell, no home.
 RUN set -eu; \
     groupadd --system --gid 10001 libreyolo; \
@@ -135,17 +145,7 @@ RUN set -eu; \
             --shell /usr/sbin/nologin libreyolo; \
     mkdir -p /models /var/cache/libreyolo/kernels; \
     chown 10001:10001 /var/cache/libreyolo/kernels
-ENV PATH=/opt/libreyolo/bin:$PATH \
-    LD_LIBRARY_PATH=/opt/libreyolo/lib \
-    KERNELS_CACHE=/var/cache/libreyolo/kernels \
-    HOME=/tmp
 # Model repository (<repo>/<model>/<version>/...) and the hub-kernel cache (HF cache layout).
 VOLUME ["/models", "/var/cache/libreyolo/kernels"]
+COPY --from=build-cpu /out/ /
 USER 10001:10001
-WORKDIR /
-# 8000: HTTP admin (/metrics, /active, /v2/health/*); 8001: gRPC (inference + grpc.health.v1).
-EXPOSE 8000 8001
-# SIGTERM drains (server.drain_seconds), a second one exits at once.
-STOPSIGNAL SIGTERM
-ENTRYPOINT ["libreyolo-server"]
-CMD ["--config", "/etc/libreyolo/server.yaml"]
