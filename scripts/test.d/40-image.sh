@@ -86,7 +86,7 @@ trap cleanup EXIT
 
 size=$(podman image inspect --format '{{.Size}}' "$tag")
 echo "40-image: image size $((size / 1000000)) MB ($size bytes)"
-podman history --format '{{.Size}}\t{{.CreatedBy}}' "$tag" | head -4 | cut -c1-120 | sed 's/^/40-image:   layer /'
+podman history --format '{{.Size}}\t{{.CreatedBy}}' "$tag" | awk "NR <= 4" | cut -c1-120 | sed 's/^/40-image:   layer /'
 
 # The runtime stage: no toolchain, no venv, no LibTorch CUDA side; the programs resolve every
 # library (ldd runs the image's own loader).
@@ -194,12 +194,12 @@ detect() { "$client" detect --image "$image" --server "127.0.0.1:$1" --model rtd
 # SETTINGS frame (UNAVAILABLE before the request is sent); /metrics below counts what arrived.
 first_detect() { detect "$1" || { sleep 1; detect "$1"; }; }
 if in_image=$(first_detect "$grpc") && on_host=$(first_detect "$host_grpc"); then
-  n=$(echo "$in_image" | head -1 | sed -n 's/.*: \([0-9]*\) detections.*/\1/p')
+  n=$(echo "$in_image" | sed -n '1s/.*: \([0-9]*\) detections.*/\1/p')
   if [ "$in_image" = "$on_host" ] && [ "${n:-0}" -gt 0 ]; then
     pass "detect rtdetr_tiny: $n boxes, identical to the host build's ($(echo "$in_image" | sed -n 2p | tr -s ' '))"
   else
     fail "detect rtdetr_tiny: image and host differ (or no boxes):"
-    diff <(echo "$in_image") <(echo "$on_host") | head -20 | sed 's/^/40-image:   /'
+    diff <(echo "$in_image") <(echo "$on_host") | awk "NR <= 20" | sed 's/^/40-image:   /'
   fi
 else
   fail "detect: image: $in_image / host: $on_host"
@@ -228,7 +228,7 @@ if metrics=$(curl -sf "http://127.0.0.1:$http/metrics") &&
    line=$(echo "$metrics" | grep -E '^libreyolo_inference_requests_total\{code="OK",model="rtdetr_tiny",version="1"\} 1$'); then
   pass "/metrics: $(echo "$metrics" | grep -c '^libreyolo_') libreyolo_ samples; $line"
 else
-  fail "/metrics: no libreyolo_inference_requests_total{model=\"rtdetr_tiny\"} 1 sample: $(echo "${metrics:-}" | grep '^libreyolo_inference_requests_total' | head -5)"
+  fail "/metrics: no libreyolo_inference_requests_total{model=\"rtdetr_tiny\"} 1 sample: $(echo "${metrics:-}" | grep '^libreyolo_inference_requests_total' | awk "NR <= 5")"
 fi
 
 # Stop as an orchestrator does (podman stop: the image's STOPSIGNAL, SIGTERM): readiness turns
