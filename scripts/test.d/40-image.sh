@@ -49,7 +49,6 @@ else
   fi
   grep -E '^\[[0-9]/[0-9]\] STEP|^--> Using cache|^build-in-image:|^build-image:|^collect-runtime:|^podman-env:' "$build_log" |
     cut -c1-160 | sed 's/^/40-image:   /'
-  rm -f "$build_log"
 fi
 build_s=$(($(date +%s) - start))
 # shellcheck source=scripts/podman-env.sh
@@ -57,8 +56,10 @@ source scripts/podman-env.sh
 if [ "${LIBREYOLO_IMAGE_BUILD:-1}" != 0 ]; then
   # Keep the builder's toolchain layer (apt + the torch wheel) named: the prune at the end
   # removes untagged leaves, and the next run would fetch everything again. All cached: seconds.
-  nice -n 10 podman build --isolation=chroot --pull=never --layers --format docker -q \
-    --target builder-cpu -t "$tag-toolchain" -f Dockerfile . >/dev/null
+  # Through build-image.sh: the same build arguments, or the cache would miss.
+  bash scripts/build-image.sh "$tag-toolchain" --target builder-cpu > "$build_log" 2>&1 ||
+    { tail -20 "$build_log" | sed 's/^/40-image:   /'; echo "40-image: FAIL tagging the toolchain"; exit 1; }
+  rm -f "$build_log"
   pass "image $tag built in $build_s s"
 fi
 podman image exists "$tag" || { echo "40-image: FAIL no image $tag"; exit 1; }
