@@ -97,8 +97,8 @@ content=$(podman run --rm --network none --entrypoint /bin/sh "$tag" -c '
   ls /opt/libreyolo/lib | grep -E "^lib(torch_cuda|c10_cuda|cudnn|cublas|nccl)" | sed "s/^/lib: /"
   for b in /opt/libreyolo/bin/*; do ldd "$b" | grep "not found" | sed "s|^|missing in $b: |"; done
   ls /opt/libreyolo/bin | tr "\n" " "' 2>&1) || true
-if echo "$content" | grep -Eq '^(tool|path|lib|missing)'; then
-  fail "runtime stage content: $(echo "$content" | grep -E '^(tool|path|lib|missing)' | tr '\n' ';')"
+if echo "$content" | grep -Eq '^(tool|path|lib|missing in [^:]*): '; then
+  fail "runtime stage content: $(echo "$content" | grep -E '^(tool|path|lib|missing in [^:]*): ' | tr '\n' ';')"
 elif echo "$content" | grep -q 'libreyolo-server' && echo "$content" | grep -q 'libreyolo-client'; then
   pass "runtime stage: no compiler, no venv, no CUDA libraries, every library resolved; programs: $(echo "$content" | tail -1)"
 else
