@@ -6,6 +6,13 @@
 # Environment: LIBREYOLO_VENV (default ~/.cache/libreyolo-server/venv-torch2.11) is where the
 # virtual environment lives; it is shared by every checkout on the machine because the torch wheel
 # and its CUDA libraries weigh several GiB.
+# LIBREYOLO_SETUP=image: what the Dockerfile's builder needs and nothing else (the packages that
+# build the server, the client and the tools; no test tools, no Python peers, no container
+# tools), the apt lists removed afterwards, and a venv holding only the torch==2.11.0 wheel and
+# the two CUDA runtime wheels its libtorch_cpu.so links (scripts/requirements-image.txt); no venv
+# at all when Torch_DIR names a LibTorch already (the CUDA image's official distribution).
+# LIBREYOLO_SETUP=image-packages: the packages of the image mode only (the Dockerfile's first
+# layer, so that a failed download of the wheel does not redo apt).
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")/.." && pwd)
@@ -16,18 +23,33 @@ mkdir -p "$stamp_dir"
 SUDO=""
 if [ "$(id -u)" != 0 ]; then SUDO=sudo; fi
 
-debs=(
-  build-essential cmake ninja-build ccache pkg-config git curl ca-certificates
-  python3 python3-venv python3-dev
-  clang libclang-rt-14-dev
+mode=${LIBREYOLO_SETUP:-full}
+packages_only=0
+if [ "$mode" = image-packages ]; then mode=image packages_only=1; fi
+case $mode in full|image) ;; *) echo "setup: LIBREYOLO_SETUP=$mode: expected full, image or image-packages" >&2; exit 2 ;; esac
+
+# What builds the server, the client and the tools (the image's builder needs exactly these).
+build_debs=(
+  build-essential cmake ninja-build ccache pkg-config curl ca-certificates
+  python3 python3-venv
   libspdlog-dev libfmt-dev libyaml-cpp-dev nlohmann-json3-dev
-  libgtest-dev libgmock-dev libbenchmark-dev
   libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc
   prometheus-cpp-dev libcivetweb-dev
   libturbojpeg0-dev libpng-dev libcurl4-openssl-dev libssl-dev
-  clang-format prometheus
-  libb64-0d
 )
+if [ "$mode" = image ]; then
+  debs=("${build_debs[@]}")
+else
+  debs=(
+    "${build_debs[@]}" git python3-dev
+    clang libclang-rt-14-dev
+    libgtest-dev libgmock-dev libbenchmark-dev
+    clang-format prometheus
+    libb64-0d
+    # scripts/test.d/40-image.sh: builds and runs the image (scripts/podman-env.sh says why these).
+    podman runc debootstrap
+  )
+fi
 
 missing=()
 for p in "${debs[@]}"; do
@@ -38,8 +60,31 @@ if [ ${#missing[@]} -gt 0 ]; then
   export DEBIAN_FRONTEND=noninteractive
   $SUDO apt-get update -q
   $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
+  if [ "$mode" = image ]; then $SUDO apt-get clean; $SUDO rm -rf /var/lib/apt/lists/*; fi
 else
   echo "setup: Debian packages present"
+fi
+
+if [ "$mode" = image ]; then
+  [ "$packages_only" = 1 ] && exit 0
+  if [ -n "${Torch_DIR:-}" ]; then
+    echo "setup: LibTorch from Torch_DIR=$Torch_DIR: no virtual environment"
+    exit 0
+  fi
+  # --no-deps: the wheel's other CUDA libraries (cuDNN, cuBLAS, NCCL, ... several GiB) serve only
+  # libtorch_cuda.so, which a -DLIBREYOLO_TORCH_CUDA=OFF build does not link; nor does CMake
+  # import torch (the builder sets Torch_DIR), so its Python dependencies are not needed either.
+  req="$here/scripts/requirements-image.txt"
+  want=$(sha256sum "$req" | cut -d' ' -f1)
+  if [ "$(cat "$venv/.requirements.sha256" 2>/dev/null)" != "$want" ]; then
+    echo "setup: creating the image's virtual environment $venv (${PIP_INDEX_URL:-PyPI})"
+    python3 -m venv "$venv"
+    "$venv/bin/python" -m pip install -q --no-deps -r "$req"
+    echo "$want" > "$venv/.requirements.sha256"
+  fi
+  cfg=$(ls "$venv"/lib/python3*/site-packages/torch/share/cmake/Torch/TorchConfig.cmake)
+  echo "setup: LibTorch at $(dirname "$cfg")"
+  exit 0
 fi
 
 # Python: the pinned requirements file is the single source of truth for versions.

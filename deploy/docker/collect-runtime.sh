@@ -3,10 +3,12 @@
 # Dockerfile's builder stage, and by tests/deploy with --link to check it without Docker):
 #   PREFIX/bin/  libreyolo-server, libreyolo-kernels-hub (and libreyolo-client,
 #                libreyolo-kernels when built)
-#   PREFIX/lib/  the project's shared libraries, every library of LibTorch's lib folder but the
-#                Python binding (some are dlopen'ed, so ldd cannot see them), and the ldd closure
-#                of the programs except glibc itself and the NVIDIA driver (the container
-#                runtime injects it).
+#   PREFIX/lib/  the project's shared libraries and the ldd closure of the programs except glibc
+#                itself and the NVIDIA driver (the container runtime injects it). When that
+#                closure holds libtorch_cuda.so, also every other library of LibTorch's lib folder
+#                but the Python binding: the CUDA side dlopens some (libtorch_cuda_linalg.so,
+#                cuDNN's sub-libraries, ...), which ldd cannot see. A build that links LibTorch's
+#                CPU side only (-DLIBREYOLO_TORCH_CUDA=OFF, the CPU image) gets just its closure.
 # The runtime image then sets LD_LIBRARY_PATH=PREFIX/lib.
 #
 # usage: collect-runtime.sh BUILD_DIR PREFIX [--link]
@@ -47,10 +49,6 @@ done
 for lib in "$build"/lib/*.so*; do
   [ -e "$lib" ] && put "$lib" "$prefix/lib"
 done
-for lib in "$TORCH_LIB"/*.so*; do
-  case $(basename "$lib") in libtorch_python*) continue ;; esac  # the Python binding: not used
-  [ -e "$lib" ] && put "$lib" "$prefix/lib"
-done
 
 # glibc and the driver stay out: the base image (and the NVIDIA container runtime) provide them.
 skip='^(linux-vdso|ld-linux|libc|libm|libdl|libpthread|librt|libresolv|libutil|libanl|libcuda|libnvidia-)[.-]'
@@ -59,7 +57,7 @@ missing=0
 # what they need: gRPC, abseil, protobuf, yaml-cpp, ...), resolved as the image will resolve it.
 # A CUDA torch wheel keeps the CUDA libraries in site-packages/nvidia/*/lib, found through
 # RUNPATHs relative to torch/lib: search them explicitly, the copies will not be there.
-search="$prefix/lib"
+search="$prefix/lib:$TORCH_LIB"
 for d in "$TORCH_LIB"/../../nvidia/*/lib "$TORCH_LIB"/../../nvidia/*/*/lib; do
   [ -d "$d" ] && search="$search:$(cd "$d" && pwd)"
 done
@@ -74,5 +72,11 @@ while read -r name arrow path _; do
   fi
   [ -e "$prefix/lib/$name" ] || put "$path" "$prefix/lib"
 done <<<"$ldd_out"
+if [ -e "$prefix/lib/libtorch_cuda.so" ]; then
+  for lib in "$TORCH_LIB"/*.so*; do
+    case $(basename "$lib") in libtorch_python*) continue ;; esac  # the Python binding: not used
+    [ -e "$prefix/lib/$(basename "$lib")" ] || put "$lib" "$prefix/lib"
+  done
+fi
 echo "collect-runtime: $(ls "$prefix/bin" | wc -l) programs, $(ls "$prefix/lib" | wc -l) libraries in $prefix ($mode)"
 exit $missing

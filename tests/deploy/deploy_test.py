@@ -679,38 +679,60 @@ def main():
                 cur["ins"].append((ins, rest))
         names = {st["name"] for st in stages}
 
-        def subst(text, flavor):
-            return re.sub(r"\$\{(\w+)\}", lambda m: flavor if m.group(1) == "FLAVOR" else args.get(m.group(1), m.group(0)), text)
-        assert "FLAVOR" in args, "no FLAVOR build argument (cpu | cuda)"
+        def subst(text):
+            return re.sub(r"\$\{(\w+)\}", lambda m: args.get(m.group(1), m.group(0)), text)
+        # Flavors are targets (podman 4.3 cannot follow `FROM builder-${FLAVOR}`): the CPU
+        # runtime is the last stage (the default target), the CUDA one `--target cuda`.
+        assert "FLAVOR" not in args, "FLAVOR build argument: flavors are targets (cpu, cuda)"
+        for n in ("builder-cpu", "builder-cuda", "build-cpu", "build-cuda", "cuda", "cpu"):
+            assert n in names, f"no stage {n}: {sorted(n for n in names if n)}"
         bases = set()
-        for flavor in ("cpu", "cuda"):
-            for st in stages:
-                img = subst(st["from"], flavor)
-                if img in names:
-                    continue
-                assert "$" not in img, f"unresolved base {img}"
-                repo, _, tag = img.rpartition(":") if ":" in img.split("/")[-1] else (img, "", "")
-                assert tag and tag != "latest" and "latest" not in tag, f"base image {img} is not pinned"
-                assert re.search(r"\d", tag), f"base image {img}: tag without a version"
-                bases.add(img)
+        for st in stages:
+            img = subst(st["from"])
+            if img in names:
+                continue
+            assert "$" not in img, f"unresolved base {img}"
+            repo, _, tag = img.rpartition(":") if ":" in img.split("/")[-1] else (img, "", "")
+            assert tag and tag != "latest" and "latest" not in tag, f"base image {img} is not pinned"
+            assert re.search(r"\d", tag), f"base image {img}: tag without a version"
+            bases.add(img)
         assert any(b.startswith("debian:12") for b in bases), f"no debian:12 base: {bases}"
         assert any(b.startswith("nvidia/cuda:") for b in bases), f"no NVIDIA CUDA base: {bases}"
         assert "latest" not in " ".join(lines).replace("LATEST", ""), "`latest` in the Dockerfile"
-        final = stages[-1]
+        by = {st["name"]: st for st in stages}
+        assert stages[-1]["name"] == "cpu", f"last stage (the default target) is {stages[-1]['name']}, not cpu"
+        assert by["build-cpu"]["from"] == "builder-cpu" and by["build-cuda"]["from"] == "builder-cuda"
+        runs = {st["name"]: " ".join(r for i, r in st["ins"] if i == "RUN") for st in stages}
+        for b in ("builder-cpu", "builder-cuda"):
+            assert "scripts/setup.sh" in runs.get(b, ""), f"{b} does not run scripts/setup.sh"
+        for b in ("build-cpu", "build-cuda"):
+            assert "deploy/docker/build-in-image.sh" in runs[b], f"{b} does not run deploy/docker/build-in-image.sh"
+            assert "--mount=type=cache" in runs[b] and "target=/ccache" in runs[b], f"{b}: no ccache mount"
+        step = read(os.path.join(DEPLOY, "docker", "build-in-image.sh"))
+        assert "scripts/build.sh" in step and "collect-runtime.sh" in step, "build-in-image.sh: build.sh + collect-runtime.sh"
+        envs = {st["name"]: " ".join(r for i, r in st["ins"] if i == "ENV") for st in stages}
+        assert "Torch_DIR=" in envs["builder-cuda"], "CUDA builder does not point CMake at LibTorch (Torch_DIR)"
+        # The CPU builder: Debian and PyPI only unless TORCH_INDEX_URL names another index.
+        assert "download.pytorch.org" not in envs["builder-cpu"] + runs["builder-cpu"], "CPU builder: an index other than PyPI by default"
+        cpu_args = [r for i, r in by["builder-cpu"]["ins"] if i == "ARG"]
+        assert "TORCH_INDEX_URL=" in cpu_args, f"builder-cpu: TORCH_INDEX_URL must default to empty: {cpu_args}"
+        assert "-DLIBREYOLO_TORCH_CUDA=OFF" in envs["builder-cpu"], "CPU builder must link LibTorch's CPU side only"
+        for st in stages:
+            if st["name"] in ("cpu", "cuda"):
+                assert not re.search(r"\b(apt-get|apt|dpkg|pip|apk)\b", runs[st["name"]]), \
+                    f"{st['name']}: a package manager runs in the runtime image"
+        # The two runtime stages: the same instructions but FROM, the build stage copied from and
+        # the flavor label (a fix in one and not the other would drift).
+        def norm(st):
+            return [(i, r.replace(f'"{st["name"]}"', '"FLAVOR"').replace(f"build-{st['name']}", "build-FLAVOR"))
+                    for i, r in st["ins"]]
+        assert norm(by["cpu"]) == norm(by["cuda"]), "runtime stages cpu and cuda differ beyond FROM/COPY --from/flavor"
+        assert f'io.libreyolo.flavor="cpu"' in " ".join(r for i, r in by["cpu"]["ins"] if i == "LABEL")
+        final = by["cpu"]
         users = [r for i, r in final["ins"] if i == "USER"]
         assert users, "final stage has no USER"
         uid = users[-1].split(":")[0]
         assert uid not in ("0", "root") and uid.isdigit(), f"USER {users[-1]}: must be a numeric non-root uid"
-        runs = {st["name"]: " ".join(r for i, r in st["ins"] if i == "RUN") for st in stages}
-        for b in ("builder-cpu", "builder-cuda"):
-            assert "scripts/setup.sh" in runs.get(b, ""), f"{b} does not run scripts/setup.sh"
-        assert "scripts/build.sh" in runs.get("builder", ""), "builder does not run scripts/build.sh"
-        envs = " ".join(r for st in stages if st["name"] == "builder-cuda" for i, r in st["ins"] if i == "ENV")
-        assert "Torch_DIR=" in envs, "CUDA builder does not point CMake at LibTorch (Torch_DIR)"
-        for st in stages:
-            if st["name"] and st["name"].startswith("runtime"):
-                assert not re.search(r"\b(apt-get|apt|dpkg|pip|apk)\b", runs[st["name"]]), \
-                    f"{st['name']}: a package manager runs in the runtime image"
         expose = " ".join(r for i, r in final["ins"] if i == "EXPOSE").split()
         assert sorted(int(p) for p in expose) == sorted([http_port, grpc_port]), f"EXPOSE {expose}"
         vols = " ".join(r for i, r in final["ins"] if i == "VOLUME")
@@ -730,7 +752,7 @@ def main():
             assert r.returncode == 0, f"hadolint: {r.stdout}{r.stderr}"
             lint = "hadolint clean"
         return (f"{len(stages)} stages, bases {sorted(bases)}, USER {users[-1]}, EXPOSE {' '.join(expose)}, "
-                f"setup.sh + build.sh in the builders, {lint}")
+                f"setup.sh + build-in-image.sh in the builders, runtimes cpu = cuda, {lint}")
     check("Dockerfile rules", dockerfile)
 
 
