@@ -161,6 +161,11 @@ void apply_environment(const Environment& env, Policy& p) {
     p.hub.endpoint = {*ep, Source::environment, "HF_ENDPOINT"};
   }
   if (auto t = get("HF_TOKEN"); t && !t->empty()) p.hub.token = *t;
+  if (auto hf_home = get("HF_HOME"); hf_home && !hf_home->empty()) {
+    p.hub.fallback_cache_dir = *hf_home + "/hub";
+  } else if (auto home = get("HOME"); home && !home->empty()) {
+    p.hub.fallback_cache_dir = *home + "/.cache/huggingface/hub";
+  }
   if (auto c = get("KERNELS_CACHE"); c && !c->empty()) {
     p.hub.cache_dir = {*c, Source::environment, "KERNELS_CACHE"};
   } else if (auto h = get("HF_HUB_CACHE"); h && !h->empty() && p.hub.cache_dir.value.empty()) {
@@ -304,7 +309,8 @@ Environment process_environment() {
     auto eq = kv.find('=');
     if (eq == std::string::npos) continue;
     std::string k = kv.substr(0, eq);
-    if (k.rfind("LIBREYOLO_", 0) == 0 || k.rfind("HF_", 0) == 0 || k.rfind("KERNELS_", 0) == 0) {
+    if (k.rfind("LIBREYOLO_", 0) == 0 || k.rfind("HF_", 0) == 0 || k.rfind("KERNELS_", 0) == 0 ||
+        k == "HOME") {
       env[k] = kv.substr(eq + 1);
     }
   }

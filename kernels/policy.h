@@ -55,6 +55,10 @@ struct HubSettings {
   int retries = 3;
   /// Bearer token for the endpoint, from HF_TOKEN (environment only; never logged).
   std::string token;
+  /// Where the cache is when cache_dir is empty and neither KERNELS_CACHE nor HF_HUB_CACHE is
+  /// set: $HF_HOME/hub, else $HOME/.cache/huggingface/hub (huggingface_hub's default), read from
+  /// the environment with the rest of the policy.
+  std::string fallback_cache_dir = "/tmp/.cache/huggingface/hub";
   /// The configuration file the policy was read from ("" = environment only): the default
   /// kernels.lock lives next to it.
   std::string config_file;

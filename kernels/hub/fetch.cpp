@@ -128,7 +128,7 @@ void write_ref(const Connection& c, const std::string& repo_id, const std::strin
 Connection connection_for(const HubSettings& settings) {
   Connection c;
   c.endpoint = settings.endpoint.value;
-  c.cache_dir = default_cache_dir(settings.cache_dir.value);
+  c.cache_dir = default_cache_dir(settings.cache_dir.value, settings.fallback_cache_dir);
   c.offline = settings.offline.value;
   c.http.token = settings.token;
   c.http.retries = settings.retries;
@@ -140,14 +140,8 @@ Connection connection_for(const HubSettings& settings) {
   return c;
 }
 
-std::string default_cache_dir(const std::string& configured) {
-  if (!configured.empty()) return configured;
-  // Read here, not below main() elsewhere: the huggingface_hub default depends on them.
-  if (const char* hf_home = std::getenv("HF_HOME"); hf_home && *hf_home) {
-    return std::string(hf_home) + "/hub";
-  }
-  const char* home = std::getenv("HOME");
-  return std::string(home && *home ? home : "/tmp") + "/.cache/huggingface/hub";
+std::string default_cache_dir(const std::string& configured, const std::string& fallback) {
+  return configured.empty() ? fallback : configured;
 }
 
 std::string repo_cache_dir(const std::string& cache_dir, const std::string& repo_id) {

@@ -46,8 +46,9 @@ class HubError : public std::runtime_error {
 };
 
 /// `configured` when not empty (kernels.hub.cache_dir, KERNELS_CACHE, HF_HUB_CACHE), else
-/// $HF_HOME/hub, else $HOME/.cache/huggingface/hub (the huggingface_hub default).
-std::string default_cache_dir(const std::string& configured);
+/// `fallback` (HubSettings::fallback_cache_dir: $HF_HOME/hub, else
+/// $HOME/.cache/huggingface/hub, the huggingface_hub default, read with the policy).
+std::string default_cache_dir(const std::string& configured, const std::string& fallback);
 
 /// <cache>/kernels--<org>--<name>
 std::string repo_cache_dir(const std::string& cache_dir, const std::string& repo_id);

@@ -125,7 +125,8 @@ TEST(LayoutCatalog, UpstreamClassesPerFamilyAndPath) {
   EXPECT_FALSE(path_matches("model.encoder.*", "model.encoder.fpn_blocks.0"));
   EXPECT_FALSE(path_matches("model.encoder.*.1", "model.encoder.fpn_blocks.0"));
   EXPECT_TRUE(on_by_default("batchnorm_fold", "rt_detr"));
-  EXPECT_FALSE(on_by_default("channels_last", "rt_detr"));
+  EXPECT_TRUE(on_by_default("channels_last", "rt_detr"));  // CUDA only: its predicate decides
+  EXPECT_FALSE(on_by_default("channels_last", "vit"));     // no conv stack
 }
 
 }  // namespace

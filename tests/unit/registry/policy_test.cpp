@@ -109,6 +109,12 @@ TEST(Policy, EnvironmentValuesAreValidatedLikeTheYamlOnes) {
             LayoutMode::off);
   EXPECT_EQ(policy_from_environment({{"LIBREYOLO_KERNEL_PLUGINS", "/a.so:/b.so"}}).plugins.value,
             "/a.so:/b.so");
+  // The hub cache's last fallback comes from the environment the policy is given, not getenv.
+  EXPECT_EQ(policy_from_environment({{"HOME", "/home/u"}}).hub.fallback_cache_dir,
+            "/home/u/.cache/huggingface/hub");
+  EXPECT_EQ(
+      policy_from_environment({{"HOME", "/home/u"}, {"HF_HOME", "/hf"}}).hub.fallback_cache_dir,
+      "/hf/hub");
 }
 
 /// A registry declaring ms_deform_attn and fake_quant_fp8 with cuda and reference impls.
