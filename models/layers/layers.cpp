@@ -15,19 +15,7 @@ Activation activation_from_name(const std::string& name) {
 }
 
 at::Tensor activate(Activation act, const at::Tensor& x) {
-  switch (act) {
-    case Activation::none:
-      return x;
-    case Activation::relu:
-      return at::relu(x);
-    case Activation::silu:
-      return at::silu(x);
-    case Activation::gelu:
-      return at::gelu(x);
-    case Activation::tanh:
-      return at::tanh(x);
-  }
-  return x;
+  return kernels::apply_activation(act, x);
 }
 
 LinearImpl::LinearImpl(int64_t in, int64_t out, bool has_bias) {

@@ -40,31 +40,9 @@ using test::bit_mismatches;
   if (!built_with_cuda() || !&register_cuda_kernels)               \
   GTEST_SKIP() << "built without the CUDA kernels"
 
-/// The context of a model on cuda:0 (what the cuda implementations bind to).
-BindContext cuda_context() {
-  BindContext c;
-  c.device = BindContext::Device::cuda;
-  c.device_index = 0;
-  return c;
-}
-
-/// A registry with the built-in slots declared and only the `cuda` implementations.
-void declare_with_cuda_only(Registry& reg) {
-  reg.declare(kMsDeformAttn);
-  reg.declare(kFakeQuantFp8);
-  reg.declare(kConv2dBiasAct);
-  reg.declare(kAttention);
-  register_cuda_kernels(reg);
-}
-
-Registry& cuda_only() {
-  static Registry* r = [] {
-    auto* reg = new Registry();
-    declare_with_cuda_only(*reg);
-    return reg;
-  }();
-  return *r;
-}
+using test::cuda_context;
+using test::cuda_only;
+using test::declare_with_cuda_only;
 
 at::Tensor run_cuda(const at::Tensor& x, const at::Tensor& scale) {
   auto out = cuda_only().bind(kFakeQuantFp8, cuda_context())(x, scale);

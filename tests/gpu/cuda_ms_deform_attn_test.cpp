@@ -54,31 +54,9 @@ using test::max_rel_diff;
   GTEST_SKIP() << "built without the CUDA kernels"
 
 /// A registry holding only the `cuda` implementations (no policy, no references).
-/// The context of a model on cuda:0 (what the cuda implementations bind to).
-BindContext cuda_context() {
-  BindContext c;
-  c.device = BindContext::Device::cuda;
-  c.device_index = 0;
-  return c;
-}
-
-/// A registry with the built-in slots declared and only the `cuda` implementations.
-void declare_with_cuda_only(Registry& reg) {
-  reg.declare(kMsDeformAttn);
-  reg.declare(kFakeQuantFp8);
-  reg.declare(kConv2dBiasAct);
-  reg.declare(kAttention);
-  register_cuda_kernels(reg);
-}
-
-Registry& cuda_only() {
-  static Registry* r = [] {
-    auto* reg = new Registry();
-    declare_with_cuda_only(*reg);
-    return reg;
-  }();
-  return *r;
-}
+using test::cuda_context;
+using test::cuda_only;
+using test::declare_with_cuda_only;
 
 struct Inputs {
   SpatialShapes levels;

@@ -14,6 +14,18 @@
 #include <string>
 #include <vector>
 
+#include "kernels/attention/dot_product_attention.h"
+#include "kernels/attention/ms_deform_attn.h"
+#include "kernels/conv/conv2d_bias_act.h"
+#include "kernels/quant/fake_quant_fp8.h"
+#include "kernels/registry.h"
+
+// Weak: without nvcc (CI) libreyolo_kernels lacks it, test_gpu still links, and the tests skip.
+namespace libreyolo::kernels {
+void register_cuda_kernels(Registry& registry)  // kernels/attention/cuda/register_cuda_kernels.cpp
+    __attribute__((weak));
+}  // namespace libreyolo::kernels
+
 namespace libreyolo::test {
 
 /// Every tensor of a safetensors file (F32, F64, I64), as CPU tensors. The format: 8-byte
@@ -107,6 +119,34 @@ inline int64_t bit_mismatches(const at::Tensor& a, const at::Tensor& b) {
   const auto both_nan = at::logical_and(at::isnan(x), at::isnan(y));
   const auto differ = at::ne(x.view(at::kInt), y.view(at::kInt));
   return at::logical_and(differ, at::logical_not(both_nan)).sum().item<int64_t>();
+}
+
+/// The context of a model on cuda:0 (what the cuda implementations bind to).
+inline kernels::BindContext cuda_context() {
+  kernels::BindContext c;
+  c.device = kernels::BindContext::Device::cuda;
+  c.device_index = 0;
+  return c;
+}
+
+/// Declares the built-in slots in `reg` and registers only the `cuda` implementations (no
+/// references: a decline then shows as std::nullopt).
+inline void declare_with_cuda_only(kernels::Registry& reg) {
+  reg.declare(kernels::kMsDeformAttn);
+  reg.declare(kernels::kFakeQuantFp8);
+  reg.declare(kernels::kConv2dBiasAct);
+  reg.declare(kernels::kAttention);
+  kernels::register_cuda_kernels(reg);
+}
+
+/// One process-wide registry made by declare_with_cuda_only.
+inline kernels::Registry& cuda_only() {
+  static kernels::Registry* r = [] {
+    auto* reg = new kernels::Registry();
+    declare_with_cuda_only(*reg);
+    return reg;
+  }();
+  return *r;
 }
 
 }  // namespace libreyolo::test
