@@ -89,6 +89,12 @@ void parse_server(const YAML::Node& n, const std::string& file, ServerConfig& c)
       // gRPC's sync server cannot poll and answer at once.
       if (i < 2 || i > 4096) fail(file, v, full + " must be between 2 and 4096");
       set(c.max_concurrent_rpcs, i, file, v);
+    } else if (key == "http_threads") {
+      const auto i = as<std::int64_t>(file, v, full, "an integer");
+      // Each is a thread started at once with an 8 MiB stack and may hold a request of up to
+      // max_message_bytes.
+      if (i < 2 || i > 1024) fail(file, v, full + " must be between 2 and 1024");
+      set(c.http_threads, i, file, v);
     } else if (key == "model_control") {
       const auto s = as<std::string>(file, v, full, "none or explicit");
       if (s != "none" && s != "explicit")
@@ -106,7 +112,7 @@ void parse_server(const YAML::Node& n, const std::string& file, ServerConfig& c)
            "unknown key " + full +
                " (expected grpc_address, http_address, drain_seconds, max_message_bytes, "
                "max_images_per_request, max_pixels_per_image, preprocess_threads, "
-               "max_concurrent_rpcs, model_control, log_level)");
+               "max_concurrent_rpcs, http_threads, model_control, log_level)");
     }
   }
 }
@@ -296,6 +302,7 @@ std::string describe(const ServerConfig& c) {
   row(out, "  ", "max_pixels_per_image", c.max_pixels_per_image);
   row(out, "  ", "preprocess_threads", c.preprocess_threads);
   row(out, "  ", "max_concurrent_rpcs", c.max_concurrent_rpcs);
+  row(out, "  ", "http_threads", c.http_threads);
   row(out, "  ", "model_control", c.model_control);
   row(out, "  ", "log_level", c.log_level);
   // Absolute, so that the printed file reads back to the same folder from wherever it is saved

@@ -27,16 +27,21 @@ struct ServerConfig {
 
   // server:
   Setting<std::string> grpc_address{"0.0.0.0:8001"};
-  Setting<std::string> http_address{"0.0.0.0:8000"};  ///< "" or "off": no HTTP admin port
+  Setting<std::string> http_address{"0.0.0.0:8000"};  ///< "" or "off": no HTTP port
   Setting<double> drain_seconds{10.0};                ///< readiness NOT_SERVING -> stop accepting
-  Setting<std::int64_t> max_message_bytes{67108864};  ///< gRPC receive/send limit, bytes
-  Setting<std::int64_t> max_images_per_request{64};   ///< images (batch N) per ModelInfer
+  /// gRPC receive/send limit and HTTP request body limit, bytes.
+  Setting<std::int64_t> max_message_bytes{67108864};
+  Setting<std::int64_t> max_images_per_request{64};      ///< images (batch N) per ModelInfer
   Setting<std::int64_t> max_pixels_per_image{40000000};  ///< width*height, checked from the header
   Setting<std::int64_t> preprocess_threads{0};  ///< CPU pool for decoding; 0: hardware threads
   /// gRPC handler threads, pollers included (grpc::ResourceQuota::SetMaxThreads): calls beyond
   /// are answered RESOURCE_EXHAUSTED at once instead of each holding a thread and its request.
   /// 2 to 4096.
   Setting<std::int64_t> max_concurrent_rpcs{256};
+  /// HTTP worker threads (server/http/http_server.h HttpOptions::threads): each serves one
+  /// connection at a time with an 8 MiB stack; up to 64 more connections wait, beyond that they
+  /// are answered 503 at once. 2 to 1024.
+  Setting<std::int64_t> http_threads{32};
   Setting<std::string> model_control{"none"};  ///< none | explicit (load/unload RPCs)
   Setting<std::string> log_level{"info"};      ///< debug | info | warn | error
 

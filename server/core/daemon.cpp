@@ -9,7 +9,7 @@
 
 #include "kernels/kernels.h"
 #include "log/log.h"
-#include "server/core/http_admin.h"
+#include "server/http/http_server.h"
 #include "server/rpc/grpc_server.h"
 
 namespace libreyolo::server {
@@ -30,7 +30,7 @@ struct Daemon::Impl {
   Metrics metrics;
   std::unique_ptr<ServerCore> core;
   std::unique_ptr<rpc::GrpcServer> grpc;
-  std::unique_ptr<HttpAdmin> http;
+  std::unique_ptr<http::HttpServer> http;
   bool stopped = false;
 
   // Readiness after start-up changes with model control (RepositoryModelLoad/Unload) and the
@@ -84,12 +84,14 @@ void Daemon::start(const std::function<void()>& on_serving) {
   if (!http_off(impl_->config.http_address.value)) {
     auto* core = impl_->core.get();
     auto* metrics = &impl_->metrics;
-    HttpHandlers h;
-    h.live = [core] { return core->live(); };
-    h.ready = [core] { return core->ready(); };
-    h.active_json = [core] { return core->active_json(); };
-    h.metrics_text = [metrics] { return metrics->serialize(); };
-    impl_->http = std::make_unique<HttpAdmin>(impl_->config.http_address.value, std::move(h));
+    http::AdminHandlers admin;
+    admin.active_json = [core] { return core->active_json(); };
+    admin.metrics_text = [metrics] { return metrics->serialize(); };
+    http::HttpOptions http_options;
+    http_options.address = impl_->config.http_address.value;
+    http_options.max_body_bytes = options.max_message_bytes;
+    http_options.threads = static_cast<int>(impl_->config.http_threads.value);
+    impl_->http = std::make_unique<http::HttpServer>(*core, http_options, std::move(admin));
   }
   log::info(c10::str("start-up: listening in ", since(t), " s"));
 
