@@ -36,6 +36,10 @@ build_debs=(
   libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc
   prometheus-cpp-dev libcivetweb-dev
   libturbojpeg0-dev libpng-dev libcurl4-openssl-dev libssl-dev
+  # The HTTP port (server/http/). Debian ships cpp-httplib as a compiled library with only a
+  # pkg-config file, whose Requires.private (openssl, zlib, libbrotli*) pkg-config resolves even
+  # for a shared build: their -dev packages must be there (apt pulls them as Depends too).
+  libcpp-httplib-dev zlib1g-dev libbrotli-dev
 )
 if [ "$mode" = image ]; then
   debs=("${build_debs[@]}")

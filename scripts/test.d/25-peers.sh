@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Real peers we did not write, against the real daemon on loopback (tests/peers): NVIDIA's
-# tritonclient (gRPC) and perf_analyzer, grpcio-health-checking, promtool and a Prometheus server.
+# tritonclient (gRPC and HTTP/REST) and perf_analyzer, grpcio-health-checking, promtool and a
+# Prometheus server.
 # Usage: scripts/test.d/25-peers.sh [BUILD_DIR]   (default build; needs BUILD_DIR/bin/libreyolo-server)
 # Environment: LIBREYOLO_VENV (the venv of scripts/setup.sh), LIBREYOLO_PERF_ANALYZER (default: the
 # copy scripts/setup.sh installs), LIBREYOLO_PEERS_KEEP=1 keeps the temporary folder.

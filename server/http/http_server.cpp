@@ -608,11 +608,18 @@ struct HttpServer::Impl {
       if (!encoding.empty() && encoding != "identity")
         return early(415, "Content-Encoding '" + encoding.substr(0, 32) +
                               "' is not supported: send the body uncompressed");
+      // httplib would parse a multipart body into parts (and the plain reader cannot take one).
+      if (req.is_multipart_form_data())
+        return early(415,
+                     "multipart/form-data is not supported: send JSON, or JSON and binary "
+                     "tensor data (Inference-Header-Content-Length)");
       if (req.has_header("Transfer-Encoding")) return httplib::Server::HandlerResponse::Unhandled;
       if (!req.has_header("Content-Length")) {
         if (r.kind == Route::infer)
           return early(411, "POST " + shown_path(req.path) + ": Content-Length is required");
-        return httplib::Server::HandlerResponse::Unhandled;
+        // No body (curl -X POST): httplib would read one until the connection ends.
+        handle_post(r, req, "", res);
+        return httplib::Server::HandlerResponse::Handled;
       }
       const std::string length = req.get_header_value("Content-Length");
       if (length.empty() || length.size() > 19 ||
@@ -665,37 +672,67 @@ struct HttpServer::Impl {
     }
   }
 
-  void serve_post(const httplib::Request& req, httplib::Response& res) {
-    const Route r = route_of(req.path);
+  /// POST endpoints read their body through httplib's content reader, not into req.body:
+  /// httplib's own body reading answers an `application/x-www-form-urlencoded` body (curl -d's
+  /// default type) over 8 KiB with 413 and parses it as a form.
+  void serve_post(const httplib::Request& req, httplib::Response& res,
+                  const httplib::ContentReader& reader) {
+    std::string body;
+    bool too_large = false;
+    const bool read = reader([&](const char* data, std::size_t n) {
+      if (body.size() + n > options.max_body_bytes) {
+        too_large = true;
+        return false;
+      }
+      body.append(data, n);
+      return true;
+    });
+    if (!read) {
+      if (tl_connection) {
+        tl_connection->close_after = true;
+        too_large = too_large || tl_connection->body_too_large;
+      }
+      res.set_header("Connection", "close");
+      if (too_large)
+        return send_error(res, 413,
+                          "request body exceeds server.max_message_bytes (" +
+                              std::to_string(options.max_body_bytes) + " bytes)");
+      return send_error(res, 400, "the request body could not be read (incomplete or too slow)");
+    }
+    handle_post(route_of(req.path), req, body, res);
+  }
+
+  void handle_post(const Route& r, const httplib::Request& req, const std::string& body,
+                   httplib::Response& res) {
     guarded(req, res, [&] {
       switch (r.kind) {
         case Route::repository_index:
           return send_json(res, 200,
                            render_repository_index(
-                               core->repository_index(parse_repository_index_request(req.body))));
+                               core->repository_index(parse_repository_index_request(body))));
         case Route::load:
-          check_repository_request(req.body, "the load request body");
+          check_repository_request(body, "the load request body");
           core->load_model(r.model);
           return send_json(res, 200, "{}");
         case Route::unload:
-          check_repository_request(req.body, "the unload request body");
+          check_repository_request(body, "the unload request body");
           core->unload_model(r.model);
           return send_json(res, 200, "{}");
         case Route::infer:
-          return infer(r, req, res);
+          return infer(r, req, body, res);
         default:
           return send_error(res, 404, "not found: " + shown_path(req.path));
       }
     });
   }
 
-  void infer(const Route& r, const httplib::Request& req, httplib::Response& res) {
+  void infer(const Route& r, const httplib::Request& req, const std::string& body,
+             httplib::Response& res) {
     std::optional<std::string> header;
     if (req.has_header("Inference-Header-Content-Length"))
       header = req.get_header_value("Inference-Header-Content-Length");
     ParsedInfer parsed = parse_infer_request(
-        req.body, header ? std::optional<std::string_view>(*header) : std::nullopt, r.model,
-        r.version);
+        body, header ? std::optional<std::string_view>(*header) : std::nullopt, r.model, r.version);
     if (tl_connection) {
       const int fd = tl_connection->fd;
       parsed.request.cancelled = [fd] { return peer_gone(fd); };
@@ -757,9 +794,9 @@ HttpServer::HttpServer(api::InferenceService& service, const HttpOptions& option
   s.set_pre_routing_handler([impl](const httplib::Request& req, httplib::Response& res) {
     return impl->pre_route(req, res);
   });
-  s.Post(".*", [impl](const httplib::Request& req, httplib::Response& res) {
-    impl->serve_post(req, res);
-  });
+  s.Post(".*",
+         [impl](const httplib::Request& req, httplib::Response& res,
+                const httplib::ContentReader& reader) { impl->serve_post(req, res, reader); });
   s.set_error_handler(httplib::Server::HandlerWithResponse(
       [impl](const httplib::Request& req, httplib::Response& res) {
         return impl->on_error(req, res);

@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cctype>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
@@ -240,6 +241,70 @@ inline HttpReply http_get(int port, const std::string& path) {
   if (raw.size() > 12) r.status = std::stoi(raw.substr(9, 3));
   const auto at = raw.find("\r\n\r\n");
   if (at != std::string::npos) r.body = raw.substr(at + 4);
+  return r;
+}
+
+/// One HTTP exchange read to its end: status, headers (names lower-cased), body.
+struct HttpExchange {
+  int status = 0;
+  std::map<std::string, std::string> headers;
+  std::string body;
+  std::string header(const std::string& lower_name) const {
+    const auto it = headers.find(lower_name);
+    return it == headers.end() ? std::string() : it->second;
+  }
+};
+
+/// Sends `method path` HTTP/1.1 with `Connection: close`, `Content-Length` (POST/PUT or a
+/// non-empty body) and `extra` header lines ("Name: value"), then reads the reply to EOF.
+/// `send_length` false leaves Content-Length out.
+inline HttpExchange http_request(int port, const std::string& method, const std::string& path,
+                                 const std::string& body = "",
+                                 const std::vector<std::string>& extra = {},
+                                 bool send_length = true) {
+  HttpExchange r;
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
+    ::close(fd);
+    return r;
+  }
+  std::string req = method + " " + path + " HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n";
+  if (send_length && (method == "POST" || method == "PUT" || !body.empty()))
+    req += "Content-Length: " + std::to_string(body.size()) + "\r\n";
+  for (const auto& h : extra) req += h + "\r\n";
+  req += "\r\n" + body;
+  std::size_t at = 0;
+  while (at < req.size()) {
+    const ssize_t n = ::send(fd, req.data() + at, req.size() - at, MSG_NOSIGNAL);
+    if (n <= 0) break;
+    at += static_cast<std::size_t>(n);
+  }
+  std::string raw;
+  char buf[65536];
+  ssize_t n;
+  while ((n = ::recv(fd, buf, sizeof(buf), 0)) > 0) raw.append(buf, static_cast<size_t>(n));
+  ::close(fd);
+  const auto end = raw.find("\r\n\r\n");
+  if (raw.size() < 12 || end == std::string::npos) return r;
+  r.status = std::stoi(raw.substr(9, 3));
+  std::size_t line = raw.find("\r\n") + 2;
+  while (line < end) {
+    const auto eol = raw.find("\r\n", line);
+    const auto colon = raw.find(':', line);
+    if (colon != std::string::npos && colon < eol) {
+      std::string name = raw.substr(line, colon - line);
+      for (auto& ch : name) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+      std::string value = raw.substr(colon + 1, eol - colon - 1);
+      while (!value.empty() && value.front() == ' ') value.erase(0, 1);
+      r.headers[name] = value;
+    }
+    line = eol + 2;
+  }
+  r.body = raw.substr(end + 4);
   return r;
 }
 

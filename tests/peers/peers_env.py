@@ -14,7 +14,7 @@ if _missing:
     raise RuntimeError(f"{_missing} not set: run these tests through scripts/test.d/25-peers.sh BUILD_DIR")
 
 GRPC = os.environ["LIBREYOLO_PEERS_GRPC"]  # 127.0.0.1:PORT, inference.GRPCInferenceService + health
-HTTP = os.environ["LIBREYOLO_PEERS_HTTP"]  # 127.0.0.1:PORT, the HTTP admin port (/metrics)
+HTTP = os.environ["LIBREYOLO_PEERS_HTTP"]  # 127.0.0.1:PORT, the HTTP port (KServe v2 REST, /metrics)
 WORK = os.environ["LIBREYOLO_PEERS_WORK"]  # temporary folder, removed by the script
 ROOT = os.environ.get("LIBREYOLO_SOURCE_DIR",
                       os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
