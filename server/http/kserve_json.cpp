@@ -261,7 +261,7 @@ json output_data(const api::OutputTensor& t, std::uint64_t count) {
     return out;
   }
   if (size == 0) internal("unknown datatype " + t.datatype);
-  if (d.size() != count * size)
+  if (d.size() % size != 0 || d.size() / size != count)
     internal(std::to_string(d.size()) + " bytes for shape " + shape_text(t.shape) + " of " +
              t.datatype);
   const char* p = d.data();
@@ -518,8 +518,12 @@ RenderedBody render_infer_response(const api::InferResponse& response, const Out
   bool any_binary = false;
   for (const auto& t : response.outputs) {
     json o = {{"name", t.name}, {"datatype", t.datatype}, {"shape", t.shape}};
+    // Saturating: a shape whose product overflows matches no data (output_data refuses it).
     std::uint64_t count = 1;
-    for (const auto d : t.shape) count *= static_cast<std::uint64_t>(d < 0 ? 0 : d);
+    for (const auto d : t.shape) {
+      const auto u = static_cast<std::uint64_t>(d < 0 ? 0 : d);
+      count = u != 0 && count > UINT64_MAX / u ? UINT64_MAX : count * u;
+    }
     if (format.is_binary(t.name)) {
       o["parameters"] = {{"binary_data_size", t.data.size()}};
       binary += t.data;
