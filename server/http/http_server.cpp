@@ -465,12 +465,14 @@ std::pair<std::string, int> split_address(const std::string& address) {
 /// httplib::Server with our connection loop (see the file comment).
 class Server final : public httplib::Server {
  public:
-  explicit Server(const HttpOptions& options) : options_(options) {
-    new_task_queue = [this] {
-      auto* pool = new WorkerPool(options_.threads, options_.max_waiting, options_.stack_bytes);
-      pool_.store(pool);
-      return pool;
-    };
+  /// Starts the workers here, so that a thread that cannot start is a start-up error (thrown
+  /// to the daemon) rather than an exception on the listener thread. httplib takes the pool
+  /// over when its accept loop starts (new_task_queue) and deletes it after joining it.
+  explicit Server(const HttpOptions& options)
+      : options_(options),
+        pool_(new WorkerPool(options.threads, options.max_waiting, options.stack_bytes)),
+        owned_pool_(pool_.load()) {
+    new_task_queue = [this] { return owned_pool_.release(); };
   }
   std::atomic<bool> stopping{false};
 
@@ -561,6 +563,7 @@ class Server final : public httplib::Server {
 
   const HttpOptions options_;
   std::atomic<WorkerPool*> pool_{nullptr};
+  std::unique_ptr<WorkerPool> owned_pool_;  ///< until httplib takes it
 };
 
 struct HttpServer::Impl {
@@ -825,8 +828,13 @@ HttpServer::HttpServer(api::InferenceService& service, const HttpOptions& option
   }
   if (impl_->port <= 0)
     throw std::runtime_error("HTTP: cannot listen on " + options.address + " (" + why + ")");
-  impl_->listener = std::make_unique<FixedStackThread>(
-      options.stack_bytes, [impl] { impl->server->listen_after_bind(); });
+  impl_->listener = std::make_unique<FixedStackThread>(options.stack_bytes, [impl] {
+    try {
+      impl->server->listen_after_bind();
+    } catch (const std::exception& e) {
+      log::error(std::string("HTTP: the accept loop ended: ") + e.what());
+    }
+  });
   // stop() does nothing until the accept loop runs: wait for it, so that the destructor can
   // always end it.
   for (int i = 0; i < 5000 && !s.is_running(); ++i)
