@@ -82,7 +82,7 @@ echo "== top classes for tests/fixtures/images/coffee.jpg (random-weight ViT)"
 "$build/bin/libreyolo-client" classify --image tests/fixtures/images/coffee.jpg --server "$grpc" \
   --model vit_tiny --top-k 3
 if [ "$http" = off ] || [ "$http" = none ] || [ -z "$http" ]; then
-  echo "== HTTP admin port off: no /active"
+  echo "== HTTP port off: no /active"
 else
   echo "== kernel slots (GET http://$http/active)"
   curl -fsS "http://$http/active" | "${LIBREYOLO_VENV:-$HOME/.cache/libreyolo-server/venv-torch2.11}/bin/python" -c '
@@ -96,7 +96,7 @@ print("  fallback events:", len(d["fallback_events"]), " tf32:", d["torch"]["tf3
 print("  model_repository:", d["server"]["model_repository"]["value"])
 '
 fi
-echo "== serving: gRPC $grpc, HTTP admin http://$http (metrics, active, health). Ctrl-C drains and stops."
+echo "== serving: gRPC $grpc, HTTP http://$http (KServe v2 REST, metrics, active, health). Ctrl-C drains and stops."
 if [ "${LIBREYOLO_RUN_ONCE:-0}" = 1 ]; then
   kill -INT "$server"
 fi
