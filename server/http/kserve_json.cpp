@@ -212,7 +212,8 @@ std::string string_member(const json& object, const char* key, const std::string
 json parse_json(std::string_view text, const char* what) {
   try {
     return json::parse(text.begin(), text.end());
-  } catch (const json::parse_error& e) {
+  } catch (
+      const json::exception& e) {  // parse_error, and out_of_range for 1e999 (found by fuzzing)
     bad(std::string(what) + " is not valid JSON: " + e.what());
   }
 }
