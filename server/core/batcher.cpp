@@ -208,7 +208,14 @@ std::unique_ptr<Batcher::InFlight> Batcher::launch(std::vector<std::shared_ptr<B
     if (!masks.empty()) pad_to_largest(pixels, masks);
     at::Tensor pv;
     const bool cuda = model_->device.is_cuda();
-    if (cuda) {
+    // CUDA shared-memory inputs are device tensors already (server/core/image_inputs.cpp):
+    // assembled on the model's device, never staged through the host.
+    const bool on_device =
+        std::any_of(pixels.begin(), pixels.end(), [](const at::Tensor& p) { return p.is_cuda(); });
+    if (on_device) {
+      for (auto& p : pixels) p = p.to(model_->device, /*non_blocking=*/true);
+      pv = (pixels.size() == 1 ? pixels[0] : at::cat(pixels, 0)).to(model_->dtype);
+    } else if (cuda) {
       // Staged in pinned memory (PyTorch's caching host allocator reuses the block), so the
       // host-to-device copy runs at full PCIe rate and does not block the host.
       auto first = pixels[0];

@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <future>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <thread>
 #include <tuple>
 
@@ -652,21 +653,30 @@ api::InferResponse ServerCore::infer_on(Serving& serving, api::InferRequest& req
     job->deadline =
         Clock::now() + std::chrono::microseconds(m->serving.default_timeout_microseconds);
   }
-  job->cancelled = request.cancelled;
+  const std::shared_ptr<api::CancelToken> token = request.cancel;
+  if (token) job->cancelled = [token] { return token->cancelled(); };
   auto future = batcher->submit(job);
   // A cancelled call frees its queue slot at once (one already running finishes; gRPC drops its
-  // answer). gRPC reports a passed deadline as cancelled too: that one is DEADLINE_EXCEEDED.
-  if (request.cancelled) {
-    while (future.wait_for(std::chrono::milliseconds(5)) != std::future_status::ready) {
-      if (request.cancelled()) {
-        const bool expired =
-            job->deadline && Clock::now() + std::chrono::milliseconds(20) >= *job->deadline;
-        batcher->cancel(job, expired ? Code::deadline_exceeded : Code::cancelled);
-        break;
-      }
+  // answer): the token's notification takes the job out of the queue and answers it with the
+  // token's reason (CANCELLED, or DEADLINE_EXCEEDED from the transport's deadline timer), which
+  // wakes future.get() below. No polling: the wait ends with the answer or the notification.
+  std::optional<BatchResult> result;
+  if (token) {
+    const int id = token->subscribe([batcher, job, token] {
+      batcher->cancel(job, token->reason() == Code::deadline_exceeded ? Code::deadline_exceeded
+                                                                      : Code::cancelled);
+    });
+    try {
+      result.emplace(future.get());
+    } catch (...) {
+      token->unsubscribe(id);
+      throw;
     }
+    token->unsubscribe(id);
+  } else {
+    result.emplace(future.get());
   }
-  BatchResult r = future.get();  // throws api::Error (deadline, cancelled, failure)
+  BatchResult& r = *result;  // future.get() threw api::Error (deadline, cancelled, failure)
   metrics_.queue(entry.name, entry.version, r.queue_seconds);
   metrics_.compute(entry.name, entry.version, r.input_seconds + r.infer_seconds + r.output_seconds);
   {
