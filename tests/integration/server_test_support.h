@@ -35,11 +35,17 @@ namespace fs = std::filesystem;
 struct FakeState {
   std::mutex mu;
   std::vector<int64_t> batch_sizes;  ///< one entry per forward
+  std::vector<double> pixel_sums;    ///< one entry per forward: the sum of its pixel_values
   std::atomic<int> sleep_ms{0};      ///< per forward
   void reset() {
     std::lock_guard<std::mutex> lk(mu);
     batch_sizes.clear();
+    pixel_sums.clear();
     sleep_ms = 0;
+  }
+  std::vector<double> sums() {
+    std::lock_guard<std::mutex> lk(mu);
+    return pixel_sums;
   }
   std::vector<int64_t> batches() {
     std::lock_guard<std::mutex> lk(mu);
@@ -63,6 +69,7 @@ class FakeDetector : public models::Model {
     {
       std::lock_guard<std::mutex> lk(st.mu);
       st.batch_sizes.push_back(pixel_values.size(0));
+      st.pixel_sums.push_back(pixel_values.to(at::kDouble).sum().item<double>());
     }
     if (int ms = st.sleep_ms.load()) std::this_thread::sleep_for(std::chrono::milliseconds(ms));
     const int64_t b = pixel_values.size(0);
