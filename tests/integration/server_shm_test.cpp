@@ -203,7 +203,7 @@ TEST_F(Shm, SystemRegisterStatusUnregisterWithTritonsMessages) {
   r = call("SystemSharedMemoryStatus", "");
   EXPECT_EQ(r.text, "regions {\n  key: \"in2\"\n  value {\n    name: \"in2\"\n    key: \"" +
                         obj.key() + "\"\n    byte_size: 4096\n  }\n}\n");  // offset 0: not printed
-  EXPECT_TRUE(call("SystemSharedMemoryUnregister", "").ok());  // every system region
+  EXPECT_TRUE(call("SystemSharedMemoryUnregister", "").ok());              // every system region
   EXPECT_EQ(call("SystemSharedMemoryStatus", "").text, "");
   // A name is free again once unregistered.
   EXPECT_TRUE(register_system("in", obj.key(), 0, 16).ok());
@@ -472,6 +472,42 @@ TEST_F(Shm, CancellationOfAQueuedRequestIsNotified) {
   EXPECT_EQ(FakeState::get().batches().size(), 1u);
   EXPECT_TRUE(running->wait().ok());
   EXPECT_EQ(FakeState::get().batches(), std::vector<int64_t>{1});
+}
+
+/// api::CancelToken: the first cancel() wins and runs every subscriber once with its reason; a
+/// subscription after the cancellation runs at once; an unsubscribed callback never runs, and
+/// unsubscribe() waits while cancel() runs the callbacks on another thread.
+TEST(CancelToken, NotifiesOnceWithTheReason) {
+  api::CancelToken token;
+  EXPECT_FALSE(token.cancelled());
+  EXPECT_EQ(token.reason(), Code::ok);
+  int a = 0, b = 0;
+  const int ida = token.subscribe([&] { ++a; });
+  const int idb = token.subscribe([&] { ++b; });
+  EXPECT_GT(ida, 0);
+  token.unsubscribe(idb);
+  token.cancel(Code::deadline_exceeded);
+  token.cancel(Code::cancelled);  // ignored
+  EXPECT_TRUE(token.cancelled());
+  EXPECT_EQ(token.reason(), Code::deadline_exceeded);
+  EXPECT_EQ(a, 1);
+  EXPECT_EQ(b, 0);
+  int late = 0;
+  EXPECT_EQ(token.subscribe([&] { ++late; }), 0);
+  EXPECT_EQ(late, 1);
+
+  api::CancelToken slow;
+  std::atomic<bool> running{false}, returned{false};
+  const int id = slow.subscribe([&] {
+    running = true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    returned = true;
+  });
+  std::thread canceller([&] { slow.cancel(); });
+  while (!running) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  slow.unsubscribe(id);
+  EXPECT_TRUE(returned.load()) << "unsubscribe returned while the callback still ran";
+  canceller.join();
 }
 
 // ---- stop with idle client channels ----------------------------------------------------------
