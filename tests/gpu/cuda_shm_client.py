@@ -141,13 +141,15 @@ def main():
             check(e.status() == "StatusCode.ALREADY_EXISTS"
                   and e.message() == "shared memory region 'pixels' already in manager",
                   f"a duplicate name is ALREADY_EXISTS: {e.status()} {e.message()}")
+        c.unregister_cuda_shared_memory()
+        check(len(c.get_cuda_shared_memory_status().regions) == 0, "unregister leaves no region")
+        # After the unregister: a second open of one handle in the daemon may share its mapping.
         try:
             c.register_cuda_shared_memory("huge", h_in, 0, bytes_in * 1000)
             check(False, "a byte_size beyond the allocation is refused")
+            c.unregister_cuda_shared_memory("huge")
         except InferenceServerException as e:
             check(e.status() == "StatusCode.INVALID_ARGUMENT", f"beyond the allocation: {e.status()} {e.message()}")
-        c.unregister_cuda_shared_memory()
-        check(len(c.get_cuda_shared_memory_status().regions) == 0, "unregister leaves no region")
     finally:
         if daemon:
             daemon.send_signal(signal.SIGTERM)
