@@ -668,9 +668,9 @@ class SlowService : public api::InferenceService {
 };
 
 /// Many concurrent calls against a server whose handler threads (the bounded executor of
-/// ModelInfer) are all busy: the extra calls are answered RESOURCE_EXHAUSTED at once (each used to get its own thread holding its
-/// request: 12 concurrent 30 MB pixel_values requests grew the daemon by 1.3 GB and 11 threads,
-/// without bound), and the server answers normally afterwards.
+/// ModelInfer) are all busy: the extra calls are answered RESOURCE_EXHAUSTED at once (each used to
+/// get its own thread holding its request: 12 concurrent 30 MB pixel_values requests grew the
+/// daemon by 1.3 GB and 11 threads, without bound), and the server answers normally afterwards.
 TEST(ServerHostileGrpc, HandlerThreadsAreBounded) {
   SlowService service;
   rpc::GrpcOptions options;
