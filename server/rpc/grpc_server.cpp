@@ -1037,10 +1037,9 @@ void GrpcServer::shutdown(double grace_seconds) {
   impl_->stopped = true;
   const auto deadline = std::chrono::system_clock::now() +
                         std::chrono::milliseconds(static_cast<long>(grace_seconds * 1000));
-  // Callback API: no sync threads to wake (the sync server's pollers kept a stop with idle
-  // client channels waiting for seconds). In-flight calls get until `deadline`, then gRPC
-  // cancels them (OnCancel: a request still queued is answered at once).
   // Health Watch streams never end on their own: finished first, they do not hold the grace.
+  // In-flight calls get until `deadline`, then gRPC cancels them (OnCancel: a request still
+  // queued is answered at once).
   impl_->health->shutdown();
   impl_->server->Shutdown(deadline);
   impl_->server->Wait();

@@ -536,7 +536,7 @@ class IdleService : public api::InferenceService {
 };
 
 /// Four client channels connected and idle: shutdown(5 s grace) returns promptly (no call is
-/// in flight, so nothing waits for the grace period; the sync server took seconds).
+/// in flight, so nothing waits for the grace period).
 TEST(ShmStop, StopWithIdleChannelsIsPrompt) {
   IdleService service;
   rpc::GrpcOptions options;
