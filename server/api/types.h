@@ -63,7 +63,7 @@ using Parameter = std::variant<bool, std::int64_t, std::string, double, std::uin
 /// device pointer (cudaIpcOpenMemHandle of the client's region + offset, valid for the call)
 /// on CUDA device `device_index`, `device_bytes` its size. The transport sends only
 /// fixed-size datatypes this way; the core wraps it without a copy
-/// (server/core/image_inputs.cpp, parse_pixels).
+/// (server/tasks/image_inputs.cpp, parse_pixels).
 struct InputTensor {
   std::string name;
   std::string datatype;  ///< "FP32", "BYTES", ...

@@ -32,7 +32,7 @@ namespace pb = ::inference;
 /// Longest status message sent, bytes. The message travels in the grpc-message trailer and
 /// clients refuse metadata above 8 KiB (grpc.max_metadata_size): a longer one reached the client
 /// as RESOURCE_EXHAUSTED "received metadata size exceeds limit" instead of the real status. The
-/// core clips the names it echoes (server/core/model_name.h quoted_name); this is the net for
+/// core clips the names it echoes (server/repository/model_name.h quoted_name); this is the net for
 /// any other echoed text (input and output names).
 constexpr std::size_t kMaxStatusMessageBytes = 2048;
 

@@ -2,7 +2,7 @@
 // test binary re-executed as a helper) cudaMallocs the fixture's pixel_values, exports a
 // cudaIpcMemHandle_t and keeps the allocation alive; the daemon, serving rtdetr_tiny on CUDA,
 // registers the handle (CudaSharedMemoryRegister), takes pixel_values from the region as a
-// device tensor (no host copy: api::InputTensor::device_data, server/core/image_inputs.cpp); the
+// device tensor (no host copy: api::InputTensor::device_data, server/tasks/image_inputs.cpp); the
 // detections equal the transformers fixture. (Outputs written into a CUDA region are checked by
 // tests/gpu/cuda_shm_client.py, where the client reads its own memory.) Skips without a
 // CUDA device, and compiles without CUDA (then it skips too).
@@ -14,7 +14,7 @@
 
 #include "models/core/safetensors.h"
 #include "server/core/config.h"
-#include "server/core/daemon.h"
+#include "server/app/daemon.h"
 #include "server/rpc/client.h"
 #include "server/shm/registry.h"
 #include "server_test_support.h"

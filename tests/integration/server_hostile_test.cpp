@@ -9,8 +9,8 @@
 #include <cstring>
 #include <future>
 
+#include "server/app/daemon.h"
 #include "server/core/config.h"
-#include "server/core/daemon.h"
 #include "server/rpc/client.h"
 #include "server/rpc/grpc_server.h"
 #include "server_test_support.h"
@@ -231,8 +231,8 @@ TEST_F(ServerHostile, MalformedRequestsAreInvalidArgument) {
       {"RT-DETR at 1x1 pixels",
        pixels("rtdetr_tiny", "[1,3,1,1]"),
        {floats(3, 0.5f)},
-       "model 'rtdetr_tiny': pixel_values: height and width must be positive multiples of 32, "
-       "found 1x1"},
+       "model 'rtdetr_tiny': rt_detr: pixel_values must be (B, 3, H, W) with B >= 1 and H, W >= "
+       "32 and multiples of 32, got [1, 3, 1, 1]"},
       {"ViT at 1x1 pixels",
        pixels("vit_tiny", "[1,3,1,1]"),
        {floats(3, 0.5f)},

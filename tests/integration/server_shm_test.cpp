@@ -18,7 +18,7 @@
 #include <thread>
 
 #include "server/core/config.h"
-#include "server/core/daemon.h"
+#include "server/app/daemon.h"
 #include "server/rpc/client.h"
 #include "server/rpc/grpc_server.h"
 #include "server/shm/registry.h"

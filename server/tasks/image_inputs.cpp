@@ -1,4 +1,4 @@
-#include "server/core/image_inputs.h"
+#include "server/tasks/image_inputs.h"
 
 #include <c10/util/StringUtil.h>
 
