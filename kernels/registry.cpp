@@ -347,6 +347,7 @@ std::shared_ptr<const detail::Binding> Registry::bind_entry(const std::string& s
   auto binding = std::make_shared<detail::Binding>();
   binding->slot = slot;
   binding->model = context.model;
+  binding->instance = context.instance;
   binding->registry = this;
   if (snap) {
     const Filter& filter = model_filter ? *model_filter : process_filter;
@@ -461,6 +462,7 @@ std::vector<BindingReport> Registry::bindings() const {
   for (const auto& b : live) {
     BindingReport r;
     r.model = b->model;
+    r.instance = b->instance;
     r.slot = b->slot;
     r.selected = kUnavailable;
     for (const auto& c : b->candidates) {
@@ -488,7 +490,7 @@ std::vector<BindingReport> Registry::bindings() const {
     out.push_back(std::move(r));
   }
   std::sort(out.begin(), out.end(), [](const BindingReport& a, const BindingReport& b) {
-    return std::tie(a.model, a.slot) < std::tie(b.model, b.slot);
+    return std::tie(a.model, a.instance, a.slot) < std::tie(b.model, b.instance, b.slot);
   });
   return out;
 }

@@ -100,6 +100,7 @@ struct SlotReport {
 /// counters, and every implementation it does not call with the reason.
 struct BindingReport {
   std::string model;
+  std::string instance;  ///< BindContext::instance ("" for a model of one instance)
   std::string slot;
   std::string selected;                     ///< first candidate not disabled, or kUnavailable
   std::vector<CandidateReport> candidates;  ///< bound (eligible) first, then the rejected ones

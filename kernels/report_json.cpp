@@ -51,8 +51,9 @@ nlohmann::json kernels_json(Registry& registry, const Policy& p, bool built_with
   }
   j["bindings"] = nlohmann::json::object();
   for (const auto& b : registry.bindings()) {
-    j["bindings"][b.model][b.slot] = {{"selected", b.selected},
-                                      {"candidates", candidates_json(b.candidates)}};
+    // Instances of one model (the server's instance_group) each report their own handles.
+    j["bindings"][b.instance.empty() ? b.model : b.instance][b.slot] = {
+        {"selected", b.selected}, {"candidates", candidates_json(b.candidates)}};
   }
   j["providers"] = nlohmann::json::array();
   for (const auto& pr : registry.providers())

@@ -46,6 +46,7 @@ struct BindContext {
   int device_index = -1;          ///< -1: none / current
   std::string dtype = "float32";  ///< "float32" | "float16" | "bfloat16"
   std::string model;              ///< the model's name, for reports ("" for the process default)
+  std::string instance;           ///< the model instance ("<model>_<i>"), "" for a single one
 };
 
 /// Bind-time capability check: nullptr when `impl` can serve models of this context, else the
@@ -86,6 +87,7 @@ struct BoundCandidate {
 struct Binding {
   std::string slot;
   std::string model;
+  std::string instance;
   std::vector<BoundCandidate> candidates;
   /// Implementations not bound, with the reason (policy, predicate, capability, disabled).
   std::vector<std::pair<std::string, std::string>> rejected;

@@ -57,6 +57,42 @@ std::string dtype_name(at::ScalarType dtype) {
   return "float32";
 }
 
+/// config[key] as T, or `fallback` when absent or null; another type is an error naming the
+/// file and the key (nlohmann's own type_error names neither).
+template <class T>
+T field(const nlohmann::json& config, const std::string& file, const char* key, T fallback) {
+  const auto it = config.find(key);
+  if (it == config.end() || it->is_null()) return fallback;
+  try {
+    return it->get<T>();
+  } catch (const std::exception& e) {
+    throw std::runtime_error(file + ": field '" + key + "': " + e.what());
+  }
+}
+
+/// What the server and the tools need to know of the checkpoint, read here once.
+ModelDescription describe(const Model& model, const nlohmann::json& config,
+                          const std::string& file) {
+  ModelDescription d;
+  d.model_type = model.model_type();
+  d.task = model.task();
+  const auto labels = config.find("id2label");
+  d.num_labels =
+      labels != config.end() && labels->is_object()
+          ? static_cast<int64_t>(labels->size())
+          : (model.id2label().empty() ? -1 : static_cast<int64_t>(model.id2label().size()));
+  if (d.task == Task::object_detection) {
+    d.num_queries = field<int64_t>(config, file, "num_queries", int64_t{-1});
+    d.use_focal_loss = field<bool>(config, file, "use_focal_loss", true);
+    try {
+      d.head = image::detection_head_for(d.model_type);
+    } catch (const std::exception& e) {
+      throw std::runtime_error(file + ": model_type: " + e.what());
+    }
+  }
+  return d;
+}
+
 std::string folder_name(const std::string& dir) {
   std::string d = dir;
   while (d.size() > 1 && d.back() == '/') d.pop_back();
@@ -80,6 +116,7 @@ std::unique_ptr<Model> load_model(const std::string& dir, const LoadOptions& req
                              std::string(c10::toString(options.dtype)) +
                              " (supported: float32, float16, bfloat16)");
   auto model = load_family(dir, config, view, options);
+  model->description_ = describe(*model, config, file);
   // Layouts rewrite the loaded tensors once (models/layouts/layouts.h); off leaves the modules
   // exactly as loaded. Before binding: a folded module binds the slot its new forward calls.
   model->layout_reports_ = layouts::apply_layouts(
@@ -95,6 +132,7 @@ std::unique_ptr<Model> load_model(const std::string& dir, const LoadOptions& req
   context.device_index = options.device.has_index() ? options.device.index() : -1;
   context.dtype = dtype_name(options.dtype);
   context.model = options.name.empty() ? folder_name(dir) : options.name;
+  context.instance = options.instance;
   model->bind_kernels(registry, context, registry.filter().overridden(options.kernel_slots));
   return model;
 }

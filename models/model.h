@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "kernels/registry.h"
+#include "models/image/postprocess.h"
 #include "models/layers/bound_kernels.h"
 #include "models/layouts/options.h"
 
@@ -38,10 +39,38 @@ struct LoadOptions {
   kernels::SlotAllow kernel_slots;
   /// The model's name in kernel reports and fallback events ("" = the folder's name).
   std::string name;
+  /// The instance's name when the model has several (the server's instance_group:
+  /// "<model>_<i>"): its kernel bindings are reported under it. "" for one instance.
+  std::string instance;
   /// Which layouts (models/layouts/) transform the loaded modules; applied once, after the
   /// checkpoint's tensors are loaded.
   LayoutOptions layouts;
 };
+
+/// What a loaded checkpoint is, read from its config.json once by load_model: its users (the
+/// server's task adapters, the tools) read nothing else, so config.json is parsed in one place.
+struct ModelDescription {
+  std::string model_type;  ///< config.json `model_type` ("rt_detr", "vit", ...)
+  Task task = Task::object_detection;
+  /// C, the logits' class dimension: config.json `id2label` size when it has one, else -1.
+  int64_t num_labels = -1;
+  /// Detectors: Q, the query count of `logits`/`pred_boxes` (config.json `num_queries`); -1 else.
+  int64_t num_queries = -1;
+  /// Detectors: the family's post-processor (transformers' post_process_object_detection).
+  image::DetectionHead head = image::DetectionHead::rt_detr;
+  /// Detectors: config.json `use_focal_loss` (RT-DETR lineage; default true: sigmoid scores).
+  bool use_focal_loss = true;
+};
+
+/// The one input rule of every family's forward() (models/model.cpp): pixel_values must be
+/// (B >= 1, `channels`, H, W) with H, W >= `min_size` and multiples of `multiple`, of a
+/// floating dtype the models compute in (float32, float16, bfloat16). Throws
+/// std::invalid_argument "<model_type>: pixel_values must be (B, C, H, W) with B >= 1 and
+/// H, W >= m[ and multiples of k], got [...]" or "<model_type>: pixel_values must be float32,
+/// float16 or bfloat16, got Double". forward() then converts to the model's dtype and device
+/// (at::Tensor::to: no copy when they already match, which is what the server sends).
+void check_pixel_values(const std::string& model_type, const at::Tensor& pixel_values,
+                        int64_t channels, int64_t min_size = 1, int64_t multiple = 1);
 
 /// Raw model outputs. Detectors: `logits` (B, Q, num_labels) and `pred_boxes` (B, Q, 4) as
 /// (cx, cy, w, h) normalised to [0, 1], both float32 on the model's device regardless of the
@@ -92,11 +121,18 @@ class Model {
 
   /// The layouts load_model applied, in application order (empty: none).
   const std::vector<LayoutReport>& layouts() const { return layout_reports_; }
+  /// What load_model read of config.json (task, labels, queries, post-processing).
+  const ModelDescription& description() const { return description_; }
 
  private:
   friend std::unique_ptr<Model> load_model(const std::string& dir, const LoadOptions& options);
   layers::BoundKernels kernels_;
   std::vector<LayoutReport> layout_reports_;
+
+ protected:
+  /// Filled by load_model from config.json; a Model made without load_model (a test's fake)
+  /// fills it itself.
+  ModelDescription description_;
 };
 
 /// Loads a checkpoint folder (config.json + model.safetensors [+ preprocessor_config.json]),

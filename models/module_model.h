@@ -34,22 +34,12 @@ class ModuleModel : public Model {
   torch::nn::Module& root() override { return *net_; }
 
  protected:
-  /// Throws std::invalid_argument naming the model type unless pixel_values is
-  /// (B >= 1, `channels`, H >= min_size, W >= min_size) in the model's dtype on its device.
-  void check_pixel_values(const at::Tensor& pixel_values, int64_t channels,
-                          int64_t min_size = 1) const {
-    if (!pixel_values.defined() || pixel_values.dim() != 4 || pixel_values.size(1) != channels ||
-        pixel_values.size(0) < 1 || pixel_values.size(2) < min_size ||
-        pixel_values.size(3) < min_size) {
-      throw std::invalid_argument(c10::str(
-          model_type_, ": pixel_values must be (B, ", channels, ", H, W) with B >= 1 and H, W >= ",
-          min_size, ", got ", pixel_values.defined() ? pixel_values.sizes() : at::IntArrayRef{}));
-    }
-    if (pixel_values.scalar_type() != options_.dtype || pixel_values.device() != options_.device) {
-      throw std::invalid_argument(
-          c10::str(model_type_, ": pixel_values must be ", options_.dtype, " on ", options_.device,
-                   ", got ", pixel_values.scalar_type(), " on ", pixel_values.device()));
-    }
+  /// The one input rule (models::check_pixel_values), then the conversion to the model's dtype
+  /// and device (no copy when they match). Throws std::invalid_argument naming the model type.
+  at::Tensor checked_input(const at::Tensor& pixel_values, int64_t channels,
+                           int64_t min_size = 1) const {
+    models::check_pixel_values(model_type_, pixel_values, channels, min_size);
+    return pixel_values.to(options_.device, options_.dtype);
   }
 
   std::string model_type_;

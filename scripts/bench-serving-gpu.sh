@@ -13,7 +13,10 @@
 # (1,2,4,8,16,32,64), MODEL (rtdetr_r50vd), DEVICE (cuda; cpu only to try the script itself),
 # FORWARD (images/s: skips the forward-only measurement and uses this number instead), DTYPE
 # (float32; or bfloat16/float16), CUDA_GRAPHS (off; on: serving.yaml cuda_graphs and
-# libreyolo-bench-models --cuda-graph). Both sides run with TF32 off (the daemon's `tf32: off`).
+# libreyolo-bench-models --cuda-graph), SHM (empty; a comma list of system,cuda: also serve the
+# batch-8 pixel_values from a registered shared-memory region, libreyolo-bench --shm KIND, the
+# issue-15 target: served >= 0.90 x forward-only). Both sides run with TF32 off (the daemon's
+# `tf32: off`).
 # Writes to $OUT: summary.txt, forward_only.log, serving_*.{csv,json,log}, server.log,
 # bench_serving_gpu.json (everything together, with the ratio).
 # Exit status: 0 when every measurement ran (whether or not the target is met; summary.txt says),
@@ -165,6 +168,9 @@ bench() {
 status=0
 bench pixel_values_b1 "$concurrency" --shape 1,3,640,640 --channels 4 || status=1
 bench pixel_values_b8 1,2,4,8 --shape 8,3,640,640 --channels 4 || status=1
+for kind in $(echo "${SHM:-}" | tr ',' ' '); do
+  bench "pixel_values_b8_shm_$kind" 1,2,4,8 --shape 8,3,640,640 --channels 4 --shm "$kind" || status=1
+done
 bench images_b1 "$concurrency" --image tests/fixtures/images/astronaut.jpg --channels 4 || status=1
 kill -0 "$daemon" 2>/dev/null || { note "FAIL: the daemon died; tail of its log: $(tail -5 "$work/server.log" | tr '\n' ' ')"; status=1; }
 curl -sf "http://127.0.0.1:$hp/metrics" -o "$OUT/metrics.txt" || true
@@ -184,6 +190,9 @@ for name, r in runs.items():
         best[name] = max(ok, key=lambda s: s["inferences_per_s"])
 tensor = {k: v for k, v in best.items() if k.startswith("pixel_values")}
 result = {"model": model, "forward_only_batch8_images_per_s": forward, "serving": runs, "best": best}
+for name, step in sorted(tensor.items()):
+    print(f"bench-serving-gpu: {name}: {step['inferences_per_s']:.1f} images/s = "
+          f"{step['inferences_per_s'] / forward:.3f} x forward-only (concurrency {step['concurrency']})")
 if tensor:
     name, step = max(tensor.items(), key=lambda kv: kv[1]["inferences_per_s"])
     ratio = step["inferences_per_s"] / forward

@@ -31,7 +31,7 @@
 
 #include "log/log.h"
 #include "server/core/config.h"
-#include "server/core/daemon.h"
+#include "server/app/daemon.h"
 
 namespace {
 
@@ -42,7 +42,8 @@ int usage(int code) {
   (code == 0 ? std::cout : std::cerr)
       << "usage: libreyolo-server [--config FILE] [--model-repository DIR] [--grpc-address "
          "HOST:PORT]\n"
-         "                        [--http-address HOST:PORT|off] [--print-config]\n"
+         "                        [--http-address HOST:PORT|off] [--load-model NAME|*]...\n"
+         "                        [--strict-readiness true|false] [--print-config]\n"
          "       libreyolo-server kernels lock|download|verify [...]   (hub kernels; "
          "docs/HUB_KERNELS.md)\n"
          "Default configuration file: config/server.yaml when it exists.\n";
@@ -205,6 +206,15 @@ int main(int argc, char** argv) {
       overrides.grpc_address = value();
     } else if (a == "--http-address") {
       overrides.http_address = value();
+    } else if (a == "--load-model") {
+      overrides.load_models.push_back(value());
+    } else if (a == "--strict-readiness") {
+      const std::string v = value();
+      if (v != "true" && v != "false") {
+        std::cerr << "--strict-readiness must be true or false, got '" << v << "'\n";
+        return usage(2);
+      }
+      overrides.strict_readiness = v == "true";
     } else if (a == "--print-config") {
       print = true;
     } else if (a == "--help" || a == "-h") {

@@ -341,7 +341,7 @@ class DeformableDetrModel : public ModuleModel<DeformableDetrImpl> {
       : ModuleModel("deformable_detr", Task::object_detection, std::move(net), options) {}
 
   ModelOutput forward(const at::Tensor& pixel_values, const at::Tensor& pixel_mask) const override {
-    check_pixel_values(pixel_values, net_->config.backbone.num_channels);
+    const at::Tensor x = checked_input(pixel_values, net_->config.backbone.num_channels);
     at::Tensor mask;
     if (pixel_mask.defined()) {
       const auto s = pixel_values.sizes();
@@ -355,15 +355,11 @@ class DeformableDetrModel : public ModuleModel<DeformableDetrImpl> {
         throw std::invalid_argument(
             c10::str("deformable_detr: pixel_mask must be an integer or bool tensor, got ",
                      pixel_mask.scalar_type()));
-      if (pixel_mask.device() != options_.device)
-        throw std::invalid_argument(c10::str("deformable_detr: pixel_mask must be on ",
-                                             options_.device, ", got ", pixel_mask.device()));
-      mask = pixel_mask;
+      mask = pixel_mask.to(options_.device);
     } else {
-      mask = at::ones({pixel_values.size(0), pixel_values.size(2), pixel_values.size(3)},
-                      pixel_values.options().dtype(at::kLong));
+      mask = at::ones({x.size(0), x.size(2), x.size(3)}, x.options().dtype(at::kLong));
     }
-    auto [logits, boxes] = net_->forward(pixel_values, mask);
+    auto [logits, boxes] = net_->forward(x, mask);
     ModelOutput out;
     out.logits = logits.to(at::kFloat);
     out.pred_boxes = boxes.to(at::kFloat);

@@ -325,4 +325,13 @@ at::Tensor decode_image_file(const std::string& path, const DecodeOptions& optio
   }
 }
 
+std::unique_ptr<ImageProcessor> load_image_processor(const std::string& dir) {
+  // Read with the cap and parsed once for the clipped error first: from_json would quote a
+  // huge token whole.
+  const std::string path = dir + "/preprocessor_config.json";
+  const std::string text = models::core::read_json_text(path);
+  (void)models::core::parse_json_text(text, path);
+  return std::make_unique<ImageProcessor>(ProcessorConfig::from_json(text, path));
+}
+
 }  // namespace libreyolo::image

@@ -9,6 +9,7 @@
 #include <ATen/ATen.h>
 
 #include <array>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -91,6 +92,10 @@ class ImageProcessor {
  private:
   ProcessorConfig config_;
 };
+
+/// The processor of a checkpoint folder: <dir>/preprocessor_config.json read with the size cap
+/// and clipped parse errors of models/core/config.h. Throws std::runtime_error naming the file.
+std::unique_ptr<ImageProcessor> load_image_processor(const std::string& dir);
 
 /// RgbImage (interleaved) -> (3, H, W) uint8 contiguous tensor (copies).
 at::Tensor to_chw_tensor(const RgbImage& image);

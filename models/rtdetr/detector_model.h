@@ -43,13 +43,15 @@ class DetectorModel final : public Model {
   std::string model_type() const override { return type_; }
   Task task() const override { return Task::object_detection; }
 
-  /// pixel_values (B, C, H, W), any floating dtype and device (converted to the model's);
+  /// pixel_values as models::check_pixel_values takes them (H, W multiples of the stride),
+  /// converted to the model's dtype and device;
   /// pixel_mask is accepted and ignored: these families never use it (hf-models.md 2.4).
   /// Throws std::invalid_argument naming pixel_values for a bad shape, or when H x W gives
   /// fewer encoder tokens than num_queries (top-k query selection needs that many). Outputs
   /// are float32.
   ModelOutput forward(const at::Tensor& pixel_values, const at::Tensor&) const override {
-    check_pixel_values(pixel_values, geometry_.num_channels, geometry_.stride);
+    models::check_pixel_values(type_, pixel_values, geometry_.num_channels, geometry_.stride,
+                               geometry_.stride);
     const int64_t H = pixel_values.size(2), W = pixel_values.size(3);
     const int64_t tokens = geometry_.encoder_tokens(H, W);
     if (tokens < geometry_.num_queries)

@@ -300,8 +300,4 @@ std::pair<at::Tensor, at::Tensor> generate_anchors(const kernels::SpatialShapes&
 /// `tie` (tie_word_embeddings of RT-DETRv2 / D-FINE), as index 0 of both spellings.
 std::function<std::vector<std::string>(const std::string&)> head_aliases(bool tie);
 
-/// Checks the model input: (B, num_channels, H, W) floating point, B >= 1, H and W positive
-/// multiples of `stride`. Throws std::invalid_argument naming pixel_values otherwise.
-void check_pixel_values(const at::Tensor& pixel_values, int64_t num_channels, int64_t stride);
-
 }  // namespace libreyolo::models::rtdetr

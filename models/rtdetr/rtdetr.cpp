@@ -265,21 +265,6 @@ std::function<std::vector<std::string>(const std::string&)> head_aliases(bool ti
   };
 }
 
-void check_pixel_values(const at::Tensor& pixel_values, int64_t num_channels, int64_t stride) {
-  if (!pixel_values.defined() || pixel_values.dim() != 4)
-    throw std::invalid_argument("pixel_values: expected a (B, C, H, W) tensor");
-  if (pixel_values.size(1) != num_channels)
-    throw std::invalid_argument(c10::str("pixel_values: expected ", num_channels,
-                                         " channels, found ", pixel_values.size(1)));
-  const int64_t H = pixel_values.size(2), W = pixel_values.size(3);
-  if (pixel_values.size(0) < 1 || H < stride || W < stride || H % stride != 0 || W % stride != 0)
-    throw std::invalid_argument(
-        c10::str("pixel_values: height and width must be positive multiples of ", stride,
-                 ", found ", H, "x", W));
-  if (!at::isFloatingType(pixel_values.scalar_type()))
-    throw std::invalid_argument("pixel_values: expected a floating-point tensor");
-}
-
 DetectorImpl::DetectorImpl(const Config& c) : config_(c) {
   auto model = register_module("model", std::make_shared<torch::nn::Module>());
   backbone_ = model->register_module("backbone", std::make_shared<ResNetBackboneImpl>(c));

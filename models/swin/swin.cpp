@@ -355,9 +355,9 @@ class SwinModel : public ModuleModel<SwinImpl> {
       : ModuleModel("swin", Task::image_classification, std::move(net), options) {}
 
   ModelOutput forward(const at::Tensor& pixel_values, const at::Tensor&) const override {
-    check_pixel_values(pixel_values, net_->config.num_channels);
+    const at::Tensor x = checked_input(pixel_values, net_->config.num_channels);
     ModelOutput out;
-    out.logits = net_->forward(pixel_values).to(at::kFloat);
+    out.logits = net_->forward(x).to(at::kFloat);
     return out;
   }
 };

@@ -179,9 +179,9 @@ class ViTModel : public ModuleModel<ViTImpl> {
 
   ModelOutput forward(const at::Tensor& pixel_values, const at::Tensor&) const override {
     const auto& c = net_->config;
-    check_pixel_values(pixel_values, c.num_channels, c.patch_size);  // at least one patch
+    const at::Tensor x = checked_input(pixel_values, c.num_channels, c.patch_size);  // >= 1 patch
     ModelOutput out;
-    out.logits = net_->forward(pixel_values).to(at::kFloat);
+    out.logits = net_->forward(x).to(at::kFloat);
     return out;
   }
 };

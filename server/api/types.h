@@ -4,13 +4,17 @@
 #pragma once
 
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
+#include <mutex>
 #include <optional>
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <variant>
 #include <vector>
 
@@ -24,6 +28,7 @@ enum class Code : int {
   invalid_argument = 3,
   deadline_exceeded = 4,
   not_found = 5,
+  already_exists = 6,
   permission_denied = 7,
   resource_exhausted = 8,
   failed_precondition = 9,
@@ -50,16 +55,59 @@ using Parameter = std::variant<bool, std::int64_t, std::string, double, std::uin
 
 /// One input tensor. `data()` is the tensor in OIP raw layout: row-major little-endian elements;
 /// BYTES elements each prefixed by a 4-byte little-endian length. For raw_input_contents it views
-/// the request message (valid for the duration of the call); typed contents are packed into
-/// `owned` by the transport.
+/// the request message, for a system shared-memory input the client's mapped region
+/// (server/shm/registry.h; zero copy); both stay valid for the duration of the call. Typed
+/// contents are packed into `owned` by the transport.
+///
+/// A CUDA shared-memory input has no host bytes: `data()` is empty, `device_data` is the
+/// device pointer (cudaIpcOpenMemHandle of the client's region + offset, valid for the call)
+/// on CUDA device `device_index`, `device_bytes` its size. The transport sends only
+/// fixed-size datatypes this way; the core wraps it without a copy
+/// (server/tasks/image_inputs.cpp, parse_pixels).
 struct InputTensor {
   std::string name;
   std::string datatype;  ///< "FP32", "BYTES", ...
   std::vector<std::int64_t> shape;
-  std::string_view raw;  ///< when !typed
-  std::string owned;     ///< when typed
-  bool typed = false;    ///< data came from InferTensorContents
+  std::string_view raw;               ///< when !typed
+  std::string owned;                  ///< when typed
+  bool typed = false;                 ///< data came from InferTensorContents
+  const void* device_data = nullptr;  ///< CUDA shared memory: device pointer, else null
+  int device_index = -1;              ///< CUDA device of device_data
+  std::size_t device_bytes = 0;       ///< bytes at device_data
   std::string_view data() const { return typed ? std::string_view(owned) : raw; }
+  bool on_device() const { return device_data != nullptr; }
+  /// Bytes of the tensor wherever it lives (host data() or device_bytes).
+  std::size_t byte_size() const { return on_device() ? device_bytes : data().size(); }
+};
+
+/// The cancellation of one call, notified (not polled): the transport calls cancel() when the
+/// client cancels (gRPC's ServerUnaryReactor::OnCancel) or the call's deadline passes (a
+/// timer), the core subscribes a callback that takes the request out of its model's queue.
+/// Thread-safe; the first cancel() wins and later ones do nothing.
+class CancelToken {
+ public:
+  using Callback = std::function<void()>;
+  /// Marks the call cancelled with `reason` (Code::cancelled or Code::deadline_exceeded) and
+  /// runs every subscribed callback once, on the calling thread, outside the token's lock.
+  void cancel(Code reason = Code::cancelled);
+  bool cancelled() const;
+  /// Code::ok until cancelled, then the reason given to cancel().
+  Code reason() const;
+  /// Registers `callback`; when the token is already cancelled it runs at once on this thread
+  /// (and 0 is returned). Returns an id for unsubscribe().
+  int subscribe(Callback callback);
+  /// Removes the callback `id` (0 and unknown ids are ignored). When cancel() is running the
+  /// callbacks on another thread at that moment, waits until they returned: after unsubscribe() the
+  /// callback neither runs nor will run, so it may reference the subscriber's stack.
+  void unsubscribe(int id);
+
+ private:
+  mutable std::mutex mu_;
+  std::condition_variable done_;
+  Code reason_ = Code::ok;
+  int next_id_ = 1;
+  std::map<int, Callback> callbacks_;
+  std::thread::id runner_;  ///< the thread running the callbacks now, none when idle
 };
 
 /// ModelInferRequest after transport checks (raw/typed exclusivity, raw count).
@@ -72,9 +120,9 @@ struct InferRequest {
   std::vector<std::string> requested_outputs;  ///< empty: the default outputs
   /// Client deadline (grpc-timeout), if any.
   std::optional<std::chrono::steady_clock::time_point> deadline;
-  /// True once the call is cancelled (grpc::ServerContext::IsCancelled: the client cancelled or
-  /// its deadline passed); empty when the transport cannot tell. Valid during the call.
-  std::function<bool()> cancelled;
+  /// Notified when the client cancels or the deadline passes (null: the transport cannot
+  /// tell). The core answers a cancelled request that still waits in a queue at once.
+  std::shared_ptr<CancelToken> cancel;
 };
 
 /// One output tensor, raw layout (see InputTensor).
@@ -83,6 +131,10 @@ struct OutputTensor {
   std::string datatype;
   std::vector<std::int64_t> shape;
   std::string data;
+  /// Response parameters of the output (the transport sets shared_memory_region,
+  /// shared_memory_offset, shared_memory_byte_size for an output written into a region; the
+  /// client reads them back). The core leaves it empty.
+  std::map<std::string, Parameter> parameters;
 };
 
 struct InferResponse {

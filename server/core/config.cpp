@@ -100,6 +100,13 @@ void parse_server(const YAML::Node& n, const std::string& file, ServerConfig& c)
       if (s != "none" && s != "explicit")
         fail(file, v, full + " must be none or explicit, got '" + s + "'");
       set(c.model_control, s, file, v);
+    } else if (key == "load_models") {
+      if (!v.IsSequence()) fail(file, v, full + " must be a list of model names (\"*\": all)");
+      std::vector<std::string> names;
+      for (const auto& item : v) names.push_back(as<std::string>(file, item, full, "a model name"));
+      set(c.load_models, names, file, v);
+    } else if (key == "strict_readiness") {
+      set(c.strict_readiness, as<bool>(file, v, full, "true or false"), file, v);
     } else if (key == "log_level") {
       const auto s = as<std::string>(file, v, full, "a level name");
       if (s != "debug" && s != "info" && s != "warn" && s != "warning" && s != "error" &&
@@ -112,7 +119,8 @@ void parse_server(const YAML::Node& n, const std::string& file, ServerConfig& c)
            "unknown key " + full +
                " (expected grpc_address, http_address, drain_seconds, max_message_bytes, "
                "max_images_per_request, max_pixels_per_image, preprocess_threads, "
-               "max_concurrent_rpcs, http_threads, model_control, log_level)");
+               "max_concurrent_rpcs, http_threads, model_control, load_models, strict_readiness, "
+               "log_level)");
     }
   }
 }
@@ -131,6 +139,9 @@ void apply(const Overrides& o, ServerConfig& c) {
     c.model_repository = {*o.model_repository, Source::flag, "--model-repository"};
   if (o.grpc_address) c.grpc_address = {*o.grpc_address, Source::flag, "--grpc-address"};
   if (o.http_address) c.http_address = {*o.http_address, Source::flag, "--http-address"};
+  if (!o.load_models.empty()) c.load_models = {o.load_models, Source::flag, "--load-model"};
+  if (o.strict_readiness)
+    c.strict_readiness = {*o.strict_readiness, Source::flag, "--strict-readiness"};
 }
 
 ServerConfig parse_root(const YAML::Node& root, const std::string& file, const Overrides& overrides,
@@ -304,6 +315,8 @@ std::string describe(const ServerConfig& c) {
   row(out, "  ", "max_concurrent_rpcs", c.max_concurrent_rpcs);
   row(out, "  ", "http_threads", c.http_threads);
   row(out, "  ", "model_control", c.model_control);
+  row(out, "  ", "load_models", c.load_models);
+  row(out, "  ", "strict_readiness", c.strict_readiness);
   row(out, "  ", "log_level", c.log_level);
   // Absolute, so that the printed file reads back to the same folder from wherever it is saved
   // (a relative path in a file is relative to that file's folder).

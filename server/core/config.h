@@ -7,6 +7,7 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "kernels/policy.h"
 
@@ -43,7 +44,13 @@ struct ServerConfig {
   /// are answered 503 at once. 2 to 1024.
   Setting<std::int64_t> http_threads{32};
   Setting<std::string> model_control{"none"};  ///< none | explicit (load/unload RPCs)
-  Setting<std::string> log_level{"info"};      ///< debug | info | warn | error
+  /// model_control explicit: the models loaded at start-up (Triton's --load-model; "*": all).
+  /// Empty: none, the repository is only scanned. Ignored with model_control none (all load).
+  Setting<std::vector<std::string>> load_models;
+  /// Triton's --strict-readiness: true, ready only when every model (but those unloaded on
+  /// purpose) is READY; false, ready once the start-up finished whatever the models' states.
+  Setting<bool> strict_readiness{true};
+  Setting<std::string> log_level{"info"};  ///< debug | info | warn | error
 
   Setting<std::string> model_repository{"./examples/model_repository"};
   Setting<std::string> device{"auto"};  ///< auto | cpu | cuda | cuda:N
@@ -58,6 +65,8 @@ struct ServerConfig {
 /// Command-line overrides (flags win over the file).
 struct Overrides {
   std::optional<std::string> model_repository, grpc_address, http_address;
+  std::vector<std::string> load_models;  ///< --load-model NAME (repeatable), replaces the file's
+  std::optional<bool> strict_readiness;  ///< --strict-readiness true|false
 };
 
 /// `path` as written in the configuration file `file`: unchanged when absolute (or when `file`

@@ -1,13 +1,13 @@
-// The serving core: the model repository, per-model batchers, statistics and metrics behind
-// api::InferenceService (implemented here, on the torch side; the gRPC transport only sees
-// the interface). No torch in this header.
+// The serving core: api::InferenceService over the model repository (server/repository/), the
+// models' life cycle (server/lifecycle/) and the request pipeline (server/pipeline/), with the
+// readiness rules and the /active report. The transports (server/rpc/ gRPC, the HTTP port)
+// only see api::InferenceService; the composition root is server/app/daemon. No torch in this
+// header.
 #pragma once
 
 #include <atomic>
 #include <functional>
-#include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 
@@ -23,9 +23,8 @@ class Model;
 namespace libreyolo::server {
 
 class ThreadPool;
-struct ModelEntry;
-struct LoadedModel;
-class Batcher;
+class ModelLifecycle;
+class InferPipeline;
 
 /// Loads a checkpoint folder (models::load_model in the daemon; tests inject fakes).
 using ModelFactory = std::function<std::unique_ptr<models::Model>(const std::string& dir,
@@ -38,11 +37,13 @@ class ServerCore : public api::InferenceService {
   ~ServerCore() override;
 
   /// Scans model_repository (<model>/<numeric version>/; highest version served; optional
-  /// <model>/serving.yaml), loads every model in parallel and warms each up. A model that fails
-  /// is UNAVAILABLE with its reason and readiness stays false; the others serve.
-  /// Returns the number of models ready. Throws std::runtime_error when model_repository is not
-  /// a directory ("model_repository DIR (flag --model-repository): not a directory"): the daemon
-  /// then exits 1 instead of running without ever being ready.
+  /// <model>/serving.yaml), loads the start-up models in parallel and warms each up: every
+  /// model with model_control none, those of server.load_models (--load-model; "*": all) with
+  /// explicit. A model that fails is UNAVAILABLE with its reason (readiness stays false under
+  /// strict_readiness); the others serve. Returns the number of models ready. Throws
+  /// std::runtime_error when model_repository is not a directory ("model_repository DIR (flag
+  /// --model-repository): not a directory"): the daemon then exits 1 instead of running without
+  /// ever being ready.
   int load_repository();
 
   /// Readiness false from now on (SIGTERM); requests are still served.
@@ -69,32 +70,16 @@ class ServerCore : public api::InferenceService {
 
   /// Tests only: infer() calls it with the model name once the model is looked up, before its
   /// readiness is checked and its batcher taken (the window a racing reload must not fall into;
-  /// since the two happen in one critical section, it runs under the repository's lock). Set it
+  /// since the two happen in one critical section, it runs under the lifecycle's lock). Set it
   /// before any request.
   std::function<void(const std::string&)> lookup_hook_for_testing;
 
  private:
-  /// What one request runs on: the entry and, when it was READY, its model and batcher (held
-  /// until the request is answered, so a reload or unload drains it instead of failing it).
-  struct Serving {
-    std::shared_ptr<ModelEntry> entry;
-    std::shared_ptr<LoadedModel> loaded;  ///< null when the entry was not READY
-    std::shared_ptr<Batcher> batcher;
-    std::string not_ready;  ///< the UNAVAILABLE message when loaded is null
-  };
-
-  std::shared_ptr<ModelEntry> find(const std::string& name, const std::string& version) const;
-  /// find() and the READY check in one critical section. Throws NOT_FOUND like find().
-  Serving acquire(const std::string& name, const std::string& version) const;
-  api::InferResponse infer_on(Serving& serving, api::InferRequest& request);
-
   ServerConfig config_;
   Metrics& metrics_;
-  ModelFactory factory_;
   std::unique_ptr<ThreadPool> pool_;
-  mutable std::mutex mu_;
-  std::map<std::string, std::shared_ptr<ModelEntry>> models_;
-  std::atomic<bool> loaded_{false};
+  std::unique_ptr<ModelLifecycle> lifecycle_;
+  std::unique_ptr<InferPipeline> pipeline_;
   std::atomic<bool> draining_{false};
 };
 

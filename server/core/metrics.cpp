@@ -80,6 +80,26 @@ struct Metrics::Impl {
           .Name("libreyolo_pending_requests")
           .Help("Requests waiting in the batching queue")
           .Register(*registry);
+  prometheus::Family<prometheus::Counter>& instance_batches =
+      prometheus::BuildCounter()
+          .Name("libreyolo_instance_batches_total")
+          .Help("Batches a model instance ran (instance_group)")
+          .Register(*registry);
+  prometheus::Family<prometheus::Counter>& instance_images =
+      prometheus::BuildCounter()
+          .Name("libreyolo_instance_images_total")
+          .Help("Images a model instance inferred (instance_group)")
+          .Register(*registry);
+  prometheus::Family<prometheus::Gauge>& instance_ready =
+      prometheus::BuildGauge()
+          .Name("libreyolo_instance_ready")
+          .Help("1 while a model instance is in rotation, 0 once its device failed")
+          .Register(*registry);
+  prometheus::Family<prometheus::Counter>& instance_failures =
+      prometheus::BuildCounter()
+          .Name("libreyolo_instance_failures_total")
+          .Help("Times a model instance was taken out of rotation (CUDA error, out of memory)")
+          .Register(*registry);
   prometheus::Family<prometheus::Gauge>& load_seconds =
       prometheus::BuildGauge()
           .Name("libreyolo_model_load_seconds")
@@ -118,6 +138,22 @@ void Metrics::batch(const std::string& model, std::int64_t size) {
 
 void Metrics::pending(const std::string& model, std::int64_t count) {
   impl_->pending.Add({{"model", model}}).Set(static_cast<double>(count));
+}
+
+void Metrics::instance_batch(const std::string& model, const std::string& instance,
+                             const std::string& device, std::int64_t images) {
+  const std::map<std::string, std::string> labels{
+      {"model", model}, {"instance", instance}, {"device", device}};
+  impl_->instance_batches.Add(labels).Increment();
+  impl_->instance_images.Add(labels).Increment(static_cast<double>(images));
+}
+
+void Metrics::instance_ready(const std::string& model, const std::string& instance,
+                             const std::string& device, bool ready) {
+  const std::map<std::string, std::string> labels{
+      {"model", model}, {"instance", instance}, {"device", device}};
+  impl_->instance_ready.Add(labels).Set(ready ? 1.0 : 0.0);
+  if (!ready) impl_->instance_failures.Add(labels).Increment();
 }
 
 void Metrics::model_load(const std::string& model, const std::string& version, double seconds) {
@@ -187,8 +223,10 @@ std::string Metrics::serialize() const {
   for (const auto& b : reg.bindings()) {
     for (const auto& c : b.candidates) {
       // Only bound candidates (eligible, or disabled after a failure) get series.
-      const std::vector<prometheus::ClientMetric::Label> labels{
-          {"model", b.model}, {"slot", b.slot}, {"impl", c.name}};
+      std::vector<prometheus::ClientMetric::Label> labels{{"model", b.model}};
+      if (!b.instance.empty()) labels.push_back({"instance", b.instance});
+      labels.push_back({"slot", b.slot});
+      labels.push_back({"impl", c.name});
       if (c.eligible || c.disabled) {
         model_active.metric.push_back(
             value_metric(labels, c.name == b.selected ? 1.0 : 0.0, false));

@@ -28,6 +28,14 @@ class Metrics {
   void batch(const std::string& model, std::int64_t size);
   /// libreyolo_pending_requests{model} (requests queued, not yet running).
   void pending(const std::string& model, std::int64_t count);
+  /// One batch run by a model instance (instance_group):
+  /// libreyolo_instance_batches_total / libreyolo_instance_images_total {model,instance,device}.
+  void instance_batch(const std::string& model, const std::string& instance,
+                      const std::string& device, std::int64_t images);
+  /// libreyolo_instance_ready{model,instance,device}: 1 in rotation, 0 taken out (its device
+  /// failed); libreyolo_instance_failures_total{model,instance,device} counts the take-outs.
+  void instance_ready(const std::string& model, const std::string& instance,
+                      const std::string& device, bool ready);
   /// libreyolo_model_load_seconds{model,version} (gauge, seconds).
   void model_load(const std::string& model, const std::string& version, double seconds);
 

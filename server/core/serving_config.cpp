@@ -39,7 +39,77 @@ T as(const std::string& file, const YAML::Node& v, const std::string& key, const
   }
 }
 
+/// Longest accepted instance count of one group entry (per GPU): each instance holds a copy of
+/// the weights and a worker thread.
+constexpr std::int64_t kMaxInstances = 64;
+
+std::vector<InstanceGroup> parse_instance_group(const YAML::Node& v, const std::string& file) {
+  if (!v.IsSequence())
+    fail(file, v, "instance_group must be a list of {count, kind, gpus} entries");
+  std::vector<InstanceGroup> out;
+  for (const auto& entry : v) {
+    if (!entry.IsMap()) fail(file, entry, "instance_group entry must be a mapping");
+    InstanceGroup g;
+    g.origin = where(file, entry);
+    for (const auto& kv : entry) {
+      const std::string key = kv.first.Scalar();
+      const YAML::Node& x = kv.second;
+      if (key == "count") {
+        g.count = as<std::int64_t>(file, x, "instance_group.count", "an integer");
+        if (g.count < 1 || g.count > kMaxInstances)
+          fail(file, x,
+               "instance_group.count must be between 1 and 64, got " + std::to_string(g.count));
+      } else if (key == "kind") {
+        const auto k =
+            as<std::string>(file, x, "instance_group.kind", "KIND_GPU, KIND_CPU or KIND_AUTO");
+        if (k == "KIND_GPU")
+          g.kind = InstanceGroup::Kind::gpu;
+        else if (k == "KIND_CPU")
+          g.kind = InstanceGroup::Kind::cpu;
+        else if (k == "KIND_AUTO")
+          g.kind = InstanceGroup::Kind::automatic;
+        else
+          fail(
+              file, x,
+              "instance_group.kind must be KIND_GPU, KIND_CPU or KIND_AUTO, got '" + clip(k) + "'");
+      } else if (key == "gpus") {
+        if (!x.IsSequence()) fail(file, x, "instance_group.gpus must be a list of GPU indices");
+        for (const auto& i : x) {
+          const auto gpu = as<std::int64_t>(file, i, "instance_group.gpus", "a GPU index");
+          if (gpu < 0 || gpu > 1023)
+            fail(file, i,
+                 "instance_group.gpus: GPU index must be between 0 and 1023, got " +
+                     std::to_string(gpu));
+          for (auto seen : g.gpus)
+            if (seen == gpu)
+              fail(file, i, "instance_group.gpus: GPU " + std::to_string(gpu) + " is listed twice");
+          g.gpus.push_back(gpu);
+        }
+      } else {
+        fail(file, kv.first,
+             "unknown key instance_group." + clip(key) + " (expected count, kind, gpus)");
+      }
+    }
+    if (g.kind == InstanceGroup::Kind::cpu && !g.gpus.empty())
+      fail(file, entry, "instance_group: KIND_CPU takes no gpus");
+    out.push_back(std::move(g));
+  }
+  return out;
+}
+
 }  // namespace
+
+const char* instance_kind_name(InstanceGroup::Kind kind) {
+  switch (kind) {
+    case InstanceGroup::Kind::gpu:
+      return "KIND_GPU";
+    case InstanceGroup::Kind::cpu:
+      return "KIND_CPU";
+    case InstanceGroup::Kind::automatic:
+      return "KIND_AUTO";
+  }
+  return "KIND_AUTO";
+}
 
 ServingConfig parse_serving_config(const std::string& yaml_text, const std::string& file) {
   ServingConfig c;
@@ -80,7 +150,7 @@ ServingConfig parse_serving_config(const std::string& yaml_text, const std::stri
       if (!std::isfinite(c.threshold)) fail(file, v, "threshold must be a finite number");
     } else if (key == "top_k") {
       c.top_k = as<std::int64_t>(file, v, key, "an integer");
-      // The request parameter's rule (server/core/image_inputs.h kMaxTopK).
+      // The request parameter's rule (server/tasks/image_inputs.h kMaxTopK).
       if (c.top_k < 0 || c.top_k > 1000000000)
         fail(file, v, "top_k must be an integer from 0 to 1000000000");
     } else if (key == "warmup") {
@@ -107,12 +177,14 @@ ServingConfig parse_serving_config(const std::string& yaml_text, const std::stri
       c.kernels = kernels::parse_model_kernels(v, file);
     } else if (key == "kernel_config") {
       c.kernel_config = models::layouts::parse_kernel_config(v, file);
+    } else if (key == "instance_group") {
+      c.instance_group = parse_instance_group(v, file);
     } else {
       fail(file, kv.first,
            "unknown key " + clip(key) +
                " (expected device, dtype, max_batch_size, max_queue_delay_microseconds, "
                "max_queue_size, default_timeout_microseconds, threshold, top_k, warmup, "
-               "fused_attention, cuda_graphs, kernels, kernel_config)");
+               "fused_attention, cuda_graphs, kernels, kernel_config, instance_group)");
     }
   }
   return c;

@@ -11,6 +11,21 @@
 
 namespace libreyolo::server {
 
+/// One entry of `instance_group:` (Triton's ModelInstanceGroup): `count` instances on each GPU
+/// of `gpus` (KIND_GPU; `gpus` empty: every visible GPU, as Triton), or `count` instances on the
+/// CPU (KIND_CPU). KIND_AUTO (the default kind): KIND_GPU when a CUDA device is visible, else
+/// KIND_CPU.
+struct InstanceGroup {
+  enum class Kind { automatic, gpu, cpu };
+  Kind kind = Kind::automatic;
+  std::int64_t count = 1;          ///< 1 to 64 instances (per GPU for KIND_GPU)
+  std::vector<std::int64_t> gpus;  ///< CUDA device indices (KIND_GPU only), distinct
+  std::string origin;              ///< "FILE:LINE:COLUMN" of the entry
+};
+
+/// "KIND_AUTO", "KIND_GPU", "KIND_CPU".
+const char* instance_kind_name(InstanceGroup::Kind kind);
+
 /// Every key optional. Batching knobs mirror Triton's ModelDynamicBatching / ModelQueuePolicy.
 struct ServingConfig {
   std::string device;               ///< "" = the server's `device`; else cpu | cuda | cuda:N
@@ -40,6 +55,10 @@ struct ServingConfig {
   /// `kernel_config:` (models/layouts/kernel_config.h): which layout replaces which transformers
   /// class of this model, in file order; validated here, applied by load_model.
   std::vector<models::layouts::KernelConfigEntry> kernel_config;
+  /// `instance_group: [{count: 2, kind: KIND_GPU, gpus: [0, 1]}, {count: 1, kind: KIND_CPU}]`
+  /// (Triton's form): the model's instances, each with its own weights, kernel handles, stream
+  /// and CUDA graphs, fed by the one dynamic batcher. Empty: one instance on `device`.
+  std::vector<InstanceGroup> instance_group;
 };
 
 /// Reads `file` when it exists (else the defaults). Throws std::runtime_error naming

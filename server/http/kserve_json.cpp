@@ -24,7 +24,7 @@ constexpr std::size_t kMaxMessageBytes = 2048;
 [[noreturn]] void bad(const std::string& message) { throw Error(Code::invalid_argument, message); }
 
 /// A name for messages: up to 64 bytes whole, else the first 48 and the length (the rule of
-/// server/core/model_name.h quoted_name, which this torch-free library cannot include).
+/// server/repository/model_name.h quoted_name, which this torch-free library cannot include).
 std::string quote_name(const std::string& name) {
   if (name.size() <= 64) return "'" + name + "'";
   return "'" + name.substr(0, 48) + "...' (" + std::to_string(name.size()) + " bytes)";

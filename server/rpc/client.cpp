@@ -75,6 +75,24 @@ InferResult to_result(const grpc::Status& status, const pb::ModelInferResponse& 
     t.shape.assign(o.shape().begin(), o.shape().end());
     t.data = i < resp.raw_output_contents_size() ? resp.raw_output_contents(i)
                                                  : pack(o.datatype(), o.contents());
+    for (const auto& [k, v] : o.parameters()) {
+      switch (v.parameter_choice_case()) {
+        case pb::InferParameter::kBoolParam:
+          t.parameters[k] = v.bool_param();
+          break;
+        case pb::InferParameter::kInt64Param:
+          t.parameters[k] = v.int64_param();
+          break;
+        case pb::InferParameter::kDoubleParam:
+          t.parameters[k] = v.double_param();
+          break;
+        case pb::InferParameter::kUint64Param:
+          t.parameters[k] = v.uint64_param();
+          break;
+        default:
+          t.parameters[k] = v.string_param();
+      }
+    }
     result.outputs.push_back(std::move(t));
   }
   return result;
@@ -147,6 +165,12 @@ CallResult Client::call(const std::string& method, const std::string& request_te
   LIBREYOLO_UNARY(RepositoryModelLoad)
   LIBREYOLO_UNARY(RepositoryModelUnload)
   LIBREYOLO_UNARY(ModelInfer)
+  LIBREYOLO_UNARY(SystemSharedMemoryStatus)
+  LIBREYOLO_UNARY(SystemSharedMemoryRegister)
+  LIBREYOLO_UNARY(SystemSharedMemoryUnregister)
+  LIBREYOLO_UNARY(CudaSharedMemoryStatus)
+  LIBREYOLO_UNARY(CudaSharedMemoryRegister)
+  LIBREYOLO_UNARY(CudaSharedMemoryUnregister)
 #undef LIBREYOLO_UNARY
   if (!known) throw std::invalid_argument("unknown GRPCInferenceService method '" + method + "'");
   result.code = static_cast<api::Code>(status.error_code());
@@ -166,6 +190,26 @@ CallResult Client::health(const std::string& service, double timeout_seconds) {
   result.message = status.error_message();
   if (status.ok())
     result.text = grpc::health::v1::HealthCheckResponse::ServingStatus_Name(resp.status());
+  return result;
+}
+
+CallResult Client::watch_health(const std::string& service, double timeout_seconds,
+                                const std::function<void()>& on_message) {
+  CallResult result;
+  grpc::ClientContext ctx;
+  set_deadline(ctx, timeout_seconds);
+  grpc::health::v1::HealthCheckRequest req;
+  req.set_service(service);
+  auto reader = impl_->health->Watch(&ctx, req);
+  grpc::health::v1::HealthCheckResponse resp;
+  while (reader->Read(&resp)) {
+    if (!result.text.empty()) result.text += " ";
+    result.text += grpc::health::v1::HealthCheckResponse::ServingStatus_Name(resp.status());
+    if (on_message) on_message();
+  }
+  const auto status = reader->Finish();
+  result.code = static_cast<api::Code>(status.error_code());
+  result.message = status.error_message();
   return result;
 }
 

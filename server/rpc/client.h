@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -72,6 +73,12 @@ class Client {
 
   /// grpc.health.v1.Health/Check: text is "SERVING", "NOT_SERVING", ... when ok.
   CallResult health(const std::string& service, double timeout_seconds = 5.0);
+
+  /// grpc.health.v1.Health/Watch, read until the server ends the stream or `timeout_seconds`
+  /// pass (then DEADLINE_EXCEEDED): `text` is every status received, space-separated
+  /// ("SERVING NOT_SERVING"); `on_message` (optional) runs after each one.
+  CallResult watch_health(const std::string& service, double timeout_seconds,
+                          const std::function<void()>& on_message = {});
 
   /// ModelInfer: `request_text` is a ModelInferRequest in text format; each of `raw_inputs` is
   /// appended to raw_input_contents (binary data needs no escaping this way).

@@ -8,21 +8,29 @@
 
 #include "server/api/types.h"
 
+namespace libreyolo::server::shm {
+class Registry;
+}
+
 namespace libreyolo::server::rpc {
 
 struct GrpcOptions {
   std::string address = "0.0.0.0:8001";       ///< host:port; port 0 picks a free one
   std::size_t max_message_bytes = 64u << 20;  ///< receive and send limit
-  int threads = 0;                            ///< sync server threads (0: gRPC's default)
-  /// Most threads the sync server runs (grpc::ResourceQuota::SetMaxThreads, pollers included).
-  /// A call arriving when all are busy is answered RESOURCE_EXHAUSTED ("Server Threadpool
-  /// Exhausted") instead of starting one more thread that holds one more request: without a cap,
-  /// N concurrent 64 MiB requests held N threads and about 2N x 64 MiB of memory. The daemon
+  /// Most calls that may block at once (ModelInfer, model load/unload, CUDA shared-memory
+  /// register): they run on a bounded executor of this many threads, never on gRPC's callback
+  /// threads. A call arriving when all are busy is answered RESOURCE_EXHAUSTED "server busy: N
+  /// calls in progress (server.max_concurrent_rpcs)" at once instead of holding its request in
+  /// memory (without a bound, N concurrent 64 MiB requests held about 2N x 64 MiB). The daemon
   /// sets it from server.max_concurrent_rpcs.
   int max_threads = 256;
+  /// The shared-memory regions the server reads inputs from and writes outputs to (shared with
+  /// the other transports); null: the server keeps its own.
+  shm::Registry* shm_registry = nullptr;
 };
 
-/// A running gRPC server. Health services "", "liveness" and "readiness" are registered;
+/// A running gRPC server (gRPC's callback API): GRPCInferenceService, including Triton's
+/// system and CUDA shared-memory RPCs, and health services "", "liveness" and "readiness";
 /// "" and "readiness" follow set_ready(), "liveness" is SERVING while the server runs.
 class GrpcServer {
  public:

@@ -4,11 +4,13 @@
 // case (cuda_graphs ignored on a CPU model, with the reason in /active) runs everywhere.
 #include <gtest/gtest.h>
 
+#include <future>
+
 #include <nlohmann/json.hpp>
 
 #include "models/core/safetensors.h"
 #include "server/core/config.h"
-#include "server/core/daemon.h"
+#include "server/app/daemon.h"
 #include "server/core/serving_config.h"
 #include "server/rpc/client.h"
 #include "server_test_support.h"
@@ -107,6 +109,53 @@ TEST(ServerCuda, DetectionsEagerAndFromCudaGraphsWithTheCudaKernel) {
     }
     for (const auto& ev : active.at("fallback_events"))
       EXPECT_NE(ev.at("slot"), "ms_deform_attn") << ev.dump();
+    daemon.stop(1.0);
+  }
+  remove_tree(repo);
+}
+
+/// Two instances on cuda:0 (instance_group KIND_GPU): each has its own weights, stream and CUDA
+/// graphs; concurrent requests run on both and their detections equal transformers'.
+TEST(ServerCuda, TwoInstancesOnOneGpuBothServeTheFixture) {
+  if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device";
+  const auto repo = temp_dir("cuda_instances");
+  add_rtdetr_tiny(repo,
+                  "max_batch_size: 2\ncuda_graphs: on\n"
+                  "instance_group: [{count: 2, kind: KIND_GPU, gpus: [0]}]\n");
+  {
+    auto config = loopback_config(repo, "cuda");
+    config.tf32.value = "off";
+    Daemon daemon(config);
+    daemon.start();
+    ASSERT_TRUE(daemon.core().ready());
+    std::vector<std::future<std::pair<double, double>>> calls;
+    for (int i = 0; i < 16; ++i)
+      calls.push_back(std::async(std::launch::async, [&] {
+        rpc::Client c("127.0.0.1:" + std::to_string(daemon.grpc_port()));
+        return fixture_diffs(c, "rtdetr_tiny");
+      }));
+    for (auto& f : calls) {
+      const auto [ds, db] = f.get();
+      EXPECT_LE(ds, 1e-4);
+      EXPECT_LE(db, 1e-2);
+    }
+    const auto active = json::parse(http_get(daemon.http_port(), "/active").body);
+    const auto& inst = model_entry(active, "rtdetr_tiny").at("instances");
+    ASSERT_EQ(inst.size(), 2u);
+    std::uint64_t batches = 0;
+    for (const auto& st : inst) {
+      EXPECT_EQ(st.at("device"), "cuda:0");
+      EXPECT_EQ(st.at("healthy"), true);
+      batches += st.at("batches").get<std::uint64_t>();
+      std::cout << "[gpu] " << st.at("name") << ": " << st.at("batches") << " batches"
+                << std::endl;
+    }
+    EXPECT_GE(batches, 8u);  // 16 requests of 2 images, max_batch_size 2
+    EXPECT_GT(inst[0].at("batches").get<std::uint64_t>(), 0u);
+    EXPECT_GT(inst[1].at("batches").get<std::uint64_t>(), 0u);
+    // Each instance bound its own handles, reported under its name.
+    EXPECT_TRUE(active.at("bindings").contains("rtdetr_tiny_0")) << active.at("bindings").dump();
+    EXPECT_TRUE(active.at("bindings").contains("rtdetr_tiny_1"));
     daemon.stop(1.0);
   }
   remove_tree(repo);

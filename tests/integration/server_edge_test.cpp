@@ -11,7 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "server/core/config.h"
-#include "server/core/daemon.h"
+#include "server/app/daemon.h"
 #include "server/rpc/client.h"
 #include "server_test_support.h"
 

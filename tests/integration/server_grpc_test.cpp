@@ -12,7 +12,7 @@
 #include "log/log.h"
 #include "models/core/safetensors.h"
 #include "server/core/config.h"
-#include "server/core/daemon.h"
+#include "server/app/daemon.h"
 #include "server/rpc/client.h"
 #include "server_test_support.h"
 

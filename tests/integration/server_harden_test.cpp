@@ -14,8 +14,8 @@
 
 #include "kernels/registry.h"
 #include "server/core/config.h"
-#include "server/core/daemon.h"
-#include "server/core/image_inputs.h"
+#include "server/app/daemon.h"
+#include "server/tasks/image_inputs.h"
 #include "server/rpc/client.h"
 #include "server_test_support.h"
 

@@ -10,7 +10,7 @@
 #include <set>
 
 #include "server/core/config.h"
-#include "server/core/daemon.h"
+#include "server/app/daemon.h"
 #include "server/http/kserve_json.h"
 #include "server/rpc/client.h"
 #include "server_test_support.h"

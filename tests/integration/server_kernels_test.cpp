@@ -4,7 +4,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
-#include "server/core/daemon.h"
+#include "server/app/daemon.h"
 #include "server/rpc/client.h"
 #include "server_test_support.h"
 

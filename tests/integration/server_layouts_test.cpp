@@ -5,7 +5,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
-#include "server/core/daemon.h"
+#include "server/app/daemon.h"
 #include "server/core/serving_config.h"
 #include "server_test_support.h"
 

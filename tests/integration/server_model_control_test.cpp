@@ -14,8 +14,8 @@
 #include <thread>
 
 #include "log/log.h"
+#include "server/app/daemon.h"
 #include "server/core/config.h"
-#include "server/core/daemon.h"
 #include "server/rpc/client.h"
 #include "server_test_support.h"
 
@@ -39,6 +39,7 @@ ServerConfig control_config(const fs::path& repo, const std::string& model_contr
   auto c = loopback_config(repo);
   c.http_address.value = "off";
   c.model_control.value = model_control;
+  if (model_control == "explicit") c.load_models.value = {"*"};  // Triton: --load-model "*"
   return c;
 }
 
@@ -482,6 +483,84 @@ TEST(ModelControlNone, LoadAndUnloadArePermissionDeniedBeforeAnyNameCheck) {
   }
   EXPECT_EQ(c.call("ModelReady", "name: \"fake\"").text, "ready: true\n");
   d.stop(1.0);
+  remove_tree(repo);
+}
+
+/// Triton's explicit start-up: only the models of --load-model (server.load_models) load; the
+/// others are scanned, listed UNAVAILABLE "unloaded" and do not make the server unready; a
+/// RepositoryModelLoad brings one in later.
+TEST(ModelControlExplicit, StartUpLoadsOnlyTheNamedModels) {
+  const auto repo = temp_dir("control-explicit");
+  for (const char* name : {"a", "b", "c"}) add_fake_model(repo, name, "");
+  auto config = control_config(repo, "explicit");
+  config.load_models.value = {"b"};
+  Daemon d(config, fake_factory());
+  d.start();
+  rpc::Client c("127.0.0.1:" + std::to_string(d.grpc_port()));
+  const auto idx = c.call("RepositoryIndex").text;
+  EXPECT_EQ(index_entry(idx, "a"),
+            "models {\n  name: \"a\"\n  version: \"1\"\n  state: \"UNAVAILABLE\"\n  reason: "
+            "\"unloaded\"\n}\n")
+      << idx;
+  EXPECT_EQ(index_entry(idx, "b"),
+            "models {\n  name: \"b\"\n  version: \"1\"\n  state: \"READY\"\n}\n")
+      << idx;
+  EXPECT_EQ(c.call("ServerReady").text, "ready: true\n");
+  EXPECT_EQ(c.call("ModelReady", "name: \"a\"").text, "");
+  auto r = c.infer(pv_request("a"), {kPixels});
+  EXPECT_EQ(r.code, Code::unavailable);
+  EXPECT_EQ(r.message, "model 'a' is not ready (UNAVAILABLE: unloaded)");
+  EXPECT_TRUE(c.call("RepositoryModelLoad", "model_name: \"a\"").ok());
+  EXPECT_EQ(c.call("ModelReady", "name: \"a\"").text, "ready: true\n");
+  EXPECT_TRUE(c.infer(pv_request("a"), {kPixels}).ok());
+  d.stop(1.0);
+  remove_tree(repo);
+}
+
+/// No --load-model in explicit mode: nothing loads (Triton), the server is ready with no model.
+TEST(ModelControlExplicit, WithoutLoadModelsNothingLoads) {
+  const auto repo = temp_dir("control-none-named");
+  add_fake_model(repo, "fake", "");
+  // control_config names "*"; this test names none.
+  auto config = control_config(repo, "explicit");
+  config.load_models.value.clear();
+  FakeState::get().reset();
+  Daemon e(config, fake_factory());
+  e.start();
+  rpc::Client c("127.0.0.1:" + std::to_string(e.grpc_port()));
+  EXPECT_EQ(c.call("RepositoryIndex").text,
+            "models {\n  name: \"fake\"\n  version: \"1\"\n  state: \"UNAVAILABLE\"\n  reason: "
+            "\"unloaded\"\n}\n");
+  EXPECT_EQ(c.call("ServerReady").text, "ready: true\n");
+  EXPECT_TRUE(FakeState::get().batches().empty());  // not even a warm-up
+  e.stop(1.0);
+  remove_tree(repo);
+}
+
+/// strict_readiness (Triton's --strict-readiness): true keeps the server not ready while one
+/// model failed; false makes it ready once the start-up finished, the failed model still
+/// UNAVAILABLE with its reason and the good one serving.
+TEST(StrictReadiness, FalseIsReadyWithAFailedModel) {
+  const auto repo = temp_dir("strict");
+  add_fake_model(repo, "good", "");
+  fs::create_directories(repo / "broken");  // no version folder
+  for (const bool strict : {true, false}) {
+    auto config = control_config(repo, "none");
+    config.strict_readiness.value = strict;
+    Daemon d(config, fake_factory());
+    d.start();
+    rpc::Client c("127.0.0.1:" + std::to_string(d.grpc_port()));
+    EXPECT_EQ(c.call("ServerReady").text, strict ? "" : "ready: true\n") << strict;
+    EXPECT_EQ(c.call("ModelReady", "name: \"good\"").text, "ready: true\n");
+    EXPECT_EQ(c.call("ModelReady", "name: \"broken\"").text, "");
+    const auto idx = c.call("RepositoryIndex").text;
+    EXPECT_EQ(index_entry(idx, "broken"),
+              "models {\n  name: \"broken\"\n  state: \"UNAVAILABLE\"\n  reason: \"" +
+                  (repo / "broken").string() +
+                  ": no numeric version folder (<model>/<N>/config.json)\"\n}\n")
+        << idx;
+    d.stop(1.0);
+  }
   remove_tree(repo);
 }
 

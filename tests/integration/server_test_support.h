@@ -35,12 +35,24 @@ namespace fs = std::filesystem;
 /// Shared, observable state of every FakeDetector of the process.
 struct FakeState {
   std::mutex mu;
-  std::vector<int64_t> batch_sizes;  ///< one entry per forward
-  std::atomic<int> sleep_ms{0};      ///< per forward
+  std::vector<int64_t> batch_sizes;    ///< one entry per forward
+  std::vector<double> pixel_sums;      ///< one entry per forward: the sum of its pixel_values
+  std::vector<std::string> instances;  ///< LoadOptions::instance of each forward
+  std::atomic<int> sleep_ms{0};        ///< per forward
+  /// Forwards of the instance with this LoadOptions::instance throw c10::OutOfMemoryError (a
+  /// device failure: the batcher takes the instance out of rotation). "*": every instance.
+  std::string fail_instance;
   void reset() {
     std::lock_guard<std::mutex> lk(mu);
     batch_sizes.clear();
+    pixel_sums.clear();
+    instances.clear();
+    fail_instance.clear();
     sleep_ms = 0;
+  }
+  std::vector<double> sums() {
+    std::lock_guard<std::mutex> lk(mu);
+    return pixel_sums;
   }
   std::vector<int64_t> batches() {
     std::lock_guard<std::mutex> lk(mu);
@@ -57,13 +69,25 @@ struct FakeState {
 /// (0.2 q + 0.2, 0.5, 0.1, 0.2) normalised. Outputs do not depend on the pixels.
 class FakeDetector : public models::Model {
  public:
+  /// What load_model would read of add_fake_model's config.json.
+  explicit FakeDetector(models::LoadOptions options = {}) : options_(std::move(options)) {
+    description_.model_type = "rt_detr";
+    description_.task = models::Task::object_detection;
+    description_.num_labels = 3;
+    description_.num_queries = 4;
+  }
   std::string model_type() const override { return "rt_detr"; }
   models::Task task() const override { return models::Task::object_detection; }
   models::ModelOutput forward(const at::Tensor& pixel_values, const at::Tensor&) const override {
     auto& st = FakeState::get();
     {
       std::lock_guard<std::mutex> lk(st.mu);
+      if (!st.fail_instance.empty() &&
+          (st.fail_instance == "*" || st.fail_instance == options_.instance))
+        TORCH_CHECK_WITH(OutOfMemoryError, false, "CUDA out of memory (simulated)");
       st.batch_sizes.push_back(pixel_values.size(0));
+      st.pixel_sums.push_back(pixel_values.to(at::kDouble).sum().item<double>());
+      st.instances.push_back(options_.instance);
     }
     if (int ms = st.sleep_ms.load()) std::this_thread::sleep_for(std::chrono::milliseconds(ms));
     const int64_t b = pixel_values.size(0);
@@ -197,7 +221,7 @@ inline std::function<std::unique_ptr<models::Model>(const std::string&, const mo
 fake_or_real() {
   return
       [](const std::string& dir, const models::LoadOptions& o) -> std::unique_ptr<models::Model> {
-        if (dir.find("fake") != std::string::npos) return std::make_unique<FakeDetector>();
+        if (dir.find("fake") != std::string::npos) return std::make_unique<FakeDetector>(o);
         return models::load_model(dir, o);
       };
 }

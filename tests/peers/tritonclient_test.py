@@ -41,7 +41,11 @@ class ServerRpcs(unittest.TestCase):
         m = c.get_server_metadata()
         self.assertEqual(m.name, "libreyolo-server")
         self.assertEqual(m.version, "0.1.0")
-        self.assertEqual(list(m.extensions), ["model_configuration", "statistics", "model_repository"])
+        # cuda_shared_memory only in a build with CUDA (server/shm/registry.h).
+        self.assertIn(list(m.extensions), [
+            ["model_configuration", "statistics", "model_repository", "system_shared_memory"],
+            ["model_configuration", "statistics", "model_repository", "system_shared_memory",
+             "cuda_shared_memory"]])
         j = c.get_server_metadata(as_json=True)
         self.assertEqual(j["name"], "libreyolo-server")
 

@@ -4,13 +4,16 @@
 //                   (--image FILE | --shape [N,]3,H,W) [--batch N] [--threshold T]
 //                   [--concurrency 1,2,4,...,64 | --rate R[,R...]] [--duration S] [--warmup S]
 //                   [--timeout S] [--channels N] [--seed N] [--csv FILE] [--json FILE]
+//                   [--shm system|cuda]
 //
 // --image sends the encoded file as BYTES input `images` ([batch] copies); --shape sends uniform
 // random FP32 `pixel_values` [batch,3,H,W]. Each step runs --warmup seconds unrecorded, then
 // --duration seconds recorded: throughput counts OK responses completed inside that window
 // (inferences/s = responses * batch / duration), latency is send -> response of those calls, and
 // errors are counted by gRPC status code. --concurrency keeps N calls in flight (closed loop);
-// --rate sends Poisson arrivals at R requests/s (open loop). Defaults: --concurrency
+// --rate sends Poisson arrivals at R requests/s (open loop). --shm system|cuda puts the input
+// into a POSIX / CUDA (device 0) shared-memory region registered once with the server; every
+// call then names the region instead of carrying the bytes. Defaults: --concurrency
 // 1,2,4,8,16,32,64, --duration 10, --warmup 2, --server localhost:8001, --model rtdetr_tiny.
 // Exit codes: 0 every step ran (errors, if any, are in the report), 1 could not run (connection,
 // probe request, files), 2 usage error.
@@ -23,6 +26,8 @@
 #include <sstream>
 #include <string>
 #include <vector>
+
+#include <memory>
 
 #include "load.h"
 #include "report.h"
@@ -39,7 +44,7 @@ int usage(const std::string& why = "") {
          "                       (--image FILE | --shape [N,]3,H,W) [--batch N] [--threshold T]\n"
          "                       [--concurrency 1,2,4,...,64 | --rate R[,R...]] [--duration S]\n"
          "                       [--warmup S] [--timeout S] [--channels N] [--seed N]\n"
-         "                       [--csv FILE] [--json FILE]\n";
+         "                       [--csv FILE] [--json FILE] [--shm system|cuda]\n";
   return 2;
 }
 
@@ -68,7 +73,7 @@ std::string join(const std::vector<std::int64_t>& v) {
 
 int main(int argc, char** argv) {
   Target target;
-  std::string image, shape_text, csv_path, json_path, concurrency_text, rate_text;
+  std::string image, shape_text, csv_path, json_path, concurrency_text, rate_text, shm_kind;
   std::int64_t batch = 0;
   double duration = 10, warmup = 2;
   double threshold = -1;
@@ -110,6 +115,8 @@ int main(int argc, char** argv) {
         seed = std::stoull(value());
       else if (a == "--csv")
         csv_path = value();
+      else if (a == "--shm")
+        shm_kind = value();
       else if (a == "--json")
         json_path = value();
       else if (a == "-h" || a == "--help")
@@ -195,8 +202,18 @@ int main(int argc, char** argv) {
   run["channels"] = std::to_string(target.channels);
   run["timeout_s"] = std::to_string(target.timeout_s);
 
+  if (!shm_kind.empty()) run["shm"] = shm_kind;
+
   std::vector<Summary> rows;
   try {
+    // --shm: the input goes into a registered region once; every call names it instead of
+    // carrying the bytes (Triton's shared-memory extensions, server/shm/registry.h).
+    std::unique_ptr<SharedInput> shared;
+    if (!shm_kind.empty()) {
+      shared = std::make_unique<SharedInput>(target, shm_kind, payload.raw);
+      payload.shm_region = shared->region();
+      run["input"] += " in " + shm_kind + " shared memory region " + shared->region();
+    }
     LoadGenerator generator(target, payload);
     std::cerr << "libreyolo-bench: " << target.server << " model " << target.model << ", "
               << run["input"] << "; probe " << generator.probe_summary() << "\n";

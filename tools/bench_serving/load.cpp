@@ -20,6 +20,16 @@
 
 #include "inference/grpc_predict_v2.grpc.pb.h"
 
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#ifdef LIBREYOLO_BENCH_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
 namespace libreyolo::bench {
 namespace {
 
@@ -60,7 +70,14 @@ grpc::ByteBuffer serialize(const Target& target, const Payload& payload) {
   in->set_datatype(payload.datatype);
   for (auto d : payload.shape) in->add_shape(d);
   for (const auto& [k, v] : payload.parameters) (*req.mutable_parameters())[k].set_double_param(v);
-  req.add_raw_input_contents(payload.raw);
+  if (payload.shm_region.empty()) {
+    req.add_raw_input_contents(payload.raw);
+  } else {
+    auto& params = *in->mutable_parameters();
+    params["shared_memory_region"].set_string_param(payload.shm_region);
+    params["shared_memory_byte_size"].set_int64_param(
+        static_cast<std::int64_t>(payload.raw.size()));
+  }
   std::string wire;
   if (!req.SerializeToString(&wire)) throw std::runtime_error("cannot serialize ModelInferRequest");
   grpc::Slice slice(wire);
@@ -255,6 +272,100 @@ StepResult LoadGenerator::run(const Step& step) {
   std::unique_lock<std::mutex> lock(s.mu);
   s.idle.wait(lock, [&] { return s.in_flight.load() == 0; });
   return std::move(s.result);
+}
+
+namespace {
+
+std::unique_ptr<pb::GRPCInferenceService::Stub> control_stub(const Target& target) {
+  return pb::GRPCInferenceService::NewStub(
+      grpc::CreateChannel(target.server, grpc::InsecureChannelCredentials()));
+}
+
+void check(const grpc::Status& status, const std::string& what) {
+  if (!status.ok()) {
+    throw std::runtime_error(what + ": " + code_name(status.error_code()) + " " +
+                             status.error_message());
+  }
+}
+
+grpc::ClientContext* with_deadline(grpc::ClientContext& ctx) {
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+  return &ctx;
+}
+
+}  // namespace
+
+SharedInput::SharedInput(const Target& target, const std::string& kind, const std::string& bytes)
+    : target_(target), kind_(kind), bytes_(bytes.size()) {
+  region_ = "libreyolo_bench_" + std::to_string(::getpid());
+  auto stub = control_stub(target);
+  grpc::ClientContext ctx;
+  if (kind == "system") {
+    key_ = "/" + region_;
+    ::shm_unlink(key_.c_str());
+    const int fd = ::shm_open(key_.c_str(), O_CREAT | O_RDWR | O_EXCL, 0600);
+    if (fd < 0 || ::ftruncate(fd, static_cast<off_t>(bytes_)) != 0) {
+      if (fd >= 0) ::close(fd);
+      throw std::runtime_error("cannot create shared memory " + key_ + ": " + std::strerror(errno));
+    }
+    host_ = ::mmap(nullptr, bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    ::close(fd);
+    if (host_ == MAP_FAILED) {
+      host_ = nullptr;
+      throw std::runtime_error("cannot map " + key_);
+    }
+    std::memcpy(host_, bytes.data(), bytes_);
+    pb::SystemSharedMemoryRegisterRequest req;
+    req.set_name(region_);
+    req.set_key(key_);
+    req.set_byte_size(bytes_);
+    pb::SystemSharedMemoryRegisterResponse resp;
+    check(stub->SystemSharedMemoryRegister(with_deadline(ctx), req, &resp),
+          "SystemSharedMemoryRegister");
+  } else if (kind == "cuda") {
+#ifdef LIBREYOLO_BENCH_CUDA
+    if (cudaMalloc(&device_, bytes_) != cudaSuccess ||
+        cudaMemcpy(device_, bytes.data(), bytes_, cudaMemcpyHostToDevice) != cudaSuccess) {
+      throw std::runtime_error("cannot allocate the CUDA input");
+    }
+    cudaIpcMemHandle_t handle;
+    if (cudaIpcGetMemHandle(&handle, device_) != cudaSuccess)
+      throw std::runtime_error("cudaIpcGetMemHandle failed");
+    pb::CudaSharedMemoryRegisterRequest req;
+    req.set_name(region_);
+    req.set_raw_handle(std::string(reinterpret_cast<const char*>(&handle), sizeof(handle)));
+    req.set_device_id(0);
+    req.set_byte_size(bytes_);
+    pb::CudaSharedMemoryRegisterResponse resp;
+    check(stub->CudaSharedMemoryRegister(with_deadline(ctx), req, &resp),
+          "CudaSharedMemoryRegister");
+#else
+    throw std::runtime_error("--shm cuda: libreyolo-bench was built without CUDA");
+#endif
+  } else {
+    throw std::invalid_argument("--shm must be system or cuda, got '" + kind + "'");
+  }
+}
+
+SharedInput::~SharedInput() {
+  auto stub = control_stub(target_);
+  grpc::ClientContext ctx;
+  if (kind_ == "system") {
+    pb::SystemSharedMemoryUnregisterRequest req;
+    req.set_name(region_);
+    pb::SystemSharedMemoryUnregisterResponse resp;
+    (void)stub->SystemSharedMemoryUnregister(with_deadline(ctx), req, &resp);
+    if (host_) ::munmap(host_, bytes_);
+    ::shm_unlink(key_.c_str());
+  } else {
+    pb::CudaSharedMemoryUnregisterRequest req;
+    req.set_name(region_);
+    pb::CudaSharedMemoryUnregisterResponse resp;
+    (void)stub->CudaSharedMemoryUnregister(with_deadline(ctx), req, &resp);
+#ifdef LIBREYOLO_BENCH_CUDA
+    if (device_) cudaFree(device_);
+#endif
+  }
 }
 
 }  // namespace libreyolo::bench

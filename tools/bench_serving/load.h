@@ -30,6 +30,31 @@ struct Payload {
   std::string raw;                           ///< raw_input_contents[0]: OIP raw layout
   std::map<std::string, double> parameters;  ///< double_param request parameters (threshold)
   std::int64_t images = 1;                   ///< images per request (inferences it counts for)
+  /// Non-empty: the input is read by the server from this registered shared-memory region
+  /// (shared_memory_region / shared_memory_byte_size parameters, no raw_input_contents; see
+  /// SharedInput), `raw.size()` bytes at offset 0.
+  std::string shm_region;
+};
+
+/// The payload's input placed in shared memory and registered with the server, for
+/// --shm system (a POSIX shm object, SystemSharedMemoryRegister) or --shm cuda (cudaMalloc +
+/// cudaIpcGetMemHandle, CudaSharedMemoryRegister on device 0; only in a build with CUDA). Every
+/// call of the run reads the same region (the server only reads inputs). The destructor
+/// unregisters and frees it. Throws std::runtime_error with the server's status message.
+class SharedInput {
+ public:
+  SharedInput(const Target& target, const std::string& kind, const std::string& bytes);
+  ~SharedInput();
+  SharedInput(const SharedInput&) = delete;
+  SharedInput& operator=(const SharedInput&) = delete;
+  const std::string& region() const { return region_; }
+
+ private:
+  Target target_;
+  std::string kind_, region_, key_;
+  void* host_ = nullptr;
+  void* device_ = nullptr;
+  std::size_t bytes_ = 0;
 };
 
 /// One measured step. The clock starts when the step starts: `warmup_s` of load that is not

@@ -140,7 +140,7 @@ Args parse_args(int argc, char** argv) {
 
 /// The checkpoint folder of `--model DIR`: DIR itself when it has a config.json, else its
 /// highest numeric version folder DIR/<N> (digits, no leading zero: libreyolo-server's rule,
-/// server/core/model_name.h highest_version). Throws std::runtime_error naming DIR otherwise.
+/// server/repository/model_name.h highest_version). Throws std::runtime_error naming DIR otherwise.
 std::string checkpoint_folder(const std::string& dir) {
   namespace fs = std::filesystem;
   std::error_code ec;
@@ -169,16 +169,6 @@ at::ScalarType scalar_type(const std::string& dtype) {
   return at::kFloat;
 }
 
-json read_json(const std::string& path) {
-  std::ifstream f(path);
-  if (!f) throw std::runtime_error(path + ": cannot open file");
-  try {
-    return json::parse(f);
-  } catch (const json::exception& e) {
-    throw std::runtime_error(path + ": not valid JSON (" + e.what() + ")");
-  }
-}
-
 struct Inputs {
   at::Tensor pixel_values;  // float32 (B,3,H,W), CPU
   at::Tensor pixel_mask;    // int64 (B,H,W) or undefined
@@ -187,11 +177,10 @@ struct Inputs {
 };
 
 Inputs inputs_from_images(const Args& a) {
-  const image::ImageProcessor proc(
-      image::ProcessorConfig::from_file(a.model + "/preprocessor_config.json"));
+  const auto proc = image::load_image_processor(a.model);
   std::vector<at::Tensor> decoded;
   for (const auto& path : a.images) decoded.push_back(image::decode_image_file(path));
-  auto out = proc.preprocess(decoded);
+  auto out = proc->preprocess(decoded);
   return {out.pixel_values, out.pixel_mask, out.original_sizes, a.images};
 }
 
@@ -201,9 +190,8 @@ Inputs inputs_from_pixels(const Args& a) {
   if (file->contains("pixel_values")) {
     in.pixel_values = file->get("pixel_values", at::kFloat, at::kCPU);
   } else if (file->contains("pixel_u8")) {
-    const image::ImageProcessor proc(
-        image::ProcessorConfig::from_file(a.model + "/preprocessor_config.json"));
-    in.pixel_values = proc.rescale_normalize(file->view("pixel_u8"));
+    in.pixel_values =
+        image::load_image_processor(a.model)->rescale_normalize(file->view("pixel_u8"));
   } else {
     throw std::runtime_error(a.pixels + ": no tensor 'pixel_values' or 'pixel_u8'");
   }
@@ -267,7 +255,6 @@ int run(Args a) {
             << libreyolo::kernels::source_name(mode.source)
             << (mode.origin.empty() ? "" : " " + mode.origin) << "):\n"
             << models::layouts::describe(model->layouts());
-  const json config = read_json(a.model + "/config.json");
 
   const Inputs in = a.images.empty() ? inputs_from_pixels(a) : inputs_from_images(a);
   models::ModelOutput raw;
@@ -304,9 +291,9 @@ int run(Args a) {
     image::PostProcessOptions post;
     post.threshold = a.threshold;
     post.top_k = a.top_k;
-    post.use_focal_loss = config.value("use_focal_loss", true);
-    const auto dets = image::post_process_object_detection(
-        logits, boxes, in.target_sizes, image::detection_head_for(model->model_type()), post);
+    post.use_focal_loss = model->description().use_focal_loss;
+    const auto dets = image::post_process_object_detection(logits, boxes, in.target_sizes,
+                                                           model->description().head, post);
     for (size_t i = 0; i < dets.size(); ++i) {
       const auto& d = dets[i];
       // WxH, the convention of every size in messages (target_sizes themselves are (H, W)).

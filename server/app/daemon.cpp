@@ -1,4 +1,4 @@
-#include "server/core/daemon.h"
+#include "server/app/daemon.h"
 
 #include <c10/util/StringUtil.h>
 

@@ -1,4 +1,4 @@
-#include "server/core/detector_io.h"
+#include "server/tasks/detector_io.h"
 
 #include <c10/util/StringUtil.h>
 

@@ -18,7 +18,7 @@
 
 #include "models/image/postprocess.h"
 #include "server/api/types.h"
-#include "server/core/image_inputs.h"
+#include "server/tasks/image_inputs.h"
 
 namespace libreyolo::server {
 

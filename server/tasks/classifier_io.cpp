@@ -1,4 +1,4 @@
-#include "server/core/classifier_io.h"
+#include "server/tasks/classifier_io.h"
 
 #include <c10/util/StringUtil.h>
 

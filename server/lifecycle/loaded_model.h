@@ -1,5 +1,6 @@
-// One served model version on the torch side: the checkpoint (a detector or an image
-// classifier), its image processor and its serving settings.
+// One served model version on the torch side: the checkpoint, its image processor, its task
+// adapter and its serving settings. What the model is (task, labels, queries, post-processing)
+// comes from the model itself (models::Model::description()); nothing here reads config.json.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -9,11 +10,11 @@
 #include <string>
 
 #include "kernels/policy.h"
-#include "models/image/postprocess.h"
 #include "models/image/processor.h"
 #include "models/model.h"
 #include "models/runtime/cuda_graph_runner.h"
 #include "server/core/serving_config.h"
+#include "server/tasks/task_adapter.h"
 
 namespace libreyolo::server {
 
@@ -24,17 +25,16 @@ using ModelLoader = std::function<std::unique_ptr<models::Model>(const std::stri
 struct LoadedModel {
   std::string name;
   std::string version;
+  /// "<model>_<i>" when the model has several instances (instance_group), else "".
+  std::string instance;
   std::string dir;  ///< <repo>/<model>/<version>
   ServingConfig serving;
   std::unique_ptr<models::Model> model;
   std::unique_ptr<image::ImageProcessor> processor;
-  models::Task task = models::Task::object_detection;
-  image::DetectionHead head = image::DetectionHead::rt_detr;  ///< detectors only
-  bool use_focal_loss = true;  ///< config.json `use_focal_loss` (RT-DETR family)
+  /// The task's request/response rules (chosen from model->description().task).
+  std::unique_ptr<TaskAdapter> task;
   at::Device device = at::kCPU;
   at::ScalarType dtype = at::kFloat;
-  int64_t num_queries = -1;  ///< config.json num_queries (-1: unknown)
-  int64_t num_labels = -1;   ///< id2label size (-1: unknown)
   /// The effective fused-attention setting: serving.yaml `fused_attention` unless `default`,
   /// then the server's `kernels.fused_attention`; family_default leaves the flags as loaded.
   kernels::FusedAttention fused_attention = kernels::FusedAttention::family_default;
@@ -47,7 +47,6 @@ struct LoadedModel {
   std::unique_ptr<models::CudaGraphRunner> graphs;
   /// What /active reports: "off", "on: batch sizes 1,2,4,8", "off: <why>", "failed: <why>".
   std::string cuda_graphs_status = "off";
-  bool is_classifier() const { return task == models::Task::image_classification; }
 };
 
 /// Loads <dir> (config.json, model.safetensors, preprocessor_config.json) with `serving` on
@@ -57,12 +56,24 @@ struct LoadedModel {
 /// models::Model::set_fused_attention(true/false) and log how many modules changed. Layouts:
 /// `server_layouts` (kernels.layouts / LIBREYOLO_LAYOUTS) with serving.kernel_config, applied
 /// by the loader (models::load_model); each applied layout is logged.
-/// Object detectors and image classifiers. Throws std::runtime_error naming the file/field.
+/// Every task make_task_adapter serves. Throws std::runtime_error naming the file/field.
+/// `instance`: "" for a model of one instance, else "<model>_<i>" (its kernel handles are
+/// bound and reported under that name).
 std::shared_ptr<LoadedModel> load_model_version(
     const std::string& name, const std::string& version, const std::string& dir,
     const ServingConfig& serving, const std::string& server_device, const ModelLoader& loader,
     kernels::FusedAttention server_fused_attention = kernels::FusedAttention::family_default,
-    const kernels::Setting<kernels::LayoutMode>& server_layouts = {});
+    const kernels::Setting<kernels::LayoutMode>& server_layouts = {},
+    const std::string& instance = "");
+
+/// The devices of a model's instances: serving.instance_group expanded as Triton does (`count`
+/// instances on each GPU of `gpus`, every visible GPU when `gpus` is empty; `count` CPU
+/// instances for KIND_CPU; KIND_AUTO is KIND_GPU when a CUDA device is visible), else one
+/// instance on serving.device, else on `server_device`. Throws std::runtime_error naming the
+/// entry ("FILE:LINE:COLUMN: instance_group: KIND_GPU gpus [3]: GPU 3 does not exist (1 CUDA
+/// device visible)").
+std::vector<std::string> instance_devices(const ServingConfig& serving,
+                                          const std::string& server_device);
 
 /// One forward on zeros at the processor's output size (the warm-up). Throws on failure.
 void warm_up(const LoadedModel& model);

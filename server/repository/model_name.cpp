@@ -1,4 +1,4 @@
-#include "server/core/model_name.h"
+#include "server/repository/model_name.h"
 
 #include <climits>
 #include <cstdlib>

@@ -1,15 +1,12 @@
-#include "server/core/loaded_model.h"
+#include "server/lifecycle/loaded_model.h"
 
 #include <c10/util/StringUtil.h>
-
-#include <nlohmann/json.hpp>
 
 #include <stdexcept>
 
 #include "kernels/policy.h"
 #include "kernels/registry.h"
 #include "log/log.h"
-#include "models/core/config.h"
 
 namespace libreyolo::server {
 namespace {
@@ -32,61 +29,27 @@ at::ScalarType resolve_dtype(const std::string& name) {
   return at::kFloat;
 }
 
-/// Parses a checkpoint's config.json; it must be an object. The size cap and the clipping of
-/// huge tokens in parse errors are models::core::read_json_file's (the message becomes the
-/// model's reason: RepositoryIndex, /active, a log line).
-nlohmann::json read_json(const std::string& path) {
-  nlohmann::json j = models::core::read_json_file(path);
-  if (!j.is_object()) throw std::runtime_error(path + ": not a JSON object");
-  return j;
-}
-
-/// config[key] as T, or `fallback` when absent or null; a value of another type is an error
-/// naming the file and the key (nlohmann's own type_error names neither).
-template <class T>
-T field(const nlohmann::json& config, const std::string& path, const char* key, T fallback) {
-  const auto it = config.find(key);
-  if (it == config.end() || it->is_null()) return fallback;
-  try {
-    return it->get<T>();
-  } catch (const std::exception& e) {
-    throw std::runtime_error(path + ": field '" + key + "': " + e.what());
-  }
-}
-
 }  // namespace
 
 std::shared_ptr<LoadedModel> load_model_version(
     const std::string& name, const std::string& version, const std::string& dir,
     const ServingConfig& serving, const std::string& server_device, const ModelLoader& loader,
     kernels::FusedAttention server_fused_attention,
-    const kernels::Setting<kernels::LayoutMode>& server_layouts) {
+    const kernels::Setting<kernels::LayoutMode>& server_layouts, const std::string& instance) {
   auto m = std::make_shared<LoadedModel>();
   m->name = name;
+  m->instance = instance;
   m->version = version;
   m->dir = dir;
   m->serving = serving;
   m->device = resolve_device(serving.device.empty() ? server_device : serving.device);
   m->dtype = resolve_dtype(serving.dtype);
-  const std::string config_path = dir + "/config.json";
-  const auto config = read_json(config_path);
-  const auto model_type = field<std::string>(config, config_path, "model_type", std::string());
-  m->use_focal_loss = field<bool>(config, config_path, "use_focal_loss", true);
-  m->num_queries = field<int64_t>(config, config_path, "num_queries", int64_t{-1});
-  if (config.contains("id2label") && config["id2label"].is_object()) {
-    m->num_labels = static_cast<int64_t>(config["id2label"].size());
-  }
-  // Read with the same cap and parsed once for the clipped error first: from_file would
-  // buffer any size and quote a huge token whole.
-  const std::string processor_path = dir + "/preprocessor_config.json";
-  const std::string processor_text = models::core::read_json_text(processor_path);
-  (void)models::core::parse_json_text(processor_text, processor_path);
-  m->processor = std::make_unique<image::ImageProcessor>(
-      image::ProcessorConfig::from_json(processor_text, processor_path));
+  m->processor = image::load_image_processor(dir);
   models::LoadOptions options;
   options.device = m->device;
   options.dtype = m->dtype;
   options.name = name;
+  options.instance = instance;
   // serving.yaml's kernel lists, checked against what the process declares and provides.
   try {
     kernels::check_names(serving.kernels.slot_allow, kernels::Registry::process_default());
@@ -101,17 +64,7 @@ std::shared_ptr<LoadedModel> load_model_version(
   for (const auto& r : m->model->layouts())
     log::info(c10::str("model '", name, "': layout ", r.layout, " (", r.source, "): ", r.modules,
                        " modules, parameters ", r.params_before, " -> ", r.params_after));
-  m->task = m->model->task();
-  if (m->task == models::Task::object_detection) {
-    try {
-      m->head = image::detection_head_for(m->model->model_type());
-    } catch (const std::exception& e) {
-      throw std::runtime_error(dir + "/config.json: model_type: " + e.what());
-    }
-  } else if (m->num_labels < 0) {
-    m->num_labels = static_cast<int64_t>(m->model->id2label().size());
-  }
-  (void)model_type;
+  m->task = make_task_adapter(*m->model, serving);
   // The flag is chosen once here, before the warm-up and before anything could capture a graph.
   if (serving.fused_attention != kernels::FusedAttention::family_default) {
     m->fused_attention = serving.fused_attention;
@@ -129,6 +82,39 @@ std::shared_ptr<LoadedModel> load_model_version(
                        " attention modules changed to ", on ? "SDPA" : "the manual path"));
   }
   return m;
+}
+
+std::vector<std::string> instance_devices(const ServingConfig& serving,
+                                          const std::string& server_device) {
+  if (serving.instance_group.empty())
+    return {serving.device.empty() ? server_device : serving.device};
+  const auto gpus = static_cast<std::int64_t>(at::getNumGPUs());
+  std::vector<std::string> out;
+  for (const auto& g : serving.instance_group) {
+    auto kind = g.kind;
+    if (kind == InstanceGroup::Kind::automatic)
+      kind = gpus > 0 ? InstanceGroup::Kind::gpu : InstanceGroup::Kind::cpu;
+    if (kind == InstanceGroup::Kind::cpu) {
+      for (std::int64_t i = 0; i < g.count; ++i) out.push_back("cpu");
+      continue;
+    }
+    std::string list;
+    for (auto i : g.gpus) list += (list.empty() ? "" : ", ") + std::to_string(i);
+    const std::string what = g.origin + ": instance_group: KIND_GPU gpus [" + list + "]: ";
+    if (gpus == 0) throw std::runtime_error(what + "no CUDA device is visible");
+    std::vector<std::int64_t> indices = g.gpus;
+    if (indices.empty())
+      for (std::int64_t i = 0; i < gpus; ++i) indices.push_back(i);
+    for (auto i : indices) {
+      if (i >= gpus)
+        throw std::runtime_error(what + "GPU " + std::to_string(i) + " does not exist (" +
+                                 std::to_string(gpus) + " CUDA device" + (gpus == 1 ? "" : "s") +
+                                 " visible)");
+    }
+    for (auto i : indices)
+      for (std::int64_t c = 0; c < g.count; ++c) out.push_back("cuda:" + std::to_string(i));
+  }
+  return out;
 }
 
 void warm_up(const LoadedModel& model) {

@@ -1,4 +1,4 @@
-#include "server/core/image_inputs.h"
+#include "server/tasks/image_inputs.h"
 
 #include <c10/util/StringUtil.h>
 
@@ -97,9 +97,19 @@ void parse_pixels(const api::InputTensor& t, const RequestLimits& limits, ImageI
   }
   check_batch(t, t.shape[0], limits);
   check_fixed(t, "FP32", 4, "[N,3,H,W]");
-  const auto data = t.data();
-  r.pixel_values = at::empty({t.shape[0], 3, t.shape[2], t.shape[3]}, at::kFloat);
-  std::memcpy(r.pixel_values.data_ptr<float>(), data.data(), data.size());
+  const std::vector<int64_t> sizes = {t.shape[0], 3, t.shape[2], t.shape[3]};
+  if (t.on_device()) {
+    // CUDA shared memory (api::InputTensor::device_data): the client's device buffer as the
+    // tensor, no host copy. The transport holds the region until the call ends, and the call
+    // ends after the forward that reads it (Batcher::finish answers after the stream event).
+    r.pixel_values = at::from_blob(
+        const_cast<void*>(t.device_data), sizes,
+        at::TensorOptions().dtype(at::kFloat).device(at::Device(at::kCUDA, t.device_index)));
+  } else {
+    const auto data = t.data();
+    r.pixel_values = at::empty(sizes, at::kFloat);
+    std::memcpy(r.pixel_values.data_ptr<float>(), data.data(), data.size());
+  }
   r.batch = t.shape[0];
 }
 
@@ -155,9 +165,9 @@ int64_t check_fixed(const api::InputTensor& t, const std::string& datatype, std:
     count *= d;
   }
   const int64_t bytes = count * element_size(datatype);
-  if (static_cast<int64_t>(t.data().size()) != bytes) {
+  if (static_cast<int64_t>(t.byte_size()) != bytes) {
     invalid_argument(c10::str("input '", t.name, "': shape ", shape_str(t.shape), " needs ", bytes,
-                              " bytes of ", datatype, ", got ", t.data().size()));
+                              " bytes of ", datatype, ", got ", t.byte_size()));
   }
   return count;
 }

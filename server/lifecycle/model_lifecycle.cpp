@@ -1,0 +1,348 @@
+#include "server/lifecycle/model_lifecycle.h"
+
+#include <c10/util/StringUtil.h>
+
+#include <algorithm>
+#include <chrono>
+#include <thread>
+
+#include "kernels/policy.h"
+#include "log/log.h"
+#include "server/core/statistics.h"
+#include "server/pipeline/batcher.h"
+
+namespace libreyolo::server {
+
+using api::Code;
+using api::Error;
+
+namespace {
+
+/// Takes an entry out of service: UNLOADING while requests that hold a lease still run, then
+/// UNAVAILABLE with `reason`. Its batcher is released outside the entry's lock (queued requests
+/// still finish; the last holder joins the worker, never the worker itself since hooks hold the
+/// entry weakly and the entry no longer holds the batcher).
+void retire(const std::shared_ptr<ModelEntry>& e, const std::string& reason, bool unloaded) {
+  std::shared_ptr<Batcher> batcher;
+  {
+    std::lock_guard<std::mutex> ek(e->mu);
+    batcher = std::move(e->batcher);
+    e->loaded.reset();
+    e->state = e->in_flight > 0 ? ModelState::unloading : ModelState::unavailable;
+    e->reason = reason;
+    e->unloaded = unloaded;
+  }
+  batcher.reset();
+}
+
+}  // namespace
+
+ModelLease::ModelLease(ModelLease&& o) noexcept
+    : entry(std::move(o.entry)),
+      loaded(std::move(o.loaded)),
+      batcher(std::move(o.batcher)),
+      not_ready(std::move(o.not_ready)) {}
+
+ModelLease::~ModelLease() {
+  if (!entry || !loaded) return;
+  loaded.reset();
+  batcher.reset();
+  std::lock_guard<std::mutex> ek(entry->mu);
+  // The last request of a retired version: it is now out of service.
+  if (--entry->in_flight == 0 && entry->state == ModelState::unloading)
+    entry->state = ModelState::unavailable;
+}
+
+ModelLifecycle::ModelLifecycle(const ServerConfig& config, Metrics& metrics, ModelLoader factory)
+    : config_(config),
+      metrics_(metrics),
+      factory_(std::move(factory)),
+      repository_(config.model_repository.value,
+                  config.model_repository.source == kernels::Source::default_value
+                      ? std::string("default")
+                      : std::string(kernels::source_name(config.model_repository.source)) + " " +
+                            config.model_repository.origin) {}
+
+ModelLifecycle::~ModelLifecycle() {
+  // Batchers are destroyed outside the locks: their workers finish queued requests and take
+  // the entry's lock in their hooks.
+  std::vector<std::shared_ptr<Batcher>> batchers;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    for (auto& [name, e] : models_) {
+      std::lock_guard<std::mutex> ek(e->mu);
+      batchers.push_back(std::move(e->batcher));
+    }
+  }
+  batchers.clear();
+}
+
+void ModelLifecycle::bring_up(const std::shared_ptr<ModelEntry>& e, const ModelSource& source) {
+  const auto t0 = Clock::now();
+  const auto serving = load_serving_config(source.serving_yaml);
+  // One LoadedModel per instance (instance_group), each with its own weights on its device,
+  // its layouts and kernel handles, warm-up and CUDA graphs.
+  const auto devices = instance_devices(serving, config_.device.value);
+  std::vector<std::shared_ptr<LoadedModel>> instances;
+  double load_s = 0, warm_s = 0;
+  for (std::size_t i = 0; i < devices.size(); ++i) {
+    auto on_device = serving;
+    on_device.device = devices[i];
+    const std::string instance =
+        devices.size() > 1 ? e->name + "_" + std::to_string(i) : std::string();
+    const auto t_load = Clock::now();
+    auto loaded = load_model_version(e->name, e->version, e->dir, on_device, config_.device.value,
+                                     factory_, config_.kernels.fused_attention.value,
+                                     config_.kernels.layouts, instance);
+    load_s += seconds_since(t_load);
+    const auto t_warm = Clock::now();
+    if (serving.warmup) warm_up(*loaded);
+    capture_cuda_graphs(*loaded);  // after the warm-up, before the first request
+    warm_s += seconds_since(t_warm);
+    instances.push_back(std::move(loaded));
+  }
+  std::weak_ptr<ModelEntry> weak = e;
+  std::vector<std::pair<std::string, std::string>> names;  // (instance, device) for the metrics
+  for (std::size_t i = 0; i < instances.size(); ++i)
+    names.emplace_back(e->name + "_" + std::to_string(i), instances[i]->device.str());
+  Batcher::Hooks hooks;
+  hooks.pending = [&metrics = metrics_, n = e->name](int64_t count) { metrics.pending(n, count); };
+  hooks.executed = [&metrics = metrics_, weak, names](int64_t size, double in_s, double infer_s,
+                                                      double out_s, std::size_t instance) {
+    auto entry = weak.lock();
+    if (!entry) return;
+    metrics.batch(entry->name, size);
+    metrics.instance_batch(entry->name, names[instance].first, names[instance].second, size);
+    std::lock_guard<std::mutex> ek(entry->mu);
+    entry->stats.execution_count += 1;
+    auto& b = entry->batch_stats[static_cast<std::uint64_t>(size)];
+    b.batch_size = static_cast<std::uint64_t>(size);
+    add_duration(b.compute_input, in_s);
+    add_duration(b.compute_infer, infer_s);
+    add_duration(b.compute_output, out_s);
+  };
+  hooks.instance_failed = [&metrics = metrics_, weak, names, model = e->name](
+                              std::size_t instance, const std::string& what, std::size_t left) {
+    metrics.instance_ready(model, names[instance].first, names[instance].second, false);
+    auto entry = weak.lock();
+    if (!entry || left > 0) return;
+    // Every instance failed: the model is out of service, with the last error as its reason.
+    std::lock_guard<std::mutex> ek(entry->mu);
+    if (entry->state == ModelState::ready) {
+      entry->state = ModelState::unavailable;
+      entry->reason = "every instance failed; last: " + what;
+    }
+  };
+  for (const auto& [instance, device] : names)
+    metrics_.instance_ready(e->name, instance, device, true);
+  auto batcher = std::make_shared<Batcher>(instances, std::move(hooks));
+  {
+    std::lock_guard<std::mutex> ek(e->mu);
+    e->serving = serving;
+    e->loaded = instances.front();
+    e->batcher = batcher;
+    e->state = ModelState::ready;
+    e->reason.clear();
+    e->unloaded = false;
+  }
+  metrics_.model_load(e->name, e->version, seconds_since(t0));
+  std::string where;
+  for (const auto& l : instances) where += (where.empty() ? "" : ", ") + l->device.str();
+  log::info(c10::str("model '", e->name, "' version ", e->version, " ready on ", where, " (",
+                     c10::toString(instances.front()->dtype), "): load ", load_s, " s, warm-up ",
+                     warm_s, " s"));
+}
+
+int ModelLifecycle::load_repository(const std::set<std::string>& load) {
+  const auto t0 = Clock::now();
+  const auto sources = repository_.scan();  // throws when the root is not a folder
+  const bool all = load.count("*") > 0;
+  std::vector<std::pair<std::shared_ptr<ModelEntry>, ModelSource>> to_load;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    for (const auto& s : sources) {
+      auto e = std::make_shared<ModelEntry>();
+      e->name = s.name;
+      e->version = s.version;
+      e->dir = s.dir;
+      e->stats.name = s.name;
+      e->stats.version = s.version;
+      if (!all && !load.count(s.name)) {
+        e->state = ModelState::unavailable;
+        e->reason = "unloaded";
+        e->unloaded = true;
+      } else if (!s.error.empty()) {
+        e->state = ModelState::unavailable;
+        e->reason = s.error;
+        log::error("model '" + e->name + "': " + e->reason);
+      } else {
+        e->state = ModelState::loading;
+        to_load.emplace_back(e, s);
+      }
+      models_[e->name] = e;
+    }
+  }
+  for (const auto& name : load) {
+    if (name != "*" && !models_.count(name))
+      log::error("--load-model " + quoted_name(name) + ": no such folder in model_repository " +
+                 repository_.root());
+  }
+  // At most kLoadThreads models load at once (Triton's --model-load-thread-count default):
+  // one thread per model made a repository of thousands of folders start thousands of threads
+  // (std::system_error, an abort, under a container's pids limit) and peak memory of every
+  // model at once.
+  constexpr std::size_t kLoadThreads = 4;
+  std::atomic<std::size_t> next{0};
+  std::vector<std::thread> loaders;
+  for (std::size_t t = 0; t < std::min(kLoadThreads, to_load.size()); ++t) {
+    loaders.emplace_back([this, &to_load, &next] {
+      for (std::size_t i = next++; i < to_load.size(); i = next++) {
+        const auto& [e, source] = to_load[i];
+        try {
+          bring_up(e, source);
+        } catch (const std::exception& ex) {
+          std::lock_guard<std::mutex> ek(e->mu);
+          e->state = ModelState::unavailable;
+          e->reason = ex.what();
+          log::error("model '" + e->name + "' failed to load: " + ex.what());
+        }
+      }
+    });
+  }
+  for (auto& t : loaders) t.join();
+  int ready = 0;
+  for (const auto& e : entries()) {
+    std::lock_guard<std::mutex> ek(e->mu);
+    ready += e->state == ModelState::ready;
+  }
+  scanned_ = true;
+  log::info(c10::str("repository ", repository_.root(), ": ", ready, " of ", sources.size(),
+                     " models ready in ", seconds_since(t0), " s"));
+  return ready;
+}
+
+void ModelLifecycle::load(const std::string& name) {
+  // Triton's explicit mode: re-scan this one folder of the repository, load its highest version
+  // into a new entry, and swap it in only when it is READY (a failed reload keeps the served
+  // version; in-flight requests of the old entry finish on its batcher).
+  std::lock_guard<std::mutex> control(control_mu_);
+  const ModelSource source = repository_.locate(name);
+  std::shared_ptr<ModelEntry> old;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    auto it = models_.find(name);
+    if (it != models_.end()) old = it->second;
+  }
+  bool old_ready = false;
+  if (old) {
+    std::lock_guard<std::mutex> ek(old->mu);
+    old_ready = old->state == ModelState::ready;
+  }
+  auto e = std::make_shared<ModelEntry>();
+  e->name = name;
+  e->stats.name = name;
+  e->version = source.version;
+  e->dir = source.dir;
+  e->stats.version = source.version;
+  e->state = ModelState::loading;
+  std::string failure = source.error;
+  if (failure.empty()) {
+    try {
+      bring_up(e, source);
+    } catch (const std::exception& ex) {
+      failure = ex.what();
+    }
+  }
+  if (!failure.empty()) {
+    const std::string what = "failed to load model '" + name + "'" +
+                             (e->version.empty() ? "" : " version " + e->version) + ": " + failure +
+                             (old_ready ? " (version " + old->version + " keeps serving)" : "");
+    log::error("model control: " + what);
+    if (!old_ready) {
+      e->state = ModelState::unavailable;
+      e->reason = failure;
+      std::lock_guard<std::mutex> lk(mu_);
+      models_[name] = e;
+    }
+    throw Error(Code::internal, what);
+  }
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    models_[name] = e;
+  }
+  if (old) retire(old, "replaced by version " + e->version, /*unloaded=*/false);
+  log::info("model control: model '" + name + "' " + (old_ready ? "reloaded" : "loaded") +
+            ": version " + e->version + (old_ready ? " (was " + old->version + ")" : ""));
+}
+
+void ModelLifecycle::unload(const std::string& name) {
+  check_model_name(name);
+  std::lock_guard<std::mutex> control(control_mu_);
+  auto e = find(name, "");
+  retire(e, "unloaded", /*unloaded=*/true);  // queued and running requests finish first
+  log::info("model control: model '" + name + "' unloaded");
+}
+
+std::shared_ptr<ModelEntry> ModelLifecycle::find(const std::string& name,
+                                                 const std::string& version) const {
+  std::shared_ptr<ModelEntry> e;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    auto it = models_.find(name);
+    if (it == models_.end()) throw Error(Code::not_found, "unknown model " + quoted_name(name));
+    e = it->second;
+  }
+  if (!version.empty() && version != e->version) {
+    throw Error(Code::not_found, "model " + quoted_name(name) + " has no version " +
+                                     quoted_name(version) + " (served: '" + e->version + "')");
+  }
+  return e;
+}
+
+ModelLease ModelLifecycle::acquire(const std::string& name, const std::string& version) const {
+  // One critical section for the lookup and the state check: load() swaps a reloaded entry into
+  // models_ under mu_ and only then retires the old one, so an entry found here is either READY
+  // (its batcher and model are taken, and the request finishes on them even if a reload
+  // retires the entry a moment later: the drain) or out of service on purpose (unloaded,
+  // failed). Looking up and checking under two separate locks answered a request racing a
+  // reload UNAVAILABLE "replaced by version N".
+  ModelLease s;
+  std::lock_guard<std::mutex> lk(mu_);
+  auto it = models_.find(name);
+  if (it == models_.end()) throw Error(Code::not_found, "unknown model " + quoted_name(name));
+  s.entry = it->second;
+  if (!version.empty() && version != s.entry->version) {
+    throw Error(Code::not_found, "model " + quoted_name(name) + " has no version " +
+                                     quoted_name(version) + " (served: '" + s.entry->version +
+                                     "')");
+  }
+  if (lookup_hook_for_testing) lookup_hook_for_testing(name);
+  std::lock_guard<std::mutex> ek(s.entry->mu);
+  if (s.entry->state == ModelState::ready) {
+    s.loaded = s.entry->loaded;
+    s.batcher = s.entry->batcher;
+    ++s.entry->in_flight;
+  } else {
+    s.not_ready = "model '" + s.entry->name + "' is not ready (" + state_name(s.entry->state) +
+                  (s.entry->reason.empty() ? "" : ": " + s.entry->reason) + ")";
+  }
+  return s;
+}
+
+std::vector<std::shared_ptr<ModelEntry>> ModelLifecycle::entries() const {
+  std::vector<std::shared_ptr<ModelEntry>> out;
+  std::lock_guard<std::mutex> lk(mu_);
+  for (const auto& [n, e] : models_) out.push_back(e);
+  return out;
+}
+
+bool ModelLifecycle::all_ready() const {
+  for (const auto& e : entries()) {
+    std::lock_guard<std::mutex> ek(e->mu);
+    // A model the operator unloaded on purpose does not make the server unready (Triton).
+    if (e->state != ModelState::ready && !e->unloaded) return false;
+  }
+  return true;
+}
+
+}  // namespace libreyolo::server

@@ -1,0 +1,151 @@
+// Shared-memory regions registered by clients (Triton's system and CUDA shared-memory
+// extensions), for every transport: gRPC (server/rpc/grpc_server.cpp) and REST call the same
+// Registry. No torch, no gRPC, no protobuf here: names, keys, sizes and api::Error only.
+//
+// Semantics follow triton-inference-server/server src/shared_memory_manager.cc (register,
+// status, unregister, the bounds of a use) and its status messages; where this registry says
+// more (the numbers of a failed bounds check) the text starts with Triton's message.
+//
+// Life cycle: a Region is shared (std::shared_ptr) by the registry and by every request that
+// uses it (a View). Unregister takes the name out of the registry at once (status no longer
+// lists it, the name can be registered again) and the mapping itself (munmap /
+// cudaIpcCloseMemHandle) is released when the last View of it goes: an unregister while a
+// request uses the region is deferred, never refused, and never unmaps under a request.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "server/api/types.h"
+
+namespace libreyolo::server::shm {
+
+/// Bytes of a cudaIpcMemHandle_t (CUDA_IPC_HANDLE_SIZE in driver_types.h): the size a
+/// CudaSharedMemoryRegister raw_handle must have.
+constexpr std::size_t kCudaIpcHandleBytes = 64;
+
+enum class Kind { system, cuda };
+
+/// One registered region. Immutable after registration; the destructor unmaps it.
+class Region {
+ public:
+  ~Region();
+  Region(const Region&) = delete;
+  Region& operator=(const Region&) = delete;
+
+  const std::string& name() const { return name_; }
+  Kind kind() const { return kind_; }
+  const std::string& key() const { return key_; }   ///< system: the POSIX shm key
+  std::uint64_t offset() const { return offset_; }  ///< system: offset into the shm object
+  std::uint64_t byte_size() const { return byte_size_; }
+  int device_id() const { return device_id_; }  ///< cuda: the device it lives on
+  /// First byte of the region: host address of [offset, offset + byte_size) of the shm object
+  /// (system) or the device pointer cudaIpcOpenMemHandle returned (cuda).
+  char* base() const { return base_; }
+
+ private:
+  friend class Registry;
+  Region() = default;
+  std::string name_;
+  Kind kind_ = Kind::system;
+  std::string key_;
+  std::uint64_t offset_ = 0, byte_size_ = 0;
+  int device_id_ = 0;
+  char* base_ = nullptr;
+  void* mapping_ = nullptr;  ///< system: what mmap returned (page-aligned, below base_)
+  std::size_t mapping_bytes_ = 0;
+};
+
+/// [offset, offset + byte_size) of a region, for one request. Holding it keeps the mapping.
+struct View {
+  std::shared_ptr<const Region> region;
+  char* data = nullptr;  ///< host address (system) or device pointer (cuda)
+  std::uint64_t byte_size = 0;
+  bool on_device() const { return region && region->kind() == Kind::cuda; }
+};
+
+/// Copies `bytes` bytes from host memory `src` into the view (memcpy, or cudaMemcpy for a CUDA
+/// region). Throws api::Error INVALID_ARGUMENT when they do not fit (the caller checks first
+/// with its own message), INTERNAL when the CUDA copy fails.
+void write(const View& view, const void* src, std::size_t bytes);
+
+struct SystemStatus {
+  std::string name, key;
+  std::uint64_t offset = 0, byte_size = 0;
+};
+
+struct CudaStatus {
+  std::string name;
+  std::uint64_t device_id = 0, byte_size = 0;
+};
+
+/// The regions of one server. Thread-safe. Every method throws api::Error (code and Triton's
+/// message) on a bad argument; nothing else escapes.
+class Registry {
+ public:
+  Registry() = default;
+  ~Registry();
+  Registry(const Registry&) = delete;
+  Registry& operator=(const Registry&) = delete;
+
+  /// SystemSharedMemoryRegister: shm_open(key, O_RDWR) + mmap of [offset, offset + byte_size)
+  /// (offset need not be page-aligned). Errors: ALREADY_EXISTS "shared memory region 'NAME'
+  /// already in manager"; INTERNAL "Unable to open shared memory region: 'KEY'" (shm_open
+  /// failed); INVALID_ARGUMENT "failed to register shared memory region 'NAME': invalid args
+  /// (...)" when byte_size is 0 or offset + byte_size exceeds the object's size (fstat);
+  /// INVALID_ARGUMENT "failed to register shared memory region 'NAME': unable to process
+  /// address space: <strerror>" when mmap fails.
+  void register_system(const std::string& name, const std::string& key, std::uint64_t offset,
+                       std::uint64_t byte_size);
+
+  /// CudaSharedMemoryRegister: cudaIpcOpenMemHandle(raw_handle) on device_id, bounds checked
+  /// with cuMemGetAddressRange (the allocation the handle names must hold byte_size bytes).
+  /// Errors: ALREADY_EXISTS (as above); INVALID_ARGUMENT "failed to register CUDA shared memory
+  /// region 'NAME': raw_handle has N bytes, expected 64 (a cudaIpcMemHandle_t)"; UNAVAILABLE
+  /// "CUDA shared memory is not available: <why>" (a build without CUDA, no CUDA device);
+  /// INVALID_ARGUMENT "failed to register CUDA shared memory region 'NAME': device_id D is not
+  /// a CUDA device (N devices)"; INVALID_ARGUMENT "failed to register shared memory region:
+  /// invalid args (cudaIpcOpenMemHandle: <cuda error>)"; INVALID_ARGUMENT "failed to register
+  /// shared memory region 'NAME': invalid args (byte_size B exceeds the A bytes of the CUDA
+  /// allocation)".
+  void register_cuda(const std::string& name, std::string_view raw_handle, std::int64_t device_id,
+                     std::uint64_t byte_size);
+
+  /// SystemSharedMemoryStatus / CudaSharedMemoryStatus: every region of that kind when `name`
+  /// is empty (sorted by name), else that one. Errors: NOT_FOUND "Unable to find system shared
+  /// memory region: 'NAME'" / "Unable to find cuda shared memory region: 'NAME'"; NOT_FOUND
+  /// "The region named 'NAME' is registered as CUDA shared memory, not system shared memory"
+  /// (and the converse).
+  std::vector<SystemStatus> system_status(const std::string& name) const;
+  std::vector<CudaStatus> cuda_status(const std::string& name) const;
+
+  /// SystemSharedMemoryUnregister / CudaSharedMemoryUnregister: `name` empty = every region of
+  /// that kind. An unknown name, or one of the other kind, is not an error (Triton). Returns the
+  /// number of regions taken out of the registry; those used by a request are unmapped when
+  /// the request ends (see the file comment).
+  int unregister_system(const std::string& name);
+  int unregister_cuda(const std::string& name);
+
+  /// The bytes [offset, offset + byte_size) of region `name` for one request. Errors:
+  /// NOT_FOUND "Unable to find shared memory region: 'NAME'"; INVALID_ARGUMENT "Invalid offset
+  /// for shared memory region: 'NAME' (offset O, region of S bytes)"; INVALID_ARGUMENT "Invalid
+  /// offset + byte size for shared memory region: 'NAME' (offset O + byte_size B > S bytes)".
+  View acquire(const std::string& name, std::uint64_t offset, std::uint64_t byte_size) const;
+
+  /// True when this build can open CUDA IPC handles (compiled with CUDA); a device may still be
+  /// missing at run time.
+  static bool cuda_built();
+
+ private:
+  int unregister(const std::string& name, Kind kind);
+  mutable std::mutex mu_;
+  std::map<std::string, std::shared_ptr<Region>> regions_;
+};
+
+}  // namespace libreyolo::server::shm

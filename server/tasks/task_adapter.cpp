@@ -1,0 +1,117 @@
+#include "server/tasks/task_adapter.h"
+
+#include <stdexcept>
+
+#include "server/tasks/classifier_io.h"
+#include "server/tasks/detector_io.h"
+
+namespace libreyolo::server {
+namespace {
+
+/// Object detection: the DETR heads' boxes, scores and labels (detector_io.h).
+class DetectionTask final : public TaskAdapter {
+ public:
+  DetectionTask(const models::ModelDescription& d, std::map<int64_t, std::string> labels,
+                const ServingConfig& serving)
+      : description_(d), labels_(std::move(labels)), serving_(serving) {}
+
+  const char* name() const override { return "object_detection"; }
+  bool uses_boxes() const override { return true; }
+
+  TaskRequest parse(const api::InferRequest& request, const RequestLimits& limits) const override {
+    auto d = parse_detector_request(request, limits, serving_.threshold, serving_.top_k);
+    TaskRequest r;
+    static_cast<ImageInputs&>(r) = std::move(d);
+    r.target_sizes = std::move(d.target_sizes);
+    r.post = d.post;
+    r.post.use_focal_loss = description_.use_focal_loss;
+    r.outputs = std::move(d.outputs);
+    return r;
+  }
+
+  std::vector<api::OutputTensor> respond(const models::ModelOutput& out,
+                                         const TaskRequest& r) const override {
+    const auto detections = image::post_process_object_detection(
+        out.logits, out.pred_boxes, r.target_sizes, description_.head, r.post);
+    const bool raw = r.outputs.count("logits") || r.outputs.count("pred_boxes");
+    return detector_outputs(detections, raw ? out.logits.contiguous() : at::Tensor(),
+                            raw ? out.pred_boxes.contiguous() : at::Tensor(), labels_, r.outputs);
+  }
+
+  std::vector<api::TensorMetadata> input_metadata() const override {
+    return detector_input_metadata();
+  }
+  std::vector<api::TensorMetadata> output_metadata() const override {
+    return detector_output_metadata(description_.num_queries, description_.num_labels);
+  }
+  std::map<std::string, std::string> config_parameters() const override {
+    return {{"threshold", std::to_string(serving_.threshold)},
+            {"top_k", std::to_string(serving_.top_k)}};
+  }
+
+ private:
+  models::ModelDescription description_;
+  std::map<int64_t, std::string> labels_;
+  ServingConfig serving_;
+};
+
+/// Image classification: softmax top-k (classifier_io.h).
+class ClassificationTask final : public TaskAdapter {
+ public:
+  ClassificationTask(const models::ModelDescription& d, std::map<int64_t, std::string> labels,
+                     const ServingConfig& serving)
+      : description_(d), labels_(std::move(labels)), serving_(serving) {}
+
+  const char* name() const override { return "image_classification"; }
+  bool uses_boxes() const override { return false; }
+
+  TaskRequest parse(const api::InferRequest& request, const RequestLimits& limits) const override {
+    auto c = parse_classifier_request(request, limits, serving_.top_k);
+    TaskRequest r;
+    static_cast<ImageInputs&>(r) = std::move(c);
+    r.post.top_k = c.top_k;
+    r.outputs = std::move(c.outputs);
+    return r;
+  }
+
+  std::vector<api::OutputTensor> respond(const models::ModelOutput& out,
+                                         const TaskRequest& r) const override {
+    const auto logits = out.logits.contiguous();
+    return classifier_outputs(logits, image::classify(logits, r.post.top_k), labels_, r.outputs);
+  }
+
+  std::vector<api::TensorMetadata> input_metadata() const override {
+    return classifier_input_metadata();
+  }
+  std::vector<api::TensorMetadata> output_metadata() const override {
+    return classifier_output_metadata(description_.num_labels);
+  }
+  std::map<std::string, std::string> config_parameters() const override {
+    return {{"top_k", std::to_string(serving_.top_k)}};
+  }
+
+ private:
+  models::ModelDescription description_;
+  std::map<int64_t, std::string> labels_;
+  ServingConfig serving_;
+};
+
+}  // namespace
+
+std::unique_ptr<TaskAdapter> make_task_adapter(const models::Model& model,
+                                               const ServingConfig& serving) {
+  const auto& d = model.description();
+  switch (d.task) {
+    case models::Task::object_detection:
+      return std::make_unique<DetectionTask>(d, model.id2label(), serving);
+    case models::Task::image_classification: {
+      auto c = d;
+      if (c.num_labels < 0 && !model.id2label().empty())
+        c.num_labels = static_cast<int64_t>(model.id2label().size());
+      return std::make_unique<ClassificationTask>(c, model.id2label(), serving);
+    }
+  }
+  throw std::runtime_error("model_type " + d.model_type + ": no task adapter for its task");
+}
+
+}  // namespace libreyolo::server

@@ -1,0 +1,72 @@
+// A task adapter per task (object detection, image classification; instance segmentation
+// next), chosen once at load from what the model describes (models::ModelDescription): request
+// parsing, post-processing, the output tensors and what ModelMetadata/ModelConfig report. The
+// pipeline and the batcher call it and never branch on the task (DESIGN.md "Serving").
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "models/image/postprocess.h"
+#include "models/model.h"
+#include "server/api/types.h"
+#include "server/core/serving_config.h"
+#include "server/tasks/image_inputs.h"
+
+namespace libreyolo::server {
+
+/// A validated request of any task (views into the api::InferRequest: keep it alive).
+struct TaskRequest : ImageInputs {
+  /// Per image (height, width) in pixels that boxes/masks are scaled to: the request's
+  /// `target_sizes`, else (filled by the pipeline) the images' original sizes, or H x W of
+  /// `pixel_values`.
+  std::vector<std::pair<int64_t, int64_t>> target_sizes;
+  /// Detection: threshold, top_k, use_focal_loss. Classification: top_k (0: 5).
+  image::PostProcessOptions post;
+  std::set<std::string> outputs;  ///< the requested outputs, defaults filled in
+};
+
+/// One task's request and response rules. Stateless after construction; shared by every
+/// request of the model version it was made for.
+class TaskAdapter {
+ public:
+  virtual ~TaskAdapter() = default;
+
+  /// The Hugging Face pipeline name: "object_detection", "image_classification".
+  virtual const char* name() const = 0;
+
+  /// Validates the request against `limits`. Throws api::Error INVALID_ARGUMENT naming the
+  /// tensor or parameter and the problem (detector_io.h / classifier_io.h list them).
+  virtual TaskRequest parse(const api::InferRequest& request,
+                            const RequestLimits& limits) const = 0;
+
+  /// Whether the forward's pred_boxes are needed on the host (detection).
+  virtual bool uses_boxes() const = 0;
+
+  /// Post-processes this request's rows of the batch output and renders the output tensors.
+  /// `output.logits` (n, ...) and, when uses_boxes(), `output.pred_boxes` (n, Q, 4): host
+  /// float32, n = the request's images.
+  virtual std::vector<api::OutputTensor> respond(const models::ModelOutput& output,
+                                                 const TaskRequest& request) const = 0;
+
+  /// ModelMetadata's inputs and outputs (batch dimension -1).
+  virtual std::vector<api::TensorMetadata> input_metadata() const = 0;
+  virtual std::vector<api::TensorMetadata> output_metadata() const = 0;
+
+  /// The task's ModelConfig parameters ("threshold", "top_k": the serving.yaml defaults).
+  virtual std::map<std::string, std::string> config_parameters() const = 0;
+};
+
+/// The adapter of `model`'s task with the defaults of `serving` (threshold, top_k). Throws
+/// std::runtime_error for a task no adapter serves.
+std::unique_ptr<TaskAdapter> make_task_adapter(const models::Model& model,
+                                               const ServingConfig& serving);
+
+}  // namespace libreyolo::server

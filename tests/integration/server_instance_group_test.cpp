@@ -1,0 +1,222 @@
+// instance_group (Triton's ModelInstanceGroup) on the CPU: several KIND_CPU instances of one
+// model, each loaded with its own options (instance name), fed by one dynamic batcher; the
+// statistics aggregate over them; an instance whose device fails is taken out of rotation
+// while the others serve; a GPU that does not exist is a load error naming it.
+#include <gtest/gtest.h>
+
+#include <ATen/Context.h>
+
+#include <future>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "server/app/daemon.h"
+#include "server/core/config.h"
+#include "server/core/serving_config.h"
+#include "server/rpc/client.h"
+#include "server_test_support.h"
+
+namespace libreyolo::server {
+namespace {
+
+using api::Code;
+
+const std::string kPixels = std::string(3 * 8 * 8 * 4, '\0');
+
+std::string pv_request(const std::string& model) {
+  return "model_name: \"" + model +
+         "\" inputs { name: \"pixel_values\" datatype: \"FP32\" shape: [1, 3, 8, 8] }";
+}
+
+ModelFactory fake_factory() {
+  return [](const std::string&, const models::LoadOptions& o) -> std::unique_ptr<models::Model> {
+    return std::make_unique<FakeDetector>(o);
+  };
+}
+
+class InstanceGroups : public ::testing::Test {
+ protected:
+  void start(const std::string& serving_yaml) {
+    FakeState::get().reset();
+    repo_ = temp_dir("instances");
+    add_fake_model(repo_, "fake", serving_yaml);
+    daemon_ = std::make_unique<Daemon>(loopback_config(repo_), fake_factory());
+    daemon_->start();
+    FakeState::get().reset();  // forget the warm-ups
+    client_ = std::make_unique<rpc::Client>("127.0.0.1:" + std::to_string(daemon_->grpc_port()));
+  }
+  void TearDown() override {
+    client_.reset();
+    if (daemon_) daemon_->stop(1.0);
+    daemon_.reset();
+    FakeState::get().reset();
+    remove_tree(repo_);
+  }
+  /// `n` requests at once (each one image); returns the codes.
+  std::vector<Code> burst(int n) {
+    std::vector<std::future<rpc::CallResult>> calls;
+    for (int i = 0; i < n; ++i)
+      calls.push_back(std::async(std::launch::async, [this] {
+        rpc::Client c("127.0.0.1:" + std::to_string(daemon_->grpc_port()));
+        return c.infer(pv_request("fake"), {kPixels});
+      }));
+    std::vector<Code> codes;
+    for (auto& f : calls) codes.push_back(f.get().code);
+    return codes;
+  }
+  nlohmann::json active() {
+    return nlohmann::json::parse(http_get(daemon_->http_port(), "/active").body);
+  }
+  fs::path repo_;
+  std::unique_ptr<Daemon> daemon_;
+  std::unique_ptr<rpc::Client> client_;
+};
+
+TEST_F(InstanceGroups, ThreeCpuInstancesShareTheQueue) {
+  start("max_batch_size: 1\ninstance_group: [{count: 3, kind: KIND_CPU}]\n");
+  FakeState::get().sleep_ms = 50;  // long enough that a burst keeps every instance busy
+  const auto codes = burst(12);
+  for (auto c : codes) EXPECT_EQ(c, Code::ok);
+  const auto instances = FakeState::get().instances;
+  EXPECT_EQ(instances.size(), 12u);
+  std::map<std::string, int> per;
+  for (const auto& i : instances) per[i] += 1;
+  // Every instance ran batches: three workers took from one queue.
+  EXPECT_EQ(per.size(), 3u) << "instances used: " << per.size();
+  for (const char* name : {"fake_0", "fake_1", "fake_2"}) EXPECT_GT(per[name], 0) << name;
+  const auto a = active();
+  const auto& model = a["models"][0];
+  ASSERT_EQ(model["instances"].size(), 3u) << model.dump();
+  std::uint64_t batches = 0;
+  for (std::size_t i = 0; i < 3; ++i) {
+    const auto& st = model["instances"][i];
+    EXPECT_EQ(st["name"], "fake_" + std::to_string(i));
+    EXPECT_EQ(st["device"], "cpu");
+    EXPECT_EQ(st["healthy"], true);
+    EXPECT_EQ(st["batches"].get<int>(), per["fake_" + std::to_string(i)]);
+    batches += st["batches"].get<std::uint64_t>();
+  }
+  EXPECT_EQ(batches, 12u);
+  // ModelStatistics aggregates over the instances (Triton).
+  const auto stats = client_->call("ModelStatistics", "name: \"fake\"").text;
+  EXPECT_NE(stats.find("inference_count: 12\n"), std::string::npos) << stats;
+  EXPECT_NE(stats.find("execution_count: 12\n"), std::string::npos) << stats;
+  const auto metrics = http_get(daemon_->http_port(), "/metrics").body;
+  for (int i = 0; i < 3; ++i) {
+    const std::string labels =
+        "{device=\"cpu\",instance=\"fake_" + std::to_string(i) + "\",model=\"fake\"}";
+    EXPECT_NE(metrics.find("libreyolo_instance_ready" + labels + " 1"), std::string::npos)
+        << labels;
+    EXPECT_NE(metrics.find("libreyolo_instance_batches_total" + labels + " " +
+                           std::to_string(per["fake_" + std::to_string(i)])),
+              std::string::npos)
+        << labels;
+  }
+}
+
+TEST_F(InstanceGroups, AFailedDeviceLeavesTheRotationTheOthersServe) {
+  start("max_batch_size: 1\ninstance_group: [{count: 2, kind: KIND_CPU}]\n");
+  {
+    std::lock_guard<std::mutex> lk(FakeState::get().mu);
+    FakeState::get().fail_instance = "fake_1";
+  }
+  FakeState::get().sleep_ms = 30;
+  // Until fake_1 takes a batch and fails, requests may land on it: at most one answer is the
+  // failure, every other request is served by fake_0.
+  int failed = 0;
+  for (int round = 0; round < 5; ++round) {
+    for (auto c : burst(4)) {
+      EXPECT_TRUE(c == Code::ok || c == Code::internal) << api::code_name(c);
+      failed += c == Code::internal;
+    }
+  }
+  EXPECT_EQ(failed, 1);
+  auto r = client_->infer(pv_request("fake"), {kPixels});
+  EXPECT_TRUE(r.ok()) << r.message;
+  const auto a = active();
+  const auto& inst = a["models"][0]["instances"];
+  EXPECT_EQ(inst[0]["healthy"], true);
+  EXPECT_EQ(inst[1]["healthy"], false);
+  EXPECT_EQ(inst[1]["error"], "CUDA out of memory (simulated)");
+  EXPECT_EQ(a["models"][0]["state"], "READY");  // one instance still serves
+  EXPECT_EQ(client_->call("ModelReady", "name: \"fake\"").text, "ready: true\n");
+  const auto metrics = http_get(daemon_->http_port(), "/metrics").body;
+  EXPECT_NE(metrics.find("libreyolo_instance_ready{device=\"cpu\",instance=\"fake_1\",model="
+                         "\"fake\"} 0"),
+            std::string::npos);
+  EXPECT_NE(metrics.find("libreyolo_instance_failures_total{device=\"cpu\",instance=\"fake_1\","
+                         "model=\"fake\"} 1"),
+            std::string::npos);
+
+  // The last instance fails too: the model is UNAVAILABLE with the reason, not hanging.
+  {
+    std::lock_guard<std::mutex> lk(FakeState::get().mu);
+    FakeState::get().fail_instance = "*";
+  }
+  r = client_->infer(pv_request("fake"), {kPixels});
+  EXPECT_EQ(r.code, Code::internal);
+  EXPECT_EQ(r.message,
+            "model 'fake': instance fake_0 on cpu failed: CUDA out of memory (simulated)");
+  r = client_->infer(pv_request("fake"), {kPixels});
+  EXPECT_EQ(r.code, Code::unavailable);
+  EXPECT_EQ(r.message,
+            "model 'fake' is not ready (UNAVAILABLE: every instance failed; last: CUDA out of "
+            "memory (simulated))");
+  EXPECT_EQ(client_->call("ServerReady").text, "");
+}
+
+TEST(InstanceGroupConfig, GpusThatDoNotExistAreALoadErrorNamingThem) {
+  if (at::getNumGPUs() > 0) GTEST_SKIP() << "the message differs with a GPU";
+  const auto repo = temp_dir("instances-gpu");
+  add_fake_model(repo, "fake", "instance_group: [{count: 1, kind: KIND_GPU, gpus: [0, 3]}]\n");
+  Daemon d(loopback_config(repo), fake_factory());
+  d.start();
+  rpc::Client c("127.0.0.1:" + std::to_string(d.grpc_port()));
+  const auto idx = c.call("RepositoryIndex").text;
+  EXPECT_NE(idx.find("reason: \"" + (repo / "fake" / "serving.yaml").string() +
+                     ":1:17: instance_group: KIND_GPU gpus [0, 3]: no CUDA device is visible\""),
+            std::string::npos)
+      << idx;
+  d.stop(1.0);
+  remove_tree(repo);
+}
+
+TEST(InstanceGroupConfig, ServingYamlErrorsNameTheKey) {
+  struct Case {
+    std::string yaml, message;
+  };
+  const std::vector<Case> cases = {
+      {"instance_group: {count: 2}\n",
+       "s.yaml:1:17: instance_group must be a list of {count, kind, gpus} entries"},
+      {"instance_group: [{count: 0}]\n",
+       "s.yaml:1:26: instance_group.count must be between 1 and 64, got 0"},
+      {"instance_group: [{kind: KIND_TPU}]\n",
+       "s.yaml:1:25: instance_group.kind must be KIND_GPU, KIND_CPU or KIND_AUTO, got 'KIND_TPU'"},
+      {"instance_group: [{gpus: [1, 1]}]\n",
+       "s.yaml:1:29: instance_group.gpus: GPU 1 is listed twice"},
+      {"instance_group: [{kind: KIND_CPU, gpus: [0]}]\n",
+       "s.yaml:1:18: instance_group: KIND_CPU takes no gpus"},
+      {"instance_group: [{cnt: 2}]\n",
+       "s.yaml:1:19: unknown key instance_group.cnt (expected count, kind, gpus)"},
+  };
+  for (const auto& c : cases) {
+    try {
+      parse_serving_config(c.yaml, "s.yaml");
+      ADD_FAILURE() << "no error for " << c.yaml;
+    } catch (const std::runtime_error& e) {
+      EXPECT_EQ(std::string(e.what()), c.message) << c.yaml;
+    }
+  }
+  const auto ok = parse_serving_config(
+      "instance_group: [{count: 2, kind: KIND_GPU, gpus: [0, 1]}, {count: 1, kind: KIND_CPU}]\n",
+      "s.yaml");
+  ASSERT_EQ(ok.instance_group.size(), 2u);
+  EXPECT_EQ(ok.instance_group[0].count, 2);
+  EXPECT_EQ(ok.instance_group[0].kind, server::InstanceGroup::Kind::gpu);
+  EXPECT_EQ(ok.instance_group[0].gpus, (std::vector<std::int64_t>{0, 1}));
+  EXPECT_EQ(ok.instance_group[1].kind, server::InstanceGroup::Kind::cpu);
+}
+
+}  // namespace
+}  // namespace libreyolo::server
