@@ -165,6 +165,15 @@ struct ModelMetadata {
   std::vector<TensorMetadata> outputs;
 };
 
+/// One instance group as ModelConfig reports it (Triton's ModelInstanceGroup): the serving.yaml
+/// entry, its kind resolved (KIND_AUTO becomes what it ran as).
+struct InstanceGroupConfig {
+  std::string name;  ///< "<model>_<entry index>" (Triton's default group name)
+  std::string kind;  ///< "KIND_GPU" | "KIND_CPU"
+  int count = 1;     ///< instances per GPU (KIND_GPU) or in all (KIND_CPU)
+  std::vector<int> gpus;
+};
+
 /// What ModelConfig reports (Triton ModelConfig subset). Tensor dims exclude the batch dimension.
 struct ModelConfig {
   std::string name;
@@ -177,6 +186,7 @@ struct ModelConfig {
   std::uint32_t max_queue_size = 0;
   std::uint64_t default_timeout_microseconds = 0;
   std::map<std::string, std::string> parameters;
+  std::vector<InstanceGroupConfig> instance_group;  ///< every instance the model runs
 };
 
 /// Cumulative count and nanoseconds (Triton StatisticDuration).

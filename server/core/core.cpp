@@ -152,6 +152,32 @@ api::ModelConfig ServerCore::model_config(const std::string& name,
     if (t.shape.empty()) t.shape = {1};
     c.outputs.push_back(t);
   }
+  // instance_group as it runs: the serving.yaml entries with KIND_AUTO and empty gpus resolved,
+  // else the one instance on the model's device (Triton reports its default group the same way).
+  const auto gpus = static_cast<int>(at::getNumGPUs());
+  if (!e->serving.instance_group.empty()) {
+    for (std::size_t i = 0; i < e->serving.instance_group.size(); ++i) {
+      const auto& g = e->serving.instance_group[i];
+      api::InstanceGroupConfig ig;
+      ig.name = e->name + "_" + std::to_string(i);
+      const bool gpu = g.kind == InstanceGroup::Kind::gpu ||
+                       (g.kind == InstanceGroup::Kind::automatic && gpus > 0);
+      ig.kind = gpu ? "KIND_GPU" : "KIND_CPU";
+      ig.count = static_cast<int>(g.count);
+      if (gpu) {
+        for (auto d : g.gpus) ig.gpus.push_back(static_cast<int>(d));
+        if (g.gpus.empty())
+          for (int d = 0; d < gpus; ++d) ig.gpus.push_back(d);
+      }
+      c.instance_group.push_back(std::move(ig));
+    }
+  } else if (e->loaded) {
+    api::InstanceGroupConfig ig;
+    ig.name = e->name + "_0";
+    ig.kind = e->loaded->device.is_cuda() ? "KIND_GPU" : "KIND_CPU";
+    if (e->loaded->device.is_cuda()) ig.gpus = {static_cast<int>(e->loaded->device.index())};
+    c.instance_group.push_back(std::move(ig));
+  }
   c.max_queue_delay_microseconds = e->serving.max_queue_delay_microseconds;
   c.max_queue_size = e->serving.max_queue_size;
   c.default_timeout_microseconds = e->serving.default_timeout_microseconds;

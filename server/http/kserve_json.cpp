@@ -571,12 +571,16 @@ std::string render_model_config(const api::ModelConfig& c) {
         {{"name", t.name}, {"data_type", config_type(t.datatype)}, {"dims", t.shape}});
   json params = json::object();
   for (const auto& [k, v] : c.parameters) params[k] = {{"string_value", v}};
+  json groups = json::array();
+  for (const auto& g : c.instance_group)
+    groups.push_back({{"name", g.name}, {"kind", g.kind}, {"count", g.count}, {"gpus", g.gpus}});
   return dump({{"name", c.name},
                {"platform", c.platform},
                {"backend", c.backend},
                {"max_batch_size", c.max_batch_size},
                {"input", inputs},
                {"output", outputs},
+               {"instance_group", groups},
                {"dynamic_batching",
                 {{"max_queue_delay_microseconds", c.max_queue_delay_microseconds},
                  {"default_queue_policy",

@@ -102,6 +102,12 @@ TEST_F(InstanceGroups, ThreeCpuInstancesShareTheQueue) {
   const auto stats = client_->call("ModelStatistics", "name: \"fake\"").text;
   EXPECT_NE(stats.find("inference_count: 12\n"), std::string::npos) << stats;
   EXPECT_NE(stats.find("execution_count: 12\n"), std::string::npos) << stats;
+  // ModelConfig reports the group (Triton's ModelInstanceGroup).
+  const auto config = client_->call("ModelConfig", "name: \"fake\"").text;
+  EXPECT_NE(config.find("  instance_group {\n    name: \"fake_0\"\n    count: 3\n    kind: "
+                        "KIND_CPU\n  }\n"),
+            std::string::npos)
+      << config;
   const auto metrics = http_get(daemon_->http_port(), "/metrics").body;
   for (int i = 0; i < 3; ++i) {
     const std::string labels =
