@@ -736,10 +736,49 @@ struct HttpServer::Impl {
       header = req.get_header_value("Inference-Header-Content-Length");
     ParsedInfer parsed = parse_infer_request(
         body, header ? std::optional<std::string_view>(*header) : std::nullopt, r.model, r.version);
-    if (tl_connection) {
-      const int fd = tl_connection->fd;
-      parsed.request.cancelled = [fd] { return peer_gone(fd); };
+    // The core is notified (api::CancelToken) when the client closes its connection or the
+    // request's `timeout` passes; a watcher looks at the socket every 10 ms while the request
+    // runs and ends the moment it is answered.
+    auto token = std::make_shared<api::CancelToken>();
+    parsed.request.cancel = token;
+    const int fd = tl_connection ? tl_connection->fd : -1;
+    const auto deadline = parsed.request.deadline;
+    std::mutex watch_mu;
+    std::condition_variable watch_cv;
+    bool answered = false;
+    std::thread watcher;
+    if (fd >= 0 || deadline) {
+      watcher = std::thread([&, fd, deadline] {
+        std::unique_lock<std::mutex> lk(watch_mu);
+        while (!answered) {
+          if (fd >= 0 && peer_gone(fd)) {
+            lk.unlock();
+            token->cancel(api::Code::cancelled);
+            return;
+          }
+          if (deadline && std::chrono::steady_clock::now() >= *deadline) {
+            lk.unlock();
+            token->cancel(api::Code::deadline_exceeded);
+            return;
+          }
+          watch_cv.wait_for(lk, std::chrono::milliseconds(10));
+        }
+      });
     }
+    struct StopWatcher {
+      std::mutex& mu;
+      std::condition_variable& cv;
+      bool& answered;
+      std::thread& watcher;
+      ~StopWatcher() {
+        {
+          std::lock_guard<std::mutex> lk(mu);
+          answered = true;
+        }
+        cv.notify_all();
+        if (watcher.joinable()) watcher.join();
+      }
+    } stop_watcher{watch_mu, watch_cv, answered, watcher};
     const api::InferResponse response = core->infer(std::move(parsed.request));
     RenderedBody out = render_infer_response(response, parsed.format);
     res.status = 200;

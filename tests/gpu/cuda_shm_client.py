@@ -38,6 +38,10 @@ def ipc(t):
     byte offset of `t` in the allocation; bytes from the allocation's start to `t`'s end)."""
     share = t.untyped_storage()._share_cuda_()
     handle, storage_bytes, offset = share[1], share[2], share[3]
+    # PyTorch >= 2.4 prefixes the cudaIpcMemHandle_t with two bytes (its shareable-handle
+    # version and type: c10/cuda/CUDACachingAllocator.cpp shareIpcHandle).
+    if len(handle) == 66:
+        handle = handle[2:]
     assert len(handle) == 64, f"cudaIpcMemHandle_t of {len(handle)} bytes"
     return base64.b64encode(handle), offset, offset + storage_bytes
 

@@ -41,7 +41,8 @@ at::Tensor fixture_pixels() {
 
 /// The helper process (run only when LIBREYOLO_CUDA_SHM_HELPER is set, by the test below):
 /// allocates the region, fills it with the fixture's pixels, writes its 64-byte IPC handle to
-/// stdout and keeps the allocation until stdin closes (the test ends), then frees it.
+/// file descriptor 3 (stdout carries GoogleTest's own output) and keeps the allocation until
+/// stdin closes (the test ends), then frees it.
 TEST(ServerCudaShmHelper, Allocate) {
   if (!std::getenv("LIBREYOLO_CUDA_SHM_HELPER")) GTEST_SKIP() << "run by ServerCudaShm only";
 #ifdef LIBREYOLO_TEST_CUDART
@@ -53,7 +54,8 @@ TEST(ServerCudaShmHelper, Allocate) {
   ASSERT_EQ(cudaMemset(static_cast<char*>(ptr) + kScoresOffset, 0, 4096), cudaSuccess);
   cudaIpcMemHandle_t handle;
   ASSERT_EQ(cudaIpcGetMemHandle(&handle, ptr), cudaSuccess);
-  ASSERT_EQ(::write(1, &handle, sizeof(handle)), static_cast<ssize_t>(sizeof(handle)));
+  ASSERT_EQ(::write(3, &handle, sizeof(handle)), static_cast<ssize_t>(sizeof(handle)));
+  ::close(3);
   char c;
   while (::read(0, &c, 1) > 0) {
   }
@@ -73,7 +75,7 @@ TEST(ServerCudaShm, PixelValuesFromCudaSharedMemoryMatchTheFixture) {
   const pid_t pid = ::fork();
   if (pid == 0) {
     ::dup2(to_child[0], 0);
-    ::dup2(from_child[1], 1);
+    ::dup2(from_child[1], 3);
     ::close(to_child[1]);
     ::close(from_child[0]);
     ::setenv("LIBREYOLO_CUDA_SHM_HELPER", "1", 1);

@@ -140,7 +140,8 @@ TEST(ServerCuda, TwoInstancesOnOneGpuBothServeTheFixture) {
       EXPECT_LE(db, 1e-2);
     }
     const auto active = json::parse(http_get(daemon.http_port(), "/active").body);
-    const auto& inst = model_entry(active, "rtdetr_tiny").at("instances");
+    const json entry = model_entry(active, "rtdetr_tiny");  // by value: keep it alive
+    const auto& inst = entry.at("instances");
     ASSERT_EQ(inst.size(), 2u);
     std::uint64_t batches = 0;
     for (const auto& st : inst) {
