@@ -1,5 +1,6 @@
 #include "kernels/conv/conv2d_bias_act.h"
 
+#include <ATen/core/grad_mode.h>
 #include <c10/util/Exception.h>
 
 namespace libreyolo::kernels {
@@ -36,13 +37,35 @@ at::Tensor apply_activation(Activation act, const at::Tensor& x) {
   return x;
 }
 
+at::Tensor& apply_activation_(Activation act, at::Tensor& x) {
+  switch (act) {
+    case Activation::none:
+      return x;
+    case Activation::relu:
+      return at::relu_(x);
+    case Activation::silu:
+      return at::silu_(x);
+    case Activation::gelu:
+      return at::gelu_(x);
+    case Activation::tanh:
+      return at::tanh_(x);
+  }
+  return x;
+}
+
 at::Tensor conv2d_bias_act_portable(const at::Tensor& input, const at::Tensor& weight,
                                     const at::Tensor& bias, const at::Tensor& residual,
                                     const ConvGeometry& g, Activation act) {
   auto y = at::conv2d(input, weight, bias, {g.stride_h, g.stride_w}, {g.pad_h, g.pad_w},
                       {g.dilation_h, g.dilation_w}, g.groups);
-  if (residual.defined()) y = y + residual;
-  return apply_activation(act, y);
+  // y is this call's own fresh tensor: without autograd the residual add and the activation run
+  // in place on it (no second and third output allocation; the same kernels, so the same bits).
+  if (at::GradMode::is_enabled() && y.requires_grad()) {
+    if (residual.defined()) y = y + residual;
+    return apply_activation(act, y);
+  }
+  if (residual.defined()) y.add_(residual);
+  return apply_activation_(act, y);
 }
 
 namespace {

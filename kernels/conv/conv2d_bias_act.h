@@ -47,12 +47,17 @@ at::Tensor conv2d_bias_act(const Conv2dBiasActHandle& handle, const at::Tensor& 
                            Activation act);
 
 /// at::conv2d, then + residual, then the activation (transformers' order: the residual is added
-/// before the block's activation). Bit-identical to the unfused modules when the weights are.
+/// before the block's activation), the last two in place on the convolution's output unless
+/// autograd records it. Bit-identical to the unfused modules when the weights are.
 at::Tensor conv2d_bias_act_portable(const at::Tensor& input, const at::Tensor& weight,
                                     const at::Tensor& bias, const at::Tensor& residual,
                                     const ConvGeometry& geometry, Activation act);
 
 /// y = act(x) for the activations above (gelu: exact erf form).
 at::Tensor apply_activation(Activation act, const at::Tensor& x);
+
+/// The same in place on `x` (at::relu_ / silu_ / gelu_ / tanh_; bit-identical to
+/// apply_activation); returns x. For tensors the caller owns and no autograd graph needs.
+at::Tensor& apply_activation_(Activation act, at::Tensor& x);
 
 }  // namespace libreyolo::kernels

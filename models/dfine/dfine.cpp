@@ -93,13 +93,8 @@ DetectorImpl::DetectorImpl(const Config& c) : config_(c) {
       model->register_module("encoder_input_proj", std::make_shared<torch::nn::Module>());
   const auto channels = c.backbone.out_channels();
   for (size_t i = 0; i < channels.size(); ++i) {
-    auto seq = in_proj->register_module(std::to_string(i), std::make_shared<torch::nn::Module>());
-    layers::Conv2dOptions o;
-    o.in = channels[i];
-    o.out = e;
-    auto conv = seq->register_module("0", std::make_shared<layers::Conv2dImpl>(o));
-    auto bn = seq->register_module("1", std::make_shared<layers::BatchNorm2dImpl>(e, 1e-5));
-    encoder_input_proj_.emplace_back(conv, bn);
+    encoder_input_proj_.push_back(in_proj->register_module(
+        std::to_string(i), layers::sequential_conv_bn(channels[i], e, 1, 1, 0, 1e-5)));
   }
   encoder_ = model->register_module("encoder",
                                     std::make_shared<rtdetr::HybridEncoderImpl>(c, dfine_ccfm(c)));
@@ -113,16 +108,9 @@ DetectorImpl::DetectorImpl(const Config& c) : config_(c) {
         model->register_module("decoder_input_proj", std::make_shared<torch::nn::Module>());
     for (int64_t i = 0; i < c.num_feature_levels; ++i) {
       const bool extra = i >= static_cast<int64_t>(c.decoder_in_channels.size());
-      layers::Conv2dOptions o;
-      o.in = in;
-      o.out = d;
-      if (extra) o.kernel = 3, o.stride = 2, o.padding = 1;
-      auto seq =
-          out_proj->register_module(std::to_string(i), std::make_shared<torch::nn::Module>());
-      auto conv = seq->register_module("0", std::make_shared<layers::Conv2dImpl>(o));
-      auto bn =
-          seq->register_module("1", std::make_shared<layers::BatchNorm2dImpl>(d, c.batch_norm_eps));
-      decoder_input_proj_.emplace_back(conv, bn);
+      decoder_input_proj_.push_back(out_proj->register_module(
+          std::to_string(i), layers::sequential_conv_bn(in, d, extra ? 3 : 1, extra ? 2 : 1,
+                                                        extra ? 1 : 0, c.batch_norm_eps)));
     }
   }
   decoder_ = model->register_module("decoder", std::make_shared<DecoderImpl>(c));
@@ -132,17 +120,14 @@ std::pair<at::Tensor, at::Tensor> DetectorImpl::forward(const at::Tensor& pixel_
   std::vector<at::Tensor> proj;
   const auto feats = backbone_->forward(pixel_values);
   for (size_t i = 0; i < feats.size(); ++i)
-    proj.push_back(
-        encoder_input_proj_[i].second->forward(encoder_input_proj_[i].first->forward(feats[i])));
+    proj.push_back(encoder_input_proj_[i]->forward(feats[i]));
   const auto pan = encoder_->forward(std::move(proj));
 
   // Every extra level is computed from the last PAN map (not chained), as upstream.
   std::vector<at::Tensor> sources;
   for (int64_t l = 0; l < config_.num_feature_levels; ++l) {
     const at::Tensor& in = l < static_cast<int64_t>(pan.size()) ? pan[l] : pan.back();
-    sources.push_back(decoder_input_proj_.empty() ? in
-                                                  : decoder_input_proj_[l].second->forward(
-                                                        decoder_input_proj_[l].first->forward(in)));
+    sources.push_back(decoder_input_proj_.empty() ? in : decoder_input_proj_[l]->forward(in));
   }
   kernels::SpatialShapes shapes;
   const at::Tensor source_flatten = rtdetr::flatten_sources(sources, shapes);

@@ -163,7 +163,7 @@ class DetectorImpl : public torch::nn::Module {
  private:
   Config config_;
   std::shared_ptr<BackboneImpl> backbone_;
-  std::vector<std::pair<layers::Conv2d, layers::BatchNorm2d>> encoder_input_proj_,
+  std::vector<layers::ConvNorm> encoder_input_proj_,
       decoder_input_proj_;  ///< decoder_input_proj_ empty: identity
   std::shared_ptr<rtdetr::HybridEncoderImpl> encoder_;
   rtdetr::QuerySelectionHeads heads_;

@@ -115,6 +115,17 @@ at::Tensor ConvNormImpl::forward_residual(const at::Tensor& x, const at::Tensor&
                                   block_act);
 }
 
+at::Tensor ConvNormImpl::forward_pooled(const at::Tensor& x) const {
+  TORCH_CHECK(pooled, "ConvNorm::forward_pooled needs the avgpool_fold layout");
+  TORCH_CHECK(x.dim() == 4 && x.size(2) % 2 == 0 && x.size(3) % 2 == 0,
+              "ConvNorm::forward_pooled: input must be (B, C, H, W) with even H and W, got ",
+              x.sizes());
+  kernels::ConvGeometry g;
+  g.stride_h = g.stride_w = 2;
+  return kernels::conv2d_bias_act(conv_kernel, x, pooled->weight, pooled->bias, at::Tensor(), g,
+                                  act);
+}
+
 at::Tensor ConvNormImpl::forward(const at::Tensor& x) const {
   if (folded)
     return kernels::conv2d_bias_act(conv_kernel, x, conv->weight, conv->bias, at::Tensor(),
@@ -122,6 +133,20 @@ at::Tensor ConvNormImpl::forward(const at::Tensor& x) const {
   auto y = conv->forward(x);
   y = frozen_norm ? frozen_norm->forward(y) : norm->forward(y);
   return activate(act, y);
+}
+
+ConvNorm sequential_conv_bn(int64_t in, int64_t out, int64_t kernel, int64_t stride,
+                            int64_t padding, double eps) {
+  ConvNormOptions o;
+  o.in = in;
+  o.out = out;
+  o.kernel = kernel;
+  o.stride = stride;
+  o.padding = padding;
+  o.eps = eps;
+  o.conv_name = "0";
+  o.norm_name = "1";
+  return std::make_shared<ConvNormImpl>(o);
 }
 
 MLPImpl::MLPImpl(int64_t in, int64_t hidden, int64_t out, int64_t num_layers, Activation act_)

@@ -128,6 +128,10 @@ class ConvNormImpl : public torch::nn::Module, public UsesKernels {
                               Activation block_act) const;
   /// The convolution's stride / padding / dilation / groups.
   kernels::ConvGeometry geometry() const;
+  /// act(conv2d(x, pooled.weight, stride 2) + pooled.bias) in one conv2d_bias_act call: the
+  /// avgpool_fold layout's form of forward(avg_pool2d(x, 2, 2)) (ResNet-vd shortcut). Requires
+  /// `pooled` and even H and W of x (B, C_in, H, W) -> (B, C_out, H/2, W/2).
+  at::Tensor forward_pooled(const at::Tensor& x) const;
 
   Conv2d conv;
   BatchNorm2d norm;               ///< set when !frozen (null once folded)
@@ -136,10 +140,22 @@ class ConvNormImpl : public torch::nn::Module, public UsesKernels {
   /// Set by the batchnorm_fold layout (models/layouts/): the norm is folded into conv.weight and
   /// conv.bias (the norm child is removed) and forward() calls conv2d_bias_act.
   bool folded = false;
+  /// Set by the avgpool_fold layout (child "pooled"; 1x1 stride-1 convolutions only):
+  /// AvgPool2d(2, 2) followed by this module as one 2x2 stride-2 convolution with bias, weight
+  /// (C_out, C_in, 2, 2) = the norm-folded 1x1 weight / 4 in every tap. Null otherwise; `conv`
+  /// and the norm stay as they are for inputs with an odd side (ceil_mode's partial windows).
+  Conv2d pooled;
   /// The conv2d_bias_act slot's handle (bound at load; empty = the portable path).
   kernels::Conv2dBiasActHandle conv_kernel;
 };
 using ConvNorm = std::shared_ptr<ConvNormImpl>;
+
+/// nn.Sequential(nn.Conv2d(in, out, kernel, stride, padding, bias=False), nn.BatchNorm2d(out,
+/// eps)) as a ConvNorm without activation, children "0" / "1" (the on-disk names): the
+/// encoder_input_proj / decoder_input_proj entries of RT-DETR and D-FINE, so batchnorm_fold
+/// folds them like the other conv-norm pairs.
+ConvNorm sequential_conv_bn(int64_t in, int64_t out, int64_t kernel, int64_t stride,
+                            int64_t padding, double eps);
 
 /// DETR-style MLP ("layers.0" ... "layers.{n-1}" Linear) with `act` between layers, none after
 /// the last (RT-DETR/Deformable DETR bbox heads, query_pos_head: ReLU).

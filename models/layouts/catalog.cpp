@@ -16,9 +16,13 @@ const std::vector<LayoutInfo>& layout_catalog() {
       {"batchnorm_fold",
        {"RTDetrResNetConvLayer", "RTDetrResNetShortCut", "RTDetrConvNormLayer",
         "RTDetrV2ConvNormLayer", "DFineConvNormLayer", "HGNetV2ConvLayer", "ResNetConvLayer",
-        "ResNetShortCut"},
+        "ResNetShortCut", "Sequential"},
        "BatchNorm / FrozenBatchNorm folded into the preceding convolution; conv2d_bias_act with "
        "the activation (and a ResNet layer's residual add) fused"},
+      {"avgpool_fold",
+       {"AvgPool2d"},
+       "ResNet-vd shortcut: AvgPool2d(2, 2, ceil_mode) and the 1x1 conv-BN after it become one "
+       "2x2 stride-2 convolution with bias (weights / 4) for inputs with even sides"},
       {"qkv_concat",
        {"ViTAttention", "ViTSelfAttention", "SwinAttention", "SwinSelfAttention",
         "RTDetrSelfAttention", "RTDetrV2SelfAttention", "DFineSelfAttention",
@@ -54,6 +58,8 @@ bool on_by_default(const std::string& layout, const std::string& model_type) {
   if (layout == "repvgg" || layout == "batchnorm_fold" || layout == "channels_last")
     return in(detectors);
   if (layout == "qkv_concat") return in(all);
+  // avgpool_fold: parity-exact (layouts_parity_test.cpp), but it trades the pooling kernel for
+  // 4x the shortcut convolution's FLOPs; off until measured on the GPU (docs/BENCHMARKS.md).
   return false;
 }
 
@@ -84,6 +90,11 @@ std::vector<std::string> upstream_classes(const std::string& model_type, ModuleK
   const bool backbone = has_segment(path, "backbone");
   switch (kind) {
     case ModuleKind::conv_norm:
+      // encoder_input_proj / decoder_input_proj: nn.Sequential(nn.Conv2d, nn.BatchNorm2d)
+      // upstream (modeling_rt_detr.py, modeling_d_fine.py), no class of their own.
+      if ((rtdetr || model_type == "d_fine") &&
+          (has_segment(path, "encoder_input_proj") || has_segment(path, "decoder_input_proj")))
+        return {"Sequential"};
       if (rtdetr && backbone)
         return {has_segment(path, "shortcut") ? "RTDetrResNetShortCut" : "RTDetrResNetConvLayer"};
       if (model_type == "d_fine" && backbone) return {"HGNetV2ConvLayer"};
@@ -102,6 +113,9 @@ std::vector<std::string> upstream_classes(const std::string& model_type, ModuleK
       return {};
     case ModuleKind::conv2d:
       return {"Conv2d"};
+    case ModuleKind::pooled_shortcut:
+      if (rtdetr) return {"AvgPool2d"};
+      return {};
   }
   return {};
 }

@@ -16,7 +16,8 @@ struct LayoutInfo {
 };
 
 /// Every built-in layout, in the order load_model applies them (repvgg before batchnorm_fold:
-/// it merges the branches' norms itself; channels_last last: it converts the folded weights).
+/// it merges the branches' norms itself; avgpool_fold after it, folding the norm itself when
+/// batchnorm_fold did not; channels_last last: it converts the folded weights).
 const std::vector<LayoutInfo>& layout_catalog();
 
 /// The catalog entry called `name`, or nullptr.
@@ -27,7 +28,9 @@ const LayoutInfo* find_layout_info(const std::string& name);
 bool on_by_default(const std::string& layout, const std::string& model_type);
 
 /// Module kinds of our tree a layout looks at.
-enum class ModuleKind { conv_norm, repvgg_block, attention, conv2d };
+/// pooled_shortcut: a ResNet-vd layer whose shortcut is AvgPool2d + 1x1 conv-BN (its path is
+/// the AvgPool2d's, "<layer>.shortcut.0").
+enum class ModuleKind { conv_norm, repvgg_block, attention, conv2d, pooled_shortcut };
 
 /// The transformers class names of a module of `kind` at dotted `path` in a `model_type` model
 /// (first = the class itself, then older spellings), e.g. rt_detr, a ConvNorm below

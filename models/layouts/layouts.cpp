@@ -26,8 +26,12 @@ std::vector<Candidate> find_candidates(torch::nn::Module& root, const std::strin
   for (const auto& item : root.named_modules("", /*include_self=*/false)) {
     torch::nn::Module* m = item.value().get();
     ModuleKind kind;
+    std::string path = item.key();
     if (layout == "batchnorm_fold" && dynamic_cast<layers::ConvNormImpl*>(m))
       kind = ModuleKind::conv_norm;
+    else if (layout == "avgpool_fold" && dynamic_cast<rtdetr::ResNetLayerImpl*>(m) &&
+             dynamic_cast<rtdetr::ResNetLayerImpl*>(m)->pooled_shortcut())
+      kind = ModuleKind::pooled_shortcut, path += ".shortcut.0";
     else if (layout == "repvgg" && dynamic_cast<rtdetr::RepVggBlockImpl*>(m))
       kind = ModuleKind::repvgg_block;
     else if (layout == "qkv_concat" && dynamic_cast<layers::AttentionImpl*>(m))
@@ -36,8 +40,8 @@ std::vector<Candidate> find_candidates(torch::nn::Module& root, const std::strin
       kind = ModuleKind::conv2d;
     else
       continue;
-    auto classes = upstream_classes(model_type, kind, item.key());
-    if (!classes.empty()) out.push_back({item.key(), std::move(classes), item.value()});
+    auto classes = upstream_classes(model_type, kind, path);
+    if (!classes.empty()) out.push_back({path, std::move(classes), item.value()});
   }
   return out;
 }
@@ -148,6 +152,34 @@ bool reparameterize(torch::nn::Module& module) {
   return true;
 }
 
+/// avgpool_fold on one ResNet-vd layer: AvgPool2d(2, 2) then a 1x1 stride-1 conv (+ norm) is,
+/// on whole 2x2 windows, y = sum_{i,j in 2x2} (W/4) x_ij + b: a 2x2 stride-2 convolution whose
+/// four taps are the folded 1x1 weight / 4 (exact: / 4 is a power of two). Installed as the
+/// shortcut's `pooled` child (a Conv2d, so channels_last converts it too); the 1x1 conv stays for
+/// odd sides. False when already done or the projection is not a plain 1x1 stride-1 conv.
+bool fold_avgpool(torch::nn::Module& module) {
+  auto sc = dynamic_cast<rtdetr::ResNetLayerImpl&>(module).pooled_shortcut();
+  if (!sc || sc->pooled) return false;
+  const auto& o = sc->conv->options;
+  if (o.kernel != 1 || o.stride != 1 || o.padding != 0 || o.groups != 1 || o.dilation != 1 ||
+      sc->conv->weight.dim() != 4)
+    return false;
+  const auto f = folded_weights(*sc);
+  const auto& like = sc->conv->weight;
+  layers::Conv2dOptions p = o;
+  p.kernel = 2;
+  p.stride = 2;
+  p.bias = false;  // registered below with the folded values
+  auto conv = std::make_shared<layers::Conv2dImpl>(p);
+  at::NoGradGuard no_grad;
+  conv->weight.set_data((f.weight / 4).expand({-1, -1, 2, 2}).contiguous().to(like.options()));
+  conv->bias = conv->register_parameter("bias", f.bias.to(like.options()), /*requires_grad=*/false);
+  conv->options.bias = true;
+  conv->weight.set_requires_grad(false);
+  sc->pooled = sc->register_module("pooled", conv);
+  return true;
+}
+
 /// qkv_concat on one attention module: [q; k; v] rows in one weight, the three projections'
 /// weights become views into it (no extra memory). False when the projections differ in shape
 /// or in having a bias.
@@ -186,6 +218,7 @@ bool to_channels_last(torch::nn::Module& module) {
 bool apply_one(const std::string& layout, torch::nn::Module& m) {
   if (layout == "batchnorm_fold") return fold(m);
   if (layout == "repvgg") return reparameterize(m);
+  if (layout == "avgpool_fold") return fold_avgpool(m);
   if (layout == "qkv_concat") return concat_qkv(m);
   if (layout == "channels_last") return to_channels_last(m);
   return false;

@@ -146,7 +146,11 @@ std::vector<at::Tensor> HybridEncoderImpl::forward(std::vector<at::Tensor> fm) c
       pos = sincos_position_embedding_2d(H, W, hidden_dim_, temperature_, h.scalar_type(),
                                          h.device());
     for (const auto& layer : aifi_[i]) h = layer->forward(h, pos);
-    x = h.transpose(1, 2).reshape({B, hidden_dim_, H, W}).contiguous();
+    // Back to (B, C, H, W) in the memory format the map came in: with channels_last (the
+    // layout) the transposed tokens already are NHWC, so this is a view where a plain
+    // .contiguous() made an NCHW copy that the next convolution converted back.
+    const auto format = x.suggest_memory_format();
+    x = h.transpose(1, 2).reshape({B, hidden_dim_, H, W}).contiguous(format);
   }
   // Top-down FPN.
   const size_t n = lateral_convs_.size();

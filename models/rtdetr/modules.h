@@ -72,6 +72,9 @@ class ResNetLayerImpl : public torch::nn::Module {
  public:
   ResNetLayerImpl(const Config& c, int64_t in, int64_t out, int64_t stride, bool first_of_stage);
   at::Tensor forward(const at::Tensor& x) const;
+  /// The 1x1 projection behind "shortcut.0" = AvgPool2d(2, 2, ceil_mode=True) (what the
+  /// avgpool_fold layout rewrites), or null when this layer has no pooled shortcut.
+  layers::ConvNorm pooled_shortcut() const { return avg_pool_ ? shortcut_ : nullptr; }
 
  private:
   std::vector<layers::ConvNorm> layer_;
@@ -283,8 +286,7 @@ class DetectorImpl : public torch::nn::Module {
  private:
   Config config_;
   std::shared_ptr<ResNetBackboneImpl> backbone_;
-  std::vector<std::pair<layers::Conv2d, layers::BatchNorm2d>> encoder_input_proj_,
-      decoder_input_proj_;
+  std::vector<layers::ConvNorm> encoder_input_proj_, decoder_input_proj_;
   std::shared_ptr<HybridEncoderImpl> encoder_;
   QuerySelectionHeads heads_;
   std::shared_ptr<DecoderImpl> decoder_;

@@ -62,10 +62,20 @@ ResNetLayerImpl::ResNetLayerImpl(const Config& c, int64_t in, int64_t out, int64
 
 at::Tensor ResNetLayerImpl::forward(const at::Tensor& x) const {
   at::Tensor residual = x;
-  if (avg_pool_)
-    residual = at::avg_pool2d(residual, {2, 2}, {2, 2}, {0, 0}, /*ceil_mode=*/true,
-                              /*count_include_pad=*/true);
-  if (shortcut_) residual = shortcut_->forward(residual);
+  if (avg_pool_ && shortcut_->pooled && x.size(2) % 2 == 0 && x.size(3) % 2 == 0) {
+    // avgpool_fold layout: with even sides every 2x2 window is whole, so the pool and the 1x1
+    // projection are one 2x2 stride-2 convolution (weights / 4). Odd sides keep the pool:
+    // ceil_mode's last window is partial and divides by fewer elements.
+    residual = shortcut_->forward_pooled(x);
+  } else {
+    // transformers RTDetrResNetBottleNeckLayer / BasicLayer: nn.AvgPool2d(2, 2, 0,
+    // ceil_mode=True) (count_include_pad's default True; with padding 0 the divisor of a
+    // partial window is its in-bounds count).
+    if (avg_pool_)
+      residual = at::avg_pool2d(residual, {2, 2}, {2, 2}, {0, 0}, /*ceil_mode=*/true,
+                                /*count_include_pad=*/true);
+    if (shortcut_) residual = shortcut_->forward(residual);
+  }
   at::Tensor h = x;
   if (layer_.back()->folded) {
     // batchnorm_fold layout: the residual add and the layer's activation run inside the last

@@ -273,13 +273,9 @@ DetectorImpl::DetectorImpl(const Config& c) : config_(c) {
   auto in_proj =
       model->register_module("encoder_input_proj", std::make_shared<torch::nn::Module>());
   for (size_t i = 0; i < backbone_->out_channels.size(); ++i) {
-    auto seq = in_proj->register_module(std::to_string(i), std::make_shared<torch::nn::Module>());
-    layers::Conv2dOptions o;
-    o.in = backbone_->out_channels[i];
-    o.out = e;
-    auto conv = seq->register_module("0", std::make_shared<layers::Conv2dImpl>(o));
-    auto bn = seq->register_module("1", std::make_shared<layers::BatchNorm2dImpl>(e, 1e-5));
-    encoder_input_proj_.emplace_back(conv, bn);
+    encoder_input_proj_.push_back(in_proj->register_module(
+        std::to_string(i),
+        layers::sequential_conv_bn(backbone_->out_channels[i], e, 1, 1, 0, 1e-5)));
   }
   encoder_ = model->register_module("encoder", std::make_shared<HybridEncoderImpl>(c));
 
@@ -290,15 +286,11 @@ DetectorImpl::DetectorImpl(const Config& c) : config_(c) {
   int64_t in = 0;
   for (int64_t i = 0; i < c.num_feature_levels; ++i) {
     const bool extra = i >= static_cast<int64_t>(c.decoder_in_channels.size());
-    layers::Conv2dOptions o;
-    o.in = extra ? in : c.decoder_in_channels[i];
-    o.out = d;
-    if (extra) o.kernel = 3, o.stride = 2, o.padding = 1;
-    auto seq = out_proj->register_module(std::to_string(i), std::make_shared<torch::nn::Module>());
-    auto conv = seq->register_module("0", std::make_shared<layers::Conv2dImpl>(o));
-    auto bn =
-        seq->register_module("1", std::make_shared<layers::BatchNorm2dImpl>(d, c.batch_norm_eps));
-    decoder_input_proj_.emplace_back(conv, bn);
+    // Conv2d(in, d_model, 1, bias=False), or (3, stride 2, padding 1) for an extra level.
+    decoder_input_proj_.push_back(out_proj->register_module(
+        std::to_string(i),
+        layers::sequential_conv_bn(extra ? in : c.decoder_in_channels[i], d, extra ? 3 : 1,
+                                   extra ? 2 : 1, extra ? 1 : 0, c.batch_norm_eps)));
     in = extra ? d : c.decoder_in_channels[i];
   }
   decoder_ = model->register_module("decoder", std::make_shared<DecoderImpl>(c));
@@ -309,16 +301,14 @@ std::pair<at::Tensor, at::Tensor> DetectorImpl::forward(const at::Tensor& pixel_
   std::vector<at::Tensor> proj;
   const auto feats = backbone_->forward(pixel_values);
   for (size_t i = 0; i < feats.size(); ++i)
-    proj.push_back(
-        encoder_input_proj_[i].second->forward(encoder_input_proj_[i].first->forward(feats[i])));
+    proj.push_back(encoder_input_proj_[i]->forward(feats[i]));
   const auto pan = encoder_->forward(std::move(proj));
 
   // decoder_input_proj per level; every extra level is computed from the last PAN map.
   std::vector<at::Tensor> sources;
   for (size_t l = 0; l < decoder_input_proj_.size(); ++l) {
     const at::Tensor& in = l < pan.size() ? pan[l] : pan.back();
-    sources.push_back(
-        decoder_input_proj_[l].second->forward(decoder_input_proj_[l].first->forward(in)));
+    sources.push_back(decoder_input_proj_[l]->forward(in));
   }
   kernels::SpatialShapes shapes;
   const at::Tensor source_flatten = flatten_sources(sources, shapes);

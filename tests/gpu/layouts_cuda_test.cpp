@@ -12,6 +12,7 @@
 
 #include "models/layouts/layouts.h"
 #include "models/model.h"
+#include "models/rtdetr/modules.h"
 #include "tests/parity/fused_attention_fixtures.h"
 
 namespace libreyolo {
@@ -61,6 +62,52 @@ TEST_P(LayoutsCuda, OnStaysWithinToleranceOfTransformers) {
         std::cout << std::setprecision(3) << "[layouts cuda] " << std::left << std::setw(32) << name
                   << path << " layouts " << m << ": logits " << d << "\n";
         EXPECT_LE(d, 1e-4) << name << " " << path << " " << m;
+      }
+    }
+  }
+}
+
+// avgpool_fold on CUDA in both float32 (TF32 off) and bfloat16, channels_last on: the backbone
+// of rtdetr_tiny with the fold against the same load without it (kernel_config AvgPool2d: off),
+// at sides where every pooled shortcut folds (64x64), where some do (72x88: stage 1 folds,
+// stages 2 and 3 see 9x11 and 5x6) and where none does (70x50). bf16: within 8 bf16 ulps of
+// the largest output (1/32 of it: the sum order differs and the difference crosses the later
+// stages' roundings; a wrong fold, e.g. taps not / 4, is off by multiples), float32 within 1e-5.
+TEST(LayoutsCudaAvgPoolFold, BackboneEvenAndOddSides) {
+  if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device";
+  at::globalContext().setAllowTF32CuBLAS(false);
+  at::globalContext().setAllowTF32CuDNN(false);
+  c10::InferenceMode inference_mode;
+  const std::string dir = test::model_fixture("rtdetr_tiny");
+  for (auto dtype : {at::kFloat, at::kBFloat16}) {
+    models::LoadOptions on;
+    on.device = at::kCUDA;
+    on.dtype = dtype;
+    on.layouts.mode.value = kernels::LayoutMode::on;
+    models::LoadOptions off = on;
+    off.layouts.kernel_config.push_back({"AvgPool2d", {{"AvgPool2d", ""}}, "off"});
+    const auto with_fold = models::load_model(dir, on);
+    const auto without = models::load_model(dir, off);
+    std::shared_ptr<models::rtdetr::ResNetBackboneImpl> a, b;
+    for (const auto& item : with_fold->root().named_modules("", false))
+      if (item.key() == "model.backbone")
+        a = std::dynamic_pointer_cast<models::rtdetr::ResNetBackboneImpl>(item.value());
+    for (const auto& item : without->root().named_modules("", false))
+      if (item.key() == "model.backbone")
+        b = std::dynamic_pointer_cast<models::rtdetr::ResNetBackboneImpl>(item.value());
+    ASSERT_TRUE(a && b);
+    for (const auto& hw : {std::pair<int64_t, int64_t>{64, 64}, {72, 88}, {70, 50}}) {
+      const auto pixels = at::rand({2, 3, hw.first, hw.second}).to(at::kCUDA, dtype);
+      const auto ya = a->forward(pixels), yb = b->forward(pixels);
+      ASSERT_EQ(ya.size(), yb.size());
+      for (size_t i = 0; i < ya.size(); ++i) {
+        ASSERT_EQ(ya[i].sizes(), yb[i].sizes());
+        const double d = test::max_abs_diff(ya[i].to(at::kFloat), yb[i].to(at::kFloat));
+        const double scale = yb[i].abs().max().item<double>();
+        const double tol = dtype == at::kFloat ? 1e-5 : scale / 32;
+        std::cout << "[layouts cuda] avgpool_fold " << c10::toString(dtype) << " " << hw.first
+                  << "x" << hw.second << " level " << i << ": max |diff| " << d << "\n";
+        EXPECT_LE(d, tol) << hw.first << "x" << hw.second << " level " << i;
       }
     }
   }

@@ -18,6 +18,7 @@
 #include "models/layouts/catalog.h"
 #include "models/layouts/layouts.h"
 #include "models/model.h"
+#include "models/rtdetr/modules.h"
 #include "tests/parity/fused_attention_fixtures.h"
 
 namespace libreyolo {
@@ -136,13 +137,17 @@ TEST_P(LayoutsParity, OnStaysWithinToleranceOffIsByteIdentical) {
 // blocks of 3 RepVGG blocks, 1 AIFI + 2 decoder self-attentions), counted from its config.json:
 // repvgg 12 blocks, 32256 -> 27840 elements (each 3x3+1x1 conv-BN pair of 32 channels becomes
 // one 3x3 kernel with bias); batchnorm_fold the other 37 conv-norm modules (3 stem + 4 stages of
-// bottlenecks + shortcuts, encoder 1x1/3x3), 4 BN tensors per module -> 1 bias; qkv_concat keeps
-// the element count (the projections become views).
+// bottlenecks + shortcuts, encoder 1x1/3x3), 4 BN tensors per module -> 1 bias, and the 3 + 4
+// encoder_input_proj / decoder_input_proj Sequential(Conv2d, BatchNorm2d) pairs of 32 channels
+// (1x1 from 32/48/64 channels: 4608 + 384 BN elements; 3 x 1x1 32->32 and the extra level's 3x3
+// stride 2: 12288 + 512; each BN -> a 32 bias: -96), 49848 + 17792 -> 47304 + 17120;
+// avgpool_fold the 3 pooled shortcuts (LayoutsAvgPoolFold below); qkv_concat keeps the element
+// count (the projections become views).
 TEST(LayoutsReport, RtdetrTinyExactCounts) {
   const auto model =
       models::load_model(test::model_fixture("rtdetr_tiny"), with_mode(LayoutMode::on));
   const auto& r = model->layouts();
-  ASSERT_EQ(r.size(), 3u) << models::layouts::describe(r);
+  ASSERT_EQ(r.size(), 4u) << models::layouts::describe(r);
   EXPECT_EQ(r[0].layout, "repvgg");
   EXPECT_EQ(r[0].modules, 12);
   EXPECT_EQ(r[0].params_before, 32256);
@@ -150,18 +155,23 @@ TEST(LayoutsReport, RtdetrTinyExactCounts) {
   EXPECT_EQ(r[0].classes, std::vector<std::string>{"RTDetrRepVggBlock"});
   EXPECT_EQ(r[0].source, "kernels.layouts: on");
   EXPECT_EQ(r[1].layout, "batchnorm_fold");
-  EXPECT_EQ(r[1].modules, 37);
-  EXPECT_EQ(r[1].params_before, 49848);
-  EXPECT_EQ(r[1].params_after, 47304);
+  EXPECT_EQ(r[1].modules, 44);
+  EXPECT_EQ(r[1].params_before, 67640);
+  EXPECT_EQ(r[1].params_after, 64424);
   EXPECT_EQ(r[1].classes, (std::vector<std::string>{"RTDetrConvNormLayer", "RTDetrResNetConvLayer",
-                                                    "RTDetrResNetShortCut"}));
-  EXPECT_EQ(r[2].layout, "qkv_concat");
+                                                    "RTDetrResNetShortCut", "Sequential"}));
+  EXPECT_EQ(r[2].layout, "avgpool_fold");
   EXPECT_EQ(r[2].modules, 3);
-  EXPECT_EQ(r[2].params_before, r[2].params_after);
-  // The default for rt_detr is the same set (the gate passed), with its own source.
+  EXPECT_EQ(r[3].layout, "qkv_concat");
+  EXPECT_EQ(r[3].modules, 3);
+  EXPECT_EQ(r[3].params_before, r[3].params_after);
+  // The default for rt_detr is the same set (the gate passed) without avgpool_fold (off until
+  // measured on the GPU), with its own source.
   const auto by_default = models::load_model(test::model_fixture("rtdetr_tiny"));
-  ASSERT_EQ(by_default->layouts().size(), 3u);
+  ASSERT_EQ(by_default->layouts().size(), 3u) << models::layouts::describe(by_default->layouts());
   EXPECT_EQ(by_default->layouts()[1].source, "default (rt_detr)");
+  EXPECT_EQ(by_default->layouts()[1].modules, 44);
+  EXPECT_EQ(by_default->layouts()[2].layout, "qkv_concat");
 }
 
 TEST(LayoutsReport, KernelConfigPathPatternOffAndHub) {
@@ -179,7 +189,7 @@ TEST(LayoutsReport, KernelConfigPathPatternOffAndHub) {
        false,
        "s.yaml:1:1"});
   for (const auto& cls : {"RTDetrRepVggBlock", "RTDetrConvNormLayer", "RTDetrResNetConvLayer",
-                          "RTDetrResNetShortCut", "RTDetrSelfAttention"})
+                          "RTDetrResNetShortCut", "Sequential", "RTDetrSelfAttention"})
     o.layouts.kernel_config.push_back({cls, {{cls, ""}}, "off"});
   const auto model = models::load_model(dir, o);
   ASSERT_EQ(model->layouts().size(), 1u) << models::layouts::describe(model->layouts());
@@ -215,6 +225,136 @@ TEST(LayoutsReport, KernelConfigPathPatternOffAndHub) {
                  "kernel_config: RTDetrSelfAttention (m/serving.yaml:3:3): 'acme/attn:Fused' "
                  "cannot be loaded: the pinned hub provider (kernels.lock) supplies kernel slot "
                  "ops, not layouts (use a built-in layout name or off)");
+  }
+}
+
+/// The loaded module at dotted `path` of `model`'s tree, as T (null when absent or not a T).
+template <class T>
+std::shared_ptr<T> module_at(models::Model& model, const std::string& path) {
+  for (const auto& item : model.root().named_modules("", /*include_self=*/false))
+    if (item.key() == path) return std::dynamic_pointer_cast<T>(item.value());
+  return nullptr;
+}
+
+LoadOptions on_except(const std::vector<std::string>& classes_off) {
+  LoadOptions o = with_mode(LayoutMode::on);
+  for (const auto& cls : classes_off) o.layouts.kernel_config.push_back({cls, {{cls, ""}}, "off"});
+  return o;
+}
+
+// avgpool_fold on rtdetr_tiny (bottleneck ResNet-vd, hidden_sizes 16/32/48/64, embedding 16):
+// the three stride-2 stages' first layers have AvgPool2d(2, 2, ceil_mode) + 1x1 conv-BN
+// shortcuts (32x16, 48x32, 64x48 weights = 5120 elements). The fold adds a 2x2 kernel per
+// shortcut (4 x 5120) with its bias (32 + 48 + 64): +20624 elements. With even sides the layer
+// runs the 2x2 stride-2 convolution (within float rounding of the pool path: the sum order
+// differs); with an odd side it runs the pool path, bit for bit the model without the fold.
+TEST(LayoutsAvgPoolFold, EvenSidesFoldOddSidesKeepThePool) {
+  c10::InferenceMode inference_mode;
+  using models::rtdetr::ResNetLayerImpl;
+  const std::string dir = test::model_fixture("rtdetr_tiny");
+  const auto on = models::load_model(dir, with_mode(LayoutMode::on));
+  const auto off = models::load_model(dir, on_except({"AvgPool2d"}));
+  const models::LayoutReport* fold = nullptr;
+  for (const auto& r : on->layouts())
+    if (r.layout == "avgpool_fold") fold = &r;
+  ASSERT_NE(fold, nullptr) << models::layouts::describe(on->layouts());
+  EXPECT_EQ(fold->modules, 3);
+  EXPECT_EQ(fold->classes, std::vector<std::string>{"AvgPool2d"});
+  EXPECT_EQ(fold->source, "kernels.layouts: on");
+  EXPECT_EQ(fold->params_after - fold->params_before, 20624);
+  for (const auto& r : off->layouts()) EXPECT_NE(r.layout, "avgpool_fold");
+
+  const int64_t in_channels[] = {16, 32, 48}, out_channels[] = {32, 48, 64};
+  for (int s = 1; s <= 3; ++s) {
+    const std::string path =
+        "model.backbone.model.encoder.stages." + std::to_string(s) + ".layers.0";
+    const auto layer_on = module_at<ResNetLayerImpl>(*on, path);
+    const auto layer_off = module_at<ResNetLayerImpl>(*off, path);
+    ASSERT_TRUE(layer_on && layer_off) << path;
+    const auto sc = layer_on->pooled_shortcut();
+    ASSERT_TRUE(sc && sc->pooled) << path;
+    ASSERT_FALSE(layer_off->pooled_shortcut()->pooled) << path;
+    const int64_t ci = in_channels[s - 1], co = out_channels[s - 1];
+    ASSERT_EQ(sc->pooled->weight.sizes(), (std::vector<int64_t>{co, ci, 2, 2}));
+    // Every tap is the folded 1x1 weight / 4, exactly (a power of two), and the bias is the
+    // folded bias.
+    const auto w1 = sc->conv->weight;  // (co, ci, 1, 1), folded by batchnorm_fold
+    EXPECT_TRUE(at::equal(sc->pooled->weight * 4, w1.expand({co, ci, 2, 2}))) << path;
+    EXPECT_TRUE(at::equal(sc->pooled->bias, sc->conv->bias)) << path;
+
+    at::manual_seed(s);
+    const auto even = at::randn({2, ci, 16, 12});
+    const double d_even = test::max_abs_diff(layer_on->forward(even), layer_off->forward(even));
+    std::cout << "[layouts] avgpool_fold " << path << " even 16x12: max |diff| " << d_even << "\n";
+    EXPECT_LE(d_even, 1e-5) << path;
+    const auto pooled = at::avg_pool2d(even, {2, 2}, {2, 2}, {0, 0}, true, true);
+    EXPECT_LE(test::max_abs_diff(sc->forward_pooled(even), sc->forward(pooled)), 1e-5) << path;
+    for (const auto& hw : {std::pair<int64_t, int64_t>{15, 13}, {16, 11}, {9, 12}}) {
+      const auto odd = at::randn({2, ci, hw.first, hw.second});
+      const auto y = layer_on->forward(odd);
+      EXPECT_EQ(y.size(2), (hw.first + 1) / 2) << path;  // ceil_mode
+      EXPECT_EQ(y.size(3), (hw.second + 1) / 2) << path;
+      EXPECT_TRUE(at::equal(y, layer_off->forward(odd)))
+          << path << " " << hw.first << "x" << hw.second;
+      try {
+        sc->forward_pooled(odd);
+        ADD_FAILURE() << "forward_pooled accepted " << hw.first << "x" << hw.second;
+      } catch (const c10::Error& e) {
+        EXPECT_NE(std::string(e.what()).find("ConvNorm::forward_pooled: input must be (B, C, H, "
+                                             "W) with even H and W, got [2, " +
+                                             std::to_string(ci) + ", " + std::to_string(hw.first) +
+                                             ", " + std::to_string(hw.second) + "]"),
+                  std::string::npos)
+            << e.what();
+      }
+    }
+  }
+  // The whole backbone (the model refuses sides that are not multiples of 32): 72x88 -> stem
+  // 36x44 -> max-pool 18x22 = stage 1's input (fold) -> stage 2's 9x11 and stage 3's 5x6 (pool
+  // path); 64x64: every pooled shortcut folds; 70x50 -> 18x13: none does.
+  const auto backbone_on = module_at<models::rtdetr::ResNetBackboneImpl>(*on, "model.backbone");
+  const auto backbone_off = module_at<models::rtdetr::ResNetBackboneImpl>(*off, "model.backbone");
+  ASSERT_TRUE(backbone_on && backbone_off);
+  for (const auto& hw : {std::pair<int64_t, int64_t>{72, 88}, {64, 64}, {70, 50}}) {
+    const auto pixels = at::rand({1, 3, hw.first, hw.second});
+    const auto a = backbone_on->forward(pixels), b = backbone_off->forward(pixels);
+    ASSERT_EQ(a.size(), b.size());
+    for (size_t i = 0; i < a.size(); ++i) {
+      ASSERT_EQ(a[i].sizes(), b[i].sizes());
+      EXPECT_LE(test::max_abs_diff(a[i], b[i]), 1e-5) << hw.first << "x" << hw.second << " " << i;
+    }
+  }
+}
+
+// batchnorm_fold on the encoder_input_proj / decoder_input_proj nn.Sequential(Conv2d,
+// BatchNorm2d) pairs: rtdetr_tiny has 3 + 4 (num_feature_levels 4: one extra 3x3 stride-2
+// level), rtdetr_tiny_basic 3 + 3, dfine_tiny 3 (its decoder_input_proj is the identity:
+// d_model == decoder_in_channels[-1]). Only those folded, the model stays within tolerance of
+// transformers.
+TEST(LayoutsInputProjFold, SequentialConvBatchNormPairsFold) {
+  c10::InferenceMode inference_mode;
+  std::vector<std::string> all_but_sequential;
+  for (const auto& info : models::layouts::layout_catalog())
+    for (const auto& cls : info.replaces)
+      if (cls != "Sequential") all_but_sequential.push_back(cls);
+  for (const auto& [name, count] : std::vector<std::pair<std::string, int64_t>>{
+           {"rtdetr_tiny", 7}, {"rtdetr_tiny_basic", 6}, {"dfine_tiny", 3}}) {
+    const std::string dir = test::model_fixture(name);
+    const auto model = models::load_model(dir, on_except(all_but_sequential));
+    ASSERT_EQ(model->layouts().size(), 1u) << name << models::layouts::describe(model->layouts());
+    const auto& r = model->layouts()[0];
+    EXPECT_EQ(r.layout, "batchnorm_fold") << name;
+    EXPECT_EQ(r.modules, count) << name;
+    EXPECT_EQ(r.classes, std::vector<std::string>{"Sequential"}) << name;
+    const auto proj = module_at<models::layers::ConvNormImpl>(*model, "model.encoder_input_proj.0");
+    ASSERT_TRUE(proj) << name;
+    EXPECT_TRUE(proj->folded) << name;
+    EXPECT_FALSE(proj->norm) << name;
+    const auto [pixels, mask] = inputs(dir);
+    const auto file = models::core::SafetensorsFile::open(dir + "/expected.safetensors");
+    const auto out = model->forward(pixels, mask);
+    EXPECT_LE(test::max_abs_diff(out.logits, file->view("logits")), 1e-4) << name;
+    EXPECT_LE(test::max_abs_diff(out.pred_boxes, file->view("pred_boxes")), 1e-5) << name;
   }
 }
 

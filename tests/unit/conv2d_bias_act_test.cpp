@@ -45,6 +45,25 @@ TEST(Conv2dBiasAct, PortablePathIsTheUnfusedOpsBitForBit) {
   EXPECT_STREQ(activation_name(Activation::tanh), "tanh");
 }
 
+// The residual add and the activation run in place on the convolution's output (no autograd):
+// the same bits as the out-of-place ops, and the caller's residual is left untouched. With a
+// weight that requires grad, the out-of-place ops run and autograd records them.
+TEST(Conv2dBiasAct, InPlaceEpilogueKeepsBitsAndInputs) {
+  const auto c = make_conv();
+  const auto conv = at::conv2d(c.x, c.w, c.b, {2, 1}, {1, 1}, {1, 1}, 2);
+  const auto residual_before = c.residual.clone();
+  EXPECT_TRUE(at::equal(conv2d_bias_act_portable(c.x, c.w, c.b, c.residual, c.g, Activation::silu),
+                        at::silu(conv + c.residual)));
+  EXPECT_TRUE(at::equal(conv2d_bias_act_portable(c.x, c.w, c.b, c.residual, c.g, Activation::tanh),
+                        at::tanh(conv + c.residual)));
+  EXPECT_TRUE(at::equal(c.residual, residual_before));
+  const auto w = c.w.clone().requires_grad_(true);
+  const auto y = conv2d_bias_act_portable(c.x, w, c.b, c.residual, c.g, Activation::gelu);
+  ASSERT_TRUE(y.requires_grad());
+  EXPECT_NE(y.grad_fn(), nullptr);  // recorded by autograd: the out-of-place ops ran
+  EXPECT_TRUE(at::equal(y.detach(), at::gelu(conv + c.residual)));
+}
+
 TEST(Conv2dBiasAct, InputsAreCheckedBeforeAnyImplementation) {
   const auto c = make_conv();
   Registry r;

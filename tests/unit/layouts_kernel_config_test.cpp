@@ -80,7 +80,8 @@ TEST(KernelConfig, ExactErrors) {
             "DFineRepVggBlock)");
   EXPECT_EQ(error_of("ViTAttention: fused\n"),
             "s.yaml:1:15: kernel_config: ViTAttention: unknown layout 'fused' (expected off, "
-            "repvgg, batchnorm_fold, qkv_concat, channels_last, or owner/repo:ClassName)");
+            "repvgg, batchnorm_fold, avgpool_fold, qkv_concat, channels_last, or "
+            "owner/repo:ClassName)");
   EXPECT_EQ(error_of("ViTAttention: acme/fast-attn\n"),
             "s.yaml:1:15: kernel_config: ViTAttention: hub reference 'acme/fast-attn' must be "
             "owner/repo:ClassName");
@@ -121,12 +122,22 @@ TEST(LayoutCatalog, UpstreamClassesPerFamilyAndPath) {
   EXPECT_EQ(upstream_classes("vit", K::attention, "vit.encoder.layer.0.attention.attention"),
             (std::vector<std::string>{"ViTAttention", "ViTSelfAttention"}));
   EXPECT_TRUE(upstream_classes("vit", K::repvgg_block, "x").empty());
+  EXPECT_EQ(upstream_classes("rt_detr", K::conv_norm, "model.encoder_input_proj.2"),
+            std::vector<std::string>{"Sequential"});
+  EXPECT_EQ(upstream_classes("d_fine", K::conv_norm, "model.decoder_input_proj.0"),
+            std::vector<std::string>{"Sequential"});
+  EXPECT_EQ(upstream_classes("rt_detr_v2", K::pooled_shortcut,
+                             "model.backbone.model.encoder.stages.1.layers.0.shortcut.0"),
+            std::vector<std::string>{"AvgPool2d"});
+  EXPECT_TRUE(upstream_classes("d_fine", K::pooled_shortcut, "x").empty());
+  EXPECT_TRUE(upstream_classes("deformable_detr", K::pooled_shortcut, "x").empty());
   EXPECT_TRUE(path_matches("model.encoder.*.0", "model.encoder.fpn_blocks.0"));
   EXPECT_FALSE(path_matches("model.encoder.*", "model.encoder.fpn_blocks.0"));
   EXPECT_FALSE(path_matches("model.encoder.*.1", "model.encoder.fpn_blocks.0"));
   EXPECT_TRUE(on_by_default("batchnorm_fold", "rt_detr"));
   EXPECT_TRUE(on_by_default("channels_last", "rt_detr"));  // CUDA only: its predicate decides
   EXPECT_FALSE(on_by_default("channels_last", "vit"));     // no conv stack
+  EXPECT_FALSE(on_by_default("avgpool_fold", "rt_detr"));  // not measured on the GPU yet
 }
 
 }  // namespace

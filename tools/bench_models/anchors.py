@@ -1,12 +1,17 @@
 """The anchors of the end-to-end benchmark (docs/BENCHMARKS.md): transformers 5.17 eager and
 torch.compile on the same checkpoint folders, input sizes and batches as libreyolo-bench-models.
 
-Usage: anchors.py CKPT_DIR [--batch 1,32] [--size 640] [--iters 20] [--warmup 5]
-                  [--modes eager_fp32,eager_bf16_cl,compile_bf16_cl]
-Prints one line per (mode, batch): `anchor mode=M batch=B ms=X img_s=Y tf32=on|off`.
+Usage: anchors.py CKPT_DIR [--batch 1,32] [--size 640|HxW] [--iters 20] [--warmup 5]
+                  [--modes eager_fp32,eager_bf16_cl,compile_bf16_cl] [--device cuda|cpu]
+                  [--compile-backend inductor|eager]
+Modes: eager|compile, then fp32|bf16|fp16, then optionally _cl (channels_last model and input).
+The model class follows config.json: AutoModelForImageClassification for vit / swin, else
+AutoModelForObjectDetection (RT-DETR, D-FINE, Deformable DETR).
+Prints one line per (mode, batch): `anchor model=M mode=M batch=B size=S ms=X img_s=Y tf32=off`.
 Times are CUDA-event medians of --iters forwards after --warmup (the compile time is in the
 warm-up and printed separately as `compile_s`). TF32 is off for the fp32 mode (what parity runs)
-and irrelevant for bf16.
+and irrelevant for bf16. --device cpu (wall-clock medians) exists to test this script on a
+machine without a GPU; its numbers mean nothing.
 """
 import argparse
 import statistics
@@ -16,10 +21,34 @@ import time
 import torch
 import transformers as tr
 
+CLASSIFIERS = {"vit", "swin"}
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
-def timed(fn, x, iters, warmup):
+
+def parse_size(text):
+    h, _, w = text.partition("x")
+    return int(h), int(w or h)
+
+
+def parse_mode(mode):
+    """'compile_bf16_cl' -> ('compile', torch.bfloat16, True); raises ValueError otherwise."""
+    parts = mode.split("_")
+    if len(parts) not in (2, 3) or parts[0] not in ("eager", "compile") or parts[1] not in DTYPES \
+            or (len(parts) == 3 and parts[2] != "cl"):
+        raise ValueError(f"--modes: unknown mode '{mode}' (expected eager|compile _ fp32|bf16|fp16 [_cl])")
+    return parts[0], DTYPES[parts[1]], len(parts) == 3
+
+
+def timed(fn, x, iters, warmup, cuda):
     for _ in range(warmup):
         fn(x)
+    if not cuda:
+        times = []
+        for _ in range(iters):
+            t0 = time.perf_counter()
+            fn(x)
+            times.append((time.perf_counter() - t0) * 1000.0)
+        return statistics.median(times)
     torch.cuda.synchronize()
     times = []
     for _ in range(iters):
@@ -36,37 +65,48 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("ckpt")
     p.add_argument("--batch", default="1,32")
-    p.add_argument("--size", type=int, default=640)
+    p.add_argument("--size", default="640")
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--modes", default="eager_fp32,eager_bf16_cl,compile_bf16_cl")
+    p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    p.add_argument("--compile-backend", default="inductor",
+                   help="torch.compile backend (inductor = the default mode; eager: dynamo's trace "
+                        "only, to test this script quickly on a CPU)")
     a = p.parse_args()
+    height, width = parse_size(a.size)
+    modes = [(m, *parse_mode(m)) for m in a.modes.split(",")]
+    cuda = a.device == "cuda"
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     torch.backends.cudnn.benchmark = True
-    model = tr.AutoModelForObjectDetection.from_pretrained(a.ckpt).eval().cuda()
-    for mode in a.modes.split(","):
-        bf16 = "bf16" in mode
-        m = model.to(torch.bfloat16 if bf16 else torch.float32)
-        fmt = torch.channels_last if mode.endswith("_cl") else torch.contiguous_format
+    config = tr.AutoConfig.from_pretrained(a.ckpt)
+    auto = tr.AutoModelForImageClassification if config.model_type in CLASSIFIERS \
+        else tr.AutoModelForObjectDetection
+    model = auto.from_pretrained(a.ckpt).eval().to(a.device)
+    name = a.ckpt.rstrip("/").split("/")[-1]
+    size = a.size if height != width else str(height)
+    for mode, kind, dtype, cl in modes:
+        m = model.to(dtype)
+        fmt = torch.channels_last if cl else torch.contiguous_format
         m = m.to(memory_format=fmt)
-        fn = m
-        if mode.startswith("compile"):
-            fn = torch.compile(m)
+        fn = torch.compile(m, backend=a.compile_backend) if kind == "compile" else m
         for b in [int(x) for x in a.batch.split(",")]:
-            x = torch.randn(b, 3, a.size, a.size, device="cuda",
-                            dtype=torch.bfloat16 if bf16 else torch.float32)
+            x = torch.randn(b, 3, height, width, device=a.device, dtype=dtype)
             x = x.contiguous(memory_format=fmt)
             with torch.inference_mode():
                 t0 = time.time()
                 run = lambda t: fn(pixel_values=t)
-                if mode.startswith("compile"):
+                if kind == "compile":
                     run(x)
-                    torch.cuda.synchronize()
-                    print(f"anchor mode={mode} batch={b} compile_s={time.time() - t0:.1f}", flush=True)
-                ms = timed(run, x, a.iters, a.warmup)
-            print(f"anchor model={a.ckpt.rstrip('/').split('/')[-1]} mode={mode} batch={b} "
+                    if cuda:
+                        torch.cuda.synchronize()
+                    print(f"anchor model={name} mode={mode} batch={b} size={size} "
+                          f"compile_s={time.time() - t0:.1f}", flush=True)
+                ms = timed(run, x, a.iters, a.warmup, cuda)
+            print(f"anchor model={name} mode={mode} batch={b} size={size} "
                   f"ms={ms:.3f} img_s={b * 1000.0 / ms:.1f} tf32=off", flush=True)
+    return 0
 
 
 if __name__ == "__main__":

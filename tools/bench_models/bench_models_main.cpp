@@ -1,12 +1,17 @@
 // libreyolo-bench-models: end-to-end forward time of one checkpoint on random pixels.
 //
-//   libreyolo-bench-models --model DIR [--size 640] [--batch 1,8,32] [--device cpu|cuda]
+//   libreyolo-bench-models --model DIR [--size 640|HxW] [--batch 1,8,32] [--device cpu|cuda]
 //                          [--dtype float32|float16|bfloat16] [--iters N] [--warmup N] [--tf32]
 //                          [--cuda-graph] [--fused-attention default|on|off]
 //                          [--layouts default|on|off] [--out FILE.json] [--profile]
 // Prints one line per batch size: ms per forward (median of --iters, after --warmup), images/s,
 // and the kernel calls counted per implementation of ms_deform_attn, so that a run under
-// LIBREYOLO_KERNELS=reference (portable path) and one without can be compared. CUDA time is
+// LIBREYOLO_KERNELS=reference (portable path) and one without can be compared; then one
+// `binding model=M slot=S selected=I <impl>.calls=N <impl>.declined=N ...` line per slot the
+// model is bound to (models/layers/bound_kernels.h; counters of this model's handles since load,
+// warm-up and graph replays included), so a run shows which implementation served each slot
+// (e.g. conv2d_bias_act cuda.calls > 0 with layouts on). --size HxW (e.g. 800x1333) times a
+// non-square input (Deformable DETR's shortest-edge 800 / longest-edge 1333). CUDA time is
 // wall time around a synchronised forward (what a request sees), TF32 off unless --tf32 (PyTorch's
 // own default lets cuDNN convolutions use TF32, which is what a transformers eager run measures).
 // --cuda-graph times models::CudaGraphRunner (the daemon's `cuda_graphs`): one captured forward
@@ -30,6 +35,8 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "kernels/attention/ms_deform_attn.h"
@@ -42,7 +49,7 @@
 namespace {
 
 int usage() {
-  std::cerr << "usage: libreyolo-bench-models --model DIR [--size 640] [--batch 1,8] "
+  std::cerr << "usage: libreyolo-bench-models --model DIR [--size 640|HxW] [--batch 1,8] "
                "[--device cpu|cuda] [--dtype float32|float16|bfloat16] [--iters N] [--warmup N] "
                "[--tf32] [--cuda-graph] [--fused-attention default|on|off] "
                "[--layouts default|on|off] [--out FILE.json] [--profile]\n";
@@ -64,12 +71,64 @@ std::string msda_calls() {
   return os.str();
 }
 
+/// One line per binding of the process registry (this tool loads one model):
+/// "binding model=M slot=S selected=I cuda.calls=N cuda.declined=N(reason=N; ...) ...".
+std::string binding_lines(nlohmann::json* out) {
+  std::ostringstream os;
+  for (const auto& b : libreyolo::kernels::Registry::process_default().bindings()) {
+    os << "binding model=" << b.model << " slot=" << b.slot << " selected=" << b.selected;
+    if (b.candidates.empty()) os << " (no implementation bound: the portable path runs)";
+    nlohmann::json candidates = nlohmann::json::array();
+    for (const auto& c : b.candidates) {
+      if (!c.eligible) {
+        os << " " << c.name << "=not_bound(" << c.reason << ")";
+        candidates.push_back({{"name", c.name}, {"bound", false}, {"reason", c.reason}});
+        continue;
+      }
+      std::uint64_t declined = 0;
+      std::string why;
+      for (const auto& [reason, n] : c.declined) {
+        declined += n;
+        why += (why.empty() ? "" : "; ") + reason + "=" + std::to_string(n);
+      }
+      os << " " << c.name << ".calls=" << c.calls << " " << c.name << ".declined=" << declined;
+      if (!why.empty()) os << "(" << why << ")";
+      if (c.disabled) os << " " << c.name << "=disabled";
+      candidates.push_back({{"name", c.name},
+                            {"bound", true},
+                            {"calls", c.calls},
+                            {"declined", c.declined},
+                            {"disabled", c.disabled}});
+    }
+    os << "\n";
+    if (out)
+      out->push_back({{"model", b.model},
+                      {"slot", b.slot},
+                      {"selected", b.selected},
+                      {"candidates", candidates}});
+  }
+  return os.str();
+}
+
+/// "640" -> {640, 640}; "800x1333" -> {800, 1333}. Throws std::invalid_argument otherwise.
+std::pair<int64_t, int64_t> parse_size(const std::string& text) {
+  const auto x = text.find('x');
+  size_t used = 0;
+  const int64_t h = std::stoll(text.substr(0, x), &used);
+  if (used != (x == std::string::npos ? text.size() : x)) throw std::invalid_argument(text);
+  if (x == std::string::npos) return {h, h};
+  const std::string rest = text.substr(x + 1);
+  const int64_t w = std::stoll(rest, &used);
+  if (used != rest.size()) throw std::invalid_argument(text);
+  return {h, w};
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   std::string model_dir, device_name = "cpu", dtype_name = "float32", batches = "1,8";
   std::string fused = "default", layouts, out;
-  int64_t size = 640;
+  int64_t height = 640, width = 640;
   int iters = 10, warmup = 3;
   bool tf32 = false, cuda_graph = false, profile = false;
   for (int i = 1; i < argc; ++i) {
@@ -79,7 +138,7 @@ int main(int argc, char** argv) {
       if (a == "--model")
         model_dir = next();
       else if (a == "--size")
-        size = std::stoll(next());
+        std::tie(height, width) = parse_size(next());
       else if (a == "--batch")
         batches = next();
       else if (a == "--device")
@@ -108,7 +167,7 @@ int main(int argc, char** argv) {
       return usage();
     }
   }
-  if (model_dir.empty() || iters < 1 || warmup < 0 || size < 32) return usage();
+  if (model_dir.empty() || iters < 1 || warmup < 0 || height < 32 || width < 32) return usage();
   if (cuda_graph && device_name.rfind("cuda", 0) != 0) return usage();
   if (fused != "default" && fused != "on" && fused != "off") return usage();
   if (!layouts.empty() && layouts != "default" && layouts != "on" && layouts != "off")
@@ -152,13 +211,16 @@ int main(int argc, char** argv) {
                                               {"params_before", r.params_before},
                                               {"params_after", r.params_after}});
     if (fused != "default") model->set_fused_attention(fused == "on");
+    const std::string size_text = height == width
+                                      ? std::to_string(height)
+                                      : std::to_string(height) + "x" + std::to_string(width);
     at::InferenceMode guard;
     std::stringstream list(batches);
     std::string item;
     while (std::getline(list, item, ',')) {
       const int64_t b = std::stoll(item);
       const at::Tensor pixels =
-          at::rand({b, 3, size, size}, at::TensorOptions().device(options.device))
+          at::rand({b, 3, height, width}, at::TensorOptions().device(options.device))
               .to(options.dtype);
       for (int w = 0; w < warmup; ++w) model->forward(pixels);
       synchronize(options.device);
@@ -166,7 +228,7 @@ int main(int argc, char** argv) {
       if (cuda_graph) {
         try {
           graph = std::make_unique<libreyolo::models::CudaGraphRunner>(
-              *model, std::vector<int64_t>{b}, size, size, options.dtype, options.device);
+              *model, std::vector<int64_t>{b}, height, width, options.dtype, options.device);
         } catch (const std::exception& e) {
           std::cout << "model=" << model->model_type() << " batch=" << b
                     << " cuda_graph=failed: " << e.what() << std::endl;
@@ -191,9 +253,11 @@ int main(int argc, char** argv) {
                 << " device=" << device_name << " dtype=" << dtype_name
                 << " tf32=" << (tf32 ? "on" : "off")
                 << " cuda_graph=" << (cuda_graph ? "on" : "off") << " fused_attention=" << fused
-                << " layouts=" << kernels::layout_mode_name(mode.value) << " size=" << size
+                << " layouts=" << kernels::layout_mode_name(mode.value) << " size=" << size_text
                 << " batch=" << b << " median_ms=" << median << " min_ms=" << ms.front()
                 << " images_per_s=" << (1000.0 * b / median) << " " << msda_calls() << std::endl;
+      nlohmann::json bindings = nlohmann::json::array();
+      std::cout << binding_lines(&bindings) << std::flush;
       if (profile) {
         std::cout << libreyolo::bench::profile_by_op_class(
                          [&] {
@@ -203,13 +267,15 @@ int main(int argc, char** argv) {
                          5)
                   << std::flush;
       }
-      report["runs"].push_back({{"batch", b},
-                                {"size", size},
-                                {"device", device_name},
-                                {"dtype", dtype_name},
-                                {"median_ms", median},
-                                {"min_ms", ms.front()},
-                                {"images_per_s", 1000.0 * b / median}});
+      report["runs"].push_back(
+          {{"batch", b},
+           {"size", height == width ? nlohmann::json(height) : nlohmann::json(size_text)},
+           {"bindings", bindings},
+           {"device", device_name},
+           {"dtype", dtype_name},
+           {"median_ms", median},
+           {"min_ms", ms.front()},
+           {"images_per_s", 1000.0 * b / median}});
     }
     if (!out.empty()) {
       std::ofstream f(out);

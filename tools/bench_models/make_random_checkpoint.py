@@ -1,11 +1,20 @@
 """Writes full-size checkpoints with random weights (transformers' own initialisation) as Hugging
 Face folders, for the end-to-end forward benchmark (tools/bench_models).
 
-Usage: make_random_checkpoint.py OUT_DIR [detectors|classifiers]
+Usage: make_random_checkpoint.py OUT_DIR [SET[,SET...]] [--tiny]
   detectors (default) -> OUT_DIR/rtdetr_r50vd, OUT_DIR/rtdetr_r18vd: the configurations of
       PekingU/rtdetr_r50vd and PekingU/rtdetr_r18vd (80 COCO classes, 300 queries, 640x640)
   classifiers -> OUT_DIR/vit_base (google/vit-base-patch16-224: ViTConfig's defaults, 1000
       labels) and OUT_DIR/swin_tiny (microsoft/swin-tiny-patch4-window7-224: SwinConfig's defaults)
+  dfine -> OUT_DIR/dfine_l: D-FINE L as published (ustc-community/dfine-large-coco: DFineConfig's
+      defaults = HGNetV2-B4 backbone, hidden 256, expansion 1.0, depth_mult 1.0, 6 decoder
+      layers; decoder_n_points [3, 6, 3] of the original dfine_hgnetv2.yml; 80 classes, 640x640)
+  deformable -> OUT_DIR/deformable_detr: SenseTime/deformable-detr (DeformableDetrConfig's
+      defaults: 300 queries, 4 levels, 6 + 6 layers, 91 labels) with transformers' own ResNet-50
+      instead of timm's (the same architecture; what libreyolo loads), 800x1333 processor
+  all -> every set above.
+--tiny writes the same folders with small widths and depths (for testing the scripts on a CPU;
+the names are the same, so point the tools at another OUT_DIR).
 Only the weights are random. Needs transformers 5.17 and torch.
 """
 import os
@@ -14,53 +23,122 @@ import sys
 import torch
 import transformers as tr
 
-
-def r50():
-    return tr.RTDetrConfig(num_labels=80)  # the defaults are R50-vd
-
-
-def r18():
-    bb = tr.RTDetrResNetConfig(layer_type="basic", depths=[2, 2, 2, 2], hidden_sizes=[64, 128, 256, 512],
-                               embedding_size=64, downsample_in_bottleneck=False,
-                               out_features=["stage2", "stage3", "stage4"], out_indices=[2, 3, 4])
-    return tr.RTDetrConfig(backbone_config=bb, encoder_in_channels=[128, 256, 512], hidden_expansion=0.5,
-                           decoder_layers=3, num_labels=80)
-
-
+RTDETR_PROCESSOR = ('{"image_processor_type": "RTDetrImageProcessor", "do_resize": true, '
+                    '"size": {"height": 640, "width": 640}, "do_rescale": true, '
+                    '"rescale_factor": 0.00392156862745098, "do_normalize": false, "do_pad": false}\n')
 VIT_PROCESSOR = ('{"image_processor_type": "ViTImageProcessor", "do_resize": true, '
                  '"size": {"height": 224, "width": 224}, "do_rescale": true, '
                  '"rescale_factor": 0.00392156862745098, "do_normalize": true, '
                  '"image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5]}\n')
+DEFORMABLE_PROCESSOR = ('{"image_processor_type": "DeformableDetrImageProcessor", "do_resize": true, '
+                        '"size": {"shortest_edge": 800, "longest_edge": 1333}, "do_rescale": true, '
+                        '"rescale_factor": 0.00392156862745098, "do_normalize": true, '
+                        '"image_mean": [0.485, 0.456, 0.406], "image_std": [0.229, 0.224, 0.225], '
+                        '"do_pad": true}\n')
 
 
-def classifiers(out):
-    labels = {"id2label": {str(i): f"class_{i}" for i in range(1000)},
-              "label2id": {f"class_{i}": i for i in range(1000)}}
-    for name, model in (("vit_base", tr.ViTForImageClassification(tr.ViTConfig(**labels))),
-                        ("swin_tiny", tr.SwinForImageClassification(tr.SwinConfig(**labels)))):
-        d = os.path.join(out, name)
-        model.eval().save_pretrained(d, safe_serialization=True)
-        with open(os.path.join(d, "preprocessor_config.json"), "w") as f:
-            f.write(VIT_PROCESSOR)
-        print(name, sum(p.numel() for p in model.parameters()), "parameters ->", d, flush=True)
+def coco_labels(n):
+    return {"id2label": {str(i): f"class_{i}" for i in range(n)},
+            "label2id": {f"class_{i}": i for i in range(n)}}
+
+
+def r50(tiny):
+    if tiny:
+        bb = tr.RTDetrResNetConfig(embedding_size=16, hidden_sizes=[16, 32, 48, 64], depths=[1, 1, 1, 1],
+                                   out_features=["stage2", "stage3", "stage4"], out_indices=[2, 3, 4])
+        return tr.RTDetrConfig(backbone_config=bb, encoder_in_channels=[32, 48, 64], encoder_hidden_dim=32,
+                               encoder_ffn_dim=64, d_model=32, decoder_in_channels=[32, 32, 32],
+                               decoder_ffn_dim=64, decoder_layers=2, num_queries=30, num_labels=80)
+    return tr.RTDetrConfig(num_labels=80)  # the defaults are R50-vd
+
+
+def r18(tiny):
+    bb = tr.RTDetrResNetConfig(layer_type="basic", depths=[2, 2, 2, 2], hidden_sizes=[64, 128, 256, 512],
+                               embedding_size=64, downsample_in_bottleneck=False,
+                               out_features=["stage2", "stage3", "stage4"], out_indices=[2, 3, 4])
+    if tiny:
+        bb = tr.RTDetrResNetConfig(layer_type="basic", depths=[1, 1, 1, 1], hidden_sizes=[16, 16, 32, 48],
+                                   embedding_size=16, out_features=["stage2", "stage3", "stage4"],
+                                   out_indices=[2, 3, 4])
+        return tr.RTDetrConfig(backbone_config=bb, encoder_in_channels=[16, 32, 48], encoder_hidden_dim=32,
+                               encoder_ffn_dim=64, d_model=32, decoder_in_channels=[32, 32, 32],
+                               hidden_expansion=0.5, decoder_ffn_dim=64, decoder_layers=2, num_queries=30,
+                               num_labels=80)
+    return tr.RTDetrConfig(backbone_config=bb, encoder_in_channels=[128, 256, 512], hidden_expansion=0.5,
+                           decoder_layers=3, num_labels=80)
+
+
+def dfine_l(tiny):
+    if tiny:
+        # The widths of tests/live_parity/live_parity.py hgnet_backbone("b").
+        bb = tr.HGNetV2Config(stem_channels=[3, 8, 16], stage_in_channels=[16, 32, 48, 64],
+                              stage_mid_channels=[8, 16, 24, 32], stage_out_channels=[32, 48, 64, 96],
+                              stage_num_blocks=[1, 2, 1, 1], stage_downsample=[False, True, True, True],
+                              stage_light_block=[False, True, False, True], stage_kernel_size=[3, 5, 3, 5],
+                              stage_numb_of_layers=[2, 3, 2, 2], hidden_sizes=[32, 48, 64, 96],
+                              out_features=["stage2", "stage3", "stage4"], out_indices=[2, 3, 4])
+        return tr.DFineConfig(backbone_config=bb, encoder_in_channels=[48, 64, 96], encoder_hidden_dim=32,
+                              encoder_ffn_dim=64, d_model=32, decoder_in_channels=[32, 32, 32],
+                              decoder_ffn_dim=64, decoder_layers=2, num_queries=30, depth_mult=0.34,
+                              decoder_n_points=[3, 6, 3], **coco_labels(80))
+    return tr.DFineConfig(decoder_n_points=[3, 6, 3], **coco_labels(80))
+
+
+def deformable(tiny):
+    if tiny:
+        bb = tr.ResNetConfig(embedding_size=16, hidden_sizes=[16, 24, 40, 56], depths=[1, 1, 1, 1],
+                             out_features=["stage2", "stage3", "stage4"], out_indices=[2, 3, 4])
+        extra = dict(d_model=32, encoder_layers=1, decoder_layers=2, encoder_attention_heads=2,
+                     decoder_attention_heads=2, encoder_ffn_dim=32, decoder_ffn_dim=32, num_queries=20)
+    else:
+        bb = tr.ResNetConfig(out_features=["stage2", "stage3", "stage4"], out_indices=[2, 3, 4])  # R50
+        extra = {}
+    return tr.DeformableDetrConfig(use_timm_backbone=False, backbone=None, backbone_config=bb,
+                                   use_pretrained_backbone=False, **extra, **coco_labels(91))
+
+
+def save(model, out, name, processor):
+    d = os.path.join(out, name)
+    model.eval().save_pretrained(d, safe_serialization=True)
+    with open(os.path.join(d, "preprocessor_config.json"), "w") as f:
+        f.write(processor)
+    print(name, sum(p.numel() for p in model.parameters()), "parameters ->", d, flush=True)
 
 
 def main():
-    out = sys.argv[1]
+    args = [a for a in sys.argv[1:] if a != "--tiny"]
+    tiny = "--tiny" in sys.argv[1:]
+    if not args:
+        print(__doc__, file=sys.stderr)
+        return 2
+    out = args[0]
+    sets = (args[1] if len(args) > 1 else "detectors").split(",")
+    if "all" in sets:
+        sets = ["detectors", "classifiers", "dfine", "deformable"]
+    unknown = set(sets) - {"detectors", "classifiers", "dfine", "deformable"}
+    if unknown:
+        print(f"make_random_checkpoint.py: unknown set(s) {sorted(unknown)} (expected detectors, "
+              "classifiers, dfine, deformable, all)", file=sys.stderr)
+        return 2
     torch.manual_seed(0)
-    if len(sys.argv) > 2 and sys.argv[2] == "classifiers":
-        classifiers(out)
-        return
-    for name, cfg in (("rtdetr_r50vd", r50()), ("rtdetr_r18vd", r18())):
-        d = os.path.join(out, name)
-        model = tr.RTDetrForObjectDetection(cfg).eval()
-        model.save_pretrained(d, safe_serialization=True)
-        with open(os.path.join(d, "preprocessor_config.json"), "w") as f:
-            f.write('{"image_processor_type": "RTDetrImageProcessor", "do_resize": true, '
-                    '"size": {"height": 640, "width": 640}, "do_rescale": true, '
-                    '"rescale_factor": 0.00392156862745098, "do_normalize": false, "do_pad": false}\n')
-        print(name, sum(p.numel() for p in model.parameters()), "parameters ->", d, flush=True)
+    for s in sets:
+        if s == "detectors":
+            for name, cfg in (("rtdetr_r50vd", r50(tiny)), ("rtdetr_r18vd", r18(tiny))):
+                save(tr.RTDetrForObjectDetection(cfg), out, name, RTDETR_PROCESSOR)
+        elif s == "classifiers":
+            small = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64)
+            vit = tr.ViTConfig(**(small if tiny else {}), **coco_labels(1000))
+            swin = tr.SwinConfig(**(dict(embed_dim=16, depths=[1, 1, 1, 1], num_heads=[1, 1, 2, 2]) if tiny
+                                    else {}), **coco_labels(1000))
+            save(tr.ViTForImageClassification(vit), out, "vit_base", VIT_PROCESSOR)
+            save(tr.SwinForImageClassification(swin), out, "swin_tiny", VIT_PROCESSOR)
+        elif s == "dfine":
+            save(tr.DFineForObjectDetection(dfine_l(tiny)), out, "dfine_l", RTDETR_PROCESSOR)
+        elif s == "deformable":
+            save(tr.DeformableDetrForObjectDetection(deformable(tiny)), out, "deformable_detr",
+                 DEFORMABLE_PROCESSOR)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -51,8 +51,8 @@ std::string profile_by_op_class(const std::function<void()>& forward, int iters)
   prof::enableProfiler(config, activities);
   for (int i = 0; i < iters; ++i) forward();
   const auto result = prof::disableProfiler();
-  std::map<std::string, std::pair<double, int>> by_class;  // ms, kernels
-  std::map<std::string, double> by_kernel;
+  std::map<std::string, std::pair<double, int>> by_class;   // ms, kernels
+  std::map<std::string, std::pair<double, int>> by_kernel;  // ms, launches
   double total = 0;
   for (const auto& e : result->events()) {
     if (e.deviceType() != c10::DeviceType::CUDA) continue;
@@ -61,7 +61,8 @@ std::string profile_by_op_class(const std::function<void()>& forward, int iters)
     auto& c = by_class[op_class(name)];
     c.first += ms;
     c.second += 1;
-    by_kernel[name] += ms;
+    by_kernel[name].first += ms;
+    by_kernel[name].second += 1;
     total += ms;
   }
   std::vector<std::pair<std::string, std::pair<double, int>>> classes(by_class.begin(),
@@ -75,13 +76,26 @@ std::string profile_by_op_class(const std::function<void()>& forward, int iters)
        << "% kernels_per_forward=" << v.second / iters << "\n";
   }
   os << "profile total_gpu_ms_per_forward=" << total / iters << "\n";
-  std::vector<std::pair<std::string, double>> kernels(by_kernel.begin(), by_kernel.end());
+  std::vector<std::pair<std::string, std::pair<double, int>>> kernels(by_kernel.begin(),
+                                                                      by_kernel.end());
   std::sort(kernels.begin(), kernels.end(),
-            [](const auto& a, const auto& b) { return a.second > b.second; });
+            [](const auto& a, const auto& b) { return a.second.first > b.second.first; });
   for (size_t i = 0; i < kernels.size() && i < 12; ++i) {
-    os << "profile kernel ms_per_forward=" << kernels[i].second / iters
+    os << "profile kernel ms_per_forward=" << kernels[i].second.first / iters
        << " class=" << op_class(kernels[i].first) << " name=" << kernels[i].first.substr(0, 140)
        << "\n";
+  }
+  // The classes the next speed steps look at (issue 14: the copies and elementwise chains left
+  // with layouts on): their 8 largest kernels, with launches per forward.
+  for (const char* cls : {"copy", "elementwise", "other"}) {
+    int shown = 0;
+    for (const auto& [name, v] : kernels) {
+      if (op_class(name) != cls) continue;
+      os << "profile class_kernel class=" << cls << " ms_per_forward=" << v.first / iters
+         << " launches_per_forward=" << static_cast<double>(v.second) / iters
+         << " name=" << name.substr(0, 160) << "\n";
+      if (++shown == 8) break;
+    }
   }
   return os.str();
 }

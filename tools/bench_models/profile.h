@@ -11,7 +11,9 @@ namespace libreyolo::bench {
 /// Runs `forward` `iters` times under the profiler (CPU and CUDA activities) and returns lines
 /// `profile class=<c> ms_per_forward=<x> share=<p>% kernels_per_forward=<n>` for the classes
 /// conv, gemm, elementwise, norm_softmax_reduce, ms_deform_attn, attention, copy, other, sorted by
-/// time, then `profile total_gpu_ms_per_forward=<x>`, and the 12 slowest kernel names. GPU time
+/// time, then `profile total_gpu_ms_per_forward=<x>`, the 12 slowest kernel names, and the 8
+/// slowest of each of the classes copy, elementwise and other (`profile class_kernel class=<c>
+/// ms_per_forward=<x> launches_per_forward=<n> name=<kernel>`). GPU time
 /// is the sum of kernel durations (no overlap correction: one stream). Throws std::runtime_error
 /// when the profiler cannot start.
 std::string profile_by_op_class(const std::function<void()>& forward, int iters);
