@@ -121,6 +121,13 @@ void parse_value(const std::string& file, const YAML::Node& v, KernelConfigEntry
   std::vector<std::string> names{"off"};
   for (const auto& l : layout_catalog()) names.push_back(l.name);
   if (e.value.find('/') != std::string::npos) {
+    // Bounded before std::regex: libstdc++'s matcher recurses once per character, and a
+    // 100,000-character value overflowed the stack (serving_yaml_fuzz,
+    // tests/fixtures/fuzz/serving_yaml/regress-long-hub-reference.yaml).
+    if (e.value.size() > 512)
+      fail(file, layout,
+           e.key + ": hub reference '" + clip(e.value) + "' must be owner/repo:ClassName (" +
+               std::to_string(e.value.size()) + " characters, at most 512)");
     static const std::regex hub(
         "^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*:"
         "[A-Za-z_][A-Za-z0-9_]*$");
