@@ -72,6 +72,10 @@ JpegHeader jpeg_header(tjhandle h, const uint8_t* data, size_t size, bool strict
     if (strict || !recovered)
       throw ImageError(std::string("corrupt JPEG header: ") + tjGetErrorStr2(h));
   }
+  // tjDecompressHeader3 succeeds on a tables-only ("abbreviated") datastream with a 0x0 size
+  // (image_decode_fuzz, tests/fixtures/fuzz/image_decode/regress-tables-only.jpg).
+  if (width <= 0 || height <= 0)
+    throw ImageError("corrupt JPEG header: no image (a tables-only JPEG datastream)");
   JpegHeader out;
   out.info = {ImageFormat::jpeg, height, width};
   out.colorspace = colorspace;

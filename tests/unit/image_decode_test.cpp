@@ -259,6 +259,21 @@ TEST(ImageDecode, CorruptJpegHeaderRejected) {
   EXPECT_NE(error_of(bytes).find("corrupt JPEG header"), std::string::npos) << error_of(bytes);
 }
 
+// Fuzzing finding (image_decode_fuzz): a tables-only JPEG (SOI, DQT, no frame) had a 0x0 header
+// that read_image_info returned as if it were an image.
+TEST(ImageDecode, TablesOnlyJpegIsNoImage) {
+  const std::vector<uint8_t> bytes = libreyolo::image::read_file_bytes(
+      std::string(LIBREYOLO_TEST_FIXTURES) + "/fuzz/image_decode/regress-tables-only.jpg");
+  const std::string expected = "corrupt JPEG header: no image (a tables-only JPEG datastream)";
+  EXPECT_EQ(error_of(bytes), expected);
+  try {
+    libreyolo::image::read_image_info(bytes.data(), bytes.size());
+    FAIL() << "read_image_info accepted it";
+  } catch (const ImageError& e) {
+    EXPECT_EQ(std::string(e.what()), expected);
+  }
+}
+
 TEST(ImageDecode, TruncatedOrCorruptPngRejected) {
   std::vector<uint8_t> px(32 * 32 * 3);
   for (size_t i = 0; i < px.size(); ++i) px[i] = static_cast<uint8_t>(i * 7919 % 256);
