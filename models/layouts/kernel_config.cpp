@@ -13,7 +13,8 @@ namespace libreyolo::models::layouts {
 namespace {
 
 [[noreturn]] void fail(const std::string& file, const YAML::Node& node, const std::string& msg) {
-  throw std::runtime_error(kernels::yaml_location(file, node) + ": kernel_config: " + msg);
+  throw std::runtime_error(kernels::yaml_location(file, node) +
+                           ": kernel_config: " + kernels::printable(msg));
 }
 
 /// User text echoed in a message, clipped (a huge scalar must not become a huge reason).
@@ -176,7 +177,7 @@ std::vector<KernelConfigEntry> parse_kernel_config_text(const std::string& yaml_
   try {
     root = YAML::Load(yaml_text);
   } catch (const YAML::Exception& ex) {
-    throw std::runtime_error(file + ": kernel_config: " + ex.what());
+    throw std::runtime_error(file + ": kernel_config: " + kernels::printable(ex.what()));
   }
   return parse_kernel_config(root, file);
 }
