@@ -3,8 +3,8 @@
 // header validation), every tensor viewed in its stored dtype and converted to float32 (data
 // offsets, dtypes, byte counts), then loaded into a family through its state-dict mapping
 // (models::load_model on a folder with the fixture's config.json and this file: the strict
-// key/shape mapping of models/core/state_dict.cpp with the family's aliases and ignored keys,
-// then the layouts). A file with a key starting "model." loads as rtdetr_tiny, any other as
+// key/shape mapping of models/core/state_dict.cpp with the family's aliases and ignored keys;
+// layouts off). A file with a key starting "model." loads as rtdetr_tiny, any other as
 // vit_tiny. Every input either loads or throws std::runtime_error (CheckpointError) naming the
 // file; crashes, sanitizer reports and other exceptions are bugs. Seed corpus:
 // tests/fixtures/fuzz/safetensors_file/ (the two fixtures' checkpoints and corrupted copies).
@@ -94,6 +94,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   try {
     LoadOptions options;
+    // Layouts off: they transform tensors that loaded (their own parity tests), and folding
+    // every checkpoint tripled the time of an execution.
+    options.layouts.mode.value = libreyolo::kernels::LayoutMode::off;
     (void)load_model(fs::path(path).parent_path().string(), options);
   } catch (const core::CheckpointError& e) {
     libreyolo::fuzz::expect_message(e.what(), path);
