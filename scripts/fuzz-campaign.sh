@@ -10,8 +10,9 @@
 #       --seconds S  wall-clock seconds per target instead (slow targets: 3600)
 #       targets      default: every binary in the fuzz build (names without _fuzz)
 #   scripts/fuzz-campaign.sh --bundle DIR
-#       copies the fuzz binaries and the project libraries they load into DIR/{bin,lib} and
-#       prints their sizes and `ldd` needs (to run the campaign on another machine).
+#       copies the fuzz binaries and the project libraries they load into DIR/{bin,lib} (debug
+#       info stripped), packs DIR.tar.gz and prints the sizes and each binary's `ldd` needs (to
+#       run the campaign on another machine).
 #
 # Environment: JOBS (workers, default 1), BUILD_DIR (main build, default build),
 # FUZZ_BIN_DIR (prebuilt binaries: no build, no clang needed; DIR/../lib is added to
@@ -58,8 +59,13 @@ if [ -n "$bundle" ]; then
   cp "$bin"/*_fuzz "$bundle/bin/"
   # The project's own libraries the torch targets load (the rest: the torch wheel and Debian 12).
   for lib in $(ldd "$bin"/*_fuzz | awk '/libreyolo_/ {print $3}' | sort -u); do cp "$lib" "$bundle/lib/"; done
+  # Without DWARF (symbols stay: reports name the functions; line numbers come from replaying a
+  # crash input with the unstripped build of the same commit): a third of the size.
+  strip --strip-debug "$bundle"/bin/* "$bundle"/lib/*
   du -b "$bundle"/bin/* "$bundle"/lib/* | awk '{printf "%10.1f MiB  %s\n", $1/1048576, $2}'
   du -sb "$bundle" | awk '{printf "total %.1f MiB\n", $1/1048576}'
+  tar czf "$bundle.tar.gz" -C "$(dirname "$bundle")" "$(basename "$bundle")"
+  du -b "$bundle.tar.gz" | awk '{printf "%.1f MiB  %s (what to carry: tar xzf it there)\n", $1/1048576, $2}'
   for f in "$bundle"/bin/*_fuzz; do
     echo "== ldd $(basename "$f")"
     ldd "$f" | awk '{print "  " $1}' | grep -v -e linux-vdso -e ld-linux | sort

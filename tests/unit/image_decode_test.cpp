@@ -318,6 +318,29 @@ TEST(ImageDecode, HugePngHeaderRejectedBeforeDecoding) {
             "PNG image is 60000x60000 = 3600000000 pixels, above the limit of 40000000 pixels");
 }
 
+// Fuzzing finding (preprocess_fuzz): width * height of a 2785018110x4294953472 PNG header
+// overflowed int64 (undefined behaviour) in the limit check and in its message.
+TEST(ImageDecode, PngHeaderSizeProductDoesNotOverflow) {
+  const std::vector<uint8_t> bytes = libreyolo::image::read_file_bytes(
+      std::string(LIBREYOLO_TEST_FIXTURES) + "/fuzz/image_decode/regress-png-size-overflow.png");
+  EXPECT_EQ(error_of(bytes),
+            "PNG image is 2785018110x4294953472 = 11961523201127377920 pixels, above the limit of "
+            "40000000 pixels");
+}
+
+// Fuzzing finding (image_decode_fuzz): read_image_info returned a 1x0 PNG header that decode_rgb
+// refuses.
+TEST(ImageDecode, EmptyPngSizeIsRefusedByTheHeaderReaderToo) {
+  const std::vector<uint8_t> bytes = libreyolo::image::read_file_bytes(
+      std::string(LIBREYOLO_TEST_FIXTURES) + "/fuzz/image_decode/regress-png-height-0.png");
+  try {
+    libreyolo::image::read_image_info(bytes.data(), bytes.size());
+    FAIL() << "read_image_info accepted it";
+  } catch (const ImageError& e) {
+    EXPECT_STREQ(e.what(), "corrupt PNG header: empty image size 1x0");
+  }
+}
+
 TEST(ImageDecode, HugeJpegHeaderRejectedBeforeDecoding) {
   auto bytes = encode_jpeg(jpeg(JpegSpec::Pixels::gray, 16, 16, std::vector<uint8_t>(256, 9)));
   // Patch the SOF0 frame header: FF C0 len(2) precision(1) height(2) width(2).
