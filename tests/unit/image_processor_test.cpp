@@ -84,7 +84,7 @@ TEST(ImageProcessor, ConfigErrorsNameFileAndKey) {
                          "size": {"shortest_edge": 800}, "max_size": 65537})"),
             "dir/preprocessor_config.json: max_size must be from 1 to 65536 pixels, got 65537");
   EXPECT_EQ(
-      image::ProcessorConfig::from_json(
+      ProcessorConfig::from_json(
           R"({"image_processor_type": "ViTImageProcessor", "size": {"height": 65536, "width": 1}})",
           "p.json")
           .height,
