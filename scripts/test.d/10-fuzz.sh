@@ -3,7 +3,7 @@
 # the torch-free parsers and, against the main build's libraries, the torch targets (image
 # preprocessing, the OIP request path, model configs, checkpoints). Each target first runs its
 # whole seed corpus tests/fixtures/fuzz/<target>/ (the regression inputs of fixed findings
-# included), then fuzzes for FUZZ_SECONDS (default 15) on a copy of it; FUZZ_PARALLEL targets
+# included), then fuzzes for FUZZ_SECONDS (default 10) on a copy of it; FUZZ_PARALLEL targets
 # (default 2) at a time. A crash, a sanitizer report, a timeout or an out-of-memory fails the
 # script and names the input. Measured on 2 cores: see docs/FUZZING.md "CI share".
 # FUZZ_TARGETS="a b" runs only those; FUZZ_TORCH=0 skips the torch targets; FUZZ_BUILD_ONLY=1
@@ -12,7 +12,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 build=${1:-build}
 fuzz_build=$build/fuzz
-seconds=${FUZZ_SECONDS:-15}
+seconds=${FUZZ_SECONDS:-10}
 parallel=${FUZZ_PARALLEL:-2}
 if ! command -v clang++ >/dev/null; then
   echo "fuzz: clang++ not found (scripts/setup.sh installs it)"; exit 1
