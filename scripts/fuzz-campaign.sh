@@ -94,7 +94,8 @@ for t in "${targets[@]}"; do
   log=docs/fuzz/$t.log
   logs=$(mktemp -d)
   start=$(date +%s)
-  echo "campaign: $t (${seconds:+$seconds s}${seconds:-$runs executions}, $jobs workers)"
+  if [ -n "$seconds" ]; then what="$seconds s"; else what="$runs executions"; fi
+  echo "campaign: $t ($what, $jobs workers)"
   "$exe" -runs=0 -artifact_prefix="$artifacts/" tests/fixtures/fuzz/"$t" >"$logs/seeds.log" 2>&1 || true
   for ((w = 0; w < jobs; w++)); do
     if [ -n "$seconds" ]; then limit=(-max_total_time="$seconds"); else limit=(-runs=$(((runs + jobs - 1) / jobs))); fi

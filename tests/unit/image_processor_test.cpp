@@ -78,6 +78,12 @@ TEST(ImageProcessor, ConfigErrorsNameFileAndKey) {
                          "size": {"shortest_edge": 9000000000000000000}})"),
             "dir/preprocessor_config.json: size.shortest_edge must be from 1 to 65536 pixels, got "
             "9000000000000000000");
+  EXPECT_EQ(error_of(R"({"image_processor_type": "DeformableDetrImageProcessor",
+                         "size": {"shortest_edge": 90000000000000000000}})"),
+            "dir/preprocessor_config.json size: key \"shortest_edge\" must be an integer, got "
+            "9e+19");
+  EXPECT_EQ(error_of(R"({"image_processor_type": "ViTImageProcessor", "resample": 1e30})"),
+            "dir/preprocessor_config.json: key \"resample\" must be an integer, got 1e+30");
   EXPECT_EQ(error_of(R"({"image_processor_type": "ViTImageProcessor", "size": 0})"),
             "dir/preprocessor_config.json: size must be from 1 to 65536 pixels, got 0");
   EXPECT_EQ(error_of(R"({"image_processor_type": "DeformableDetrImageProcessor",
