@@ -19,7 +19,7 @@ std::string where(const std::string& file, const YAML::Node& node) {
 }
 
 [[noreturn]] void fail(const std::string& file, const YAML::Node& node, const std::string& msg) {
-  throw PolicyError(where(file, node) + ": " + msg);
+  throw PolicyError(where(file, node) + ": " + printable(msg));
 }
 
 std::string scalar(const std::string& file, const YAML::Node& node, const std::string& key) {
@@ -189,6 +189,23 @@ std::string lock_file_display(const HubSettings& hub) {
 }
 
 }  // namespace
+
+std::string printable(const std::string& text) {
+  std::string out;
+  out.reserve(text.size());
+  for (const char c : text) {
+    const auto u = static_cast<unsigned char>(c);
+    if (u < 0x20 || u == 0x7F) {
+      static const char* hex = "0123456789abcdef";
+      out += "\\x";
+      out += hex[u >> 4];
+      out += hex[u & 15];
+    } else {
+      out += c;
+    }
+  }
+  return out;
+}
 
 std::string yaml_location(const std::string& file, const YAML::Node& node) {
   const auto m = node.Mark();
@@ -404,7 +421,7 @@ Policy load_policy_file(const std::string& file, const Environment& env) {
     throw PolicyError(file + ": cannot read the file");
   } catch (const YAML::ParserException& e) {
     throw PolicyError(file + ":" + std::to_string(e.mark.line + 1) + ":" +
-                      std::to_string(e.mark.column + 1) + ": " + e.msg);
+                      std::to_string(e.mark.column + 1) + ": " + printable(e.msg));
   }
   if (root.IsNull()) return parse_policy(YAML::Node(), file, env);
   if (!root.IsMap()) throw PolicyError(file + ": the configuration must be a mapping");

@@ -101,6 +101,12 @@ class PolicyError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+/// `text` with every control character (below 0x20, and 0x7F) written as \xNN: yaml-cpp quotes
+/// the offending character of a parse error raw ("unknown escape character: " + a newline), and
+/// configuration errors are one line (server_yaml_fuzz,
+/// tests/fixtures/fuzz/server_yaml/regress-escape-newline.yaml).
+std::string printable(const std::string& text);
+
 /// "FILE:LINE:COLUMN" (1-based) of a YAML node, or FILE when the node has no position: the
 /// prefix of every configuration error (policy, server config, serving.yaml).
 std::string yaml_location(const std::string& file, const YAML::Node& node);

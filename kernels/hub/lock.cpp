@@ -29,11 +29,17 @@ bool is_safe_relative_path(const std::string& path) {
 }
 
 std::vector<LockEntry> read_lock_file(const std::string& path) {
-  std::ifstream in(path);
+  std::ifstream in(path, std::ios::binary);
   if (!in) throw LockError(path + ": cannot read the lock file");
+  std::ostringstream text;
+  text << in.rdbuf();
+  return parse_lock_text(text.str(), path);
+}
+
+std::vector<LockEntry> parse_lock_text(const std::string& text, const std::string& path) {
   nlohmann::json j;
   try {
-    j = nlohmann::json::parse(in);
+    j = nlohmann::json::parse(text);
   } catch (const nlohmann::json::exception& e) {
     throw LockError(path + ": not valid JSON: " + e.what());
   }

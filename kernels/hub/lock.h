@@ -49,6 +49,10 @@ bool is_safe_relative_path(const std::string& path);
 /// Does not check pins: the provider refuses unpinned entries with its own message.
 std::vector<LockEntry> read_lock_file(const std::string& path);
 
+/// The lock file's text as read from `path` (read_lock_file after reading; the hub fuzz target).
+/// Throws LockError like read_lock_file.
+std::vector<LockEntry> parse_lock_text(const std::string& text, const std::string& path);
+
 /// Writes `entries` to `path` (through a temporary file and rename). Throws std::runtime_error.
 void write_lock_file(const std::string& path, const std::vector<LockEntry>& entries);
 

@@ -23,6 +23,10 @@ struct KernelMetadata {
 /// `id`/`backend.type`, an `id` that is not a C identifier (it becomes an op namespace).
 KernelMetadata read_metadata(const std::string& path);
 
+/// metadata.json's text as read from `path` (read_metadata after reading; the hub fuzz target).
+/// Throws std::runtime_error like read_metadata.
+KernelMetadata parse_metadata(const std::string& text, const std::string& path);
+
 /// Checks metadata.json's own `digest` the way `kernels verify` does (kernels-data/src/digest.rs):
 /// `files` (paths relative to `variant_dir`, metadata.json(.sigstore), *.pyc and __pycache__
 /// excluded) must be exactly the listed ones, each with the listed digest. Throws

@@ -4,6 +4,7 @@
 #include <regex>
 #include <set>
 #include <sstream>
+#include <stdexcept>
 #include <tuple>
 
 namespace libreyolo::kernels::hub {
@@ -36,6 +37,8 @@ bool parse_backend(const std::string& tag, Variant& v) {
   return true;
 }
 
+std::optional<Variant> parse_variant_name(const std::string& name);
+
 }  // namespace
 
 std::string SystemInfo::describe() const {
@@ -54,6 +57,22 @@ std::string SystemInfo::describe() const {
 }
 
 std::optional<Variant> parse_variant(const std::string& name) {
+  // Longer names are no variant name (upstream's longest is ~45 characters). The bound keeps
+  // libstdc++'s std::regex, which recurses once per character, off a 100,000-character name
+  // from a kernels.lock (a stack overflow: hub_lock_fuzz,
+  // tests/fixtures/fuzz/hub_lock/regress-long-variant.lock).
+  if (name.size() > kMaxVariantNameLength) return std::nullopt;
+  try {
+    return parse_variant_name(name);
+  } catch (const std::out_of_range&) {
+    // std::stoi on a version or backend number beyond int (regress-variant-digits.lock).
+    return std::nullopt;
+  }
+}
+
+namespace {
+
+std::optional<Variant> parse_variant_name(const std::string& name) {
   static const std::regex torch_re(
       R"(^torch(\d)(\d+)(?:-(cxx11|cxx98))?-([a-z]+\d*)-([a-z0-9_]+)-([a-z]+)$)");
   static const std::regex stable_re(
@@ -98,6 +117,8 @@ std::optional<Variant> parse_variant(const std::string& name) {
   }
   return std::nullopt;
 }
+
+}  // namespace
 
 Selection select_variants(const std::vector<std::string>& names, const SystemInfo& sys) {
   Selection out;

@@ -5,6 +5,7 @@
 // C++ process without Python can load: arch variants with a Torch ABI (classic or stable).
 #pragma once
 
+#include <cstddef>
 #include <optional>
 #include <string>
 #include <utility>
@@ -48,8 +49,12 @@ struct Variant {
   std::string cpu, os;
 };
 
-/// Parses a variant directory name; std::nullopt when it does not follow the grammar.
+/// Parses a variant directory name; std::nullopt when it does not follow the grammar, is longer
+/// than kMaxVariantNameLength or has a version number beyond int.
 std::optional<Variant> parse_variant(const std::string& name);
+
+/// Longest name parse_variant() reads; a longer one is not a variant name.
+constexpr std::size_t kMaxVariantNameLength = 256;
 
 /// Outcome of matching a repository's variants against the process.
 struct Selection {

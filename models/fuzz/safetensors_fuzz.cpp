@@ -4,28 +4,26 @@
 // are bugs. Seed corpus: tests/fixtures/fuzz/safetensors/.
 #include <cstddef>
 #include <cstdint>
-#include <cstdlib>
 
 #include "models/core/safetensors_header.h"
+#include "models/fuzz/fuzz_util.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace libreyolo::models::core;
+  using libreyolo::fuzz::fail;
   try {
     const Header h = parse_safetensors_header(data, size, "fuzz.safetensors");
-    if (h.data_offset + h.data_size != size) std::abort();
-    uint64_t previous_end = 0;
+    if (h.data_offset + h.data_size != size) fail("data section size");
     const TensorInfo* previous = nullptr;
     for (const auto& t : h.tensors) {
-      if (t.begin > t.end || t.end > h.data_size) std::abort();
-      if (t.end - t.begin != t.numel() * itemsize(t.dtype)) std::abort();
-      if (previous && !(previous->key < t.key)) std::abort();  // sorted, unique
-      if (h.find(t.key) != &t) std::abort();
+      if (t.begin > t.end || t.end > h.data_size) fail("offsets outside the data section");
+      if (t.end - t.begin != t.numel() * itemsize(t.dtype)) fail("size != numel * itemsize");
+      if (previous && !(previous->key < t.key)) fail("keys not sorted and unique");
+      if (h.find(t.key) != &t) fail("find()");
       previous = &t;
-      previous_end = t.end;
     }
-    (void)previous_end;
-  } catch (const CheckpointError&) {
-    // expected for malformed input
+  } catch (const CheckpointError& e) {
+    libreyolo::fuzz::expect_message(e.what(), "fuzz.safetensors");
   }
   return 0;
 }

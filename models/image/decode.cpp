@@ -7,6 +7,7 @@
 #include <turbojpeg.h>
 
 #include <csetjmp>
+#include <cstdint>
 #include <cstring>
 #include <fstream>
 #include <iterator>
@@ -18,18 +19,28 @@ namespace {
 
 std::string pixels_text(int64_t width, int64_t height) {
   std::ostringstream s;
-  s << width << "x" << height << " = " << width * height << " pixels";
+  s << width << "x" << height;
+  // Header sizes are 32-bit (PNG) or 16-bit (JPEG): the product fits in 64 unsigned bits, not
+  // always in int64 (a 2785018110x4294953472 PNG header overflowed it: preprocess_fuzz,
+  // tests/fixtures/fuzz/image_decode/regress-png-size-overflow.png).
+  if (width >= 0 && height >= 0 && width <= UINT32_MAX && height <= UINT32_MAX)
+    s << " = " << static_cast<uint64_t>(width) * static_cast<uint64_t>(height);
+  s << " pixels";
   return s.str();
 }
 
-void check_limit(const ImageInfo& info, const DecodeOptions& options) {
+void check_not_empty_size(const ImageInfo& info) {
   if (info.width <= 0 || info.height <= 0) {
     std::ostringstream s;
     s << "corrupt " << format_name(info.format) << " header: empty image size " << info.width << "x"
       << info.height;
     throw ImageError(s.str());
   }
-  if (info.width * info.height > options.max_pixels) {
+}
+
+void check_limit(const ImageInfo& info, const DecodeOptions& options) {
+  check_not_empty_size(info);
+  if (info.width > options.max_pixels / info.height) {  // width * height > max, no overflow
     std::ostringstream s;
     s << format_name(info.format) << " image is " << pixels_text(info.width, info.height)
       << ", above the limit of " << options.max_pixels << " pixels";
@@ -72,6 +83,10 @@ JpegHeader jpeg_header(tjhandle h, const uint8_t* data, size_t size, bool strict
     if (strict || !recovered)
       throw ImageError(std::string("corrupt JPEG header: ") + tjGetErrorStr2(h));
   }
+  // tjDecompressHeader3 succeeds on a tables-only ("abbreviated") datastream with a 0x0 size
+  // (image_decode_fuzz, tests/fixtures/fuzz/image_decode/regress-tables-only.jpg).
+  if (width <= 0 || height <= 0)
+    throw ImageError("corrupt JPEG header: no image (a tables-only JPEG datastream)");
   JpegHeader out;
   out.info = {ImageFormat::jpeg, height, width};
   out.colorspace = colorspace;
@@ -176,7 +191,7 @@ bool png_run(PngReader& r, PngSource& src, ImageInfo& info, const DecodeOptions&
   png_get_IHDR(r.png, r.info, &width, &height, &bit_depth, &color_type, &interlace, nullptr,
                nullptr);
   info = {ImageFormat::png, static_cast<int64_t>(height), static_cast<int64_t>(width)};
-  if (info.width * info.height > options.max_pixels) {
+  if (info.width > options.max_pixels / info.height) {  // width * height > max, no overflow
     over_limit = true;
     return true;
   }
@@ -421,6 +436,9 @@ ImageInfo read_image_info(const uint8_t* data, size_t size) {
     case ImageFormat::png: {
       ImageInfo info;
       decode_png_impl(data, size, DecodeOptions{}, /*header_only=*/true, info);
+      // As decode_rgb refuses it (a 1x0 IHDR: image_decode_fuzz,
+      // tests/fixtures/fuzz/image_decode/regress-png-height-0.png).
+      check_not_empty_size(info);
       return info;
     }
     default:

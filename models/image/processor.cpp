@@ -67,6 +67,18 @@ T get_as(const json& j, const char* key, const std::string& source) {
   }
 }
 
+/// j[key] as an integer. A JSON float is refused: nlohmann's get<int64_t>() of 9e19 is a double ->
+/// int64 conversion out of range (undefined behaviour: model_config_fuzz,
+/// tests/fixtures/fuzz/model_config/regress-float-edge-9e19.json).
+int64_t get_integer(const json& j, const char* key, const std::string& source) {
+  const json& v = j.at(key);
+  if (!v.is_number_integer() ||
+      (v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX)))
+    throw std::runtime_error(source + ": key \"" + key + "\" must be an integer, got " +
+                             v.dump().substr(0, 64));
+  return v.get<int64_t>();
+}
+
 std::array<float, 3> get_rgb(const json& j, const char* key, const std::string& source) {
   const json& v = j.at(key);
   std::array<float, 3> out{};
@@ -85,21 +97,33 @@ std::array<float, 3> get_rgb(const json& j, const char* key, const std::string& 
   return out;
 }
 
+/// An image side in pixels: 1 to kMaxProcessorSize. transformers sets no bound; without one a
+/// shortest_edge of 9e18 overflowed the resize arithmetic (size_with_aspect_ratio's double ->
+/// int64 conversion: model_config_fuzz, tests/fixtures/fuzz/model_config/
+/// regress-shortest-edge-9e18.json).
+int64_t checked_side(int64_t v, const std::string& what, const std::string& source) {
+  if (v <= 0 || v > kMaxProcessorSize)
+    throw std::runtime_error(source + ": " + what + " must be from 1 to " +
+                             std::to_string(kMaxProcessorSize) + " pixels, got " +
+                             std::to_string(v));
+  return v;
+}
+
 // The size dict variants transformers accepts for these processors.
 void parse_size(const json& size, ProcessorConfig& c, const std::string& source) {
   if (size.is_number_integer()) {  // legacy int: ViT -> square, DETR -> shortest edge
+    const int64_t v = checked_side(size.get<int64_t>(), "size", source);
     if (c.shortest_edge > 0) {
-      c.shortest_edge = size.get<int64_t>();
+      c.shortest_edge = v;
     } else {
-      c.height = c.width = size.get<int64_t>();
+      c.height = c.width = v;
     }
     return;
   }
   if (!size.is_object()) throw std::runtime_error(source + ": key \"size\" must be an object");
   auto positive = [&](const char* key) {
-    const int64_t v = get_as<int64_t>(size, key, source + " size");
-    if (v <= 0) throw std::runtime_error(source + ": size." + key + " must be positive");
-    return v;
+    return checked_side(get_integer(size, key, source + " size"), std::string("size.") + key,
+                        source);
   };
   if (size.contains("height") || size.contains("width")) {
     if (!size.contains("height") || !size.contains("width"))
@@ -142,12 +166,13 @@ ProcessorConfig ProcessorConfig::from_json(const std::string& text, const std::s
   if (j.contains("do_resize")) c.do_resize = get_as<bool>(j, "do_resize", source);
   if (j.contains("size") && !j["size"].is_null()) parse_size(j["size"], c, source);
   if (j.contains("max_size") && j["max_size"].is_number_integer() && c.shortest_edge > 0)
-    c.longest_edge = j["max_size"].get<int64_t>();  // legacy DETR key
+    c.longest_edge = checked_side(j["max_size"].get<int64_t>(), "max_size", source);  // legacy
   if (j.contains("resample") && !j["resample"].is_null()) {
-    c.resample = get_as<int>(j, "resample", source);
-    if (c.resample != 0 && c.resample != 2 && c.resample != 3)
-      throw std::runtime_error(source + ": resample " + std::to_string(c.resample) +
+    const int64_t resample = get_integer(j, "resample", source);
+    if (resample != 0 && resample != 2 && resample != 3)
+      throw std::runtime_error(source + ": resample " + std::to_string(resample) +
                                " is not supported (0 nearest, 2 bilinear, 3 bicubic)");
+    c.resample = static_cast<int>(resample);
   }
   if (j.contains("do_rescale")) c.do_rescale = get_as<bool>(j, "do_rescale", source);
   if (j.contains("rescale_factor")) c.rescale_factor = get_as<double>(j, "rescale_factor", source);

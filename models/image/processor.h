@@ -18,6 +18,9 @@
 
 namespace libreyolo::image {
 
+/// Largest image side a preprocessor_config.json may ask for (size.*, max_size), pixels.
+constexpr int64_t kMaxProcessorSize = 65536;
+
 /// The settings of one processor. Keys missing from the file take the class defaults of
 /// `image_processor_type` (RTDetr: 640x640, rescale only; DeformableDetr: shortest 800 /
 /// longest 1333, ImageNet mean/std, pad; ViT: 224x224, mean = std = 0.5).
@@ -44,7 +47,7 @@ struct ProcessorConfig {
 
   /// Parses the JSON text; `source` names the file in error messages.
   /// Throws std::runtime_error naming the source and key (unknown processor type, unsupported
-  /// resample, malformed size, wrong value types).
+  /// resample, malformed size or a side outside 1..kMaxProcessorSize, wrong value types).
   static ProcessorConfig from_json(const std::string& text, const std::string& source);
   /// Reads <path> (a preprocessor_config.json) and parses it. Throws std::runtime_error naming
   /// the path when it cannot be opened or exceeds 16 MiB (models::core::read_json_text), or as

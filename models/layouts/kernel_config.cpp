@@ -13,7 +13,8 @@ namespace libreyolo::models::layouts {
 namespace {
 
 [[noreturn]] void fail(const std::string& file, const YAML::Node& node, const std::string& msg) {
-  throw std::runtime_error(kernels::yaml_location(file, node) + ": kernel_config: " + msg);
+  throw std::runtime_error(kernels::yaml_location(file, node) +
+                           ": kernel_config: " + kernels::printable(msg));
 }
 
 /// User text echoed in a message, clipped (a huge scalar must not become a huge reason).
@@ -121,6 +122,13 @@ void parse_value(const std::string& file, const YAML::Node& v, KernelConfigEntry
   std::vector<std::string> names{"off"};
   for (const auto& l : layout_catalog()) names.push_back(l.name);
   if (e.value.find('/') != std::string::npos) {
+    // Bounded before std::regex: libstdc++'s matcher recurses once per character, and a
+    // 100,000-character value overflowed the stack (serving_yaml_fuzz,
+    // tests/fixtures/fuzz/serving_yaml/regress-long-hub-reference.yaml).
+    if (e.value.size() > 512)
+      fail(file, layout,
+           e.key + ": hub reference '" + clip(e.value) + "' must be owner/repo:ClassName (" +
+               std::to_string(e.value.size()) + " characters, at most 512)");
     static const std::regex hub(
         "^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*:"
         "[A-Za-z_][A-Za-z0-9_]*$");
@@ -169,7 +177,7 @@ std::vector<KernelConfigEntry> parse_kernel_config_text(const std::string& yaml_
   try {
     root = YAML::Load(yaml_text);
   } catch (const YAML::Exception& ex) {
-    throw std::runtime_error(file + ": kernel_config: " + ex.what());
+    throw std::runtime_error(file + ": kernel_config: " + kernels::printable(ex.what()));
   }
   return parse_kernel_config(root, file);
 }

@@ -20,7 +20,7 @@ std::string where(const std::string& file, const YAML::Node& node) {
 }
 
 [[noreturn]] void fail(const std::string& file, const YAML::Node& node, const std::string& msg) {
-  throw ConfigError(where(file, node) + ": " + msg);
+  throw ConfigError(where(file, node) + ": " + kernels::printable(msg));
 }
 
 template <class T>
@@ -285,7 +285,7 @@ ServerConfig parse_config(const std::string& yaml_text, const std::string& file,
     root = YAML::Load(yaml_text);
   } catch (const YAML::Exception& e) {
     throw ConfigError(file + ":" + std::to_string(e.mark.line + 1) + ":" +
-                      std::to_string(e.mark.column + 1) + ": " + e.msg);
+                      std::to_string(e.mark.column + 1) + ": " + kernels::printable(e.msg));
   }
   return parse_root(root, file, overrides, env);
 }

@@ -18,7 +18,7 @@ std::string where(const std::string& file, const YAML::Node& node) {
 }
 
 [[noreturn]] void fail(const std::string& file, const YAML::Node& node, const std::string& msg) {
-  throw std::runtime_error(where(file, node) + ": " + msg);
+  throw std::runtime_error(where(file, node) + ": " + kernels::printable(msg));
 }
 
 /// User text echoed in a message, clipped: a 20 MB scalar must not become a 20 MB model
@@ -117,7 +117,8 @@ ServingConfig parse_serving_config(const std::string& yaml_text, const std::stri
   try {
     root = YAML::Load(yaml_text);
   } catch (const YAML::Exception& e) {
-    throw std::runtime_error(file + ":" + std::to_string(e.mark.line + 1) + ": " + e.msg);
+    throw std::runtime_error(file + ":" + std::to_string(e.mark.line + 1) + ": " +
+                             kernels::printable(e.msg));
   }
   if (!root || root.IsNull()) return c;
   if (!root.IsMap()) fail(file, root, "serving.yaml must be a mapping");

@@ -89,6 +89,10 @@ std::vector<api::OutputTensor> detector_outputs(const std::vector<image::Detecti
     const auto b = detections[i].boxes.contiguous().to(at::kFloat);
     const int64_t m = s.size(0);
     counts[i] = static_cast<int32_t>(m);
+    // With no detection in the whole batch (k == 0) the vectors are empty and data() may be
+    // null: memcpy(nullptr, ..., 0) is undefined behaviour (oip_request_fuzz,
+    // tests/fixtures/fuzz/oip_request/regress-no-detection.pb).
+    if (m == 0) continue;
     std::memcpy(scores.data() + i * k, s.data_ptr<float>(), m * sizeof(float));
     std::memcpy(labels.data() + i * k, l.data_ptr<int64_t>(), m * sizeof(int64_t));
     std::memcpy(boxes.data() + i * k * 4, b.data_ptr<float>(), m * 4 * sizeof(float));

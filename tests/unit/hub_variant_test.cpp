@@ -10,6 +10,7 @@
 #include "kernels/hub/digest.h"
 #include "kernels/hub/fetch.h"
 #include "kernels/hub/lock.h"
+#include "kernels/hub/metadata.h"
 #include "kernels/hub/variant.h"
 #include "kernels/policy.h"
 
@@ -74,6 +75,63 @@ TEST(HubVariant, ParsesTheGrammar) {
   EXPECT_EQ(hub::parse_variant("tvm-ffi01-cu128-x86_64-linux")->kind, hub::Variant::Kind::tvm_ffi);
   EXPECT_EQ(hub::parse_variant("rocm71-x86_64-linux"), std::nullopt);
   EXPECT_EQ(hub::parse_variant("torch211-cxx11-cuda-x86_64-linux"), std::nullopt);
+}
+
+// Fuzzing findings (docs/FUZZING.md; hub_lock_fuzz): a 100,000-character name overflowed the
+// stack in std::regex, and version numbers beyond int threw std::out_of_range out of the parser.
+TEST(HubVariant, HugeNamesAndNumbersAreNotVariants) {
+  EXPECT_EQ(hub::parse_variant("torch211-cxx11-cpu-x86_64-" + std::string(100000, 'l')),
+            std::nullopt);
+  const std::string longest = "torch211-cxx11-cpu-x86_64-" + std::string(256 - 26, 'l');
+  ASSERT_EQ(longest.size(), hub::kMaxVariantNameLength);
+  EXPECT_EQ(hub::parse_variant(longest)->os, std::string(230, 'l'));
+  EXPECT_EQ(hub::parse_variant(longest + "l"), std::nullopt);
+  const std::string nines(30, '9');
+  EXPECT_EQ(hub::parse_variant("torch2" + nines + "-cxx11-cpu-x86_64-linux"), std::nullopt);
+  EXPECT_EQ(hub::parse_variant("torch-stable-abi2" + nines + "-cpu-x86_64-linux"), std::nullopt);
+  EXPECT_EQ(hub::parse_variant("tvm-ffi1" + nines + "-cpu-x86_64-linux"), std::nullopt);
+  EXPECT_EQ(hub::parse_variant("torch211-cxx11-cu" + nines + "-x86_64-linux"), std::nullopt);
+}
+
+// Fuzzing finding (hub_metadata_fuzz): a 20,000-character id overflowed the stack in std::regex
+// under AddressSanitizer; it is checked without recursion, and a bad one is echoed clipped.
+TEST(HubMetadata, HugeIdIsRefusedClipped) {
+  const std::string id(100000, 'a');
+  EXPECT_EQ(
+      hub::parse_metadata("{\"id\": \"" + id + "\", \"backend\": {\"type\": \"cpu\"}}", "m.json")
+          .id,
+      id);
+  try {
+    hub::parse_metadata("{\"id\": \"" + id + "-\", \"backend\": {\"type\": \"cpu\"}}", "m.json");
+    FAIL() << "accepted";
+  } catch (const std::runtime_error& e) {
+    EXPECT_EQ(std::string(e.what()), "m.json: id '" + std::string(48, 'a') +
+                                         "...' (100001 characters) is not a valid op namespace");
+  }
+  EXPECT_EQ(hub::parse_metadata(
+                R"({"id": "_ops_1", "backend": {"type": "cuda", "archs": ["9.0"]}})", "m.json")
+                .archs,
+            std::vector<std::string>{"9.0"});
+  try {
+    hub::parse_metadata(R"({"id": "9ops", "backend": {"type": "cpu"}})", "m.json");
+    FAIL() << "accepted";
+  } catch (const std::runtime_error& e) {
+    EXPECT_STREQ(e.what(), "m.json: id '9ops' is not a valid op namespace");
+  }
+}
+
+TEST(HubLock, ParseLockTextNamesTheFile) {
+  const auto entries = hub::parse_lock_text(
+      R"([{"repo_id": "o/r", "sha": "abc", "variants": {"v": {"files": {"a.so": "sha256:00"}}}}])",
+      "x.lock");
+  ASSERT_EQ(entries.size(), 1u);
+  EXPECT_EQ(entries[0].variants.at("v").files.at("a.so"), "00");
+  try {
+    hub::parse_lock_text("[7]", "x.lock");
+    FAIL() << "accepted";
+  } catch (const hub::LockError& e) {
+    EXPECT_STREQ(e.what(), "x.lock: entry 0: must be an object");
+  }
 }
 
 TEST(HubVariant, SelectionRulesAndUpstreamPreferenceOrder) {

@@ -259,6 +259,21 @@ TEST(ImageDecode, CorruptJpegHeaderRejected) {
   EXPECT_NE(error_of(bytes).find("corrupt JPEG header"), std::string::npos) << error_of(bytes);
 }
 
+// Fuzzing finding (image_decode_fuzz): a tables-only JPEG (SOI, DQT, no frame) had a 0x0 header
+// that read_image_info returned as if it were an image.
+TEST(ImageDecode, TablesOnlyJpegIsNoImage) {
+  const std::vector<uint8_t> bytes = libreyolo::image::read_file_bytes(
+      std::string(LIBREYOLO_TEST_FIXTURES) + "/fuzz/image_decode/regress-tables-only.jpg");
+  const std::string expected = "corrupt JPEG header: no image (a tables-only JPEG datastream)";
+  EXPECT_EQ(error_of(bytes), expected);
+  try {
+    libreyolo::image::read_image_info(bytes.data(), bytes.size());
+    FAIL() << "read_image_info accepted it";
+  } catch (const ImageError& e) {
+    EXPECT_EQ(std::string(e.what()), expected);
+  }
+}
+
 TEST(ImageDecode, TruncatedOrCorruptPngRejected) {
   std::vector<uint8_t> px(32 * 32 * 3);
   for (size_t i = 0; i < px.size(); ++i) px[i] = static_cast<uint8_t>(i * 7919 % 256);
@@ -301,6 +316,29 @@ TEST(ImageDecode, HugePngHeaderRejectedBeforeDecoding) {
   EXPECT_EQ(info.width, 60000);
   EXPECT_EQ(error_of(bytes),
             "PNG image is 60000x60000 = 3600000000 pixels, above the limit of 40000000 pixels");
+}
+
+// Fuzzing finding (preprocess_fuzz): width * height of a 2785018110x4294953472 PNG header
+// overflowed int64 (undefined behaviour) in the limit check and in its message.
+TEST(ImageDecode, PngHeaderSizeProductDoesNotOverflow) {
+  const std::vector<uint8_t> bytes = libreyolo::image::read_file_bytes(
+      std::string(LIBREYOLO_TEST_FIXTURES) + "/fuzz/image_decode/regress-png-size-overflow.png");
+  EXPECT_EQ(error_of(bytes),
+            "PNG image is 2785018110x4294953472 = 11961523201127377920 pixels, above the limit of "
+            "40000000 pixels");
+}
+
+// Fuzzing finding (image_decode_fuzz): read_image_info returned a 1x0 PNG header that decode_rgb
+// refuses.
+TEST(ImageDecode, EmptyPngSizeIsRefusedByTheHeaderReaderToo) {
+  const std::vector<uint8_t> bytes = libreyolo::image::read_file_bytes(
+      std::string(LIBREYOLO_TEST_FIXTURES) + "/fuzz/image_decode/regress-png-height-0.png");
+  try {
+    libreyolo::image::read_image_info(bytes.data(), bytes.size());
+    FAIL() << "read_image_info accepted it";
+  } catch (const ImageError& e) {
+    EXPECT_STREQ(e.what(), "corrupt PNG header: empty image size 1x0");
+  }
 }
 
 TEST(ImageDecode, HugeJpegHeaderRejectedBeforeDecoding) {

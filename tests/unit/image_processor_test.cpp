@@ -73,6 +73,28 @@ TEST(ImageProcessor, ConfigErrorsNameFileAndKey) {
   EXPECT_NE(error_of(R"({"image_processor_type": "ViTImageProcessor", "size": {"height": 4}})")
                 .find("needs both height and width"),
             std::string::npos);
+  // Fuzzing finding (model_config_fuzz): a huge edge overflowed the resize size arithmetic.
+  EXPECT_EQ(error_of(R"({"image_processor_type": "DeformableDetrImageProcessor",
+                         "size": {"shortest_edge": 9000000000000000000}})"),
+            "dir/preprocessor_config.json: size.shortest_edge must be from 1 to 65536 pixels, got "
+            "9000000000000000000");
+  EXPECT_EQ(error_of(R"({"image_processor_type": "DeformableDetrImageProcessor",
+                         "size": {"shortest_edge": 90000000000000000000}})"),
+            "dir/preprocessor_config.json size: key \"shortest_edge\" must be an integer, got "
+            "9e+19");
+  EXPECT_EQ(error_of(R"({"image_processor_type": "ViTImageProcessor", "resample": 1e30})"),
+            "dir/preprocessor_config.json: key \"resample\" must be an integer, got 1e+30");
+  EXPECT_EQ(error_of(R"({"image_processor_type": "ViTImageProcessor", "size": 0})"),
+            "dir/preprocessor_config.json: size must be from 1 to 65536 pixels, got 0");
+  EXPECT_EQ(error_of(R"({"image_processor_type": "DeformableDetrImageProcessor",
+                         "size": {"shortest_edge": 800}, "max_size": 65537})"),
+            "dir/preprocessor_config.json: max_size must be from 1 to 65536 pixels, got 65537");
+  EXPECT_EQ(
+      ProcessorConfig::from_json(
+          R"({"image_processor_type": "ViTImageProcessor", "size": {"height": 65536, "width": 1}})",
+          "p.json")
+          .height,
+      65536);
   EXPECT_NE(error_of("{nope").find("not valid JSON"), std::string::npos);
   EXPECT_NE(error_of(R"({"image_processor_type": "ViTImageProcessor", "do_pad": "yes"})")
                 .find("\"do_pad\" has a wrong type"),

@@ -85,6 +85,11 @@ TEST(KernelConfig, ExactErrors) {
   EXPECT_EQ(error_of("ViTAttention: acme/fast-attn\n"),
             "s.yaml:1:15: kernel_config: ViTAttention: hub reference 'acme/fast-attn' must be "
             "owner/repo:ClassName");
+  // Fuzzing finding (serving_yaml_fuzz): a 100,000-character value overflowed the stack in
+  // std::regex.
+  EXPECT_EQ(error_of("ViTAttention: o/" + std::string(100000, 'r') + ":C\n"),
+            "s.yaml:1:15: kernel_config: ViTAttention: hub reference 'o/" + std::string(75, 'r') +
+                "...' must be owner/repo:ClassName (100004 characters, at most 512)");
   EXPECT_EQ(error_of("ViTAttention: {layout: a/b:C, version: '1', revision: x}\n"),
             "s.yaml:1:15: kernel_config: ViTAttention: give version or revision, not both");
   EXPECT_EQ(error_of("ViTAttention: {layout: qkv_concat, revision: x}\n"),

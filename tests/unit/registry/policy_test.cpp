@@ -270,3 +270,24 @@ TEST(Policy, DescribeShowsSources) {
 
 }  // namespace
 }  // namespace libreyolo::kernels
+
+namespace libreyolo::kernels {
+namespace {
+
+// Fuzzing finding (server_yaml_fuzz): yaml-cpp quotes the offending character of a parse error
+// raw, so a configuration error could span lines or carry terminal control bytes.
+TEST(Policy, ConfigurationErrorsAreOnePrintableLine) {
+  EXPECT_EQ(printable(std::string("a\nb\x01\x7f\tc", 7)), "a\\x0ab\\x01\\x7f\\x09c");
+  EXPECT_EQ(printable("kernels: {slots: {}}"), "kernels: {slots: {}}");
+  const std::string file = std::string(::testing::TempDir()) + "/escape.yaml";
+  std::ofstream(file) << "kernels:\n  selection: \"a\\\x01\"\n";
+  try {
+    load_policy_file(file, {});
+    FAIL() << "accepted";
+  } catch (const PolicyError& e) {
+    EXPECT_EQ(std::string(e.what()), file + ":2:18: unknown escape character: \\x01");
+  }
+}
+
+}  // namespace
+}  // namespace libreyolo::kernels
