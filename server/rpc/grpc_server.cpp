@@ -17,12 +17,14 @@
 #include <sstream>
 #include <thread>
 #include <utility>
+#include <variant>
 #include <vector>
 
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "inference/grpc_predict_v2.grpc.pb.h"
 #include "log/log.h"
 #include "server/shm/registry.h"
+#include "server/shm/tensor_params.h"
 
 namespace libreyolo::server::rpc {
 namespace {
@@ -148,77 +150,34 @@ std::string pack_typed(const pb::ModelInferRequest::InferInputTensor& in) {
   return out;
 }
 
-/// The shared-memory parameters of one input or requested output (Triton's
-/// shared_memory_region / shared_memory_offset / shared_memory_byte_size; messages of
-/// triton-inference-server/server src/grpc/infer_handler.cc ParseSharedMemoryParams).
-struct ShmParams {
-  bool used = false;
-  std::string region;
-  std::int64_t offset = 0, byte_size = 0;
-};
-
+/// The shared-memory parameters of tensor `t` (server/shm/tensor_params.h: the checks and
+/// messages the REST transport shares).
 template <class Tensor>
-ShmParams shm_params(const Tensor& t) {
-  ShmParams p;
+shm::TensorShm shm_params(const Tensor& t) {
   const auto& params = t.parameters();
-  auto bad_type = [&](const char* key, const char* want) {
-    return api::Error(api::Code::invalid_argument, std::string("invalid value type for '") + key +
-                                                       "' parameter for tensor '" + t.name() +
-                                                       "', expected " + want + ".");
-  };
-  auto without = [&](const char* key) {
-    return api::Error(api::Code::invalid_argument,
-                      std::string("'") + key +
-                          "' can not be specified without 'shared_memory_region' parameter for "
-                          "tensor '" +
-                          t.name() + "'");
-  };
-  if (auto it = params.find("shared_memory_region"); it != params.end()) {
-    if (it->second.parameter_choice_case() != pb::InferParameter::kStringParam)
-      throw bad_type("shared_memory_region", "string_param");
-    p.used = true;
-    p.region = it->second.string_param();
-  }
-  if (auto it = params.find("shared_memory_offset"); it != params.end()) {
-    if (!p.used) throw without("shared_memory_offset");
-    if (it->second.parameter_choice_case() != pb::InferParameter::kInt64Param)
-      throw bad_type("shared_memory_offset", "int64_param");
-    p.offset = it->second.int64_param();
-  }
-  if (auto it = params.find("shared_memory_byte_size"); it != params.end()) {
-    if (!p.used) throw without("shared_memory_byte_size");
-    if (it->second.parameter_choice_case() != pb::InferParameter::kInt64Param)
-      throw bad_type("shared_memory_byte_size", "int64_param");
-    p.byte_size = it->second.int64_param();
-  } else if (p.used) {
-    throw api::Error(api::Code::invalid_argument,
-                     "'shared_memory_byte_size' must be specified along with "
-                     "'shared_memory_region' parameter for tensor '" +
-                         t.name() + "'");
-  }
-  // Triton's parameters are int64; a negative one would wrap to a huge size_t there.
-  if (p.used && (p.offset < 0 || p.byte_size < 0)) {
-    throw api::Error(api::Code::invalid_argument,
-                     "tensor '" + t.name() + "': '" +
-                         (p.offset < 0 ? "shared_memory_offset" : "shared_memory_byte_size") +
-                         "' must not be negative, got " +
-                         std::to_string(p.offset < 0 ? p.offset : p.byte_size));
-  }
-  return p;
+  return shm::tensor_shm(
+      t.name(),
+      [&](const char* key) -> std::optional<shm::ParamValue> {
+        const auto it = params.find(key);
+        if (it == params.end()) return std::nullopt;
+        shm::ParamValue v;
+        if (it->second.parameter_choice_case() == pb::InferParameter::kStringParam) {
+          v.type = shm::ParamValue::Type::string;
+          v.text = it->second.string_param();
+        } else if (it->second.parameter_choice_case() == pb::InferParameter::kInt64Param) {
+          v.type = shm::ParamValue::Type::integer;
+          v.integer = it->second.int64_param();
+        }
+        return v;
+      },
+      shm::kGrpcTypeNames);
 }
-
-/// A requested output that goes into a shared-memory region.
-struct ShmOutput {
-  std::string name;
-  ShmParams params;
-  shm::View view;
-};
 
 /// The regions one ModelInfer holds (inputs read in place, outputs written at the end): the
 /// Views keep each mapping alive until the call is answered, whatever unregisters it meanwhile.
 struct CallRegions {
   std::vector<shm::View> inputs;
-  std::vector<ShmOutput> outputs;
+  std::vector<shm::OutputRegion> outputs;
 };
 
 api::InferRequest to_api(const pb::ModelInferRequest& r, const grpc::CallbackServerContext& ctx,
@@ -228,7 +187,7 @@ api::InferRequest to_api(const pb::ModelInferRequest& r, const grpc::CallbackSer
   out.model_version = r.model_version();
   out.id = r.id();
   for (const auto& [k, v] : r.parameters()) out.parameters[k] = from_pb(v);
-  std::vector<ShmParams> shm(static_cast<std::size_t>(r.inputs_size()));
+  std::vector<shm::TensorShm> shm(static_cast<std::size_t>(r.inputs_size()));
   int outside = 0;  // inputs whose data is not in shared memory
   for (int i = 0; i < r.inputs_size(); ++i) {
     shm[i] = shm_params(r.inputs(i));
@@ -249,32 +208,8 @@ api::InferRequest to_api(const pb::ModelInferRequest& r, const grpc::CallbackSer
     t.datatype = in.datatype();
     t.shape.assign(in.shape().begin(), in.shape().end());
     if (shm[i].used) {
-      if (in.has_contents()) {
-        throw api::Error(api::Code::invalid_argument,
-                         "unexpected 'content' provided when using shared memory for input "
-                         "tensor '" +
-                             in.name() + "' for model '" + r.model_name() + "'");
-      }
-      shm::View v = registry.acquire(shm[i].region, static_cast<std::uint64_t>(shm[i].offset),
-                                     static_cast<std::uint64_t>(shm[i].byte_size));
-      if (v.on_device()) {
-        // The core reads a device input only as a fixed-size tensor (pixel_values); BYTES
-        // elements would have to be parsed on the host.
-        if (t.datatype == "BYTES") {
-          throw api::Error(api::Code::invalid_argument,
-                           "input '" + in.name() +
-                               "': a BYTES input cannot be read from CUDA "
-                               "shared memory region '" +
-                               shm[i].region +
-                               "'; send it in raw_input_contents or system shared memory");
-        }
-        t.device_data = v.data;
-        t.device_index = v.region->device_id();
-        t.device_bytes = static_cast<std::size_t>(v.byte_size);
-      } else {
-        t.raw = std::string_view(v.data, static_cast<std::size_t>(v.byte_size));
-      }
-      regions.inputs.push_back(std::move(v));
+      if (in.has_contents()) throw shm::content_with_shm(in.name(), r.model_name());
+      shm::bind_input(t, shm[i], registry, regions.inputs, "raw_input_contents");
     } else if (raw) {
       if (in.has_contents()) {
         throw api::Error(
@@ -290,14 +225,8 @@ api::InferRequest to_api(const pb::ModelInferRequest& r, const grpc::CallbackSer
   }
   for (const auto& o : r.outputs()) {
     out.requested_outputs.push_back(o.name());
-    ShmParams p = shm_params(o);
-    if (!p.used) continue;
-    ShmOutput so;
-    so.name = o.name();
-    so.view = registry.acquire(p.region, static_cast<std::uint64_t>(p.offset),
-                               static_cast<std::uint64_t>(p.byte_size));
-    so.params = std::move(p);
-    regions.outputs.push_back(std::move(so));
+    const shm::TensorShm p = shm_params(o);
+    if (p.used) regions.outputs.push_back(shm::bind_output(o.name(), p, registry));
   }
   const gpr_timespec raw_deadline = ctx.raw_deadline();
   if (gpr_time_cmp(raw_deadline, gpr_inf_future(raw_deadline.clock_type)) != 0) {
@@ -318,19 +247,13 @@ void fill_response(api::InferResponse& response, CallRegions& regions,
   out->set_model_name(response.model_name);
   out->set_model_version(response.model_version);
   out->set_id(response.id);
-  std::vector<std::pair<api::OutputTensor*, ShmOutput*>> in_shm;
+  std::vector<std::pair<api::OutputTensor*, shm::OutputRegion*>> in_shm;
   for (auto& t : response.outputs) {
-    ShmOutput* target = nullptr;
+    shm::OutputRegion* target = nullptr;
     for (auto& so : regions.outputs)
       if (so.name == t.name) target = &so;
     if (target) {
-      if (t.data.size() > target->view.byte_size) {
-        throw api::Error(api::Code::invalid_argument,
-                         "shared memory size specified with the request for output '" + t.name +
-                             "' (" + std::to_string(target->view.byte_size) + " bytes, region '" +
-                             target->params.region + "') should be at least " +
-                             std::to_string(t.data.size()) + " bytes to hold the results");
-      }
+      shm::check_output(t, *target);
       in_shm.emplace_back(&t, target);
       continue;
     }
@@ -341,15 +264,19 @@ void fill_response(api::InferResponse& response, CallRegions& regions,
     out->add_raw_output_contents(std::move(t.data));
   }
   for (auto& [t, so] : in_shm) {
-    shm::write(so->view, t->data.data(), t->data.size());
+    shm::write_output(*t, *so);
     auto* o = out->add_outputs();
     o->set_name(t->name);
     o->set_datatype(t->datatype);
     for (auto d : t->shape) o->add_shape(d);
     auto& params = *o->mutable_parameters();
-    params["shared_memory_region"].set_string_param(so->params.region);
-    params["shared_memory_byte_size"].set_int64_param(static_cast<std::int64_t>(t->data.size()));
-    if (so->params.offset != 0) params["shared_memory_offset"].set_int64_param(so->params.offset);
+    for (const auto& [key, value] : shm::output_params(*t, *so)) {
+      if (const auto* text = std::get_if<std::string>(&value)) {
+        params[key].set_string_param(*text);
+      } else {
+        params[key].set_int64_param(std::get<std::int64_t>(value));
+      }
+    }
   }
 }
 
