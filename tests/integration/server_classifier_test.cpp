@@ -522,8 +522,8 @@ TEST(ServingConfigClassifier, ServerFusedAttentionAppliesUnlessServingYamlSetsIt
   using kernels::FusedAttention;
   ServingConfig serving;
   auto m = load_model_version("v", "1", dir, serving, test_device(), loader, FusedAttention::on);
-  EXPECT_TRUE(m->is_classifier());
-  EXPECT_EQ(m->num_labels, 5);
+  EXPECT_STREQ(m->task->name(), "image_classification");
+  EXPECT_EQ(m->model->description().num_labels, 5);
   EXPECT_EQ(m->fused_attention, FusedAttention::on);
   EXPECT_EQ(m->fused_attention_source, "server");
   const bool vit_default = models::vit::kFusedAttentionDefault;
