@@ -20,6 +20,7 @@
 namespace libreyolo::server {
 namespace {
 
+using namespace testing;
 using api::Code;
 
 const std::string kPixels = std::string(3 * 8 * 8 * 4, '\0');
@@ -55,7 +56,7 @@ class InstanceGroups : public ::testing::Test {
   }
   /// `n` requests at once (each one image); returns the codes.
   std::vector<Code> burst(int n) {
-    std::vector<std::future<rpc::CallResult>> calls;
+    std::vector<std::future<rpc::InferResult>> calls;
     for (int i = 0; i < n; ++i)
       calls.push_back(std::async(std::launch::async, [this] {
         rpc::Client c("127.0.0.1:" + std::to_string(daemon_->grpc_port()));
