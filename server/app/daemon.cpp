@@ -11,6 +11,7 @@
 #include "log/log.h"
 #include "server/http/http_server.h"
 #include "server/rpc/grpc_server.h"
+#include "server/shm/registry.h"
 
 namespace libreyolo::server {
 namespace {
@@ -29,6 +30,10 @@ struct Daemon::Impl {
   ServerConfig config;
   Metrics metrics;
   std::unique_ptr<ServerCore> core;
+  /// The shared-memory regions of both transports (Triton's extensions): one registry, so a
+  /// region registered over gRPC is usable over REST and the converse. Declared before the
+  /// servers: destroyed after them.
+  shm::Registry shm_registry;
   std::unique_ptr<rpc::GrpcServer> grpc;
   std::unique_ptr<http::HttpServer> http;
   bool stopped = false;
@@ -80,6 +85,7 @@ void Daemon::start(const std::function<void()>& on_serving) {
   options.address = impl_->config.grpc_address.value;
   options.max_message_bytes = static_cast<std::size_t>(impl_->config.max_message_bytes.value);
   options.max_threads = static_cast<int>(impl_->config.max_concurrent_rpcs.value);
+  options.shm_registry = &impl_->shm_registry;
   impl_->grpc = std::make_unique<rpc::GrpcServer>(*impl_->core, options);
   if (!http_off(impl_->config.http_address.value)) {
     auto* core = impl_->core.get();
@@ -91,6 +97,7 @@ void Daemon::start(const std::function<void()>& on_serving) {
     http_options.address = impl_->config.http_address.value;
     http_options.max_body_bytes = options.max_message_bytes;
     http_options.threads = static_cast<int>(impl_->config.http_threads.value);
+    http_options.shm_registry = &impl_->shm_registry;
     impl_->http = std::make_unique<http::HttpServer>(*core, http_options, std::move(admin));
   }
   log::info(c10::str("start-up: listening in ", since(t), " s"));

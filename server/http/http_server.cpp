@@ -32,6 +32,7 @@
 #include <condition_variable>
 #include <cstring>
 #include <deque>
+#include <map>
 #include <mutex>
 #include <optional>
 #include <stdexcept>
@@ -40,6 +41,8 @@
 
 #include "log/log.h"
 #include "server/http/kserve_json.h"
+#include "server/shm/registry.h"
+#include "server/shm/tensor_params.h"
 
 namespace libreyolo::server::http {
 namespace {
@@ -333,6 +336,83 @@ void send_error(httplib::Response& res, int status, const std::string& message) 
   send_json(res, status, render_error(message));
 }
 
+/// Notifies the api::CancelToken of every infer request in flight whose client went away
+/// (peer_gone) or whose deadline (Triton's `timeout` parameter) passed. The core waits for the
+/// token's notification, it does not poll (server/pipeline/infer_pipeline.cpp), and a socket
+/// cannot notify: one thread looks at the registered sockets every 20 ms, the way the gRPC
+/// side's DeadlineTimer (server/rpc/grpc_server.cpp) serves deadlines.
+class PeerWatcher {
+ public:
+  explicit PeerWatcher(std::size_t stack_bytes)
+      : thread_(std::make_unique<FixedStackThread>(stack_bytes, [this] { loop(); })) {}
+  ~PeerWatcher() {
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      stopping_ = true;
+    }
+    cv_.notify_all();
+    thread_.reset();  // joins
+  }
+  PeerWatcher(const PeerWatcher&) = delete;
+  PeerWatcher& operator=(const PeerWatcher&) = delete;
+
+  /// Watches socket `fd` (-1: none) and `deadline` for `token` until remove(id).
+  std::uint64_t add(int fd, std::optional<Clock::time_point> deadline,
+                    const std::shared_ptr<api::CancelToken>& token) {
+    std::lock_guard<std::mutex> lk(mu_);
+    const std::uint64_t id = next_id_++;
+    entries_[id] = Entry{fd, deadline, token};
+    cv_.notify_all();
+    return id;
+  }
+  void remove(std::uint64_t id) {
+    std::lock_guard<std::mutex> lk(mu_);
+    entries_.erase(id);
+  }
+
+ private:
+  struct Entry {
+    int fd = -1;
+    std::optional<Clock::time_point> deadline;
+    std::shared_ptr<api::CancelToken> token;
+  };
+  void loop() {
+    std::unique_lock<std::mutex> lk(mu_);
+    while (!stopping_) {
+      if (entries_.empty()) {
+        cv_.wait(lk);
+        continue;
+      }
+      cv_.wait_for(lk, std::chrono::milliseconds(20));
+      std::vector<std::pair<std::shared_ptr<api::CancelToken>, api::Code>> due;
+      const auto now = Clock::now();
+      for (auto it = entries_.begin(); it != entries_.end();) {
+        const Entry& e = it->second;
+        if (e.deadline && now >= *e.deadline) {
+          due.emplace_back(e.token, api::Code::deadline_exceeded);
+        } else if (e.fd >= 0 && peer_gone(e.fd)) {
+          due.emplace_back(e.token, api::Code::cancelled);
+        } else {
+          ++it;
+          continue;
+        }
+        it = entries_.erase(it);
+      }
+      if (due.empty()) continue;
+      lk.unlock();  // the callbacks take the core's locks
+      for (auto& [token, code] : due) token->cancel(code);
+      lk.lock();
+    }
+  }
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::map<std::uint64_t, Entry> entries_;
+  std::uint64_t next_id_ = 1;
+  bool stopping_ = false;
+  std::unique_ptr<FixedStackThread> thread_;  ///< last: started when the rest exists
+};
+
 bool has_body(const httplib::Request& req) {
   return req.has_header("Transfer-Encoding") ||
          (req.has_header("Content-Length") && req.get_header_value("Content-Length") != "0");
@@ -384,10 +464,16 @@ struct Route {
     model_config,
     model_stats,
     infer,
+    shm_status,      ///< GET /v2/{system,cuda}sharedmemory[/region/{name}]/status
+    shm_register,    ///< POST /v2/{system,cuda}sharedmemory/region/{name}/register
+    shm_unregister,  ///< POST /v2/{system,cuda}sharedmemory[/region/{name}]/unregister
   } kind = none;
   std::string model, version;
+  std::string region;  ///< shm_*: the region's name ("" = every region of the kind)
+  bool cuda = false;   ///< shm_*: cudasharedmemory
   bool post() const {
-    return kind == repository_index || kind == load || kind == unload || kind == infer;
+    return kind == repository_index || kind == load || kind == unload || kind == infer ||
+           kind == shm_register || kind == shm_unregister;
   }
 };
 
@@ -426,6 +512,23 @@ Route route_of(const std::string& path) {
       r.kind = s[4] == "load" ? Route::load : Route::unload;
       r.model = s[3];
     }
+    return r;
+  }
+  // Triton's shared-memory extensions (docs/protocol/extension_shared_memory.md, HTTP/REST).
+  if (s[1] == "systemsharedmemory" || s[1] == "cudasharedmemory") {
+    r.cuda = s[1] == "cudasharedmemory";
+    const std::string* action = nullptr;
+    if (n == 3) {
+      action = &s[2];
+    } else if (n == 5 && s[2] == "region") {
+      r.region = s[3];
+      action = &s[4];
+    } else {
+      return r;
+    }
+    if (*action == "status") r.kind = Route::shm_status;
+    if (*action == "unregister") r.kind = Route::shm_unregister;
+    if (*action == "register" && n == 5) r.kind = Route::shm_register;
     return r;
   }
   if (s[1] != "models" || n < 3) return r;
@@ -568,8 +671,11 @@ class Server final : public httplib::Server {
 
 struct HttpServer::Impl {
   api::InferenceService* core = nullptr;
+  std::unique_ptr<shm::Registry> own_registry;  ///< when HttpOptions::shm_registry is null
+  shm::Registry* registry = nullptr;
   AdminHandlers admin;
   HttpOptions options;
+  std::unique_ptr<PeerWatcher> watcher;  ///< before server: outlives the requests
   std::unique_ptr<Server> server;
   std::unique_ptr<FixedStackThread> listener;
   int port = 0;
@@ -656,8 +762,17 @@ struct HttpServer::Impl {
         res.body = admin.metrics_text();
         res.set_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8");
         return;
-      case Route::server_metadata:
-        return send_json(res, 200, render_server_metadata(core->server_metadata()));
+      case Route::server_metadata: {
+        api::ServerMetadata m = core->server_metadata();
+        // The transport serves these (Triton's extension names), as the gRPC side lists them.
+        m.extensions.push_back("system_shared_memory");
+        if (shm::Registry::cuda_built()) m.extensions.push_back("cuda_shared_memory");
+        return send_json(res, 200, render_server_metadata(m));
+      }
+      case Route::shm_status:
+        return send_json(res, 200,
+                         r.cuda ? render_cuda_status(registry->cuda_status(r.region))
+                                : render_system_status(registry->system_status(r.region)));
       case Route::all_stats:
         return send_json(res, 200, render_statistics(core->model_statistics("", "")));
       case Route::model_metadata:
@@ -723,10 +838,45 @@ struct HttpServer::Impl {
           return send_json(res, 200, "{}");
         case Route::infer:
           return infer(r, req, body, res);
+        case Route::shm_register:
+          return register_region(r, body, res);
+        case Route::shm_unregister:
+          check_repository_request(body, "the unregister request body");
+          if (r.cuda) {
+            registry->unregister_cuda(r.region);
+          } else {
+            registry->unregister_system(r.region);
+          }
+          return send_empty(res);
         default:
           return send_error(res, 404, "not found: " + shown_path(req.path));
       }
     });
+  }
+
+  /// 200 with an empty body: Triton's answer to a shared-memory register / unregister
+  /// (src/http_server.cc HandleSystemSharedMemory, HandleCudaSharedMemory).
+  static void send_empty(httplib::Response& res) {
+    res.status = 200;
+    res.body.clear();
+  }
+
+  /// The same Registry calls, errors and log lines as the gRPC side's
+  /// (server/rpc/grpc_server.cpp SystemSharedMemoryRegister, CudaSharedMemoryRegister).
+  void register_region(const Route& r, const std::string& body, httplib::Response& res) {
+    if (r.cuda) {
+      const CudaRegisterRequest c = parse_cuda_register(body);
+      registry->register_cuda(r.region, c.raw_handle, c.device_id, c.byte_size);
+      log::info("CUDA shared memory region '" + r.region + "' registered (device " +
+                std::to_string(c.device_id) + ", " + std::to_string(c.byte_size) + " bytes)");
+    } else {
+      const SystemRegisterRequest q = parse_system_register(body);
+      registry->register_system(r.region, q.key, q.offset, q.byte_size);
+      log::info("system shared memory region '" + r.region + "' registered (key '" + q.key +
+                "', offset " + std::to_string(q.offset) + ", " + std::to_string(q.byte_size) +
+                " bytes)");
+    }
+    send_empty(res);
   }
 
   void infer(const Route& r, const httplib::Request& req, const std::string& body,
@@ -736,50 +886,44 @@ struct HttpServer::Impl {
       header = req.get_header_value("Inference-Header-Content-Length");
     ParsedInfer parsed = parse_infer_request(
         body, header ? std::optional<std::string_view>(*header) : std::nullopt, r.model, r.version);
-    // The core is notified (api::CancelToken) when the client closes its connection or the
-    // request's `timeout` passes; a watcher looks at the socket every 10 ms while the request
-    // runs and ends the moment it is answered.
     auto token = std::make_shared<api::CancelToken>();
     parsed.request.cancel = token;
-    const int fd = tl_connection ? tl_connection->fd : -1;
-    const auto deadline = parsed.request.deadline;
-    std::mutex watch_mu;
-    std::condition_variable watch_cv;
-    bool answered = false;
-    std::thread watcher;
-    if (fd >= 0 || deadline) {
-      watcher = std::thread([&, fd, deadline] {
-        std::unique_lock<std::mutex> lk(watch_mu);
-        while (!answered) {
-          if (fd >= 0 && peer_gone(fd)) {
-            lk.unlock();
-            token->cancel(api::Code::cancelled);
-            return;
-          }
-          if (deadline && std::chrono::steady_clock::now() >= *deadline) {
-            lk.unlock();
-            token->cancel(api::Code::deadline_exceeded);
-            return;
-          }
-          watch_cv.wait_for(lk, std::chrono::milliseconds(10));
-        }
-      });
+    // Removed on every way out of this function: the fd is the connection's, which outlives it.
+    struct Watch {
+      PeerWatcher& watcher;
+      std::uint64_t id;
+      ~Watch() { watcher.remove(id); }
+    } watch{*watcher,
+            watcher->add(tl_connection ? tl_connection->fd : -1, parsed.request.deadline, token)};
+    // Shared memory (server/shm/tensor_params.h, as the gRPC side): inputs view their region in
+    // place (system) or name its device bytes (CUDA); the Views keep every mapping alive until
+    // this response is rendered, whatever unregisters it meanwhile.
+    std::vector<shm::View> held;
+    for (std::size_t i = 0; i < parsed.input_shm.size(); ++i) {
+      if (parsed.input_shm[i].used)
+        shm::bind_input(parsed.request.inputs[i], parsed.input_shm[i], *registry, held,
+                        "the request ('data' or binary_data_size)");
     }
-    struct StopWatcher {
-      std::mutex& mu;
-      std::condition_variable& cv;
-      bool& answered;
-      std::thread& watcher;
-      ~StopWatcher() {
-        {
-          std::lock_guard<std::mutex> lk(mu);
-          answered = true;
-        }
-        cv.notify_all();
-        if (watcher.joinable()) watcher.join();
-      }
-    } stop_watcher{watch_mu, watch_cv, answered, watcher};
+    std::vector<shm::OutputRegion> out_regions;
+    for (const auto& [name, p] : parsed.output_shm)
+      out_regions.push_back(shm::bind_output(name, p, *registry));
     const api::InferResponse response = core->infer(std::move(parsed.request));
+    if (!out_regions.empty()) {
+      auto target = [&](const std::string& name) -> const shm::OutputRegion* {
+        const shm::OutputRegion* found = nullptr;
+        for (const auto& o : out_regions)
+          if (o.name == name) found = &o;
+        return found;
+      };
+      for (const auto& t : response.outputs)  // every one fits before any is written
+        if (const auto* o = target(t.name)) shm::check_output(t, *o);
+      for (const auto& t : response.outputs) {
+        if (const auto* o = target(t.name)) {
+          shm::write_output(t, *o);
+          parsed.format.in_shm[t.name] = shm::output_params(t, *o);
+        }
+      }
+    }
     RenderedBody out = render_infer_response(response, parsed.format);
     res.status = 200;
     res.body = std::move(out.body);
@@ -816,8 +960,14 @@ HttpServer::HttpServer(api::InferenceService& service, const HttpOptions& option
                        AdminHandlers admin)
     : impl_(std::make_unique<Impl>()) {
   impl_->core = &service;
+  impl_->registry = options.shm_registry;
+  if (!impl_->registry) {
+    impl_->own_registry = std::make_unique<shm::Registry>();
+    impl_->registry = impl_->own_registry.get();
+  }
   impl_->admin = std::move(admin);
   impl_->options = options;
+  impl_->watcher = std::make_unique<PeerWatcher>(options.stack_bytes);
   impl_->server = std::make_unique<Server>(options);
   auto& s = *impl_->server;
   Impl* impl = impl_.get();

@@ -1,7 +1,8 @@
 // The HTTP port: KServe v2 REST (Open Inference Protocol over HTTP) with Triton's binary tensor
-// data, model repository and statistics extensions, forwarding to an api::InferenceService like
-// the gRPC transport (server/rpc/grpc_server.h), plus the admin endpoints /active and /metrics.
-// Built on cpp-httplib (Debian 12 libcpp-httplib-dev 0.11); no torch, no httplib type here.
+// data, model repository, statistics and system / CUDA shared-memory extensions, forwarding to an
+// api::InferenceService like the gRPC transport (server/rpc/grpc_server.h), plus the admin
+// endpoints /active and /metrics. Built on cpp-httplib (Debian 12 libcpp-httplib-dev 0.11); no
+// torch, no httplib type here.
 #pragma once
 
 #include <cstddef>
@@ -10,6 +11,10 @@
 #include <string>
 
 #include "server/api/types.h"
+
+namespace libreyolo::server::shm {
+class Registry;
+}
 
 namespace libreyolo::server::http {
 
@@ -35,6 +40,11 @@ struct HttpOptions {
   /// Longest wait for the next bytes of a body and for a write to make progress, and the idle
   /// time of a keep-alive connection (an idle one closes at once when others wait for a worker).
   double io_seconds = 5.0;
+  /// The shared-memory regions (Triton's system and CUDA shared-memory extensions) the server
+  /// registers and reads inputs from / writes outputs to: the daemon passes the one it gives the
+  /// gRPC transport (GrpcOptions::shm_registry), so a region registered over one is usable over
+  /// the other. Null: the server has its own. Must outlive the server.
+  shm::Registry* shm_registry = nullptr;
 };
 
 /// The endpoints that are not the core's: `GET /active` (JSON) and `GET /metrics` (Prometheus

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <utility>
+#include <variant>
 
 namespace libreyolo::server::http {
 namespace {
@@ -207,6 +208,29 @@ std::string string_member(const json& object, const char* key, const std::string
   if (!v) bad(what + ": '" + key + "' is missing");
   if (!v->is_string()) bad(what + ": '" + key + "' must be a string, got " + type_name(*v));
   return v->get<std::string>();
+}
+
+/// The shared-memory parameters of tensor `name` from its JSON `parameters` (null: none).
+shm::TensorShm json_shm(const std::string& name, const json* params) {
+  if (!params) return {};
+  return shm::tensor_shm(
+      name,
+      [&](const char* key) -> std::optional<shm::ParamValue> {
+        const json* v = member(*params, key);
+        if (!v) return std::nullopt;
+        shm::ParamValue p;
+        if (v->is_string()) {
+          p.type = shm::ParamValue::Type::string;
+          p.text = v->get<std::string>();
+        } else if (v->is_number_integer() &&
+                   (!v->is_number_unsigned() ||
+                    v->get<std::uint64_t>() <= static_cast<std::uint64_t>(INT64_MAX))) {
+          p.type = shm::ParamValue::Type::integer;
+          p.integer = v->get<std::int64_t>();
+        }
+        return p;
+      },
+      shm::kJsonTypeNames);
 }
 
 json parse_json(std::string_view text, const char* what) {
@@ -451,16 +475,20 @@ ParsedInfer parse_infer_request(std::string_view body,
     }
     const std::uint64_t count = element_count(t.shape, what);
     std::optional<std::uint64_t> binary_size;
+    shm::TensorShm in_shm;
     if (const json* p = member(in, "parameters")) {
       if (!p->is_object()) bad(what + ": 'parameters' must be an object, got " + type_name(*p));
-      if (member(*p, "shared_memory_region"))
-        bad(what + ": shared memory is not supported (send the data in the request)");
+      in_shm = json_shm(t.name, p);
       if (const json* b = member(*p, "binary_data_size"))
         binary_size = unsigned_param(*b, what + ": binary_data_size");
     }
     const json* data = member(in, "data");
+    if (in_shm.used && (binary_size || data)) throw shm::content_with_shm(t.name, model_name);
     if (binary_size && data) bad(what + ": both 'data' and binary_data_size are set; use one");
-    if (binary_size) {
+    if (in_shm.used) {
+      // The data is in the region: the server binds it (shm::bind_input) and the core checks
+      // its size against the shape, as for gRPC.
+    } else if (binary_size) {
       if (*binary_size > binary.size())
         bad(what + ": binary_data_size " + std::to_string(*binary_size) + " exceeds the " +
             std::to_string(binary.size()) + " bytes of binary data left");
@@ -478,6 +506,7 @@ ParsedInfer parse_infer_request(std::string_view body,
       bad(what + ": neither 'data' nor the binary_data_size parameter is set");
     }
     r.inputs.push_back(std::move(t));
+    out.input_shm.push_back(std::move(in_shm));
   }
   if (!binary.empty())
     bad(std::to_string(binary.size()) +
@@ -494,8 +523,8 @@ ParsedInfer parse_infer_request(std::string_view body,
       const std::string what = "output " + quote_name(name);
       if (const json* p = member(o, "parameters")) {
         if (!p->is_object()) bad(what + ": 'parameters' must be an object, got " + type_name(*p));
-        if (member(*p, "shared_memory_region"))
-          bad(what + ": shared memory is not supported (the output comes in the response)");
+        shm::TensorShm o_shm = json_shm(name, p);
+        if (o_shm.used) out.output_shm.emplace_back(name, std::move(o_shm));
         if (member(*p, "classification"))
           bad(what +
               ": the classification extension is not supported (classifiers return "
@@ -519,6 +548,15 @@ RenderedBody render_infer_response(const api::InferResponse& response, const Out
   bool any_binary = false;
   for (const auto& t : response.outputs) {
     json o = {{"name", t.name}, {"datatype", t.datatype}, {"shape", t.shape}};
+    if (const auto it = format.in_shm.find(t.name); it != format.in_shm.end()) {
+      // Written into shared memory: the parameters name the region, no data (Triton).
+      json params = json::object();
+      for (const auto& [key, value] : it->second)
+        std::visit([&, k = key](const auto& v) { params[k] = v; }, value);
+      o["parameters"] = std::move(params);
+      outputs.push_back(std::move(o));
+      continue;
+    }
     // Saturating: a shape whose product overflows matches no data (output_data refuses it).
     std::uint64_t count = 1;
     for (const auto d : t.shape) {
@@ -639,6 +677,86 @@ void check_repository_request(std::string_view body, const char* what) {
   if (!j.is_object()) bad(std::string(what) + " must be a JSON object, got " + type_name(j));
 }
 
+std::optional<std::string> base64_decode(std::string_view text) {
+  auto value = [](char c) -> int {
+    if (c >= 'A' && c <= 'Z') return c - 'A';
+    if (c >= 'a' && c <= 'z') return c - 'a' + 26;
+    if (c >= '0' && c <= '9') return c - '0' + 52;
+    if (c == '+') return 62;
+    if (c == '/') return 63;
+    return -1;
+  };
+  while (!text.empty() && text.back() == '=') text.remove_suffix(1);
+  if (text.size() % 4 == 1) return std::nullopt;
+  std::string out;
+  out.reserve(text.size() * 3 / 4);
+  std::uint32_t acc = 0;
+  int bits = 0;
+  for (const char c : text) {
+    const int v = value(c);
+    if (v < 0) return std::nullopt;
+    acc = (acc << 6) | static_cast<std::uint32_t>(v);
+    bits += 6;
+    if (bits >= 8) {
+      bits -= 8;
+      out.push_back(static_cast<char>((acc >> bits) & 0xff));
+    }
+  }
+  return out;
+}
+
+SystemRegisterRequest parse_system_register(std::string_view body) {
+  const char* what = "the register request body";
+  const json j = parse_json(body, what);
+  if (!j.is_object()) bad(std::string(what) + " must be a JSON object, got " + type_name(j));
+  SystemRegisterRequest r;
+  r.key = string_member(j, "key", what);
+  if (const json* o = member(j, "offset"))
+    r.offset = unsigned_param(*o, std::string(what) + ": 'offset'");
+  const json* size = member(j, "byte_size");
+  if (!size) bad(std::string(what) + ": 'byte_size' is missing");
+  r.byte_size = unsigned_param(*size, std::string(what) + ": 'byte_size'");
+  return r;
+}
+
+CudaRegisterRequest parse_cuda_register(std::string_view body) {
+  const std::string what = "the register request body";
+  const json j = parse_json(body, what.c_str());
+  if (!j.is_object()) bad(what + " must be a JSON object, got " + type_name(j));
+  CudaRegisterRequest r;
+  const json* handle = member(j, "raw_handle");
+  if (!handle) bad(what + ": 'raw_handle' is missing");
+  if (!handle->is_object())
+    bad(what + ": 'raw_handle' must be an object {\"b64\": \"...\"}, got " + type_name(*handle));
+  const std::string b64 = string_member(*handle, "b64", what + ": raw_handle");
+  auto bytes = base64_decode(b64);
+  if (!bytes) bad(what + ": raw_handle.b64 is not base64");
+  r.raw_handle = std::move(*bytes);
+  const json* device = member(j, "device_id");
+  if (!device) bad(what + ": 'device_id' is missing");
+  const std::uint64_t id = unsigned_param(*device, what + ": 'device_id'");
+  r.device_id = static_cast<std::int64_t>(std::min<std::uint64_t>(id, INT64_MAX));
+  const json* size = member(j, "byte_size");
+  if (!size) bad(what + ": 'byte_size' is missing");
+  r.byte_size = unsigned_param(*size, what + ": 'byte_size'");
+  return r;
+}
+
+std::string render_system_status(const std::vector<shm::SystemStatus>& regions) {
+  json out = json::array();
+  for (const auto& r : regions)
+    out.push_back(
+        {{"name", r.name}, {"key", r.key}, {"offset", r.offset}, {"byte_size", r.byte_size}});
+  return dump(out);
+}
+
+std::string render_cuda_status(const std::vector<shm::CudaStatus>& regions) {
+  json out = json::array();
+  for (const auto& r : regions)
+    out.push_back({{"name", r.name}, {"device_id", r.device_id}, {"byte_size", r.byte_size}});
+  return dump(out);
+}
+
 std::string render_error(const std::string& message) {
   std::string m = message;
   if (m.size() > kMaxMessageBytes) {
@@ -669,6 +787,7 @@ int http_status(api::Code code) {
       return 403;
     case Code::cancelled:
     case Code::unknown:
+    case Code::already_exists:  // Triton: a region registered twice is 400 (HttpCodeFromError)
     case Code::invalid_argument:
     case Code::failed_precondition:
       return 400;

@@ -14,6 +14,8 @@
 #include <vector>
 
 #include "server/api/types.h"
+#include "server/shm/registry.h"
+#include "server/shm/tensor_params.h"
 
 namespace libreyolo::server::http {
 
@@ -24,6 +26,9 @@ struct OutputFormat {
   /// and listed ones without their own `binary_data` parameter, are binary when true.
   bool binary_default = false;
   std::map<std::string, bool> binary;  ///< output `parameters.binary_data`, by output name
+  /// Outputs written into shared memory, by name: rendered with these `parameters` (region,
+  /// bytes written, offset) and no data (Triton); filled by the server after the write.
+  std::map<std::string, std::vector<std::pair<std::string, api::Parameter>>> in_shm;
   bool is_binary(const std::string& output) const;
 };
 
@@ -31,6 +36,11 @@ struct OutputFormat {
 struct ParsedInfer {
   api::InferRequest request;
   OutputFormat format;
+  /// Per input of `request.inputs` (same index): its shared-memory parameters. An input with
+  /// `used` has no data yet: the server binds it to its region (shm::bind_input).
+  std::vector<shm::TensorShm> input_shm;
+  /// Requested outputs that go into shared memory, in request order (name, parameters).
+  std::vector<std::pair<std::string, shm::TensorShm>> output_shm;
 };
 
 /// Parses the body of `POST /v2/models/{model}[/versions/{version}]/infer`.
@@ -50,8 +60,11 @@ struct ParsedInfer {
 /// Request parameters become `api::Parameter`s (bool, int64 (uint64 above INT64_MAX), double,
 /// string), except the two Triton gives to the transport: `binary_data_output` (-> format) and
 /// `timeout` (microseconds, an integer >= 0; 0 = none; -> request.deadline from now). Outputs'
-/// `binary_data` goes to the format; `shared_memory_region` (inputs and outputs) and
-/// `classification` (outputs) are refused: this server implements neither extension.
+/// `binary_data` goes to the format; `classification` (outputs) is refused (not implemented).
+/// `shared_memory_region`, `shared_memory_offset`, `shared_memory_byte_size` (inputs and
+/// outputs; Triton's shared-memory extensions) are checked by shm::tensor_shm, the gRPC
+/// side's checks and messages, and go to input_shm / output_shm; an input with them must have
+/// neither `data` nor binary_data_size (shm::content_with_shm's message).
 ///
 /// Throws api::Error(invalid_argument) with a message naming the field and the problem (e.g.
 /// "input 'images': binary_data_size 40 exceeds the 12 bytes of binary data left").
@@ -96,13 +109,43 @@ bool parse_repository_index_request(std::string_view body);
 /// (its `parameters` are not used). Throws api::Error(invalid_argument) otherwise.
 void check_repository_request(std::string_view body, const char* what);
 
+/// The body of POST /v2/systemsharedmemory/region/{name}/register: {"key": string, "offset":
+/// integer >= 0 (optional, 0), "byte_size": integer >= 0}.
+struct SystemRegisterRequest {
+  std::string key;
+  std::uint64_t offset = 0, byte_size = 0;
+};
+/// Throws api::Error(invalid_argument) naming the field ("the register request body: 'key' is
+/// missing").
+SystemRegisterRequest parse_system_register(std::string_view body);
+
+/// The body of POST /v2/cudasharedmemory/region/{name}/register (tritonclient.http's):
+/// {"raw_handle": {"b64": base64 of the cudaIpcMemHandle_t}, "device_id": integer >= 0,
+/// "byte_size": integer >= 0}.
+struct CudaRegisterRequest {
+  std::string raw_handle;  ///< decoded bytes
+  std::int64_t device_id = 0;
+  std::uint64_t byte_size = 0;
+};
+/// Throws api::Error(invalid_argument) naming the field.
+CudaRegisterRequest parse_cuda_register(std::string_view body);
+
+/// Triton's status JSON: `[{"name", "key", "offset", "byte_size"}]` (system) and
+/// `[{"name", "device_id", "byte_size"}]` (CUDA), sorted by name.
+std::string render_system_status(const std::vector<shm::SystemStatus>& regions);
+std::string render_cuda_status(const std::vector<shm::CudaStatus>& regions);
+
+/// Standard base64 (RFC 4648 section 4, padding optional) -> bytes; nullopt when not base64.
+std::optional<std::string> base64_decode(std::string_view text);
+
 /// `{"error": "<message>"}`; messages longer than 2048 bytes are clipped like the gRPC side's
 /// (server/rpc/grpc_server.cpp kMaxStatusMessageBytes).
 std::string render_error(const std::string& message);
 
 /// The HTTP status of an api::Code, as Triton's HTTP server maps its error codes
 /// (triton-inference-server/server src/http_server.cc HttpCodeFromError: INTERNAL 500,
-/// NOT_FOUND 404, UNAVAILABLE 503, UNSUPPORTED 501, INVALID_ARG / UNKNOWN / CANCELLED 400), and
+/// NOT_FOUND 404, UNAVAILABLE 503, UNSUPPORTED 501, INVALID_ARG / UNKNOWN / CANCELLED /
+/// ALREADY_EXISTS 400), and
 /// for the codes Triton lacks the HTTP mapping of google/rpc/code.proto (DEADLINE_EXCEEDED 504,
 /// RESOURCE_EXHAUSTED 429, PERMISSION_DENIED 403, FAILED_PRECONDITION 400, UNIMPLEMENTED 501).
 int http_status(api::Code code);

@@ -17,6 +17,7 @@
 #include <sstream>
 #include <thread>
 #include <utility>
+#include <variant>
 #include <vector>
 
 #include "grpc/health/v1/health.grpc.pb.h"
@@ -24,6 +25,7 @@
 #include "log/log.h"
 #include "server/rpc/infer_request.h"
 #include "server/shm/registry.h"
+#include "server/shm/tensor_params.h"
 
 namespace libreyolo::server::rpc {
 namespace {
@@ -69,19 +71,13 @@ void fill_response(api::InferResponse& response, CallRegions& regions,
   out->set_model_name(response.model_name);
   out->set_model_version(response.model_version);
   out->set_id(response.id);
-  std::vector<std::pair<api::OutputTensor*, ShmOutput*>> in_shm;
+  std::vector<std::pair<api::OutputTensor*, shm::OutputRegion*>> in_shm;
   for (auto& t : response.outputs) {
-    ShmOutput* target = nullptr;
+    shm::OutputRegion* target = nullptr;
     for (auto& so : regions.outputs)
       if (so.name == t.name) target = &so;
     if (target) {
-      if (t.data.size() > target->view.byte_size) {
-        throw api::Error(api::Code::invalid_argument,
-                         "shared memory size specified with the request for output '" + t.name +
-                             "' (" + std::to_string(target->view.byte_size) + " bytes, region '" +
-                             target->params.region + "') should be at least " +
-                             std::to_string(t.data.size()) + " bytes to hold the results");
-      }
+      shm::check_output(t, *target);
       in_shm.emplace_back(&t, target);
       continue;
     }
@@ -92,15 +88,19 @@ void fill_response(api::InferResponse& response, CallRegions& regions,
     out->add_raw_output_contents(std::move(t.data));
   }
   for (auto& [t, so] : in_shm) {
-    shm::write(so->view, t->data.data(), t->data.size());
+    shm::write_output(*t, *so);
     auto* o = out->add_outputs();
     o->set_name(t->name);
     o->set_datatype(t->datatype);
     for (auto d : t->shape) o->add_shape(d);
     auto& params = *o->mutable_parameters();
-    params["shared_memory_region"].set_string_param(so->params.region);
-    params["shared_memory_byte_size"].set_int64_param(static_cast<std::int64_t>(t->data.size()));
-    if (so->params.offset != 0) params["shared_memory_offset"].set_int64_param(so->params.offset);
+    for (const auto& [key, value] : shm::output_params(*t, *so)) {
+      if (const auto* text = std::get_if<std::string>(&value)) {
+        params[key].set_string_param(*text);
+      } else {
+        params[key].set_int64_param(std::get<std::int64_t>(value));
+      }
+    }
   }
 }
 
@@ -543,14 +543,6 @@ class Service final : public pb::GRPCInferenceService::CallbackService {
         o->set_name(t.name);
         o->set_data_type(to_pb_type(t.datatype));
         for (auto d : t.shape) o->add_dims(d);
-      }
-      for (const auto& g : c.instance_group) {
-        auto* ig = cfg->add_instance_group();
-        ig->set_name(g.name);
-        ig->set_count(g.count);
-        ig->set_kind(g.kind == "KIND_GPU" ? pb::ModelInstanceGroup::KIND_GPU
-                                          : pb::ModelInstanceGroup::KIND_CPU);
-        for (auto i : g.gpus) ig->add_gpus(i);
       }
       auto* db = cfg->mutable_dynamic_batching();
       db->set_max_queue_delay_microseconds(c.max_queue_delay_microseconds);

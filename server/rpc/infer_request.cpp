@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <optional>
 #include <sstream>
 #include <string>
 
@@ -116,54 +117,27 @@ std::string pack_typed(const pb::ModelInferRequest::InferInputTensor& in) {
   return out;
 }
 
+/// The shared-memory parameters of tensor `t` (server/shm/tensor_params.h: the checks and
+/// messages the REST transport shares).
 template <class Tensor>
-ShmParams shm_params(const Tensor& t) {
-  ShmParams p;
+shm::TensorShm shm_params(const Tensor& t) {
   const auto& params = t.parameters();
-  auto bad_type = [&](const char* key, const char* want) {
-    return api::Error(api::Code::invalid_argument, std::string("invalid value type for '") + key +
-                                                       "' parameter for tensor '" + t.name() +
-                                                       "', expected " + want + ".");
-  };
-  auto without = [&](const char* key) {
-    return api::Error(api::Code::invalid_argument,
-                      std::string("'") + key +
-                          "' can not be specified without 'shared_memory_region' parameter for "
-                          "tensor '" +
-                          t.name() + "'");
-  };
-  if (auto it = params.find("shared_memory_region"); it != params.end()) {
-    if (it->second.parameter_choice_case() != pb::InferParameter::kStringParam)
-      throw bad_type("shared_memory_region", "string_param");
-    p.used = true;
-    p.region = it->second.string_param();
-  }
-  if (auto it = params.find("shared_memory_offset"); it != params.end()) {
-    if (!p.used) throw without("shared_memory_offset");
-    if (it->second.parameter_choice_case() != pb::InferParameter::kInt64Param)
-      throw bad_type("shared_memory_offset", "int64_param");
-    p.offset = it->second.int64_param();
-  }
-  if (auto it = params.find("shared_memory_byte_size"); it != params.end()) {
-    if (!p.used) throw without("shared_memory_byte_size");
-    if (it->second.parameter_choice_case() != pb::InferParameter::kInt64Param)
-      throw bad_type("shared_memory_byte_size", "int64_param");
-    p.byte_size = it->second.int64_param();
-  } else if (p.used) {
-    throw api::Error(api::Code::invalid_argument,
-                     "'shared_memory_byte_size' must be specified along with "
-                     "'shared_memory_region' parameter for tensor '" +
-                         t.name() + "'");
-  }
-  // Triton's parameters are int64; a negative one would wrap to a huge size_t there.
-  if (p.used && (p.offset < 0 || p.byte_size < 0)) {
-    throw api::Error(api::Code::invalid_argument,
-                     "tensor '" + t.name() + "': '" +
-                         (p.offset < 0 ? "shared_memory_offset" : "shared_memory_byte_size") +
-                         "' must not be negative, got " +
-                         std::to_string(p.offset < 0 ? p.offset : p.byte_size));
-  }
-  return p;
+  return shm::tensor_shm(
+      t.name(),
+      [&](const char* key) -> std::optional<shm::ParamValue> {
+        const auto it = params.find(key);
+        if (it == params.end()) return std::nullopt;
+        shm::ParamValue v;
+        if (it->second.parameter_choice_case() == pb::InferParameter::kStringParam) {
+          v.type = shm::ParamValue::Type::string;
+          v.text = it->second.string_param();
+        } else if (it->second.parameter_choice_case() == pb::InferParameter::kInt64Param) {
+          v.type = shm::ParamValue::Type::integer;
+          v.integer = it->second.int64_param();
+        }
+        return v;
+      },
+      shm::kGrpcTypeNames);
 }
 
 }  // namespace
@@ -175,7 +149,7 @@ api::InferRequest to_infer_request(const pb::ModelInferRequest& r, const shm::Re
   out.model_version = r.model_version();
   out.id = r.id();
   for (const auto& [k, v] : r.parameters()) out.parameters[k] = from_pb(v);
-  std::vector<ShmParams> shm(static_cast<std::size_t>(r.inputs_size()));
+  std::vector<shm::TensorShm> shm(static_cast<std::size_t>(r.inputs_size()));
   int outside = 0;  // inputs whose data is not in shared memory
   for (int i = 0; i < r.inputs_size(); ++i) {
     shm[i] = shm_params(r.inputs(i));
@@ -196,32 +170,8 @@ api::InferRequest to_infer_request(const pb::ModelInferRequest& r, const shm::Re
     t.datatype = in.datatype();
     t.shape.assign(in.shape().begin(), in.shape().end());
     if (shm[i].used) {
-      if (in.has_contents()) {
-        throw api::Error(api::Code::invalid_argument,
-                         "unexpected 'content' provided when using shared memory for input "
-                         "tensor '" +
-                             in.name() + "' for model '" + r.model_name() + "'");
-      }
-      shm::View v = registry.acquire(shm[i].region, static_cast<std::uint64_t>(shm[i].offset),
-                                     static_cast<std::uint64_t>(shm[i].byte_size));
-      if (v.on_device()) {
-        // The core reads a device input only as a fixed-size tensor (pixel_values); BYTES
-        // elements would have to be parsed on the host.
-        if (t.datatype == "BYTES") {
-          throw api::Error(api::Code::invalid_argument,
-                           "input '" + in.name() +
-                               "': a BYTES input cannot be read from CUDA "
-                               "shared memory region '" +
-                               shm[i].region +
-                               "'; send it in raw_input_contents or system shared memory");
-        }
-        t.device_data = v.data;
-        t.device_index = v.region->device_id();
-        t.device_bytes = static_cast<std::size_t>(v.byte_size);
-      } else {
-        t.raw = std::string_view(v.data, static_cast<std::size_t>(v.byte_size));
-      }
-      regions.inputs.push_back(std::move(v));
+      if (in.has_contents()) throw shm::content_with_shm(in.name(), r.model_name());
+      shm::bind_input(t, shm[i], registry, regions.inputs, "raw_input_contents");
     } else if (raw) {
       if (in.has_contents()) {
         throw api::Error(
@@ -237,14 +187,8 @@ api::InferRequest to_infer_request(const pb::ModelInferRequest& r, const shm::Re
   }
   for (const auto& o : r.outputs()) {
     out.requested_outputs.push_back(o.name());
-    ShmParams p = shm_params(o);
-    if (!p.used) continue;
-    ShmOutput so;
-    so.name = o.name();
-    so.view = registry.acquire(p.region, static_cast<std::uint64_t>(p.offset),
-                               static_cast<std::uint64_t>(p.byte_size));
-    so.params = std::move(p);
-    regions.outputs.push_back(std::move(so));
+    const shm::TensorShm p = shm_params(o);
+    if (p.used) regions.outputs.push_back(shm::bind_output(o.name(), p, registry));
   }
   return out;
 }

@@ -15,10 +15,10 @@
 #include "models/core/safetensors.h"
 #include "models/swin/swin.h"
 #include "models/vit/vit.h"
-#include "server/core/config.h"
 #include "server/app/daemon.h"
-#include "server/lifecycle/loaded_model.h"
+#include "server/core/config.h"
 #include "server/core/serving_config.h"
+#include "server/lifecycle/loaded_model.h"
 #include "server/rpc/client.h"
 #include "server_test_support.h"
 

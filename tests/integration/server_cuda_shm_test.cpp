@@ -11,10 +11,11 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <nlohmann/json.hpp>
 
 #include "models/core/safetensors.h"
-#include "server/core/config.h"
 #include "server/app/daemon.h"
+#include "server/core/config.h"
 #include "server/rpc/client.h"
 #include "server/shm/registry.h"
 #include "server_test_support.h"
@@ -32,6 +33,25 @@ using api::Code;
 const std::string kFixtures = LIBREYOLO_TEST_FIXTURES;
 constexpr std::size_t kScoresOffset = 2 * 3 * 640 * 640 * 4;  // after the pixels
 constexpr std::size_t kRegionBytes = kScoresOffset + 4096;
+
+/// RFC 4648 base64 (the encoding of raw_handle.b64 over REST).
+std::string base64(const std::string& bytes) {
+  static const char* abc = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+  std::string out;
+  std::uint32_t acc = 0;
+  int bits = 0;
+  for (const char c : bytes) {
+    acc = (acc << 8) | static_cast<std::uint8_t>(c);
+    bits += 8;
+    while (bits >= 6) {
+      bits -= 6;
+      out += abc[(acc >> bits) & 63];
+    }
+  }
+  if (bits > 0) out += abc[(acc << (6 - bits)) & 63];
+  while (out.size() % 4) out += '=';
+  return out;
+}
 
 at::Tensor fixture_pixels() {
   const auto expected =
@@ -140,6 +160,41 @@ TEST(ServerCudaShm, PixelValuesFromCudaSharedMemoryMatchTheFixture) {
     EXPECT_LE(ds, 1e-4);
     EXPECT_TRUE(c.call("CudaSharedMemoryUnregister", "name: \"g\"").ok());
     EXPECT_EQ(c.call("CudaSharedMemoryStatus", "").text, "");
+
+    // The same region over REST (one registry: the gRPC status sees it), pixel_values from it.
+    using nlohmann::json;
+    const int hp = daemon.http_port();
+    const json reg = {
+        {"raw_handle", {{"b64", base64(handle)}}}, {"device_id", 0}, {"byte_size", kRegionBytes}};
+    auto h = http_request(hp, "POST", "/v2/cudasharedmemory/region/h/register", reg.dump());
+    ASSERT_EQ(h.status, 200) << h.body;
+    h = http_request(hp, "GET", "/v2/cudasharedmemory/status");
+    EXPECT_EQ(h.body, "[{\"byte_size\":" + std::to_string(kRegionBytes) +
+                          ",\"device_id\":0,\"name\":\"h\"}]");
+    EXPECT_EQ(c.call("CudaSharedMemoryStatus", "").text,
+              "regions {\n  key: \"h\"\n  value {\n    name: \"h\"\n    byte_size: " +
+                  std::to_string(kRegionBytes) + "\n  }\n}\n");
+    const json body = {
+        {"parameters", {{"threshold", 0.3}}},
+        {"inputs",
+         {{{"name", "pixel_values"},
+           {"datatype", "FP32"},
+           {"shape", {2, 3, 640, 640}},
+           {"parameters",
+            {{"shared_memory_region", "h"}, {"shared_memory_byte_size", kScoresOffset}}}},
+          {{"name", "target_sizes"},
+           {"datatype", "INT64"},
+           {"shape", {2, 2}},
+           {"data", {512, 512, 400, 600}}}}},
+        {"outputs", {{{"name", "num_detections"}}}}};
+    h = http_request(hp, "POST", "/v2/models/rtdetr_tiny/infer", body.dump());
+    ASSERT_EQ(h.status, 200) << h.body;
+    const json hj = json::parse(h.body);
+    EXPECT_EQ(hj["outputs"][0]["data"], json(std::vector<int32_t>(counts.begin(), counts.end())))
+        << h.body;
+    h = http_request(hp, "POST", "/v2/cudasharedmemory/region/h/unregister");
+    EXPECT_EQ(h.status, 200) << h.body;
+    EXPECT_EQ(http_request(hp, "GET", "/v2/cudasharedmemory/status").body, "[]");
     // After the unregister (a second open of one handle in one process may share its mapping):
     // more bytes than the allocation holds is refused.
     r = c.call("CudaSharedMemoryRegister", "name: \"big\" raw_handle: \"" +

@@ -9,10 +9,11 @@
 #include <future>
 #include <set>
 
-#include "server/core/config.h"
 #include "server/app/daemon.h"
+#include "server/core/config.h"
 #include "server/http/kserve_json.h"
 #include "server/rpc/client.h"
+#include "server/shm/registry.h"
 #include "server_test_support.h"
 
 namespace libreyolo::server {
@@ -103,8 +104,12 @@ TEST_F(ServerHttp, HealthServerAndModelMetadata) {
   EXPECT_EQ(r.body, "");
   r = http_request(port(), "GET", "/v2");
   EXPECT_EQ(r.status, 200);
-  EXPECT_EQ(json::parse(r.body), json::parse(R"({"name": "libreyolo-server", "version": "0.1.0",
-      "extensions": ["model_configuration", "statistics", "model_repository"]})"));
+  // cuda_shared_memory only in a build with CUDA (server/shm/registry.h), as over gRPC.
+  json want = json::parse(R"({"name": "libreyolo-server", "version": "0.1.0",
+      "extensions": ["model_configuration", "statistics", "model_repository",
+                     "system_shared_memory"]})");
+  if (shm::Registry::cuda_built()) want["extensions"].push_back("cuda_shared_memory");
+  EXPECT_EQ(json::parse(r.body), want);
 
   r = http_request(port(), "GET", "/v2/models/fake/ready");
   EXPECT_EQ(r.status, 200);
@@ -629,10 +634,22 @@ TEST(KserveJson, BinaryDataAndFormat) {
             "parameter 'timeout' (microseconds) must be an integer >= 0, got -1");
   EXPECT_EQ(error(R"({"parameters": {"p": [1]}, "inputs": []})"),
             "parameter 'p' must be a boolean, a number or a string, got array");
+  // The shared-memory parameters: the gRPC side's checks and messages (server/shm/tensor_params.h).
   EXPECT_EQ(
       error(
           R"({"inputs": [{"name": "a", "datatype": "FP32", "shape": [1], "parameters": {"shared_memory_region": "r"}}]})"),
-      "input 'a': shared memory is not supported (send the data in the request)");
+      "'shared_memory_byte_size' must be specified along with 'shared_memory_region' parameter "
+      "for tensor 'a'");
+  EXPECT_EQ(
+      error(
+          R"({"inputs": [{"name": "a", "datatype": "FP32", "shape": [1], "data": [1], "parameters": {"shared_memory_region": "r", "shared_memory_byte_size": 4}}]})"),
+      "unexpected 'content' provided when using shared memory for input tensor 'a' for model "
+      "'m'");
+  EXPECT_EQ(
+      error(
+          R"({"inputs": [], "outputs": [{"name": "o", "parameters": {"shared_memory_region": "r", "shared_memory_byte_size": 18446744073709551615}}]})"),
+      "invalid value type for 'shared_memory_byte_size' parameter for tensor 'o', expected a "
+      "JSON integer.");
   EXPECT_EQ(error("[1]"), "the request body must be a JSON object, got array");
   // nlohmann reports a number it cannot hold as out_of_range, not as a parse error.
   EXPECT_EQ(error(R"({"inputs": [1e999]})"),
@@ -688,6 +705,7 @@ TEST(KserveJson, StatusMappingAndErrorBody) {
   EXPECT_EQ(http::http_status(Code::deadline_exceeded), 504);
   EXPECT_EQ(http::http_status(Code::permission_denied), 403);
   EXPECT_EQ(http::http_status(Code::cancelled), 400);
+  EXPECT_EQ(http::http_status(Code::already_exists), 400);  // Triton's HttpCodeFromError
   EXPECT_EQ(http::http_status(Code::unimplemented), 501);
   EXPECT_EQ(http::render_error("a \"b\""), "{\"error\":\"a \\\"b\\\"\"}");
   const std::string clipped = json::parse(http::render_error(std::string(5000, 'x')))["error"];

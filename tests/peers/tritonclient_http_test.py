@@ -41,9 +41,12 @@ class Metadata(unittest.TestCase):
 
     def test_server_and_model_metadata(self):
         c = http()
-        self.assertEqual(c.get_server_metadata(), {
-            "name": "libreyolo-server", "version": "0.1.0",
-            "extensions": ["model_configuration", "statistics", "model_repository"]})
+        # cuda_shared_memory only in a build with CUDA (server/shm/registry.h), as over gRPC.
+        base = ["model_configuration", "statistics", "model_repository", "system_shared_memory"]
+        self.assertIn(c.get_server_metadata(), [
+            {"name": "libreyolo-server", "version": "0.1.0", "extensions": base},
+            {"name": "libreyolo-server", "version": "0.1.0",
+             "extensions": base + ["cuda_shared_memory"]}])
         m = c.get_model_metadata(DETECTOR)
         self.assertEqual(m["name"], DETECTOR)
         self.assertEqual(m["versions"], ["1"])
