@@ -91,12 +91,27 @@ std::optional<int> tri_state(const std::string& raw) {
 
 // `slots: {<slot>: {allow: [names]}}` (whether each slot exists is check_names()'s question:
 // the registry declares slots).
+/// Slot and implementation names are printable ASCII without spaces (every declared name is):
+/// anything else is refused here, so that messages and --print-config (which writes slot names
+/// as YAML keys) print them as they are and read back (server_yaml_fuzz,
+/// tests/fixtures/fuzz/server_yaml/regress-slot-name-bytes.yaml).
+void check_name(const std::string& file, const YAML::Node& node, const std::string& name,
+                const char* what) {
+  bool ok = !name.empty() && name.size() <= 128;
+  for (unsigned char c : name) ok = ok && c > 0x20 && c < 0x7f;
+  if (!ok)
+    fail(file, node,
+         std::string(what) + " '" + printable(name.substr(0, 64)) +
+             "' must be 1 to 128 printable ASCII characters without spaces");
+}
+
 void parse_slots(const YAML::Node& v, const std::string& file,
                  std::map<std::string, Setting<std::vector<std::string>>>& out) {
   if (v.IsNull()) return;
   if (!v.IsMap()) fail(file, v, "kernels.slots must be a mapping of slot name to settings");
   for (const auto& s : v) {
     const std::string slot = s.first.Scalar();
+    check_name(file, s.first, slot, "kernels.slots: slot name");
     if (!s.second.IsMap()) fail(file, s.second, "kernels.slots." + slot + " must be a mapping");
     for (const auto& sk : s.second) {
       if (sk.first.Scalar() != "allow") {
@@ -109,6 +124,7 @@ void parse_slots(const YAML::Node& v, const std::string& file,
       std::vector<std::string> names;
       for (const auto& n : sk.second) {
         if (!n.IsScalar()) fail(file, n, "kernels.slots." + slot + ".allow: names must be strings");
+        check_name(file, n, n.Scalar(), ("kernels.slots." + slot + ".allow: name").c_str());
         names.push_back(normalize(n.Scalar()));
       }
       out[slot] = {names, Source::file, where(file, s.first)};  // errors name the slot's key

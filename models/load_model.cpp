@@ -70,27 +70,33 @@ T field(const nlohmann::json& config, const std::string& file, const char* key, 
   }
 }
 
-/// What the server and the tools need to know of the checkpoint, read here once.
-ModelDescription describe(const Model& model, const nlohmann::json& config,
-                          const std::string& file) {
+/// What the server and the tools need to know of the checkpoint, read here once: the fields of
+/// config.json first (a mistyped one fails before any weight is read, naming the file), then
+/// what the loaded family says (task, head).
+ModelDescription describe_config(const nlohmann::json& config, const std::string& file) {
   ModelDescription d;
+  const auto labels = config.find("id2label");
+  if (labels != config.end() && labels->is_object())
+    d.num_labels = static_cast<int64_t>(labels->size());
+  d.num_queries = field<int64_t>(config, file, "num_queries", int64_t{-1});
+  d.use_focal_loss = field<bool>(config, file, "use_focal_loss", true);
+  return d;
+}
+
+void describe_model(ModelDescription& d, const Model& model, const std::string& file) {
   d.model_type = model.model_type();
   d.task = model.task();
-  const auto labels = config.find("id2label");
-  d.num_labels =
-      labels != config.end() && labels->is_object()
-          ? static_cast<int64_t>(labels->size())
-          : (model.id2label().empty() ? -1 : static_cast<int64_t>(model.id2label().size()));
-  if (d.task == Task::object_detection) {
-    d.num_queries = field<int64_t>(config, file, "num_queries", int64_t{-1});
-    d.use_focal_loss = field<bool>(config, file, "use_focal_loss", true);
-    try {
-      d.head = image::detection_head_for(d.model_type);
-    } catch (const std::exception& e) {
-      throw std::runtime_error(file + ": model_type: " + e.what());
-    }
+  if (d.num_labels < 0 && !model.id2label().empty())
+    d.num_labels = static_cast<int64_t>(model.id2label().size());
+  if (d.task != Task::object_detection) {
+    d.num_queries = -1;
+    return;
   }
-  return d;
+  try {
+    d.head = image::detection_head_for(d.model_type);
+  } catch (const std::exception& e) {
+    throw std::runtime_error(file + ": model_type: " + e.what());
+  }
 }
 
 std::string folder_name(const std::string& dir) {
@@ -115,8 +121,10 @@ std::unique_ptr<Model> load_model(const std::string& dir, const LoadOptions& req
     throw std::runtime_error(dir + ": unsupported load dtype " +
                              std::string(c10::toString(options.dtype)) +
                              " (supported: float32, float16, bfloat16)");
+  ModelDescription description = describe_config(config, file);
   auto model = load_family(dir, config, view, options);
-  model->description_ = describe(*model, config, file);
+  describe_model(description, *model, file);
+  model->description_ = std::move(description);
   // Layouts rewrite the loaded tensors once (models/layouts/layouts.h); off leaves the modules
   // exactly as loaded. Before binding: a folded module binds the slot its new forward calls.
   model->layout_reports_ = layouts::apply_layouts(

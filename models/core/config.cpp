@@ -1,5 +1,7 @@
 #include "models/core/config.h"
 
+#include "kernels/policy.h"
+
 #include <sys/stat.h>
 
 #include <cmath>
@@ -9,6 +11,11 @@
 
 namespace libreyolo::models::core {
 namespace {
+
+/// A field name for an error message, control characters as \xNN (kernels::printable), so
+/// that the message stays one line (a key of config.json may hold any JSON string:
+/// config_json_fuzz, tests/fixtures/fuzz/config_json/regress-newline-key.json).
+std::string printable_key(const std::string& key) { return kernels::printable(key); }
 
 std::string brief(const nlohmann::json& v) {
   std::string s = v.dump(-1, ' ', true, nlohmann::json::error_handler_t::replace);
@@ -84,8 +91,8 @@ ConfigView::ConfigView(const nlohmann::json& json, std::string file, std::string
     : json_(&json), file_(std::move(file)), prefix_(std::move(prefix)) {
   if (!json.is_object()) {
     if (prefix_.empty()) throw ConfigError(file_ + ": not a JSON object");
-    throw ConfigError(file_ + ": field '" + prefix_ + "': expected an object, found " +
-                      brief(json));
+    throw ConfigError(file_ + ": field '" + printable_key(prefix_) +
+                      "': expected an object, found " + brief(json));
   }
 }
 
@@ -94,7 +101,7 @@ std::string ConfigView::path(const std::string& field) const {
 }
 
 void ConfigView::fail(const std::string& field, const std::string& problem) const {
-  throw ConfigError(file_ + ": field '" + path(field) + "': " + problem);
+  throw ConfigError(file_ + ": field '" + printable_key(path(field)) + "': " + problem);
 }
 
 const nlohmann::json* ConfigView::find(const std::string& field) const {

@@ -90,6 +90,11 @@ struct Metrics::Impl {
           .Name("libreyolo_instance_images_total")
           .Help("Images a model instance inferred (instance_group)")
           .Register(*registry);
+  prometheus::Family<prometheus::Counter>& instance_compute =
+      prometheus::BuildCounter()
+          .Name("libreyolo_instance_compute_seconds_total")
+          .Help("Seconds a model instance spent on its batches (input, forward, output)")
+          .Register(*registry);
   prometheus::Family<prometheus::Gauge>& instance_ready =
       prometheus::BuildGauge()
           .Name("libreyolo_instance_ready")
@@ -141,11 +146,13 @@ void Metrics::pending(const std::string& model, std::int64_t count) {
 }
 
 void Metrics::instance_batch(const std::string& model, const std::string& instance,
-                             const std::string& device, std::int64_t images) {
+                             const std::string& device, std::int64_t images,
+                             double compute_seconds) {
   const std::map<std::string, std::string> labels{
       {"model", model}, {"instance", instance}, {"device", device}};
   impl_->instance_batches.Add(labels).Increment();
   impl_->instance_images.Add(labels).Increment(static_cast<double>(images));
+  impl_->instance_compute.Add(labels).Increment(compute_seconds);
 }
 
 void Metrics::instance_ready(const std::string& model, const std::string& instance,

@@ -29,9 +29,11 @@ class Metrics {
   /// libreyolo_pending_requests{model} (requests queued, not yet running).
   void pending(const std::string& model, std::int64_t count);
   /// One batch run by a model instance (instance_group):
-  /// libreyolo_instance_batches_total / libreyolo_instance_images_total {model,instance,device}.
+  /// libreyolo_instance_batches_total / libreyolo_instance_images_total and
+  /// libreyolo_instance_compute_seconds_total (assembly + forward + post-processing, seconds)
+  /// {model,instance,device}.
   void instance_batch(const std::string& model, const std::string& instance,
-                      const std::string& device, std::int64_t images);
+                      const std::string& device, std::int64_t images, double compute_seconds);
   /// libreyolo_instance_ready{model,instance,device}: 1 in rotation, 0 taken out (its device
   /// failed); libreyolo_instance_failures_total{model,instance,device} counts the take-outs.
   void instance_ready(const std::string& model, const std::string& instance,

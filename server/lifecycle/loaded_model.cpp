@@ -44,7 +44,6 @@ std::shared_ptr<LoadedModel> load_model_version(
   m->serving = serving;
   m->device = resolve_device(serving.device.empty() ? server_device : serving.device);
   m->dtype = resolve_dtype(serving.dtype);
-  m->processor = image::load_image_processor(dir);
   models::LoadOptions options;
   options.device = m->device;
   options.dtype = m->dtype;
@@ -60,7 +59,8 @@ std::shared_ptr<LoadedModel> load_model_version(
   // serving.yaml `kernels.layouts` wins over the server's kernels.layouts for this model.
   options.layouts.mode = serving.kernels.layouts ? *serving.kernels.layouts : server_layouts;
   options.layouts.kernel_config = serving.kernel_config;
-  m->model = loader(dir, options);
+  m->model = loader(dir, options);  // config.json first: its errors name the checkpoint
+  m->processor = image::load_image_processor(dir);
   for (const auto& r : m->model->layouts())
     log::info(c10::str("model '", name, "': layout ", r.layout, " (", r.source, "): ", r.modules,
                        " modules, parameters ", r.params_before, " -> ", r.params_after));

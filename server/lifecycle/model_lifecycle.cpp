@@ -112,7 +112,8 @@ void ModelLifecycle::bring_up(const std::shared_ptr<ModelEntry>& e, const ModelS
     auto entry = weak.lock();
     if (!entry) return;
     metrics.batch(entry->name, size);
-    metrics.instance_batch(entry->name, names[instance].first, names[instance].second, size);
+    metrics.instance_batch(entry->name, names[instance].first, names[instance].second, size,
+                           in_s + infer_s + out_s);
     std::lock_guard<std::mutex> ek(entry->mu);
     entry->stats.execution_count += 1;
     auto& b = entry->batch_stats[static_cast<std::uint64_t>(size)];

@@ -544,6 +544,14 @@ class Service final : public pb::GRPCInferenceService::CallbackService {
         o->set_data_type(to_pb_type(t.datatype));
         for (auto d : t.shape) o->add_dims(d);
       }
+      for (const auto& g : c.instance_group) {
+        auto* ig = cfg->add_instance_group();
+        ig->set_name(g.name);
+        ig->set_count(g.count);
+        ig->set_kind(g.kind == "KIND_GPU" ? pb::ModelInstanceGroup::KIND_GPU
+                                          : pb::ModelInstanceGroup::KIND_CPU);
+        for (auto i : g.gpus) ig->add_gpus(i);
+      }
       auto* db = cfg->mutable_dynamic_batching();
       db->set_max_queue_delay_microseconds(c.max_queue_delay_microseconds);
       db->mutable_default_queue_policy()->set_max_queue_size(c.max_queue_size);

@@ -182,7 +182,7 @@ TEST(InstanceGroupConfig, GpusThatDoNotExistAreALoadErrorNamingThem) {
   rpc::Client c("127.0.0.1:" + std::to_string(d.grpc_port()));
   const auto idx = c.call("RepositoryIndex").text;
   EXPECT_NE(idx.find("reason: \"" + (repo / "fake" / "serving.yaml").string() +
-                     ":1:17: instance_group: KIND_GPU gpus [0, 3]: no CUDA device is visible\""),
+                     ":1:18: instance_group: KIND_GPU gpus [0, 3]: no CUDA device is visible\""),
             std::string::npos)
       << idx;
   d.stop(1.0);

@@ -110,3 +110,22 @@ TEST(ModelsCoreJson, MissingFileAndFifo) {
 }
 
 }  // namespace
+
+namespace {
+
+// config_json_fuzz: a key holding a newline made a two-line error message
+// (tests/fixtures/fuzz/config_json/regress-newline-key.json).
+TEST(ModelsCoreJson, FieldNamesInErrorsAreOneLine) {
+  const auto j = nlohmann::json::parse(R"({"do_convert_\nnotations": true})");
+  const core::ConfigView view(j, "/repo/m/1/config.json");
+  try {
+    (void)view.get_int("do_convert_\nnotations");
+    ADD_FAILURE() << "no error";
+  } catch (const std::exception& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "/repo/m/1/config.json: field 'do_convert_\\x0anotations': expected an integer, "
+              "found true");
+  }
+}
+
+}  // namespace

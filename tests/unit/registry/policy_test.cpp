@@ -291,3 +291,22 @@ TEST(Policy, ConfigurationErrorsAreOnePrintableLine) {
 
 }  // namespace
 }  // namespace libreyolo::kernels
+
+namespace libreyolo::kernels {
+namespace {
+
+// server_yaml_fuzz found a slot name of raw 0xff bytes that --print-config wrote as a YAML key
+// that did not read back (tests/fixtures/fuzz/server_yaml/regress-slot-name-bytes.yaml).
+TEST(Policy, SlotAndImplementationNamesArePrintableAscii) {
+  EXPECT_EQ(error_of("kernels:\n  slots:\n    ms_deform_\xff\xff"
+                     "attn:\n      allow: [cuda]\n"),
+            "server.yaml:3:5: kernels.slots: slot name 'ms_deform_\xff\xff"
+            "attn' must be 1 to "
+            "128 printable ASCII characters without spaces");
+  EXPECT_EQ(error_of("kernels:\n  slots:\n    ms_deform_attn:\n      allow: [\"cu da\"]\n"),
+            "server.yaml:4:15: kernels.slots.ms_deform_attn.allow: name 'cu da' must be 1 to 128 "
+            "printable ASCII characters without spaces");
+}
+
+}  // namespace
+}  // namespace libreyolo::kernels
