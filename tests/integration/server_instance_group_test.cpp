@@ -129,16 +129,17 @@ TEST_F(InstanceGroups, AFailedDeviceLeavesTheRotationTheOthersServe) {
     FakeState::get().fail_instance = "fake_1";
   }
   FakeState::get().sleep_ms = 30;
-  // Until fake_1 takes a batch and fails, requests may land on it: at most one answer is the
-  // failure, every other request is served by fake_0.
+  // Until fake_1 takes a batch and fails, requests may land on it: exactly one answer is the
+  // failure (the batch it took), every other request is served by fake_0.
   int failed = 0;
-  for (int round = 0; round < 5; ++round) {
+  for (int round = 0; round < 100 && failed == 0; ++round) {
     for (auto c : burst(4)) {
       EXPECT_TRUE(c == Code::ok || c == Code::internal) << api::code_name(c);
       failed += c == Code::internal;
     }
   }
   EXPECT_EQ(failed, 1);
+  for (auto c : burst(8)) EXPECT_EQ(c, Code::ok);  // fake_0 alone serves them
   auto r = client_->infer(pv_request("fake"), {kPixels});
   EXPECT_TRUE(r.ok()) << r.message;
   const auto a = active();
