@@ -21,6 +21,12 @@ namespace fs = std::filesystem;
 /// 5 classes; class c has logit c - 2 for every image.
 class FakeClassifier : public models::Model {
  public:
+  /// What load_model would read of a vit config.json with these 5 labels.
+  FakeClassifier() {
+    description_.model_type = "vit";
+    description_.task = models::Task::image_classification;
+    description_.num_labels = 5;
+  }
   std::string model_type() const override { return "vit"; }
   models::Task task() const override { return models::Task::image_classification; }
   models::ModelOutput forward(const at::Tensor& pixel_values, const at::Tensor&) const override {
