@@ -182,11 +182,11 @@ int ModelLifecycle::load_repository(const std::set<std::string>& load) {
       }
       models_[e->name] = e;
     }
-  }
-  for (const auto& name : load) {
-    if (name != "*" && !models_.count(name))
-      log::error("--load-model " + quoted_name(name) + ": no such folder in model_repository " +
-                 repository_.root());
+    for (const auto& name : load) {
+      if (name != "*" && !models_.count(name))
+        log::error("--load-model " + quoted_name(name) + ": no such folder in model_repository " +
+                   repository_.root());
+    }
   }
   // At most kLoadThreads models load at once (Triton's --model-load-thread-count default):
   // one thread per model made a repository of thousands of folders start thousands of threads
