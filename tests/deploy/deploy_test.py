@@ -181,7 +181,9 @@ def health_services_in_sources():
         d = os.path.join(ROOT, folder)
         for f in os.listdir(d):
             if f.endswith(".cpp"):
-                names |= set(re.findall(r'SetServingStatus\("([^"]*)"', read(os.path.join(d, f))))
+                # server/rpc/grpc_server.cpp: HealthService::set("<service>", serving) is the
+                # only place a status is set (gRPC's default health service is replaced).
+                names |= set(re.findall(r'health->set\("([^"]*)"', read(os.path.join(d, f))))
     return names
 
 
