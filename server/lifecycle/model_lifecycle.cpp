@@ -107,20 +107,21 @@ void ModelLifecycle::bring_up(const std::shared_ptr<ModelEntry>& e, const ModelS
     names.emplace_back(e->name + "_" + std::to_string(i), instances[i]->device.str());
   Batcher::Hooks hooks;
   hooks.pending = [&metrics = metrics_, n = e->name](int64_t count) { metrics.pending(n, count); };
-  hooks.executed = [&metrics = metrics_, weak, names](int64_t size, double in_s, double infer_s,
-                                                      double out_s, std::size_t instance) {
+  hooks.executed = [&metrics = metrics_, weak, names](const Batcher::Executed& x) {
     auto entry = weak.lock();
     if (!entry) return;
-    metrics.batch(entry->name, size);
-    metrics.instance_batch(entry->name, names[instance].first, names[instance].second, size,
-                           in_s + infer_s + out_s);
+    const auto& [instance, device] = names[x.instance];
+    metrics.batch(entry->name, x.images);
+    metrics.instance_batch(entry->name, instance, device, x.images,
+                           x.input_seconds + x.infer_seconds + x.output_seconds);
+    metrics.instance_queue(entry->name, instance, device, x.requests, x.queue_seconds);
     std::lock_guard<std::mutex> ek(entry->mu);
     entry->stats.execution_count += 1;
-    auto& b = entry->batch_stats[static_cast<std::uint64_t>(size)];
-    b.batch_size = static_cast<std::uint64_t>(size);
-    add_duration(b.compute_input, in_s);
-    add_duration(b.compute_infer, infer_s);
-    add_duration(b.compute_output, out_s);
+    auto& b = entry->batch_stats[static_cast<std::uint64_t>(x.images)];
+    b.batch_size = static_cast<std::uint64_t>(x.images);
+    add_duration(b.compute_input, x.input_seconds);
+    add_duration(b.compute_infer, x.infer_seconds);
+    add_duration(b.compute_output, x.output_seconds);
   };
   hooks.instance_failed = [&metrics = metrics_, weak, names, model = e->name](
                               std::size_t instance, const std::string& what, std::size_t left) {

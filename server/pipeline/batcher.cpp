@@ -379,7 +379,17 @@ void Batcher::finish(Instance& inst, std::unique_ptr<InFlight> f) {
     inst.images += static_cast<std::uint64_t>(f->images);
     // Statistics first, answers second: a client that reads the statistics right after its
     // answer sees its batch counted.
-    if (hooks_.executed) hooks_.executed(f->images, input_s, infer_s, output_total, inst.index);
+    if (hooks_.executed) {
+      Executed x;
+      x.images = f->images;
+      x.requests = static_cast<int64_t>(batch.size());
+      x.input_seconds = input_s;
+      x.infer_seconds = infer_s;
+      x.output_seconds = output_total;
+      for (const auto& r : results) x.queue_seconds += r.queue_seconds;
+      x.instance = inst.index;
+      hooks_.executed(x);
+    }
     for (std::size_t i = 0; i < batch.size(); ++i)
       batch[i]->promise.set_value(std::move(results[i]));
   } catch (const std::invalid_argument& e) {
