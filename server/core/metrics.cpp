@@ -260,36 +260,27 @@ std::string Metrics::serialize(const std::vector<models::DeviceMemory>& gpus) co
       }
     }
   }
-  // GPU memory per device (Triton: nv_gpu_memory_total_bytes / nv_gpu_memory_used_bytes).
-  prometheus::MetricFamily gpu_total{"libreyolo_gpu_memory_total_bytes",
-                                     "Memory of a GPU a model instance uses, bytes",
-                                     prometheus::MetricType::Gauge,
-                                     {}};
-  prometheus::MetricFamily gpu_used{"libreyolo_gpu_memory_used_bytes",
-                                    "Memory in use on the GPU by every process, bytes",
-                                    prometheus::MetricType::Gauge,
-                                    {}};
-  prometheus::MetricFamily gpu_allocated{"libreyolo_gpu_memory_allocated_bytes",
-                                         "Memory the daemon's tensors hold on the GPU, bytes",
-                                         prometheus::MetricType::Gauge,
-                                         {}};
-  prometheus::MetricFamily gpu_reserved{
-      "libreyolo_gpu_memory_reserved_bytes",
-      "Memory the daemon's caching allocator reserved on the GPU, bytes",
-      prometheus::MetricType::Gauge,
-      {}};
-  for (const auto& g : gpus) {
-    const std::vector<prometheus::ClientMetric::Label> labels{{"device", g.device}};
-    gpu_total.metric.push_back(value_metric(labels, static_cast<double>(g.total_bytes), false));
-    gpu_used.metric.push_back(value_metric(labels, static_cast<double>(g.used_bytes), false));
-    gpu_allocated.metric.push_back(
-        value_metric(labels, static_cast<double>(g.allocated_bytes), false));
-    gpu_reserved.metric.push_back(
-        value_metric(labels, static_cast<double>(g.reserved_bytes), false));
-  }
-  for (auto* f : {&active, &calls, &declined, &fallback, &model_active, &model_calls, &gpu_total,
-                  &gpu_used, &gpu_allocated, &gpu_reserved})
+  for (auto* f : {&active, &calls, &declined, &fallback, &model_active, &model_calls})
     families.push_back(std::move(*f));
+  // GPU memory per device (Triton: nv_gpu_memory_total_bytes / nv_gpu_memory_used_bytes).
+  using Field = std::uint64_t models::DeviceMemory::*;
+  const std::tuple<const char*, const char*, Field> gpu_families[] = {
+      {"libreyolo_gpu_memory_total_bytes", "Memory of a GPU a model instance uses, bytes",
+       &models::DeviceMemory::total_bytes},
+      {"libreyolo_gpu_memory_used_bytes", "Memory in use on the GPU by every process, bytes",
+       &models::DeviceMemory::used_bytes},
+      {"libreyolo_gpu_memory_allocated_bytes", "Memory the daemon's tensors hold on the GPU, bytes",
+       &models::DeviceMemory::allocated_bytes},
+      {"libreyolo_gpu_memory_reserved_bytes",
+       "Memory the daemon's caching allocator reserved on the GPU, bytes",
+       &models::DeviceMemory::reserved_bytes}};
+  for (const auto& [name, help, field] : gpu_families) {
+    prometheus::MetricFamily f{name, help, prometheus::MetricType::Gauge, {}};
+    for (const auto& g : gpus)
+      f.metric.push_back(
+          value_metric({{"device", g.device}}, static_cast<double>(g.*field), false));
+    families.push_back(std::move(f));
+  }
   return prometheus::TextSerializer().Serialize(families);
 }
 
