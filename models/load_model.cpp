@@ -88,7 +88,7 @@ void describe_model(ModelDescription& d, const Model& model, const std::string& 
   d.task = model.task();
   if (d.num_labels < 0 && !model.id2label().empty())
     d.num_labels = static_cast<int64_t>(model.id2label().size());
-  if (d.task != Task::object_detection) {
+  if (d.task == Task::image_classification) {
     d.num_queries = -1;
     return;
   }

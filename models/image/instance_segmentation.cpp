@@ -45,12 +45,35 @@ std::vector<InstanceMasks> post_process_instance_segmentation(
   const at::Tensor masks =
       at::gather(pred_masks, 1, s.query.unsqueeze(-1).unsqueeze(-1).expand({b, k, mh, mw}));
 
+  const at::Tensor keep_all = s.scores.gt(options.threshold);
+  const auto size_of = [&](int64_t i) {
+    return target_sizes.empty() ? std::pair<int64_t, int64_t>{mh, mw} : target_sizes[i];
+  };
+  if (options.max_mask_pixels > 0) {
+    // Doubles: a hostile target size must not overflow the check itself.
+    const at::Tensor kept = keep_all.sum(1).to(at::kCPU);
+    double pixels = 0;
+    int64_t instances = 0;
+    for (int64_t i = 0; i < b; ++i) {
+      const int64_t n = kept[i].item<int64_t>();
+      instances += n;
+      pixels += static_cast<double>(n) * static_cast<double>(size_of(i).first) *
+                static_cast<double>(size_of(i).second);
+    }
+    if (pixels > static_cast<double>(options.max_mask_pixels))
+      throw std::length_error(c10::str("post_process_instance_segmentation: ", instances,
+                                       " instances make ", static_cast<uint64_t>(pixels),
+                                       " mask pixels, above the limit of ",
+                                       options.max_mask_pixels));
+  }
+  // Float32 temporaries of the resize: at most this many pixels at once.
+  constexpr int64_t kResizeChunkPixels = int64_t{1} << 24;
+
   std::vector<InstanceMasks> out;
   out.reserve(b);
   for (int64_t i = 0; i < b; ++i) {
-    const int64_t h = target_sizes.empty() ? mh : target_sizes[i].first;
-    const int64_t w = target_sizes.empty() ? mw : target_sizes[i].second;
-    const at::Tensor keep = s.scores[i].gt(options.threshold);
+    const auto [h, w] = size_of(i);
+    const at::Tensor keep = keep_all[i];
     InstanceMasks r;
     r.detections = {s.scores[i].index({keep}), s.labels[i].index({keep}), boxes[i].index({keep})};
     const at::Tensor logits = masks[i].index({keep});
@@ -59,10 +82,16 @@ std::vector<InstanceMasks> post_process_instance_segmentation(
       out.push_back(std::move(r));
       continue;
     }
-    const at::Tensor binary = at::upsample_bilinear2d(logits.unsqueeze(1).to(at::kFloat), {h, w},
-                                                      /*align_corners=*/false)
-                                  .squeeze(1)
-                                  .gt(options.mask_threshold);
+    const int64_t k = logits.size(0);
+    const int64_t chunk = std::max<int64_t>(1, kResizeChunkPixels / std::max<int64_t>(1, h * w));
+    std::vector<at::Tensor> parts;
+    for (int64_t j = 0; j < k; j += chunk)
+      parts.push_back(at::upsample_bilinear2d(
+                          logits.narrow(0, j, std::min(chunk, k - j)).unsqueeze(1).to(at::kFloat),
+                          {h, w}, /*align_corners=*/false)
+                          .squeeze(1)
+                          .gt(options.mask_threshold));
+    const at::Tensor binary = parts.size() == 1 ? parts[0] : at::cat(parts);
     const at::Tensor nonempty = binary.flatten(1).any(1);
     r.masks = binary.index({nonempty});
     r.detections.scores = r.detections.scores.index({nonempty});

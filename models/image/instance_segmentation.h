@@ -22,6 +22,10 @@ struct InstanceSegmentationOptions {
   double mask_threshold = 0.0;
   /// Candidates before thresholding; <= 0 means Q (upstream's default); capped at Q * C.
   int64_t top_k = 0;
+  /// > 0: the instances kept above `threshold` may make at most this many mask pixels
+  /// (sum over the images of K x H x W, before empty masks are dropped); more throws
+  /// std::length_error before any mask is resized (a server's bound on a request's memory).
+  int64_t max_mask_pixels = 0;
 };
 
 /// The instances of one image, descending score. An instance whose mask is empty after
@@ -35,8 +39,10 @@ struct InstanceMasks {
 /// logits (B, Q, C) (sigmoid scores), pred_boxes (B, Q, 4) (cx, cy, w, h normalised),
 /// pred_masks (B, Q, h, w) mask logits; target_sizes: empty or B (height, width) pairs, pixels.
 /// Masks are resized with bilinear interpolation (align_corners=False) in float32, as
-/// F.interpolate is upstream. Works on the tensors' device. Throws std::invalid_argument for
-/// mismatched shapes, a target_sizes count other than B, or no queries.
+/// F.interpolate is upstream, a few instances at a time (bounded float32 temporaries). Works on
+/// the tensors' device. Throws std::invalid_argument for mismatched shapes, a target_sizes
+/// count other than B, or no queries; std::length_error "post_process_instance_segmentation: K
+/// instances make P mask pixels, above the limit of M" past options.max_mask_pixels.
 std::vector<InstanceMasks> post_process_instance_segmentation(
     const at::Tensor& logits, const at::Tensor& pred_boxes, const at::Tensor& pred_masks,
     const std::vector<std::pair<int64_t, int64_t>>& target_sizes,

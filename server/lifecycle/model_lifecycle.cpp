@@ -1,5 +1,6 @@
 #include "server/lifecycle/model_lifecycle.h"
 
+#include <c10/util/Exception.h>
 #include <c10/util/StringUtil.h>
 
 #include <algorithm>
@@ -12,6 +13,17 @@
 #include "server/pipeline/batcher.h"
 
 namespace libreyolo::server {
+namespace {
+
+/// An exception's message without LibTorch's C++ backtrace (c10::Error::what() carries one: a
+/// load error answered 6.7 KB of "frame #0 ..." to the client).
+std::string message_of(const std::exception& e) {
+  const auto* c10_error = dynamic_cast<const c10::Error*>(&e);
+  return c10_error ? c10_error->what_without_backtrace() : e.what();
+}
+
+}  // namespace
+
 
 using api::Code;
 using api::Error;
@@ -205,8 +217,8 @@ int ModelLifecycle::load_repository(const std::set<std::string>& load) {
         } catch (const std::exception& ex) {
           std::lock_guard<std::mutex> ek(e->mu);
           e->state = ModelState::unavailable;
-          e->reason = ex.what();
-          log::error("model '" + e->name + "' failed to load: " + ex.what());
+          e->reason = message_of(ex);
+          log::error("model '" + e->name + "' failed to load: " + e->reason);
         }
       }
     });
@@ -252,7 +264,7 @@ void ModelLifecycle::load(const std::string& name) {
     try {
       bring_up(e, source);
     } catch (const std::exception& ex) {
-      failure = ex.what();
+      failure = message_of(ex);
     }
   }
   if (!failure.empty()) {

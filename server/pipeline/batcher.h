@@ -130,7 +130,7 @@ class Batcher {
   struct InFlight {
     explicit InFlight(const at::Device& device) : done(device) {}
     std::vector<std::shared_ptr<BatchJob>> batch;
-    at::Tensor logits, boxes;  ///< host float32 (boxes when the task uses them); after done
+    at::Tensor logits, boxes, masks;  ///< host float32 (boxes, masks when the task uses them)
     models::StreamEvent done;
     int64_t images = 0;
     Clock::time_point start, t_input;
