@@ -121,6 +121,7 @@ class ServerClassifier : public ::testing::Test {
     repo_ = new fs::path(temp_dir("classifier-repo"));
     add_fixture_model(*repo_, "vit_tiny", "vit_tiny", "max_batch_size: 4\n");
     add_fixture_model(*repo_, "swin_tiny", "swin_tiny", "warmup: false\n");
+    add_fixture_model(*repo_, "deit_tiny", "deit_tiny", "max_batch_size: 4\n");  // warm-up: 224
     add_fixture_model(*repo_, "vit_fused_on", "vit_tiny", "warmup: false\nfused_attention: on\n");
     add_fixture_model(*repo_, "vit_fused_off", "vit_tiny", "warmup: false\nfused_attention: off\n");
     add_fixture_model(*repo_, "swin_fused_on", "swin_tiny", "warmup: false\nfused_attention: on\n");
@@ -200,6 +201,7 @@ log::Capture* ServerClassifier::capture_ = nullptr;
 TEST_F(ServerClassifier, VitAndSwinMatchTransformers) {
   check_fixture("vit_tiny", "vit_tiny");
   check_fixture("swin_tiny", "swin_tiny");
+  check_fixture("deit_tiny", "deit_tiny");
 }
 
 TEST_F(ServerClassifier, FusedAttentionOnOffKeepsOutputs) {
@@ -277,7 +279,8 @@ TEST_F(ServerClassifier, PhotographsThroughTheProcessor) {
   rpc::Client c(*address_);
   for (const auto& [model, images] : std::vector<std::pair<std::string, std::vector<std::string>>>{
            {"vit_tiny", {"astronaut.jpg", "coffee.jpg"}},
-           {"swin_tiny", {"chelsea.jpg", "coffee.jpg"}}}) {
+           {"swin_tiny", {"chelsea.jpg", "coffee.jpg"}},
+           {"deit_tiny", {"astronaut.jpg", "coffee.jpg"}}}) {  // bicubic 256, center crop 224
     std::vector<std::string> jpegs;
     for (const auto& f : images) jpegs.push_back(read_file(kFixtures + "/images/" + f));
     auto r = c.infer("model_name: \"" + model +
