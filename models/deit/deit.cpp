@@ -2,13 +2,9 @@
 // models/deit/modeling_deit.py), inference only.
 #include "models/deit/deit.h"
 
-#include <torch/nn/module.h>
-
 #include <nlohmann/json.hpp>
 
-#include "models/core/config.h"
-#include "models/layers/layers.h"
-#include "models/vit/backbone.h"
+#include "models/vit/backbone.h"  // Config, BackboneImpl, load_weights, ImageClassifier
 
 namespace libreyolo::models {
 namespace deit {
