@@ -23,6 +23,10 @@
 #include "models/vit/vit.h"
 #define LIBREYOLO_HAS_VIT 1
 #endif
+#if __has_include("models/deit/deit.h")
+#include "models/deit/deit.h"
+#define LIBREYOLO_HAS_DEIT 1
+#endif
 #if __has_include("models/swin/swin.h")
 #include "models/swin/swin.h"
 #define LIBREYOLO_HAS_SWIN 1
@@ -44,6 +48,9 @@ std::unique_ptr<Model> load_family(const std::string& dir, const nlohmann::json&
 #endif
 #ifdef LIBREYOLO_HAS_VIT
   if (type == "vit") return load_vit(dir, config, options);
+#endif
+#ifdef LIBREYOLO_HAS_DEIT
+  if (type == "deit") return load_deit(dir, config, options);
 #endif
 #ifdef LIBREYOLO_HAS_SWIN
   if (type == "swin") return load_swin(dir, config, options);
