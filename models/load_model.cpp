@@ -19,6 +19,10 @@
 #include "models/dfine/dfine.h"
 #define LIBREYOLO_HAS_DFINE 1
 #endif
+#if __has_include("models/deimv2/deimv2.h")
+#include "models/deimv2/deimv2.h"
+#define LIBREYOLO_HAS_DEIMV2 1
+#endif
 #if __has_include("models/vit/vit.h")
 #include "models/vit/vit.h"
 #define LIBREYOLO_HAS_VIT 1
@@ -45,6 +49,9 @@ std::unique_ptr<Model> load_family(const std::string& dir, const nlohmann::json&
 #endif
 #ifdef LIBREYOLO_HAS_DFINE
   if (type == "d_fine") return load_dfine(dir, config, options);
+#endif
+#ifdef LIBREYOLO_HAS_DEIMV2
+  if (type == "deimv2") return load_deimv2(dir, config, options);
 #endif
 #ifdef LIBREYOLO_HAS_VIT
   if (type == "vit") return load_vit(dir, config, options);

@@ -106,18 +106,22 @@ at::Tensor DecoderLayerImpl::forward(const at::Tensor& h0, const at::Tensor& pos
 }
 
 DecoderImpl::DecoderImpl(const Config& c)
+    : DecoderImpl(c, DecoderParts{[c] { return std::make_shared<DecoderLayerImpl>(c); }}) {}
+
+DecoderImpl::DecoderImpl(const Config& c, const DecoderParts& parts)
     : heads_(c.decoder_attention_heads),
       bins_(c.max_num_bins),
       top_prob_values_(c.top_prob_values) {
   const int64_t d = c.d_model;
-  std::vector<std::shared_ptr<DecoderLayerImpl>> ls;
+  std::vector<std::shared_ptr<DecoderLayerBase>> ls;
   std::vector<layers::Linear> cls;
   std::vector<layers::MLP> box;
   std::vector<std::shared_ptr<torch::nn::Module>> lqe;
   for (int64_t i = 0; i < c.decoder_layers; ++i) {
-    ls.push_back(std::make_shared<DecoderLayerImpl>(c));
+    ls.push_back(parts.make_layer());
     cls.push_back(std::make_shared<layers::LinearImpl>(d, c.num_labels));
-    box.push_back(std::make_shared<layers::MLPImpl>(d, d, 4 * (c.max_num_bins + 1), 3));
+    if (!parts.share_bbox_head || i == 0)
+      box.push_back(std::make_shared<layers::MLPImpl>(d, d, 4 * (c.max_num_bins + 1), 3));
     auto q = std::make_shared<torch::nn::Module>();
     lqe_.push_back(q->register_module(
         "reg_conf", std::make_shared<layers::MLPImpl>(4 * (c.top_prob_values + 1), c.lqe_hidden_dim,
@@ -125,12 +129,16 @@ DecoderImpl::DecoderImpl(const Config& c)
     lqe.push_back(q);
   }
   layers_ = layers::register_list(*this, "layers", ls);
-  query_pos_head_ =
-      register_module("query_pos_head", std::make_shared<layers::MLPImpl>(4, 2 * d, d, 2));
+  query_pos_head_ = register_module(
+      "query_pos_head", std::make_shared<layers::MLPImpl>(
+                            4, parts.query_pos_hidden > 0 ? parts.query_pos_hidden : 2 * d, d,
+                            parts.query_pos_layers, parts.query_pos_act));
   pre_bbox_head_ = register_module("pre_bbox_head", std::make_shared<layers::MLPImpl>(d, d, 4, 3));
   layers::register_list(*this, "lqe_layers", lqe);
   class_embed_ = layers::register_list(*this, "class_embed", cls);
   bbox_embed_ = layers::register_list(*this, "bbox_embed", box);
+  // share_bbox_head: every layer runs the one MLP (on disk only as index 0).
+  bbox_embed_.resize(static_cast<size_t>(c.decoder_layers), bbox_embed_.front());
   // nn.Parameter(torch.tensor([value]), requires_grad=False): stored in the checkpoints.
   reg_scale_ = register_parameter("reg_scale", at::full({1}, c.reg_scale), false);
   up_ = register_parameter("up", at::full({1}, c.up), false);

@@ -20,10 +20,15 @@ namespace dfine {
 Config Config::parse(const core::ConfigView& cfg) {
   Config c;
   cfg.get_enum("model_type", "", {"d_fine"});
+  parse_fields(cfg, c);
+  return c;
+}
+
+void Config::parse_fields(const core::ConfigView& cfg, Config& c, bool hybrid_levels) {
   if (cfg.get_bool("use_timm_backbone", false))
     cfg.fail("use_timm_backbone", "timm backbones are not supported (use hgnet_v2)");
   if (cfg.has("backbone_config")) c.backbone = HGNetV2Config::parse(cfg.child("backbone_config"));
-  rtdetr::Config::parse_shared(cfg, c);
+  rtdetr::Config::parse_shared(cfg, c, hybrid_levels);
   c.backbone.frozen_batch_norm = c.freeze_backbone_batch_norms;
   c.num_channels = c.backbone.num_channels;
   c.out_indices = c.backbone.out_indices;
@@ -69,7 +74,8 @@ Config Config::parse(const core::ConfigView& cfg) {
 
   // Consistency checks that transformers would only hit as shape errors at run time.
   const size_t levels = c.backbone.out_indices.size();
-  if (c.encoder_in_channels.size() != levels || c.decoder_in_channels.size() != levels)
+  if (c.encoder_in_channels.size() != levels ||
+      (hybrid_levels && c.decoder_in_channels.size() != levels))
     cfg.fail("encoder_in_channels",
              "encoder_in_channels and decoder_in_channels need one entry "
              "per backbone output (out_indices " +
@@ -79,7 +85,6 @@ Config Config::parse(const core::ConfigView& cfg) {
                                         std::to_string(c.encoder_hidden_dim) + ")");
   if (std::floor(c.hidden_expansion * static_cast<double>(c.encoder_hidden_dim) / 2.0) < 1)
     cfg.fail("hidden_expansion", "gives RepNCSPELAN4 branches without channels");
-  return c;
 }
 
 DetectorImpl::DetectorImpl(const Config& c) : config_(c) {
@@ -123,17 +128,51 @@ std::pair<at::Tensor, at::Tensor> DetectorImpl::forward(const at::Tensor& pixel_
     proj.push_back(encoder_input_proj_[i]->forward(feats[i]));
   const auto pan = encoder_->forward(std::move(proj));
 
-  // Every extra level is computed from the last PAN map (not chained), as upstream.
+  return decode(config_, pan, decoder_input_proj_, heads_, *decoder_);
+}
+
+std::pair<at::Tensor, at::Tensor> decode(const Config& c, const std::vector<at::Tensor>& pan,
+                                         const std::vector<layers::ConvNorm>& decoder_input_proj,
+                                         const rtdetr::QuerySelectionHeads& heads,
+                                         const DecoderImpl& decoder) {
+  // Every extra level is computed from the last encoder map (not chained), as upstream.
   std::vector<at::Tensor> sources;
-  for (int64_t l = 0; l < config_.num_feature_levels; ++l) {
+  for (int64_t l = 0; l < c.num_feature_levels; ++l) {
     const at::Tensor& in = l < static_cast<int64_t>(pan.size()) ? pan[l] : pan.back();
-    sources.push_back(decoder_input_proj_.empty() ? in : decoder_input_proj_[l]->forward(in));
+    sources.push_back(decoder_input_proj.empty() ? in : decoder_input_proj[l]->forward(in));
   }
   kernels::SpatialShapes shapes;
   const at::Tensor source_flatten = rtdetr::flatten_sources(sources, shapes);
-  const auto [target, reference_unact] =
-      rtdetr::select_queries(config_, heads_, source_flatten, shapes);
-  return decoder_->forward(target, reference_unact, source_flatten, shapes);
+  const auto [target, reference_unact] = rtdetr::select_queries(c, heads, source_flatten, shapes);
+  return decoder.forward(target, reference_unact, source_flatten, shapes);
+}
+
+core::LoadRules load_rules(bool tie) {
+  core::LoadRules rules;
+  // Unused at inference: denoising embeddings; top-level heads aliasing model.decoder.*.
+  rules.ignored_file_keys = {R"(model\.denoising_class_embed\.weight)",
+                             R"((class_embed|bbox_embed)\.\d+\..*)"};
+  // A buffer derived from decoder_n_points: files converted without it keep the computed one.
+  rules.optional_module_keys = {R"(model\.decoder\.layers\.\d+\.encoder_attn\.num_points_scale)"};
+  rules.aliases = rtdetr::head_aliases(tie);
+  return rules;
+}
+
+rtdetr::DetectorGeometry detector_geometry(const Config& c, std::vector<int64_t> strides) {
+  rtdetr::DetectorGeometry geometry;
+  geometry.num_channels = c.num_channels;
+  geometry.stride = *std::max_element(strides.begin(), strides.end());
+  geometry.num_queries = c.num_queries;
+  geometry.encoder_tokens = [strides, levels = c.num_feature_levels,
+                             projected = c.d_model != c.decoder_in_channels.back()](int64_t H,
+                                                                                    int64_t W) {
+    int64_t tokens = 0, h = 0, w = 0;
+    for (auto s : strides) tokens += (h = H / s) * (w = W / s);
+    // Extra levels: conv 3x3 stride 2 of the last map, or the map itself (identity projection).
+    if (projected) h = (h + 1) / 2, w = (w + 1) / 2;
+    return tokens + (levels - static_cast<int64_t>(strides.size())) * h * w;
+  };
+  return geometry;
 }
 
 }  // namespace dfine
@@ -147,31 +186,12 @@ std::unique_ptr<Model> load_dfine(const std::string& dir, const nlohmann::json& 
 
   auto net = std::make_shared<dfine::DetectorImpl>(c);
   const auto file = core::SafetensorsFile::open(dir + "/model.safetensors");
-  core::LoadRules rules;
-  // Unused at inference: denoising embeddings; top-level heads aliasing model.decoder.*.
-  rules.ignored_file_keys = {R"(model\.denoising_class_embed\.weight)",
-                             R"((class_embed|bbox_embed)\.\d+\..*)"};
-  // A buffer derived from decoder_n_points: files converted without it keep the computed one.
-  rules.optional_module_keys = {R"(model\.decoder\.layers\.\d+\.encoder_attn\.num_points_scale)"};
-  rules.aliases = rtdetr::head_aliases(tie);
-  const auto report = core::load_state_dict(*net, *file, rules, options.dtype, options.device);
+  const auto report =
+      core::load_state_dict(*net, *file, dfine::load_rules(tie), options.dtype, options.device);
   net->prepare();
   log::debug(c10::str(dir, ": loaded ", report.loaded, " tensors as d_fine (",
                       report.aliased.size(), " aliased, ", report.ignored.size(), " ignored)"));
-  rtdetr::DetectorGeometry geometry;
-  geometry.num_channels = c.num_channels;
-  const auto strides = c.backbone.out_strides();
-  geometry.stride = *std::max_element(strides.begin(), strides.end());
-  geometry.num_queries = c.num_queries;
-  geometry.encoder_tokens = [strides, levels = c.num_feature_levels,
-                             projected = c.d_model != c.decoder_in_channels.back()](int64_t H,
-                                                                                    int64_t W) {
-    int64_t tokens = 0, h = 0, w = 0;
-    for (auto s : strides) tokens += (h = H / s) * (w = W / s);
-    // Extra levels: conv 3x3 stride 2 of the last map, or the map itself (identity projection).
-    if (projected) h = (h + 1) / 2, w = (w + 1) / 2;
-    return tokens + (levels - static_cast<int64_t>(strides.size())) * h * w;
-  };
+  auto geometry = dfine::detector_geometry(c, c.backbone.out_strides());
   return std::make_unique<rtdetr::DetectorModel<dfine::DetectorImpl>>(
       "d_fine", std::move(geometry), std::move(net), std::move(labels), options);
 }

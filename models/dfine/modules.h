@@ -7,13 +7,16 @@
 #include <ATen/ATen.h>
 #include <torch/nn/module.h>
 
+#include <functional>
 #include <memory>
 #include <utility>
 #include <vector>
 
 #include "kernels/attention/ms_deform_attn.h"
+#include "models/core/state_dict.h"
 #include "models/dfine/hgnetv2.h"
 #include "models/layers/bound_kernels.h"
+#include "models/rtdetr/detector_model.h"
 #include "models/rtdetr/modules.h"
 
 namespace libreyolo::models::dfine {
@@ -30,6 +33,10 @@ struct Config : rtdetr::Config {
 
   /// Parses and validates; throws core::ConfigError naming the file and field.
   static Config parse(const core::ConfigView& cfg);
+  /// Every field of parse() but model_type, with its checks (DEIMv2 shares them). `hybrid_levels`
+  /// as rtdetr::Config::parse_shared: false skips the checks of decoder_in_channels against the
+  /// backbone outputs (DEIMv2's lite encoder makes one more level). Throws core::ConfigError.
+  static void parse_fields(const core::ConfigView& cfg, Config& c, bool hybrid_levels = true);
 };
 
 /// D-FINE weighting function W(n) (modeling_d_fine.py weighting_function, hf-models.md 4.5):
@@ -106,13 +113,24 @@ class MSDeformAttnImpl : public torch::nn::Module, public layers::UsesKernels {
   kernels::SamplingMethod method_;
 };
 
+/// What DecoderImpl runs per layer (D-FINE's DecoderLayerImpl, DEIMv2's deimv2::DecoderLayerImpl).
+class DecoderLayerBase : public torch::nn::Module {
+ public:
+  /// h (B, Q, D), pos (B, Q, D) query position embedding, value (B, S, H, D/H) the encoder
+  /// memory split into heads, reference_boxes (B, Q, 1, 4) cxcywh -> (B, Q, D).
+  virtual at::Tensor forward(const at::Tensor& h, const at::Tensor& pos, const at::Tensor& value,
+                             const at::Tensor& reference_boxes,
+                             const kernels::SpatialShapes& shapes) const = 0;
+};
+
 /// DFineDecoderLayer: self_attn + self_attn_layer_norm, encoder_attn, gateway (gate Linear 2D ->
 /// 2D, norm LayerNorm(D)), fc1/fc2, final_layer_norm.
-class DecoderLayerImpl : public torch::nn::Module {
+class DecoderLayerImpl : public DecoderLayerBase {
  public:
   explicit DecoderLayerImpl(const Config& c);
   at::Tensor forward(const at::Tensor& h, const at::Tensor& pos, const at::Tensor& value,
-                     const at::Tensor& reference_boxes, const kernels::SpatialShapes& shapes) const;
+                     const at::Tensor& reference_boxes,
+                     const kernels::SpatialShapes& shapes) const override;
   layers::Attention self_attn;
 
  private:
@@ -125,9 +143,20 @@ class DecoderLayerImpl : public torch::nn::Module {
 /// DFineDecoder (fine-grained distribution refinement) with the heads class_embed.{i},
 /// bbox_embed.{i} (distributions over max_num_bins + 1 bins per edge), pre_bbox_head,
 /// lqe_layers.{i}.reg_conf, query_pos_head and the (1,) parameters reg_scale, up.
+/// The per-family parts of DecoderImpl: the layer and the query position head.
+struct DecoderParts {
+  std::function<std::shared_ptr<DecoderLayerBase>()> make_layer;
+  int64_t query_pos_hidden = 0, query_pos_layers = 2;  ///< hidden 0: 2 * d_model
+  Activation query_pos_act = Activation::relu;
+  bool share_bbox_head = false;  ///< one bbox_embed MLP for every layer, stored as index 0
+};
+
 class DecoderImpl : public torch::nn::Module {
  public:
+  /// D-FINE's: DFineDecoderLayer, query_pos_head MLP(4, 2D, D, 2) with ReLU.
   explicit DecoderImpl(const Config& c);
+  /// With the family's parts (DEIMv2: Deimv2DecoderLayer, Deimv2Decoder's query_pos_head).
+  DecoderImpl(const Config& c, const DecoderParts& parts);
   /// target (B, Q, D), reference_logits (B, Q, 4) (unactivated), memory (B, S, D) ->
   /// (logits (B, Q, C) with the LQE quality term, boxes (B, Q, 4) cxcywh) of the last layer
   /// (eval_idx -1).
@@ -139,7 +168,7 @@ class DecoderImpl : public torch::nn::Module {
   void prepare();
 
  private:
-  std::vector<std::shared_ptr<DecoderLayerImpl>> layers_;
+  std::vector<std::shared_ptr<DecoderLayerBase>> layers_;
   layers::MLP query_pos_head_, pre_bbox_head_;
   std::vector<layers::Linear> class_embed_;
   std::vector<layers::MLP> bbox_embed_, lqe_;
@@ -169,5 +198,22 @@ class DetectorImpl : public torch::nn::Module {
   rtdetr::QuerySelectionHeads heads_;
   std::shared_ptr<DecoderImpl> decoder_;
 };
+
+/// DFineModel.forward after the encoder: decoder_input_proj (empty: identity) of the encoder
+/// maps `pan` (B, E, H_l, W_l), extra levels from the last map, flattening, anchors and top-k
+/// query selection, the decoder -> (logits (B, Q, C), pred_boxes (B, Q, 4) cxcywh).
+std::pair<at::Tensor, at::Tensor> decode(const Config& c, const std::vector<at::Tensor>& pan,
+                                         const std::vector<layers::ConvNorm>& decoder_input_proj,
+                                         const rtdetr::QuerySelectionHeads& heads,
+                                         const DecoderImpl& decoder);
+
+/// The loading rules of D-FINE-lineage checkpoints (D-FINE, DEIMv2): denoising embeddings and
+/// top-level heads ignored, the num_points_scale buffers optional, rtdetr::head_aliases(tie).
+core::LoadRules load_rules(bool tie);
+
+/// The input check's geometry: feature levels at `strides` (the largest is the input stride),
+/// then num_feature_levels - len(strides) extra levels (3x3 stride 2 of the last map when
+/// d_model != decoder_in_channels[-1], else the map itself).
+rtdetr::DetectorGeometry detector_geometry(const Config& c, std::vector<int64_t> strides);
 
 }  // namespace libreyolo::models::dfine

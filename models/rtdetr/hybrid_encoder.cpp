@@ -30,17 +30,25 @@ at::Tensor sincos_position_embedding_2d(int64_t h, int64_t w, int64_t dim, doubl
   return at::cat({emb_h.sin(), emb_h.cos(), emb_w.sin(), emb_w.cos()}, 1).to(dtype).unsqueeze(0);
 }
 
-EncoderLayerImpl::EncoderLayerImpl(const Config& c)
+EncoderLayerImpl::EncoderLayerImpl(const Config& c, bool v5_names)
     : act_(c.encoder_activation), normalize_before_(c.normalize_before) {
   const int64_t d = c.encoder_hidden_dim;
   layers::AttentionOptions a;
   a.embed_dim = d;
   a.num_heads = c.encoder_attention_heads;
+  if (v5_names) a.o_name = "o_proj";
   self_attn = register_module("self_attn", std::make_shared<layers::AttentionImpl>(a));
   self_attn_layer_norm_ = register_module(
       "self_attn_layer_norm", std::make_shared<layers::LayerNormImpl>(d, c.layer_norm_eps));
-  fc1_ = register_module("fc1", std::make_shared<layers::LinearImpl>(d, c.encoder_ffn_dim));
-  fc2_ = register_module("fc2", std::make_shared<layers::LinearImpl>(c.encoder_ffn_dim, d));
+  fc1_ = std::make_shared<layers::LinearImpl>(d, c.encoder_ffn_dim);
+  fc2_ = std::make_shared<layers::LinearImpl>(c.encoder_ffn_dim, d);
+  if (v5_names) {  // mlp.layers.{0,1}: layers[1](act(layers[0](x))), the same forward
+    auto mlp = register_module("mlp", std::make_shared<torch::nn::Module>());
+    layers::register_list(*mlp, "layers", std::vector<layers::Linear>{fc1_, fc2_});
+  } else {
+    register_module("fc1", fc1_);
+    register_module("fc2", fc2_);
+  }
   final_layer_norm_ = register_module("final_layer_norm",
                                       std::make_shared<layers::LayerNormImpl>(d, c.layer_norm_eps));
 }
@@ -108,13 +116,15 @@ HybridEncoderImpl::HybridEncoderImpl(const Config& c, const CCFMFactories& block
     : encode_proj_layers_(c.encode_proj_layers),
       hidden_dim_(c.encoder_hidden_dim),
       temperature_(c.positional_encoding_temperature),
-      use_pos_(!c.eval_size_set) {
-  // On disk "encoder.{i}.layers.{j}" (transformers v5 in memory: aifi.{i}).
-  auto aifi = register_module("encoder", std::make_shared<torch::nn::Module>());
+      use_pos_(!c.eval_size_set),
+      fuse_sum_(blocks.fuse_sum) {
+  // On disk "encoder.{i}.layers.{j}" (transformers v5 in memory: aifi.{i}; DEIMv2 on disk too).
+  auto aifi =
+      register_module(blocks.v5_names ? "aifi" : "encoder", std::make_shared<torch::nn::Module>());
   for (size_t i = 0; i < c.encode_proj_layers.size(); ++i) {
     std::vector<std::shared_ptr<EncoderLayerImpl>> ls;
     for (int64_t j = 0; j < c.encoder_layers; ++j)
-      ls.push_back(std::make_shared<EncoderLayerImpl>(c));
+      ls.push_back(std::make_shared<EncoderLayerImpl>(c, blocks.v5_names));
     auto block = aifi->register_module(std::to_string(i), std::make_shared<torch::nn::Module>());
     aifi_.push_back(layers::register_list(*block, "layers", ls));
   }
@@ -152,6 +162,9 @@ std::vector<at::Tensor> HybridEncoderImpl::forward(std::vector<at::Tensor> fm) c
     const auto format = x.suggest_memory_format();
     x = h.transpose(1, 2).reshape({B, hidden_dim_, H, W}).contiguous(format);
   }
+  auto fuse = [this](const at::Tensor& a, const at::Tensor& b) {
+    return fuse_sum_ ? a + b : at::cat({a, b}, 1);
+  };
   // Top-down FPN.
   const size_t n = lateral_convs_.size();
   std::vector<at::Tensor> fpn{fm.back()};
@@ -160,14 +173,14 @@ std::vector<at::Tensor> HybridEncoderImpl::forward(std::vector<at::Tensor> fm) c
     at::Tensor top = lateral_convs_[idx].forward(fpn.back());
     fpn.back() = top;
     top = at::upsample_nearest2d(top, std::nullopt, std::vector<double>{2.0, 2.0});
-    fpn.push_back(fpn_blocks_[idx].forward(at::cat({top, backbone_map}, 1)));
+    fpn.push_back(fpn_blocks_[idx].forward(fuse(top, backbone_map)));
   }
   std::reverse(fpn.begin(), fpn.end());
   // Bottom-up PAN.
   std::vector<at::Tensor> pan{fpn[0]};
   for (size_t idx = 0; idx < n; ++idx) {
     const at::Tensor down = downsample_convs_[idx].forward(pan.back());
-    pan.push_back(pan_blocks_[idx].forward(at::cat({down, fpn[idx + 1]}, 1)));
+    pan.push_back(pan_blocks_[idx].forward(fuse(down, fpn[idx + 1])));
   }
   return pan;
 }

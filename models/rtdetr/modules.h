@@ -55,8 +55,10 @@ struct Config {
   static Config parse(const core::ConfigView& cfg);
   /// The fields RT-DETR shares with D-FINE (hybrid encoder, query selection, decoder sizes;
   /// not the backbone, decoder_n_points or the v2 fields), read into `c` with the checks that do
-  /// not depend on the family. Throws core::ConfigError naming the file and field.
-  static void parse_shared(const core::ConfigView& cfg, Config& c);
+  /// not depend on the family. `hybrid_levels` false (DEIMv2's lite encoder) skips the checks
+  /// that tie encoder_in_channels, decoder_in_channels and encode_proj_layers to the hybrid
+  /// encoder's levels. Throws core::ConfigError naming the file and field.
+  static void parse_shared(const core::ConfigView& cfg, Config& c, bool hybrid_levels = true);
 };
 
 /// RTDetrConvNormLayer / DFineConvNormLayer: conv (no bias, padding (kernel-1)/2 unless given,
@@ -100,10 +102,11 @@ class ResNetBackboneImpl : public torch::nn::Module {
 // ---- hybrid encoder ------------------------------------------------------------------------
 
 /// RTDetrEncoderLayer: self_attn (q/k/v/out_proj), self_attn_layer_norm, fc1, fc2,
-/// final_layer_norm.
+/// final_layer_norm; `v5_names` (transformers v5 in memory = on disk for DEIMv2, which has no
+/// conversion mapping): self_attn.o_proj and mlp.layers.{0,1} (Deimv2MLP, same forward).
 class EncoderLayerImpl : public torch::nn::Module {
  public:
-  explicit EncoderLayerImpl(const Config& c);
+  explicit EncoderLayerImpl(const Config& c, bool v5_names = false);
   at::Tensor forward(const at::Tensor& x, const at::Tensor& pos) const;
   layers::Attention self_attn;
 
@@ -157,6 +160,11 @@ CCFMBlock ccfm_block(std::shared_ptr<T> m) {
 /// Factories of the four CCFM block kinds; each call makes one new block.
 struct CCFMFactories {
   std::function<CCFMBlock()> lateral_conv, fpn_block, downsample_conv, pan_block;
+  /// FPN/PAN fusion: element-wise sum (DEIMv2 encoder_fuse_op "sum") instead of concatenation.
+  bool fuse_sum = false;
+  /// AIFI as "aifi.{i}.layers.{j}" with EncoderLayerImpl's v5 names (DEIMv2) instead of
+  /// "encoder.{i}.layers.{j}".
+  bool v5_names = false;
 };
 /// RT-DETR's: lateral 1x1 ConvNorm (activation), CSPRepLayer(2E -> E), 3x3 stride-2 ConvNorm.
 CCFMFactories rtdetr_ccfm(const Config& c);
@@ -176,7 +184,7 @@ class HybridEncoderImpl : public torch::nn::Module {
   std::vector<int64_t> encode_proj_layers_;
   int64_t hidden_dim_;
   double temperature_;
-  bool use_pos_;
+  bool use_pos_, fuse_sum_;
 };
 
 /// transformers build_2d_sinusoidal_position_embedding (v5.17): (1, h*w, dim), computed in

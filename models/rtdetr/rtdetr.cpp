@@ -35,7 +35,7 @@ void positive(const core::ConfigView& cfg, const char* field, int64_t v) {
 
 }  // namespace
 
-void Config::parse_shared(const core::ConfigView& cfg, Config& c) {
+void Config::parse_shared(const core::ConfigView& cfg, Config& c, bool hybrid_levels) {
   c.freeze_backbone_batch_norms = cfg.get_bool("freeze_backbone_batch_norms", true);
 
   c.encoder_hidden_dim = cfg.get_int("encoder_hidden_dim", c.encoder_hidden_dim);
@@ -84,14 +84,17 @@ void Config::parse_shared(const core::ConfigView& cfg, Config& c) {
     cfg.fail("encoder_hidden_dim", "must be divisible by 4 and by encoder_attention_heads");
   if (c.d_model % c.decoder_attention_heads != 0)
     cfg.fail("d_model", "must be divisible by decoder_attention_heads");
-  if (c.encoder_in_channels.size() < 2) cfg.fail("encoder_in_channels", "needs at least 2 levels");
-  if (c.decoder_in_channels.size() != c.encoder_in_channels.size())
-    cfg.fail("decoder_in_channels", "needs one entry per encoder level");
   if (c.num_feature_levels < static_cast<int64_t>(c.decoder_in_channels.size()))
     cfg.fail("num_feature_levels", "must be at least len(decoder_in_channels)");
-  for (auto l : c.encode_proj_layers)
-    if (l < 0 || l >= static_cast<int64_t>(c.encoder_in_channels.size()))
-      cfg.fail("encode_proj_layers", "level " + std::to_string(l) + " out of range");
+  if (hybrid_levels) {
+    if (c.encoder_in_channels.size() < 2)
+      cfg.fail("encoder_in_channels", "needs at least 2 levels");
+    if (c.decoder_in_channels.size() != c.encoder_in_channels.size())
+      cfg.fail("decoder_in_channels", "needs one entry per encoder level");
+    for (auto l : c.encode_proj_layers)
+      if (l < 0 || l >= static_cast<int64_t>(c.encoder_in_channels.size()))
+        cfg.fail("encode_proj_layers", "level " + std::to_string(l) + " out of range");
+  }
   if (c.hidden_expansion <= 0) cfg.fail("hidden_expansion", "must be positive");
 }
 

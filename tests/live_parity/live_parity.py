@@ -109,14 +109,33 @@ def hgnet_backbone(variant, lab):
                             use_learnable_affine_block=lab, **kw)
 
 
-def df_cfg(bb, nq, **extra):
+def df_kwargs(bb, nq, **extra):
+    """Tiny D-FINE-lineage widths (D-FINE, DEIMv2)."""
     base = dict(backbone_config=bb, encoder_hidden_dim=32, encoder_in_channels=list(bb.hidden_sizes[1:]),
                 encoder_layers=1, encoder_ffn_dim=64, encoder_attention_heads=2, hidden_expansion=0.5,
                 d_model=32, num_queries=nq, decoder_in_channels=[32, 32, 32], decoder_ffn_dim=64,
                 decoder_layers=2, decoder_attention_heads=2, decoder_n_points=[3, 6, 3],
                 num_feature_levels=3, depth_mult=0.34, num_denoising=0, num_labels=7)
     base.update(extra)
-    return tr.DFineConfig(**base)
+    return base
+
+
+def df_cfg(bb, nq, **extra):
+    return tr.DFineConfig(**df_kwargs(bb, nq, **extra))
+
+
+def dv2_cfg(bb, nq, **extra):
+    """DEIMv2 (hybrid encoder unless encoder_type="lite"), widths as df_cfg."""
+    return tr.Deimv2Config(**df_kwargs(bb, nq, **extra))
+
+
+def dv2_lite(nq, **extra):
+    """DEIMv2 lite encoder on one stride-16 HGNetV2 map (the Atto/Femto/Pico layout)."""
+    bb = hgnet_backbone("b", True)
+    bb.out_features, bb.out_indices = ["stage3"], [3]
+    return dv2_cfg(bb, nq, encoder_type="lite", encoder_in_channels=[bb.hidden_sizes[2]],
+                   feat_strides=[16, 32], decoder_in_channels=[32, 32], num_feature_levels=2,
+                   decoder_n_points=[4, 2], **extra)
 
 
 def dd_cfg(**kw):
@@ -159,6 +178,14 @@ def cases():
     # top-k ties, so extra levels are exercised with d_model != decoder_in_channels only.)
     yield "dfine_unfrozen_bn_288x384", DF, df_cfg(hgnet_backbone("b", True), 30, decoder_n_points=[2, 3, 4], freeze_backbone_batch_norms=False), RTP, (1, 288, 384), False
     yield "dfine_discrete_256x320", DF, df_cfg(hgnet_backbone("a", False), 20, decoder_method="discrete"), RTP, (1, 256, 320), False
+    DV2 = tr.Deimv2ForObjectDetection
+    yield "deimv2_hybrid_lab_320x480", DV2, dv2_cfg(hgnet_backbone("a", True), 40), RTP, (2, 320, 480), False
+    # (Not share_bbox_head: transformers 5.17 re-initialises the shared box head at random on
+    # from_pretrained, deimv2_tiny/make_fixtures.py.)
+    yield "deimv2_hybrid_nogate_4lvl_352x352", DV2, dv2_cfg(hgnet_backbone("b", False), 30, d_model=64, decoder_attention_heads=4, num_feature_levels=4, decoder_n_points=2, use_gateway=False, decoder_layers=3), RTP, (1, 352, 352), False
+    yield "deimv2_hybrid_notrailing_288x384", DV2, dv2_cfg(hgnet_backbone("b", True), 30, encoder_has_trailing_conv=False, depth_mult=0.67, freeze_backbone_batch_norms=False), RTP, (1, 288, 384), False
+    yield "deimv2_lite_320x480", DV2, dv2_lite(40), RTP, (2, 320, 480), False
+    yield "deimv2_lite_dmodel48_gate_256x320", DV2, dv2_lite(20, d_model=48, decoder_layers=3), RTP, (1, 256, 320), False
     yield "deformable_detr_masked", DD, dd_cfg(), DDP, [(200, 320), (256, 192)], True
     yield "deformable_detr_refine_two_stage", DD, dd_cfg(with_box_refine=True, two_stage=True, two_stage_num_proposals=10), DDP, [(224, 288)], True
     yield "vit_48_3layers", tr.ViTForImageClassification, tr.ViTConfig(image_size=224, patch_size=16, hidden_size=48, num_hidden_layers=3, num_attention_heads=4, intermediate_size=64, num_labels=7), VP, (2, 224, 224), False

@@ -2,11 +2,7 @@
 // CPU in float32 with the default SDPA attention; fixtures/README.md): logits, boxes, the
 // post-processed detections, the weighting function, and strict checkpoint loading.
 #include <gtest/gtest.h>
-#include <stdlib.h>
-#include <unistd.h>
 
-#include <cstdio>
-#include <fstream>
 #include <functional>
 #include <iostream>
 #include <nlohmann/json.hpp>
@@ -19,6 +15,7 @@
 #include "models/dfine/modules.h"
 #include "models/image/postprocess.h"
 #include "models/model.h"
+#include "tests/parity/checkpoint_copy.h"
 
 namespace {
 
@@ -167,44 +164,11 @@ TEST(DFineParity, Distance2BBoxDecodesEdgeDistances) {
   EXPECT_TRUE(at::allclose(b, want)) << b;
 }
 
-// Copies config.json and model.safetensors to a temporary folder, each tensor passed through
-// `edit` (nullopt drops it), and returns the folder.
 std::string corrupted_copy(
     const std::function<std::optional<at::Tensor>(const std::string&, const at::Tensor&)>& edit) {
-  char tmpl[] = "/tmp/libreyolo_dfine_XXXXXX";
-  if (mkdtemp(tmpl) == nullptr) throw std::runtime_error("mkdtemp failed");
-  const std::string tmp = tmpl;
-  {
-    std::ifstream in(kDir + "/config.json", std::ios::binary);
-    std::ofstream out(tmp + "/config.json", std::ios::binary);
-    out << in.rdbuf();
-  }
-  const auto file = core::SafetensorsFile::open(kDir + "/model.safetensors");
-  nlohmann::json header = nlohmann::json::object();
-  std::string data;
-  for (const auto& key : file->keys()) {
-    const auto t = edit(key, file->view(key));
-    if (!t) continue;
-    const auto c = t->contiguous();
-    const size_t bytes = c.numel() * c.element_size();
-    header[key] = {{"dtype", core::dtype_name(file->info(key).dtype)},
-                   {"shape", c.sizes().vec()},
-                   {"data_offsets", {data.size(), data.size() + bytes}}};
-    data.append(static_cast<const char*>(c.data_ptr()), bytes);
-  }
-  const std::string h = header.dump();
-  std::ofstream out(tmp + "/model.safetensors", std::ios::binary);
-  const uint64_t n = h.size();
-  for (int i = 0; i < 8; ++i) out.put(static_cast<char>((n >> (8 * i)) & 0xff));
-  out << h << data;
-  return tmp;
+  return libreyolo::test::corrupted_copy(kDir, edit);
 }
-
-void remove_copy(const std::string& tmp) {
-  std::remove((tmp + "/config.json").c_str());
-  std::remove((tmp + "/model.safetensors").c_str());
-  rmdir(tmp.c_str());
-}
+using libreyolo::test::remove_copy;
 
 // Loads `dir` expecting an error whose message contains every `needle`.
 void expect_load_error(const std::string& dir, const std::vector<std::string>& needles) {

@@ -1,0 +1,141 @@
+// DEIMv2: config parsing, the detector's top level and the loader (modeling_deimv2.py
+// Deimv2Model / Deimv2ForObjectDetection, transformers 5.17).
+#include "models/deimv2/deimv2.h"
+
+#include <c10/util/StringUtil.h>
+
+#include <nlohmann/json.hpp>
+
+#include "log/log.h"
+#include "models/deimv2/modules.h"
+
+namespace libreyolo::models {
+namespace deimv2 {
+
+Config Config::parse(const core::ConfigView& cfg) {
+  Config c;
+  cfg.get_enum("model_type", "", {"deimv2"});
+  if (cfg.has("backbone_config")) {
+    const auto b = cfg.child("backbone_config");
+    const std::string type = b.get_string("model_type", "hgnet_v2");
+    if (type != "hgnet_v2")
+      b.fail("model_type", "unsupported DEIMv2 backbone \"" + type +
+                               "\" (supported: hgnet_v2; the DINOv3 variants are not implemented)");
+  }
+  c.lite = cfg.get_enum("encoder_type", "hybrid", {"hybrid", "lite"}) == "lite";
+  // "cat" cannot run upstream either: Deimv2RepNCSPELAN5 takes encoder_hidden_dim channels.
+  cfg.get_enum("encoder_fuse_op", "sum", {"sum"});
+  c.use_gateway = cfg.get_bool("use_gateway", c.use_gateway);
+  c.share_bbox_head = cfg.get_bool("share_bbox_head", c.share_bbox_head);
+  c.trailing_conv = cfg.get_bool("encoder_has_trailing_conv", c.trailing_conv);
+  dfine::Config::parse_fields(cfg, c, /*hybrid_levels=*/!c.lite);
+  if (c.lite) {
+    // Deimv2LiteEncoder: identity conv_encoder projections, two output levels.
+    if (c.backbone.out_channels() != c.encoder_in_channels)
+      cfg.fail("encoder_in_channels", "must equal the backbone's output channels " +
+                                          core::shape_string(c.backbone.out_channels()) +
+                                          " (the lite encoder has no input projection)");
+    if (c.decoder_in_channels.size() != 2)
+      cfg.fail("decoder_in_channels", "needs 2 entries (the lite encoder's two levels)");
+    const auto strides = c.backbone.out_strides();
+    if (strides.size() > 1 && strides[1] != 2 * strides[0])
+      cfg.fail("backbone_config",
+               "the lite encoder needs the second map at twice the first's stride");
+  }
+  return c;
+}
+
+DetectorImpl::DetectorImpl(const Config& c) : config_(c) {
+  auto model = register_module("model", std::make_shared<torch::nn::Module>());
+  auto conv_encoder = model->register_module("conv_encoder", std::make_shared<torch::nn::Module>());
+  backbone_ =
+      conv_encoder->register_module("model", std::make_shared<dfine::BackboneImpl>(c.backbone));
+  const int64_t e = c.encoder_hidden_dim, d = c.d_model;
+  if (c.lite) {
+    lite_ = model->register_module("encoder", std::make_shared<LiteEncoderImpl>(c));
+  } else {
+    std::vector<layers::ConvNorm> proj;
+    for (auto channels : c.backbone.out_channels())
+      proj.push_back(rtdetr::conv_norm(c, channels, e, 1, 1, Activation::none));
+    encoder_input_proj_ = layers::register_list(*conv_encoder, "encoder_input_proj", proj);
+    hybrid_ = model->register_module(
+        "encoder", std::make_shared<rtdetr::HybridEncoderImpl>(c, deimv2_ccfm(c)));
+  }
+  heads_ = rtdetr::register_query_selection(*model, c);
+  // decoder_input_proj: identity (no keys) when d_model == decoder_in_channels[-1]; otherwise
+  // Deimv2ConvNormLayers reading decoder_in_channels[-1], 3x3 stride 2 for the extra levels.
+  const int64_t in = c.decoder_in_channels.back();
+  if (d != in) {
+    std::vector<layers::ConvNorm> proj;
+    for (int64_t i = 0; i < c.num_feature_levels; ++i) {
+      const bool extra = i >= static_cast<int64_t>(c.decoder_in_channels.size());
+      proj.push_back(rtdetr::conv_norm(c, in, d, extra ? 3 : 1, extra ? 2 : 1, Activation::none));
+    }
+    decoder_input_proj_ = layers::register_list(*model, "decoder_input_proj", proj);
+  }
+  decoder_ = model->register_module("decoder", make_decoder(c));
+}
+
+std::pair<at::Tensor, at::Tensor> DetectorImpl::forward(const at::Tensor& pixel_values) const {
+  const auto feats = backbone_->forward(pixel_values);
+  std::vector<at::Tensor> maps;
+  if (lite_) {
+    maps = lite_->forward(feats);
+  } else {
+    for (size_t i = 0; i < feats.size(); ++i)
+      maps.push_back(encoder_input_proj_[i]->forward(feats[i]));
+    maps = hybrid_->forward(std::move(maps));
+  }
+  return dfine::decode(config_, maps, decoder_input_proj_, heads_, *decoder_);
+}
+
+namespace {
+
+/// share_bbox_head: the one bbox_embed MLP is stored once, under whichever index
+/// save_pretrained kept (the last one in transformers 5.17); our module key is index 0.
+std::function<std::vector<std::string>(const std::string&)> shared_box_aliases(
+    std::function<std::vector<std::string>(const std::string&)> base, int64_t layers) {
+  return [base, layers](const std::string& key) {
+    static const std::string prefix = "model.decoder.bbox_embed.0.";
+    if (key.rfind(prefix, 0) != 0) return base(key);
+    const std::string tail = key.substr(prefix.size());
+    std::vector<std::string> out;
+    for (int64_t i = layers - 1; i >= 0; --i) {
+      out.push_back("model.decoder.bbox_embed." + std::to_string(i) + "." + tail);
+      out.push_back("bbox_embed." + std::to_string(i) + "." + tail);
+    }
+    return out;
+  };
+}
+
+}  // namespace
+}  // namespace deimv2
+
+std::unique_ptr<Model> load_deimv2(const std::string& dir, const nlohmann::json& config,
+                                   const LoadOptions& options) {
+  const core::ConfigView cfg(config, dir + "/config.json");
+  const auto c = deimv2::Config::parse(cfg);
+  const bool tie = cfg.get_bool("tie_word_embeddings", true);
+  auto labels = cfg.id2label();
+
+  auto net = std::make_shared<deimv2::DetectorImpl>(c);
+  const auto file = core::SafetensorsFile::open(dir + "/model.safetensors");
+  auto rules = dfine::load_rules(tie);
+  if (c.share_bbox_head) {
+    rules.aliases = deimv2::shared_box_aliases(rules.aliases, c.decoder_layers);
+    // The other indices, where present, are copies of the tied module.
+    rules.ignored_file_keys.push_back(R"((model\.decoder\.)?bbox_embed\.\d+\..*)");
+  }
+  const auto report = core::load_state_dict(*net, *file, rules, options.dtype, options.device);
+  net->prepare();
+  log::debug(c10::str(dir, ": loaded ", report.loaded, " tensors as deimv2 (",
+                      report.aliased.size(), " aliased, ", report.ignored.size(), " ignored)"));
+  // Lite: the first backbone map's stride and twice it; hybrid: the backbone's strides.
+  auto strides = c.backbone.out_strides();
+  if (c.lite) strides = {strides.front(), 2 * strides.front()};
+  auto geometry = dfine::detector_geometry(c, strides);
+  return std::make_unique<rtdetr::DetectorModel<deimv2::DetectorImpl>>(
+      "deimv2", std::move(geometry), std::move(net), std::move(labels), options);
+}
+
+}  // namespace libreyolo::models

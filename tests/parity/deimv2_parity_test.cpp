@@ -1,0 +1,212 @@
+// DEIMv2 against transformers 5.17 reference outputs (tests/fixtures/models/deimv2_tiny: HGNetV2
+// + hybrid encoder; deimv2_tiny_lite: HGNetV2 + lite encoder, no gateway, d_model 48; both
+// made on CPU in float32 with the default SDPA attention by deimv2_tiny/make_fixtures.py): logits,
+// boxes, the post-processed detections of a batch of two photographs, strict checkpoint loading
+// and the config errors of what is not implemented. share_bbox_head is loaded (the one stored
+// copy) but has no fixture: transformers 5.17 re-initialises it at random on from_pretrained.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <functional>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "models/core/config.h"
+#include "models/core/safetensors.h"
+#include "models/deimv2/deimv2.h"
+#include "models/deimv2/modules.h"
+#include "models/image/postprocess.h"
+#include "models/model.h"
+#include "tests/parity/checkpoint_copy.h"
+
+namespace {
+
+using libreyolo::models::load_model;
+namespace core = libreyolo::models::core;
+namespace deimv2 = libreyolo::models::deimv2;
+
+const std::string kFixtures = std::string(LIBREYOLO_TEST_FIXTURES) + "/models/";
+const std::vector<std::string> kVariants = {"deimv2_tiny", "deimv2_tiny_lite"};
+
+// The model input, exactly: float32(pixel_u8) * float32(rescale_factor) (fixtures/README.md).
+at::Tensor pixel_values(const std::string& dir, const core::SafetensorsFile& expected) {
+  const double rescale =
+      core::read_json_file(dir + "/preprocessor_config.json").at("rescale_factor").get<double>();
+  return expected.view("pixel_u8").to(at::kFloat) * static_cast<float>(rescale);
+}
+
+double max_abs_diff(const at::Tensor& a, const at::Tensor& b) {
+  return (a - b).abs().max().item<double>();
+}
+
+TEST(Deimv2Parity, LogitsAndBoxesMatchTransformersWithBothAttentionPaths) {
+  for (const auto& name : kVariants) {
+    SCOPED_TRACE(name);
+    const std::string dir = kFixtures + name;
+    const auto model = load_model(dir);
+    EXPECT_EQ(model->model_type(), "deimv2");
+    EXPECT_EQ(model->task(), libreyolo::models::Task::object_detection);
+    ASSERT_EQ(model->id2label().size(), 10u);
+    const auto expected = core::SafetensorsFile::open(dir + "/expected.safetensors");
+    const auto logits_ref = expected->view("logits");
+    const auto boxes_ref = expected->view("pred_boxes");
+    const auto pixels = pixel_values(dir, *expected);
+    ASSERT_EQ(pixels.size(0), 2);
+    // hybrid: 1 AIFI layer + 2 decoder self-attentions; lite: 3 decoder self-attentions.
+    EXPECT_EQ(model->set_fused_attention(deimv2::kFusedAttentionDefault), 0);
+    std::vector<libreyolo::models::ModelOutput> outs;  // manual, then SDPA
+    for (const bool fused : {false, true}) {
+      if (fused) EXPECT_EQ(model->set_fused_attention(true), 3) << "attention modules";
+      at::InferenceMode inference;
+      const auto& out = outs.emplace_back(model->forward(pixels));
+      ASSERT_EQ(out.logits.sizes(), logits_ref.sizes());
+      ASSERT_EQ(out.pred_boxes.sizes(), boxes_ref.sizes());
+      const double dl = max_abs_diff(out.logits, logits_ref);
+      const double db = max_abs_diff(out.pred_boxes, boxes_ref);
+      std::cout << "[parity] " << name << " fused_attention=" << fused
+                << ": max|logits diff| = " << dl << ", max|pred_boxes diff| = " << db << std::endl;
+      EXPECT_LE(dl, 1e-4);
+      EXPECT_LE(db, 1e-5);
+    }
+    const double sdpa_vs_manual = std::max(max_abs_diff(outs[0].logits, outs[1].logits),
+                                           max_abs_diff(outs[0].pred_boxes, outs[1].pred_boxes));
+    std::cout << "[parity] " << name << " max|SDPA - manual| = " << sdpa_vs_manual << std::endl;
+    // The fused-attention policy (DESIGN.md): SDPA by default only where it is byte-exact.
+    EXPECT_EQ(deimv2::kFusedAttentionDefault, sdpa_vs_manual == 0.0);
+  }
+}
+
+TEST(Deimv2Parity, PostProcessedDetectionsMatchTransformers) {
+  // Our outputs through the daemon's post-processing (deimv2 -> the RT-DETR head) against
+  // transformers' post_process_object_detection of its own outputs, per image and threshold.
+  for (const auto& name : kVariants) {
+    SCOPED_TRACE(name);
+    const std::string dir = kFixtures + name;
+    const auto model = load_model(dir);
+    const auto expected = core::SafetensorsFile::open(dir + "/expected.safetensors");
+    const auto meta = core::read_json_file(dir + "/meta.json");
+    std::vector<std::pair<int64_t, int64_t>> sizes;
+    for (const auto& hw : meta.at("target_sizes_hw")) sizes.emplace_back(hw[0], hw[1]);
+    ASSERT_EQ(sizes.size(), 2u);
+    at::InferenceMode guard;
+    const auto out = model->forward(pixel_values(dir, *expected));
+    const auto head = libreyolo::image::detection_head_for("deimv2");
+    double max_box = 0, max_score = 0;
+    for (const std::string th : {"0.0", "0.3"}) {
+      libreyolo::image::PostProcessOptions opt;
+      opt.threshold = std::stod(th);
+      const auto dets = libreyolo::image::post_process_object_detection(out.logits, out.pred_boxes,
+                                                                        sizes, head, opt);
+      ASSERT_EQ(dets.size(), 2u);
+      for (size_t i = 0; i < dets.size(); ++i) {
+        const std::string key = "th" + th + "_img" + std::to_string(i);
+        const auto s = expected->view(key + "_scores");
+        ASSERT_EQ(dets[i].scores.numel(), s.numel()) << key;
+        EXPECT_EQ(s.numel(), meta["postprocess"][key]["count"].get<int64_t>());
+        EXPECT_TRUE(at::equal(dets[i].labels, expected->view(key + "_labels")))
+            << key << ": labels or their order differ";
+        max_score = std::max(max_score, max_abs_diff(dets[i].scores, s));
+        max_box = std::max(max_box, max_abs_diff(dets[i].boxes, expected->view(key + "_boxes")));
+      }
+    }
+    std::cout << "[parity] " << name << " post-processed: max|score diff| = " << max_score
+              << ", max|box diff| = " << max_box << " px" << std::endl;
+    EXPECT_LE(max_score, 1e-5);
+    EXPECT_LE(max_box, 1e-2);  // ~1e-5 of the 600 px target size
+  }
+}
+
+// Loads `dir` expecting exactly `want` as the error message.
+void expect_load_error(const std::string& dir, const std::string& want) {
+  try {
+    load_model(dir);
+    ADD_FAILURE() << "expected a loading error";
+  } catch (const std::runtime_error& e) {
+    EXPECT_EQ(std::string(e.what()), want);
+  }
+}
+
+TEST(Deimv2Loading, UnknownAndMissingKeysAreNamed) {
+  const std::string missing = "model.decoder.layers.1.mlp.gate_proj.weight";
+  auto tmp = libreyolo::test::corrupted_copy(
+      kFixtures + "deimv2_tiny", [&](const std::string& k, const at::Tensor& t) {
+        return k == missing ? std::nullopt : std::optional<at::Tensor>(t);
+      });
+  expect_load_error(tmp, tmp + "/model.safetensors: checkpoint does not match the model: " +
+                             "missing keys (1): " + missing);
+  libreyolo::test::remove_copy(tmp);
+
+  const std::string unknown = "model.decoder.layers.0.mlp.extra_proj.weight";
+  tmp = libreyolo::test::corrupted_copy(
+      kFixtures + "deimv2_tiny",
+      [](const std::string&, const at::Tensor& t) { return std::optional<at::Tensor>(t); },
+      {{unknown, at::zeros({2, 2})}});
+  expect_load_error(tmp, tmp + "/model.safetensors: checkpoint does not match the model: " +
+                             "unexpected keys (1): " + unknown);
+  libreyolo::test::remove_copy(tmp);
+
+  // The lite encoder's keys are checked as strictly.
+  const std::string lite_key = "model.encoder.bi_fusion_conv.conv.weight";
+  tmp = libreyolo::test::corrupted_copy(
+      kFixtures + "deimv2_tiny_lite", [&](const std::string& k, const at::Tensor& t) {
+        return k == lite_key ? std::nullopt : std::optional<at::Tensor>(t);
+      });
+  expect_load_error(tmp, tmp + "/model.safetensors: checkpoint does not match the model: " +
+                             "missing keys (1): " + lite_key);
+  libreyolo::test::remove_copy(tmp);
+}
+
+// deimv2::Config::parse of `edit`(the fixture's config) must fail with exactly `want`.
+void expect_config_error(const std::function<void(nlohmann::json&)>& edit,
+                         const std::string& want) {
+  auto config = core::read_json_file(kFixtures + "deimv2_tiny/config.json");
+  edit(config);
+  try {
+    deimv2::Config::parse(core::ConfigView(config, "config.json"));
+    ADD_FAILURE() << "expected a config error: " << want;
+  } catch (const core::ConfigError& e) {
+    EXPECT_EQ(std::string(e.what()), want);
+  }
+}
+
+TEST(Deimv2Loading, UnsupportedVariantsAreConfigErrorsNamingTheField) {
+  expect_config_error(
+      [](nlohmann::json& c) {
+        c["backbone_config"] = {{"model_type", "dinov3_vit"}};
+      },
+      "config.json: field 'backbone_config.model_type': unsupported DEIMv2 backbone "
+      "\"dinov3_vit\" (supported: hgnet_v2; the DINOv3 variants are not implemented)");
+  expect_config_error([](nlohmann::json& c) { c["encoder_type"] = "dino"; },
+                      "config.json: field 'encoder_type': unsupported value \"dino\" (supported: "
+                      "\"hybrid\", \"lite\")");
+  expect_config_error([](nlohmann::json& c) { c["encoder_fuse_op"] = "cat"; },
+                      "config.json: field 'encoder_fuse_op': unsupported value \"cat\" "
+                      "(supported: \"sum\")");
+  expect_config_error([](nlohmann::json& c) { c["model_type"] = "d_fine"; },
+                      "config.json: field 'model_type': unsupported value \"d_fine\" "
+                      "(supported: \"deimv2\")");
+  const auto lite = deimv2::Config::parse(core::ConfigView(
+      core::read_json_file(kFixtures + "deimv2_tiny_lite/config.json"), "config.json"));
+  EXPECT_TRUE(lite.lite);
+  EXPECT_FALSE(lite.use_gateway);
+  EXPECT_FALSE(lite.share_bbox_head);
+  EXPECT_EQ(lite.decoder_points, (std::vector<int64_t>{4, 2}));
+}
+
+TEST(Deimv2Model, RejectsBadInputShapes) {
+  const auto model = load_model(kFixtures + "deimv2_tiny_lite");
+  at::InferenceMode guard;
+  // The lite encoder's second level is at twice the backbone's stride 16.
+  EXPECT_THROW(model->forward(at::zeros({1, 3, 80, 64})), std::invalid_argument);
+  EXPECT_THROW(model->forward(at::zeros({1, 1, 64, 64})), std::invalid_argument);
+  // 64x64: 16 + 4 = 20 tokens < 25 queries.
+  EXPECT_THROW(model->forward(at::zeros({1, 3, 64, 64})), std::invalid_argument);
+  const auto out = model->forward(at::zeros({2, 3, 96, 128}));
+  EXPECT_EQ(out.logits.sizes(), (at::IntArrayRef{2, 25, 10}));
+  EXPECT_EQ(out.pred_boxes.sizes(), (at::IntArrayRef{2, 25, 4}));
+}
+
+}  // namespace
