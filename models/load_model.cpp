@@ -23,6 +23,10 @@
 #include "models/vit/vit.h"
 #define LIBREYOLO_HAS_VIT 1
 #endif
+#if __has_include("models/lw_detr/lw_detr.h")
+#include "models/lw_detr/lw_detr.h"
+#define LIBREYOLO_HAS_LW_DETR 1
+#endif
 #if __has_include("models/swin/swin.h")
 #include "models/swin/swin.h"
 #define LIBREYOLO_HAS_SWIN 1
@@ -41,6 +45,9 @@ std::unique_ptr<Model> load_family(const std::string& dir, const nlohmann::json&
 #endif
 #ifdef LIBREYOLO_HAS_DFINE
   if (type == "d_fine") return load_dfine(dir, config, options);
+#endif
+#ifdef LIBREYOLO_HAS_LW_DETR
+  if (type == "lw_detr") return load_lw_detr(dir, config, options);
 #endif
 #ifdef LIBREYOLO_HAS_VIT
   if (type == "vit") return load_vit(dir, config, options);
