@@ -27,6 +27,10 @@
 #include "models/lw_detr/lw_detr.h"
 #define LIBREYOLO_HAS_LW_DETR 1
 #endif
+#if __has_include("models/deit/deit.h")
+#include "models/deit/deit.h"
+#define LIBREYOLO_HAS_DEIT 1
+#endif
 #if __has_include("models/swin/swin.h")
 #include "models/swin/swin.h"
 #define LIBREYOLO_HAS_SWIN 1
@@ -51,6 +55,9 @@ std::unique_ptr<Model> load_family(const std::string& dir, const nlohmann::json&
 #endif
 #ifdef LIBREYOLO_HAS_VIT
   if (type == "vit") return load_vit(dir, config, options);
+#endif
+#ifdef LIBREYOLO_HAS_DEIT
+  if (type == "deit") return load_deit(dir, config, options);
 #endif
 #ifdef LIBREYOLO_HAS_SWIN
   if (type == "swin") return load_swin(dir, config, options);
@@ -95,7 +102,7 @@ void describe_model(ModelDescription& d, const Model& model, const std::string& 
   d.task = model.task();
   if (d.num_labels < 0 && !model.id2label().empty())
     d.num_labels = static_cast<int64_t>(model.id2label().size());
-  if (d.task != Task::object_detection) {
+  if (d.task == Task::image_classification) {
     d.num_queries = -1;
     return;
   }

@@ -25,7 +25,7 @@ using LayoutOptions = layouts::LayoutOptions;
 using LayoutReport = layouts::LayoutReport;
 
 /// What the model predicts (Hugging Face pipeline task names).
-enum class Task { object_detection, image_classification };
+enum class Task { object_detection, image_classification, instance_segmentation };
 
 /// How to load a checkpoint.
 struct LoadOptions {
@@ -74,10 +74,13 @@ void check_pixel_values(const std::string& model_type, const at::Tensor& pixel_v
 
 /// Raw model outputs. Detectors: `logits` (B, Q, num_labels) and `pred_boxes` (B, Q, 4) as
 /// (cx, cy, w, h) normalised to [0, 1], both float32 on the model's device regardless of the
-/// compute dtype. Classifiers: `logits` (B, num_labels), `pred_boxes` undefined.
+/// compute dtype. Classifiers: `logits` (B, num_labels), `pred_boxes` undefined. Instance
+/// segmentation: a detector's two plus `pred_masks` (B, Q, h, w) mask logits (float32; RF-DETR:
+/// h, w = the input's H/4, W/4), undefined for the other tasks.
 struct ModelOutput {
   at::Tensor logits;
   at::Tensor pred_boxes;
+  at::Tensor pred_masks;
 };
 
 /// A loaded checkpoint. forward() is const and thread-compatible: concurrent calls are safe

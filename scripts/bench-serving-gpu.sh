@@ -15,8 +15,10 @@
 # (float32; or bfloat16/float16), CUDA_GRAPHS (off; on: serving.yaml cuda_graphs and
 # libreyolo-bench-models --cuda-graph), SHM (empty; a comma list of system,cuda: also serve the
 # batch-8 pixel_values from a registered shared-memory region, libreyolo-bench --shm KIND, the
-# issue-15 target: served >= 0.90 x forward-only). Both sides run with TF32 off (the daemon's
-# `tf32: off`).
+# issue-15 target: served >= 0.90 x forward-only), INSTANCE_GROUP (empty; a serving.yaml
+# instance_group value in flow style, e.g. "[{count: 1, kind: KIND_GPU}]": one instance per GPU,
+# what scripts/bench-instances-gpu.sh runs), B8_CONCURRENCY (1,2,4,8: the batch-8 steps).
+# Both sides run with TF32 off (the daemon's `tf32: off`).
 # Writes to $OUT: summary.txt, forward_only.log, serving_*.{csv,json,log}, server.log,
 # bench_serving_gpu.json (everything together, with the ratio).
 # Exit status: 0 when every measurement ran (whether or not the target is met; summary.txt says),
@@ -117,6 +119,7 @@ max_queue_size: 1024
 threshold: 0.5
 warmup: true
 EOF
+[ -n "${INSTANCE_GROUP:-}" ] && echo "instance_group: $INSTANCE_GROUP" >>"$work/repo/$model/serving.yaml"
 port() { "$python" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])' 2>/dev/null ||
   echo $((20000 + RANDOM % 20000)); }
 gp=$(port)
@@ -144,7 +147,7 @@ for _ in $(seq 600); do  # 300 s: loading + CUDA warm-up
   sleep 0.5
 done
 [ "$ready" = 1 ] || die "the daemon was not ready within 300 s; tail of its log: $(tail -5 "$work/server.log" | tr '\n' ' ')"
-note "daemon ready: gRPC 127.0.0.1:$gp, HTTP 127.0.0.1:$hp, model $model (device $device, $dtype, cuda_graphs $graphs, max_batch_size 8)"
+note "daemon ready: gRPC 127.0.0.1:$gp, HTTP 127.0.0.1:$hp, model $model (device $device, $dtype, cuda_graphs $graphs, max_batch_size 8${INSTANCE_GROUP:+, instance_group $INSTANCE_GROUP})"
 
 # --- serving -------------------------------------------------------------------------------------
 # name, concurrency levels, then libreyolo-bench arguments. pixel_values runs carry no image decoding (the same work as
@@ -167,9 +170,10 @@ bench() {
 }
 status=0
 bench pixel_values_b1 "$concurrency" --shape 1,3,640,640 --channels 4 || status=1
-bench pixel_values_b8 1,2,4,8 --shape 8,3,640,640 --channels 4 || status=1
+b8_levels=${B8_CONCURRENCY:-1,2,4,8}
+bench pixel_values_b8 "$b8_levels" --shape 8,3,640,640 --channels 4 || status=1
 for kind in $(echo "${SHM:-}" | tr ',' ' '); do
-  bench "pixel_values_b8_shm_$kind" 1,2,4,8 --shape 8,3,640,640 --channels 4 --shm "$kind" || status=1
+  bench "pixel_values_b8_shm_$kind" "$b8_levels" --shape 8,3,640,640 --channels 4 --shm "$kind" || status=1
 done
 bench images_b1 "$concurrency" --image tests/fixtures/images/astronaut.jpg --channels 4 || status=1
 kill -0 "$daemon" 2>/dev/null || { note "FAIL: the daemon died; tail of its log: $(tail -5 "$work/server.log" | tr '\n' ' ')"; status=1; }

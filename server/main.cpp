@@ -174,6 +174,20 @@ int exec_kernels_tool(int argc, char** argv) {
   return 1;
 }
 
+/// Raises the soft open-files limit to the hard one. gRPC (Debian's 1.51) stops accepting for
+/// good after one accept() fails with EMFILE: ~1,024 idle connections at the usual soft limit
+/// left the gRPC port dead while HTTP still answered (found by breaking the daemon from
+/// outside). The hard limit (1,048,576 in Kubernetes pods by default) makes that far costlier.
+void raise_open_files_limit() {
+  rlimit l{};
+  if (getrlimit(RLIMIT_NOFILE, &l) != 0 || l.rlim_cur >= l.rlim_max) return;
+  const rlim_t before = l.rlim_cur;
+  l.rlim_cur = l.rlim_max;
+  if (setrlimit(RLIMIT_NOFILE, &l) == 0)
+    log::info("start-up: open files limit raised from " + std::to_string(before) + " to " +
+              std::to_string(l.rlim_cur));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -251,6 +265,7 @@ int main(int argc, char** argv) {
       std::to_string(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()) +
       " s");
 
+  raise_open_files_limit();
   const double drain = config.drain_seconds.value;
   server::Daemon daemon(std::move(config));
   try {

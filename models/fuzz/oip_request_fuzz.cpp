@@ -3,7 +3,7 @@
 // message-size limit), parsed by protobuf, converted by the transport's to_infer_request
 // (server/rpc/infer_request.cpp, exactly what GrpcServer's ModelInfer calls) and served by a
 // real ServerCore (public API only: constructor, load_repository, infer) over a repository with a
-// fake detector and a fake classifier (models/fuzz/torch_support.h): inputs, raw and typed
+// fake detector, a fake segmenter and a fake classifier (models/fuzz/torch_support.h): inputs, raw and typed
 // contents, parameters, shapes, datatypes, image decoding and preprocessing, batching and the
 // post-processing of the fakes' outputs. api::Error is an expected answer except INTERNAL (bad
 // client input must be INVALID_ARGUMENT, NOT_FOUND, ...: DESIGN.md "Errors"); a response whose
@@ -49,7 +49,7 @@ ServerCore& core() {
   }();
   static ServerCore* core = [] {
     auto* s = new ServerCore(config, metrics, libreyolo::fuzz::fake_models());
-    if (s->load_repository() != 2) fail("the fake repository did not load");
+    if (s->load_repository() != 3) fail("the fake repository did not load");
     return s;
   }();
   return *core;

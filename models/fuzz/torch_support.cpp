@@ -79,6 +79,8 @@ std::string temp_folder(const std::string& tag) {
 server::ModelFactory fake_models() {
   return [](const std::string& dir, const models::LoadOptions&) -> std::unique_ptr<models::Model> {
     if (dir.find("classifier") != std::string::npos) return std::make_unique<FakeClassifier>();
+    if (dir.find("segmenter") != std::string::npos)
+      return std::make_unique<server::testing::FakeSegmenter>();
     return std::make_unique<server::testing::FakeDetector>();
   };
 }
@@ -94,6 +96,8 @@ std::string write_fake_repository() {
   write_file(repo / "fake_detector/1/preprocessor_config.json",
              read_file(models + "/rtdetr_tiny/preprocessor_config.json"));
   write_file(repo / "fake_detector/1/model.safetensors", "");
+  for (const char* f : {"config.json", "preprocessor_config.json", "model.safetensors"})
+    write_file(repo / "fake_segmenter/1" / f, read_file((repo / "fake_detector/1" / f).string()));
   write_file(
       repo / "fake_classifier/1/config.json",
       R"({"model_type": "vit", "id2label": {"0": "a", "1": "b", "2": "c", "3": "d", "4": "e"}})");

@@ -6,17 +6,26 @@
 
 #include <stdexcept>
 
-namespace libreyolo::image {
-namespace {
+#include "models/image/query_selection.h"
 
-// transformers image_transforms._center_to_corners_format_torch.
+namespace libreyolo::image {
+
+QuerySelection sigmoid_topk(const at::Tensor& logits, int64_t k) {
+  const int64_t b = logits.size(0), q = logits.size(1), c = logits.size(2);
+  QuerySelection s;
+  at::Tensor index;
+  std::tie(s.scores, index) = at::topk(at::sigmoid(logits).reshape({b, q * c}), k, -1);
+  s.labels = at::remainder(index, c);
+  s.query = at::div(index, c, "floor");
+  return s;
+}
+
 at::Tensor center_to_corners(const at::Tensor& b) {
   auto u = b.unbind(-1);
   return at::stack({u[0] - 0.5 * u[2], u[1] - 0.5 * u[3], u[0] + 0.5 * u[2], u[1] + 0.5 * u[3]},
                    -1);
 }
 
-// (B, 4) float32 (w, h, w, h) on `device`.
 at::Tensor scale_factors(const std::vector<std::pair<int64_t, int64_t>>& sizes,
                          const at::Device& device) {
   std::vector<float> v;
@@ -26,8 +35,6 @@ at::Tensor scale_factors(const std::vector<std::pair<int64_t, int64_t>>& sizes,
   }
   return at::tensor(v).view({static_cast<int64_t>(sizes.size()), 4}).to(device);
 }
-
-}  // namespace
 
 DetectionHead detection_head_for(const std::string& model_type) {
   if (model_type == "rt_detr" || model_type == "rt_detr_v2" || model_type == "d_fine")
@@ -72,10 +79,10 @@ std::vector<Detections> post_process_object_detection(
   } else {
     const int64_t family_k = head == DetectionHead::rt_detr ? q : 100;
     const int64_t k = std::min(options.top_k > 0 ? options.top_k : family_k, q * c);
-    at::Tensor index;
-    std::tie(scores, index) = at::topk(at::sigmoid(logits).reshape({b, q * c}), k, -1);
-    labels = at::remainder(index, c);
-    query = at::div(index, c, "floor");
+    auto selection = sigmoid_topk(logits, k);
+    scores = std::move(selection.scores);
+    labels = std::move(selection.labels);
+    query = std::move(selection.query);
   }
   boxes = at::gather(boxes, 1, query.unsqueeze(-1).expand({b, query.size(1), 4}));
   if (scale.defined()) boxes = boxes * scale;

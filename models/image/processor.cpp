@@ -50,10 +50,19 @@ ProcessorConfig class_defaults(const std::string& type, const std::string& sourc
     c.do_normalize = true;
     c.image_mean = {0.5f, 0.5f, 0.5f};
     c.image_std = {0.5f, 0.5f, 0.5f};
+  } else if (base == "DeiTImageProcessor") {
+    c.height = c.width = 256;
+    c.resample = 3;  // PILImageResampling.BICUBIC
+    c.do_center_crop = true;
+    c.crop_height = c.crop_width = 224;
+    c.do_normalize = true;
+    c.image_mean = {0.5f, 0.5f, 0.5f};  // IMAGENET_STANDARD_MEAN / _STD
+    c.image_std = {0.5f, 0.5f, 0.5f};
   } else {
     throw std::runtime_error(source + ": image_processor_type \"" + type +
                              "\" is not supported (RTDetrImageProcessor, "
-                             "DeformableDetrImageProcessor, ViTImageProcessor)");
+                             "DeformableDetrImageProcessor, ViTImageProcessor, "
+                             "DeiTImageProcessor)");
   }
   return c;
 }
@@ -144,6 +153,27 @@ void parse_size(const json& size, ProcessorConfig& c, const std::string& source)
   }
 }
 
+// crop_size: {height, width} or a legacy int (get_size_dict(default_to_square=True): square).
+void parse_crop_size(const json& size, ProcessorConfig& c, const std::string& source) {
+  if (size.is_number_integer()) {
+    c.crop_height = c.crop_width = checked_side(size.get<int64_t>(), "crop_size", source);
+    return;
+  }
+  if (!size.is_object() || !size.contains("height") || !size.contains("width"))
+    throw std::runtime_error(source + ": crop_size must be an integer or {height, width}");
+  c.crop_height =
+      checked_side(get_integer(size, "height", source + " crop_size"), "crop_size.height", source);
+  c.crop_width =
+      checked_side(get_integer(size, "width", source + " crop_size"), "crop_size.width", source);
+}
+
+/// (H, W) after the resize alone (no crop).
+std::pair<int64_t, int64_t> resized_size(const ProcessorConfig& c, int64_t height, int64_t width) {
+  if (!c.do_resize) return {height, width};
+  if (c.height > 0) return {c.height, c.width};
+  return size_with_aspect_ratio(height, width, c.shortest_edge, c.longest_edge);
+}
+
 // Python's int(round(x)) (half to even) and int(x) (toward zero) on doubles.
 int64_t py_round(double x) { return static_cast<int64_t>(std::nearbyint(x)); }
 int64_t py_int(double x) { return static_cast<int64_t>(std::trunc(x)); }
@@ -182,6 +212,12 @@ ProcessorConfig ProcessorConfig::from_json(const std::string& text, const std::s
   if (j.contains("image_std") && !j["image_std"].is_null())
     c.image_std = get_rgb(j, "image_std", source);
   if (j.contains("do_pad") && !j["do_pad"].is_null()) c.do_pad = get_as<bool>(j, "do_pad", source);
+  if (j.contains("do_center_crop") && !j["do_center_crop"].is_null())
+    c.do_center_crop = get_as<bool>(j, "do_center_crop", source);
+  if (j.contains("crop_size") && !j["crop_size"].is_null())
+    parse_crop_size(j["crop_size"], c, source);
+  if (c.do_center_crop && (c.crop_height <= 0 || c.crop_width <= 0))
+    throw std::runtime_error(source + ": do_center_crop without a crop_size");
   if (j.contains("pad_size") && !j["pad_size"].is_null())
     throw std::runtime_error(source + ": pad_size is not supported (padding to the batch maximum)");
   if (c.do_resize && c.height <= 0 && c.shortest_edge <= 0)
@@ -228,9 +264,8 @@ std::pair<int64_t, int64_t> size_with_aspect_ratio(int64_t height, int64_t width
 ImageProcessor::ImageProcessor(ProcessorConfig config) : config_(std::move(config)) {}
 
 std::pair<int64_t, int64_t> ImageProcessor::output_size(int64_t height, int64_t width) const {
-  if (!config_.do_resize) return {height, width};
-  if (config_.height > 0) return {config_.height, config_.width};
-  return size_with_aspect_ratio(height, width, config_.shortest_edge, config_.longest_edge);
+  if (config_.do_center_crop) return {config_.crop_height, config_.crop_width};
+  return resized_size(config_, height, width);
 }
 
 at::Tensor ImageProcessor::resize(const at::Tensor& image_u8) const {
@@ -238,7 +273,7 @@ at::Tensor ImageProcessor::resize(const at::Tensor& image_u8) const {
       image_u8.dim() == 3 && image_u8.size(0) == 3 && image_u8.scalar_type() == at::kByte,
       "resize expects a (3, H, W) uint8 image, got ", image_u8.sizes(), " ",
       image_u8.scalar_type());
-  const auto [oh, ow] = output_size(image_u8.size(1), image_u8.size(2));
+  const auto [oh, ow] = resized_size(config_, image_u8.size(1), image_u8.size(2));
   if (!config_.do_resize) return image_u8;
   at::Tensor x = image_u8.unsqueeze(0);
   const std::vector<int64_t> out{oh, ow};
@@ -261,6 +296,27 @@ at::Tensor ImageProcessor::resize(const at::Tensor& image_u8) const {
       }
   }
   return y.squeeze(0);
+}
+
+at::Tensor ImageProcessor::center_crop(const at::Tensor& image_u8) const {
+  TORCH_CHECK_VALUE(image_u8.dim() == 3 && image_u8.size(0) == 3,
+                    "center_crop expects a (3, H, W) image, got ", image_u8.sizes());
+  if (!config_.do_center_crop) return image_u8;
+  const int64_t ch = config_.crop_height, cw = config_.crop_width;
+  at::Tensor x = image_u8;
+  int64_t h = x.size(1), w = x.size(2);
+  if (cw > w || ch > h) {
+    // tvF.pad(image, [left, top, right, bottom], fill=0)
+    const int64_t left = cw > w ? (cw - w) / 2 : 0, right = cw > w ? (cw - w + 1) / 2 : 0;
+    const int64_t top = ch > h ? (ch - h) / 2 : 0, bottom = ch > h ? (ch - h + 1) / 2 : 0;
+    x = at::constant_pad_nd(x, {left, right, top, bottom}, 0);
+    h = x.size(1);
+    w = x.size(2);
+    if (h == ch && w == cw) return x;
+  }
+  // int((image_height - crop_height) / 2.0): both non-negative here, so floor division.
+  const int64_t crop_top = (h - ch) / 2, crop_left = (w - cw) / 2;
+  return x.slice(1, crop_top, crop_top + ch).slice(2, crop_left, crop_left + cw).contiguous();
 }
 
 at::Tensor ImageProcessor::rescale_normalize(const at::Tensor& pixel_u8) const {
@@ -301,7 +357,7 @@ ProcessorOutput ImageProcessor::preprocess(const std::vector<at::Tensor>& images
     if (im.size(1) == 0 || im.size(2) == 0)
       throw std::invalid_argument(c10::str("preprocess: image ", i, " is empty ", im.sizes()));
     out.original_sizes.emplace_back(im.size(1), im.size(2));
-    resized.push_back(resize(im.cpu()));
+    resized.push_back(center_crop(resize(im.cpu())));
     max_h = std::max(max_h, resized.back().size(1));
     max_w = std::max(max_w, resized.back().size(2));
   }

@@ -1,8 +1,9 @@
 // Image processors driven by preprocessor_config.json: RTDetrImageProcessor,
-// DeformableDetrImageProcessor and ViTImageProcessor (transformers 5.17, torchvision backend:
-// resize on uint8, fused rescale/normalize, bottom/right padding with a pixel mask).
-// Formulas: transformers' image_processing_rt_detr.py, image_processing_deformable_detr.py,
-// image_processing_vit.py and image_transforms.py (v5.17); checked against the fixtures'
+// DeformableDetrImageProcessor, ViTImageProcessor and DeiTImageProcessor (transformers 5.17,
+// torchvision backend: resize on uint8, center crop, fused rescale/normalize, bottom/right
+// padding with a pixel mask). Formulas: transformers' image_processing_rt_detr.py,
+// image_processing_deformable_detr.py, image_processing_vit.py, image_processing_deit.py,
+// image_processing_backends.py and image_transforms.py (v5.17); checked against the fixtures'
 // pixel_u8 (tests/parity, tests/unit/image_processor_test.cpp).
 #pragma once
 
@@ -23,7 +24,8 @@ constexpr int64_t kMaxProcessorSize = 65536;
 
 /// The settings of one processor. Keys missing from the file take the class defaults of
 /// `image_processor_type` (RTDetr: 640x640, rescale only; DeformableDetr: shortest 800 /
-/// longest 1333, ImageNet mean/std, pad; ViT: 224x224, mean = std = 0.5).
+/// longest 1333, ImageNet mean/std, pad; ViT: 224x224, mean = std = 0.5; DeiT: 256x256
+/// bicubic, center crop 224x224, mean = std = 0.5).
 struct ProcessorConfig {
   std::string image_processor_type;  ///< e.g. "RTDetrImageProcessor"
   bool do_resize = true;
@@ -36,6 +38,10 @@ struct ProcessorConfig {
   std::array<float, 3> image_mean{0.f, 0.f, 0.f};
   std::array<float, 3> image_std{1.f, 1.f, 1.f};
   bool do_pad = false;  ///< pad a batch to its largest H, W (bottom/right zeros) + pixel_mask
+  /// crop_size {height, width} (or a legacy int: square) cut from the centre after the resize,
+  /// zero padded first where the image is smaller (TorchvisionBackend.center_crop).
+  bool do_center_crop = false;
+  int64_t crop_height = 0, crop_width = 0;
 
   /// How bilinear resizes uint8 (not a JSON key). `automatic`: ATen's native uint8
   /// antialiased kernel on CPU tensors (what torchvision runs on CPUs whose ATen capability is
@@ -76,18 +82,27 @@ class ImageProcessor {
 
   const ProcessorConfig& config() const { return config_; }
 
-  /// Output (H, W) of the resize for an input of (height, width).
+  /// Output (H, W) of preprocess() for an input of (height, width): the resize's, or the
+  /// crop's when do_center_crop.
   std::pair<int64_t, int64_t> output_size(int64_t height, int64_t width) const;
 
   /// Resizes one image (3, H, W) uint8 like torchvision's resize(antialias=True): antialiased
   /// bilinear through ATen (at::_upsample_bilinear2d_aa), see ProcessorConfig::uint8_resize.
+  /// No center crop (preprocess() applies it after).
   at::Tensor resize(const at::Tensor& image_u8) const;
+
+  /// transformers TorchvisionBackend.center_crop of one (3, H, W) image to crop_height x
+  /// crop_width: zero padding (left/top (c - s) // 2) where the image is smaller, then the
+  /// window at top = int((H - ch) / 2), left = int((W - cw) / 2). Returns `image_u8` when
+  /// do_center_crop is off. Throws c10::ValueError for a non-(3, H, W) input.
+  at::Tensor center_crop(const at::Tensor& image_u8) const;
 
   /// float32(u8) * float32(rescale_factor), or (float32(u8) - mean*255f) / (std*255f) when
   /// do_normalize (torchvision's fused normalize); any (..., 3, H, W) uint8 input.
   at::Tensor rescale_normalize(const at::Tensor& pixel_u8) const;
 
-  /// Resizes, pads (do_pad, or always when the sizes differ and do_pad is off: an error) and
+  /// Resizes, center-crops (do_center_crop), pads (do_pad, or always when the sizes differ and
+  /// do_pad is off: an error) and
   /// normalises a batch of (3, H, W) uint8 images. Throws std::invalid_argument for an empty
   /// batch, a non-(3,H,W) uint8 image, or different sizes without do_pad.
   ProcessorOutput preprocess(const std::vector<at::Tensor>& images) const;

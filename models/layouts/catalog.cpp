@@ -24,11 +24,11 @@ const std::vector<LayoutInfo>& layout_catalog() {
        "ResNet-vd shortcut: AvgPool2d(2, 2, ceil_mode) and the 1x1 conv-BN after it become one "
        "2x2 stride-2 convolution with bias (weights / 4) for inputs with even sides"},
       {"qkv_concat",
-       {"ViTAttention", "ViTSelfAttention", "SwinAttention", "SwinSelfAttention",
+       {"ViTAttention", "ViTSelfAttention", "DeiTAttention", "SwinAttention", "SwinSelfAttention",
         "RTDetrSelfAttention", "RTDetrV2SelfAttention", "DFineSelfAttention",
         "DeformableDetrSelfAttention"},
        "q/k/v projections concatenated: one GEMM for the projections whose inputs are the same "
-       "tensor (q, k, v in ViT/Swin; q, k in the DETR self-attentions)"},
+       "tensor (q, k, v in ViT/DeiT/Swin; q, k in the DETR self-attentions)"},
       {"channels_last",
        {"Conv2d"},
        "CUDA only: convolution weights (hence activations) in channels_last memory format"},
@@ -50,8 +50,8 @@ bool on_by_default(const std::string& layout, const std::string& model_type) {
   // (docs/BENCHMARKS.md "Against torch.compile").
   static const std::vector<std::string> detectors{"rt_detr", "rt_detr_v2", "d_fine",
                                                   "deformable_detr"};
-  static const std::vector<std::string> all{"rt_detr",         "rt_detr_v2", "d_fine",
-                                            "deformable_detr", "vit",        "swin"};
+  static const std::vector<std::string> all{"rt_detr", "rt_detr_v2", "d_fine", "deformable_detr",
+                                            "vit",     "deit",       "swin"};
   auto in = [&](const std::vector<std::string>& v) {
     return std::find(v.begin(), v.end(), model_type) != v.end();
   };
@@ -107,6 +107,7 @@ std::vector<std::string> upstream_classes(const std::string& model_type, ModuleK
       return {};
     case ModuleKind::attention:
       if (model_type == "vit") return {"ViTAttention", "ViTSelfAttention"};
+      if (model_type == "deit") return {"DeiTAttention"};  // 5.17: no DeiTSelfAttention
       if (model_type == "swin") return {"SwinAttention", "SwinSelfAttention"};
       if (!prefix.empty()) return {prefix + "SelfAttention"};
       if (model_type == "deformable_detr") return {"DeformableDetrSelfAttention"};

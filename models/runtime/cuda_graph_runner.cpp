@@ -116,6 +116,7 @@ ModelOutput CudaGraphRunner::run(const at::Tensor& pv) {
   ModelOutput out;
   out.logits = c.output.logits.narrow(0, 0, n).clone();
   if (c.output.pred_boxes.defined()) out.pred_boxes = c.output.pred_boxes.narrow(0, 0, n).clone();
+  if (c.output.pred_masks.defined()) out.pred_masks = c.output.pred_masks.narrow(0, 0, n).clone();
   return out;
 }
 

@@ -9,6 +9,7 @@
 
 #include "kernels/kernels.h"
 #include "log/log.h"
+#include "models/runtime/device_memory.h"
 #include "server/http/http_server.h"
 #include "server/rpc/grpc_server.h"
 #include "server/shm/registry.h"
@@ -92,7 +93,10 @@ void Daemon::start(const std::function<void()>& on_serving) {
     auto* metrics = &impl_->metrics;
     http::AdminHandlers admin;
     admin.active_json = [core] { return core->active_json(); };
-    admin.metrics_text = [metrics] { return metrics->serialize(); };
+    // GPU memory is read at scrape time, for the devices the instances use only.
+    admin.metrics_text = [metrics, core] {
+      return metrics->serialize(models::device_memory(core->instance_devices()));
+    };
     http::HttpOptions http_options;
     http_options.address = impl_->config.http_address.value;
     http_options.max_body_bytes = options.max_message_bytes;

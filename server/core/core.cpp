@@ -10,6 +10,7 @@
 #include "kernels/report_json.h"
 #include "log/log.h"
 #include "models/model.h"
+#include "models/runtime/device_memory.h"
 #include "server/lifecycle/model_lifecycle.h"
 #include "server/pipeline/batcher.h"
 #include "server/pipeline/infer_pipeline.h"
@@ -230,6 +231,20 @@ api::InferResponse ServerCore::infer(api::InferRequest&& request) {
   return pipeline_->run(lease, request);
 }
 
+std::vector<std::string> ServerCore::instance_devices() const {
+  std::vector<std::string> devices;
+  for (const auto& e : lifecycle_->entries()) {
+    std::shared_ptr<Batcher> batcher;
+    {
+      std::lock_guard<std::mutex> ek(e->mu);
+      batcher = e->batcher;
+    }
+    if (!batcher) continue;
+    for (const auto& st : batcher->instances()) devices.push_back(st.device);
+  }
+  return devices;
+}
+
 std::string ServerCore::active_json() const {
   using nlohmann::json;
   auto& reg = kernels::Registry::process_default();
@@ -307,6 +322,15 @@ std::string ServerCore::active_json() const {
       {"device", server_setting(config_.device)},
   };
   out["models"] = std::move(models);
+  // GPU memory of the devices the instances use (models/runtime/device_memory.h), bytes.
+  json gpu_memory = json::array();
+  for (const auto& m : models::device_memory(instance_devices()))
+    gpu_memory.push_back({{"device", m.device},
+                          {"total_bytes", m.total_bytes},
+                          {"used_bytes", m.used_bytes},
+                          {"allocated_bytes", m.allocated_bytes},
+                          {"reserved_bytes", m.reserved_bytes}});
+  out["gpu_memory"] = std::move(gpu_memory);
   out["ready"] = ready();
   out["draining"] = draining();
   out["torch"] = torch;

@@ -50,8 +50,13 @@ class ServerCore : public api::InferenceService {
   void begin_drain();
   bool draining() const { return draining_; }
 
-  /// JSON for GET /active: kernel policy and table, fallback events, models.
+  /// JSON for GET /active: kernel policy and table, fallback events, models (with their
+  /// instances), and `gpu_memory` of the devices in instance_devices() (bytes).
   std::string active_json() const;
+
+  /// The device of every instance of every loaded model ("cpu", "cuda:N"), in load order,
+  /// repeats included: what /metrics and /active report GPU memory for.
+  std::vector<std::string> instance_devices() const;
 
   // api::InferenceService
   bool live() const override { return true; }

@@ -95,6 +95,16 @@ struct Metrics::Impl {
           .Name("libreyolo_instance_compute_seconds_total")
           .Help("Seconds a model instance spent on its batches (input, forward, output)")
           .Register(*registry);
+  prometheus::Family<prometheus::Counter>& instance_requests =
+      prometheus::BuildCounter()
+          .Name("libreyolo_instance_requests_total")
+          .Help("Requests a model instance took from the model's queue (instance_group)")
+          .Register(*registry);
+  prometheus::Family<prometheus::Counter>& instance_queue =
+      prometheus::BuildCounter()
+          .Name("libreyolo_instance_queue_seconds_total")
+          .Help("Seconds the requests a model instance ran waited in the queue")
+          .Register(*registry);
   prometheus::Family<prometheus::Gauge>& instance_ready =
       prometheus::BuildGauge()
           .Name("libreyolo_instance_ready")
@@ -155,6 +165,15 @@ void Metrics::instance_batch(const std::string& model, const std::string& instan
   impl_->instance_compute.Add(labels).Increment(compute_seconds);
 }
 
+void Metrics::instance_queue(const std::string& model, const std::string& instance,
+                             const std::string& device, std::int64_t requests,
+                             double queue_seconds) {
+  const std::map<std::string, std::string> labels{
+      {"model", model}, {"instance", instance}, {"device", device}};
+  impl_->instance_requests.Add(labels).Increment(static_cast<double>(requests));
+  impl_->instance_queue.Add(labels).Increment(queue_seconds);
+}
+
 void Metrics::instance_ready(const std::string& model, const std::string& instance,
                              const std::string& device, bool ready) {
   const std::map<std::string, std::string> labels{
@@ -167,7 +186,7 @@ void Metrics::model_load(const std::string& model, const std::string& version, d
   impl_->load_seconds.Add({{"model", model}, {"version", version}}).Set(seconds);
 }
 
-std::string Metrics::serialize() const {
+std::string Metrics::serialize(const std::vector<models::DeviceMemory>& gpus) const {
   auto families = impl_->registry->Collect();
   // Kernel registry, read at scrape time (its counters are the source of truth).
   auto& reg = kernels::Registry::process_default();
@@ -243,6 +262,25 @@ std::string Metrics::serialize() const {
   }
   for (auto* f : {&active, &calls, &declined, &fallback, &model_active, &model_calls})
     families.push_back(std::move(*f));
+  // GPU memory per device (Triton: nv_gpu_memory_total_bytes / nv_gpu_memory_used_bytes).
+  using Field = std::uint64_t models::DeviceMemory::*;
+  const std::tuple<const char*, const char*, Field> gpu_families[] = {
+      {"libreyolo_gpu_memory_total_bytes", "Memory of a GPU a model instance uses, bytes",
+       &models::DeviceMemory::total_bytes},
+      {"libreyolo_gpu_memory_used_bytes", "Memory in use on the GPU by every process, bytes",
+       &models::DeviceMemory::used_bytes},
+      {"libreyolo_gpu_memory_allocated_bytes", "Memory the daemon's tensors hold on the GPU, bytes",
+       &models::DeviceMemory::allocated_bytes},
+      {"libreyolo_gpu_memory_reserved_bytes",
+       "Memory the daemon's caching allocator reserved on the GPU, bytes",
+       &models::DeviceMemory::reserved_bytes}};
+  for (const auto& [name, help, field] : gpu_families) {
+    prometheus::MetricFamily f{name, help, prometheus::MetricType::Gauge, {}};
+    for (const auto& g : gpus)
+      f.metric.push_back(
+          value_metric({{"device", g.device}}, static_cast<double>(g.*field), false));
+    families.push_back(std::move(f));
+  }
   return prometheus::TextSerializer().Serialize(families);
 }
 

@@ -6,6 +6,9 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
+
+#include "models/runtime/device_memory.h"
 
 namespace libreyolo::server {
 
@@ -34,6 +37,12 @@ class Metrics {
   /// {model,instance,device}.
   void instance_batch(const std::string& model, const std::string& instance,
                       const std::string& device, std::int64_t images, double compute_seconds);
+  /// The requests of one batch an instance took from the shared queue:
+  /// libreyolo_instance_requests_total and libreyolo_instance_queue_seconds_total (the sum of
+  /// their waits, enqueue -> batch start, seconds) {model,instance,device}; queue seconds over
+  /// requests is an instance's mean queue time.
+  void instance_queue(const std::string& model, const std::string& instance,
+                      const std::string& device, std::int64_t requests, double queue_seconds);
   /// libreyolo_instance_ready{model,instance,device}: 1 in rotation, 0 taken out (its device
   /// failed); libreyolo_instance_failures_total{model,instance,device} counts the take-outs.
   void instance_ready(const std::string& model, const std::string& instance,
@@ -46,8 +55,10 @@ class Metrics {
   /// libreyolo_kernel_declined_total{slot,impl,reason},
   /// libreyolo_kernel_fallback_total{slot,impl,reason}. Every (slot, impl) the registry knows
   /// has a declined and a fallback series with reason="none" that is always 0, so that both
-  /// families have series before their first event (Prometheus' convention).
-  std::string serialize() const;
+  /// families have series before their first event (Prometheus' convention). `gpus` (read by
+  /// the caller at scrape time, models::device_memory) becomes
+  /// libreyolo_gpu_memory_{total,used,allocated,reserved}_bytes{device} (bytes).
+  std::string serialize(const std::vector<models::DeviceMemory>& gpus = {}) const;
 
  private:
   struct Impl;

@@ -33,6 +33,19 @@ std::string quote_name(const std::string& name) {
 
 std::string type_name(const json& j) { return j.type_name(); }
 
+/// A client's value as an error message shows it: a scalar as JSON (48 characters at most), an
+/// array or object by its type only. Never dump a client's structure: json::dump recurses once
+/// per nesting level (a 60,000-deep array overflowed the worker stack; found by breaking the
+/// daemon from outside).
+std::string preview(const json& v) {
+  if (v.is_structured()) return std::string("an ") + v.type_name();
+  return v.dump(-1, ' ', false, json::error_handler_t::replace).substr(0, 48);
+}
+
+/// Deepest JSON nesting a request may use: KServe's nested `data` arrays follow the shape's rank
+/// (at most 8 dimensions here), plus the document's own levels.
+constexpr int kMaxJsonDepth = 32;
+
 std::string shape_text(const std::vector<std::int64_t>& shape) {
   std::string s = "[";
   for (std::size_t i = 0; i < shape.size(); ++i) s += (i ? "," : "") + std::to_string(shape[i]);
@@ -79,8 +92,7 @@ std::uint64_t unsigned_param(const json& v, const std::string& what) {
   if (v.is_number_unsigned()) return v.get<std::uint64_t>();
   if (v.is_number_integer() && v.get<std::int64_t>() >= 0)
     return static_cast<std::uint64_t>(v.get<std::int64_t>());
-  bad(what + " must be an integer >= 0, got " +
-      v.dump(-1, ' ', false, json::error_handler_t::replace));
+  bad(what + " must be an integer >= 0, got " + preview(v));
 }
 
 template <class T>
@@ -103,8 +115,7 @@ void pack_element(std::string& out, const json& v, const std::string& dt, const 
   auto fail = [&](const std::string& expected) {
     bad(what + ": element " + std::to_string(index) + " of data must be " + expected + " for " +
         dt + ", got " +
-        (v.is_string() ? std::string("a string")
-                       : v.dump(-1, ' ', false, json::error_handler_t::replace).substr(0, 48)));
+        (v.is_string() ? std::string("a string") : preview(v)));
   };
   auto integer = [&](auto tag, const char* range) {
     using T = decltype(tag);
@@ -235,7 +246,16 @@ shm::TensorShm json_shm(const std::string& name, const json* params) {
 
 json parse_json(std::string_view text, const char* what) {
   try {
-    return json::parse(text.begin(), text.end());
+    // The depth is bounded while parsing, before a deep document exists: everything that
+    // walks a json (dump, the destructor) may recurse per level.
+    return json::parse(text.begin(), text.end(),
+                       [](int depth, json::parse_event_t, json&) {
+                         if (depth > kMaxJsonDepth) throw std::length_error("too deep");
+                         return true;
+                       });
+  } catch (const std::length_error&) {
+    bad(std::string(what) + " nests JSON deeper than " + std::to_string(kMaxJsonDepth) +
+        " levels");
   } catch (
       const json::exception& e) {  // parse_error, and out_of_range for 1e999 (found by fuzzing)
     bad(std::string(what) + " is not valid JSON: " + e.what());
@@ -470,7 +490,7 @@ ParsedInfer parse_infer_request(std::string_view body,
       if (!d.is_number_integer() || (!d.is_number_unsigned() && d.get<std::int64_t>() < 0) ||
           (d.is_number_unsigned() &&
            d.get<std::uint64_t>() > static_cast<std::uint64_t>(INT64_MAX)))
-        bad(what + ": 'shape' must hold integers >= 0, got " + dump(d).substr(0, 48));
+        bad(what + ": 'shape' must hold integers >= 0, got " + preview(d));
       t.shape.push_back(d.get<std::int64_t>());
     }
     const std::uint64_t count = element_count(t.shape, what);

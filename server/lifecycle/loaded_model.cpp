@@ -119,7 +119,9 @@ std::vector<std::string> instance_devices(const ServingConfig& serving,
 
 void warm_up(const LoadedModel& model) {
   const auto& c = model.processor->config();
-  int64_t h = c.height, w = c.width;
+  // The processor's output size: the crop's when it center-crops (DeiT), else the fixed resize.
+  int64_t h = c.do_center_crop ? c.crop_height : c.height;
+  int64_t w = c.do_center_crop ? c.crop_width : c.width;
   if (h <= 0 || w <= 0) {
     const auto hw = model.processor->output_size(480, 640);
     h = hw.first;
@@ -139,9 +141,11 @@ void capture_cuda_graphs(LoadedModel& m) {
   if (!m.serving.cuda_graphs) return;
   const auto& c = m.processor->config();
   std::string why;
+  const int64_t h = c.do_center_crop ? c.crop_height : c.height;  // as warm_up
+  const int64_t w = c.do_center_crop ? c.crop_width : c.width;
   if (!m.device.is_cuda())
     why = "the model runs on " + m.device.str();
-  else if (c.height <= 0 || c.width <= 0 || c.do_pad)
+  else if (h <= 0 || w <= 0 || c.do_pad)
     why = "the processor has no fixed input size";
   if (!why.empty()) {
     m.cuda_graphs_status = "off: " + why;
@@ -150,8 +154,7 @@ void capture_cuda_graphs(LoadedModel& m) {
   }
   try {
     const auto sizes = models::CudaGraphRunner::default_batch_sizes(m.serving.max_batch_size);
-    m.graphs = std::make_unique<models::CudaGraphRunner>(*m.model, sizes, c.height, c.width,
-                                                         m.dtype, m.device);
+    m.graphs = std::make_unique<models::CudaGraphRunner>(*m.model, sizes, h, w, m.dtype, m.device);
     std::string list;
     for (auto b : m.graphs->batch_sizes()) list += (list.empty() ? "" : ",") + std::to_string(b);
     m.cuda_graphs_status = "on: batch sizes " + list;

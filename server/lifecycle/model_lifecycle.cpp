@@ -1,5 +1,6 @@
 #include "server/lifecycle/model_lifecycle.h"
 
+#include <c10/util/Exception.h>
 #include <c10/util/StringUtil.h>
 
 #include <algorithm>
@@ -12,6 +13,17 @@
 #include "server/pipeline/batcher.h"
 
 namespace libreyolo::server {
+namespace {
+
+/// An exception's message without LibTorch's C++ backtrace (c10::Error::what() carries one: a
+/// load error answered 6.7 KB of "frame #0 ..." to the client).
+std::string message_of(const std::exception& e) {
+  const auto* c10_error = dynamic_cast<const c10::Error*>(&e);
+  return c10_error ? c10_error->what_without_backtrace() : e.what();
+}
+
+}  // namespace
+
 
 using api::Code;
 using api::Error;
@@ -107,20 +119,21 @@ void ModelLifecycle::bring_up(const std::shared_ptr<ModelEntry>& e, const ModelS
     names.emplace_back(e->name + "_" + std::to_string(i), instances[i]->device.str());
   Batcher::Hooks hooks;
   hooks.pending = [&metrics = metrics_, n = e->name](int64_t count) { metrics.pending(n, count); };
-  hooks.executed = [&metrics = metrics_, weak, names](int64_t size, double in_s, double infer_s,
-                                                      double out_s, std::size_t instance) {
+  hooks.executed = [&metrics = metrics_, weak, names](const Batcher::Executed& x) {
     auto entry = weak.lock();
     if (!entry) return;
-    metrics.batch(entry->name, size);
-    metrics.instance_batch(entry->name, names[instance].first, names[instance].second, size,
-                           in_s + infer_s + out_s);
+    const auto& [instance, device] = names[x.instance];
+    metrics.batch(entry->name, x.images);
+    metrics.instance_batch(entry->name, instance, device, x.images,
+                           x.input_seconds + x.infer_seconds + x.output_seconds);
+    metrics.instance_queue(entry->name, instance, device, x.requests, x.queue_seconds);
     std::lock_guard<std::mutex> ek(entry->mu);
     entry->stats.execution_count += 1;
-    auto& b = entry->batch_stats[static_cast<std::uint64_t>(size)];
-    b.batch_size = static_cast<std::uint64_t>(size);
-    add_duration(b.compute_input, in_s);
-    add_duration(b.compute_infer, infer_s);
-    add_duration(b.compute_output, out_s);
+    auto& b = entry->batch_stats[static_cast<std::uint64_t>(x.images)];
+    b.batch_size = static_cast<std::uint64_t>(x.images);
+    add_duration(b.compute_input, x.input_seconds);
+    add_duration(b.compute_infer, x.infer_seconds);
+    add_duration(b.compute_output, x.output_seconds);
   };
   hooks.instance_failed = [&metrics = metrics_, weak, names, model = e->name](
                               std::size_t instance, const std::string& what, std::size_t left) {
@@ -204,8 +217,8 @@ int ModelLifecycle::load_repository(const std::set<std::string>& load) {
         } catch (const std::exception& ex) {
           std::lock_guard<std::mutex> ek(e->mu);
           e->state = ModelState::unavailable;
-          e->reason = ex.what();
-          log::error("model '" + e->name + "' failed to load: " + ex.what());
+          e->reason = message_of(ex);
+          log::error("model '" + e->name + "' failed to load: " + e->reason);
         }
       }
     });
@@ -251,7 +264,7 @@ void ModelLifecycle::load(const std::string& name) {
     try {
       bring_up(e, source);
     } catch (const std::exception& ex) {
-      failure = ex.what();
+      failure = message_of(ex);
     }
   }
   if (!failure.empty()) {

@@ -329,6 +329,8 @@ std::unique_ptr<Batcher::InFlight> Batcher::launch(Instance& inst,
     f->logits = out.logits.to(at::kCPU, at::kFloat, /*non_blocking=*/cuda);
     if (model.task->uses_boxes())
       f->boxes = out.pred_boxes.to(at::kCPU, at::kFloat, /*non_blocking=*/cuda);
+    if (model.task->uses_masks())
+      f->masks = out.pred_masks.to(at::kCPU, at::kFloat, /*non_blocking=*/cuda);
     f->done.record();
   } catch (const std::invalid_argument& e) {
     fail_all(batch, api::Code::invalid_argument, "model '" + name_ + "': " + e.what());
@@ -358,6 +360,7 @@ void Batcher::finish(Instance& inst, std::unique_ptr<InFlight> f) {
     int64_t offset = 0;
     double output_total = 0;
     std::vector<BatchResult> results(batch.size());
+    std::vector<std::exception_ptr> errors(batch.size());  // a request's own api::Error
     for (std::size_t i = 0; i < batch.size(); ++i) {
       auto& j = batch[i];
       const auto t0 = Clock::now();
@@ -366,8 +369,13 @@ void Batcher::finish(Instance& inst, std::unique_ptr<InFlight> f) {
       models::ModelOutput rows;
       rows.logits = f->logits.narrow(0, offset, n);
       if (f->boxes.defined()) rows.pred_boxes = f->boxes.narrow(0, offset, n);
+      if (f->masks.defined()) rows.pred_masks = f->masks.narrow(0, offset, n);
       offset += n;
-      r.outputs = model.task->respond(rows, *j->request);
+      try {
+        r.outputs = model.task->respond(rows, *j->request);
+      } catch (const api::Error&) {
+        errors[i] = std::current_exception();
+      }
       r.queue_seconds = seconds(f->start - j->enqueued);
       r.input_seconds = input_s;
       r.infer_seconds = infer_s;
@@ -379,9 +387,24 @@ void Batcher::finish(Instance& inst, std::unique_ptr<InFlight> f) {
     inst.images += static_cast<std::uint64_t>(f->images);
     // Statistics first, answers second: a client that reads the statistics right after its
     // answer sees its batch counted.
-    if (hooks_.executed) hooks_.executed(f->images, input_s, infer_s, output_total, inst.index);
-    for (std::size_t i = 0; i < batch.size(); ++i)
-      batch[i]->promise.set_value(std::move(results[i]));
+    if (hooks_.executed) {
+      Executed x;
+      x.images = f->images;
+      x.requests = static_cast<int64_t>(batch.size());
+      x.input_seconds = input_s;
+      x.infer_seconds = infer_s;
+      x.output_seconds = output_total;
+      for (const auto& r : results) x.queue_seconds += r.queue_seconds;
+      x.instance = inst.index;
+      hooks_.executed(x);
+    }
+    for (std::size_t i = 0; i < batch.size(); ++i) {
+      if (errors[i]) {
+        batch[i]->promise.set_exception(errors[i]);
+      } else {
+        batch[i]->promise.set_value(std::move(results[i]));
+      }
+    }
   } catch (const std::invalid_argument& e) {
     fail_all(batch, api::Code::invalid_argument, "model '" + name_ + "': " + e.what());
   } catch (const std::exception& e) {

@@ -78,12 +78,22 @@ struct InstanceStatus {
 
 class Batcher {
  public:
+  /// One executed batch as the hooks see it (seconds).
+  struct Executed {
+    int64_t images = 0;         ///< rows of the forward
+    int64_t requests = 0;       ///< requests in the batch
+    double input_seconds = 0;   ///< assembly + copy to device
+    double infer_seconds = 0;   ///< forward
+    double output_seconds = 0;  ///< post-processing of every request
+    double queue_seconds = 0;   ///< sum over the requests of enqueue -> batch start
+    std::size_t instance = 0;   ///< the instance that ran it (instance_group order)
+  };
   /// Called (from a worker thread) with the queue length after each change; after each
-  /// executed batch with its size and input/infer/output seconds and the instance's index; and
-  /// once when an instance is taken out of rotation, with the error and the instances left.
+  /// executed batch; and once when an instance is taken out of rotation, with the error and
+  /// the instances left.
   struct Hooks {
     std::function<void(int64_t)> pending;
-    std::function<void(int64_t, double, double, double, std::size_t)> executed;
+    std::function<void(const Executed&)> executed;
     std::function<void(std::size_t, const std::string&, std::size_t)> instance_failed;
   };
 
@@ -120,7 +130,7 @@ class Batcher {
   struct InFlight {
     explicit InFlight(const at::Device& device) : done(device) {}
     std::vector<std::shared_ptr<BatchJob>> batch;
-    at::Tensor logits, boxes;  ///< host float32 (boxes when the task uses them); after done
+    at::Tensor logits, boxes, masks;  ///< host float32 (boxes, masks when the task uses them)
     models::StreamEvent done;
     int64_t images = 0;
     Clock::time_point start, t_input;

@@ -23,12 +23,21 @@ namespace {
 /// Decodes and preprocesses every encoded image of `req` on `pool`, one task per image. Fills
 /// `pixels` (one (1, 3, h, w) float32 tensor per image, unpadded: the batcher pads once) and,
 /// when the request gave no target_sizes, the original sizes. Throws INVALID_ARGUMENT naming
-/// the image for an undecodable or unprocessable image.
+/// the image for an undecodable or unprocessable image; CANCELLED / DEADLINE_EXCEEDED when the
+/// call ended before an image's turn came (a task then skips its image: the pool serves other
+/// calls instead of decoding for a client that left).
 void preprocess(ThreadPool& pool, const LoadedModel& m, int64_t max_pixels, TaskRequest& req,
-                std::vector<at::Tensor>& pixels) {
+                const api::InferRequest& call, std::vector<at::Tensor>& pixels) {
   std::vector<std::future<image::ProcessorOutput>> futures;
+  const auto token = call.cancel;
+  const auto deadline = call.deadline;
   for (std::size_t i = 0; i < req.images.size(); ++i) {
-    futures.push_back(pool.submit([&req, &m, max_pixels, i] {
+    futures.push_back(pool.submit([&req, &m, max_pixels, i, token, deadline] {
+      if (token && token->cancelled())
+        throw Error(token->reason() == Code::ok ? Code::cancelled : token->reason(),
+                    "the call ended before its images were decoded");
+      if (deadline && Clock::now() >= *deadline)
+        throw Error(Code::deadline_exceeded, "deadline exceeded before the images were decoded");
       image::DecodeOptions options;
       options.max_pixels = max_pixels;
       const auto* data = reinterpret_cast<const std::uint8_t*>(req.images[i].data());
@@ -128,7 +137,7 @@ api::InferResponse InferPipeline::run_on(ModelLease& lease, api::InferRequest& r
   auto job = std::make_shared<BatchJob>();
   job->padded = pc.do_pad;
   if (!req->images.empty()) {
-    preprocess(pool_, m, limits.max_pixels, *req, job->pixels);
+    preprocess(pool_, m, limits.max_pixels, *req, request, job->pixels);
   } else {
     job->pixels.push_back(req->pixel_values);
     if (req->target_sizes.empty())

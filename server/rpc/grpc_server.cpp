@@ -760,6 +760,11 @@ GrpcServer::GrpcServer(api::InferenceService& service, const GrpcOptions& option
   // too and the kernel splits new connections between the two. Off, the second one's bind fails
   // (EADDRINUSE) like the HTTP admin port's.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  // A connection that has not finished its HTTP/2 handshake within 10 s is closed (gRPC's
+  // default is 120 s): idle connections cost a descriptor each, and one failed accept() for
+  // want of descriptors stops gRPC 1.51's listener for good (server/main.cpp
+  // raise_open_files_limit).
+  builder.AddChannelArgument(GRPC_ARG_SERVER_HANDSHAKE_TIMEOUT_MS, 10000);
   builder.AddListeningPort(options.address, grpc::InsecureServerCredentials(), &impl_->port);
   builder.RegisterService(impl_->service.get());
   builder.RegisterService(impl_->health.get());

@@ -53,6 +53,7 @@ std::size_t allocation_bytes(void* ptr) {
 Region::~Region() {
   if (kind_ == Kind::system) {
     if (mapping_) ::munmap(mapping_, mapping_bytes_);
+    if (fd_ >= 0) ::close(fd_);
   } else {
 #ifdef LIBREYOLO_SHM_CUDA
     if (base_) {
@@ -66,7 +67,35 @@ Region::~Region() {
   }
 }
 
+void Region::check_object_size() const {
+  if (kind_ != Kind::system) return;
+  struct ::stat st {};
+  const std::uint64_t need = offset_ + byte_size_;
+  if (::fstat(fd_, &st) == 0 && st.st_size >= 0 && static_cast<std::uint64_t>(st.st_size) >= need)
+    return;
+  throw Error(Code::invalid_argument,
+              "shared memory region " + quoted(name_) + ": its key " + quoted(key_) +
+                  " now holds " + std::to_string(st.st_size) +
+                  " bytes, less than the offset + byte_size (" + std::to_string(need) +
+                  " bytes) it was registered with (register it again)");
+}
+
 Registry::~Registry() = default;
+
+void Registry::check_new_name(const std::string& name) const {
+  if (name.empty())
+    throw Error(Code::invalid_argument,
+                "a shared memory region needs a name (\"\" means every region to status and "
+                "unregister)");
+  if (regions_.count(name)) {
+    throw Error(Code::already_exists,
+                "shared memory region " + quoted(name) + " already in manager");
+  }
+  if (regions_.size() >= kMaxRegions)
+    throw Error(Code::resource_exhausted,
+                "too many shared memory regions: " + std::to_string(kMaxRegions) +
+                    " are registered (unregister some first)");
+}
 
 bool Registry::cuda_built() {
 #ifdef LIBREYOLO_SHM_CUDA
@@ -79,10 +108,7 @@ bool Registry::cuda_built() {
 void Registry::register_system(const std::string& name, const std::string& key,
                                std::uint64_t offset, std::uint64_t byte_size) {
   std::lock_guard<std::mutex> lk(mu_);
-  if (regions_.count(name)) {
-    throw Error(Code::already_exists,
-                "shared memory region " + quoted(name) + " already in manager");
-  }
+  check_new_name(name);
   const int fd = ::shm_open(key.c_str(), O_RDWR, S_IRUSR | S_IWUSR);
   if (fd < 0) {
     throw Error(Code::internal, "Unable to open shared memory region: " + quoted(key));
@@ -111,8 +137,8 @@ void Registry::register_system(const std::string& name, const std::string& key,
   void* p =
       ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, static_cast<off_t>(aligned));
   const int err = errno;
-  ::close(fd);  // the mapping keeps the object
   if (p == MAP_FAILED) {
+    ::close(fd);
     throw Error(Code::invalid_argument,
                 prefix + "unable to process address space: " + std::strerror(err));
   }
@@ -124,6 +150,7 @@ void Registry::register_system(const std::string& name, const std::string& key,
   r->byte_size_ = byte_size;
   r->mapping_ = p;
   r->mapping_bytes_ = bytes;
+  r->fd_ = fd;  // kept: check_object_size fstats it at every use
   r->base_ = static_cast<char*>(p) + (offset - aligned);
   regions_.emplace(name, std::move(r));
 }
@@ -131,10 +158,7 @@ void Registry::register_system(const std::string& name, const std::string& key,
 void Registry::register_cuda(const std::string& name, std::string_view raw_handle,
                              std::int64_t device_id, std::uint64_t byte_size) {
   std::lock_guard<std::mutex> lk(mu_);
-  if (regions_.count(name)) {
-    throw Error(Code::already_exists,
-                "shared memory region " + quoted(name) + " already in manager");
-  }
+  check_new_name(name);
   if (raw_handle.size() != kCudaIpcHandleBytes) {
     throw Error(Code::invalid_argument,
                 "failed to register CUDA shared memory region " + quoted(name) +
@@ -281,6 +305,7 @@ View Registry::acquire(const std::string& name, std::uint64_t offset,
                     " (offset " + std::to_string(offset) + " + byte_size " +
                     std::to_string(byte_size) + " > " + sizes + ")");
   }
+  r.check_object_size();
   View v;
   v.region = it->second;
   v.data = r.base() + offset;
@@ -297,6 +322,7 @@ void write(const View& view, const void* src, std::size_t bytes) {
   }
   if (bytes == 0) return;
   if (!view.on_device()) {
+    if (view.region) view.region->check_object_size();
     std::memcpy(view.data, src, bytes);
     return;
   }

@@ -32,6 +32,11 @@ constexpr std::size_t kCudaIpcHandleBytes = 64;
 
 enum class Kind { system, cuda };
 
+/// Regions one server holds at most (system and CUDA together). Each is a mapping and, for a
+/// system region, an open descriptor: unbounded, a client could exhaust the process's mappings
+/// (vm.max_map_count) and descriptors, and every inference would then fail.
+constexpr std::size_t kMaxRegions = 1024;
+
 /// One registered region. Immutable after registration; the destructor unmaps it.
 class Region {
  public:
@@ -48,6 +53,11 @@ class Region {
   /// First byte of the region: host address of [offset, offset + byte_size) of the shm object
   /// (system) or the device pointer cudaIpcOpenMemHandle returned (cuda).
   char* base() const { return base_; }
+  /// System: throws api::Error INVALID_ARGUMENT "shared memory region 'NAME': its key 'KEY'
+  /// now holds N bytes, less than the offset + byte_size (M bytes) it was registered with
+  /// (register it again)" when the client shrank the object (ftruncate) since registration:
+  /// touching the mapping past the object's end would be SIGBUS. CUDA: nothing to check.
+  void check_object_size() const;
 
  private:
   friend class Registry;
@@ -60,6 +70,7 @@ class Region {
   char* base_ = nullptr;
   void* mapping_ = nullptr;  ///< system: what mmap returned (page-aligned, below base_)
   std::size_t mapping_bytes_ = 0;
+  int fd_ = -1;  ///< system: the shm object, kept open to fstat its size at every use
 };
 
 /// [offset, offset + byte_size) of a region, for one request. Holding it keeps the mapping.
@@ -72,7 +83,8 @@ struct View {
 
 /// Copies `bytes` bytes from host memory `src` into the view (memcpy, or cudaMemcpy for a CUDA
 /// region). Throws api::Error INVALID_ARGUMENT when they do not fit (the caller checks first
-/// with its own message), INTERNAL when the CUDA copy fails.
+/// with its own message) or the object shrank (Region::check_object_size), INTERNAL when the
+/// CUDA copy fails.
 void write(const View& view, const void* src, std::size_t bytes);
 
 struct SystemStatus {
@@ -95,8 +107,9 @@ class Registry {
   Registry& operator=(const Registry&) = delete;
 
   /// SystemSharedMemoryRegister: shm_open(key, O_RDWR) + mmap of [offset, offset + byte_size)
-  /// (offset need not be page-aligned). Errors: ALREADY_EXISTS "shared memory region 'NAME'
-  /// already in manager"; INTERNAL "Unable to open shared memory region: 'KEY'" (shm_open
+  /// (offset need not be page-aligned). Errors (both kinds): INVALID_ARGUMENT for an empty
+  /// name; ALREADY_EXISTS "shared memory region 'NAME' already in manager"; RESOURCE_EXHAUSTED
+  /// "too many shared memory regions: 1024 are registered (unregister some first)"; INTERNAL "Unable to open shared memory region: 'KEY'" (shm_open
   /// failed); INVALID_ARGUMENT "failed to register shared memory region 'NAME': invalid args
   /// (...)" when byte_size is 0 or offset + byte_size exceeds the object's size (fstat);
   /// INVALID_ARGUMENT "failed to register shared memory region 'NAME': unable to process
@@ -135,7 +148,8 @@ class Registry {
   /// The bytes [offset, offset + byte_size) of region `name` for one request. Errors:
   /// NOT_FOUND "Unable to find shared memory region: 'NAME'"; INVALID_ARGUMENT "Invalid offset
   /// for shared memory region: 'NAME' (offset O, region of S bytes)"; INVALID_ARGUMENT "Invalid
-  /// offset + byte size for shared memory region: 'NAME' (offset O + byte_size B > S bytes)".
+  /// offset + byte size for shared memory region: 'NAME' (offset O + byte_size B > S bytes)";
+  /// Region::check_object_size's error when the client shrank the object.
   View acquire(const std::string& name, std::uint64_t offset, std::uint64_t byte_size) const;
 
   /// True when this build can open CUDA IPC handles (compiled with CUDA); a device may still be
@@ -144,6 +158,8 @@ class Registry {
 
  private:
   int unregister(const std::string& name, Kind kind);
+  /// Throws unless `name` may be registered now (mu_ held).
+  void check_new_name(const std::string& name) const;
   mutable std::mutex mu_;
   std::map<std::string, std::shared_ptr<Region>> regions_;
 };

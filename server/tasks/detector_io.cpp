@@ -14,7 +14,8 @@ const std::vector<std::string>& detector_default_outputs() {
 
 DetectorRequest parse_detector_request(const api::InferRequest& request,
                                        const RequestLimits& limits, double default_threshold,
-                                       int64_t default_top_k) {
+                                       int64_t default_top_k,
+                                       const std::vector<std::string>& extra_outputs) {
   DetectorRequest r;
   r.post.threshold = default_threshold;
   r.post.top_k = default_top_k;
@@ -56,14 +57,12 @@ DetectorRequest parse_detector_request(const api::InferRequest& request,
       r.target_sizes.emplace_back(hw[0], hw[1]);
     }
   }
-  static const std::set<std::string> known = {
-      "scores", "labels", "boxes", "num_detections", "label_names", "logits", "pred_boxes"};
+  std::vector<std::string> known = {"scores",      "labels", "boxes",     "num_detections",
+                                    "label_names", "logits", "pred_boxes"};
+  known.insert(known.end(), extra_outputs.begin(), extra_outputs.end());
   for (const auto& o : request.requested_outputs) {
-    if (!known.count(o)) {
-      invalid_argument(
-          "unknown output '" + o +
-          "' (available: scores, labels, boxes, num_detections, label_names, logits, pred_boxes)");
-    }
+    if (std::find(known.begin(), known.end(), o) == known.end())
+      invalid_argument("unknown output '" + o + "' (available: " + c10::Join(", ", known) + ")");
     r.outputs.insert(o);
   }
   if (r.outputs.empty())

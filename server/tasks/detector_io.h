@@ -32,9 +32,11 @@ struct DetectorRequest : ImageInputs {
 /// Validates `request` for a detector. Throws api::Error INVALID_ARGUMENT naming the tensor or
 /// parameter and the problem (unknown input, wrong datatype, wrong shape, shape/byte-size
 /// mismatch, malformed BYTES, empty batch, N above a limit, empty image, unknown output).
+/// `extra_outputs` are further outputs a task built on detection renders (segmentation_io.h).
 DetectorRequest parse_detector_request(const api::InferRequest& request,
                                        const RequestLimits& limits, double default_threshold,
-                                       int64_t default_top_k);
+                                       int64_t default_top_k,
+                                       const std::vector<std::string>& extra_outputs = {});
 
 /// Output tensors for `detections` (one per image). `logits`/`pred_boxes` are used when
 /// requested. `id2label` names the labels.

@@ -199,12 +199,14 @@ std::int64_t top_k_param(const api::Parameter& p, std::int64_t model_default) {
   return v == 0 ? model_default : v;
 }
 
-double threshold_param(const api::Parameter& p) {
-  const double t = number_param("threshold", p);
+double finite_param(const std::string& key, const api::Parameter& p) {
+  const double t = number_param(key, p);
   if (!std::isfinite(t))
-    invalid_argument(c10::str("parameter 'threshold' must be a finite number, got ", t));
+    invalid_argument(c10::str("parameter '", key, "' must be a finite number, got ", t));
   return t;
 }
+
+double threshold_param(const api::Parameter& p) { return finite_param("threshold", p); }
 
 ImageInputs parse_image_inputs(const api::InputTensor* images, const api::InputTensor* pixels,
                                const RequestLimits& limits) {

@@ -78,6 +78,11 @@ std::int64_t top_k_param(const api::Parameter& p, std::int64_t model_default);
 /// number, got nan" (or inf, -inf); a non-number as number_param does.
 double threshold_param(const api::Parameter& p);
 
+/// A finite numeric request parameter `key` (threshold, mask_threshold). Throws
+/// INVALID_ARGUMENT "parameter '<key>' must be a finite number, got nan" (or inf, -inf); a
+/// non-number as number_param does.
+double finite_param(const std::string& key, const api::Parameter& p);
+
 /// Parses the one of `images` / `pixel_values` that is non-null (INVALID_ARGUMENT when neither
 /// or both are): BYTES elements split by their 4-byte little-endian lengths, non-empty; or
 /// FP32 pixels copied into a tensor. N must be >= 1 and within `limits` (max_images,

@@ -4,6 +4,7 @@
 
 #include "server/tasks/classifier_io.h"
 #include "server/tasks/detector_io.h"
+#include "server/tasks/segmentation_io.h"
 
 namespace libreyolo::server {
 namespace {
@@ -43,6 +44,68 @@ class DetectionTask final : public TaskAdapter {
   }
   std::vector<api::TensorMetadata> output_metadata() const override {
     return detector_output_metadata(description_.num_queries, description_.num_labels);
+  }
+  std::map<std::string, std::string> config_parameters() const override {
+    return {{"threshold", std::to_string(serving_.threshold)},
+            {"top_k", std::to_string(serving_.top_k)}};
+  }
+
+ private:
+  models::ModelDescription description_;
+  std::map<int64_t, std::string> labels_;
+  ServingConfig serving_;
+};
+
+/// Instance segmentation: the detections with a binary mask each at the target size
+/// (segmentation_io.h; RfDetrImageProcessor.post_process_instance_segmentation).
+class SegmentationTask final : public TaskAdapter {
+ public:
+  SegmentationTask(const models::ModelDescription& d, std::map<int64_t, std::string> labels,
+                   const ServingConfig& serving)
+      : description_(d), labels_(std::move(labels)), serving_(serving) {}
+
+  const char* name() const override { return "instance_segmentation"; }
+  bool uses_boxes() const override { return true; }
+  bool uses_masks() const override { return true; }
+
+  TaskRequest parse(const api::InferRequest& request, const RequestLimits& limits) const override {
+    auto s = parse_segmentation_request(request, limits, serving_.threshold, serving_.top_k);
+    TaskRequest r;
+    static_cast<ImageInputs&>(r) = std::move(s);
+    r.target_sizes = std::move(s.target_sizes);
+    r.post = s.post;
+    r.mask_threshold = s.mask_threshold;
+    r.outputs = std::move(s.outputs);
+    return r;
+  }
+
+  std::vector<api::OutputTensor> respond(const models::ModelOutput& out,
+                                         const TaskRequest& r) const override {
+    image::InstanceSegmentationOptions o;
+    o.threshold = r.post.threshold;
+    o.mask_threshold = r.mask_threshold;
+    o.top_k = r.post.top_k;
+    o.max_mask_pixels = kMaxMaskBytes;
+    std::vector<image::InstanceMasks> instances;
+    try {
+      instances = image::post_process_instance_segmentation(out.logits, out.pred_boxes,
+                                                            out.pred_masks, r.target_sizes, o);
+    } catch (const std::length_error& e) {
+      throw api::Error(api::Code::resource_exhausted,
+                       std::string(e.what()) +
+                           " (raise 'threshold', lower 'top_k' or ask smaller 'target_sizes')");
+    }
+    const bool raw = r.outputs.count("logits") || r.outputs.count("pred_boxes");
+    return segmentation_outputs(instances, raw ? out.logits.contiguous() : at::Tensor(),
+                                raw ? out.pred_boxes.contiguous() : at::Tensor(), labels_,
+                                r.outputs);
+  }
+
+  std::vector<api::TensorMetadata> input_metadata() const override {
+    return detector_input_metadata();
+  }
+  std::vector<api::TensorMetadata> output_metadata() const override {
+    return segmentation_output_metadata(description_.num_queries, description_.num_labels);
   }
   std::map<std::string, std::string> config_parameters() const override {
     return {{"threshold", std::to_string(serving_.threshold)},
@@ -104,6 +167,8 @@ std::unique_ptr<TaskAdapter> make_task_adapter(const models::Model& model,
   switch (d.task) {
     case models::Task::object_detection:
       return std::make_unique<DetectionTask>(d, model.id2label(), serving);
+    case models::Task::instance_segmentation:
+      return std::make_unique<SegmentationTask>(d, model.id2label(), serving);
     case models::Task::image_classification: {
       auto c = d;
       if (c.num_labels < 0 && !model.id2label().empty())

@@ -30,6 +30,8 @@ struct TaskRequest : ImageInputs {
   std::vector<std::pair<int64_t, int64_t>> target_sizes;
   /// Detection: threshold, top_k, use_focal_loss. Classification: top_k (0: 5).
   image::PostProcessOptions post;
+  /// Instance segmentation: request parameter `mask_threshold` (mask logits > it; default 0).
+  double mask_threshold = 0.0;
   std::set<std::string> outputs;  ///< the requested outputs, defaults filled in
 };
 
@@ -39,7 +41,8 @@ class TaskAdapter {
  public:
   virtual ~TaskAdapter() = default;
 
-  /// The Hugging Face pipeline name: "object_detection", "image_classification".
+  /// The Hugging Face pipeline name: "object_detection", "image_classification",
+  /// "instance_segmentation".
   virtual const char* name() const = 0;
 
   /// Validates the request against `limits`. Throws api::Error INVALID_ARGUMENT naming the
@@ -47,10 +50,14 @@ class TaskAdapter {
   virtual TaskRequest parse(const api::InferRequest& request,
                             const RequestLimits& limits) const = 0;
 
-  /// Whether the forward's pred_boxes are needed on the host (detection).
+  /// Whether the forward's pred_boxes are needed on the host (detection, segmentation).
   virtual bool uses_boxes() const = 0;
+  /// Whether the forward's pred_masks are needed on the host (instance segmentation).
+  virtual bool uses_masks() const { return false; }
 
   /// Post-processes this request's rows of the batch output and renders the output tensors.
+  /// May throw api::Error for this request alone (segmentation: RESOURCE_EXHAUSTED past the
+  /// mask budget); the batcher answers it with that error and serves the rest of the batch.
   /// `output.logits` (n, ...) and, when uses_boxes(), `output.pred_boxes` (n, Q, 4): host
   /// float32, n = the request's images.
   virtual std::vector<api::OutputTensor> respond(const models::ModelOutput& output,

@@ -103,6 +103,23 @@ def panels():
     p.append(timeseries(15, "Model load time", "Seconds to load and warm up each model version, per pod.",
                         "s", [target(f"max by (pod, model, version) (libreyolo_model_load_seconds{{{SEL}}})",
                                      "{{pod}} {{model}}/{{version}}", "A")], 0, 43, w=24, h=6))
+    p.append(row(16, "Instances and GPUs (instance_group)", 49))
+    p.append(timeseries(17, "Images per instance", "Images each model instance inferred per second (libreyolo_instance_images_total): how the one queue spreads over the instances.",
+                        "short", [target(f"sum by (pod, instance, device) (rate(libreyolo_instance_images_total{{{SEL}}}[$__rate_interval]))",
+                                         "{{pod}} {{instance}} {{device}}", "A")], 0, 50, w=8))
+    p.append(timeseries(18, "Mean queue wait per instance", "Seconds the requests an instance took waited in the queue, over those requests.",
+                        "s", [target(f"sum by (pod, instance) (rate(libreyolo_instance_queue_seconds_total{{{SEL}}}[$__rate_interval])) / "
+                                     f"clamp_min(sum by (pod, instance) (rate(libreyolo_instance_requests_total{{{SEL}}}[$__rate_interval])), 1e-9)",
+                                     "{{pod}} {{instance}}", "A")], 8, 50, w=8))
+    p.append(timeseries(19, "Instances in rotation", "libreyolo_instance_ready: 0 once an instance's device failed (CUDA error, out of memory); libreyolo_instance_failures_total counts the take-outs.",
+                        "short", [target(f"sum by (pod, instance, device) (libreyolo_instance_ready{{{SEL}}})", "{{pod}} {{instance}} {{device}}", "A")],
+                        16, 50, w=8))
+    p.append(timeseries(20, "GPU memory", "Per GPU an instance uses: used by every process, and what this daemon's caching allocator reserved and its tensors hold.",
+                        "bytes", [target(f"max by (pod, device) (libreyolo_gpu_memory_used_bytes{{{NS}}})", "used {{pod}} {{device}}", "A"),
+                                  target(f"max by (pod, device) (libreyolo_gpu_memory_reserved_bytes{{{NS}}})", "reserved {{pod}} {{device}}", "B"),
+                                  target(f"max by (pod, device) (libreyolo_gpu_memory_allocated_bytes{{{NS}}})", "allocated {{pod}} {{device}}", "C"),
+                                  target(f"max by (pod, device) (libreyolo_gpu_memory_total_bytes{{{NS}}})", "total {{pod}} {{device}}", "D")],
+                        0, 58, w=24))
     return p
 
 

@@ -1,6 +1,6 @@
-// ViT and Swin on CUDA against the transformers CPU fixtures, with both attention paths (issue 5:
-// parity on CUDA; the fused path on CUDA runs the attention_path() policy: SDPA for ViT, the
-// memory-efficient kernel for Swin's biased windows). Skips without a GPU. TF32 off: the
+// ViT, DeiT and Swin on CUDA against the transformers CPU fixtures, with both attention paths
+// (issue 5: parity on CUDA; the fused path on CUDA runs the attention_path() policy: SDPA for ViT,
+// the memory-efficient kernel for Swin's biased windows). Skips without a GPU. TF32 off: the
 // reference is float32 without it.
 #include <ATen/Context.h>
 #include <gtest/gtest.h>
@@ -68,7 +68,9 @@ TEST(SwinCuda, BiasKeptPerBlockFollowsBatchAndMapSize) {
   EXPECT_TRUE(at::equal(model->forward(pixels).logits, first));
 }
 
-INSTANTIATE_TEST_SUITE_P(Fixtures, ClassifierCuda, ::testing::Values("vit_tiny", "swin_tiny"),
+INSTANTIATE_TEST_SUITE_P(Fixtures, ClassifierCuda,
+                         ::testing::Values("vit_tiny", "deit_tiny", "deit_tiny_distilled",
+                                           "swin_tiny"),
                          [](const auto& info) { return info.param; });
 
 }  // namespace

@@ -118,7 +118,7 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, LayoutsCuda,
                                            "rtdetr_v2_tiny_discrete", "dfine_tiny",
                                            "deformable_detr_tiny", "deformable_detr_tiny_refine",
                                            "deformable_detr_tiny_two_stage", "vit_tiny",
-                                           "swin_tiny"),
+                                           "deit_tiny", "deit_tiny_distilled", "swin_tiny"),
                          [](const auto& info) { return info.param; });
 
 }  // namespace

@@ -1,7 +1,7 @@
-// Image classifiers served by the daemon (in process, loopback, a real gRPC client): the vit_tiny
-// and swin_tiny fixtures against the transformers reference logits, probabilities, top-k label
-// names, ModelMetadata/ModelConfig, the per-model `fused_attention` key of serving.yaml (and the
-// server's kernels.fused_attention), and a bad serving.yaml value.
+// Image classifiers served by the daemon (in process, loopback, a real gRPC client): the vit_tiny,
+// swin_tiny and deit_tiny fixtures against the transformers reference logits, probabilities, top-k
+// label names, ModelMetadata/ModelConfig, the per-model `fused_attention` key of serving.yaml (and
+// the server's kernels.fused_attention), and a bad serving.yaml value.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -21,6 +21,7 @@
 #include "server/lifecycle/loaded_model.h"
 #include "server/rpc/client.h"
 #include "server_test_support.h"
+#include "tests/parity/fused_attention_fixtures.h"
 
 namespace libreyolo::server {
 namespace {
@@ -62,10 +63,9 @@ ServerConfig test_config(const fs::path& repo, const std::string& yaml = "") {
 /// The fixture's model input, exactly as transformers computed it (tests/fixtures/README.md:
 /// (float32(u8) - mean*255) / (std*255), mean = std = 0.5 for both classifiers).
 at::Tensor fixture_pixels(const std::string& fixture) {
-  const auto file = models::core::SafetensorsFile::open(kFixtures + "/models/" + fixture +
-                                                        "/expected.safetensors");
-  const auto u8 = file->view("pixel_u8").clone();
-  return ((u8.to(at::kFloat) - 127.5f) / 127.5f).contiguous();
+  // The processor's normalisation with the fixture's mean/std (0.5 for ViT/Swin, ImageNet's for
+  // DeiT), bit-exact with transformers.
+  return libreyolo::test::normalized_pixels(kFixtures + "/models/" + fixture).contiguous();
 }
 
 at::Tensor expected(const std::string& fixture, const std::string& key) {
@@ -121,6 +121,7 @@ class ServerClassifier : public ::testing::Test {
     repo_ = new fs::path(temp_dir("classifier-repo"));
     add_fixture_model(*repo_, "vit_tiny", "vit_tiny", "max_batch_size: 4\n");
     add_fixture_model(*repo_, "swin_tiny", "swin_tiny", "warmup: false\n");
+    add_fixture_model(*repo_, "deit_tiny", "deit_tiny", "max_batch_size: 4\n");  // warm-up: 224
     add_fixture_model(*repo_, "vit_fused_on", "vit_tiny", "warmup: false\nfused_attention: on\n");
     add_fixture_model(*repo_, "vit_fused_off", "vit_tiny", "warmup: false\nfused_attention: off\n");
     add_fixture_model(*repo_, "swin_fused_on", "swin_tiny", "warmup: false\nfused_attention: on\n");
@@ -197,9 +198,10 @@ Daemon* ServerClassifier::daemon_ = nullptr;
 std::string* ServerClassifier::address_ = nullptr;
 log::Capture* ServerClassifier::capture_ = nullptr;
 
-TEST_F(ServerClassifier, VitAndSwinMatchTransformers) {
+TEST_F(ServerClassifier, VitSwinAndDeitMatchTransformers) {
   check_fixture("vit_tiny", "vit_tiny");
   check_fixture("swin_tiny", "swin_tiny");
+  check_fixture("deit_tiny", "deit_tiny");
 }
 
 TEST_F(ServerClassifier, FusedAttentionOnOffKeepsOutputs) {
@@ -277,7 +279,8 @@ TEST_F(ServerClassifier, PhotographsThroughTheProcessor) {
   rpc::Client c(*address_);
   for (const auto& [model, images] : std::vector<std::pair<std::string, std::vector<std::string>>>{
            {"vit_tiny", {"astronaut.jpg", "coffee.jpg"}},
-           {"swin_tiny", {"chelsea.jpg", "coffee.jpg"}}}) {
+           {"swin_tiny", {"chelsea.jpg", "coffee.jpg"}},
+           {"deit_tiny", {"astronaut.jpg", "coffee.jpg"}}}) {  // bicubic 256, center crop 224
     std::vector<std::string> jpegs;
     for (const auto& f : images) jpegs.push_back(read_file(kFixtures + "/images/" + f));
     auto r = c.infer("model_name: \"" + model +

@@ -9,8 +9,8 @@
 #include <nlohmann/json.hpp>
 
 #include "models/core/safetensors.h"
-#include "server/core/config.h"
 #include "server/app/daemon.h"
+#include "server/core/config.h"
 #include "server/core/serving_config.h"
 #include "server/rpc/client.h"
 #include "server_test_support.h"
@@ -148,8 +148,7 @@ TEST(ServerCuda, TwoInstancesOnOneGpuBothServeTheFixture) {
       EXPECT_EQ(st.at("device"), "cuda:0");
       EXPECT_EQ(st.at("healthy"), true);
       batches += st.at("batches").get<std::uint64_t>();
-      std::cout << "[gpu] " << st.at("name") << ": " << st.at("batches") << " batches"
-                << std::endl;
+      std::cout << "[gpu] " << st.at("name") << ": " << st.at("batches") << " batches" << std::endl;
     }
     EXPECT_GE(batches, 8u);  // 16 requests of 2 images, max_batch_size 2
     EXPECT_GT(inst[0].at("batches").get<std::uint64_t>(), 0u);
@@ -157,6 +156,23 @@ TEST(ServerCuda, TwoInstancesOnOneGpuBothServeTheFixture) {
     // Each instance bound its own handles, reported under its name.
     EXPECT_TRUE(active.at("bindings").contains("rtdetr_tiny_0")) << active.at("bindings").dump();
     EXPECT_TRUE(active.at("bindings").contains("rtdetr_tiny_1"));
+    // GPU memory of the one device both instances use: read once, the weights in it.
+    const auto& gpus = active.at("gpu_memory");
+    ASSERT_EQ(gpus.size(), 1u) << gpus.dump();
+    EXPECT_EQ(gpus[0].at("device"), "cuda:0");
+    const auto total = gpus[0].at("total_bytes").get<std::uint64_t>();
+    const auto used = gpus[0].at("used_bytes").get<std::uint64_t>();
+    const auto reserved = gpus[0].at("reserved_bytes").get<std::uint64_t>();
+    const auto allocated = gpus[0].at("allocated_bytes").get<std::uint64_t>();
+    EXPECT_GT(allocated, 0u);
+    EXPECT_GE(reserved, allocated);
+    EXPECT_GE(used, reserved);
+    EXPECT_GE(total, used);
+    const auto metrics = http_get(daemon.http_port(), "/metrics").body;
+    EXPECT_NE(metrics.find("libreyolo_gpu_memory_total_bytes{device=\"cuda:0\"} "),
+              std::string::npos);
+    EXPECT_NE(metrics.find("libreyolo_gpu_memory_allocated_bytes{device=\"cuda:0\"} "),
+              std::string::npos);
     daemon.stop(1.0);
   }
   remove_tree(repo);

@@ -357,6 +357,18 @@ TEST_F(ServerHttp, InferErrorsAreStatusesWithJsonBodies) {
                 0),
             0u)
       << bad_json.body;
+  // Hostile nesting (a 60,000-deep value once crashed the daemon: json::dump recursed per
+  // level): refused while parsing; structured values are named, not echoed.
+  expect(infer("fake", R"({"inputs": [], "parameters": {"timeout": )" + std::string(60000, '[') +
+                           std::string(60000, ']') + "}}"),
+         400, "the request body nests JSON deeper than 32 levels");
+  expect(infer("fake", R"({"inputs": [], "parameters": {"timeout": [[1]]}})"), 400,
+         "parameter 'timeout' (microseconds) must be an integer >= 0, got an array");
+  expect(
+      infer(
+          "fake",
+          R"({"inputs": [{"name": "t", "datatype": "INT8", "shape": [[1]], "data": [1]}]})"),
+      400, "input 't': 'shape' must hold integers >= 0, got an array");
   // The core's own checks come through with their message (as on gRPC).
   const auto wrong =
       infer("fake",

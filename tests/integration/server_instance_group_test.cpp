@@ -11,8 +11,10 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "models/runtime/device_memory.h"
 #include "server/app/daemon.h"
 #include "server/core/config.h"
+#include "server/core/metrics.h"
 #include "server/core/serving_config.h"
 #include "server/rpc/client.h"
 #include "server_test_support.h"
@@ -110,16 +112,74 @@ TEST_F(InstanceGroups, ThreeCpuInstancesShareTheQueue) {
             std::string::npos)
       << config;
   const auto metrics = http_get(daemon_->http_port(), "/metrics").body;
+  double queue_seconds = 0;
   for (int i = 0; i < 3; ++i) {
     const std::string labels =
         "{device=\"cpu\",instance=\"fake_" + std::to_string(i) + "\",model=\"fake\"}";
+    const std::string n = std::to_string(per["fake_" + std::to_string(i)]);
     EXPECT_NE(metrics.find("libreyolo_instance_ready" + labels + " 1"), std::string::npos)
         << labels;
-    EXPECT_NE(metrics.find("libreyolo_instance_batches_total" + labels + " " +
-                           std::to_string(per["fake_" + std::to_string(i)])),
+    EXPECT_NE(metrics.find("libreyolo_instance_batches_total" + labels + " " + n + "\n"),
               std::string::npos)
         << labels;
+    // max_batch_size 1: one request per batch.
+    EXPECT_NE(metrics.find("libreyolo_instance_requests_total" + labels + " " + n + "\n"),
+              std::string::npos)
+        << labels;
+    const std::string q = "libreyolo_instance_queue_seconds_total" + labels + " ";
+    const auto at = metrics.find(q);
+    ASSERT_NE(at, std::string::npos) << labels;
+    queue_seconds += std::stod(metrics.substr(at + q.size()));
   }
+  // The instances' queue seconds add up to the model's queue duration (ModelStatistics, ns):
+  // both are each request's enqueue -> batch start.
+  const auto q = stats.find("queue {\n");
+  ASSERT_NE(q, std::string::npos) << stats;
+  const auto ns = stats.find("ns: ", q);
+  ASSERT_NE(ns, std::string::npos) << stats;
+  EXPECT_NEAR(queue_seconds, std::stod(stats.substr(ns + 4)) * 1e-9, 1e-6) << stats;
+  // CPU instances only: no GPU memory series, an empty gpu_memory in /active.
+  EXPECT_EQ(metrics.find("libreyolo_gpu_memory_total_bytes{"), std::string::npos);
+  EXPECT_EQ(a["gpu_memory"], nlohmann::json::array());
+}
+
+// The GPU memory families as the daemon renders what models::device_memory read (the CUDA
+// test reads a real device: tests/integration/server_cuda_test.cpp).
+TEST(InstanceMetrics, GpuMemoryPerDevice) {
+  Metrics metrics;
+  models::DeviceMemory g;
+  g.device = "cuda:1";
+  g.total_bytes = 150000000000;
+  g.used_bytes = 2000000000;
+  g.allocated_bytes = 1500000000;
+  g.reserved_bytes = 1800000000;
+  const auto text = metrics.serialize({g});
+  EXPECT_NE(text.find("# TYPE libreyolo_gpu_memory_total_bytes gauge\n"
+                      "libreyolo_gpu_memory_total_bytes{device=\"cuda:1\"} 150000000000\n"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("libreyolo_gpu_memory_used_bytes{device=\"cuda:1\"} 2000000000\n"),
+            std::string::npos);
+  EXPECT_NE(text.find("libreyolo_gpu_memory_allocated_bytes{device=\"cuda:1\"} 1500000000\n"),
+            std::string::npos);
+  EXPECT_NE(text.find("libreyolo_gpu_memory_reserved_bytes{device=\"cuda:1\"} 1800000000\n"),
+            std::string::npos);
+  EXPECT_EQ(metrics.serialize().find("libreyolo_gpu_memory_total_bytes{"), std::string::npos);
+}
+
+// Only named CUDA devices are read; "cpu", repeats and indices that do not exist are left out.
+TEST(InstanceMetrics, DeviceMemoryReadsOnlyNamedCudaDevices) {
+  EXPECT_TRUE(models::device_memory({"cpu", "cuda:4096", "cuda:x"}).empty());
+  const auto gpus = models::device_memory({"cpu", "cuda:0", "cuda:0"});
+  if (!at::hasCUDA()) {
+    EXPECT_TRUE(gpus.empty());
+    return;
+  }
+  ASSERT_EQ(gpus.size(), 1u);
+  EXPECT_EQ(gpus[0].device, "cuda:0");
+  EXPECT_GT(gpus[0].total_bytes, 0u);
+  EXPECT_GE(gpus[0].total_bytes, gpus[0].used_bytes);
+  EXPECT_GE(gpus[0].reserved_bytes, gpus[0].allocated_bytes);
 }
 
 TEST_F(InstanceGroups, AFailedDeviceLeavesTheRotationTheOthersServe) {

@@ -355,6 +355,42 @@ TEST_F(Shm, InputErrorsNameTheTensorAndTheRegion) {
   EXPECT_TRUE(client_->infer(shm_request("in", 0, kPixelBytes)).ok());
 }
 
+/// A client that shrinks its object (ftruncate) after registering it gets INVALID_ARGUMENT
+/// naming the region, instead of a SIGBUS of the daemon when the mapping is read or written
+/// (found by breaking the daemon from outside); an empty name and the region cap are refused.
+TEST_F(Shm, ShrunkObjectsEmptyNamesAndTooManyRegionsAreRefused) {
+  ShmObject in("shrink", 4096);
+  ASSERT_TRUE(register_system("in", in.key(), 0, 4096).ok());
+  {
+    const int fd = ::shm_open(in.key().c_str(), O_RDWR, 0600);
+    ASSERT_GE(fd, 0);
+    ASSERT_EQ(::ftruncate(fd, 0), 0);
+    ::close(fd);
+  }
+  auto r = client_->infer(shm_request("in", 0, kPixelBytes));
+  EXPECT_EQ(r.code, Code::invalid_argument);
+  EXPECT_EQ(r.message, "shared memory region 'in': its key '" + in.key() +
+                           "' now holds 0 bytes, less than the offset + byte_size (4096 bytes) "
+                           "it was registered with (register it again)");
+  EXPECT_TRUE(FakeState::get().batches().empty());
+  EXPECT_EQ(register_system("", in.key(), 0, 16).code, Code::invalid_argument);
+
+  shm::Registry registry;
+  ShmObject many("many", 4096);
+  for (std::size_t i = 0; i < shm::kMaxRegions; ++i)
+    registry.register_system("r" + std::to_string(i), many.key(), 0, 16);
+  try {
+    registry.register_system("one_more", many.key(), 0, 16);
+    FAIL() << "region " << shm::kMaxRegions + 1 << " was registered";
+  } catch (const api::Error& e) {
+    EXPECT_EQ(e.code(), Code::resource_exhausted);
+    EXPECT_STREQ(e.what(),
+                 "too many shared memory regions: 1024 are registered (unregister some first)");
+  }
+  EXPECT_EQ(registry.unregister_system(""), static_cast<int>(shm::kMaxRegions));
+  registry.register_system("one_more", many.key(), 0, 16);
+}
+
 /// An output larger than its region: INVALID_ARGUMENT naming the output, the region and both
 /// sizes; nothing is written. A requested output whose region is unknown fails before the
 /// model runs.

@@ -114,6 +114,26 @@ class FakeDetector : public models::Model {
   torch::nn::Module root_;
 };
 
+/// FakeDetector's detections with a mask each: pred_masks (B, 4, 4, 4) where query q's mask
+/// logits are +3 in column q and -3 elsewhere, except query 3, whose mask is all -3 (empty:
+/// dropped by the post-processing, as upstream drops it).
+class FakeSegmenter : public FakeDetector {
+ public:
+  explicit FakeSegmenter(models::LoadOptions options = {}) : FakeDetector(std::move(options)) {
+    description_.model_type = "rf_detr";
+    description_.task = models::Task::instance_segmentation;
+  }
+  std::string model_type() const override { return "rf_detr"; }
+  models::Task task() const override { return models::Task::instance_segmentation; }
+  models::ModelOutput forward(const at::Tensor& pixel_values,
+                              const at::Tensor& mask) const override {
+    auto out = FakeDetector::forward(pixel_values, mask);
+    out.pred_masks = at::full({pixel_values.size(0), 4, 4, 4}, -3.0f);
+    for (int64_t q = 0; q < 3; ++q) out.pred_masks.select(1, q).select(2, q).fill_(3.0f);
+    return out;
+  }
+};
+
 inline std::string read_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   return std::string(std::istreambuf_iterator<char>(in), {});

@@ -161,6 +161,10 @@ def cases():
     VP = {"image_processor_type": "ViTImageProcessor", "do_resize": True, "size": {"height": 224, "width": 224},
           "do_rescale": True, "rescale_factor": 1 / 255, "do_normalize": True, "image_mean": [0.5, 0.5, 0.5],
           "image_std": [0.5, 0.5, 0.5]}
+    DTP = {"image_processor_type": "DeiTImageProcessor", "do_resize": True, "size": {"height": 256, "width": 256},
+           "resample": 3, "do_center_crop": True, "crop_size": {"height": 224, "width": 224}, "do_rescale": True,
+           "rescale_factor": 1 / 255, "do_normalize": True, "image_mean": [0.485, 0.456, 0.406],
+           "image_std": [0.229, 0.224, 0.225]}
     yield "rtdetr_bottleneck_3lvl_320x480", RT, rt_cfg(tr.RTDetrConfig, rt_backbone("bottleneck", (16, 24, 40, 56), (1, 1, 2, 1)), 3, 40), RTP, (2, 320, 480), False
     yield "rtdetr_basic_4lvl_416x288", RT, rt_cfg(tr.RTDetrConfig, rt_backbone("basic", (16, 16, 32, 48), (1, 2, 1, 1)), 4, 25), RTP, (1, 416, 288), False
     yield "rtdetr_v2_352x352", RT2, rt_cfg(tr.RTDetrV2Config, rt_backbone("bottleneck", (16, 32, 48, 64), (1, 1, 1, 1)), 3, 30, decoder_n_levels=3), RTP, (2, 352, 352), False
@@ -184,6 +188,8 @@ def cases():
     # More than 512 backbone channels: scale 2.0 resamples with a 1x1 ConvNorm + ReLU, then ConvTranspose2d.
     yield "lw_detr_wide_backbone_64x96", LW, lw_cfg([2.0], 2, [0], [1, 2], 10, vit=dict(hidden_size=576, mlp_ratio=1)), LWP, (1, 64, 96), False
     yield "vit_48_3layers", tr.ViTForImageClassification, tr.ViTConfig(image_size=224, patch_size=16, hidden_size=48, num_hidden_layers=3, num_attention_heads=4, intermediate_size=64, num_labels=7), VP, (2, 224, 224), False
+    yield "deit_64_3layers", tr.DeiTForImageClassification, tr.DeiTConfig(image_size=224, patch_size=16, hidden_size=64, num_hidden_layers=3, num_attention_heads=4, intermediate_size=96, num_labels=6), DTP, (2, 224, 224), False
+    yield "deit_distilled_96px_patch8", tr.DeiTForImageClassificationWithTeacher, tr.DeiTConfig(image_size=96, patch_size=8, hidden_size=48, num_hidden_layers=2, num_attention_heads=3, intermediate_size=40, num_labels=4), dict(DTP, size={"height": 110, "width": 110}, crop_size={"height": 96, "width": 96}), (3, 96, 96), False
     yield "swin_window6_padding", tr.SwinForImageClassification, tr.SwinConfig(image_size=224, patch_size=4, embed_dim=16, depths=[2, 2, 2], num_heads=[2, 2, 4], window_size=6, num_labels=5), VP, (1, 224, 224), False
 
 

@@ -14,6 +14,7 @@
 #include <sstream>
 
 #include "models/deformable_detr/deformable_detr.h"
+#include "models/deit/deit.h"
 #include "models/dfine/dfine.h"
 #include "models/lw_detr/lw_detr.h"
 #include "models/model.h"
@@ -29,7 +30,7 @@ struct Row {
   std::optional<bool> constant;  ///< the family's exported default, where it has one
 };
 
-/// Model input of a fixture: normalised (Deformable DETR, ViT, Swin) or rescaled (RT-DETR).
+/// Model input of a fixture: normalised (Deformable DETR, ViT, DeiT, Swin) or rescaled (RT-DETR).
 std::pair<at::Tensor, at::Tensor> fixture_input(const std::string& dir) {
   const auto pre = test::read_json(dir + "/preprocessor_config.json");
   at::Tensor mask;
@@ -112,6 +113,8 @@ TEST_P(FusedAttentionPolicy, DefaultFollowsMeasuredByteExactness) {
 INSTANTIATE_TEST_SUITE_P(
     Families, FusedAttentionPolicy,
     ::testing::Values(Row{"vit_tiny", models::vit::kFusedAttentionDefault},
+                      Row{"deit_tiny", models::deit::kFusedAttentionDefault},
+                      Row{"deit_tiny_distilled", models::deit::kFusedAttentionDefault},
                       Row{"swin_tiny", models::swin::kFusedAttentionDefault},
                       Row{"deformable_detr_tiny", models::deformable_detr::kFusedAttentionDefault},
                       Row{"dfine_tiny", models::dfine::kFusedAttentionDefault},

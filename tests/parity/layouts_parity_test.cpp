@@ -37,6 +37,8 @@ const std::vector<std::string> kFixtures{"rtdetr_tiny",
                                          "deformable_detr_tiny_refine",
                                          "deformable_detr_tiny_two_stage",
                                          "vit_tiny",
+                                         "deit_tiny",
+                                         "deit_tiny_distilled",
                                          "swin_tiny"};
 
 LoadOptions with_mode(LayoutMode mode) {

@@ -64,7 +64,15 @@ std::string error_of(const std::string& json) {
 TEST(ImageProcessor, ConfigErrorsNameFileAndKey) {
   EXPECT_EQ(error_of(R"({"image_processor_type": "CLIPImageProcessor"})"),
             "dir/preprocessor_config.json: image_processor_type \"CLIPImageProcessor\" is not "
-            "supported (RTDetrImageProcessor, DeformableDetrImageProcessor, ViTImageProcessor)");
+            "supported (RTDetrImageProcessor, DeformableDetrImageProcessor, ViTImageProcessor, "
+            "DeiTImageProcessor)");
+  EXPECT_EQ(
+      error_of(R"({"image_processor_type": "DeiTImageProcessor", "crop_size": {"height": 4}})"),
+      "dir/preprocessor_config.json: crop_size must be an integer or {height, width}");
+  EXPECT_EQ(error_of(R"({"image_processor_type": "DeiTImageProcessor", "crop_size": 0})"),
+            "dir/preprocessor_config.json: crop_size must be from 1 to 65536 pixels, got 0");
+  EXPECT_EQ(error_of(R"({"image_processor_type": "ViTImageProcessor", "do_center_crop": true})"),
+            "dir/preprocessor_config.json: do_center_crop without a crop_size");
   EXPECT_EQ(error_of(R"({"size": 3})"),
             "dir/preprocessor_config.json: key \"image_processor_type\" is missing");
   EXPECT_EQ(error_of(R"({"image_processor_type": "ViTImageProcessor", "resample": 1})"),
@@ -99,6 +107,65 @@ TEST(ImageProcessor, ConfigErrorsNameFileAndKey) {
   EXPECT_NE(error_of(R"({"image_processor_type": "ViTImageProcessor", "do_pad": "yes"})")
                 .find("\"do_pad\" has a wrong type"),
             std::string::npos);
+}
+
+TEST(ImageProcessor, DeiTDefaultsResizeThenCenterCrop) {
+  // transformers 5.17 DeiTImageProcessor: 256x256 bicubic, center crop 224, mean = std = 0.5;
+  // the Hub's legacy ints (size 256, crop_size 224) are squares.
+  const auto d =
+      ProcessorConfig::from_json(R"({"image_processor_type": "DeiTImageProcessor"})", "x");
+  EXPECT_EQ(d.height, 256);
+  EXPECT_EQ(d.width, 256);
+  EXPECT_EQ(d.resample, 3);
+  EXPECT_TRUE(d.do_center_crop);
+  EXPECT_EQ(d.crop_height, 224);
+  EXPECT_EQ(d.crop_width, 224);
+  EXPECT_FLOAT_EQ(d.image_mean[0], 0.5f);
+  const auto legacy = ProcessorConfig::from_json(
+      R"({"image_processor_type": "DeiTImageProcessor", "size": 192, "crop_size": 160})", "x");
+  EXPECT_EQ(legacy.height, 192);
+  EXPECT_EQ(legacy.width, 192);
+  EXPECT_EQ(legacy.crop_height, 160);
+  EXPECT_EQ(legacy.crop_width, 160);
+  const ImageProcessor proc(legacy);
+  EXPECT_EQ(proc.output_size(480, 640), HW(160, 160));
+  const auto out = proc.preprocess({at::full({3, 300, 200}, 77, at::kByte)});
+  ASSERT_EQ(out.pixel_u8.sizes(), (std::vector<int64_t>{1, 3, 160, 160}));
+  EXPECT_TRUE(at::all(out.pixel_u8.eq(77)).item<bool>());
+  // ViT and the others keep no crop.
+  const auto vit =
+      ProcessorConfig::from_json(R"({"image_processor_type": "ViTImageProcessor"})", "x");
+  EXPECT_FALSE(vit.do_center_crop);
+  EXPECT_EQ(ImageProcessor(vit).output_size(480, 640), HW(224, 224));
+}
+
+TEST(ImageProcessor, CenterCropWindowAndPaddingFollowTorchvisionBackend) {
+  auto crop = [](int64_t ch, int64_t cw) {
+    return ImageProcessor(ProcessorConfig::from_json(
+        R"({"image_processor_type": "DeiTImageProcessor", "do_resize": false, "crop_size": {"height": )" +
+            std::to_string(ch) + R"(, "width": )" + std::to_string(cw) + "}}",
+        "x"));
+  };
+  const at::Tensor im = at::arange(3 * 5 * 7, at::kInt).to(at::kByte).view({3, 5, 7});
+  // Smaller crop: top = int((5 - 3) / 2) = 1, left = int((7 - 4) / 2) = 1.
+  const auto a = crop(3, 4).center_crop(im);
+  ASSERT_EQ(a.sizes(), (std::vector<int64_t>{3, 3, 4}));
+  EXPECT_TRUE(at::equal(a, im.slice(1, 1, 4).slice(2, 1, 5)));
+  // Larger both ways: zero padding left (8 - 7) // 2 = 0, right 1, top (8 - 5) // 2 = 1,
+  // bottom 2, and the padded image is the crop.
+  const auto b = crop(8, 8).center_crop(im);
+  ASSERT_EQ(b.sizes(), (std::vector<int64_t>{3, 8, 8}));
+  EXPECT_TRUE(at::equal(b.slice(1, 1, 6).slice(2, 0, 7), im));
+  EXPECT_EQ(b.sum().item<int64_t>(), im.to(at::kLong).sum().item<int64_t>());
+  // Taller crop, narrower: pad top 1 / bottom 2 to 8 rows, then left = int((7 - 3) / 2) = 2.
+  const auto c = crop(8, 3).center_crop(im);
+  ASSERT_EQ(c.sizes(), (std::vector<int64_t>{3, 8, 3}));
+  EXPECT_TRUE(at::equal(c.slice(1, 1, 6), im.slice(2, 2, 5)));
+  EXPECT_EQ(c.slice(1, 0, 1).sum().item<int64_t>(), 0);
+  // A batch of different sizes is one size after the crop (no do_pad needed).
+  const auto out = crop(4, 4).preprocess({im, at::zeros({3, 9, 6}, at::kByte)});
+  EXPECT_EQ(out.pixel_u8.sizes(), (std::vector<int64_t>{2, 3, 4, 4}));
+  EXPECT_FALSE(out.pixel_mask.defined());
 }
 
 TEST(ImageProcessor, PadsBottomRightWithMask) {

@@ -3,6 +3,9 @@
 //                           [--threshold T] [--timeout SECONDS]
 //   libreyolo-client classify --image FILE [--image FILE ...] [--server HOST:PORT] [--model NAME]
 //                             [--top-k K] [--timeout SECONDS]
+//   libreyolo-client segment --image FILE [--image FILE ...] [--out PNG] [--server HOST:PORT]
+//                            [--model NAME] [--threshold T] [--timeout SECONDS]
+//                            (instance masks; --out: the first image with its masks painted on)
 //   libreyolo-client health [--server HOST:PORT] [--service NAME]
 //   libreyolo-client call METHOD [TEXT] [--server HOST:PORT]   (e.g. call ModelConfig 'name: "m"')
 //   libreyolo-client --help   (the usage on stdout, exit 0)
@@ -18,6 +21,7 @@
 #include <vector>
 
 #include "server/rpc/client.h"
+#include "tools/client/overlay.h"
 
 namespace {
 
@@ -32,10 +36,13 @@ int usage(bool asked = false) {
          "       libreyolo-client classify --image FILE [--image FILE ...] [--server "
          "HOST:PORT] [--model NAME]\n"
          "                                [--top-k K] [--timeout SECONDS]\n"
+         "       libreyolo-client segment --image FILE [--image FILE ...] [--out PNG] "
+         "[--server HOST:PORT] [--model NAME]\n"
+         "                               [--threshold T] [--timeout SECONDS]\n"
          "       libreyolo-client health [--server HOST:PORT] [--service NAME]\n"
          "       libreyolo-client call METHOD [REQUEST_TEXT] [--server HOST:PORT]\n"
          "defaults: --server localhost:8001 --model rtdetr_tiny (detect), vit_tiny "
-         "(classify)\n"
+         "(classify), rfdetr_seg_tiny (segment)\n"
          "       libreyolo-client --help\n";
   return asked ? 0 : 2;
 }
@@ -58,6 +65,17 @@ std::vector<std::string> unpack_bytes(const std::string& raw) {
     at += n;
   }
   return out;
+}
+
+/// Pixels of mask j of image i in a `masks` UINT8 [N,K,H,W] output.
+std::int64_t mask_pixels(const api::OutputTensor& masks, std::size_t i, std::int32_t j) {
+  if (masks.shape.size() != 4) return 0;
+  const std::int64_t plane = masks.shape[2] * masks.shape[3];
+  const std::int64_t at = (static_cast<std::int64_t>(i) * masks.shape[1] + j) * plane;
+  if (at + plane > static_cast<std::int64_t>(masks.data.size())) return 0;
+  std::int64_t n = 0;
+  for (std::int64_t p = 0; p < plane; ++p) n += masks.data[at + p] != 0;
+  return n;
 }
 
 int fail(api::Code code, const std::string& message) {
@@ -100,7 +118,7 @@ int main(int argc, char** argv) {
   }
   if (argc < 2) return usage();
   const std::string command = argv[1];
-  std::string server = "localhost:8001", model, service;
+  std::string server = "localhost:8001", model, service, out_png;
   std::vector<std::string> images, positional;
   double threshold = -1, timeout = 30;
   long long top_k = 0;
@@ -128,6 +146,8 @@ int main(int argc, char** argv) {
         if (used != v.size() || top_k < 1) throw std::invalid_argument("--top-k needs K >= 1");
       } else if (a == "--service")
         service = value();
+      else if (a == "--out")
+        out_png = value();
       else if (a.rfind("--", 0) == 0)
         return usage();
       else
@@ -156,8 +176,11 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  if ((command != "detect" && command != "classify") || images.empty()) return usage();
-  if (model.empty()) model = command == "detect" ? "rtdetr_tiny" : "vit_tiny";
+  const bool segment = command == "segment";
+  if ((command != "detect" && command != "classify" && !segment) || images.empty()) return usage();
+  if (!out_png.empty() && !segment) return usage();
+  if (model.empty())
+    model = command == "detect" ? "rtdetr_tiny" : segment ? "rfdetr_seg_tiny" : "vit_tiny";
   std::vector<std::string> data;
   for (const auto& path : images) {
     std::ifstream in(path, std::ios::binary);
@@ -181,6 +204,7 @@ int main(int argc, char** argv) {
     text << " outputs { name: \"probabilities\" }";
   else
     text << " outputs { name: \"boxes\" } outputs { name: \"num_detections\" }";
+  if (segment) text << " outputs { name: \"masks\" }";
   auto r = client.infer(text.str(), {rpc::pack_bytes(data)}, timeout);
   if (!r.ok()) {
     // The outputs asked for name the model's kind: point at the command that fits it.
@@ -191,6 +215,9 @@ int main(int argc, char** argv) {
     if (r.code == api::Code::invalid_argument &&
         r.message.find("unknown output 'boxes'") != std::string::npos)
       hint = " (" + model + " is an image classifier: use `libreyolo-client classify`)";
+    if (r.code == api::Code::invalid_argument &&
+        r.message.find("unknown output 'masks'") != std::string::npos)
+      hint = " (" + model + " has no masks: use `libreyolo-client detect`)";
     return fail(r.code, r.message + hint);
   }
   if (command == "classify") {
@@ -216,8 +243,30 @@ int main(int argc, char** argv) {
       std::cout << "  " << std::setw(16) << std::left << names[at] << std::right << " label "
                 << labels[at] << " score " << scores[at] << " box [" << std::setprecision(1)
                 << boxes[at * 4] << ", " << boxes[at * 4 + 1] << ", " << boxes[at * 4 + 2] << ", "
-                << boxes[at * 4 + 3] << "]" << std::setprecision(4) << "\n";
+                << boxes[at * 4 + 3] << "]" << std::setprecision(4);
+      if (segment) std::cout << " mask " << mask_pixels(r.output("masks"), i, j) << " px";
+      std::cout << "\n";
     }
+  }
+  if (!out_png.empty()) {
+    const auto& m = r.output("masks");
+    if (m.datatype != "UINT8" || m.shape.size() != 4 ||
+        m.shape[0] != static_cast<std::int64_t>(counts.size()) ||
+        static_cast<std::int64_t>(m.data.size()) !=
+            m.shape[0] * m.shape[1] * m.shape[2] * m.shape[3])
+      return fail(api::Code::internal, "the server's 'masks' output is not UINT8 [N,K,H,W]");
+    try {
+      const auto png = libreyolo::client::mask_overlay_png(
+          data[0], reinterpret_cast<const std::uint8_t*>(m.data.data()), counts[0], m.shape[2],
+          m.shape[3], m.shape[3], m.shape[2] * m.shape[3]);
+      std::ofstream f(out_png, std::ios::binary);
+      f.write(reinterpret_cast<const char*>(png.data()), static_cast<std::streamsize>(png.size()));
+      if (!f) throw std::runtime_error("cannot write " + out_png);
+    } catch (const std::exception& e) {
+      std::cerr << e.what() << "\n";
+      return 1;
+    }
+    std::cout << "wrote " << out_png << " (" << counts[0] << " masks over " << images[0] << ")\n";
   }
   return 0;
 }
