@@ -27,6 +27,10 @@
 #include "models/vit/vit.h"
 #define LIBREYOLO_HAS_VIT 1
 #endif
+#if __has_include("models/lw_detr/lw_detr.h")
+#include "models/lw_detr/lw_detr.h"
+#define LIBREYOLO_HAS_LW_DETR 1
+#endif
 #if __has_include("models/deit/deit.h")
 #include "models/deit/deit.h"
 #define LIBREYOLO_HAS_DEIT 1
@@ -52,6 +56,9 @@ std::unique_ptr<Model> load_family(const std::string& dir, const nlohmann::json&
 #endif
 #ifdef LIBREYOLO_HAS_DEIMV2
   if (type == "deimv2") return load_deimv2(dir, config, options);
+#endif
+#ifdef LIBREYOLO_HAS_LW_DETR
+  if (type == "lw_detr") return load_lw_detr(dir, config, options);
 #endif
 #ifdef LIBREYOLO_HAS_VIT
   if (type == "vit") return load_vit(dir, config, options);

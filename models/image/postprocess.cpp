@@ -40,7 +40,9 @@ DetectionHead detection_head_for(const std::string& model_type) {
   if (model_type == "rt_detr" || model_type == "rt_detr_v2" || model_type == "d_fine" ||
       model_type == "deimv2")
     return DetectionHead::rt_detr;
-  if (model_type == "deformable_detr") return DetectionHead::deformable_detr;
+  // LW-DETR's processor is DeformableDetrImageProcessor (transformers' auto mapping).
+  if (model_type == "deformable_detr" || model_type == "lw_detr")
+    return DetectionHead::deformable_detr;
   throw std::invalid_argument("no object-detection post-processing for model_type \"" + model_type +
                               "\"");
 }

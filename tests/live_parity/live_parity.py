@@ -65,10 +65,14 @@ def reinit(model, seed):
 def topk_gap(model, kw, nq):
     """Smallest gap between consecutive encoder top-k scores: near-ties make top-k unstable."""
     mm = getattr(model, "model", None)
-    if mm is None or not hasattr(mm, "enc_score_head"):
+    if mm is not None and hasattr(mm, "enc_out_class_embed"):  # LW-DETR: group 0 selects at eval
+        head = mm.enc_out_class_embed[0]
+    elif mm is not None and hasattr(mm, "enc_score_head"):
+        head = mm.enc_score_head
+    else:
         return None
     feats = {}
-    h = mm.enc_score_head.register_forward_hook(lambda m, i, o: feats.__setitem__("s", o))
+    h = head.register_forward_hook(lambda m, i, o: feats.setdefault("s", o))
     with torch.no_grad():
         model(**kw)
     h.remove()
@@ -149,6 +153,20 @@ def dd_cfg(**kw):
     return tr.DeformableDetrConfig(**base)
 
 
+def lw_cfg(scales, vit_layers, windows, out_indices, nq, pretrain=224, **kw):
+    vit = dict(hidden_size=48, num_hidden_layers=vit_layers, num_attention_heads=3, mlp_ratio=2, image_size=256,
+               pretrain_image_size=pretrain, patch_size=16, num_windows=4, window_block_indices=windows,
+               out_indices=out_indices)
+    vit.update(kw.pop("vit", {}))
+    bb = tr.LwDetrViTConfig(**vit)
+    base = dict(backbone_config=bb, projector_scale_factors=scales, d_model=32, hidden_expansion=0.5,
+                c2f_num_blocks=1, decoder_ffn_dim=48, decoder_n_points=2, decoder_layers=2,
+                decoder_self_attention_heads=4, decoder_cross_attention_heads=2, num_queries=nq, group_detr=2,
+                num_labels=5)
+    base.update(kw)
+    return tr.LwDetrConfig(**base)
+
+
 def cases():
     """(name, model class, config, processor, input shape (B,H,W) or per-image sizes, masked)."""
     RT, RT2, DD = tr.RTDetrForObjectDetection, tr.RTDetrV2ForObjectDetection, tr.DeformableDetrForObjectDetection
@@ -188,6 +206,14 @@ def cases():
     yield "deimv2_lite_dmodel48_gate_256x320", DV2, dv2_lite(20, d_model=48, decoder_layers=3), RTP, (1, 256, 320), False
     yield "deformable_detr_masked", DD, dd_cfg(), DDP, [(200, 320), (256, 192)], True
     yield "deformable_detr_refine_two_stage", DD, dd_cfg(with_box_refine=True, two_stage=True, two_stage_num_proposals=10), DDP, [(224, 288)], True
+    LW = tr.LwDetrForObjectDetection
+    LWP = dict(DDP, size={"height": 640, "width": 640})  # an exact {height, width} resize
+    # LW-DETR's processor resizes to a fixed {height, width}: non-square inputs, sides multiples of
+    # patch_size * sqrt(num_windows) = 32; pretrain grid 14x14 bicubic-resized to the input's.
+    yield "lw_detr_scales_2_05_256x160", LW, lw_cfg([2.0, 0.5], 3, [0, 2], [1, 3], 15), LWP, (2, 256, 160), False
+    yield "lw_detr_scale_1_masked", LW, lw_cfg([1.0], 2, [1], [2], 10, pretrain=128, activation_function="relu", vit=dict(qkv_bias=False)), LWP, [(192, 224), (160, 224)], True
+    # More than 512 backbone channels: scale 2.0 resamples with a 1x1 ConvNorm + ReLU, then ConvTranspose2d.
+    yield "lw_detr_wide_backbone_64x96", LW, lw_cfg([2.0], 2, [0], [1, 2], 10, vit=dict(hidden_size=576, mlp_ratio=1)), LWP, (1, 64, 96), False
     yield "vit_48_3layers", tr.ViTForImageClassification, tr.ViTConfig(image_size=224, patch_size=16, hidden_size=48, num_hidden_layers=3, num_attention_heads=4, intermediate_size=64, num_labels=7), VP, (2, 224, 224), False
     yield "deit_64_3layers", tr.DeiTForImageClassification, tr.DeiTConfig(image_size=224, patch_size=16, hidden_size=64, num_hidden_layers=3, num_attention_heads=4, intermediate_size=96, num_labels=6), DTP, (2, 224, 224), False
     yield "deit_distilled_96px_patch8", tr.DeiTForImageClassificationWithTeacher, tr.DeiTConfig(image_size=96, patch_size=8, hidden_size=48, num_hidden_layers=2, num_attention_heads=3, intermediate_size=40, num_labels=4), dict(DTP, size={"height": 110, "width": 110}, crop_size={"height": 96, "width": 96}), (3, 96, 96), False

@@ -16,6 +16,7 @@
 #include "models/deformable_detr/deformable_detr.h"
 #include "models/deit/deit.h"
 #include "models/dfine/dfine.h"
+#include "models/lw_detr/lw_detr.h"
 #include "models/model.h"
 #include "models/swin/swin.h"
 #include "models/vit/vit.h"
@@ -117,6 +118,7 @@ INSTANTIATE_TEST_SUITE_P(
                       Row{"swin_tiny", models::swin::kFusedAttentionDefault},
                       Row{"deformable_detr_tiny", models::deformable_detr::kFusedAttentionDefault},
                       Row{"dfine_tiny", models::dfine::kFusedAttentionDefault},
+                      Row{"lw_detr_tiny", models::lw_detr::kFusedAttentionDefault},
                       // measured when the RT-DETR family and its fixture exist
                       Row{"rtdetr_tiny", std::nullopt}),
     [](const ::testing::TestParamInfo<Row>& info) { return info.param.fixture; });

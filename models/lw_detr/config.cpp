@@ -1,0 +1,153 @@
+#include "models/lw_detr/config.h"
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <stdexcept>
+#include <string>
+#include <tuple>
+#include <utility>
+
+namespace libreyolo::models::lw_detr {
+namespace {
+
+layers::Activation activation(const core::ConfigView& v, const std::string& field,
+                              const std::string& fallback) {
+  try {
+    return layers::activation_from_name(v.get_string(field, fallback));
+  } catch (const std::invalid_argument& e) {
+    v.fail(field, e.what());
+  }
+}
+
+/// An int or a list of two ints (patch_size, pretrain_image_size) as (height, width).
+std::pair<int64_t, int64_t> int_or_pair(const core::ConfigView& v, const std::string& field,
+                                        int64_t fallback) {
+  const auto l = v.get_int_or_list(field, fallback);
+  if (l.size() == 1) return {l[0], l[0]};
+  if (l.size() == 2) return {l[0], l[1]};
+  v.fail(field, "must be an integer or a list of two integers");
+}
+
+void positive(const core::ConfigView& v, const std::string& field, int64_t value) {
+  if (value <= 0) v.fail(field, "must be positive, got " + std::to_string(value));
+}
+
+}  // namespace
+
+ViTConfig parse_vit_config(const core::ConfigView& v) {
+  ViTConfig c;
+  v.get_enum("model_type", "lw_detr_vit", {"lw_detr_vit"});
+  c.hidden_size = v.get_int("hidden_size", 768);
+  c.num_layers = v.get_int("num_hidden_layers", 12);
+  c.num_heads = v.get_int("num_attention_heads", 12);
+  c.mlp_ratio = v.get_int("mlp_ratio", 4);
+  c.num_channels = v.get_int("num_channels", 3);
+  c.layer_norm_eps = v.get_double("layer_norm_eps", 1e-6);
+  c.qkv_bias = v.get_bool("qkv_bias", true);
+  c.absolute_position_embeddings = v.get_bool("use_absolute_position_embeddings", true);
+  c.act = activation(v, "hidden_act", "gelu");
+  const auto [ph, pw] = int_or_pair(v, "patch_size", 16);
+  if (ph != pw) v.fail("patch_size", "only square patches are supported");
+  c.patch_size = ph;
+  std::tie(c.pretrain_height, c.pretrain_width) = int_or_pair(v, "pretrain_image_size", 224);
+  c.num_windows = v.get_int("num_windows", 16);
+  c.num_windows_side = static_cast<int64_t>(std::sqrt(static_cast<double>(c.num_windows)));
+  positive(v, "hidden_size", c.hidden_size);
+  positive(v, "num_hidden_layers", c.num_layers);
+  positive(v, "mlp_ratio", c.mlp_ratio);
+  positive(v, "patch_size", c.patch_size);
+  positive(v, "num_windows", c.num_windows);
+  if (c.num_heads <= 0 || c.hidden_size % c.num_heads != 0)
+    v.fail("num_attention_heads", "must divide hidden_size");
+  if (c.num_windows_side * c.num_windows_side != c.num_windows)
+    v.fail("num_windows", "must be a perfect square");
+  const int64_t gh = c.pretrain_height / c.patch_size, gw = c.pretrain_width / c.patch_size;
+  if (c.absolute_position_embeddings && (gh != gw || gh <= 0))
+    v.fail("pretrain_image_size", "the absolute position embeddings need a square patch grid");
+  c.window_block_indices = v.get_int_list("window_block_indices", {});
+  if (v.has("out_indices")) {
+    c.out_indices = v.get_int_list("out_indices");
+  } else if (v.has("out_features")) {
+    const auto& f = v.raw("out_features");
+    if (!f.is_array()) v.fail("out_features", "must be a list of stage names");
+    for (const auto& name : f) {
+      const std::string s = name.is_string() ? name.get<std::string>() : "";
+      if (s == "stem")
+        c.out_indices.push_back(0);
+      else if (s.rfind("stage", 0) == 0 && s.size() > 5 &&
+               std::all_of(s.begin() + 5, s.end(), ::isdigit))
+        c.out_indices.push_back(std::stoll(s.substr(5)));
+      else
+        v.fail("out_features", "unknown stage name " + name.dump());
+    }
+  } else {
+    c.out_indices = {c.num_layers};  // BackboneConfigMixin default: the last stage
+  }
+  if (c.out_indices.empty()) v.fail("out_indices", "must not be empty");
+  for (const auto i : c.out_indices)
+    if (i < 0 || i > c.num_layers)
+      v.fail("out_indices",
+             "stage " + std::to_string(i) + " outside 0.." + std::to_string(c.num_layers));
+  return c;
+}
+
+DetrConfig parse_detr_config(const core::ConfigView& v) {
+  DetrConfig c;
+  c.d_model = v.get_int("d_model", 256);
+  c.decoder_layers = v.get_int("decoder_layers", 3);
+  c.decoder_ffn = v.get_int("decoder_ffn_dim", 2048);
+  c.decoder_points = v.get_int("decoder_n_points", 4);
+  c.self_heads = v.get_int("decoder_self_attention_heads", 8);
+  c.cross_heads = v.get_int("decoder_cross_attention_heads", 16);
+  c.num_queries = v.get_int("num_queries", 300);
+  c.group_detr = v.get_int("group_detr", 13);
+  c.c2f_blocks = v.get_int("c2f_num_blocks", 3);
+  c.hidden_expansion = v.get_double("hidden_expansion", 0.5);
+  c.batch_norm_eps = v.get_double("batch_norm_eps", 1e-5);
+  c.attention_bias = v.get_bool("attention_bias", true);
+  c.projector_act = activation(v, "activation_function", "silu");
+  c.decoder_act = activation(v, "decoder_activation_function", "relu");
+  c.scale_factors = v.get_double_list("projector_scale_factors", {});
+  if (c.scale_factors.empty()) v.fail("projector_scale_factors", "must not be empty");
+  for (const double s : c.scale_factors)
+    if (s != 0.5 && s != 1.0 && s != 2.0)
+      v.fail("projector_scale_factors",
+             "unsupported scale factor " + std::to_string(s) + " (0.5, 1.0, 2.0)");
+  positive(v, "d_model", c.d_model);
+  positive(v, "decoder_layers", c.decoder_layers);
+  positive(v, "decoder_ffn_dim", c.decoder_ffn);
+  positive(v, "decoder_n_points", c.decoder_points);
+  positive(v, "num_queries", c.num_queries);
+  positive(v, "group_detr", c.group_detr);
+  if (c.c2f_blocks < 0) v.fail("c2f_num_blocks", "must not be negative");
+  if (static_cast<int64_t>(c.d_model * c.hidden_expansion) <= 0)
+    v.fail("hidden_expansion", "d_model * hidden_expansion must be at least 1");
+  if (c.self_heads <= 0 || c.d_model % c.self_heads != 0)
+    v.fail("decoder_self_attention_heads", "must divide d_model");
+  if (c.cross_heads <= 0 || c.d_model % c.cross_heads != 0)
+    v.fail("decoder_cross_attention_heads", "must divide d_model");
+  return c;
+}
+
+Config parse_config(const core::ConfigView& v) {
+  Config c;
+  if (v.has("architectures")) {
+    const auto& a = v.raw("architectures");
+    if (!a.is_array() || a.empty() || a[0] != "LwDetrForObjectDetection")
+      v.fail("architectures", "only LwDetrForObjectDetection is supported");
+  }
+  if (!v.has("backbone_config"))
+    v.fail("backbone_config", "missing (the LW-DETR ViT backbone, model_type \"lw_detr_vit\")");
+  c.backbone = parse_vit_config(v.child("backbone_config"));
+  c.detr = parse_detr_config(v);
+  c.id2label = v.id2label();
+  c.detr.num_labels =
+      c.id2label.empty() ? v.get_int("num_labels", 2) : static_cast<int64_t>(c.id2label.size());
+  positive(v, "num_labels", c.detr.num_labels);
+  return c;
+}
+
+}  // namespace libreyolo::models::lw_detr

@@ -1,0 +1,91 @@
+// LwDetrDecoder forward, in transformers 5.17's operation order.
+#include "models/lw_detr/decoder.h"
+
+#include <cmath>
+
+namespace libreyolo::models::lw_detr {
+namespace {
+
+template <class T, class... Args>
+std::shared_ptr<T> make(Args&&... args) {
+  return std::make_shared<T>(std::forward<Args>(args)...);
+}
+
+}  // namespace
+
+at::Tensor sinusoidal_position_embedding(const at::Tensor& pos, int64_t num_pos_feats) {
+  const double scale = 2 * M_PI;
+  auto dim_t = at::arange(num_pos_feats, pos.options().dtype(at::kFloat));
+  dim_t = at::pow(10000, 2 * at::div(dim_t, 2, "floor") / num_pos_feats);
+  std::vector<at::Tensor> embeddings;
+  for (const auto& coord : pos.unbind(-1)) {
+    const auto e = coord.unsqueeze(-1) * scale / dim_t;
+    const int64_t last = e.dim() - 1;
+    embeddings.push_back(
+        at::stack(
+            {e.slice(last, 0, c10::nullopt, 2).sin(), e.slice(last, 1, c10::nullopt, 2).cos()}, -1)
+            .flatten(-2));
+  }
+  if (embeddings.size() >= 2) std::swap(embeddings[0], embeddings[1]);
+  return at::cat(embeddings, -1).to(pos.scalar_type());
+}
+
+DecoderLayerImpl::DecoderLayerImpl(const DetrConfig& c) : act(c.decoder_act) {
+  const int64_t d = c.d_model;
+  layers::AttentionOptions o;
+  o.embed_dim = d;
+  o.num_heads = c.self_heads;
+  o.bias = c.attention_bias;
+  o.o_name = "o_proj";
+  o.softmax_in_float32 = true;  // eager_attention_forward: softmax(dtype=float32)
+  self_attn = register_module("self_attn", make<layers::AttentionImpl>(o));
+  self_attn_layer_norm =
+      register_module("self_attn_layer_norm", make<layers::LayerNormImpl>(d, 1e-5));
+  cross_attn =
+      register_module("cross_attn", make<deformable_detr::MultiscaleDeformableAttentionImpl>(
+                                        d, c.cross_heads, c.num_levels(), c.decoder_points));
+  cross_attn_layer_norm =
+      register_module("cross_attn_layer_norm", make<layers::LayerNormImpl>(d, 1e-5));
+  auto mlp = register_module("mlp", make<torch::nn::Module>());
+  fc1 = mlp->register_module("fc1", make<layers::LinearImpl>(d, c.decoder_ffn));
+  fc2 = mlp->register_module("fc2", make<layers::LinearImpl>(c.decoder_ffn, d));
+  layer_norm = register_module("layer_norm", make<layers::LayerNormImpl>(d, 1e-5));
+}
+
+at::Tensor DecoderLayerImpl::forward(const at::Tensor& x, const at::Tensor& query_pos,
+                                     const at::Tensor& ref, const at::Tensor& memory,
+                                     const at::Tensor& memory_mask,
+                                     const kernels::SpatialShapes& shapes) const {
+  const auto qk = x + query_pos;
+  auto h = self_attn_layer_norm->forward(x + self_attn->forward(qk, qk, x));
+  h = cross_attn_layer_norm->forward(
+      h + cross_attn->forward(h, query_pos, memory, memory_mask, ref, shapes));
+  return layer_norm->forward(h + fc2->forward(layers::activate(act, fc1->forward(h))));
+}
+
+DecoderImpl::DecoderImpl(const DetrConfig& c) : d_model(c.d_model) {
+  std::vector<std::shared_ptr<DecoderLayerImpl>> ls;
+  for (int64_t i = 0; i < c.decoder_layers; ++i) ls.push_back(make<DecoderLayerImpl>(c));
+  layers_ = layers::register_list(*this, "layers", ls);
+  layernorm = register_module("layernorm", make<layers::LayerNormImpl>(c.d_model, 1e-5));
+  ref_point_head = register_module(
+      "ref_point_head",
+      make<layers::MLPImpl>(2 * c.d_model, c.d_model, c.d_model, 2, layers::Activation::relu));
+}
+
+at::Tensor DecoderImpl::forward(const at::Tensor& target, const at::Tensor& reference_points,
+                                const at::Tensor& valid_ratios, const at::Tensor& memory,
+                                const at::Tensor& memory_mask,
+                                const kernels::SpatialShapes& shapes) const {
+  // get_reference: per-level boxes and the query position of level 0's.
+  const auto ref = reference_points.slice(-1, 0, 4).unsqueeze(2) *
+                   at::cat({valid_ratios, valid_ratios}, -1).unsqueeze(1);
+  const auto query_pos =
+      ref_point_head->forward(sinusoidal_position_embedding(ref.select(2, 0), d_model / 2));
+  at::Tensor h = target;
+  for (const auto& layer : layers_)
+    h = layer->forward(h, query_pos, ref, memory, memory_mask, shapes);
+  return layernorm->forward(h);
+}
+
+}  // namespace libreyolo::models::lw_detr

@@ -1,0 +1,142 @@
+// LwDetrForObjectDetection (transformers 5.17), inference only; every step keeps transformers'
+// operation order so that float32 results match.
+#include "models/lw_detr/lw_detr.h"
+
+#include "models/module_model.h"
+
+#include <torch/nn/module.h>
+
+#include <nlohmann/json.hpp>
+#include <stdexcept>
+
+#include "models/core/config.h"
+#include "models/core/safetensors.h"
+#include "models/core/state_dict.h"
+#include "models/deformable_detr/geometry.h"
+#include "models/layers/attention.h"
+#include "models/layers/layers.h"
+#include "models/lw_detr/config.h"
+#include "models/lw_detr/decoder.h"
+#include "models/lw_detr/projector.h"
+#include "models/lw_detr/two_stage.h"
+#include "models/lw_detr/vit_backbone.h"
+
+namespace libreyolo::models {
+namespace lw_detr {
+namespace {
+
+template <class T, class... Args>
+std::shared_ptr<T> make(Args&&... args) {
+  return std::make_shared<T>(std::forward<Args>(args)...);
+}
+
+/// The module tree with the on-disk names ("model.*", "class_embed.*", "bbox_embed.*").
+class LwDetrImpl : public torch::nn::Module {
+ public:
+  explicit LwDetrImpl(const Config& c) : config(c) {
+    const int64_t d = c.detr.d_model;
+    auto model = register_module("model", make<torch::nn::Module>());
+    auto conv_encoder = model->register_module("backbone", make<torch::nn::Module>());
+    backbone = conv_encoder->register_module("backbone", make<ViTBackboneImpl>(c.backbone));
+    projector = conv_encoder->register_module(
+        "projector", make<MultiScaleProjectorImpl>(c.detr, backbone->channels()));
+    decoder = model->register_module("decoder", make<DecoderImpl>(c.detr));
+    selection = std::make_unique<QuerySelection>(*model, c.detr);
+    class_embed = register_module("class_embed", make<layers::LinearImpl>(d, c.detr.num_labels));
+    bbox_embed =
+        register_module("bbox_embed", make<layers::MLPImpl>(d, d, 4, 3, layers::Activation::relu));
+  }
+
+  /// pixel_values (B, 3, H, W), pixel_mask (B, H, W) (nonzero = valid).
+  /// Returns logits (B, Q, num_labels) and pred_boxes (B, Q, 4).
+  std::pair<at::Tensor, at::Tensor> forward(const at::Tensor& pixel_values,
+                                            const at::Tensor& pixel_mask) const {
+    const auto sources = projector->forward(backbone->forward(pixel_values));
+    const auto mask_input = pixel_mask.unsqueeze(0).to(at::kFloat);
+    kernels::SpatialShapes shapes;
+    std::vector<at::Tensor> source_flat, mask_flat, ratios;
+    for (const auto& s : sources) {
+      const auto m =
+          at::upsample_nearest2d(mask_input, {s.size(2), s.size(3)}).to(at::kBool).squeeze(0);
+      shapes.push_back({s.size(2), s.size(3)});
+      source_flat.push_back(s.flatten(2).transpose(1, 2));
+      mask_flat.push_back(m.flatten(1));
+      ratios.push_back(m);
+    }
+    const auto memory = at::cat(source_flat, 1);
+    const auto mask = at::cat(mask_flat, 1);
+    for (auto& m : ratios) m = deformable_detr::valid_ratio(m, memory.scalar_type());
+    const auto valid_ratios = at::stack(ratios, 1);  // (B, L, 2)
+    const auto queries = selection->forward(memory, mask, shapes);
+    const auto h = decoder->forward(queries.target, queries.reference_points, valid_ratios, memory,
+                                    mask, shapes);
+    const auto logits = class_embed->forward(h);
+    const auto boxes = refine_boxes(queries.reference_points, bbox_embed->forward(h));
+    return {logits, boxes};
+  }
+
+  Config config;
+  std::shared_ptr<ViTBackboneImpl> backbone;
+  std::shared_ptr<MultiScaleProjectorImpl> projector;
+  std::shared_ptr<DecoderImpl> decoder;
+  std::unique_ptr<QuerySelection> selection;
+  layers::Linear class_embed;
+  layers::MLP bbox_embed;
+};
+
+class LwDetrModel : public ModuleModel<LwDetrImpl> {
+ public:
+  LwDetrModel(std::shared_ptr<LwDetrImpl> net, const LoadOptions& options)
+      : ModuleModel("lw_detr", Task::object_detection, std::move(net), options) {}
+
+  ModelOutput forward(const at::Tensor& pixel_values, const at::Tensor& pixel_mask) const override {
+    const auto& b = net_->config.backbone;
+    const at::Tensor x =
+        checked_input(pixel_values, b.num_channels, b.patch_size * b.num_windows_side);
+    at::Tensor mask;
+    if (pixel_mask.defined()) {
+      const auto s = pixel_values.sizes();
+      if (pixel_mask.dim() != 3 || pixel_mask.size(0) != s[0] || pixel_mask.size(1) != s[2] ||
+          pixel_mask.size(2) != s[3])
+        throw std::invalid_argument(c10::str("lw_detr: pixel_mask must be (B, H, W) = (", s[0],
+                                             ", ", s[2], ", ", s[3], "), got ",
+                                             pixel_mask.sizes()));
+      if (at::isFloatingType(pixel_mask.scalar_type()) ||
+          at::isComplexType(pixel_mask.scalar_type()))
+        throw std::invalid_argument(
+            c10::str("lw_detr: pixel_mask must be an integer or bool tensor, got ",
+                     pixel_mask.scalar_type()));
+      mask = pixel_mask.to(options_.device);
+    } else {
+      mask = at::ones({x.size(0), x.size(2), x.size(3)}, x.options().dtype(at::kLong));
+    }
+    auto [logits, boxes] = net_->forward(x, mask);
+    ModelOutput out;
+    out.logits = logits.to(at::kFloat);
+    out.pred_boxes = boxes.to(at::kFloat);
+    return out;
+  }
+};
+
+}  // namespace
+}  // namespace lw_detr
+
+std::unique_ptr<Model> load_lw_detr(const std::string& dir, const nlohmann::json& config,
+                                    const LoadOptions& options) {
+  const core::ConfigView view(config, dir + "/config.json");
+  const auto c = lw_detr::parse_config(view);
+  auto net = std::make_shared<lw_detr::LwDetrImpl>(c);
+  const auto file = core::SafetensorsFile::open(dir + "/model.safetensors");
+  core::LoadRules rules;
+  rules.aliases = [](const std::string& key) {
+    std::vector<std::string> out;
+    auto alt = lw_detr::vit_attention_alias(key);
+    if (!alt.empty()) out.push_back(std::move(alt));
+    return out;
+  };
+  core::load_state_dict(*net, *file, rules, options.dtype, options.device);
+  layers::set_fused_attention(*net, lw_detr::kFusedAttentionDefault);
+  return std::make_unique<lw_detr::LwDetrModel>(std::move(net), options);
+}
+
+}  // namespace libreyolo::models

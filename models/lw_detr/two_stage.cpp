@@ -1,0 +1,96 @@
+// LW-DETR two-stage query selection, in transformers 5.17's operation order.
+#include "models/lw_detr/two_stage.h"
+
+#include <c10/util/StringUtil.h>
+
+#include <cmath>
+#include <limits>
+#include <stdexcept>
+
+namespace libreyolo::models::lw_detr {
+namespace {
+
+template <class T, class... Args>
+std::shared_ptr<T> make(Args&&... args) {
+  return std::make_shared<T>(std::forward<Args>(args)...);
+}
+
+}  // namespace
+
+at::Tensor refine_boxes(const at::Tensor& reference, const at::Tensor& deltas) {
+  const auto ref_xy = reference.slice(-1, 0, 2), ref_wh = reference.slice(-1, 2);
+  const auto xy = deltas.slice(-1, 0, 2) * ref_wh + ref_xy;
+  const auto wh = deltas.slice(-1, 2).exp() * ref_wh;
+  return at::cat({xy, wh}, -1);
+}
+
+Proposals encoder_output_proposals(const at::Tensor& memory, const at::Tensor& padding_mask,
+                                   const kernels::SpatialShapes& shapes) {
+  const int64_t B = memory.size(0);
+  const auto opts = memory.options();
+  std::vector<at::Tensor> proposals;
+  int64_t cur = 0;
+  for (size_t level = 0; level < shapes.size(); ++level) {
+    const int64_t h = shapes[level][0], w = shapes[level][1];
+    const auto m = padding_mask.slice(1, cur, cur + h * w).view({B, h, w, 1});
+    const auto valid_h = m.select(2, 0).select(-1, 0).logical_not().sum(1);
+    const auto valid_w = m.select(1, 0).select(-1, 0).logical_not().sum(1);
+    const auto grids =
+        at::meshgrid({at::linspace(0, h - 1, h, opts), at::linspace(0, w - 1, w, opts)}, "ij");
+    const auto grid = at::cat({grids[1].unsqueeze(-1), grids[0].unsqueeze(-1)}, -1);
+    const auto scale =
+        at::cat({valid_w.unsqueeze(-1), valid_h.unsqueeze(-1)}, 1).view({B, 1, 1, 2});
+    const auto g = (grid.unsqueeze(0).expand({B, -1, -1, -1}) + 0.5) / scale;
+    const auto wh = at::ones_like(g) * 0.05 * std::pow(2.0, static_cast<double>(level));
+    proposals.push_back(at::cat({g, wh}, -1).view({B, -1, 4}));
+    cur += h * w;
+  }
+  auto out = at::cat(proposals, 1);
+  const auto valid = ((out > 0.01) & (out < 0.99)).all(-1, /*keepdim=*/true);
+  const auto invalid = padding_mask.unsqueeze(-1) | valid.logical_not();
+  return {memory.masked_fill(invalid, 0.0), out.masked_fill(invalid, 0.0), invalid};
+}
+
+QuerySelection::QuerySelection(torch::nn::Module& model, const DetrConfig& c)
+    : num_queries(c.num_queries) {
+  const int64_t d = c.d_model, n = c.num_queries * c.group_detr;
+  for (int64_t g = 0; g < c.group_detr; ++g) {
+    enc_output.push_back(make<layers::LinearImpl>(d, d));
+    enc_output_norm.push_back(make<layers::LayerNormImpl>(d, 1e-5));
+    enc_out_bbox_embed.push_back(make<layers::MLPImpl>(d, d, 4, 3, layers::Activation::relu));
+    enc_out_class_embed.push_back(make<layers::LinearImpl>(d, c.num_labels));
+  }
+  layers::register_list(model, "enc_output", enc_output);
+  layers::register_list(model, "enc_output_norm", enc_output_norm);
+  layers::register_list(model, "enc_out_bbox_embed", enc_out_bbox_embed);
+  layers::register_list(model, "enc_out_class_embed", enc_out_class_embed);
+  auto qf = model.register_module("query_feat", make<torch::nn::Module>());
+  query_feat = qf->register_parameter("weight", at::empty({n, d}));
+  auto rp = model.register_module("reference_point_embed", make<torch::nn::Module>());
+  reference_point_embed = rp->register_parameter("weight", at::empty({n, 4}));
+}
+
+QuerySelection::Queries QuerySelection::forward(const at::Tensor& memory,
+                                                const at::Tensor& memory_mask,
+                                                const kernels::SpatialShapes& shapes) const {
+  const int64_t B = memory.size(0), S = memory.size(1);
+  if (S < num_queries)
+    throw std::invalid_argument(c10::str("lw_detr: num_queries = ", num_queries, " exceeds the ", S,
+                                         " projector tokens of the input"));
+  const auto p = encoder_output_proposals(memory, memory_mask.logical_not(), shapes);
+  // Group 0 only (LwDetrModel.forward: group_detr = 1 when not training).
+  const auto q = enc_output_norm[0]->forward(enc_output[0]->forward(p.object_query));
+  const auto cls = enc_out_class_embed[0]->forward(q).masked_fill(
+      p.invalid, -std::numeric_limits<double>::infinity());
+  const auto coords = refine_boxes(p.proposals, enc_out_bbox_embed[0]->forward(q));
+  const auto topk = std::get<1>(at::topk(std::get<0>(cls.max(-1)), num_queries, 1));
+  const auto topk_coords = at::gather(coords, 1, topk.unsqueeze(-1).repeat({1, 1, 4}));
+  const auto ref_embed =
+      reference_point_embed.slice(0, 0, num_queries).unsqueeze(0).expand({B, -1, -1});
+  Queries out;
+  out.target = query_feat.slice(0, 0, num_queries).unsqueeze(0).expand({B, -1, -1});
+  out.reference_points = refine_boxes(topk_coords, ref_embed);
+  return out;
+}
+
+}  // namespace libreyolo::models::lw_detr
