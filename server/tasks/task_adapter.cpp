@@ -10,7 +10,7 @@ namespace libreyolo::server {
 namespace {
 
 /// Object detection: the DETR heads' boxes, scores and labels (detector_io.h).
-class DetectionTask final : public TaskAdapter {
+class DetectionTask : public TaskAdapter {
  public:
   DetectionTask(const models::ModelDescription& d, std::map<int64_t, std::string> labels,
                 const ServingConfig& serving)
@@ -20,14 +20,8 @@ class DetectionTask final : public TaskAdapter {
   bool uses_boxes() const override { return true; }
 
   TaskRequest parse(const api::InferRequest& request, const RequestLimits& limits) const override {
-    auto d = parse_detector_request(request, limits, serving_.threshold, serving_.top_k);
-    TaskRequest r;
-    static_cast<ImageInputs&>(r) = std::move(d);
-    r.target_sizes = std::move(d.target_sizes);
-    r.post = d.post;
-    r.post.use_focal_loss = description_.use_focal_loss;
-    r.outputs = std::move(d.outputs);
-    return r;
+    return from_detector(
+        parse_detector_request(request, limits, serving_.threshold, serving_.top_k));
   }
 
   std::vector<api::OutputTensor> respond(const models::ModelOutput& out,
@@ -50,32 +44,36 @@ class DetectionTask final : public TaskAdapter {
             {"top_k", std::to_string(serving_.top_k)}};
   }
 
- private:
+ protected:
+  TaskRequest from_detector(DetectorRequest d) const {
+    TaskRequest r;
+    static_cast<ImageInputs&>(r) = std::move(d);
+    r.target_sizes = std::move(d.target_sizes);
+    r.post = d.post;
+    r.post.use_focal_loss = description_.use_focal_loss;
+    r.outputs = std::move(d.outputs);
+    return r;
+  }
+
   models::ModelDescription description_;
   std::map<int64_t, std::string> labels_;
   ServingConfig serving_;
 };
 
-/// Instance segmentation: the detections with a binary mask each at the target size
+/// Instance segmentation: a detector's I/O plus a binary mask per instance at the target size
 /// (segmentation_io.h; RfDetrImageProcessor.post_process_instance_segmentation).
-class SegmentationTask final : public TaskAdapter {
+class SegmentationTask final : public DetectionTask {
  public:
-  SegmentationTask(const models::ModelDescription& d, std::map<int64_t, std::string> labels,
-                   const ServingConfig& serving)
-      : description_(d), labels_(std::move(labels)), serving_(serving) {}
+  using DetectionTask::DetectionTask;
 
   const char* name() const override { return "instance_segmentation"; }
-  bool uses_boxes() const override { return true; }
   bool uses_masks() const override { return true; }
 
   TaskRequest parse(const api::InferRequest& request, const RequestLimits& limits) const override {
     auto s = parse_segmentation_request(request, limits, serving_.threshold, serving_.top_k);
-    TaskRequest r;
-    static_cast<ImageInputs&>(r) = std::move(s);
-    r.target_sizes = std::move(s.target_sizes);
-    r.post = s.post;
-    r.mask_threshold = s.mask_threshold;
-    r.outputs = std::move(s.outputs);
+    const double mask_threshold = s.mask_threshold;
+    TaskRequest r = from_detector(std::move(s));
+    r.mask_threshold = mask_threshold;
     return r;
   }
 
@@ -101,21 +99,9 @@ class SegmentationTask final : public TaskAdapter {
                                 r.outputs);
   }
 
-  std::vector<api::TensorMetadata> input_metadata() const override {
-    return detector_input_metadata();
-  }
   std::vector<api::TensorMetadata> output_metadata() const override {
     return segmentation_output_metadata(description_.num_queries, description_.num_labels);
   }
-  std::map<std::string, std::string> config_parameters() const override {
-    return {{"threshold", std::to_string(serving_.threshold)},
-            {"top_k", std::to_string(serving_.top_k)}};
-  }
-
- private:
-  models::ModelDescription description_;
-  std::map<int64_t, std::string> labels_;
-  ServingConfig serving_;
 };
 
 /// Image classification: softmax top-k (classifier_io.h).

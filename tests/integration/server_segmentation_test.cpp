@@ -165,7 +165,7 @@ TEST_F(ServerSegmentation, MasksBeyondTheBudgetAreResourceExhaustedForThatReques
 TEST_F(ServerSegmentation, MetadataAndRestReportTheTask) {
   auto c = client();
   const auto meta = c.call("ModelMetadata", "name: \"seg\"").text;
-  EXPECT_NE(meta.find("name: \"masks\"\n    datatype: \"UINT8\""), std::string::npos) << meta;
+  EXPECT_NE(meta.find("name: \"masks\"\n  datatype: \"UINT8\""), std::string::npos) << meta;
   EXPECT_NE(meta.find("name: \"rle_counts\""), std::string::npos) << meta;
   const auto active =
       nlohmann::json::parse(http_get(daemon_->http_port(), "/active").body).at("models")[0];
