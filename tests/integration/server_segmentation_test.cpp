@@ -7,6 +7,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include <cstdlib>
+
+#include "models/image/decode.h"
 #include "models/image/instance_segmentation.h"
 #include "server/app/daemon.h"
 #include "server/rpc/client.h"
@@ -160,6 +163,43 @@ TEST_F(ServerSegmentation, MasksBeyondTheBudgetAreResourceExhaustedForThatReques
       << r.message;
   // The model keeps serving.
   EXPECT_TRUE(c.infer(pv_request(), {kPixels}).ok());
+}
+
+// libreyolo-client segment: the detections with their mask sizes, and --out writes the photo
+// with every mask painted over it: the pixels it changed are mask pixels, most mask pixels
+// changed.
+TEST_F(ServerSegmentation, ClientSegmentWritesTheOverlay) {
+  const auto dir = temp_dir("overlay");
+  const std::string photo = std::string(LIBREYOLO_TEST_FIXTURES) + "/images/coffee.jpg";
+  const std::string png = (dir / "overlay.png").string(), log = (dir / "log.txt").string();
+  const std::string cmd = std::string(LIBREYOLO_BINARY_DIR) +
+                          "/bin/libreyolo-client segment --model seg --image " + photo + " --out " +
+                          png + " --server 127.0.0.1:" + std::to_string(daemon_->grpc_port()) +
+                          " > " + log + " 2>&1";
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << read_file(log);
+  const std::string printed = read_file(log);
+  EXPECT_NE(printed.find(": 3 detections (model seg version 1)"), std::string::npos) << printed;
+  EXPECT_NE(printed.find("wrote " + png + " (3 masks over " + photo + ")"), std::string::npos)
+      << printed;
+  const std::string jpg = read_file(photo), out = read_file(png);
+  const auto before = image::decode_rgb(reinterpret_cast<const uint8_t*>(jpg.data()), jpg.size());
+  const auto after = image::decode_rgb(reinterpret_cast<const uint8_t*>(out.data()), out.size());
+  ASSERT_EQ(after.height, before.height);
+  ASSERT_EQ(after.width, before.width);
+  const at::Tensor any = expected({before.height, before.width}).masks.any(0).contiguous();
+  const auto* inside = any.data_ptr<bool>();
+  int64_t changed = 0, changed_outside = 0, mask_pixels = 0;
+  for (int64_t p = 0; p < before.height * before.width; ++p) {
+    const bool differs = before.rgb[p * 3] != after.rgb[p * 3] ||
+                         before.rgb[p * 3 + 1] != after.rgb[p * 3 + 1] ||
+                         before.rgb[p * 3 + 2] != after.rgb[p * 3 + 2];
+    changed += differs;
+    changed_outside += differs && !inside[p];
+    mask_pixels += inside[p];
+  }
+  EXPECT_EQ(changed_outside, 0);
+  EXPECT_GT(changed, mask_pixels * 9 / 10) << changed << " of " << mask_pixels;
+  remove_tree(dir);
 }
 
 TEST_F(ServerSegmentation, MetadataAndRestReportTheTask) {

@@ -3,8 +3,8 @@
 //                           [--threshold T] [--timeout SECONDS]
 //   libreyolo-client classify --image FILE [--image FILE ...] [--server HOST:PORT] [--model NAME]
 //                             [--top-k K] [--timeout SECONDS]
-//   libreyolo-client segment --image FILE [--image FILE ...] [--out PNG] [--server HOST:PORT]
-//                            [--model NAME] [--threshold T] [--timeout SECONDS]
+//   libreyolo-client segment --model NAME --image FILE [--image FILE ...] [--out PNG]
+//                            [--server HOST:PORT] [--threshold T] [--timeout SECONDS]
 //                            (instance masks; --out: the first image with its masks painted on)
 //   libreyolo-client health [--server HOST:PORT] [--service NAME]
 //   libreyolo-client call METHOD [TEXT] [--server HOST:PORT]   (e.g. call ModelConfig 'name: "m"')
@@ -36,13 +36,13 @@ int usage(bool asked = false) {
          "       libreyolo-client classify --image FILE [--image FILE ...] [--server "
          "HOST:PORT] [--model NAME]\n"
          "                                [--top-k K] [--timeout SECONDS]\n"
-         "       libreyolo-client segment --image FILE [--image FILE ...] [--out PNG] "
-         "[--server HOST:PORT] [--model NAME]\n"
+         "       libreyolo-client segment --model NAME --image FILE [--image FILE ...] "
+         "[--out PNG] [--server HOST:PORT]\n"
          "                               [--threshold T] [--timeout SECONDS]\n"
          "       libreyolo-client health [--server HOST:PORT] [--service NAME]\n"
          "       libreyolo-client call METHOD [REQUEST_TEXT] [--server HOST:PORT]\n"
          "defaults: --server localhost:8001 --model rtdetr_tiny (detect), vit_tiny "
-         "(classify), rfdetr_seg_tiny (segment)\n"
+         "(classify); segment needs --model\n"
          "       libreyolo-client --help\n";
   return asked ? 0 : 2;
 }
@@ -179,8 +179,11 @@ int main(int argc, char** argv) {
   const bool segment = command == "segment";
   if ((command != "detect" && command != "classify" && !segment) || images.empty()) return usage();
   if (!out_png.empty() && !segment) return usage();
-  if (model.empty())
-    model = command == "detect" ? "rtdetr_tiny" : segment ? "rfdetr_seg_tiny" : "vit_tiny";
+  if (segment && model.empty()) {
+    std::cerr << "segment needs --model NAME (an instance segmentation model)\n";
+    return usage();
+  }
+  if (model.empty()) model = command == "detect" ? "rtdetr_tiny" : "vit_tiny";
   std::vector<std::string> data;
   for (const auto& path : images) {
     std::ifstream in(path, std::ios::binary);
