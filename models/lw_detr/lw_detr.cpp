@@ -10,6 +10,7 @@
 #include <stdexcept>
 
 #include "models/core/config.h"
+#include "models/core/pixel_mask.h"
 #include "models/core/safetensors.h"
 #include "models/core/state_dict.h"
 #include "models/deformable_detr/geometry.h"
@@ -93,23 +94,7 @@ class LwDetrModel : public ModuleModel<LwDetrImpl> {
     const auto& b = net_->config.backbone;
     const at::Tensor x =
         checked_input(pixel_values, b.num_channels, b.patch_size * b.num_windows_side);
-    at::Tensor mask;
-    if (pixel_mask.defined()) {
-      const auto s = pixel_values.sizes();
-      if (pixel_mask.dim() != 3 || pixel_mask.size(0) != s[0] || pixel_mask.size(1) != s[2] ||
-          pixel_mask.size(2) != s[3])
-        throw std::invalid_argument(c10::str("lw_detr: pixel_mask must be (B, H, W) = (", s[0],
-                                             ", ", s[2], ", ", s[3], "), got ",
-                                             pixel_mask.sizes()));
-      if (at::isFloatingType(pixel_mask.scalar_type()) ||
-          at::isComplexType(pixel_mask.scalar_type()))
-        throw std::invalid_argument(
-            c10::str("lw_detr: pixel_mask must be an integer or bool tensor, got ",
-                     pixel_mask.scalar_type()));
-      mask = pixel_mask.to(options_.device);
-    } else {
-      mask = at::ones({x.size(0), x.size(2), x.size(3)}, x.options().dtype(at::kLong));
-    }
+    const at::Tensor mask = core::checked_pixel_mask("lw_detr", x, pixel_mask, options_.device);
     auto [logits, boxes] = net_->forward(x, mask);
     ModelOutput out;
     out.logits = logits.to(at::kFloat);
