@@ -172,11 +172,14 @@ ServerConfig parse_root(const YAML::Node& root, const std::string& file, const O
         if (value != "default" && value != "on" && value != "off")
           fail(file, v, "tf32 must be default, on or off, got '" + v.Scalar() + "'");
         set(c.tf32, value, file, v);
+      } else if (key == "cudnn_benchmark") {
+        set(c.cudnn_benchmark, as<bool>(file, v, key, "true or false"), file, v);
       } else if (key == "kernels") {
         kernels_node = v;
       } else {
         fail(file, kv.first,
-             "unknown key " + key + " (expected server, model_repository, device, tf32, kernels)");
+             "unknown key " + key +
+                 " (expected server, model_repository, device, tf32, cudnn_benchmark, kernels)");
       }
     }
   }
@@ -327,6 +330,7 @@ std::string describe(const ServerConfig& c) {
   row(out, "", "model_repository", absolute(c.model_repository));
   row(out, "", "device", c.device);
   row(out, "", "tf32", c.tf32);
+  row(out, "", "cudnn_benchmark", c.cudnn_benchmark);
   const auto& k = c.kernels;
   out << "kernels:\n";
   row(out, "  ", "selection", k.selection,

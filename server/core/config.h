@@ -58,6 +58,11 @@ struct ServerConfig {
   /// matrix multiplications do not), `on` allows both, `off` neither (float32 results equal to the
   /// CPU reference within 1e-4; RT-DETR-R50 batch 8 is 2.6x slower on the H200).
   Setting<std::string> tf32{"default"};
+  /// PyTorch's torch.backends.cudnn.benchmark: `on` times cuDNN's convolution algorithms once per
+  /// input shape (at a model's warm-up or first batch of that size) and keeps the fastest; `off`
+  /// uses cuDNN's heuristics. Served shapes are few and fixed, so on pays once; the 2026-12-01
+  /// torch.compile anchors (tools/bench_models/anchors.py) ran with it on.
+  Setting<bool> cudnn_benchmark{true};
 
   kernels::Policy kernels;  ///< the `kernels:` section + environment
 };

@@ -42,6 +42,7 @@ ServerCore::ServerCore(const ServerConfig& config, Metrics& metrics, ModelFactor
     at::globalContext().setAllowTF32CuDNN(on);
     at::globalContext().setAllowTF32CuBLAS(on);
   }
+  at::globalContext().setBenchmarkCuDNN(config_.cudnn_benchmark.value);
 }
 
 ServerCore::~ServerCore() {
@@ -298,7 +299,8 @@ std::string ServerCore::active_json() const {
   }
   const json torch = {{"tf32", config_.tf32.value},
                       {"allow_tf32_cudnn", at::globalContext().allowTF32CuDNN()},
-                      {"allow_tf32_matmul", at::globalContext().allowTF32CuBLAS()}};
+                      {"allow_tf32_matmul", at::globalContext().allowTF32CuBLAS()},
+                      {"cudnn_benchmark", at::globalContext().benchmarkCuDNN()}};
   // The server section of the configuration (kernels: "policy" above), with the origin of
   // every value as --print-config shows it.
   auto server_setting = [&](const auto& st) { return setting(st.value, st.source, st.origin); };

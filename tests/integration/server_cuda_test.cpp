@@ -208,6 +208,24 @@ TEST(ServerCuda, Tf32SettingParsesAndIsReported) {
       std::string::npos);
 }
 
+TEST(ServerCuda, CudnnBenchmarkSettingParsesAndIsReported) {
+  const kernels::Environment env{{"LIBREYOLO_HUB_KERNELS", "0"}};
+  EXPECT_TRUE(parse_config("", "s.yaml", {}, env).cudnn_benchmark.value);
+  EXPECT_FALSE(parse_config("cudnn_benchmark: off\n", "s.yaml", {}, env).cudnn_benchmark.value);
+  EXPECT_FALSE(parse_config("cudnn_benchmark: false\n", "s.yaml", {}, env).cudnn_benchmark.value);
+  EXPECT_EQ(parse_config("cudnn_benchmark: on\n", "s.yaml", {}, env).cudnn_benchmark.origin,
+            "s.yaml:1:18");
+  try {
+    parse_config("device: cpu\ncudnn_benchmark: fast\n", "s.yaml", {}, env);
+    FAIL() << "cudnn_benchmark: fast was accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_STREQ(e.what(), "s.yaml:2:18: cudnn_benchmark must be true or false, got 'fast'");
+  }
+  EXPECT_NE(describe(parse_config("cudnn_benchmark: off\n", "s.yaml", {}, env))
+                .find("cudnn_benchmark: false  # s.yaml:1:18"),
+            std::string::npos);
+}
+
 TEST(ServerCuda, CudaGraphsOnACpuModelAreIgnoredWithTheReason) {
   const auto repo = temp_dir("cpu_graphs_repo");
   add_rtdetr_tiny(repo, "device: cpu\ncuda_graphs: on\nwarmup: false\n");
@@ -219,6 +237,7 @@ TEST(ServerCuda, CudaGraphsOnACpuModelAreIgnoredWithTheReason) {
     EXPECT_EQ(model_entry(active, "rtdetr_tiny").at("cuda_graphs"), "off: the model runs on cpu");
     EXPECT_EQ(model_entry(active, "rtdetr_tiny").at("device"), "cpu");
     EXPECT_EQ(active.at("torch").at("tf32"), "default");
+    EXPECT_EQ(active.at("torch").at("cudnn_benchmark"), true);
     daemon.stop(1.0);
   }
   remove_tree(repo);

@@ -4,6 +4,7 @@
 //                          [--dtype float32|float16|bfloat16] [--iters N] [--warmup N] [--tf32]
 //                          [--cuda-graph] [--fused-attention default|on|off]
 //                          [--layouts default|on|off] [--out FILE.json] [--profile]
+//                          [--no-cudnn-benchmark]
 // Prints one line per batch size: ms per forward (median of --iters, after --warmup), images/s,
 // and the kernel calls counted per implementation of ms_deform_attn, so that a run under
 // LIBREYOLO_KERNELS=reference (portable path) and one without can be compared; then one
@@ -23,6 +24,8 @@
 // gemm, elementwise, ...) from the torch profiler (tools/bench_models/profile.h).
 // --layouts picks the layouts (models/layouts/; not given: LIBREYOLO_LAYOUTS, else default); what
 // was applied goes to stderr and, with --out, into the JSON file with every timed line.
+// cuDNN benchmark mode is on, as in the daemon (server.yaml `cudnn_benchmark`) and the anchors
+// (tools/bench_models/anchors.py); --no-cudnn-benchmark uses cuDNN's heuristics instead.
 // Exit codes: 0 ok, 1 runtime error, 2 usage error.
 #include <ATen/ATen.h>
 #include <ATen/Context.h>
@@ -52,7 +55,7 @@ int usage() {
   std::cerr << "usage: libreyolo-bench-models --model DIR [--size 640|HxW] [--batch 1,8] "
                "[--device cpu|cuda] [--dtype float32|float16|bfloat16] [--iters N] [--warmup N] "
                "[--tf32] [--cuda-graph] [--fused-attention default|on|off] "
-               "[--layouts default|on|off] [--out FILE.json] [--profile]\n";
+               "[--layouts default|on|off] [--out FILE.json] [--profile] [--no-cudnn-benchmark]\n";
   return 2;
 }
 
@@ -130,7 +133,7 @@ int main(int argc, char** argv) {
   std::string fused = "default", layouts, out;
   int64_t height = 640, width = 640;
   int iters = 10, warmup = 3;
-  bool tf32 = false, cuda_graph = false, profile = false;
+  bool tf32 = false, cuda_graph = false, profile = false, cudnn_benchmark = true;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto next = [&]() -> std::string { return i + 1 < argc ? argv[++i] : ""; };
@@ -151,6 +154,8 @@ int main(int argc, char** argv) {
         warmup = std::stoi(next());
       else if (a == "--tf32")
         tf32 = true;
+      else if (a == "--no-cudnn-benchmark")
+        cudnn_benchmark = false;
       else if (a == "--cuda-graph")
         cuda_graph = true;
       else if (a == "--fused-attention")
@@ -179,6 +184,7 @@ int main(int argc, char** argv) {
     kernels::initialize(policy);
     at::globalContext().setAllowTF32CuBLAS(tf32);
     at::globalContext().setAllowTF32CuDNN(tf32);
+    at::globalContext().setBenchmarkCuDNN(cudnn_benchmark);  // the daemon's default
     libreyolo::models::LoadOptions options;
     options.device = at::Device(device_name);
     options.dtype = dtype_name == "float16"    ? at::kHalf
@@ -252,6 +258,7 @@ int main(int argc, char** argv) {
       std::cout << "model=" << model->model_type() << " dir=" << model_dir
                 << " device=" << device_name << " dtype=" << dtype_name
                 << " tf32=" << (tf32 ? "on" : "off")
+                << " cudnn_benchmark=" << (cudnn_benchmark ? "on" : "off")
                 << " cuda_graph=" << (cuda_graph ? "on" : "off") << " fused_attention=" << fused
                 << " layouts=" << kernels::layout_mode_name(mode.value) << " size=" << size_text
                 << " batch=" << b << " median_ms=" << median << " min_ms=" << ms.front()
