@@ -8,7 +8,8 @@
 #
 # Rows (ROWS=comma list; each row is one model, ours + eager + compile):
 #   r50        RT-DETR-R50vd 640, batch 1 and 32 (ours: layouts off/default/on; profile by op class
-#              of the batch-32 forward, layouts default and on); anchors at 32 (FULL=1: and 1)
+#              of the batch-32 forward, layouts default and on; batch 32 with cuDNN's heuristics
+#              instead of benchmark mode); anchors at 32 (FULL=1: and 1)
 #   r18        RT-DETR-R18vd 640, batch 1 and 32; anchors at 32 (FULL=1: and 1)
 #   dfine      D-FINE L (HGNetV2-B4) 640, batch 1 and 32; anchors at 32 and 1
 #   deformable Deformable DETR (ResNet-50) 800x1333, batch 1 and 8; anchors at 8 and 1
@@ -114,6 +115,8 @@ for r in ${rows//,/ }; do
     for layouts in default on; do
       ours "R50 bf16 eager profile layouts=$layouts" rtdetr_r50vd bfloat16 640 32 "--layouts $layouts --profile"
     done
+    ours "R50 bf16 graphs layouts=default cuDNN heuristics" rtdetr_r50vd bfloat16 640 32 \
+      "--cuda-graph --layouts default --no-cudnn-benchmark"
     anchors rtdetr_r50vd 640 "$([ "$full" = 1 ] && echo 32,1 || echo 32)" $conv_modes
     ;;
   r18)

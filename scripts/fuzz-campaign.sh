@@ -19,7 +19,8 @@
 # LD_LIBRARY_PATH, as is the torch wheel's lib folder of LIBREYOLO_VENV's python or of
 # TORCH_LIB), FUZZ_CORPUS_DIR (the growing corpora, default $BUILD_DIR/fuzz-corpus; seeded from
 # tests/fixtures/fuzz/<target>), FUZZ_MACHINE (what the table says ran it; default from nproc and
-# /proc/cpuinfo). Run it under `nice -n 19` on a shared machine.
+# /proc/cpuinfo), FUZZ_COMMIT (the commit the binaries were built from, for prebuilt binaries
+# run outside a git checkout). Run it under `nice -n 19` on a shared machine.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
@@ -34,7 +35,7 @@ while [ $# -gt 0 ]; do
     --seconds) seconds=$2; shift 2 ;;
     --no-table) table=0; shift ;;
     --bundle) bundle=$2; shift 2 ;;
-    -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,26p' "$0"; exit 0 ;;
     *) targets+=("$1"); shift ;;
   esac
 done
@@ -80,8 +81,9 @@ corpus_root=${FUZZ_CORPUS_DIR:-$root/$build/fuzz-corpus}
 source scripts/fuzz-max-len.sh
 mkdir -p docs/fuzz "$corpus_root"
 export LIBREYOLO_FUZZ_FIXTURES=$root/tests/fixtures LIBREYOLO_LOG_LEVEL=${LIBREYOLO_LOG_LEVEL:-error}
-commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
-dirty=$(git status --porcelain --untracked-files=no 2>/dev/null | grep -q . && echo "+dirty" || true)
+commit=${FUZZ_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
+dirty=""
+[ -n "${FUZZ_COMMIT:-}" ] || dirty=$(git status --porcelain --untracked-files=no 2>/dev/null | grep -q . && echo "+dirty" || true)
 machine=${FUZZ_MACHINE:-"$(nproc) cores, $(sed -n 's/^model name[^:]*: //p' /proc/cpuinfo | head -1)"}
 
 for t in "${targets[@]}"; do
