@@ -11,8 +11,8 @@
 #              of the batch-32 forward, layouts default and on; batch 32 with cuDNN's heuristics
 #              instead of benchmark mode); anchors at 32 (FULL=1: and 1)
 #   r18        RT-DETR-R18vd 640, batch 1 and 32; anchors at 32 (FULL=1: and 1)
-#   dfine      D-FINE L (HGNetV2-B4) 640, batch 1 and 32; anchors at 32 and 1
-#   deformable Deformable DETR (ResNet-50) 800x1333, batch 1 and 8; anchors at 8 and 1
+#   dfine      D-FINE L (HGNetV2-B4) 640, batch 1 and 32; anchors at 32 (FULL=1: and 1)
+#   deformable Deformable DETR (ResNet-50) 800x1333, batch 1 and 8; anchors at 8 (FULL=1: and 1)
 #   vit        ViT-B/16 224, batch 32; anchors at 32
 #   swin       Swin-T 224, batch 32; anchors at 32
 #   fp32       RT-DETR-R50 fp32 (TF32 off) batch 32, layouts off and on (no anchors)
@@ -131,13 +131,13 @@ for r in ${rows//,/ }; do
     for layouts in default on; do
       ours "D-FINE-L bf16 graphs layouts=$layouts" dfine_l bfloat16 640 1,32 "--cuda-graph --layouts $layouts"
     done
-    anchors dfine_l 640 32,1 $conv_modes
+    anchors dfine_l 640 "$([ "$full" = 1 ] && echo 32,1 || echo 32)" $conv_modes
     ;;
   deformable)
     checkpoint deformable_detr deformable || continue
     ours "Deformable DETR bf16 graphs" deformable_detr bfloat16 800x1333 1,8 "--cuda-graph --layouts default"
     ours "Deformable DETR bf16 eager" deformable_detr bfloat16 800x1333 1,8 "--layouts default"
-    anchors deformable_detr 800x1333 8,1 $conv_modes
+    anchors deformable_detr 800x1333 "$([ "$full" = 1 ] && echo 8,1 || echo 8)" $conv_modes
     ;;
   vit | swin)
     m=$([ "$r" = vit ] && echo vit_base || echo swin_tiny)

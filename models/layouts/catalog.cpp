@@ -58,8 +58,11 @@ bool on_by_default(const std::string& layout, const std::string& model_type) {
   if (layout == "repvgg" || layout == "batchnorm_fold" || layout == "channels_last")
     return in(detectors);
   if (layout == "qkv_concat") return in(all);
-  // avgpool_fold: parity-exact (layouts_parity_test.cpp), but it trades the pooling kernel for
-  // 4x the shortcut convolution's FLOPs; off until measured on the GPU (docs/BENCHMARKS.md).
+  // avgpool_fold (ResNet-vd shortcuts only: its predicate): parity-exact (layouts_parity_test.cpp)
+  // and, although the 2x2 stride-2 conv has 4x the 1x1 shortcut's FLOPs, it removes the NHWC
+  // avg_pool2d kernel (2.3 of 21 ms): RT-DETR-R50 bf16 batch 32 21.05 -> 19.37 ms on the H200
+  // (docs/BENCHMARKS.md "Against torch.compile", 2026-12-01 second run).
+  if (layout == "avgpool_fold") return in(detectors);
   return false;
 }
 

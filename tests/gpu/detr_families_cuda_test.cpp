@@ -86,8 +86,10 @@ TEST_P(DetrFamilyCuda, CudaKernelIsCalledAndEqualsPortablePathAndFixture) {
   portable_options.kernel_slots = {{kernels::kMsDeformAttn.name, {kernels::kReference}}};
   const auto portable = models::load_model(dir, portable_options);
   const auto ref_out = portable->forward(pixels);
-  EXPECT_EQ(binding_of(portable_options.name, kernels::kMsDeformAttn.name).selected,
-            kernels::kReference);
+  // Only `reference` allowed: no implementation is bound and the handle runs the portable path.
+  const auto portable_bound = binding_of(portable_options.name, kernels::kMsDeformAttn.name);
+  EXPECT_EQ(portable_bound.selected, kernels::kUnavailable);
+  EXPECT_EQ(calls_of(portable_bound, "cuda"), 0u);
 
   const double dl = test::max_abs_diff(out.logits, logits_ref);
   const double db = test::max_abs_diff(out.pred_boxes, boxes_ref);
