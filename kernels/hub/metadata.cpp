@@ -8,6 +8,7 @@
 #include <stdexcept>
 
 #include "kernels/hub/digest.h"
+#include "kernels/policy.h"
 
 namespace libreyolo::kernels::hub {
 namespace {
@@ -65,10 +66,10 @@ KernelMetadata parse_metadata(const std::string& text, const std::string& path) 
     throw std::runtime_error(path + ": " + e.what());
   }
   if (!is_identifier(m.id)) {
-    // A huge id is echoed clipped (it becomes a log line).
-    const std::string shown = m.id.size() > 64 ? m.id.substr(0, 48) + "...' (" +
+    // A huge id is echoed clipped and control characters escaped (it becomes one log line).
+    const std::string shown = m.id.size() > 64 ? printable(m.id.substr(0, 48)) + "...' (" +
                                                      std::to_string(m.id.size()) + " characters)"
-                                               : m.id + "'";
+                                               : printable(m.id) + "'";
     throw std::runtime_error(path + ": id '" + shown + " is not a valid op namespace");
   }
   return m;

@@ -42,14 +42,17 @@ at::Tensor MultiscaleDeformableAttentionImpl::forward(const at::Tensor& hidden,
   at::Tensor locations;
   const int64_t coords = reference_points.size(-1);
   if (coords == 2) {
-    std::vector<float> wh;
-    for (const auto& s : shapes) {
-      wh.push_back(static_cast<float>(s[1]));
-      wh.push_back(static_cast<float>(s[0]));
+    // (W, H) per level, filled on the tensor's device: a host tensor copied over would be a
+    // pageable host-to-device copy, which a CUDA graph capture refuses (the daemon's
+    // cuda_graphs, models/runtime/cuda_graph_runner.h), and a synchronising one eagerly.
+    TORCH_CHECK(static_cast<int64_t>(shapes.size()) == L, "deformable attention: ", shapes.size(),
+                " spatial shapes for ", L, " levels");
+    auto normalizer = at::empty({L, 2}, offsets.options());
+    for (int64_t l = 0; l < L; ++l) {
+      normalizer.select(0, l).select(0, 0).fill_(static_cast<double>(shapes[l][1]));
+      normalizer.select(0, l).select(0, 1).fill_(static_cast<double>(shapes[l][0]));
     }
-    const auto normalizer = at::tensor(wh, at::TensorOptions().dtype(at::kFloat))
-                                .to(offsets.device(), offsets.scalar_type())
-                                .view({1, 1, 1, L, 1, 2});
+    normalizer = normalizer.view({1, 1, 1, L, 1, 2});
     locations = reference_points.unsqueeze(2).unsqueeze(4) + offsets / normalizer;
   } else if (coords == 4) {
     const auto ref = reference_points.unsqueeze(2).unsqueeze(4);  // (B, Q, 1, L, 1, 4)

@@ -110,11 +110,16 @@ HGNetV2Config HGNetV2Config::parse(const core::ConfigView& b) {
     if (c.stage_kernel_size[s] < 1 || c.stage_kernel_size[s] % 2 == 0)
       b.fail("stage_kernel_size", "must be odd and positive");
     if (c.stage_downsample_strides[s] < 1) b.fail("stage_downsample_strides", "must be positive");
-    // BackboneMixin.channels comes from hidden_sizes; the maps have stage_out_channels.
-    if (c.hidden_sizes[s] != c.stage_out_channels[s])
+    // BackboneMixin.channels comes from hidden_sizes (num_features = [embedding_size] +
+    // hidden_sizes, indexed by out_indices); the maps have stage_out_channels. Only the stages
+    // the backbone returns must agree: DFineConfig's default HGNetV2 (D-FINE L as published)
+    // has hidden_sizes[0] 256 against stage_out_channels[0] 128 for the unreturned stage1.
+    const bool returned = std::find(c.out_indices.begin(), c.out_indices.end(),
+                                    static_cast<int64_t>(s) + 1) != c.out_indices.end();
+    if (returned && c.hidden_sizes[s] != c.stage_out_channels[s])
       b.fail("hidden_sizes",
-             "must equal stage_out_channels (transformers derives the "
-             "backbone's channels from hidden_sizes)");
+             "must equal stage_out_channels for the stages in out_indices (transformers derives "
+             "the backbone's channels from hidden_sizes)");
   }
   for (auto i : c.out_indices)
     if (i < 0 || i > static_cast<int64_t>(n))

@@ -24,7 +24,8 @@ struct HGNetV2Config {
       stage_numb_of_layers{6, 6, 6, 6};
   std::vector<bool> stage_downsample{false, true, true, true},
       stage_light_block{false, false, true, true};
-  /// BackboneMixin.channels comes from these (not stage_out_channels): parse() requires equality.
+  /// BackboneMixin.channels comes from these (not stage_out_channels): parse() requires equality
+  /// for the stages in out_indices.
   std::vector<int64_t> hidden_sizes{256, 512, 1024, 2048};
   std::vector<int64_t> out_indices{2, 3, 4};  ///< stage_names indices: 0 = stem, s = stage s
   bool use_learnable_affine_block = false;

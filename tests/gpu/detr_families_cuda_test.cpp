@@ -16,6 +16,7 @@
 #include "models/core/config.h"
 #include "models/core/safetensors.h"
 #include "models/model.h"
+#include "models/runtime/cuda_graph_runner.h"
 #include "tests/parity/fused_attention_fixtures.h"
 
 namespace libreyolo {
@@ -102,6 +103,32 @@ TEST_P(DetrFamilyCuda, CudaKernelIsCalledAndEqualsPortablePathAndFixture) {
   EXPECT_LE(db, 1e-5);
   EXPECT_LE(pl, 1e-4);
   EXPECT_LE(pb, 1e-5);
+}
+
+TEST(DeformableDetrCuda, CudaGraphReplayEqualsEager) {
+  // Deformable DETR's 2-coordinate reference points divide the offsets by each level's (W, H);
+  // that normaliser was copied from the host, which the capture refused at 800x1333 on the H200
+  // (docs/BENCHMARKS.md, 2026-12-01 second run). Now filled on the device: the forward captures.
+  if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device";
+  using models::CudaGraphRunner;
+  ASSERT_TRUE(CudaGraphRunner::supported());
+  at::globalContext().setAllowTF32CuDNN(false);
+  at::globalContext().setAllowTF32CuBLAS(false);
+  models::LoadOptions options;
+  options.device = at::Device(at::kCUDA, 0);
+  const auto model = models::load_model(test::model_fixture("deformable_detr_tiny"), options);
+  const int64_t height = 64, width = 96;
+  CudaGraphRunner runner(*model, {1, 2}, height, width, at::kFloat, options.device);
+  c10::InferenceMode guard;
+  const auto pixels = at::rand({2, 3, height, width}, at::TensorOptions().device(options.device));
+  const auto eager = model->forward(pixels);
+  const auto replay = runner.run(pixels);
+  const double dl = test::max_abs_diff(replay.logits, eager.logits);
+  const double db = test::max_abs_diff(replay.pred_boxes, eager.pred_boxes);
+  std::cout << "[gpu] deformable_detr_tiny graph(2) vs eager: max|logits diff| = " << dl
+            << ", max|pred_boxes diff| = " << db << "\n";
+  EXPECT_LE(dl, 1e-4);
+  EXPECT_LE(db, 1e-5);
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, DetrFamilyCuda,

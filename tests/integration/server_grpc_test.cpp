@@ -11,8 +11,8 @@
 #include "kernels/registry.h"
 #include "log/log.h"
 #include "models/core/safetensors.h"
-#include "server/core/config.h"
 #include "server/app/daemon.h"
+#include "server/core/config.h"
 #include "server/rpc/client.h"
 #include "server_test_support.h"
 
@@ -309,7 +309,9 @@ TEST_F(ServerGrpc, BadInputsGetExactStatuses) {
        "input 'images': shape [2] says 2 elements but the BYTES data holds 1"},
       {"malformed BYTES",
        images_request("fake", 1),
-       {std::string("\xff\x00\x00\x00abc", 7)},
+       {std::string("\xff\x00\x00\x00"
+                    "abc",
+                    7)},  // length 255, 3 bytes
        Code::invalid_argument,
        "input 'images': BYTES data is malformed"},
       {"raw and typed both",

@@ -13,10 +13,10 @@
 #include <nlohmann/json.hpp>
 
 #include "kernels/registry.h"
-#include "server/core/config.h"
 #include "server/app/daemon.h"
-#include "server/tasks/image_inputs.h"
+#include "server/core/config.h"
 #include "server/rpc/client.h"
+#include "server/tasks/image_inputs.h"
 #include "server_test_support.h"
 
 namespace libreyolo::server {
@@ -175,6 +175,7 @@ void expect_same_values(const ServerConfig& a, const ServerConfig& b) {
   EXPECT_EQ(absolute_path(a.model_repository.value), absolute_path(b.model_repository.value));
   EXPECT_EQ(a.device.value, b.device.value);
   EXPECT_EQ(a.tf32.value, b.tf32.value);
+  EXPECT_EQ(a.cudnn_benchmark.value, b.cudnn_benchmark.value);
   const auto &k = a.kernels, &l = b.kernels;
   EXPECT_EQ(k.selection.value, l.selection.value);
   EXPECT_EQ(k.hub_kernels.value, l.hub_kernels.value);
@@ -212,6 +213,7 @@ TEST(ServerHardenConfig, PrintConfigIsYamlThatReadsBackToTheSameValues) {
       "model_repository: \"/tmp/odd repo #2: x\\\"q\\\\ '\"\n"
       "device: cuda:3\n"
       "tf32: off\n"
+      "cudnn_benchmark: false\n"
       "kernels:\n"
       "  selection: reference\n"
       "  fused_attention: on\n"
@@ -256,7 +258,7 @@ TEST(ServerHardenConfig, PrintConfigIsYamlThatReadsBackToTheSameValues) {
             std::string::npos);
   // The origin of a slot's list is its key (the check of its names points there).
   EXPECT_NE(text.find("    ms_deform_attn:\n      allow: [cuda, hub]  # "
-                      "/etc/libreyolo/server.yaml:19:5\n"),
+                      "/etc/libreyolo/server.yaml:20:5\n"),
             std::string::npos);
   EXPECT_NE(text.find("  layouts: default  # default\n"), std::string::npos) << text;
   EXPECT_NE(text.find("  # hub token: set (environment HF_TOKEN)\n"), std::string::npos);

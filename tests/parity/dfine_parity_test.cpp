@@ -218,7 +218,22 @@ TEST(DFineLoading, ConfigErrorsNameTheField) {
   EXPECT_THROW(dfine::Config::parse(core::ConfigView(bad, "config.json")), core::ConfigError);
   bad = config;
   bad["backbone_config"]["hidden_sizes"] = {64, 128, 256, 1024};
-  EXPECT_THROW(dfine::Config::parse(core::ConfigView(bad, "config.json")), core::ConfigError);
+  try {
+    dfine::Config::parse(core::ConfigView(bad, "config.json"));
+    FAIL() << "hidden_sizes differing from stage_out_channels in a returned stage was accepted";
+  } catch (const core::ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("field 'backbone_config.hidden_sizes': must equal "
+                                         "stage_out_channels for the stages in out_indices"),
+              std::string::npos)
+        << e.what();
+  }
+  // The stage the backbone does not return (stage1; out_indices 2, 3, 4) may differ: DFineConfig's
+  // default HGNetV2 (D-FINE L as published) has hidden_sizes[0] 256, stage_out_channels[0] 128.
+  auto unreturned = config;
+  unreturned["backbone_config"]["hidden_sizes"] = {256, 128, 256, 512};
+  EXPECT_EQ(
+      dfine::Config::parse(core::ConfigView(unreturned, "config.json")).backbone.out_channels(),
+      (std::vector<int64_t>{128, 256, 512}));
   const auto c = dfine::Config::parse(core::ConfigView(config, "config.json"));
   EXPECT_EQ(c.decoder_points, (std::vector<int64_t>{3, 6, 3}));
   EXPECT_EQ(c.backbone.out_channels(), (std::vector<int64_t>{128, 256, 512}));

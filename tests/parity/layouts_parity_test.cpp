@@ -199,7 +199,7 @@ TEST(LayoutsReport, KernelConfigPathPatternOffAndHub) {
        false,
        "s.yaml:1:1"});
   for (const auto& cls : {"RTDetrRepVggBlock", "RTDetrConvNormLayer", "RTDetrResNetConvLayer",
-                          "RTDetrResNetShortCut", "Sequential", "RTDetrSelfAttention"})
+                          "RTDetrResNetShortCut", "Sequential", "RTDetrSelfAttention", "AvgPool2d"})
     o.layouts.kernel_config.push_back({cls, {{cls, ""}}, "off"});
   const auto model = models::load_model(dir, o);
   ASSERT_EQ(model->layouts().size(), 1u) << models::layouts::describe(model->layouts());

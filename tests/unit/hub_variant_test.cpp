@@ -118,6 +118,14 @@ TEST(HubMetadata, HugeIdIsRefusedClipped) {
   } catch (const std::runtime_error& e) {
     EXPECT_STREQ(e.what(), "m.json: id '9ops' is not a valid op namespace");
   }
+  // Fuzzing finding (hub_metadata_fuzz, 2026-12-01 campaign): JSON escapes put a tab and a
+  // newline into the echoed id, a two-line error; control characters are written as \xNN.
+  try {
+    hub::parse_metadata(R"({"id": "_a\tb\nc", "backend": {"type": "cpu"}})", "m.json");
+    FAIL() << "accepted";
+  } catch (const std::runtime_error& e) {
+    EXPECT_STREQ(e.what(), "m.json: id '_a\\x09b\\x0ac' is not a valid op namespace");
+  }
 }
 
 TEST(HubLock, ParseLockTextNamesTheFile) {

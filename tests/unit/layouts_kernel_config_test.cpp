@@ -142,7 +142,7 @@ TEST(LayoutCatalog, UpstreamClassesPerFamilyAndPath) {
   EXPECT_TRUE(on_by_default("batchnorm_fold", "rt_detr"));
   EXPECT_TRUE(on_by_default("channels_last", "rt_detr"));  // CUDA only: its predicate decides
   EXPECT_FALSE(on_by_default("channels_last", "vit"));     // no conv stack
-  EXPECT_TRUE(on_by_default("avgpool_fold", "rt_detr"));  // measured: R50 batch 32 -8%
+  EXPECT_TRUE(on_by_default("avgpool_fold", "rt_detr"));   // measured: R50 batch 32 -8%
   EXPECT_FALSE(on_by_default("avgpool_fold", "vit"));
 }
 
