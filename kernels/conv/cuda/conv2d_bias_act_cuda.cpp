@@ -9,6 +9,10 @@
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
 #include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAGraphsC10Utils.h>
+
+#include <map>
+#include <mutex>
 
 #include "kernels/conv/conv2d_bias_act.h"
 #include "kernels/conv/cuda/bias_act_cuda.h"
@@ -16,6 +20,44 @@
 
 namespace libreyolo::kernels {
 namespace {
+
+/// The epilogue kernel against ATen's ops once per dtype, on the device of its first call and
+/// before it serves a convolution: channels_last and NCHW, the vector and the scalar paths, bias,
+/// residual and SiLU. A mismatch keeps the path declined for the process (the fallback shows in
+/// the binding's declined reasons). Not inside a CUDA graph capture (the comparison
+/// synchronises): the daemon's capture follows an eager warm-up, which runs the check.
+enum class Verified { unknown, yes, no };
+
+Verified verify_epilogue(at::ScalarType dtype, const at::Device& device) {
+  static std::mutex mu;
+  static std::map<at::ScalarType, Verified> state;
+  std::lock_guard<std::mutex> lock(mu);
+  auto& v = state[dtype];
+  if (v != Verified::unknown) return v;
+  // The caller computes on this device: its context exists.
+  if (c10::cuda::currentStreamCaptureStatusMayInitCtx() != c10::cuda::CaptureStatus::None)
+    return Verified::unknown;
+  const at::NoGradGuard no_grad;
+  const auto opts = at::TensorOptions().device(device).dtype(dtype);
+  bool ok = true;
+  for (int64_t C : {24, 20}) {
+    for (auto format : {at::MemoryFormat::ChannelsLast, at::MemoryFormat::Contiguous}) {
+      const auto y0 =
+          at::linspace(-6.0, 6.0, 2 * C * 8 * 8, opts).view({2, C, 8, 8}).contiguous(format);
+      const auto bias = at::linspace(-1.0, 1.0, C, opts);
+      const auto residual = y0.flip(0).contiguous(format);
+      auto y = y0.clone();
+      cuda::bias_act_(y, bias, residual, Activation::silu);
+      const auto ref = at::silu(y0.to(at::kFloat) + bias.to(at::kFloat).view({1, C, 1, 1}) +
+                                residual.to(at::kFloat))
+                           .to(dtype);
+      const double tol = dtype == at::kFloat ? 1e-5 : 0.05;  // a bfloat16 ulp at |x| = 6
+      ok = ok && (y.to(at::kFloat) - ref.to(at::kFloat)).abs().max().item<double>() <= tol;
+    }
+  }
+  v = ok ? Verified::yes : Verified::no;
+  return v;
+}
 
 Outcome<at::Tensor> conv2d_bias_act_cuda(const at::Tensor& input, const at::Tensor& weight,
                                          const at::Tensor& bias, const at::Tensor& residual,
@@ -41,6 +83,14 @@ Outcome<at::Tensor> conv2d_bias_act_cuda(const at::Tensor& input, const at::Tens
                                             padding, dilation, g.groups);
     }
     return at::cudnn_convolution_relu(input, weight, b, stride, padding, dilation, g.groups);
+  }
+  switch (verify_epilogue(dtype, input.device())) {
+    case Verified::no:
+      return Decline{"cuda: epilogue kernel failed its check against ATen on this device"};
+    case Verified::unknown:
+      return Decline{"cuda: epilogue kernel not checked yet (first call inside a graph capture)"};
+    case Verified::yes:
+      break;
   }
   const auto& ctx = at::globalContext();
   auto y =
