@@ -1,8 +1,10 @@
 // libFuzzer target: images -> pixel_values as the daemon runs it for each processor type
 // (models/image/processor.cpp with the fixtures' preprocessor_config.json files:
 // RTDetrImageProcessor (rtdetr_tiny), DeformableDetrImageProcessor (deformable_detr_tiny, with
-// padding and pixel_mask), ViTImageProcessor (vit_tiny)). The first byte picks the processor
-// (byte % 3 in that order), the rest is the encoded image, decoded with the daemon's options.
+// padding and pixel_mask), ViTImageProcessor (vit_tiny), DeiTImageProcessor (deit_tiny: resize
+// then center crop), LW-DETR's DeformableDetrImageProcessor at a fixed size (lw_detr_tiny)).
+// The first byte picks the processor (byte % 5 in that order), the rest is the encoded image,
+// decoded with the daemon's options.
 // A decoded image either preprocesses into tensors of the size output_size() announces, finite
 // and in range, or fails as the core accepts it (c10::Error: INVALID_ARGUMENT "cannot be
 // preprocessed", ServerCore::infer_on); crashes, sanitizer reports, other exceptions and wrong
@@ -29,7 +31,8 @@ constexpr int64_t kMaxPixels = int64_t{1} << 22;  // as image_decode_fuzz: the d
 const std::vector<ImageProcessor>& processors() {
   static const std::vector<ImageProcessor> p = [] {
     std::vector<ImageProcessor> v;
-    for (const char* m : {"rtdetr_tiny", "deformable_detr_tiny", "vit_tiny"})
+    for (const char* m :
+         {"rtdetr_tiny", "deformable_detr_tiny", "vit_tiny", "deit_tiny", "lw_detr_tiny"})
       v.emplace_back(ProcessorConfig::from_file(libreyolo::fuzz::fixtures() + "/models/" + m +
                                                 "/preprocessor_config.json"));
     return v;
@@ -47,7 +50,7 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size < 1) return 0;
-  const ImageProcessor& processor = processors()[data[0] % 3];
+  const ImageProcessor& processor = processors()[data[0] % processors().size()];
   DecodeOptions options;
   options.max_pixels = kMaxPixels;
   at::Tensor image;
