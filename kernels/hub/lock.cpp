@@ -1,5 +1,7 @@
 #include "kernels/hub/lock.h"
 
+#include "kernels/policy.h"
+
 #include <cstdio>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -63,13 +65,15 @@ std::vector<LockEntry> parse_lock_text(const std::string& text, const std::strin
     entry.revision = str("revision", false);
     if (e.contains("slot")) entry.slot = str("slot", true);
     if (entry.repo_id.find('/') == std::string::npos || !is_safe_relative_path(entry.repo_id)) {
-      throw LockError(where + ": repo_id '" + entry.repo_id + "' is not <org>/<name>");
+      throw LockError(where + ": repo_id '" + printable(entry.repo_id) + "' is not <org>/<name>");
     }
     if (e.contains("variants")) {
       const auto& vs = e["variants"];
       if (!vs.is_object()) throw LockError(where + ": 'variants' must be an object");
       for (const auto& [name, v] : vs.items()) {
-        const std::string vw = where + ": variant '" + name + "'";
+        // Names are echoed with control characters as \xNN: an error is one log line (a JSON
+        // escape can put a newline into a key: hub_lock_fuzz, 2026-12-01 campaign).
+        const std::string vw = where + ": variant '" + printable(name) + "'";
         if (!is_safe_relative_path(name) || name.find('/') != std::string::npos) {
           throw LockError(vw + ": not a directory name");
         }
@@ -79,9 +83,9 @@ std::vector<LockEntry> parse_lock_text(const std::string& text, const std::strin
         }
         for (const auto& [file, digest] : v["files"].items()) {
           if (!is_safe_relative_path(file))
-            throw LockError(vw + ": unsafe file name '" + file + "'");
+            throw LockError(vw + ": unsafe file name '" + printable(file) + "'");
           if (!digest.is_string())
-            throw LockError(vw + ": digest of '" + file + "' must be a string");
+            throw LockError(vw + ": digest of '" + printable(file) + "' must be a string");
           std::string d = digest.get<std::string>();
           if (d.rfind("sha256:", 0) == 0) d = d.substr(7);
           lv.files[file] = d;

@@ -140,6 +140,14 @@ TEST(HubLock, ParseLockTextNamesTheFile) {
   } catch (const hub::LockError& e) {
     EXPECT_STREQ(e.what(), "x.lock: entry 0: must be an object");
   }
+  // Fuzzing finding (hub_lock_fuzz, 2026-12-01 campaign): a JSON-escaped newline in a variant
+  // name made a two-line error; names are echoed with control characters as \xNN.
+  try {
+    hub::parse_lock_text(R"([{"repo_id": "o/r", "variants": {"v\nx": {}}}])", "x.lock");
+    FAIL() << "accepted";
+  } catch (const hub::LockError& e) {
+    EXPECT_STREQ(e.what(), "x.lock: entry 0: variant 'v\\x0ax': needs 'files' {path: sha256}");
+  }
 }
 
 TEST(HubVariant, SelectionRulesAndUpstreamPreferenceOrder) {
