@@ -75,6 +75,42 @@ TEST(RfDetrParity, ProcessorMatchesTransformersBitForBit) {
             test::read_json(test::model_fixture(kSegmentation) + "/preprocessor_config.json"));
 }
 
+TEST(RfDetrProcessor, ClassDefaultsAndUnsupportedKeys) {
+  // RfDetrImageProcessor's class defaults (image_processing_rf_detr.py): shortest 800 / longest
+  // 1333, ImageNet mean / std, pad; do_center_crop is not part of it.
+  const auto c = image::ProcessorConfig::from_json(
+      R"({"image_processor_type": "RfDetrImageProcessor"})", "pre.json");
+  EXPECT_EQ(c.shortest_edge, 800);
+  EXPECT_EQ(c.longest_edge, 1333);
+  EXPECT_TRUE(c.do_normalize);
+  EXPECT_TRUE(c.do_pad);
+  EXPECT_FLOAT_EQ(c.image_mean[0], 0.485f);
+  EXPECT_FLOAT_EQ(c.image_std[2], 0.225f);
+  try {
+    image::ProcessorConfig::from_json(
+        R"({"image_processor_type": "RfDetrImageProcessor", "do_center_crop": true,
+            "crop_size": {"height": 32, "width": 32}})",
+        "pre.json");
+    ADD_FAILURE() << "expected std::runtime_error";
+  } catch (const std::runtime_error& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "pre.json: do_center_crop is not supported for RfDetrImageProcessor");
+  }
+  // Padding: two sizes in one batch, the smaller one's pixel_values 0 outside its pixels.
+  image::ProcessorConfig pad = c;
+  pad.shortest_edge = 64;
+  pad.longest_edge = 0;
+  const image::ImageProcessor proc(pad);
+  const auto out = proc.preprocess(
+      {at::full({3, 64, 96}, 200, at::kByte), at::full({3, 96, 64}, 10, at::kByte)});
+  ASSERT_EQ(out.pixel_values.sizes(), (at::IntArrayRef{2, 3, 96, 96}));
+  EXPECT_EQ(out.pixel_mask[0].sum().item<int64_t>(), 64 * 96);
+  EXPECT_EQ(out.pixel_values[0].slice(1, 64).abs().sum().item<float>(), 0.0f);
+  // A constant image stays constant: (200 / 255 - 0.485) / 0.229 in float32.
+  const float v = (200.0f * static_cast<float>(1.0 / 255.0) - 0.485f) / 0.229f;
+  EXPECT_NEAR(out.pixel_values[0][0][10][10].item<float>(), v, 1e-6);
+}
+
 TEST(RfDetrParity, LogitsAndBoxesMatchTransformers) {
   c10::InferenceMode inference_mode;
   const auto dir = test::model_fixture(kDetection);
