@@ -117,6 +117,7 @@ DetrConfig parse_detr_config(const core::ConfigView& v, bool rf_detr) {
   c.projector_act = activation(v, "activation_function", "silu");
   c.decoder_act = activation(v, "decoder_activation_function", "relu");
   if (rf_detr) {
+    c.model_type = "rf_detr";
     // RfDetrConfig: a single projector scale (RfDetrScaleProjector), num_feature_levels 1.
     c.scale_factors = {1.0};
     c.conv_layer_norm = true;

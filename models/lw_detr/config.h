@@ -29,6 +29,7 @@ struct ViTConfig {
 
 /// The projector, two-stage and decoder fields of LwDetrConfig (RF-DETR has the same).
 struct DetrConfig {
+  std::string model_type = "lw_detr";  ///< the family, in error messages ("rf_detr" for RF-DETR)
   int64_t d_model = 256, decoder_layers = 3, decoder_ffn = 2048, decoder_points = 4;
   int64_t self_heads = 8, cross_heads = 16, num_queries = 300, group_detr = 13;
   int64_t c2f_blocks = 3, num_labels = 2;

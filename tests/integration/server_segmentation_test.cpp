@@ -236,11 +236,12 @@ class ServerRfDetrSegmentation : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     repo_ = new fs::path(temp_dir("rf_detr_seg"));
-    // The example repository's model (the same files as the parity fixture).
-    const fs::path src =
-        fs::path(LIBREYOLO_SOURCE_DIR) / "examples/model_repository/rf_detr_seg_tiny";
-    fs::create_directories(*repo_ / "rf_detr_seg_tiny");
-    fs::copy(src, *repo_ / "rf_detr_seg_tiny", fs::copy_options::recursive);
+    // The example repository's RF-DETR models (the same files as the parity fixtures).
+    for (const char* name : {"rf_detr_seg_tiny", "rf_detr_tiny"}) {
+      fs::create_directories(*repo_ / name);
+      fs::copy(fs::path(LIBREYOLO_SOURCE_DIR) / "examples/model_repository" / name, *repo_ / name,
+               fs::copy_options::recursive);
+    }
     daemon_ = new Daemon(loopback_config(*repo_));
     daemon_->start();
   }
@@ -294,6 +295,43 @@ TEST_F(ServerRfDetrSegmentation, PhotographMasksEqualTheLibraryPipeline) {
       << "masks differ";
   const auto meta = c.call("ModelMetadata", "name: \"rf_detr_seg_tiny\"").text;
   EXPECT_NE(meta.find("name: \"masks\""), std::string::npos) << meta;
+}
+
+TEST_F(ServerRfDetrSegmentation, DetectionExampleEqualsTheLibraryPipeline) {
+  // rf_detr_tiny (object detection) through the same daemon: scores, labels and boxes of a
+  // photograph equal decode + RfDetrImageProcessor + forward + post_process_object_detection.
+  const fs::path dir = fs::path(LIBREYOLO_SOURCE_DIR) / "examples/model_repository/rf_detr_tiny/1";
+  const std::string photo = std::string(LIBREYOLO_TEST_FIXTURES) + "/images/astronaut.jpg";
+  image::Detections want;
+  {
+    c10::InferenceMode guard;
+    const auto model = models::load_model(dir.string());
+    EXPECT_EQ(model->task(), models::Task::object_detection);
+    const image::ImageProcessor proc(
+        image::ProcessorConfig::from_file((dir / "preprocessor_config.json").string()));
+    const auto in = proc.preprocess({image::decode_image_file(photo)});
+    const auto out = model->forward(in.pixel_values, in.pixel_mask);
+    image::PostProcessOptions o;
+    o.threshold = 0.5;
+    want = image::post_process_object_detection(out.logits, out.pred_boxes, in.original_sizes,
+                                                model->description().head, o)[0];
+  }
+  ASSERT_EQ(want.scores.numel(), 12);  // rf_detr_tiny/meta.json: 12 detections above 0.3
+  rpc::Client c("127.0.0.1:" + std::to_string(daemon_->grpc_port()));
+  const auto r = c.infer(
+      "model_name: \"rf_detr_tiny\" inputs { name: \"images\" datatype: \"BYTES\" shape: 1 }",
+      {rpc::pack_bytes({read_file(photo)})});
+  ASSERT_TRUE(r.ok()) << r.message;
+  EXPECT_EQ(values<int32_t>(r.output("num_detections").data), std::vector<int32_t>{12});
+  EXPECT_EQ(
+      values<int64_t>(r.output("labels").data),
+      std::vector<int64_t>(want.labels.data_ptr<int64_t>(), want.labels.data_ptr<int64_t>() + 12));
+  EXPECT_EQ(values<float>(r.output("scores").data),
+            std::vector<float>(want.scores.data_ptr<float>(), want.scores.data_ptr<float>() + 12));
+  const at::Tensor boxes = want.boxes.contiguous();
+  EXPECT_EQ(values<float>(r.output("boxes").data),
+            std::vector<float>(boxes.data_ptr<float>(), boxes.data_ptr<float>() + 48));
+  EXPECT_THROW(r.output("masks"), std::out_of_range);
 }
 
 }  // namespace
