@@ -31,6 +31,10 @@
 #include "models/lw_detr/lw_detr.h"
 #define LIBREYOLO_HAS_LW_DETR 1
 #endif
+#if __has_include("models/rf_detr/rf_detr.h")
+#include "models/rf_detr/rf_detr.h"
+#define LIBREYOLO_HAS_RF_DETR 1
+#endif
 #if __has_include("models/deit/deit.h")
 #include "models/deit/deit.h"
 #define LIBREYOLO_HAS_DEIT 1
@@ -59,6 +63,9 @@ std::unique_ptr<Model> load_family(const std::string& dir, const nlohmann::json&
 #endif
 #ifdef LIBREYOLO_HAS_LW_DETR
   if (type == "lw_detr") return load_lw_detr(dir, config, options);
+#endif
+#ifdef LIBREYOLO_HAS_RF_DETR
+  if (type == "rf_detr") return load_rf_detr(dir, config, options);
 #endif
 #ifdef LIBREYOLO_HAS_VIT
   if (type == "vit") return load_vit(dir, config, options);

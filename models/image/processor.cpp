@@ -1,4 +1,5 @@
-// ImageProcessor: transformers 5.17 torchvision-backend numerics (see processor.h).
+// ImageProcessor: transformers 5.17 torchvision-backend numerics (see processor.h;
+// RfDetrImageProcessor: rescale_before_resize below).
 #include "models/image/processor.h"
 
 #include "models/core/config.h"
@@ -26,6 +27,15 @@ std::string strip_suffix(std::string name) {
   return name;
 }
 
+/// RfDetrImageProcessor (modular_rf_detr.py RfDetrImageProcessor._preprocess: "Rescale then
+/// resize like in the original RF-DETR implementation"): pixel_values are float32(u8) *
+/// rescale_factor, resized in float32 (antialiased), then normalised (tvF.normalize), instead of
+/// the uint8 resize and the fused rescale/normalize of the other DETR processors. pixel_u8 stays
+/// the uint8 resize (for display). do_center_crop is rejected with it.
+bool rescale_before_resize(const ProcessorConfig& c) {
+  return strip_suffix(c.image_processor_type) == "RfDetrImageProcessor";
+}
+
 // Class defaults (transformers 5.17 image_processing_*.py).
 ProcessorConfig class_defaults(const std::string& type, const std::string& source) {
   ProcessorConfig c;
@@ -38,7 +48,7 @@ ProcessorConfig class_defaults(const std::string& type, const std::string& sourc
     c.image_mean = imagenet_mean;
     c.image_std = imagenet_std;
   } else if (base == "DeformableDetrImageProcessor" || base == "DetrImageProcessor" ||
-             base == "ConditionalDetrImageProcessor") {
+             base == "ConditionalDetrImageProcessor" || base == "RfDetrImageProcessor") {
     c.shortest_edge = 800;
     c.longest_edge = 1333;
     c.do_normalize = true;
@@ -61,7 +71,8 @@ ProcessorConfig class_defaults(const std::string& type, const std::string& sourc
   } else {
     throw std::runtime_error(source + ": image_processor_type \"" + type +
                              "\" is not supported (RTDetrImageProcessor, "
-                             "DeformableDetrImageProcessor, ViTImageProcessor, "
+                             "DeformableDetrImageProcessor, RfDetrImageProcessor, "
+                             "ViTImageProcessor, "
                              "DeiTImageProcessor)");
   }
   return c;
@@ -216,6 +227,9 @@ ProcessorConfig ProcessorConfig::from_json(const std::string& text, const std::s
     c.do_center_crop = get_as<bool>(j, "do_center_crop", source);
   if (j.contains("crop_size") && !j["crop_size"].is_null())
     parse_crop_size(j["crop_size"], c, source);
+  if (c.do_center_crop && rescale_before_resize(c))
+    throw std::runtime_error(source + ": do_center_crop is not supported for " +
+                             c.image_processor_type);
   if (c.do_center_crop && (c.crop_height <= 0 || c.crop_width <= 0))
     throw std::runtime_error(source + ": do_center_crop without a crop_size");
   if (j.contains("pad_size") && !j["pad_size"].is_null())
@@ -340,6 +354,41 @@ at::Tensor ImageProcessor::rescale_normalize(const at::Tensor& pixel_u8) const {
   return x;
 }
 
+namespace {
+
+/// RfDetrImageProcessor's pixel_values of one (3, H, W) uint8 image: float32(u8) *
+/// float32(rescale_factor) (do_rescale), resized like ImageProcessor::resize but on float32
+/// (at::_upsample_bilinear2d_aa / _upsample_bicubic2d_aa, nearest without antialias;
+/// do_resize), then (x - mean) / std (do_normalize). (3, H', W') float32.
+at::Tensor rescale_resize_normalize(const ProcessorConfig& c, const at::Tensor& image_u8) {
+  // RfDetrImageProcessor._preprocess: `image * rescale_factor` (uint8 tensor times a Python
+  // float: float32 math), resize, tvF.normalize.
+  at::Tensor x = image_u8.to(at::kFloat);
+  if (c.do_rescale) x = x * static_cast<float>(c.rescale_factor);
+  if (c.do_resize) {
+    const auto [oh, ow] = resized_size(c, image_u8.size(1), image_u8.size(2));
+    const std::vector<int64_t> out{oh, ow};
+    x = x.unsqueeze(0);
+    if (c.resample == 0)
+      x = at::upsample_nearest2d(x, out);
+    else if (c.resample == 3)
+      x = at::_upsample_bicubic2d_aa(x, out, /*align_corners=*/false);
+    else
+      x = at::_upsample_bilinear2d_aa(x, out, /*align_corners=*/false);
+    x = x.squeeze(0);
+  }
+  if (c.do_normalize) {
+    const auto mean =
+        at::tensor(std::vector<float>(c.image_mean.begin(), c.image_mean.end())).view({3, 1, 1});
+    const auto std_ =
+        at::tensor(std::vector<float>(c.image_std.begin(), c.image_std.end())).view({3, 1, 1});
+    x = (x - mean.to(x.device())) / std_.to(x.device());
+  }
+  return x.contiguous();
+}
+
+}  // namespace
+
 ProcessorOutput ImageProcessor::preprocess(const std::vector<at::Tensor>& images) const {
   if (images.empty()) throw std::invalid_argument("preprocess: empty batch");
   ProcessorOutput out;
@@ -370,7 +419,13 @@ ProcessorOutput ImageProcessor::preprocess(const std::vector<at::Tensor>& images
                                              resized[0].sizes(), " and do_pad is off"));
     }
     out.pixel_u8 = at::stack(resized);
-    out.pixel_values = rescale_normalize(out.pixel_u8);
+    if (rescale_before_resize(config_)) {
+      std::vector<at::Tensor> values;
+      for (const auto& im : images) values.push_back(rescale_resize_normalize(config_, im.cpu()));
+      out.pixel_values = at::stack(values);
+    } else {
+      out.pixel_values = rescale_normalize(out.pixel_u8);
+    }
     return out;
   }
   out.pixel_u8 = at::zeros({b, 3, max_h, max_w}, at::kByte);
@@ -381,7 +436,10 @@ ProcessorOutput ImageProcessor::preprocess(const std::vector<at::Tensor>& images
     const int64_t h = r.size(1), w = r.size(2);
     using at::indexing::Slice;
     out.pixel_u8[i].index({Slice(), Slice(0, h), Slice(0, w)}).copy_(r);
-    out.pixel_values[i].index({Slice(), Slice(0, h), Slice(0, w)}).copy_(rescale_normalize(r));
+    out.pixel_values[i]
+        .index({Slice(), Slice(0, h), Slice(0, w)})
+        .copy_(rescale_before_resize(config_) ? rescale_resize_normalize(config_, images[i].cpu())
+                                              : rescale_normalize(r));
     out.pixel_mask[i].index({Slice(0, h), Slice(0, w)}).fill_(1);
   }
   return out;

@@ -1,8 +1,10 @@
 // Image processors driven by preprocessor_config.json: RTDetrImageProcessor,
-// DeformableDetrImageProcessor, ViTImageProcessor and DeiTImageProcessor (transformers 5.17,
-// torchvision backend: resize on uint8, center crop, fused rescale/normalize, bottom/right
-// padding with a pixel mask). Formulas: transformers' image_processing_rt_detr.py,
-// image_processing_deformable_detr.py, image_processing_vit.py, image_processing_deit.py,
+// DeformableDetrImageProcessor, RfDetrImageProcessor, ViTImageProcessor and DeiTImageProcessor
+// (transformers 5.17, torchvision backend: resize on uint8, center crop, fused rescale/normalize,
+// bottom/right padding with a pixel mask; RfDetrImageProcessor instead rescales, resizes the
+// float32 image, then normalises: modular_rf_detr.py RfDetrImageProcessor._preprocess).
+// Formulas: transformers' image_processing_rt_detr.py, image_processing_deformable_detr.py,
+// image_processing_rf_detr.py, image_processing_vit.py, image_processing_deit.py,
 // image_processing_backends.py and image_transforms.py (v5.17); checked against the fixtures'
 // pixel_u8 (tests/parity, tests/unit/image_processor_test.cpp).
 #pragma once
@@ -23,9 +25,10 @@ namespace libreyolo::image {
 constexpr int64_t kMaxProcessorSize = 65536;
 
 /// The settings of one processor. Keys missing from the file take the class defaults of
-/// `image_processor_type` (RTDetr: 640x640, rescale only; DeformableDetr: shortest 800 /
-/// longest 1333, ImageNet mean/std, pad; ViT: 224x224, mean = std = 0.5; DeiT: 256x256
-/// bicubic, center crop 224x224, mean = std = 0.5).
+/// `image_processor_type` (RTDetr: 640x640, rescale only; DeformableDetr and RfDetr: shortest
+/// 800 / longest 1333, ImageNet mean/std, pad; ViT: 224x224, mean = std = 0.5; DeiT: 256x256
+/// bicubic, center crop 224x224, mean = std = 0.5). RfDetrImageProcessor rejects
+/// do_center_crop.
 struct ProcessorConfig {
   std::string image_processor_type;  ///< e.g. "RTDetrImageProcessor"
   bool do_resize = true;
@@ -69,7 +72,9 @@ std::pair<int64_t, int64_t> size_with_aspect_ratio(int64_t height, int64_t width
 
 /// The processed batch.
 struct ProcessorOutput {
-  at::Tensor pixel_u8;      ///< (B, 3, H, W) uint8 after resize, zero padded
+  /// (B, 3, H, W) uint8 after resize, zero padded. RfDetrImageProcessor: the uint8 resize of
+  /// the images (for display); pixel_values are not computed from it.
+  at::Tensor pixel_u8;
   at::Tensor pixel_values;  ///< (B, 3, H, W) float32, rescaled / normalised, 0 in the padding
   at::Tensor pixel_mask;    ///< (B, H, W) int64, 1 on real pixels; defined only when do_pad
   std::vector<std::pair<int64_t, int64_t>> original_sizes;  ///< per image (H, W) before resize
@@ -98,13 +103,16 @@ class ImageProcessor {
   at::Tensor center_crop(const at::Tensor& image_u8) const;
 
   /// float32(u8) * float32(rescale_factor), or (float32(u8) - mean*255f) / (std*255f) when
-  /// do_normalize (torchvision's fused normalize); any (..., 3, H, W) uint8 input.
+  /// do_normalize (torchvision's fused normalize); any (..., 3, H, W) uint8 input. Not
+  /// RfDetrImageProcessor's pixel_values (preprocess() rescales, resizes and normalises those).
   at::Tensor rescale_normalize(const at::Tensor& pixel_u8) const;
 
   /// Resizes, center-crops (do_center_crop), pads (do_pad, or always when the sizes differ and
-  /// do_pad is off: an error) and
-  /// normalises a batch of (3, H, W) uint8 images. Throws std::invalid_argument for an empty
-  /// batch, a non-(3,H,W) uint8 image, or different sizes without do_pad.
+  /// do_pad is off: an error) and normalises a batch of (3, H, W) uint8 images
+  /// (RfDetrImageProcessor: pixel_values = normalise(resize_float32(float32(u8) *
+  /// rescale_factor)), antialiased, as transformers' torchvision backend). Throws
+  /// std::invalid_argument for an empty batch, a non-(3,H,W) uint8 image, or different sizes
+  /// without do_pad.
   ProcessorOutput preprocess(const std::vector<at::Tensor>& images) const;
 
  private:

@@ -37,6 +37,34 @@ void positive(const core::ConfigView& v, const std::string& field, int64_t value
 
 }  // namespace
 
+std::vector<int64_t> parse_out_indices(const core::ConfigView& v, int64_t num_layers) {
+  std::vector<int64_t> out;
+  if (v.has("out_indices")) {
+    out = v.get_int_list("out_indices");
+  } else if (v.has("out_features")) {
+    const auto& f = v.raw("out_features");
+    if (!f.is_array()) v.fail("out_features", "must be a list of stage names");
+    for (const auto& name : f) {
+      const std::string s = name.is_string() ? name.get<std::string>() : "";
+      if (s == "stem")
+        out.push_back(0);
+      else if (s.rfind("stage", 0) == 0 && s.size() > 5 &&
+               std::all_of(s.begin() + 5, s.end(), ::isdigit))
+        out.push_back(std::stoll(s.substr(5)));
+      else
+        v.fail("out_features", "unknown stage name " + name.dump());
+    }
+  } else {
+    out = {num_layers};  // BackboneConfigMixin default: the last stage
+  }
+  if (out.empty()) v.fail("out_indices", "must not be empty");
+  for (const auto i : out)
+    if (i < 0 || i > num_layers)
+      v.fail("out_indices",
+             "stage " + std::to_string(i) + " outside 0.." + std::to_string(num_layers));
+  return out;
+}
+
 ViTConfig parse_vit_config(const core::ConfigView& v) {
   ViTConfig c;
   v.get_enum("model_type", "lw_detr_vit", {"lw_detr_vit"});
@@ -68,33 +96,11 @@ ViTConfig parse_vit_config(const core::ConfigView& v) {
   if (c.absolute_position_embeddings && (gh != gw || gh <= 0))
     v.fail("pretrain_image_size", "the absolute position embeddings need a square patch grid");
   c.window_block_indices = v.get_int_list("window_block_indices", {});
-  if (v.has("out_indices")) {
-    c.out_indices = v.get_int_list("out_indices");
-  } else if (v.has("out_features")) {
-    const auto& f = v.raw("out_features");
-    if (!f.is_array()) v.fail("out_features", "must be a list of stage names");
-    for (const auto& name : f) {
-      const std::string s = name.is_string() ? name.get<std::string>() : "";
-      if (s == "stem")
-        c.out_indices.push_back(0);
-      else if (s.rfind("stage", 0) == 0 && s.size() > 5 &&
-               std::all_of(s.begin() + 5, s.end(), ::isdigit))
-        c.out_indices.push_back(std::stoll(s.substr(5)));
-      else
-        v.fail("out_features", "unknown stage name " + name.dump());
-    }
-  } else {
-    c.out_indices = {c.num_layers};  // BackboneConfigMixin default: the last stage
-  }
-  if (c.out_indices.empty()) v.fail("out_indices", "must not be empty");
-  for (const auto i : c.out_indices)
-    if (i < 0 || i > c.num_layers)
-      v.fail("out_indices",
-             "stage " + std::to_string(i) + " outside 0.." + std::to_string(c.num_layers));
+  c.out_indices = parse_out_indices(v, c.num_layers);
   return c;
 }
 
-DetrConfig parse_detr_config(const core::ConfigView& v) {
+DetrConfig parse_detr_config(const core::ConfigView& v, bool rf_detr) {
   DetrConfig c;
   c.d_model = v.get_int("d_model", 256);
   c.decoder_layers = v.get_int("decoder_layers", 3);
@@ -106,11 +112,21 @@ DetrConfig parse_detr_config(const core::ConfigView& v) {
   c.group_detr = v.get_int("group_detr", 13);
   c.c2f_blocks = v.get_int("c2f_num_blocks", 3);
   c.hidden_expansion = v.get_double("hidden_expansion", 0.5);
-  c.batch_norm_eps = v.get_double("batch_norm_eps", 1e-5);
+  c.conv_norm_eps = v.get_double(rf_detr ? "layer_norm_eps" : "batch_norm_eps", 1e-5);
   c.attention_bias = v.get_bool("attention_bias", true);
   c.projector_act = activation(v, "activation_function", "silu");
   c.decoder_act = activation(v, "decoder_activation_function", "relu");
-  c.scale_factors = v.get_double_list("projector_scale_factors", {});
+  if (rf_detr) {
+    c.model_type = "rf_detr";
+    // RfDetrConfig: a single projector scale (RfDetrScaleProjector), num_feature_levels 1.
+    c.scale_factors = {1.0};
+    c.conv_layer_norm = true;
+    c.softmax_in_float32 = false;
+    if (v.get_int("num_feature_levels", 1) != 1)
+      v.fail("num_feature_levels", "RF-DETR supports one feature level only");
+  } else {
+    c.scale_factors = v.get_double_list("projector_scale_factors", {});
+  }
   if (c.scale_factors.empty()) v.fail("projector_scale_factors", "must not be empty");
   for (const double s : c.scale_factors)
     if (s != 0.5 && s != 1.0 && s != 2.0)

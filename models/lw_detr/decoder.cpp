@@ -37,7 +37,8 @@ DecoderLayerImpl::DecoderLayerImpl(const DetrConfig& c) : act(c.decoder_act) {
   o.num_heads = c.self_heads;
   o.bias = c.attention_bias;
   o.o_name = "o_proj";
-  o.softmax_in_float32 = true;  // eager_attention_forward: softmax(dtype=float32)
+  // LW-DETR's eager_attention_forward: softmax(dtype=float32); RF-DETR's: the input dtype.
+  o.softmax_in_float32 = c.softmax_in_float32;
   self_attn = register_module("self_attn", make<layers::AttentionImpl>(o));
   self_attn_layer_norm =
       register_module("self_attn_layer_norm", make<layers::LayerNormImpl>(d, 1e-5));

@@ -13,20 +13,38 @@ std::shared_ptr<T> make(Args&&... args) {
   return std::make_shared<T>(std::forward<Args>(args)...);
 }
 
-/// LwDetrConvNormLayer: Conv2d(k, stride, padding k // 2, no bias) -> BatchNorm2d(eps) -> act.
-layers::ConvNorm conv_norm(const DetrConfig& c, int64_t in, int64_t out, int64_t kernel,
-                           int64_t stride, layers::Activation act) {
-  layers::ConvNormOptions o;
+ConvNormLayer conv_norm(const DetrConfig& c, int64_t in, int64_t out, int64_t kernel,
+                        int64_t stride, layers::Activation act) {
+  return make<ConvNormLayerImpl>(in, out, kernel, stride, c.conv_norm_eps, c.conv_layer_norm, act);
+}
+
+}  // namespace
+
+ConvNormLayerImpl::ConvNormLayerImpl(int64_t in, int64_t out, int64_t kernel, int64_t stride,
+                                     double eps, bool use_layer_norm, layers::Activation act_)
+    : act(act_) {
+  layers::Conv2dOptions o;
   o.in = in;
   o.out = out;
   o.kernel = kernel;
   o.stride = stride;
-  o.act = act;
-  o.eps = c.batch_norm_eps;
-  return make<layers::ConvNormImpl>(o);
+  o.padding = kernel / 2;
+  conv = register_module("conv", make<layers::Conv2dImpl>(o));
+  if (use_layer_norm)
+    layer_norm = register_module("norm", make<layers::LayerNormImpl>(out, eps));
+  else
+    batch_norm = register_module("norm", make<layers::BatchNorm2dImpl>(out, eps));
 }
 
-}  // namespace
+at::Tensor ConvNormLayerImpl::forward(const at::Tensor& x) const {
+  const auto y = conv->forward(x);
+  return layers::activate(
+      act, layer_norm ? layer_norm_channels_first(*layer_norm, y) : batch_norm->forward(y));
+}
+
+at::Tensor layer_norm_channels_first(const layers::LayerNormImpl& norm, const at::Tensor& x) {
+  return norm.forward(x.permute({0, 2, 3, 1})).permute({0, 3, 1, 2});
+}
 
 ConvTranspose2x2Impl::ConvTranspose2x2Impl(int64_t in, int64_t out) {
   weight = register_parameter("weight", at::empty({in, out, 2, 2}));
@@ -108,12 +126,11 @@ at::Tensor ScaleProjectorImpl::forward(const std::vector<at::Tensor>& maps) cons
       if (const auto* t = dynamic_cast<const ConvTranspose2x2Impl*>(step.get()))
         h = t->forward(h);
       else
-        h = static_cast<const layers::ConvNormImpl*>(step.get())->forward(h);
+        h = static_cast<const ConvNormLayerImpl*>(step.get())->forward(h);
     }
     sampled.push_back(h);
   }
-  const auto h = projector_layer->forward(at::cat(sampled, 1));
-  return layer_norm->forward(h.permute({0, 2, 3, 1})).permute({0, 3, 1, 2});
+  return layer_norm_channels_first(*layer_norm, projector_layer->forward(at::cat(sampled, 1)));
 }
 
 MultiScaleProjectorImpl::MultiScaleProjectorImpl(const DetrConfig& c,

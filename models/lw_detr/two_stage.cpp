@@ -52,7 +52,7 @@ Proposals encoder_output_proposals(const at::Tensor& memory, const at::Tensor& p
 }
 
 QuerySelection::QuerySelection(torch::nn::Module& model, const DetrConfig& c)
-    : num_queries(c.num_queries) {
+    : num_queries(c.num_queries), model_type(c.model_type) {
   const int64_t d = c.d_model, n = c.num_queries * c.group_detr;
   for (int64_t g = 0; g < c.group_detr; ++g) {
     enc_output.push_back(make<layers::LinearImpl>(d, d));
@@ -75,8 +75,8 @@ QuerySelection::Queries QuerySelection::forward(const at::Tensor& memory,
                                                 const kernels::SpatialShapes& shapes) const {
   const int64_t B = memory.size(0), S = memory.size(1);
   if (S < num_queries)
-    throw std::invalid_argument(c10::str("lw_detr: num_queries = ", num_queries, " exceeds the ", S,
-                                         " projector tokens of the input"));
+    throw std::invalid_argument(c10::str(model_type, ": num_queries = ", num_queries,
+                                         " exceeds the ", S, " projector tokens of the input"));
   const auto p = encoder_output_proposals(memory, memory_mask.logical_not(), shapes);
   // Group 0 only (LwDetrModel.forward: group_detr = 1 when not training).
   const auto q = enc_output_norm[0]->forward(enc_output[0]->forward(p.object_query));

@@ -12,6 +12,7 @@
 #include <torch/nn/module.h>
 
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "kernels/attention/ms_deform_attn.h"
@@ -45,7 +46,8 @@ class QuerySelection {
     at::Tensor reference_points;  ///< (B, num_queries, 4) (cx, cy, w, h)
   };
   /// memory (B, S, D) the flattened projector maps, memory_mask (B, S) bool (true = valid).
-  /// Throws std::invalid_argument when S < num_queries (torch.topk would fail).
+  /// Throws std::invalid_argument "<model_type>: num_queries = Q exceeds the S projector tokens
+  /// of the input" when S < num_queries (torch.topk would fail).
   Queries forward(const at::Tensor& memory, const at::Tensor& memory_mask,
                   const kernels::SpatialShapes& shapes) const;
 
@@ -56,6 +58,7 @@ class QuerySelection {
   /// are group 0.
   at::Tensor query_feat, reference_point_embed;
   int64_t num_queries;
+  std::string model_type;  ///< DetrConfig::model_type (error messages)
 };
 
 }  // namespace libreyolo::models::lw_detr

@@ -15,6 +15,7 @@
 #include "kernels/registry.h"
 #include "models/core/config.h"
 #include "models/core/safetensors.h"
+#include "models/image/processor.h"
 #include "models/model.h"
 #include "models/runtime/cuda_graph_runner.h"
 #include "tests/parity/fused_attention_fixtures.h"
@@ -29,10 +30,24 @@ struct Family {
   int decoder_layers;  ///< config.json decoder_layers: one ms_deform_attn call each
 };
 
-/// pixel_values as the fixture's processor makes them: normalised (LW-DETR) or only rescaled
-/// (DEIMv2's RTDetrImageProcessor with do_normalize false).
+/// pixel_values as the fixture's processor makes them: stored (RF-DETR), normalised (LW-DETR) or
+/// only rescaled (DEIMv2's RTDetrImageProcessor with do_normalize false).
 at::Tensor fixture_pixels(const std::string& dir) {
   const auto pre = test::read_json(dir + "/preprocessor_config.json");
+  if (models::core::SafetensorsFile::open(dir + "/expected.safetensors")->contains("pixel_values"))
+    return test::expected_tensor(dir, "pixel_values");
+  if (pre.at("image_processor_type") == "RfDetrImageProcessor") {
+    // rf_detr_seg_tiny: its processor on its photographs (bit-exact: rf_detr_parity_test.cpp).
+    std::vector<at::Tensor> images;
+    const auto meta = test::read_json(dir + "/meta.json");
+    for (const auto& name : meta.at("images"))
+      images.push_back(image::decode_image_file(std::string(LIBREYOLO_TEST_FIXTURES) + "/images/" +
+                                                name.get<std::string>()));
+    return image::ImageProcessor(
+               image::ProcessorConfig::from_file(dir + "/preprocessor_config.json"))
+        .preprocess(images)
+        .pixel_values;
+  }
   if (pre.value("do_normalize", true)) return test::normalized_pixels(dir);
   return test::expected_tensor(dir, "pixel_u8").to(at::kFloat) *
          static_cast<float>(pre.at("rescale_factor").get<double>());
@@ -133,7 +148,8 @@ TEST(DeformableDetrCuda, CudaGraphReplayEqualsEager) {
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, DetrFamilyCuda,
                          ::testing::Values(Family{"lw_detr_tiny", 2}, Family{"deimv2_tiny", 2},
-                                           Family{"deimv2_tiny_lite", 3}),
+                                           Family{"deimv2_tiny_lite", 3}, Family{"rf_detr_tiny", 2},
+                                           Family{"rf_detr_seg_tiny", 2}),
                          [](const auto& info) { return std::string(info.param.fixture); });
 
 }  // namespace

@@ -3,6 +3,9 @@
 // size, equal to image::post_process_instance_segmentation of the same outputs (whose parity with
 // transformers is tests/parity/instance_segmentation_parity_test.cpp), or COCO RLE with
 // `mask_format: rle`; exact errors for bad mask parameters; ModelMetadata lists the outputs.
+// Then the real RF-DETR example (examples/model_repository/rf_detr_seg_tiny): a photograph
+// through RfDetrImageProcessor and RfDetrForInstanceSegmentation, its masks equal to the
+// library's own pipeline on the same photograph.
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
@@ -11,6 +14,7 @@
 
 #include "models/image/decode.h"
 #include "models/image/instance_segmentation.h"
+#include "models/image/processor.h"
 #include "server/app/daemon.h"
 #include "server/rpc/client.h"
 #include "server_test_support.h"
@@ -226,6 +230,108 @@ TEST_F(ServerSegmentation, MetadataAndRestReportTheTask) {
   EXPECT_EQ(j.at("outputs")[0].at("datatype"), "UINT8");
   EXPECT_EQ(j.at("outputs")[0].at("shape"), nlohmann::json::parse("[1, 3, 8, 8]"));
   EXPECT_EQ(j.at("outputs")[0].at("data").size(), 192u);
+}
+
+class ServerRfDetrSegmentation : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    repo_ = new fs::path(temp_dir("rf_detr_seg"));
+    // The example repository's RF-DETR models (the same files as the parity fixtures).
+    for (const char* name : {"rf_detr_seg_tiny", "rf_detr_tiny"}) {
+      fs::create_directories(*repo_ / name);
+      fs::copy(fs::path(LIBREYOLO_SOURCE_DIR) / "examples/model_repository" / name, *repo_ / name,
+               fs::copy_options::recursive);
+    }
+    daemon_ = new Daemon(loopback_config(*repo_));
+    daemon_->start();
+  }
+  static void TearDownTestSuite() {
+    daemon_->stop(1.0);
+    delete daemon_;
+    remove_tree(*repo_);
+    delete repo_;
+  }
+  static fs::path* repo_;
+  static Daemon* daemon_;
+};
+fs::path* ServerRfDetrSegmentation::repo_ = nullptr;
+Daemon* ServerRfDetrSegmentation::daemon_ = nullptr;
+
+TEST_F(ServerRfDetrSegmentation, PhotographMasksEqualTheLibraryPipeline) {
+  const fs::path dir =
+      fs::path(LIBREYOLO_SOURCE_DIR) / "examples/model_repository/rf_detr_seg_tiny/1";
+  const std::string photo = std::string(LIBREYOLO_TEST_FIXTURES) + "/images/coffee.jpg";
+  // The library pipeline: decode, RfDetrImageProcessor, forward, post-processing at 0.5 (the
+  // example's serving.yaml threshold).
+  image::InstanceMasks want;
+  {
+    c10::InferenceMode guard;
+    const auto model = models::load_model(dir.string());
+    const image::ImageProcessor proc(
+        image::ProcessorConfig::from_file((dir / "preprocessor_config.json").string()));
+    const auto in = proc.preprocess({image::decode_image_file(photo)});
+    const auto out = model->forward(in.pixel_values, in.pixel_mask);
+    image::InstanceSegmentationOptions o;
+    o.threshold = 0.5;
+    want = image::post_process_instance_segmentation(out.logits, out.pred_boxes, out.pred_masks,
+                                                     in.original_sizes, o)[0];
+  }
+  const int64_t k = want.masks.size(0);
+  ASSERT_EQ(k, 12);  // tests/fixtures/models/rf_detr_seg_tiny/meta.json: 12 instances
+  rpc::Client c("127.0.0.1:" + std::to_string(daemon_->grpc_port()));
+  const auto r = c.infer(
+      "model_name: \"rf_detr_seg_tiny\" inputs { name: \"images\" datatype: \"BYTES\" shape: 1 }",
+      {rpc::pack_bytes({read_file(photo)})});
+  ASSERT_TRUE(r.ok()) << r.message;
+  EXPECT_EQ(values<int32_t>(r.output("num_detections").data), std::vector<int32_t>{12});
+  EXPECT_EQ(values<int64_t>(r.output("labels").data),
+            std::vector<int64_t>(want.detections.labels.data_ptr<int64_t>(),
+                                 want.detections.labels.data_ptr<int64_t>() + k));
+  const auto& masks = r.output("masks");
+  EXPECT_EQ(masks.shape, (std::vector<int64_t>{1, k, 400, 600}));
+  const at::Tensor m = want.masks.to(at::kByte).contiguous();
+  EXPECT_TRUE(masks.data == std::string(reinterpret_cast<const char*>(m.data_ptr<uint8_t>()),
+                                        static_cast<size_t>(m.numel())))
+      << "masks differ";
+  const auto meta = c.call("ModelMetadata", "name: \"rf_detr_seg_tiny\"").text;
+  EXPECT_NE(meta.find("name: \"masks\""), std::string::npos) << meta;
+}
+
+TEST_F(ServerRfDetrSegmentation, DetectionExampleEqualsTheLibraryPipeline) {
+  // rf_detr_tiny (object detection) through the same daemon: scores, labels and boxes of a
+  // photograph equal decode + RfDetrImageProcessor + forward + post_process_object_detection.
+  const fs::path dir = fs::path(LIBREYOLO_SOURCE_DIR) / "examples/model_repository/rf_detr_tiny/1";
+  const std::string photo = std::string(LIBREYOLO_TEST_FIXTURES) + "/images/astronaut.jpg";
+  image::Detections want;
+  {
+    c10::InferenceMode guard;
+    const auto model = models::load_model(dir.string());
+    EXPECT_EQ(model->task(), models::Task::object_detection);
+    const image::ImageProcessor proc(
+        image::ProcessorConfig::from_file((dir / "preprocessor_config.json").string()));
+    const auto in = proc.preprocess({image::decode_image_file(photo)});
+    const auto out = model->forward(in.pixel_values, in.pixel_mask);
+    image::PostProcessOptions o;
+    o.threshold = 0.5;
+    want = image::post_process_object_detection(out.logits, out.pred_boxes, in.original_sizes,
+                                                model->description().head, o)[0];
+  }
+  ASSERT_EQ(want.scores.numel(), 12);  // rf_detr_tiny/meta.json: 12 detections above 0.3
+  rpc::Client c("127.0.0.1:" + std::to_string(daemon_->grpc_port()));
+  const auto r = c.infer(
+      "model_name: \"rf_detr_tiny\" inputs { name: \"images\" datatype: \"BYTES\" shape: 1 }",
+      {rpc::pack_bytes({read_file(photo)})});
+  ASSERT_TRUE(r.ok()) << r.message;
+  EXPECT_EQ(values<int32_t>(r.output("num_detections").data), std::vector<int32_t>{12});
+  EXPECT_EQ(
+      values<int64_t>(r.output("labels").data),
+      std::vector<int64_t>(want.labels.data_ptr<int64_t>(), want.labels.data_ptr<int64_t>() + 12));
+  EXPECT_EQ(values<float>(r.output("scores").data),
+            std::vector<float>(want.scores.data_ptr<float>(), want.scores.data_ptr<float>() + 12));
+  const at::Tensor boxes = want.boxes.contiguous();
+  EXPECT_EQ(values<float>(r.output("boxes").data),
+            std::vector<float>(boxes.data_ptr<float>(), boxes.data_ptr<float>() + 48));
+  EXPECT_THROW(r.output("masks"), std::out_of_range);
 }
 
 }  // namespace

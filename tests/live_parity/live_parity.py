@@ -65,7 +65,9 @@ def reinit(model, seed):
 def topk_gap(model, kw, nq):
     """Smallest gap between consecutive encoder top-k scores: near-ties make top-k unstable."""
     mm = getattr(model, "model", None)
-    if mm is not None and hasattr(mm, "enc_out_class_embed"):  # LW-DETR: group 0 selects at eval
+    if mm is not None and not hasattr(mm, "enc_out_class_embed") and hasattr(getattr(mm, "model", None), "enc_out_class_embed"):
+        mm = mm.model  # RF-DETR instance segmentation: the detector's base model
+    if mm is not None and hasattr(mm, "enc_out_class_embed"):  # LW-DETR, RF-DETR: group 0 selects at eval
         head = mm.enc_out_class_embed[0]
     elif mm is not None and hasattr(mm, "enc_score_head"):
         head = mm.enc_score_head
@@ -167,6 +169,18 @@ def lw_cfg(scales, vit_layers, windows, out_indices, nq, pretrain=224, **kw):
     return tr.LwDetrConfig(**base)
 
 
+def rf_cfg(layers, out_features, nq, windows=2, image_size=128, seg=False, vit=None, **kw):
+    dino = dict(hidden_size=48, num_hidden_layers=layers, num_attention_heads=3, mlp_ratio=2,
+                image_size=image_size, patch_size=16, num_windows=windows, out_features=out_features)
+    dino.update(vit or {})
+    base = dict(backbone_config=tr.RfDetrDinov2Config(**dino), d_model=32, hidden_expansion=0.5, c2f_num_blocks=1,
+                decoder_ffn_dim=48, decoder_n_points=2, decoder_layers=2, decoder_self_attention_heads=4,
+                decoder_cross_attention_heads=2, num_queries=nq, group_detr=2, num_labels=5, intermediate_size=40,
+                architectures=["RfDetrForInstanceSegmentation" if seg else "RfDetrForObjectDetection"])
+    base.update(kw)
+    return tr.RfDetrConfig(**base)
+
+
 def cases():
     """(name, model class, config, processor, input shape (B,H,W) or per-image sizes, masked)."""
     RT, RT2, DD = tr.RTDetrForObjectDetection, tr.RTDetrV2ForObjectDetection, tr.DeformableDetrForObjectDetection
@@ -214,6 +228,15 @@ def cases():
     yield "lw_detr_scale_1_masked", LW, lw_cfg([1.0], 2, [1], [2], 10, pretrain=128, activation_function="relu", vit=dict(qkv_bias=False)), LWP, [(192, 224), (160, 224)], True
     # More than 512 backbone channels: scale 2.0 resamples with a 1x1 ConvNorm + ReLU, then ConvTranspose2d.
     yield "lw_detr_wide_backbone_64x96", LW, lw_cfg([2.0], 2, [0], [1, 2], 10, vit=dict(hidden_size=576, mlp_ratio=1)), LWP, (1, 64, 96), False
+    RF, RFS = tr.RfDetrForObjectDetection, tr.RfDetrForInstanceSegmentation
+    RFP = dict(DDP, image_processor_type="RfDetrImageProcessor", size={"height": 640, "width": 640})
+    # RF-DETR: DINOv2 with num_windows^2 windows (sides multiples of patch_size * num_windows);
+    # non-square grids take upstream's transposed window order; the 8x8 position grid is
+    # bicubic-antialias resized unless the input is the square pretraining size.
+    yield "rf_detr_windows2_192x256", RF, rf_cfg(4, ["stage1", "stage3", "stage4"], 15), RFP, (2, 192, 256), False
+    yield "rf_detr_seg_masked", RFS, rf_cfg(3, ["stage2", "stage3"], 10, segmentation_head_activation_function="relu"), RFP, [(192, 224), (160, 224)], True
+    yield "rf_detr_seg_windows4_128x128", RFS, rf_cfg(3, ["stage1", "stage2"], 12, windows=4, mask_downsample_ratio=2), RFP, (1, 128, 128), False
+    yield "rf_detr_swiglu_nowindows_224x160", RF, rf_cfg(2, ["stage1", "stage2"], 10, windows=1, activation_function="gelu", vit=dict(use_swiglu_ffn=True, qkv_bias=False)), RFP, (1, 224, 160), False
     yield "vit_48_3layers", tr.ViTForImageClassification, tr.ViTConfig(image_size=224, patch_size=16, hidden_size=48, num_hidden_layers=3, num_attention_heads=4, intermediate_size=64, num_labels=7), VP, (2, 224, 224), False
     yield "deit_64_3layers", tr.DeiTForImageClassification, tr.DeiTConfig(image_size=224, patch_size=16, hidden_size=64, num_hidden_layers=3, num_attention_heads=4, intermediate_size=96, num_labels=6), DTP, (2, 224, 224), False
     yield "deit_distilled_96px_patch8", tr.DeiTForImageClassificationWithTeacher, tr.DeiTConfig(image_size=96, patch_size=8, hidden_size=48, num_hidden_layers=2, num_attention_heads=3, intermediate_size=40, num_labels=4), dict(DTP, size={"height": 110, "width": 110}, crop_size={"height": 96, "width": 96}), (3, 96, 96), False
@@ -279,6 +302,10 @@ def main():
                     db = float((ours["pred_boxes"] - ref.pred_boxes).abs().max())
                     line += f", pred_boxes {db:.3g}"
                     ok = ok and db <= BOXES_BAR
+                if getattr(ref, "pred_masks", None) is not None:
+                    dm = float((ours["pred_masks"] - ref.pred_masks).abs().max())
+                    line += f", pred_masks {dm:.3g}"
+                    ok = ok and dm <= LOGITS_BAR
                 print(("ok   " if ok else "FAIL ") + line, flush=True)
                 passed += ok
                 failed += not ok

@@ -18,6 +18,7 @@
 #include "models/dfine/dfine.h"
 #include "models/lw_detr/lw_detr.h"
 #include "models/model.h"
+#include "models/rf_detr/rf_detr.h"
 #include "models/swin/swin.h"
 #include "models/vit/vit.h"
 #include "tests/parity/fused_attention_fixtures.h"
@@ -30,12 +31,14 @@ struct Row {
   std::optional<bool> constant;  ///< the family's exported default, where it has one
 };
 
-/// Model input of a fixture: normalised (Deformable DETR, ViT, DeiT, Swin) or rescaled (RT-DETR).
+/// Model input of a fixture: stored pixel_values (RF-DETR), normalised (Deformable DETR, ViT,
+/// DeiT, Swin) or rescaled (RT-DETR) pixel_u8.
 std::pair<at::Tensor, at::Tensor> fixture_input(const std::string& dir) {
   const auto pre = test::read_json(dir + "/preprocessor_config.json");
   at::Tensor mask;
   const auto file = models::core::SafetensorsFile::open(dir + "/expected.safetensors");
   if (file->contains("pixel_mask")) mask = file->view("pixel_mask").clone();
+  if (file->contains("pixel_values")) return {file->view("pixel_values").clone(), mask};
   if (pre.value("do_normalize", false)) return {test::normalized_pixels(dir), mask};
   const float rescale = pre.value("rescale_factor", 1.0f / 255.0f);
   return {test::expected_tensor(dir, "pixel_u8").to(at::kFloat) * rescale, mask};
@@ -119,6 +122,7 @@ INSTANTIATE_TEST_SUITE_P(
                       Row{"deformable_detr_tiny", models::deformable_detr::kFusedAttentionDefault},
                       Row{"dfine_tiny", models::dfine::kFusedAttentionDefault},
                       Row{"lw_detr_tiny", models::lw_detr::kFusedAttentionDefault},
+                      Row{"rf_detr_tiny", models::rf_detr::kFusedAttentionDefault},
                       // measured when the RT-DETR family and its fixture exist
                       Row{"rtdetr_tiny", std::nullopt}),
     [](const ::testing::TestParamInfo<Row>& info) { return info.param.fixture; });

@@ -64,8 +64,8 @@ std::string error_of(const std::string& json) {
 TEST(ImageProcessor, ConfigErrorsNameFileAndKey) {
   EXPECT_EQ(error_of(R"({"image_processor_type": "CLIPImageProcessor"})"),
             "dir/preprocessor_config.json: image_processor_type \"CLIPImageProcessor\" is not "
-            "supported (RTDetrImageProcessor, DeformableDetrImageProcessor, ViTImageProcessor, "
-            "DeiTImageProcessor)");
+            "supported (RTDetrImageProcessor, DeformableDetrImageProcessor, RfDetrImageProcessor, "
+            "ViTImageProcessor, DeiTImageProcessor)");
   EXPECT_EQ(
       error_of(R"({"image_processor_type": "DeiTImageProcessor", "crop_size": {"height": 4}})"),
       "dir/preprocessor_config.json: crop_size must be an integer or {height, width}");

@@ -284,10 +284,15 @@ int run(Args a) {
   std::map<std::string, at::Tensor> dump = {{"logits", logits}, {"pixel_values", in.pixel_values}};
   if (in.pixel_mask.defined()) dump["pixel_mask"] = in.pixel_mask;
 
-  if (model->task() == models::Task::object_detection) {
-    result["task"] = "object-detection";
+  if (model->task() == models::Task::object_detection ||
+      model->task() == models::Task::instance_segmentation) {
+    // Instance segmentation: its detections (the same queries' boxes), and the raw pred_masks
+    // in the --out dump.
+    const bool segmentation = model->task() == models::Task::instance_segmentation;
+    result["task"] = segmentation ? "instance-segmentation" : "object-detection";
     const at::Tensor boxes = raw.pred_boxes.to(at::kCPU, at::kFloat);
     dump["pred_boxes"] = boxes;
+    if (segmentation) dump["pred_masks"] = raw.pred_masks.to(at::kCPU, at::kFloat);
     image::PostProcessOptions post;
     post.threshold = a.threshold;
     post.top_k = a.top_k;
