@@ -12,6 +12,11 @@ Usage: make_random_checkpoint.py OUT_DIR [SET[,SET...]] [--tiny]
   deformable -> OUT_DIR/deformable_detr: SenseTime/deformable-detr (DeformableDetrConfig's
       defaults: 300 queries, 4 levels, 6 + 6 layers, 91 labels) with transformers' own ResNet-50
       instead of timm's (the same architecture; what libreyolo loads), 800x1333 processor
+  families -> the issue-16 families at their transformers defaults, i.e. the configurations the
+      configuration files name: OUT_DIR/rf_detr_base (Roboflow/rf-detr-base, 560x560),
+      OUT_DIR/lw_detr_small (AnnaZhang/lwdetr_small_60e_coco, 640x640, with its one projector
+      level: the default's list is empty), OUT_DIR/deimv2_n
+      (Intellindust/DEIMv2_HGNetv2_N_COCO, 640x640); 80 labels; --tiny is ignored for this set
   all -> every set above.
 --tiny writes the same folders with small widths and depths (for testing the scripts on a CPU;
 the names are the same, so point the tools at another OUT_DIR).
@@ -35,6 +40,15 @@ DEFORMABLE_PROCESSOR = ('{"image_processor_type": "DeformableDetrImageProcessor"
                         '"rescale_factor": 0.00392156862745098, "do_normalize": true, '
                         '"image_mean": [0.485, 0.456, 0.406], "image_std": [0.229, 0.224, 0.225], '
                         '"do_pad": true}\n')
+
+IMAGENET_NORM = ('"do_normalize": true, "image_mean": [0.485, 0.456, 0.406], '
+                 '"image_std": [0.229, 0.224, 0.225]')
+
+
+def fixed_processor(kind, side, normalize=True):
+    return ('{"image_processor_type": "%s", "do_resize": true, "size": {"height": %d, "width": %d}, '
+            '"do_rescale": true, "rescale_factor": 0.00392156862745098, %s, "do_pad": false}\n'
+            % (kind, side, side, IMAGENET_NORM if normalize else '"do_normalize": false'))
 
 
 def coco_labels(n):
@@ -114,11 +128,11 @@ def main():
     out = args[0]
     sets = (args[1] if len(args) > 1 else "detectors").split(",")
     if "all" in sets:
-        sets = ["detectors", "classifiers", "dfine", "deformable"]
-    unknown = set(sets) - {"detectors", "classifiers", "dfine", "deformable"}
+        sets = ["detectors", "classifiers", "dfine", "deformable", "families"]
+    unknown = set(sets) - {"detectors", "classifiers", "dfine", "deformable", "families"}
     if unknown:
         print(f"make_random_checkpoint.py: unknown set(s) {sorted(unknown)} (expected detectors, "
-              "classifiers, dfine, deformable, all)", file=sys.stderr)
+              "classifiers, dfine, deformable, families, all)", file=sys.stderr)
         return 2
     torch.manual_seed(0)
     for s in sets:
@@ -137,6 +151,16 @@ def main():
         elif s == "deformable":
             save(tr.DeformableDetrForObjectDetection(deformable(tiny)), out, "deformable_detr",
                  DEFORMABLE_PROCESSOR)
+        elif s == "families":
+            save(tr.RfDetrForObjectDetection(tr.RfDetrConfig(**coco_labels(80))), out, "rf_detr_base",
+                 fixed_processor("RfDetrImageProcessor", 560))
+            # LwDetrConfig's default projector_scale_factors is empty (no feature level: not a
+            # model); lwdetr_small_60e_coco's config.json has the single P4 level, scale 1.0.
+            lw = tr.LwDetrConfig(projector_scale_factors=[1.0], **coco_labels(80))
+            save(tr.LwDetrForObjectDetection(lw), out, "lw_detr_small",
+                 fixed_processor("DeformableDetrImageProcessor", 640))
+            save(tr.Deimv2ForObjectDetection(tr.Deimv2Config(**coco_labels(80))), out, "deimv2_n",
+                 fixed_processor("RTDetrImageProcessor", 640, normalize=False))
     return 0
 
 
