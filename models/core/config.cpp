@@ -226,7 +226,9 @@ std::string ConfigView::get_enum(const std::string& field, const std::string& fa
     if (a == value) return value;
   std::string list;
   for (const auto& a : allowed) list += (list.empty() ? "\"" : ", \"") + a + "\"";
-  fail(field, "unsupported value \"" + value + "\" (supported: " + list + ")");
+  // The value as JSON (quoted, control characters escaped, clipped): one line
+  // (config_json_fuzz, 2026-12-01 campaign: a newline in model_type made two).
+  fail(field, "unsupported value " + brief(nlohmann::json(value)) + " (supported: " + list + ")");
 }
 
 std::map<int64_t, std::string> ConfigView::id2label() const {
@@ -241,9 +243,10 @@ std::map<int64_t, std::string> ConfigView::id2label() const {
       id = std::stoll(it.key(), &pos);
       if (pos != it.key().size()) throw std::invalid_argument("trailing");
     } catch (const std::exception&) {
-      fail("id2label", "key \"" + it.key() + "\" is not an integer");
+      fail("id2label", "key " + brief(nlohmann::json(it.key())) + " is not an integer");
     }
-    if (!it.value().is_string()) fail("id2label", "value of \"" + it.key() + "\" is not a string");
+    if (!it.value().is_string())
+      fail("id2label", "value of " + brief(nlohmann::json(it.key())) + " is not a string");
     out[id] = it.value().get<std::string>();
   }
   return out;

@@ -2,6 +2,7 @@
 // RfDetrImageProcessor: rescale_before_resize below).
 #include "models/image/processor.h"
 
+#include "kernels/policy.h"
 #include "models/core/config.h"
 
 #include <c10/util/StringUtil.h>
@@ -69,7 +70,9 @@ ProcessorConfig class_defaults(const std::string& type, const std::string& sourc
     c.image_mean = {0.5f, 0.5f, 0.5f};  // IMAGENET_STANDARD_MEAN / _STD
     c.image_std = {0.5f, 0.5f, 0.5f};
   } else {
-    throw std::runtime_error(source + ": image_processor_type \"" + type +
+    // Control characters as \xNN: a JSON escape must not make a two-line error
+    // (model_config_fuzz, 2026-12-01 campaign).
+    throw std::runtime_error(source + ": image_processor_type \"" + kernels::printable(type) +
                              "\" is not supported (RTDetrImageProcessor, "
                              "DeformableDetrImageProcessor, RfDetrImageProcessor, "
                              "ViTImageProcessor, "

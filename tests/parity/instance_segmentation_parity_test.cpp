@@ -115,4 +115,26 @@ TEST(InstanceSegmentationParity, ShapeErrorsNameTheTensors) {
   }
 }
 
+TEST(InstanceSegmentationParity, MaskBudgetNamesAnyPixelCount) {
+  // Regression (oip_request_fuzz, 2026-12-01): 3 instances at 4e18 x 4e18 make 4.8e37 mask
+  // pixels; the budget's message cast that double to an integer (UB). Below 2^63 the count is
+  // exact.
+  libreyolo::image::InstanceSegmentationOptions o;
+  o.threshold = 0.0;
+  o.max_mask_pixels = 1000;
+  const auto logits = at::full({1, 3, 1}, 5.0);  // every query kept
+  for (const auto& [side, count] :
+       std::vector<std::pair<int64_t, std::string>>{{int64_t{4} * 1000000000000000000, "4.8e+37"},
+                                                   {100, "30000"}}) {
+    try {
+      libreyolo::image::post_process_instance_segmentation(
+          logits, at::full({1, 3, 4}, 0.5), at::zeros({1, 3, 4, 4}), {{side, side}}, o);
+      FAIL() << "the budget was not applied";
+    } catch (const std::length_error& e) {
+      EXPECT_EQ(std::string(e.what()), "post_process_instance_segmentation: 3 instances make " +
+                                           count + " mask pixels, above the limit of 1000");
+    }
+  }
+}
+
 }  // namespace

@@ -1,6 +1,8 @@
 // models/core read_json_file: the 16 MiB cap on config.json / preprocessor_config.json and the
 // clipping of huge tokens that nlohmann's parse errors quote whole. Files generated here.
 #include <gtest/gtest.h>
+
+#include <functional>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -126,6 +128,32 @@ TEST(ModelsCoreJson, FieldNamesInErrorsAreOneLine) {
               "/repo/m/1/config.json: field 'do_convert_\\x0anotations': expected an integer, "
               "found true");
   }
+}
+
+// config_json_fuzz (2026-12-01 campaign): an enum value holding a newline was echoed raw; it is
+// now the value as JSON, escaped and clipped (tests/fixtures/fuzz/config_json/
+// regress-newline-in-enum-value.json). id2label keys likewise.
+TEST(ModelsCoreJson, ValuesInErrorsAreOneLineAndClipped) {
+  const auto j = nlohmann::json::parse(
+      R"({"model_type": "rt_\ndetr", "long": ")" + std::string(100, 'x') +
+      R"(", "id2label": {"a\nb": "cat"}})");
+  const core::ConfigView view(j, "/repo/m/1/config.json");
+  auto error = [&](const std::function<void()>& f) {
+    try {
+      f();
+    } catch (const std::exception& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_EQ(error([&] { (void)view.get_enum("model_type", "", {"rt_detr"}); }),
+            "/repo/m/1/config.json: field 'model_type': unsupported value \"rt_\\ndetr\" "
+            "(supported: \"rt_detr\")");
+  EXPECT_EQ(error([&] { (void)view.get_enum("long", "", {"a"}); }),
+            "/repo/m/1/config.json: field 'long': unsupported value \"" + std::string(56, 'x') +
+                "... (supported: \"a\")");
+  EXPECT_EQ(error([&] { (void)view.id2label(); }),
+            "/repo/m/1/config.json: field 'id2label': key \"a\\nb\" is not an integer");
 }
 
 }  // namespace
