@@ -62,12 +62,11 @@ std::vector<InstanceMasks> post_process_instance_segmentation(
     }
     if (pixels > static_cast<double>(options.max_mask_pixels)) {
       // Exact below 2^63; beyond, the double itself (a cast would be UB: oip_request_fuzz).
-      const std::string shown = pixels < 9.2e18 ? std::to_string(static_cast<int64_t>(pixels))
-                                                : c10::str(pixels);
-      throw std::length_error(c10::str("post_process_instance_segmentation: ", instances,
-                                       " instances make ", shown,
-                                       " mask pixels, above the limit of ",
-                                       options.max_mask_pixels));
+      const std::string shown =
+          pixels < 9.2e18 ? std::to_string(static_cast<int64_t>(pixels)) : c10::str(pixels);
+      throw std::length_error(
+          c10::str("post_process_instance_segmentation: ", instances, " instances make ", shown,
+                   " mask pixels, above the limit of ", options.max_mask_pixels));
     }
   }
   // Float32 temporaries of the resize: at most this many pixels at once.

@@ -3,33 +3,18 @@
 // activation (the portable path's order), float16 / bfloat16 within one rounding of the float32
 // result (the kernel rounds once, ATen after every op). Both memory formats, channel counts
 // with and without the 16-byte vector path, with and without bias and residual. Skips without
-// a GPU. Only ATen and the kernel: it also builds alone on the GPU machine.
+// a GPU.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
 #include <iostream>
 #include <string>
 
+#include "kernels/conv/conv2d_bias_act.h"
 #include "kernels/conv/cuda/bias_act_cuda.h"
 
 namespace libreyolo::kernels {
 namespace {
-
-at::Tensor activate_reference(Activation act, const at::Tensor& x) {
-  switch (act) {
-    case Activation::relu:
-      return at::relu(x);
-    case Activation::silu:
-      return at::silu(x);
-    case Activation::gelu:
-      return at::gelu(x);
-    case Activation::tanh:
-      return at::tanh(x);
-    case Activation::none:
-      break;
-  }
-  return x;
-}
 
 TEST(BiasActCuda, EqualsAtenOpsInEveryLayoutAndDtype) {
   if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device";
@@ -58,7 +43,7 @@ TEST(BiasActCuda, EqualsAtenOpsInEveryLayoutAndDtype) {
               auto sum = y0.to(at::kFloat);
               if (has_bias) sum = sum + bias.to(at::kFloat).view({1, C, 1, 1});
               if (has_residual) sum = sum + residual.to(at::kFloat);
-              const auto ref = activate_reference(act, sum);
+              const auto ref = apply_activation(act, sum);  // the portable path's ops
               const auto diff = (y.to(at::kFloat) - ref.to(dtype).to(at::kFloat)).abs();
               const auto bound = ref.abs() * rel + 1e-6;
               const bool ok = (diff <= bound).all().item<bool>();

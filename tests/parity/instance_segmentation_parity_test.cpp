@@ -123,9 +123,8 @@ TEST(InstanceSegmentationParity, MaskBudgetNamesAnyPixelCount) {
   o.threshold = 0.0;
   o.max_mask_pixels = 1000;
   const auto logits = at::full({1, 3, 1}, 5.0);  // every query kept
-  for (const auto& [side, count] :
-       std::vector<std::pair<int64_t, std::string>>{{int64_t{4} * 1000000000000000000, "4.8e+37"},
-                                                   {100, "30000"}}) {
+  for (const auto& [side, count] : std::vector<std::pair<int64_t, std::string>>{
+           {int64_t{4} * 1000000000000000000, "4.8e+37"}, {100, "30000"}}) {
     try {
       libreyolo::image::post_process_instance_segmentation(
           logits, at::full({1, 3, 4}, 0.5), at::zeros({1, 3, 4, 4}), {{side, side}}, o);

@@ -2,9 +2,9 @@
 // clipping of huge tokens that nlohmann's parse errors quote whole. Files generated here.
 #include <gtest/gtest.h>
 
-#include <functional>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <functional>
 
 #include <cstdio>
 #include <fstream>
@@ -134,9 +134,9 @@ TEST(ModelsCoreJson, FieldNamesInErrorsAreOneLine) {
 // now the value as JSON, escaped and clipped (tests/fixtures/fuzz/config_json/
 // regress-newline-in-enum-value.json). id2label keys likewise.
 TEST(ModelsCoreJson, ValuesInErrorsAreOneLineAndClipped) {
-  const auto j = nlohmann::json::parse(
-      R"({"model_type": "rt_\ndetr", "long": ")" + std::string(100, 'x') +
-      R"(", "id2label": {"a\nb": "cat"}})");
+  const auto j =
+      nlohmann::json::parse(R"({"model_type": "rt_\ndetr", "long": ")" + std::string(100, 'x') +
+                            R"(", "id2label": {"a\nb": "cat"}})");
   const core::ConfigView view(j, "/repo/m/1/config.json");
   auto error = [&](const std::function<void()>& f) {
     try {
