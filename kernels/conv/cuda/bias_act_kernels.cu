@@ -43,11 +43,11 @@ __device__ __forceinline__ float activate(float x, int act) {
 
 // One element: ((y + b) + r) in float, as ATen's add_(bias) then add_(residual) in float32.
 template <typename T>
-__device__ __forceinline__ T epilogue(T y, const T* bias, int64_t c, const T* residual, int64_t i,
+__device__ __forceinline__ T epilogue(T y, const T* bias, int64_t c, const T* residual, T r,
                                       int act) {
   float v = static_cast<float>(y);
   if (bias) v = v + static_cast<float>(bias[c]);
-  if (residual) v = v + static_cast<float>(residual[i]);
+  if (residual) v = v + static_cast<float>(r);
   return static_cast<T>(activate(v, act));
 }
 
@@ -68,16 +68,13 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int k = 0; k < N; ++k) {
       const int64_t c = channels_last ? (i0 + k) % C : (i0 / HW) % C;
-      float v = static_cast<float>(a.v[k]);
-      if (bias) v = v + static_cast<float>(bias[c]);
-      if (residual) v = v + static_cast<float>(r.v[k]);
-      a.v[k] = static_cast<T>(activate(v, act));
+      a.v[k] = epilogue(a.v[k], bias, c, residual, residual ? r.v[k] : T(0), act);
     }
     reinterpret_cast<Pack<T, N>*>(y)[p] = a;
   }
   for (int64_t i = nvec * N + tid; i < n; i += stride) {
     const int64_t c = channels_last ? i % C : (i / HW) % C;
-    y[i] = epilogue(y[i], bias, c, residual, i, act);
+    y[i] = epilogue(y[i], bias, c, residual, residual ? residual[i] : T(0), act);
   }
 }
 

@@ -11,7 +11,7 @@
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGraphsC10Utils.h>
 
-#include <map>
+#include <atomic>
 #include <mutex>
 
 #include "kernels/conv/conv2d_bias_act.h"
@@ -29,11 +29,15 @@ namespace {
 enum class Verified { unknown, yes, no };
 
 Verified verify_epilogue(at::ScalarType dtype, const at::Device& device) {
+  // Read on every convolution: an atomic per dtype, the mutex only for the one check.
+  static std::atomic<int> state[3] = {};  // float32, float16, bfloat16: a Verified each
   static std::mutex mu;
-  static std::map<at::ScalarType, Verified> state;
+  std::atomic<int>& v = state[dtype == at::kFloat ? 0 : dtype == at::kHalf ? 1 : 2];
+  if (const auto known = static_cast<Verified>(v.load(std::memory_order_acquire));
+      known != Verified::unknown)
+    return known;
   std::lock_guard<std::mutex> lock(mu);
-  auto& v = state[dtype];
-  if (v != Verified::unknown) return v;
+  if (const auto known = static_cast<Verified>(v.load()); known != Verified::unknown) return known;
   // The caller computes on this device: its context exists.
   if (c10::cuda::currentStreamCaptureStatusMayInitCtx() != c10::cuda::CaptureStatus::None)
     return Verified::unknown;
@@ -55,8 +59,9 @@ Verified verify_epilogue(at::ScalarType dtype, const at::Device& device) {
       ok = ok && (y.to(at::kFloat) - ref.to(at::kFloat)).abs().max().item<double>() <= tol;
     }
   }
-  v = ok ? Verified::yes : Verified::no;
-  return v;
+  const Verified result = ok ? Verified::yes : Verified::no;
+  v.store(static_cast<int>(result), std::memory_order_release);
+  return result;
 }
 
 Outcome<at::Tensor> conv2d_bias_act_cuda(const at::Tensor& input, const at::Tensor& weight,
