@@ -16,15 +16,17 @@
 #   vit        ViT-B/16 224, batch 32; anchors at 32
 #   swin       Swin-T 224, batch 32; anchors at 32
 #   fp32       RT-DETR-R50 fp32 (TF32 off) batch 32, layouts off and on (no anchors)
-#   rf_detr    RF-DETR base 560 (issue 16), batch 1 and 32 bf16 (graphs) and 32 fp32; anchors
-#              eager fp32 / bf16 and torch.compile bf16 at 32 (FULL=1: and 1)
+#   rf_detr    RF-DETR base 560 (issue 16), batch 1 and 32, bf16 (graphs; fused attention default
+#              and on) and fp32 (TF32 off); anchors eager fp32 / bf16 and torch.compile bf16 at
+#              32 and 1
+#   rf_detr_nano  RF-DETR nano 384, the same
 #   lw_detr    LW-DETR small 640, the same
 #   deimv2     DEIMv2 N 640 (HGNetV2), the same, channels_last anchors
 # `layouts=default` is what the daemon runs; `layouts=on` adds the layouts that are not on by
 # default yet (avgpool_fold), so default vs on measures them.
 # Each row prints `== row <name> done in <s> s`. Device-call plan (each under 9 minutes, first
 # call includes writing the checkpoints): ROWS=r50 | ROWS=r18,vit,swin | ROWS=dfine |
-# ROWS=deformable | ROWS=rf_detr,lw_detr,deimv2.
+# ROWS=deformable | ROWS=rf_detr,rf_detr_nano | ROWS=lw_detr,deimv2.
 #
 # Run ON the GPU machine from the repository root after `source .device-kit/env.sh` and a build
 # of libreyolo-bench-models in ${BUILD_DIR:-build-gpu}. Writes $OUT/bench_vs_compile.log.
@@ -45,10 +47,10 @@ status=0
 export LIBREYOLO_HUB_KERNELS=0
 
 for r in ${rows//,/ }; do
-  case $r in r50 | r18 | dfine | deformable | vit | swin | fp32 | rf_detr | lw_detr | deimv2) ;;
+  case $r in r50 | r18 | dfine | deformable | vit | swin | fp32 | rf_detr | rf_detr_nano | lw_detr | deimv2) ;;
   *)
     echo "FAIL: ROWS: unknown row '$r' (expected r50, r18, dfine, deformable, vit, swin, fp32," \
-      "rf_detr, lw_detr, deimv2)" >&2
+      "rf_detr, rf_detr_nano, lw_detr, deimv2)" >&2
     exit 2
     ;;
   esac
@@ -151,9 +153,10 @@ for r in ${rows//,/ }; do
     ours "$m bf16 graphs fused_attention=on" "$m" bfloat16 224 32 "--cuda-graph --layouts default --fused-attention on"
     anchors "$m" 224 32 eager_bf16,compile_bf16
     ;;
-  rf_detr | lw_detr | deimv2)
+  rf_detr | rf_detr_nano | lw_detr | deimv2)
     case $r in
     rf_detr) m=rf_detr_base size=560 modes=eager_fp32,eager_bf16,compile_bf16 ;;
+    rf_detr_nano) m=rf_detr_nano size=384 modes=eager_fp32,eager_bf16,compile_bf16 ;;
     lw_detr) m=lw_detr_small size=640 modes=eager_fp32,eager_bf16,compile_bf16 ;;
     deimv2) m=deimv2_n size=640 modes=eager_fp32,eager_bf16_cl,compile_bf16_cl ;;
     esac
@@ -161,8 +164,8 @@ for r in ${rows//,/ }; do
     ours "$m bf16 graphs" "$m" bfloat16 "$size" 1,32 "--cuda-graph --layouts default"
     ours "$m bf16 graphs fused_attention=on" "$m" bfloat16 "$size" 1,32 \
       "--cuda-graph --layouts default --fused-attention on"
-    ours "$m fp32 (TF32 off)" "$m" float32 "$size" 32 "--layouts default"
-    anchors "$m" "$size" "$([ "$full" = 1 ] && echo 32,1 || echo 32)" "$modes"
+    ours "$m fp32 (TF32 off)" "$m" float32 "$size" 1,32 "--layouts default"
+    anchors "$m" "$size" 32,1 "$modes"
     ;;
   fp32)
     checkpoint rtdetr_r50vd detectors || continue

@@ -26,11 +26,15 @@ bool same_shape(const BatchJob& a, const BatchJob& b) {
   return x.size(2) == y.size(2) && x.size(3) == y.size(3);
 }
 
-/// The batch input, assembled once: every job's images stacked into one (N, 3, H, W) float32
-/// tensor (pinned on CUDA so that the copy to the device is asynchronous and at full rate),
+/// The batch input, assembled once: every job's images in one (N, 3, H, W) float32 tensor,
 /// zero padded bottom/right to the largest (H, W) with a (N, H, W) int64 mask of 1 on real
-/// pixels when `padded` (the image processor's `do_pad` semantics); then moved and converted to
-/// the model's device and dtype in one `to`.
+/// pixels when `padded` (the image processor's `do_pad` semantics), converted to the model's
+/// dtype. On CUDA it is assembled on the device: each image is copied straight into its rows
+/// (asynchronously, by DMA, from the pinned host tensors the pipeline's preprocessing leaves;
+/// CUDA shared-memory inputs are device tensors already) and converted there, so this thread
+/// moves no image bytes itself. Staging the batch in one pinned host tensor first cost a
+/// 157 MB memcpy per batch of 32 at 640x640 on this thread, the served-JPEG bottleneck of
+/// docs/BENCHMARKS.md.
 std::pair<at::Tensor, at::Tensor> assemble(const std::vector<std::shared_ptr<BatchJob>>& batch,
                                            bool padded, const at::Device& device,
                                            at::ScalarType dtype) {
@@ -44,27 +48,22 @@ std::pair<at::Tensor, at::Tensor> assemble(const std::vector<std::shared_ptr<Bat
   const bool cuda = device.is_cuda();
   if (!padded && !cuda && batch.size() == 1 && batch[0]->pixels.size() == 1)
     return {batch[0]->pixels[0].to(device, dtype), at::Tensor()};  // nothing to stack
-  // CUDA shared-memory inputs are device tensors already (server/tasks/image_inputs.cpp): the
-  // batch is assembled on the model's device, never staged through the host.
-  bool on_device = false;
-  for (const auto& j : batch)
-    for (const auto& p : j->pixels) on_device = on_device || p.is_cuda();
-  const auto host = on_device ? at::TensorOptions().dtype(at::kFloat).device(device)
-                              : at::TensorOptions().dtype(at::kFloat).pinned_memory(cuda);
-  at::Tensor staged = padded ? at::zeros({n, 3, H, W}, host) : at::empty({n, 3, H, W}, host);
+  const auto options = at::TensorOptions().dtype(at::kFloat).device(cuda ? device : at::kCPU);
+  at::Tensor staged = padded ? at::zeros({n, 3, H, W}, options) : at::empty({n, 3, H, W}, options);
   at::Tensor mask;
-  if (padded) mask = at::zeros({n, H, W}, host.dtype(at::kLong));
+  if (padded) mask = at::zeros({n, H, W}, options.dtype(at::kLong));
   int64_t row = 0;
   for (const auto& j : batch)
     for (const auto& p : j->pixels) {
       const int64_t k = p.size(0), h = p.size(2), w = p.size(3);
-      staged.narrow(0, row, k).narrow(2, 0, h).narrow(3, 0, w).copy_(p);
+      // From pageable host memory (tensor inputs) cudaMemcpyAsync returns once the driver has
+      // staged the bytes, so the source may go right after; pinned sources are kept by the
+      // caching host allocator until the copy's stream passes it.
+      staged.narrow(0, row, k).narrow(2, 0, h).narrow(3, 0, w).copy_(p, /*non_blocking=*/cuda);
       if (padded) mask.narrow(0, row, k).narrow(1, 0, h).narrow(2, 0, w).fill_(1);
       row += k;
     }
-  at::Tensor pv = staged.to(device, dtype, /*non_blocking=*/cuda);  // a cast only on the device
-  if (padded) mask = mask.to(device, /*non_blocking=*/cuda);
-  return {pv, mask};
+  return {staged.to(device, dtype), mask};
 }
 
 /// Fails every request of the batch not answered yet.

@@ -48,7 +48,12 @@ void preprocess(ThreadPool& pool, const LoadedModel& m, int64_t max_pixels, Task
         throw Error(Code::invalid_argument, c10::str("input 'images': image ", i, ": ", ex.what()));
       }
       try {
-        return m.processor->preprocess({img});
+        auto out = m.processor->preprocess({img});
+        // Pinned here, in parallel across the pool, so that the batcher copies the image to
+        // the device by DMA instead of staging it on its own thread (server/pipeline/batcher.cpp
+        // assemble).
+        if (m.device.is_cuda()) out.pixel_values = out.pixel_values.pin_memory();
+        return out;
       } catch (const c10::OutOfMemoryError&) {
         throw;
       } catch (const c10::Error& ex) {

@@ -13,7 +13,10 @@ Usage: make_random_checkpoint.py OUT_DIR [SET[,SET...]] [--tiny]
       defaults: 300 queries, 4 levels, 6 + 6 layers, 91 labels) with transformers' own ResNet-50
       instead of timm's (the same architecture; what libreyolo loads), 800x1333 processor
   families -> the issue-16 families at their transformers defaults, i.e. the configurations the
-      configuration files name: OUT_DIR/rf_detr_base (Roboflow/rf-detr-base, 560x560),
+      configuration files name: OUT_DIR/rf_detr_base (Roboflow/rf-detr-base, 560x560, with
+      RFDETRBaseConfig's dec_n_points 2 of roboflow/rf-detr rfdetr/config.py: the transformers
+      default is 4), OUT_DIR/rf_detr_nano (RFDETRNanoConfig: patch 16, 2 windows, features of
+      blocks 3/6/9/12, 2 decoder layers, 384x384),
       OUT_DIR/lw_detr_small (AnnaZhang/lwdetr_small_60e_coco, 640x640, with its one projector
       level: the default's list is empty), OUT_DIR/deimv2_n
       (Intellindust/DEIMv2_HGNetv2_N_COCO, 640x640); 80 labels; --tiny is ignored for this set
@@ -119,6 +122,18 @@ def save(model, out, name, processor):
     print(name, sum(p.numel() for p in model.parameters()), "parameters ->", d, flush=True)
 
 
+def rf_detr_nano():
+    """RFDETRNanoConfig of roboflow/rf-detr (rfdetr/config.py) in transformers' terms: the
+    DINOv2-small windowed backbone with patch 16 and a 24x24 position grid (image_size 384),
+    2 windows, features after blocks 3, 6, 9 and 12; 2 decoder layers of 2 points per level."""
+    backbone = tr.RfDetrDinov2Config(hidden_size=384, num_attention_heads=6, num_hidden_layers=12,
+                                     patch_size=16, image_size=384, num_windows=2,
+                                     num_register_tokens=0,
+                                     out_features=["stage3", "stage6", "stage9", "stage12"])
+    return tr.RfDetrConfig(backbone_config=backbone, decoder_layers=2, decoder_n_points=2,
+                           **coco_labels(80))
+
+
 def main():
     args = [a for a in sys.argv[1:] if a != "--tiny"]
     tiny = "--tiny" in sys.argv[1:]
@@ -152,8 +167,10 @@ def main():
             save(tr.DeformableDetrForObjectDetection(deformable(tiny)), out, "deformable_detr",
                  DEFORMABLE_PROCESSOR)
         elif s == "families":
-            save(tr.RfDetrForObjectDetection(tr.RfDetrConfig(**coco_labels(80))), out, "rf_detr_base",
-                 fixed_processor("RfDetrImageProcessor", 560))
+            save(tr.RfDetrForObjectDetection(tr.RfDetrConfig(decoder_n_points=2, **coco_labels(80))),
+                 out, "rf_detr_base", fixed_processor("RfDetrImageProcessor", 560))
+            save(tr.RfDetrForObjectDetection(rf_detr_nano()), out, "rf_detr_nano",
+                 fixed_processor("RfDetrImageProcessor", 384))
             # LwDetrConfig's default projector_scale_factors is empty (no feature level: not a
             # model); lwdetr_small_60e_coco's config.json has the single P4 level, scale 1.0.
             lw = tr.LwDetrConfig(projector_scale_factors=[1.0], **coco_labels(80))
