@@ -15,20 +15,30 @@ namespace deimv2 {
 Config Config::parse(const core::ConfigView& cfg) {
   Config c;
   cfg.get_enum("model_type", "", {"deimv2"});
-  if (cfg.has("backbone_config")) {
-    const auto b = cfg.child("backbone_config");
-    const std::string type = b.get_string("model_type", "hgnet_v2");
-    if (type != "hgnet_v2")
-      b.fail("model_type", "unsupported DEIMv2 backbone \"" + type +
-                               "\" (supported: hgnet_v2; the DINOv3 variants are not implemented)");
-  }
+  const auto backbone = cfg.has("backbone_config")
+                            ? cfg.child("backbone_config").get_string("model_type", "hgnet_v2")
+                            : std::string("hgnet_v2");
+  if (backbone != "hgnet_v2" && backbone != "dinov3_vit")
+    cfg.child("backbone_config")
+        .fail("model_type",
+              "unsupported DEIMv2 backbone \"" + backbone + "\" (supported: hgnet_v2, dinov3_vit)");
   c.lite = cfg.get_enum("encoder_type", "hybrid", {"hybrid", "lite"}) == "lite";
   // "cat" cannot run upstream either: Deimv2RepNCSPELAN5 takes encoder_hidden_dim channels.
   cfg.get_enum("encoder_fuse_op", "sum", {"sum"});
   c.use_gateway = cfg.get_bool("use_gateway", c.use_gateway);
   c.share_bbox_head = cfg.get_bool("share_bbox_head", c.share_bbox_head);
   c.trailing_conv = cfg.get_bool("encoder_has_trailing_conv", c.trailing_conv);
-  dfine::Config::parse_fields(cfg, c, /*hybrid_levels=*/!c.lite);
+  if (backbone == "dinov3_vit") {
+    if (c.lite)
+      cfg.fail("encoder_type",
+               "the lite encoder on a dinov3_vit backbone is not implemented (the published "
+               "DINOv3 variants use the hybrid encoder)");
+    c.dinov3 = Dinov3Config::parse(cfg);
+    // Deimv2DINOv3ConvEncoder's 3 maps stand where HGNetV2's out_indices would.
+    c.backbone.out_indices = c.dinov3->out_indices;
+    c.backbone.num_channels = c.dinov3->num_channels;
+  }
+  dfine::Config::parse_fields(cfg, c, /*hybrid_levels=*/!c.lite, /*hgnet_backbone=*/!c.dinov3);
   if (c.lite) {
     // Deimv2LiteEncoder: identity conv_encoder projections, two output levels.
     if (c.backbone.out_channels() != c.encoder_in_channels)
@@ -45,22 +55,35 @@ Config Config::parse(const core::ConfigView& cfg) {
   return c;
 }
 
+std::vector<int64_t> Config::backbone_strides() const {
+  if (dinov3) return {8, 16, 32};
+  return backbone.out_strides();
+}
+
 DetectorImpl::DetectorImpl(const Config& c) : config_(c) {
   auto model = register_module("model", std::make_shared<torch::nn::Module>());
-  auto conv_encoder = model->register_module("conv_encoder", std::make_shared<torch::nn::Module>());
-  backbone_ =
-      conv_encoder->register_module("model", std::make_shared<dfine::BackboneImpl>(c.backbone));
   const int64_t e = c.encoder_hidden_dim, d = c.d_model;
+  std::shared_ptr<torch::nn::Module> conv_encoder;
+  if (c.dinov3) {
+    // No encoder_input_proj: fusion_proj already makes encoder_hidden_dim channels.
+    dinov3_ = model->register_module("conv_encoder",
+                                     std::make_shared<Dinov3ConvEncoderImpl>(c, *c.dinov3));
+  } else {
+    conv_encoder = model->register_module("conv_encoder", std::make_shared<torch::nn::Module>());
+    backbone_ =
+        conv_encoder->register_module("model", std::make_shared<dfine::BackboneImpl>(c.backbone));
+  }
   if (c.lite) {
     lite_ = model->register_module("encoder", std::make_shared<LiteEncoderImpl>(c));
-  } else {
+  } else if (!c.dinov3) {
     std::vector<layers::ConvNorm> proj;
     for (auto channels : c.backbone.out_channels())
       proj.push_back(rtdetr::conv_norm(c, channels, e, 1, 1, Activation::none));
     encoder_input_proj_ = layers::register_list(*conv_encoder, "encoder_input_proj", proj);
+  }
+  if (!c.lite)
     hybrid_ = model->register_module(
         "encoder", std::make_shared<rtdetr::HybridEncoderImpl>(c, deimv2_ccfm(c)));
-  }
   heads_ = rtdetr::register_query_selection(*model, c);
   // decoder_input_proj: identity (no keys) when d_model == decoder_in_channels[-1]; otherwise
   // Deimv2ConvNormLayers reading decoder_in_channels[-1], 3x3 stride 2 for the extra levels.
@@ -77,8 +100,11 @@ DetectorImpl::DetectorImpl(const Config& c) : config_(c) {
 }
 
 std::pair<at::Tensor, at::Tensor> DetectorImpl::forward(const at::Tensor& pixel_values) const {
-  const auto feats = backbone_->forward(pixel_values);
   std::vector<at::Tensor> maps;
+  if (dinov3_)
+    return dfine::decode(config_, hybrid_->forward(dinov3_->forward(pixel_values)),
+                         decoder_input_proj_, heads_, *decoder_);
+  const auto feats = backbone_->forward(pixel_values);
   if (lite_) {
     maps = lite_->forward(feats);
   } else {
@@ -131,7 +157,7 @@ std::unique_ptr<Model> load_deimv2(const std::string& dir, const nlohmann::json&
   log::debug(c10::str(dir, ": loaded ", report.loaded, " tensors as deimv2 (",
                       report.aliased.size(), " aliased, ", report.ignored.size(), " ignored)"));
   // Lite: the first backbone map's stride and twice it; hybrid: the backbone's strides.
-  auto strides = c.backbone.out_strides();
+  auto strides = c.backbone_strides();
   if (c.lite) strides = {strides.front(), 2 * strides.front()};
   auto geometry = dfine::detector_geometry(c, strides);
   return std::make_unique<rtdetr::DetectorModel<deimv2::DetectorImpl>>(

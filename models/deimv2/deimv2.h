@@ -1,6 +1,7 @@
 // DEIMv2 (Huang et al., "Real-Time Object Detection Meets DINOv3", 2025) as transformers 5.17
-// Deimv2ForObjectDetection with the HGNetV2 backbone and the hybrid or lite encoder
-// (modeling_deimv2.py; DINOv3 backbones are not implemented: a load error).
+// Deimv2ForObjectDetection with the HGNetV2 backbone and the hybrid or lite encoder, or the
+// DINOv3 backbone (Deimv2DINOv3ConvEncoder, models/deimv2/dinov3_backbone.h) and the hybrid
+// encoder (modeling_deimv2.py; DINOv3 with the lite encoder is a load error).
 #pragma once
 
 #include <nlohmann/json_fwd.hpp>
@@ -21,9 +22,9 @@ inline constexpr bool kFusedAttentionDefault = false;
 
 /// Loads `dir`/model.safetensors for config.json `model_type` "deimv2" (`config` is the parsed
 /// config.json). Every checkpoint key must be used and every module key found. Throws
-/// std::runtime_error (core::ConfigError naming config.json and the field, e.g.
-/// backbone_config.model_type "dinov3_vit"; core::CheckpointError naming the file and the
-/// missing / unexpected keys).
+/// std::runtime_error (core::ConfigError naming config.json and the field, e.g. an unsupported
+/// backbone_config.model_type; core::CheckpointError naming the file and the missing /
+/// unexpected keys).
 std::unique_ptr<Model> load_deimv2(const std::string& dir, const nlohmann::json& config,
                                    const LoadOptions& options);
 

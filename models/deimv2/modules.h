@@ -10,9 +10,11 @@
 #include <torch/nn/module.h>
 
 #include <memory>
+#include <optional>
 #include <utility>
 #include <vector>
 
+#include "models/deimv2/dinov3_backbone.h"
 #include "models/dfine/modules.h"
 
 namespace libreyolo::models::deimv2 {
@@ -26,10 +28,17 @@ struct Config : dfine::Config {
   bool use_gateway = true;       ///< Deimv2Gate, else encoder_attn_layer_norm (RMSNorm)
   bool share_bbox_head = false;  ///< one bbox_embed MLP for every decoder layer
   bool trailing_conv = true;     ///< encoder_has_trailing_conv: CSPRepLayer conv2 (3x3)
+  /// backbone_config.model_type "dinov3_vit" (Deimv2DINOv3ConvEncoder); `backbone` (HGNetV2)
+  /// then only carries the level count (out_indices) and num_channels.
+  std::optional<Dinov3Config> dinov3;
 
   /// Parses and validates. Throws core::ConfigError naming the file and field, e.g. for a
-  /// backbone_config.model_type other than hgnet_v2 (DINOv3 backbones are not implemented).
+  /// backbone_config.model_type other than hgnet_v2 or dinov3_vit, or the lite encoder on a
+  /// DINOv3 backbone (not implemented).
   static Config parse(const core::ConfigView& cfg);
+  /// The feature strides of the encoder's input maps: HGNetV2's out_strides, or 8, 16, 32 for
+  /// the DINOv3 encoder.
+  std::vector<int64_t> backbone_strides() const;
 };
 
 /// Deimv2RMSNorm (LlamaRMSNorm, eps 1e-6): weight * (x / sqrt(mean(x^2) + eps)), the
@@ -130,7 +139,8 @@ class LiteEncoderImpl : public torch::nn::Module {
 
 // ---- the whole detector ----------------------------------------------------------------------
 
-/// Root module "model.{conv_encoder.{model, encoder_input_proj (hybrid only)}, encoder,
+/// Root module "model.{conv_encoder.{model, encoder_input_proj (hybrid only)} (HGNetV2) or
+/// conv_encoder.{backbone, spatial_tuning_adapter, fusion_proj} (DINOv3), encoder,
 /// enc_output, enc_score_head, enc_bbox_head, decoder_input_proj (absent when d_model ==
 /// decoder_in_channels[-1]), decoder}".
 class DetectorImpl : public torch::nn::Module {
@@ -140,12 +150,16 @@ class DetectorImpl : public torch::nn::Module {
   /// pred_boxes (B, Q, 4) cxcywh) in that dtype. Throws std::invalid_argument when the anchors
   /// do not match.
   std::pair<at::Tensor, at::Tensor> forward(const at::Tensor& pixel_values) const;
-  /// See dfine::DecoderImpl::prepare.
-  void prepare() { decoder_->prepare(); }
+  /// See dfine::DecoderImpl::prepare and Dinov3ConvEncoderImpl::prepare.
+  void prepare() {
+    decoder_->prepare();
+    if (dinov3_) dinov3_->prepare();
+  }
 
  private:
   Config config_;
-  std::shared_ptr<dfine::BackboneImpl> backbone_;
+  std::shared_ptr<dfine::BackboneImpl> backbone_;  ///< null with the DINOv3 encoder
+  std::shared_ptr<Dinov3ConvEncoderImpl> dinov3_;  ///< null with HGNetV2
   std::vector<layers::ConvNorm> encoder_input_proj_, decoder_input_proj_;
   std::shared_ptr<rtdetr::HybridEncoderImpl> hybrid_;  ///< null for the lite encoder
   std::shared_ptr<LiteEncoderImpl> lite_;

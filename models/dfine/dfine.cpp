@@ -24,10 +24,12 @@ Config Config::parse(const core::ConfigView& cfg) {
   return c;
 }
 
-void Config::parse_fields(const core::ConfigView& cfg, Config& c, bool hybrid_levels) {
+void Config::parse_fields(const core::ConfigView& cfg, Config& c, bool hybrid_levels,
+                          bool hgnet_backbone) {
   if (cfg.get_bool("use_timm_backbone", false))
     cfg.fail("use_timm_backbone", "timm backbones are not supported (use hgnet_v2)");
-  if (cfg.has("backbone_config")) c.backbone = HGNetV2Config::parse(cfg.child("backbone_config"));
+  if (hgnet_backbone && cfg.has("backbone_config"))
+    c.backbone = HGNetV2Config::parse(cfg.child("backbone_config"));
   rtdetr::Config::parse_shared(cfg, c, hybrid_levels);
   c.backbone.frozen_batch_norm = c.freeze_backbone_batch_norms;
   c.num_channels = c.backbone.num_channels;

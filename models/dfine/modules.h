@@ -35,8 +35,11 @@ struct Config : rtdetr::Config {
   static Config parse(const core::ConfigView& cfg);
   /// Every field of parse() but model_type, with its checks (DEIMv2 shares them). `hybrid_levels`
   /// as rtdetr::Config::parse_shared: false skips the checks of decoder_in_channels against the
-  /// backbone outputs (DEIMv2's lite encoder makes one more level). Throws core::ConfigError.
-  static void parse_fields(const core::ConfigView& cfg, Config& c, bool hybrid_levels = true);
+  /// backbone outputs (DEIMv2's lite encoder makes one more level). `hgnet_backbone` false: the
+  /// caller parses backbone_config (DEIMv2's DINOv3 backbone) and sets c.backbone.out_indices
+  /// (one entry per map) and num_channels first. Throws core::ConfigError.
+  static void parse_fields(const core::ConfigView& cfg, Config& c, bool hybrid_levels = true,
+                           bool hgnet_backbone = true);
 };
 
 /// D-FINE weighting function W(n) (modeling_d_fine.py weighting_function, hf-models.md 4.5):

@@ -1,4 +1,4 @@
-// The deformable families added for issue 16 (LW-DETR, DEIMv2 hybrid and lite) on CUDA: the
+// The deformable families added for issue 16 (LW-DETR, DEIMv2 hybrid, lite and DINOv3) on CUDA: the
 // forward equals the transformers CPU fixture (TF32 off), the model's own `ms_deform_attn`
 // binding called `cuda` once per decoder layer with no fallback event, and the portable path
 // (the same model bound to `reference` only, serving.yaml-style `kernel_slots`) gives the same
@@ -31,7 +31,8 @@ struct Family {
 };
 
 /// pixel_values as the fixture's processor makes them: stored (RF-DETR), normalised (LW-DETR) or
-/// only rescaled (DEIMv2's RTDetrImageProcessor with do_normalize false).
+/// only rescaled (DEIMv2's RTDetrImageProcessor with do_normalize false; the DINOv3 fixture
+/// normalises).
 at::Tensor fixture_pixels(const std::string& dir) {
   const auto pre = test::read_json(dir + "/preprocessor_config.json");
   if (models::core::SafetensorsFile::open(dir + "/expected.safetensors")->contains("pixel_values"))
@@ -148,7 +149,9 @@ TEST(DeformableDetrCuda, CudaGraphReplayEqualsEager) {
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, DetrFamilyCuda,
                          ::testing::Values(Family{"lw_detr_tiny", 2}, Family{"deimv2_tiny", 2},
-                                           Family{"deimv2_tiny_lite", 3}, Family{"rf_detr_tiny", 2},
+                                           Family{"deimv2_tiny_lite", 3},
+                                           Family{"deimv2_tiny_dinov3", 2},
+                                           Family{"rf_detr_tiny", 2},
                                            Family{"rf_detr_seg_tiny", 2}),
                          [](const auto& info) { return std::string(info.param.fixture); });
 

@@ -144,6 +144,18 @@ def dv2_lite(nq, **extra):
                    decoder_n_points=[4, 2], **extra)
 
 
+def dv2_dinov3(nq, vit=None, **extra):
+    """DEIMv2 on a DINOv3 backbone (Deimv2DINOv3ConvEncoder, the S/M/L/X layout): hybrid encoder,
+    3 out stages; patch_size 16 (the spatial tuning adapter's strides 8, 16, 32)."""
+    kw = dict(patch_size=16, hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=2,
+              num_register_tokens=2, out_features=["stage1", "stage2", "stage3"], out_indices=[1, 2, 3])
+    kw.update(vit or {})
+    bb = tr.DINOv3ViTConfig(**kw)
+    base = df_kwargs(hgnet_backbone("b", True), nq, **extra)  # the widths; the backbone replaced
+    base.update(backbone_config=bb, encoder_in_channels=[32, 32, 32], spatial_tuning_adapter_inplanes=8)
+    return tr.Deimv2Config(**base)
+
+
 def dd_cfg(**kw):
     bb = tr.ResNetConfig(embedding_size=16, hidden_sizes=[16, 24, 40, 56], depths=[1, 2, 1, 1],
                          hidden_act="relu", out_features=["stage2", "stage3", "stage4"], out_indices=[2, 3, 4])
@@ -218,6 +230,12 @@ def cases():
     yield "deimv2_hybrid_notrailing_288x384", DV2, dv2_cfg(hgnet_backbone("b", True), 30, encoder_has_trailing_conv=False, depth_mult=0.67, freeze_backbone_batch_norms=False), RTP, (1, 288, 384), False
     yield "deimv2_lite_320x480", DV2, dv2_lite(40), RTP, (2, 320, 480), False
     yield "deimv2_lite_dmodel48_gate_256x320", DV2, dv2_lite(20, d_model=48, decoder_layers=3), RTP, (1, 256, 320), False
+    # DINOv3: gated MLP, 4 register tokens, no query bias, only the last stage LayerNorm'ed
+    # (apply_layernorm false), a skipped stage; then the plain MLP with a key bias, no register
+    # tokens, 4 levels with d_model 64. Sides multiples of 32.
+    DV2P = dict(RTP, do_normalize=True, image_mean=[0.485, 0.456, 0.406], image_std=[0.229, 0.224, 0.225])
+    yield "deimv2_dinov3_gated_320x480", DV2, dv2_dinov3(40, vit=dict(num_hidden_layers=4, num_register_tokens=4, use_gated_mlp=True, query_bias=False, apply_layernorm=False, hidden_act="silu", out_features=["stage1", "stage3", "stage4"], out_indices=[1, 3, 4])), DV2P, (2, 320, 480), False
+    yield "deimv2_dinov3_keybias_4lvl_288x384", DV2, dv2_dinov3(30, vit=dict(hidden_size=48, num_attention_heads=3, num_register_tokens=0, key_bias=True, out_features=["stem", "stage2", "stage3"], out_indices=[0, 2, 3]), d_model=64, decoder_attention_heads=4, num_feature_levels=4, decoder_n_points=2), DV2P, (1, 288, 384), False
     yield "deformable_detr_masked", DD, dd_cfg(), DDP, [(200, 320), (256, 192)], True
     yield "deformable_detr_refine_two_stage", DD, dd_cfg(with_box_refine=True, two_stage=True, two_stage_num_proposals=10), DDP, [(224, 288)], True
     LW = tr.LwDetrForObjectDetection

@@ -14,6 +14,7 @@
 #include <sstream>
 
 #include "models/deformable_detr/deformable_detr.h"
+#include "models/deimv2/deimv2.h"
 #include "models/deit/deit.h"
 #include "models/dfine/dfine.h"
 #include "models/lw_detr/lw_detr.h"
@@ -121,6 +122,7 @@ INSTANTIATE_TEST_SUITE_P(
                       Row{"swin_tiny", models::swin::kFusedAttentionDefault},
                       Row{"deformable_detr_tiny", models::deformable_detr::kFusedAttentionDefault},
                       Row{"dfine_tiny", models::dfine::kFusedAttentionDefault},
+                      Row{"deimv2_tiny_dinov3", models::deimv2::kFusedAttentionDefault},
                       Row{"lw_detr_tiny", models::lw_detr::kFusedAttentionDefault},
                       Row{"rf_detr_tiny", models::rf_detr::kFusedAttentionDefault},
                       // measured when the RT-DETR family and its fixture exist
