@@ -77,6 +77,42 @@ TEST(InstanceSegmentationParity, MasksScoresLabelsBoxesAndRleEqualTransformers) 
   EXPECT_EQ(instances, 46);
 }
 
+TEST(InstanceSegmentationParity, CocoRleOfLargeMasksEqualsThePixelByPixelRuns) {
+  // The memchr run search against the definition, pixel by pixel, on masks with runs of every
+  // length (random) and on the fuzzer's tall 8388615 x 5 shape (oip_request_fuzz), one run
+  // starting with a set pixel, and an empty mask.
+  const auto reference = [](const at::Tensor& mask) {
+    const at::Tensor t = mask.ne(0).t().contiguous().to(at::kByte);
+    const auto* p = t.data_ptr<uint8_t>();
+    std::vector<int64_t> counts;
+    uint8_t value = 0;
+    int64_t run = 0;
+    for (int64_t i = 0; i < t.numel(); ++i) {
+      if (p[i] != value) {
+        counts.push_back(run);
+        value = p[i];
+        run = 0;
+      }
+      ++run;
+    }
+    counts.push_back(run);
+    return counts;
+  };
+  at::manual_seed(7);
+  const at::Tensor random = at::rand({480, 640}).gt(0.5);
+  const auto counts = libreyolo::image::coco_rle_counts(random);
+  EXPECT_EQ(counts, reference(random));
+  EXPECT_GT(counts.size(), 100000u);
+  at::Tensor tall = at::zeros({8388615, 5}, at::kBool);
+  tall.narrow(0, 1000, 3).fill_(true);
+  tall[8388614][4] = true;
+  EXPECT_EQ(libreyolo::image::coco_rle_counts(tall), reference(tall));
+  // Six runs of ones (rows 1000-1002 of each column, the last pixel), each after a zero run.
+  EXPECT_EQ(libreyolo::image::coco_rle_counts(tall).size(), 12u);
+  EXPECT_EQ(libreyolo::image::coco_rle_counts(at::zeros({0, 4}, at::kBool)),
+            (std::vector<int64_t>{0}));
+}
+
 TEST(InstanceSegmentationParity, CocoRleIsColumnMajorStartingWithZeros) {
   // [[1, 0, 0],
   //  [1, 1, 0]]  column-major: 1 1 | 0 1 | 0 0 -> runs 0, 2, 1, 1, 2 (row-major would give
