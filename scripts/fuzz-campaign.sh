@@ -109,7 +109,7 @@ for t in "${targets[@]}"; do
   wait || true
   end=$(date +%s)
   # Coverage of the final corpus: one pass over it, nothing mutated.
-  "$exe" -runs=0 "$corpus" >"$logs/final.log" 2>&1 || true
+  "$exe" -runs=0 -artifact_prefix="$artifacts/" "$corpus" >"$logs/final.log" 2>&1 || true
   execs=$(cat "$logs"/w*.log | sed -n 's/^stat::number_of_executed_units: *//p' | awk '{s += $1} END {print s + 0}')
   cov=$(grep -o 'INITED cov: [0-9]* ft: [0-9]*' "$logs/final.log" | tail -1 | awk '{print $3, $5}')
   [ -n "$cov" ] || cov=$(grep -o 'cov: [0-9]* ft: [0-9]*' "$logs/final.log" | tail -1 | awk '{print $2, $4}')
