@@ -21,7 +21,8 @@
 # what scripts/bench-instances-gpu.sh runs), B8_CONCURRENCY (1,2,4,8: the batch-MAX_BATCH
 # pixel_values steps, one request = MAX_BATCH images), JPEG_CONCURRENCY (CONCURRENCY: the
 # one-JPEG-per-request steps; the batcher groups them up to MAX_BATCH), SKIP_B1 (0; 1 skips the
-# batch-1 pixel_values steps).
+# batch-1 pixel_values steps), MAX_CONCURRENT_RPCS (256: server.max_concurrent_rpcs; the JPEG steps
+# need more in flight than 2 instances x max_batch_size).
 # Both sides run with TF32 off (the daemon's `tf32: off`).
 # Writes to $OUT: summary.txt, forward_only.log, serving_*.{csv,json,log}, server.log,
 # bench_serving_gpu.json (everything together, with the ratio).
@@ -137,6 +138,7 @@ server:
   http_address: 127.0.0.1:$hp
   drain_seconds: 0
   max_message_bytes: 268435456
+  max_concurrent_rpcs: ${MAX_CONCURRENT_RPCS:-256}
   log_level: warn
 model_repository: $work/repo
 device: $device

@@ -5,12 +5,16 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
+#include <thread>
+
 #include "kernels/kernels.h"
 #include "kernels/registry.h"
 #include "kernels/report_json.h"
 #include "log/log.h"
 #include "models/model.h"
 #include "models/runtime/device_memory.h"
+#include "models/runtime/intra_op_threads.h"
 #include "server/lifecycle/model_lifecycle.h"
 #include "server/pipeline/batcher.h"
 #include "server/pipeline/infer_pipeline.h"
@@ -30,7 +34,16 @@ ServerCore::ServerCore(const ServerConfig& config, Metrics& metrics, ModelFactor
       return models::load_model(dir, o);
     };
   }
-  pool_ = std::make_unique<ThreadPool>(static_cast<int>(config_.preprocess_threads.value));
+  // Each pool thread's ATen operators get an equal share of the cores (1 with the default pool
+  // of one thread per core): otherwise every thread forks a team of all cores per resize and
+  // normalise (models/runtime/intra_op_threads.h).
+  const int cores = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  const int pool_threads = config_.preprocess_threads.value > 0
+                               ? static_cast<int>(config_.preprocess_threads.value)
+                               : cores;
+  const int share = std::max(1, cores / pool_threads);
+  pool_ =
+      std::make_unique<ThreadPool>(pool_threads, [share] { models::use_intra_op_threads(share); });
   lifecycle_ = std::make_unique<ModelLifecycle>(config_, metrics_, std::move(factory));
   lifecycle_->lookup_hook_for_testing = [this](const std::string& name) {
     if (lookup_hook_for_testing) lookup_hook_for_testing(name);

@@ -13,12 +13,26 @@ namespace libreyolo::server {
 
 class ThreadPool {
  public:
-  /// `threads` <= 0: std::thread::hardware_concurrency() (at least 1).
-  explicit ThreadPool(int threads) {
+  /// `threads` <= 0: std::thread::hardware_concurrency() (at least 1). `on_start` runs first
+  /// on each worker thread (a per-thread setting such as models::use_intra_op_threads);
+  /// an exception it throws is swallowed: the worker serves with the default setting.
+  explicit ThreadPool(int threads, std::function<void()> on_start = {}) {
     int n = threads > 0 ? threads : static_cast<int>(std::thread::hardware_concurrency());
     if (n < 1) n = 1;
-    for (int i = 0; i < n; ++i) workers_.emplace_back([this] { loop(); });
+    for (int i = 0; i < n; ++i)
+      workers_.emplace_back([this, on_start] {
+        if (on_start) {
+          try {
+            on_start();
+          } catch (...) {
+          }
+        }
+        loop();
+      });
   }
+
+  /// The number of worker threads.
+  int size() const { return static_cast<int>(workers_.size()); }
   ~ThreadPool() {
     {
       std::lock_guard<std::mutex> lk(mu_);

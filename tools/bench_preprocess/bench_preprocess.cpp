@@ -1,0 +1,97 @@
+// What the daemon's preprocessing pool does per JPEG input (server/pipeline/infer_pipeline.cpp):
+// decode (models/image/decode.cpp) + the checkpoint's image processor (models/image/processor.cpp)
+// to (1, 3, 640, 640) float32, run by P threads at once (Google Benchmark ->Threads(P)), in two
+// modes:
+//   share:0  ATen's default: every thread's resize and normalise fork an OpenMP team of all cores
+//   share:1  each thread limited to max(1, cores / P) intra-op threads, as the daemon's pool is
+//            (models::use_intra_op_threads, called by server/core/core.cpp on each pool thread)
+// items_per_second is images per second over all P threads (wall clock).
+//
+// Usage: bench_preprocess [--benchmark_filter=...] [--benchmark_min_time=2s]
+//   IMAGE (default tests/fixtures/images/astronaut.jpg, 512x512), PROCESSOR (a checkpoint folder
+//   with preprocessor_config.json; default tests/fixtures/models/rtdetr_tiny: RTDetrImageProcessor
+//   at 640x640).
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <benchmark/benchmark.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <fstream>
+#include <iterator>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "models/image/decode.h"
+#include "models/image/processor.h"
+#include "models/runtime/intra_op_threads.h"
+
+namespace {
+
+namespace image = libreyolo::image;
+
+std::string env_or(const char* name, const std::string& fallback) {
+  const char* v = std::getenv(name);
+  return v && *v ? v : fallback;
+}
+
+struct Inputs {
+  std::vector<std::uint8_t> jpeg;
+  std::unique_ptr<image::ImageProcessor> processor;
+};
+
+const Inputs& inputs() {
+  static const Inputs in = [] {
+    Inputs x;
+    const std::string root = LIBREYOLO_SOURCE_DIR;
+    std::ifstream f(env_or("IMAGE", root + "/tests/fixtures/images/astronaut.jpg"),
+                    std::ios::binary);
+    x.jpeg.assign(std::istreambuf_iterator<char>(f), {});
+    x.processor = image::load_image_processor(
+        env_or("PROCESSOR", root + "/tests/fixtures/models/rtdetr_tiny"));
+    return x;
+  }();
+  return in;
+}
+
+void BM_DecodePreprocess(benchmark::State& state) {
+  const Inputs& in = inputs();
+  if (in.jpeg.empty()) {
+    state.SkipWithError("IMAGE is empty or unreadable");
+    return;
+  }
+  const int cores = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  if (state.range(0) == 1 &&
+      !libreyolo::models::use_intra_op_threads(std::max(1, cores / state.threads()))) {
+    state.SkipWithError("the intra-op limit did not hold (ATen's backend is not OpenMP)");
+    return;
+  }
+  at::InferenceMode guard;
+  for (auto _ : state) {
+    const at::Tensor img = image::decode_image(in.jpeg.data(), in.jpeg.size());
+    auto out = in.processor->preprocess({img});
+    benchmark::DoNotOptimize(out.pixel_values.data_ptr());
+  }
+  state.SetItemsProcessed(state.iterations());
+  state.counters["intra_op_threads"] =
+      benchmark::Counter(at::get_num_threads(), benchmark::Counter::kAvgThreads);
+}
+
+void thread_counts(benchmark::internal::Benchmark* b) {
+  const int cores = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  b->Arg(0)->Arg(1);  // every Arg runs at every thread count
+  for (int p = 1; p <= cores; p *= 2) b->Threads(p);
+  if ((cores & (cores - 1)) != 0) b->Threads(cores);
+}
+
+BENCHMARK(BM_DecodePreprocess)
+    ->ArgName("share")
+    ->Apply(thread_counts)
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
+
+}  // namespace
+
+BENCHMARK_MAIN();
