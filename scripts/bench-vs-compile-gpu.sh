@@ -10,12 +10,14 @@
 #   r50        RT-DETR-R50vd 640, batch 1 and 32 (ours: layouts off/default/on; profile by op class
 #              of the batch-32 forward, layouts default and on; batch 32 with cuDNN's heuristics
 #              instead of benchmark mode); anchors at 32 (FULL=1: and 1)
-#   r18        RT-DETR-R18vd 640, batch 1 and 32; anchors at 32 (FULL=1: and 1)
+#   r18        RT-DETR-R18vd 640, batch 1 and 32, profile by op class of the batch-32 forward;
+#              anchors at 32 (FULL=1: and 1)
 #   dfine      D-FINE L (HGNetV2-B4) 640, batch 1 and 32; anchors at 32 (FULL=1: and 1)
 #   deformable Deformable DETR (ResNet-50) 800x1333, batch 1 and 8; anchors at 8 (FULL=1: and 1)
 #   vit        ViT-B/16 224, batch 32; anchors at 32
 #   swin       Swin-T 224, batch 32; anchors at 32
-#   fp32       RT-DETR-R50 fp32 (TF32 off) batch 32, layouts off and on (no anchors)
+#   fp32       RT-DETR-R50 fp32 (TF32 off) batch 32, layouts off and default, profile by op class
+#              (layouts off); no anchors
 #   rf_detr    RF-DETR base 560 (issue 16), batch 1 and 32, bf16 (graphs; fused attention default
 #              and on) and fp32 (TF32 off); anchors eager fp32 / bf16 and torch.compile bf16 at
 #              32 and 1
@@ -131,6 +133,7 @@ for r in ${rows//,/ }; do
     for layouts in default on; do
       ours "R18 bf16 graphs layouts=$layouts" rtdetr_r18vd bfloat16 640 1,32 "--cuda-graph --layouts $layouts"
     done
+    ours "R18 bf16 eager profile layouts=default" rtdetr_r18vd bfloat16 640 32 "--layouts default --profile"
     anchors rtdetr_r18vd 640 "$([ "$full" = 1 ] && echo 32,1 || echo 32)" $conv_modes
     ;;
   dfine)
@@ -172,6 +175,7 @@ for r in ${rows//,/ }; do
     for layouts in off default; do
       ours "R50 fp32 (TF32 off) layouts=$layouts" rtdetr_r50vd float32 640 32 "--layouts $layouts"
     done
+    ours "R50 fp32 (TF32 off) eager profile layouts=off" rtdetr_r50vd float32 640 32 "--layouts off --profile"
     ;;
   esac
   echo "== row $r done in $((SECONDS - t0)) s" | tee -a "$log"

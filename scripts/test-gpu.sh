@@ -2,7 +2,7 @@
 # Builds and tests everything on the GPU machine, then benchmarks the CUDA kernels. Run from the
 # repository root ON that machine, with the device kit (.device-kit/env.sh: the environment that
 # points the build at the machine's CUDA LibTorch; staged outside the repository and carried to
-# the machine with the working tree):
+# the machine with the working tree; scripts/device-kit-extras.sh adds cpp-httplib to it):
 #   scripts/test-gpu.sh                 whole project in build-gpu: ctest (every label), the gpu
 #                                       label verbose, bench_kernels
 #   scripts/test-gpu.sh --kernels-only  only the kernels, test_gpu and bench_kernels
