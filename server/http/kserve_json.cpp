@@ -5,10 +5,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <stdexcept>
 #include <utility>
 #include <variant>
 
@@ -45,6 +47,13 @@ std::string preview(const json& v) {
 /// Deepest JSON nesting a request may use: KServe's nested `data` arrays follow the shape's rank
 /// (at most 8 dimensions here), plus the document's own levels.
 constexpr int kMaxJsonDepth = 32;
+
+/// Most JSON values (numbers, strings, ... each counted once) one document may hold: 4 Mi, one
+/// 3 x 800 x 1333 image as JSON numbers (Deformable DETR's input) with room. Each parsed value
+/// costs 16 bytes of DOM plus its array's slack, so a 64 MiB body of "0," (32 M values) would
+/// otherwise become about 1 GB per request, times server.http_threads; larger tensors go in the
+/// binary tensor extension or shared memory.
+constexpr std::int64_t kMaxJsonValues = std::int64_t{1} << 22;
 
 std::string shape_text(const std::vector<std::int64_t>& shape) {
   std::string s = "[";
@@ -114,8 +123,7 @@ void pack_element(std::string& out, const json& v, const std::string& dt, const 
                   std::uint64_t index) {
   auto fail = [&](const std::string& expected) {
     bad(what + ": element " + std::to_string(index) + " of data must be " + expected + " for " +
-        dt + ", got " +
-        (v.is_string() ? std::string("a string") : preview(v)));
+        dt + ", got " + (v.is_string() ? std::string("a string") : preview(v)));
   };
   auto integer = [&](auto tag, const char* range) {
     using T = decltype(tag);
@@ -248,14 +256,21 @@ json parse_json(std::string_view text, const char* what) {
   try {
     // The depth is bounded while parsing, before a deep document exists: everything that
     // walks a json (dump, the destructor) may recurse per level.
+    // The value count is bounded the same way: refused before the DOM holds more.
+    std::int64_t values = 0;
     return json::parse(text.begin(), text.end(),
-                       [](int depth, json::parse_event_t, json&) {
+                       [&values](int depth, json::parse_event_t event, json&) {
                          if (depth > kMaxJsonDepth) throw std::length_error("too deep");
+                         if (event == json::parse_event_t::value && ++values > kMaxJsonValues)
+                           throw std::range_error("too many values");
                          return true;
                        });
   } catch (const std::length_error&) {
-    bad(std::string(what) + " nests JSON deeper than " + std::to_string(kMaxJsonDepth) +
-        " levels");
+    bad(std::string(what) + " nests JSON deeper than " + std::to_string(kMaxJsonDepth) + " levels");
+  } catch (const std::range_error&) {
+    bad(std::string(what) + " holds more than " + std::to_string(kMaxJsonValues) +
+        " JSON values; send large tensors in binary (Inference-Header-Content-Length) or "
+        "through shared memory");
   } catch (
       const json::exception& e) {  // parse_error, and out_of_range for 1e999 (found by fuzzing)
     bad(std::string(what) + " is not valid JSON: " + e.what());

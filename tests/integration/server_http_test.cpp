@@ -362,13 +362,27 @@ TEST_F(ServerHttp, InferErrorsAreStatusesWithJsonBodies) {
   expect(infer("fake", R"({"inputs": [], "parameters": {"timeout": )" + std::string(60000, '[') +
                            std::string(60000, ']') + "}}"),
          400, "the request body nests JSON deeper than 32 levels");
+  // A flood of values (a 64 MiB body of "0," parses into about 1 GB of DOM): refused while
+  // parsing, at 4 Mi values. One below the budget parses and reaches the tensor checks.
+  auto int8_data = [](int64_t n) {
+    std::string b = R"({"inputs": [{"name": "t", "datatype": "INT8", "shape": [1], "data": [)";
+    b.reserve(b.size() + 2 * static_cast<std::size_t>(n) + 8);
+    for (int64_t i = 0; i < n; ++i) b += i ? ",0" : "0";
+    return b + "]}]}";
+  };
+  expect(infer("fake", int8_data(4194302)), 400,
+         "the request body holds more than 4194304 JSON values; send large tensors in binary "
+         "(Inference-Header-Content-Length) or through shared memory");
+  const auto within = infer("fake", int8_data(4194301));  // + "t", "INT8", 1: exactly 4 Mi
+  EXPECT_EQ(within.status, 400);
+  EXPECT_EQ(json::parse(within.body)["error"].get<std::string>().find("JSON values"),
+            std::string::npos)
+      << within.body.substr(0, 200);
   expect(infer("fake", R"({"inputs": [], "parameters": {"timeout": [[1]]}})"), 400,
          "parameter 'timeout' (microseconds) must be an integer >= 0, got an array");
-  expect(
-      infer(
-          "fake",
-          R"({"inputs": [{"name": "t", "datatype": "INT8", "shape": [[1]], "data": [1]}]})"),
-      400, "input 't': 'shape' must hold integers >= 0, got an array");
+  expect(infer("fake",
+               R"({"inputs": [{"name": "t", "datatype": "INT8", "shape": [[1]], "data": [1]}]})"),
+         400, "input 't': 'shape' must hold integers >= 0, got an array");
   // The core's own checks come through with their message (as on gRPC).
   const auto wrong =
       infer("fake",
