@@ -37,13 +37,11 @@ ServerCore::ServerCore(const ServerConfig& config, Metrics& metrics, ModelFactor
   // Each pool thread's ATen operators get an equal share of the cores (1 with the default pool
   // of one thread per core): otherwise every thread forks a team of all cores per resize and
   // normalise (models/runtime/intra_op_threads.h).
-  const int cores = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
-  const int pool_threads = config_.preprocess_threads.value > 0
-                               ? static_cast<int>(config_.preprocess_threads.value)
-                               : cores;
-  const int share = std::max(1, cores / pool_threads);
-  pool_ =
-      std::make_unique<ThreadPool>(pool_threads, [share] { models::use_intra_op_threads(share); });
+  pool_ = std::make_unique<ThreadPool>(
+      static_cast<int>(config_.preprocess_threads.value), [](int threads) {
+        const int cores = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+        models::use_intra_op_threads(std::max(1, cores / threads));
+      });
   lifecycle_ = std::make_unique<ModelLifecycle>(config_, metrics_, std::move(factory));
   lifecycle_->lookup_hook_for_testing = [this](const std::string& name) {
     if (lookup_hook_for_testing) lookup_hook_for_testing(name);

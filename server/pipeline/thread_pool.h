@@ -13,17 +13,18 @@ namespace libreyolo::server {
 
 class ThreadPool {
  public:
-  /// `threads` <= 0: std::thread::hardware_concurrency() (at least 1). `on_start` runs first
-  /// on each worker thread (a per-thread setting such as models::use_intra_op_threads);
-  /// an exception it throws is swallowed: the worker serves with the default setting.
-  explicit ThreadPool(int threads, std::function<void()> on_start = {}) {
+  /// `threads` <= 0: std::thread::hardware_concurrency() (at least 1). `on_start(n)` runs first
+  /// on each worker thread, n being the pool's thread count (a per-thread setting such as
+  /// models::use_intra_op_threads); an exception it throws is swallowed: the worker serves with
+  /// the default setting.
+  explicit ThreadPool(int threads, std::function<void(int)> on_start = {}) {
     int n = threads > 0 ? threads : static_cast<int>(std::thread::hardware_concurrency());
     if (n < 1) n = 1;
     for (int i = 0; i < n; ++i)
-      workers_.emplace_back([this, on_start] {
+      workers_.emplace_back([this, on_start, n] {
         if (on_start) {
           try {
-            on_start();
+            on_start(n);
           } catch (...) {
           }
         }

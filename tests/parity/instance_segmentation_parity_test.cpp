@@ -106,9 +106,10 @@ TEST(InstanceSegmentationParity, CocoRleOfLargeMasksEqualsThePixelByPixelRuns) {
   at::Tensor tall = at::zeros({8388615, 5}, at::kBool);
   tall.narrow(0, 1000, 3).fill_(true);
   tall[8388614][4] = true;
-  EXPECT_EQ(libreyolo::image::coco_rle_counts(tall), reference(tall));
+  const auto tall_counts = libreyolo::image::coco_rle_counts(tall);
+  EXPECT_EQ(tall_counts, reference(tall));
   // Six runs of ones (rows 1000-1002 of each column, the last pixel), each after a zero run.
-  EXPECT_EQ(libreyolo::image::coco_rle_counts(tall).size(), 12u);
+  EXPECT_EQ(tall_counts.size(), 12u);
   EXPECT_EQ(libreyolo::image::coco_rle_counts(at::zeros({0, 4}, at::kBool)),
             (std::vector<int64_t>{0}));
 }

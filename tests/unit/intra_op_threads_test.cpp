@@ -44,7 +44,8 @@ TEST(ThreadPoolOnStart, RunsOnEveryWorkerBeforeItsFirstTask) {
   std::atomic<int> started{0};
   std::vector<int> threads_seen;
   {
-    ThreadPool pool(3, [&] {
+    ThreadPool pool(3, [&](int threads) {
+      EXPECT_EQ(threads, 3);
       use_intra_op_threads(1);
       started += 1;
     });
@@ -58,6 +59,6 @@ TEST(ThreadPoolOnStart, RunsOnEveryWorkerBeforeItsFirstTask) {
 }
 
 TEST(ThreadPoolOnStart, AThrowingStartLeavesTheWorkerServing) {
-  ThreadPool pool(1, [] { throw std::runtime_error("no"); });
+  ThreadPool pool(1, [](int) { throw std::runtime_error("no"); });
   EXPECT_EQ(pool.submit([] { return 7; }).get(), 7);
 }
