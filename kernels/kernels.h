@@ -11,9 +11,9 @@
 
 namespace libreyolo::kernels {
 
-/// Declares every built-in slot (ms_deform_attn, fake_quant_fp8, attention, conv2d_bias_act) and
-/// registers the references of those that have one. Called once for Registry::process_default();
-/// tests call it on their own registries.
+/// Declares every built-in slot (ms_deform_attn, fake_quant_fp8, attention, conv2d_bias_act,
+/// max_pool2d) and registers the references of those that have one. Called once for
+/// Registry::process_default(); tests call it on their own registries.
 void register_builtin_slots(Registry& registry);
 
 /// The in-tree CUDA kernels as a provider ("cuda"), or null in a build without them. The

@@ -156,7 +156,9 @@ std::unique_ptr<Model> load_model(const std::string& dir, const LoadOptions& req
   // Layouts rewrite the loaded tensors once (models/layouts/layouts.h); off leaves the modules
   // exactly as loaded. Before binding: a folded module binds the slot its new forward calls.
   model->layout_reports_ = layouts::apply_layouts(
-      model->root(), layouts::LayoutContext{model->model_type(), options.device, options.dtype},
+      model->root(),
+      layouts::LayoutContext{model->model_type(), options.device, options.dtype,
+                             at::globalContext().allowTF32CuDNN()},
       options.layouts);
   // Bind (kernelize): every slot resolved once for this model's device, dtype and policy.
   kernels::Registry& registry =

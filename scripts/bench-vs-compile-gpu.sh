@@ -17,7 +17,7 @@
 #   vit        ViT-B/16 224, batch 32; anchors at 32
 #   swin       Swin-T 224, batch 32; anchors at 32
 #   fp32       RT-DETR-R50 fp32 (TF32 off) batch 32, layouts off and default, profile by op class
-#              (layouts off); no anchors
+#              (layouts default: folded, NCHW for float32 without TF32); no anchors
 #   rf_detr    RF-DETR base 560 (issue 16), batch 1 and 32, bf16 (graphs; fused attention default
 #              and on) and fp32 (TF32 off); anchors eager fp32 / bf16 and torch.compile bf16 at
 #              32 and 1
@@ -175,7 +175,7 @@ for r in ${rows//,/ }; do
     for layouts in off default; do
       ours "R50 fp32 (TF32 off) layouts=$layouts" rtdetr_r50vd float32 640 32 "--layouts $layouts"
     done
-    ours "R50 fp32 (TF32 off) eager profile layouts=off" rtdetr_r50vd float32 640 32 "--layouts off --profile"
+    ours "R50 fp32 (TF32 off) eager profile layouts=default" rtdetr_r50vd float32 640 32 "--layouts default --profile"
     ;;
   esac
   echo "== row $r done in $((SECONDS - t0)) s" | tee -a "$log"

@@ -108,6 +108,8 @@ ResNetBackboneImpl::ResNetBackboneImpl(const ResNetConfig& c) : config(c) {
   auto embedder = register_module("embedder", std::make_shared<torch::nn::Module>());
   stem = embedder->register_module("embedder",
                                    conv_norm(c.num_channels, c.embedding_size, 7, 2, c.act));
+  pooler = embedder->register_module(
+      "pooler", std::make_shared<layers::MaxPool2dImpl>(layers::square_pool(3, 2, 1)));
   auto encoder = register_module("encoder", std::make_shared<torch::nn::Module>());
   auto stages_module = encoder->register_module("stages", std::make_shared<torch::nn::Module>());
   int64_t in = c.embedding_size;
@@ -128,7 +130,7 @@ ResNetBackboneImpl::ResNetBackboneImpl(const ResNetConfig& c) : config(c) {
 std::vector<at::Tensor> ResNetBackboneImpl::forward(const at::Tensor& pixel_values) const {
   // hidden_states = (stem output, stage1 output, ...); out_indices select from it.
   std::vector<at::Tensor> hidden;
-  auto h = at::max_pool2d(stem->forward(pixel_values), {3, 3}, {2, 2}, {1, 1});
+  auto h = pooler->forward(stem->forward(pixel_values));
   hidden.push_back(h);
   for (const auto& stage : stages) {
     for (const auto& l : stage) h = l->forward(h);

@@ -16,6 +16,7 @@
 
 #include "models/core/config.h"
 #include "models/layers/layers.h"
+#include "models/layers/max_pool.h"
 
 namespace libreyolo::models::deformable_detr {
 
@@ -55,6 +56,7 @@ class ResNetBackboneImpl : public torch::nn::Module {
 
   ResNetConfig config;
   layers::ConvNorm stem;
+  layers::MaxPool2d pooler;  ///< ResNetEmbeddings.pooler: 3x3, stride 2, padding 1
   std::vector<std::vector<std::shared_ptr<ResNetLayerImpl>>> stages;
 };
 

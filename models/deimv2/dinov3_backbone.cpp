@@ -238,10 +238,13 @@ SpatialTuningAdapterImpl::SpatialTuningAdapterImpl(const rtdetr::Config& c, int6
       "conv3", rtdetr::conv_norm(c, 2 * inplanes, 4 * inplanes, 3, 2, Activation::none));
   conv4_ = register_module(
       "conv4", rtdetr::conv_norm(c, 4 * inplanes, 4 * inplanes, 3, 2, Activation::none));
+  // No weights: the name is no checkpoint key.
+  pool_ = register_module("stem_pool",
+                          std::make_shared<layers::MaxPool2dImpl>(layers::square_pool(3, 2, 1)));
 }
 
 std::vector<at::Tensor> SpatialTuningAdapterImpl::forward(const at::Tensor& pixel_values) const {
-  const at::Tensor h1 = at::max_pool2d(stem_conv_->forward(pixel_values), {3, 3}, {2, 2}, {1, 1});
+  const at::Tensor h1 = pool_->forward(stem_conv_->forward(pixel_values));
   const at::Tensor h2 = conv2_->forward(h1);
   const at::Tensor h3 = conv3_->forward(layers::activate(layers::Activation::gelu, h2));
   const at::Tensor h4 = conv4_->forward(layers::activate(layers::Activation::gelu, h3));

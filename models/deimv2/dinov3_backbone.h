@@ -17,6 +17,7 @@
 
 #include "models/layers/attention.h"
 #include "models/layers/layers.h"
+#include "models/layers/max_pool.h"
 #include "models/rtdetr/modules.h"
 
 namespace libreyolo::models::deimv2 {
@@ -94,6 +95,7 @@ class SpatialTuningAdapterImpl : public torch::nn::Module {
 
  private:
   layers::ConvNorm stem_conv_, conv2_, conv3_, conv4_;
+  layers::MaxPool2d pool_;  ///< after stem_conv: 3x3, stride 2, padding 1
 };
 
 /// Deimv2DINOv3ConvEncoder: the backbone's maps bilinearly resized (align_corners false) to

@@ -213,6 +213,8 @@ BackboneImpl::BackboneImpl(const HGNetV2Config& c) : out_indices_(c.out_indices)
       "stem3", std::make_shared<ConvLayerImpl>(c, sc[1] * 2, sc[1], 3, ss[3], 1, act));
   stem4_ = embedder->register_module(
       "stem4", std::make_shared<ConvLayerImpl>(c, sc[1], sc[2], 1, ss[4], 1, act));
+  pool_ = embedder->register_module(
+      "pool", std::make_shared<layers::MaxPool2dImpl>(layers::square_pool(2, 1, 0, /*ceil=*/true)));
 
   auto encoder = register_module("encoder", std::make_shared<torch::nn::Module>());
   auto stages = encoder->register_module("stages", std::make_shared<torch::nn::Module>());
@@ -241,7 +243,7 @@ std::vector<at::Tensor> BackboneImpl::forward(const at::Tensor& pixel_values) co
   at::Tensor e = at::constant_pad_nd(stem1_->forward(pixel_values), {0, 1, 0, 1});
   at::Tensor a = at::constant_pad_nd(stem2a_->forward(e), {0, 1, 0, 1});
   a = stem2b_->forward(a);
-  const at::Tensor pooled = at::max_pool2d(e, {2, 2}, {1, 1}, {0, 0}, {1, 1}, /*ceil_mode=*/true);
+  const at::Tensor pooled = pool_->forward(e);
   e = stem4_->forward(stem3_->forward(at::cat({pooled, a}, 1)));
 
   std::vector<at::Tensor> hidden{e};

@@ -11,6 +11,7 @@
 
 #include "models/core/config.h"
 #include "models/layers/layers.h"
+#include "models/layers/max_pool.h"
 
 namespace libreyolo::models::dfine {
 
@@ -80,6 +81,7 @@ class BackboneImpl : public torch::nn::Module {
 
  private:
   ConvLayer stem1_, stem2a_, stem2b_, stem3_, stem4_;
+  layers::MaxPool2d pool_;  ///< HGNetV2Embeddings.pool: 2x2, stride 1, ceil_mode
   struct Stage {
     ConvLayer downsample;  ///< null: identity
     std::vector<std::shared_ptr<BasicLayerImpl>> blocks;

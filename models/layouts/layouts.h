@@ -22,6 +22,9 @@ struct LayoutContext {
   std::string model_type;  ///< config.json model_type
   at::Device device = at::kCPU;
   at::ScalarType dtype = at::kFloat;
+  /// TF32 allowed in cuDNN convolutions (at::globalContext().allowTF32CuDNN() when the model
+  /// loads): float32 convolutions then run on tensor cores, whose kernels are NHWC.
+  bool tf32 = false;
 };
 
 /// Why `layout` cannot run in `ctx` (a string literal), or nullptr when it can (the predicate:

@@ -16,6 +16,7 @@
 #include "models/layers/attention.h"
 #include "models/layers/bound_kernels.h"
 #include "models/layers/layers.h"
+#include "models/layers/max_pool.h"
 
 namespace libreyolo::models::rtdetr {
 
@@ -95,6 +96,7 @@ class ResNetBackboneImpl : public torch::nn::Module {
 
  private:
   std::vector<layers::ConvNorm> stem_;
+  layers::MaxPool2d pooler_;  ///< RTDetrResNetEmbeddings.pooler: 3x3, stride 2, padding 1
   std::vector<std::vector<std::shared_ptr<ResNetLayerImpl>>> stages_;
   std::vector<int64_t> out_indices_;
 };

@@ -97,6 +97,8 @@ ResNetBackboneImpl::ResNetBackboneImpl(const Config& c) : out_indices_(c.out_ind
                                     conv_layer(c, e / 2, e / 2, 3, 1, c.hidden_act),
                                     conv_layer(c, e / 2, e, 3, 1, c.hidden_act),
                                 });
+  pooler_ = embedder->register_module(
+      "pooler", std::make_shared<layers::MaxPool2dImpl>(layers::square_pool(3, 2, 1)));
   auto encoder = model->register_module("encoder", std::make_shared<torch::nn::Module>());
   auto stages = encoder->register_module("stages", std::make_shared<torch::nn::Module>());
   std::vector<int64_t> channels{e};
@@ -119,7 +121,7 @@ std::vector<at::Tensor> ResNetBackboneImpl::forward(const at::Tensor& pixel_valu
   std::vector<at::Tensor> hidden;  // hidden[0] = stem output, hidden[s] = after stage s
   at::Tensor h = pixel_values;
   for (const auto& conv : stem_) h = conv->forward(h);
-  h = at::max_pool2d(h, {3, 3}, {2, 2}, {1, 1});
+  h = pooler_->forward(h);
   hidden.push_back(h);
   for (const auto& stage : stages_) {
     for (const auto& layer : stage) h = layer->forward(h);

@@ -5,6 +5,7 @@
 // with and without the 16-byte vector path, with and without bias and residual. Skips without
 // a GPU.
 #include <ATen/ATen.h>
+#include <ATen/cuda/CUDAContext.h>
 #include <gtest/gtest.h>
 
 #include <iostream>
@@ -77,6 +78,39 @@ TEST(BiasActCuda, RefusesWhatItDoesNotHandle) {
                       at::randn({2, 4, 6, 6}, cuda).contiguous(at::MemoryFormat::ChannelsLast),
                       Activation::silu),
       c10::Error);
+}
+
+// Maps larger than one sweep of the grid (132 SMs x 8 blocks x 256 threads x 8 elements on an
+// H200): every thread steps several times, so the channel the kernel carries from step to step
+// (additions instead of a division per element) is checked against ATen at every element.
+TEST(BiasActCuda, ManyGridStridesKeepTheChannel) {
+  if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device";
+  at::manual_seed(5);
+  const auto cuda = at::TensorOptions().device(at::kCUDA);
+  const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+  for (auto dtype : {at::kFloat, at::kBFloat16}) {
+    const double rel = dtype == at::kFloat ? 1e-6 : 1.0 / 128;
+    // channels_last C = 72 (the step is no multiple of C); NCHW C = 24, H x W = 40 x 40.
+    for (bool channels_last : {true, false}) {
+      const int64_t C = channels_last ? 72 : 24, H = 40, W = channels_last ? 41 : 40;
+      const int64_t per_sweep = int64_t{sms} * 8 * 256 * (16 / c10::elementSize(dtype));
+      const int64_t B = 3 * per_sweep / (C * H * W) + 1;  // about 3 steps per thread
+      const auto format =
+          channels_last ? at::MemoryFormat::ChannelsLast : at::MemoryFormat::Contiguous;
+      const auto y0 = at::randn({B, C, H, W}, cuda.dtype(dtype)).contiguous(format);
+      const auto bias = at::randn({C}, cuda.dtype(dtype));
+      const auto residual = at::randn_like(y0);
+      auto y = y0.clone();
+      cuda::bias_act_(y, bias, residual, Activation::silu);
+      const auto sum =
+          (y0.to(at::kFloat) + bias.to(at::kFloat).view({1, C, 1, 1})) + residual.to(at::kFloat);
+      const auto ref = at::silu(sum).to(dtype).to(at::kFloat);
+      const auto diff = (y.to(at::kFloat) - ref).abs();
+      EXPECT_TRUE((diff <= ref.abs() * rel + 1e-6).all().item<bool>())
+          << c10::toString(dtype) << (channels_last ? " channels_last" : " NCHW") << " B " << B
+          << ": max diff " << diff.max().item<double>();
+    }
+  }
 }
 
 }  // namespace

@@ -17,6 +17,7 @@
 #include "kernels/attention/dot_product_attention.h"
 #include "kernels/attention/ms_deform_attn.h"
 #include "kernels/conv/conv2d_bias_act.h"
+#include "kernels/pool/max_pool2d.h"
 #include "kernels/quant/fake_quant_fp8.h"
 #include "kernels/registry.h"
 
@@ -135,6 +136,7 @@ inline void declare_with_cuda_only(kernels::Registry& reg) {
   reg.declare(kernels::kMsDeformAttn);
   reg.declare(kernels::kFakeQuantFp8);
   reg.declare(kernels::kConv2dBiasAct);
+  reg.declare(kernels::kMaxPool2d);
   reg.declare(kernels::kAttention);
   kernels::register_cuda_kernels(reg);
 }

@@ -113,6 +113,38 @@ TEST(LayoutsCudaAvgPoolFold, BackboneEvenAndOddSides) {
   }
 }
 
+// The family default's channels_last and avgpool_fold follow the dtype: on for bfloat16 and for
+// float32 with TF32 (tensor-core convolutions, NHWC kernels), off for float32 without TF32
+// (cuDNN's FMA kernels are NCHW, and the fold's 4x shortcut FLOPs cost more than the pooling:
+// models/layouts/layouts.cpp `decide`). The other default layouts apply in all three.
+TEST(LayoutsCudaDefault, ChannelsLastAndAvgPoolFoldFollowDtypeAndTf32) {
+  if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device";
+  const std::string dir = test::model_fixture("rtdetr_tiny");
+  auto names = [](const models::Model& m) {
+    std::string s;
+    for (const auto& r : m.layouts()) s += (s.empty() ? "" : ",") + r.layout;
+    return s;
+  };
+  struct Case {
+    at::ScalarType dtype;
+    bool tf32;
+    const char* expected;
+  };
+  for (const Case& c :
+       {Case{at::kFloat, false, "repvgg,batchnorm_fold,qkv_concat"},
+        Case{at::kFloat, true, "repvgg,batchnorm_fold,avgpool_fold,qkv_concat,channels_last"},
+        Case{at::kBFloat16, false,
+             "repvgg,batchnorm_fold,avgpool_fold,qkv_concat,channels_last"}}) {
+    at::globalContext().setAllowTF32CuDNN(c.tf32);
+    models::LoadOptions o;
+    o.device = at::kCUDA;
+    o.dtype = c.dtype;
+    const auto model = models::load_model(dir, o);
+    EXPECT_EQ(names(*model), c.expected) << c10::toString(c.dtype) << " tf32 " << c.tf32;
+  }
+  at::globalContext().setAllowTF32CuDNN(false);
+}
+
 INSTANTIATE_TEST_SUITE_P(Fixtures, LayoutsCuda,
                          ::testing::Values("rtdetr_tiny", "rtdetr_tiny_basic", "rtdetr_v2_tiny",
                                            "rtdetr_v2_tiny_discrete", "dfine_tiny",

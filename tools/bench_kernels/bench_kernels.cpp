@@ -1,6 +1,7 @@
 // Benchmarks of the `cuda` implementations of ms_deform_attn and fake_quant_fp8 on the shapes of
-// issue 6 (Deformable DETR decoder/encoder at 800x1333, RT-DETR decoder at 640), and of the
-// portable paths in the same run.
+// issue 6 (Deformable DETR decoder/encoder at 800x1333, RT-DETR decoder at 640), of the
+// conv2d_bias_act epilogue and max_pool2d on RT-DETR's batch-32 640 maps, and of the portable
+// paths (ATen) and a device-to-device copy of the same bytes in the same run.
 //
 // Method (results: docs/bench/kernels.md): each measured call is captured N times into one CUDA
 // graph, the graph is replayed R times between two CUDA events, time per call = elapsed / (N * R);
@@ -8,7 +9,7 @@
 // figure adds an L2 flush (a 256 MB memset) before every call inside the graph and subtracts the
 // flush's own time measured alone.
 //
-// Usage: bench_kernels [--json FILE]
+// Usage: bench_kernels [--json FILE] [--ops msda,fake_quant,bias_act,max_pool] (default: all)
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <ATen/cuda/CUDAEvent.h>
@@ -25,6 +26,10 @@
 
 #include "kernels/attention/cuda/ms_deform_attn_cuda.h"
 #include "kernels/attention/ms_deform_attn.h"
+#include "kernels/conv/conv2d_bias_act.h"
+#include "kernels/conv/cuda/bias_act_cuda.h"
+#include "kernels/pool/cuda/max_pool2d_cuda.h"
+#include "kernels/pool/max_pool2d.h"
 #include "kernels/quant/cuda/fake_quant_fp8_cuda.h"
 #include "kernels/quant/fake_quant_fp8.h"
 
@@ -242,6 +247,55 @@ void bench_fake_quant() {
                   time_graph([&] { lk::fake_quant_fp8_reference(x, s1); }, 10, 10), -1, bytes});
 }
 
+/// The epilogue on RT-DETR-R50's batch-32 bf16 encoder maps (channels_last): bias + SiLU, and
+/// bias + residual + SiLU; against ATen's add_ / silu_ on the same map and a copy of as many
+/// bytes (the bandwidth anchor). Bytes: the map read and written, plus the residual read.
+void bench_bias_act() {
+  const auto opts = at::TensorOptions().device(at::kCUDA).dtype(at::kBFloat16);
+  for (const auto& [shape, hw] : {std::pair<const char*, int64_t>{"32x256x80x80 CL", 80},
+                                  std::pair<const char*, int64_t>{"32x256x40x40 CL", 40}}) {
+    auto y = at::randn({32, 256, hw, hw}, opts).contiguous(at::MemoryFormat::ChannelsLast);
+    const auto residual = at::randn_like(y);
+    const auto bias = at::randn({256}, opts);
+    const auto bias4 = bias.view({1, 256, 1, 1});
+    auto dst = at::empty_like(y);
+    const double two = 2 * mb(y), three = 3 * mb(y);
+    rows.push_back({"d2d copy", shape, "aten", "bf16", "graph",
+                    time_graph([&] { dst.copy_(y); }, 10, 10), -1, two});
+    rows.push_back(
+        {"bias_act silu", shape, "cuda", "bf16", "graph",
+         time_graph([&] { lk::cuda::bias_act_(y, bias, {}, lk::Activation::silu); }, 10, 10), -1,
+         two});
+    rows.push_back({"bias_act silu", shape, "aten", "bf16", "graph",
+                    time_graph([&] { at::silu_(y.add_(bias4)); }, 10, 10), -1, two});
+    rows.push_back(
+        {"bias_act res+silu", shape, "cuda", "bf16", "graph",
+         time_graph([&] { lk::cuda::bias_act_(y, bias, residual, lk::Activation::silu); }, 10, 10),
+         -1, three});
+    rows.push_back({"bias_act res+silu", shape, "aten", "bf16", "graph",
+                    time_graph([&] { at::silu_(y.add_(bias4).add_(residual)); }, 10, 10), -1,
+                    three});
+  }
+}
+
+/// The ResNet stem pooling (3x3, stride 2, padding 1) on RT-DETR's batch-32 640 stem output,
+/// 32 x 64 x 320 x 320 bf16 channels_last: ours against at::max_pool2d (which also writes the
+/// int64 indices). Bytes: the input read once and the output written once.
+void bench_max_pool() {
+  const auto x = at::randn({32, 64, 320, 320}, at::TensorOptions().device(at::kCUDA))
+                     .to(at::kBFloat16)
+                     .contiguous(at::MemoryFormat::ChannelsLast);
+  lk::PoolGeometry g;
+  g.kernel_h = g.kernel_w = 3;
+  g.stride_h = g.stride_w = 2;
+  g.pad_h = g.pad_w = 1;
+  const double bytes = mb(x) * 1.25;
+  rows.push_back({"max_pool2d 3x3 s2", "32x64x320x320 CL", "cuda", "bf16", "graph",
+                  time_graph([&] { lk::cuda::max_pool2d_nhwc(x, g); }, 10, 10), -1, bytes});
+  rows.push_back({"max_pool2d 3x3 s2", "32x64x320x320 CL", "aten", "bf16", "graph",
+                  time_graph([&] { lk::max_pool2d_portable(x, g); }, 10, 10), -1, bytes});
+}
+
 std::string json_escape(const std::string& s) {
   std::string o;
   for (char c : s) o += (c == '"' || c == '\\') ? std::string("\\") + c : std::string(1, c);
@@ -251,9 +305,14 @@ std::string json_escape(const std::string& s) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string json_path;
-  for (int i = 1; i < argc; ++i)
+  std::string json_path, ops = "msda,fake_quant,bias_act,max_pool";
+  for (int i = 1; i < argc; ++i) {
     if (std::string(argv[i]) == "--json" && i + 1 < argc) json_path = argv[++i];
+    if (std::string(argv[i]) == "--ops" && i + 1 < argc) ops = argv[++i];
+  }
+  auto wanted = [&](const std::string& op) {
+    return ("," + ops + ",").find("," + op + ",") != std::string::npos;
+  };
   if (!at::cuda::is_available()) {
     std::cerr << "bench_kernels: no CUDA device\n";
     return 1;
@@ -266,12 +325,16 @@ int main(int argc, char** argv) {
   const auto f16 = std::make_pair(at::kHalf, at::kHalf);
   const auto bf16_f32 = std::make_pair(at::kBFloat16, at::kFloat);
   try {
-    bench_msda("ddetr decoder B4 Q300", 4, 300, ddetr, false, {f32, bf16, f16, bf16_f32},
-               {f32, bf16}, true);
-    bench_msda("ddetr encoder B1 Q22223", 1, 0, ddetr, true, {f32, bf16, bf16_f32}, {f32, bf16},
-               true);
-    bench_msda("rtdetr decoder 640 B32 Q300", 32, 300, rtdetr, false, {f32, bf16}, {f32}, true);
-    bench_fake_quant();
+    if (wanted("msda")) {
+      bench_msda("ddetr decoder B4 Q300", 4, 300, ddetr, false, {f32, bf16, f16, bf16_f32},
+                 {f32, bf16}, true);
+      bench_msda("ddetr encoder B1 Q22223", 1, 0, ddetr, true, {f32, bf16, bf16_f32}, {f32, bf16},
+                 true);
+      bench_msda("rtdetr decoder 640 B32 Q300", 32, 300, rtdetr, false, {f32, bf16}, {f32}, true);
+    }
+    if (wanted("fake_quant")) bench_fake_quant();
+    if (wanted("bias_act")) bench_bias_act();
+    if (wanted("max_pool")) bench_max_pool();
   } catch (const std::exception& e) {
     std::cerr << "bench_kernels failed: " << e.what() << "\n";
   }

@@ -1,6 +1,7 @@
-// CUDA kernel of the conv2d_bias_act epilogue (see bias_act_cuda.h). Elementwise and
+// CUDA kernels of the conv2d_bias_act epilogue (see bias_act_cuda.h). Elementwise and
 // memory-bound: 16-byte loads and stores where the channel (channels_last) or the plane (NCHW)
-// is a multiple of the vector width, a grid-stride loop, float32 arithmetic.
+// is a multiple of the vector width, a grid-stride loop, float32 arithmetic, one kernel per
+// activation; a per-element kernel for the other shapes.
 #include "kernels/conv/cuda/bias_act_cuda.h"
 
 #include <ATen/Dispatch.h>
@@ -25,56 +26,135 @@ struct alignas(16) Pack {
 
 // The activations as ATen computes them in float
 // (aten/src/ATen/native/cuda/ActivationSiluKernel.cu, ActivationGeluCore.cu,
-// UnaryGeometricTanhKernel.cu); relu keeps a NaN like at::relu.
-__device__ __forceinline__ float activate(float x, int act) {
+// UnaryGeometricTanhKernel.cu); relu keeps a NaN like at::relu. `fast`: SiLU's exp through the
+// MUFU unit (__expf, about 2 ulp of float32), used when the result is rounded to a 16-bit type,
+// whose half ulp (2^-9 or 2^-12 relative) is far larger; float32 keeps expf (the unfused ops'
+// bits).
+template <int Act, bool Fast>
+__device__ __forceinline__ float activate(float x) {
+  if constexpr (Act == 1) {
+    return x <= 0.f ? 0.f : x;
+  } else if constexpr (Act == 2) {
+    return x / (1.f + (Fast ? __expf(-x) : expf(-x)));
+  } else if constexpr (Act == 3) {
+    return x * 0.5f * (1.f + erff(x * 0.70710678118654752440f));
+  } else if constexpr (Act == 4) {
+    return tanhf(x);
+  } else {
+    return x;
+  }
+}
+
+__device__ __forceinline__ float activate_any(float x, int act) {
   switch (act) {
     case 1:
-      return x <= 0.f ? 0.f : x;
+      return activate<1, false>(x);
     case 2:
-      return x / (1.f + expf(-x));
+      return activate<2, false>(x);
     case 3:
-      return x * 0.5f * (1.f + erff(x * 0.70710678118654752440f));
+      return activate<3, false>(x);
     case 4:
-      return tanhf(x);
+      return activate<4, false>(x);
     default:
       return x;
   }
 }
 
-// One element: ((y + b) + r) in float, as ATen's add_(bias) then add_(residual) in float32.
-template <typename T>
-__device__ __forceinline__ T epilogue(T y, const T* bias, int64_t c, const T* residual, T r,
-                                      int act) {
-  float v = static_cast<float>(y);
-  if (bias) v = v + static_cast<float>(bias[c]);
-  if (residual) v = v + static_cast<float>(r);
-  return static_cast<T>(activate(v, act));
-}
-
-// channels_last: channel = i % C; NCHW: channel = (i / HW) % C. `vec`: N consecutive elements
-// share the vector's alignment and (NCHW) one channel, or (channels_last) C % N == 0.
-template <typename T, int N>
+// The vector path: each thread handles N consecutive elements (16 bytes) per step of a
+// grid-stride loop. The N elements share one channel (NCHW: HW % N == 0) or run over N
+// consecutive channels (channels_last: C % N == 0). The channel is tracked by additions from
+// one step to the next: a 64-bit division or modulo is a ~60-instruction software routine on the
+// GPU, and one per element made this memory-bound pass compute-bound (2.86 ms per RT-DETR-R50
+// batch-32 forward, docs/BENCHMARKS.md "third run"). Sum order as ATen's:
+// ((y + bias) + residual), in float, rounded once.
+template <typename T, int N, int Act>
 __global__ void __launch_bounds__(kThreads)
-    bias_act_kernel(T* __restrict__ y, const T* __restrict__ bias, const T* __restrict__ residual,
-                    int64_t n, int64_t C, int64_t HW, bool channels_last, bool vec, int act) {
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  const int64_t tid = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  const int64_t nvec = vec ? n / N : 0;
-  for (int64_t p = tid; p < nvec; p += stride) {
-    const int64_t i0 = p * N;
+    bias_act_vec_kernel(T* __restrict__ y, const T* __restrict__ bias,
+                        const T* __restrict__ residual, int64_t nvec, int64_t C, int64_t HW,
+                        bool channels_last) {
+  constexpr bool kFast = sizeof(T) < 4;
+  const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  int64_t p = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (p >= nvec) return;
+  const int64_t D = step * N;  // elements per step
+  // channels_last: c = element % C. NCHW: c = (element / HW) % C, o = element % HW.
+  int64_t c, o = 0, dc, dq = 0, dov = 0;
+  if (channels_last) {
+    c = (p * N) % C;
+    dc = D % C;
+  } else {
+    const int64_t q = (p * N) / HW;
+    o = p * N - q * HW;
+    c = q % C;
+    dq = (D / HW) % C;
+    dov = D % HW;
+    dc = 0;
+  }
+  for (; p < nvec; p += step) {
     Pack<T, N> a = reinterpret_cast<const Pack<T, N>*>(y)[p];
     Pack<T, N> r;
     if (residual) r = reinterpret_cast<const Pack<T, N>*>(residual)[p];
 #pragma unroll
     for (int k = 0; k < N; ++k) {
-      const int64_t c = channels_last ? (i0 + k) % C : (i0 / HW) % C;
-      a.v[k] = epilogue(a.v[k], bias, c, residual, residual ? r.v[k] : T(0), act);
+      float v = static_cast<float>(a.v[k]);
+      if (bias) v = v + static_cast<float>(bias[channels_last ? c + k : c]);
+      if (residual) v = v + static_cast<float>(r.v[k]);
+      a.v[k] = static_cast<T>(activate<Act, kFast>(v));
     }
     reinterpret_cast<Pack<T, N>*>(y)[p] = a;
+    if (channels_last) {
+      c += dc;
+      if (c >= C) c -= C;
+    } else {  // c < C and dq + carry <= C: one subtraction keeps c in [0, C)
+      o += dov;
+      int64_t carry = dq;
+      if (o >= HW) o -= HW, ++carry;
+      c += carry;
+      if (c >= C) c -= C;
+    }
   }
-  for (int64_t i = nvec * N + tid; i < n; i += stride) {
+}
+
+// Any layout the vector path does not take (unaligned pointers, C or HW not a multiple of N):
+// one element per thread and step, the channel by division (rare shapes, small maps).
+template <typename T>
+__global__ void __launch_bounds__(kThreads)
+    bias_act_scalar_kernel(T* __restrict__ y, const T* __restrict__ bias,
+                           const T* __restrict__ residual, int64_t n, int64_t C, int64_t HW,
+                           bool channels_last, int act) {
+  const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += step) {
     const int64_t c = channels_last ? i % C : (i / HW) % C;
-    y[i] = epilogue(y[i], bias, c, residual, residual ? residual[i] : T(0), act);
+    float v = static_cast<float>(y[i]);
+    if (bias) v = v + static_cast<float>(bias[c]);
+    if (residual) v = v + static_cast<float>(residual[i]);
+    y[i] = static_cast<T>(activate_any(v, act));
+  }
+}
+
+template <typename T, int N>
+void launch_vec(int act, int blocks, cudaStream_t stream, T* y, const T* bias, const T* residual,
+                int64_t nvec, int64_t C, int64_t HW, bool channels_last) {
+  switch (act) {
+    case 1:
+      bias_act_vec_kernel<T, N, 1>
+          <<<blocks, kThreads, 0, stream>>>(y, bias, residual, nvec, C, HW, channels_last);
+      break;
+    case 2:
+      bias_act_vec_kernel<T, N, 2>
+          <<<blocks, kThreads, 0, stream>>>(y, bias, residual, nvec, C, HW, channels_last);
+      break;
+    case 3:
+      bias_act_vec_kernel<T, N, 3>
+          <<<blocks, kThreads, 0, stream>>>(y, bias, residual, nvec, C, HW, channels_last);
+      break;
+    case 4:
+      bias_act_vec_kernel<T, N, 4>
+          <<<blocks, kThreads, 0, stream>>>(y, bias, residual, nvec, C, HW, channels_last);
+      break;
+    default:
+      bias_act_vec_kernel<T, N, 0>
+          <<<blocks, kThreads, 0, stream>>>(y, bias, residual, nvec, C, HW, channels_last);
   }
 }
 
@@ -126,8 +206,13 @@ void bias_act_(at::Tensor& y, const at::Tensor& bias, const at::Tensor& residual
     const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
     const int blocks = static_cast<int>(
         std::max<int64_t>(1, std::min<int64_t>((work + kThreads - 1) / kThreads, sms * 8)));
-    bias_act_kernel<scalar_t, N><<<blocks, kThreads, 0, at::cuda::getCurrentCUDAStream()>>>(
-        py, pb, pr, n, C, HW, channels_last, vec, code);
+    const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+    if (vec) {
+      launch_vec<scalar_t, N>(code, blocks, stream, py, pb, pr, work, C, HW, channels_last);
+    } else {
+      bias_act_scalar_kernel<scalar_t>
+          <<<blocks, kThreads, 0, stream>>>(py, pb, pr, n, C, HW, channels_last, code);
+    }
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   });
 }
