@@ -22,6 +22,9 @@ at::Tensor max_pool2d(const MaxPool2dHandle& handle, const at::Tensor& input,
                       const PoolGeometry& g) {
   TORCH_CHECK(input.defined() && input.dim() == 4, "max_pool2d: input must be (B, C, H, W), got ",
               input.defined() ? c10::str(input.sizes()) : std::string("an undefined tensor"));
+  // PyTorch's pool2d_shape_check: only the batch may be empty.
+  TORCH_CHECK(input.size(1) > 0 && input.size(2) > 0 && input.size(3) > 0,
+              "max_pool2d: input must have non-zero C, H and W, got ", c10::str(input.sizes()));
   TORCH_CHECK(g.kernel_h >= 1 && g.kernel_w >= 1 && g.stride_h >= 1 && g.stride_w >= 1 &&
                   g.dilation_h >= 1 && g.dilation_w >= 1,
               "max_pool2d: kernel, stride and dilation must be >= 1");

@@ -42,7 +42,8 @@ using MaxPool2dHandle = Handle<decltype(kMaxPool2d)::Signature>;
 int64_t max_pool2d_output_size(int64_t in, int64_t kernel, int64_t pad, int64_t stride,
                                int64_t dilation, bool ceil_mode);
 
-/// The model-facing entry point: validates (c10::Error naming the problem: input not 4-D,
+/// The model-facing entry point: validates (c10::Error naming the problem: input not 4-D or
+/// with an empty C, H or W,
 /// kernel / stride / dilation < 1, padding above half the
 /// kernel, an empty output), calls
 /// `handle`, and runs max_pool2d_portable when the handle is empty or every candidate declined.

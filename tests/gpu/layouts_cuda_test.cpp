@@ -120,6 +120,7 @@ TEST(LayoutsCudaAvgPoolFold, BackboneEvenAndOddSides) {
 TEST(LayoutsCudaDefault, ChannelsLastAndAvgPoolFoldFollowDtypeAndTf32) {
   if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device";
   const std::string dir = test::model_fixture("rtdetr_tiny");
+  const bool tf32_before = at::globalContext().allowTF32CuDNN();
   auto names = [](const models::Model& m) {
     std::string s;
     for (const auto& r : m.layouts()) s += (s.empty() ? "" : ",") + r.layout;
@@ -142,7 +143,7 @@ TEST(LayoutsCudaDefault, ChannelsLastAndAvgPoolFoldFollowDtypeAndTf32) {
     const auto model = models::load_model(dir, o);
     EXPECT_EQ(names(*model), c.expected) << c10::toString(c.dtype) << " tf32 " << c.tf32;
   }
-  at::globalContext().setAllowTF32CuDNN(false);
+  at::globalContext().setAllowTF32CuDNN(tf32_before);
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, LayoutsCuda,

@@ -93,7 +93,7 @@ TEST(MaxPool2dCuda, UnalignedStorageAndManyRowsEqualAten) {
   ASSERT_TRUE(out.has_value());
   EXPECT_EQ(test::bit_mismatches(out->to(at::kFloat), aten(x, geometry(3, 2, 1)).to(at::kFloat)),
             0);
-  // 40,000 x 2 output rows: more than the grid's 65,535 rows, so blocks stride over rows.
+  // 40,000 x 3 = 120,000 output rows: more than the grid's 65,535, so blocks stride over rows.
   const auto many = at::randn({40000, 8, 2, 3}, cuda).contiguous(at::MemoryFormat::ChannelsLast);
   const auto out2 = handle(many, geometry(2, 1, 1));
   ASSERT_TRUE(out2.has_value());

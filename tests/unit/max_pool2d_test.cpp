@@ -69,6 +69,12 @@ TEST(MaxPool2d, InputsAreCheckedBeforeAnyImplementation) {
   const auto x = at::randn({2, 3, 9, 8});
   EXPECT_EQ(message_of([&] { max_pool2d(h, x[0], g); }),
             "max_pool2d: input must be (B, C, H, W), got [3, 9, 8]");
+  EXPECT_EQ(message_of([&] {
+              max_pool2d(h, at::randn({2, 3, 0, 8}), g);
+            }),
+            "max_pool2d: input must have non-zero C, H and W, got [2, 3, 0, 8]");
+  EXPECT_EQ(max_pool2d(h, at::randn({0, 3, 9, 8}), g).sizes(),  // an empty batch is allowed
+            (std::vector<int64_t>{0, 3, 5, 4}));
   PoolGeometry wide = g;
   wide.pad_w = 2;
   EXPECT_EQ(message_of([&] { max_pool2d(h, x, wide); }),
@@ -82,13 +88,13 @@ TEST(MaxPool2d, InputsAreCheckedBeforeAnyImplementation) {
   big.pad_h = 1;
   EXPECT_EQ(message_of([&] { max_pool2d(h, x, big); }),
             "max_pool2d: the input [2, 3, 9, 8] is smaller than one pooling window");
-  EXPECT_EQ(calls, 0);
+  EXPECT_EQ(calls, 1);  // the empty batch above
   // A declining implementation is called and counted, then at::max_pool2d answers.
   const auto out = max_pool2d(h, x, g);
-  EXPECT_EQ(calls, 1);
+  EXPECT_EQ(calls, 2);
   EXPECT_TRUE(at::equal(out, at::max_pool2d(x, {3, 3}, {2, 2}, {1, 1})));
   EXPECT_EQ(out.sizes(), (std::vector<int64_t>{2, 3, 5, 4}));
-  EXPECT_EQ(r.bindings().at(0).candidates.at(0).declined.at("never"), 1u);
+  EXPECT_EQ(r.bindings().at(0).candidates.at(0).declined.at("never"), 2u);
 }
 
 TEST(MaxPool2d, TheLayerCallsTheHandleBindKernelsGaveIt) {

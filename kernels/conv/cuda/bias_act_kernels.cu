@@ -1,7 +1,7 @@
 // CUDA kernels of the conv2d_bias_act epilogue (see bias_act_cuda.h). Elementwise and
 // memory-bound: 16-byte loads and stores where the channel (channels_last) or the plane (NCHW)
-// is a multiple of the vector width, a grid-stride loop, float32 arithmetic, one kernel per
-// activation; a per-element kernel for the other shapes.
+// is a multiple of the vector width (else one element per step), a grid-stride loop, float32
+// arithmetic, one kernel per activation.
 #include "kernels/conv/cuda/bias_act_cuda.h"
 
 #include <ATen/Dispatch.h>
@@ -19,17 +19,18 @@ namespace {
 
 constexpr int kThreads = 256;
 
+// N elements loaded or stored as one (16 bytes when N = 16 / sizeof(T); N = 1: one element).
 template <typename T, int N>
-struct alignas(16) Pack {
+struct alignas(sizeof(T) * N) Pack {
   T v[N];
 };
 
 // The activations as ATen computes them in float
 // (aten/src/ATen/native/cuda/ActivationSiluKernel.cu, ActivationGeluCore.cu,
 // UnaryGeometricTanhKernel.cu); relu keeps a NaN like at::relu. `fast`: SiLU's exp through the
-// MUFU unit (__expf, about 2 ulp of float32), used when the result is rounded to a 16-bit type,
-// whose half ulp (2^-9 or 2^-12 relative) is far larger; float32 keeps expf (the unfused ops'
-// bits).
+// MUFU unit (__expf: 2 + floor(|1.173 x|) float32 ulps, CUDA C++ Programming Guide), used when the
+// result is rounded to a 16-bit type, whose half ulp (2^-9 or 2^-12 relative) is far larger;
+// float32 keeps expf (the unfused ops' bits).
 template <int Act, bool Fast>
 __device__ __forceinline__ float activate(float x) {
   if constexpr (Act == 1) {
@@ -45,33 +46,18 @@ __device__ __forceinline__ float activate(float x) {
   }
 }
 
-__device__ __forceinline__ float activate_any(float x, int act) {
-  switch (act) {
-    case 1:
-      return activate<1, false>(x);
-    case 2:
-      return activate<2, false>(x);
-    case 3:
-      return activate<3, false>(x);
-    case 4:
-      return activate<4, false>(x);
-    default:
-      return x;
-  }
-}
-
-// The vector path: each thread handles N consecutive elements (16 bytes) per step of a
-// grid-stride loop. The N elements share one channel (NCHW: HW % N == 0) or run over N
-// consecutive channels (channels_last: C % N == 0). The channel is tracked by additions from
-// one step to the next: a 64-bit division or modulo is a ~60-instruction software routine on the
-// GPU, and one per element made this memory-bound pass compute-bound (2.86 ms per RT-DETR-R50
-// batch-32 forward, docs/BENCHMARKS.md "third run"). Sum order as ATen's:
-// ((y + bias) + residual), in float, rounded once.
+// Each thread handles N consecutive elements per step of a grid-stride loop: 16 bytes, or one
+// element where the shape or the pointers do not allow 16. The N elements share one channel
+// (NCHW: HW % N == 0) or run over N consecutive channels (channels_last: C % N == 0). The
+// channel is tracked by additions from one step to the next: a 64-bit division or modulo is a
+// long software routine on the GPU, and one per element made this memory-bound pass
+// compute-bound (2.86 ms per RT-DETR-R50 batch-32 forward, docs/BENCHMARKS.md "third run"; 1.21
+// ms after this rewrite, "fifth run"). Sum order as ATen's: ((y + bias) + residual), in float,
+// rounded once.
 template <typename T, int N, int Act>
 __global__ void __launch_bounds__(kThreads)
-    bias_act_vec_kernel(T* __restrict__ y, const T* __restrict__ bias,
-                        const T* __restrict__ residual, int64_t nvec, int64_t C, int64_t HW,
-                        bool channels_last) {
+    bias_act_kernel(T* __restrict__ y, const T* __restrict__ bias, const T* __restrict__ residual,
+                    int64_t nvec, int64_t C, int64_t HW, bool channels_last) {
   constexpr bool kFast = sizeof(T) < 4;
   const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
   int64_t p = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -115,45 +101,28 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// Any layout the vector path does not take (unaligned pointers, C or HW not a multiple of N):
-// one element per thread and step, the channel by division (rare shapes, small maps).
-template <typename T>
-__global__ void __launch_bounds__(kThreads)
-    bias_act_scalar_kernel(T* __restrict__ y, const T* __restrict__ bias,
-                           const T* __restrict__ residual, int64_t n, int64_t C, int64_t HW,
-                           bool channels_last, int act) {
-  const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += step) {
-    const int64_t c = channels_last ? i % C : (i / HW) % C;
-    float v = static_cast<float>(y[i]);
-    if (bias) v = v + static_cast<float>(bias[c]);
-    if (residual) v = v + static_cast<float>(residual[i]);
-    y[i] = static_cast<T>(activate_any(v, act));
-  }
-}
-
 template <typename T, int N>
-void launch_vec(int act, int blocks, cudaStream_t stream, T* y, const T* bias, const T* residual,
-                int64_t nvec, int64_t C, int64_t HW, bool channels_last) {
+void launch(int act, int blocks, cudaStream_t stream, T* y, const T* bias, const T* residual,
+            int64_t nvec, int64_t C, int64_t HW, bool channels_last) {
   switch (act) {
     case 1:
-      bias_act_vec_kernel<T, N, 1>
+      bias_act_kernel<T, N, 1>
           <<<blocks, kThreads, 0, stream>>>(y, bias, residual, nvec, C, HW, channels_last);
       break;
     case 2:
-      bias_act_vec_kernel<T, N, 2>
+      bias_act_kernel<T, N, 2>
           <<<blocks, kThreads, 0, stream>>>(y, bias, residual, nvec, C, HW, channels_last);
       break;
     case 3:
-      bias_act_vec_kernel<T, N, 3>
+      bias_act_kernel<T, N, 3>
           <<<blocks, kThreads, 0, stream>>>(y, bias, residual, nvec, C, HW, channels_last);
       break;
     case 4:
-      bias_act_vec_kernel<T, N, 4>
+      bias_act_kernel<T, N, 4>
           <<<blocks, kThreads, 0, stream>>>(y, bias, residual, nvec, C, HW, channels_last);
       break;
     default:
-      bias_act_vec_kernel<T, N, 0>
+      bias_act_kernel<T, N, 0>
           <<<blocks, kThreads, 0, stream>>>(y, bias, residual, nvec, C, HW, channels_last);
   }
 }
@@ -208,10 +177,9 @@ void bias_act_(at::Tensor& y, const at::Tensor& bias, const at::Tensor& residual
         std::max<int64_t>(1, std::min<int64_t>((work + kThreads - 1) / kThreads, sms * 8)));
     const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
     if (vec) {
-      launch_vec<scalar_t, N>(code, blocks, stream, py, pb, pr, work, C, HW, channels_last);
+      launch<scalar_t, N>(code, blocks, stream, py, pb, pr, work, C, HW, channels_last);
     } else {
-      bias_act_scalar_kernel<scalar_t>
-          <<<blocks, kThreads, 0, stream>>>(py, pb, pr, n, C, HW, channels_last, code);
+      launch<scalar_t, 1>(code, blocks, stream, py, pb, pr, work, C, HW, channels_last);
     }
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   });

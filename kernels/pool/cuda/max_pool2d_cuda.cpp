@@ -21,6 +21,11 @@ Outcome<at::Tensor> max_pool2d_cuda(const at::Tensor& input, const PoolGeometry&
     return Decline{"cuda: autograd (no backward)"};
   if (!input.is_contiguous(at::MemoryFormat::ChannelsLast))
     return Decline{"cuda: not channels_last (NCHW runs at::max_pool2d)"};
+  // A throw would disable the implementation for the process: refuse what the kernel refuses.
+  const int64_t ow = max_pool2d_output_size(input.size(3), g.kernel_w, g.pad_w, g.stride_w,
+                                            g.dilation_w, g.ceil_mode);
+  if (ow * input.size(1) > cuda::kMaxRowItems)
+    return Decline{"cuda: an output row beyond the kernel's 32-bit index"};
   return cuda::max_pool2d_nhwc(input, g);
 }
 

@@ -17,4 +17,9 @@ namespace libreyolo::kernels::cuda {
 /// any other input (the caller checks first: kernels/pool/cuda/max_pool2d_cuda.cpp).
 at::Tensor max_pool2d_nhwc(const at::Tensor& x, const PoolGeometry& geometry);
 
+/// The most (pixel, 16-byte channel group) items one output row may hold: OW * C / N, with N
+/// elements per 16 bytes (N = 1 off the 16-byte path). The kernel indexes a row in 32 bits;
+/// larger rows are refused (c10::Error), and the slot declines them first.
+inline constexpr int64_t kMaxRowItems = (int64_t{1} << 31) - 1024;
+
 }  // namespace libreyolo::kernels::cuda

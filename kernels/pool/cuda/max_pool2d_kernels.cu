@@ -31,12 +31,13 @@ struct Geometry {
   int kh, kw, sh, sw, ph, pw, dh, dw;
 };
 
-// One output pixel's N channels starting at channel c (channels_last offsets). ATen's rule
+// Each thread: one output pixel's N channels (channels_last offsets). ATen's rule
 // (aten/src/ATen/native/cuda/DilatedMaxPool2d.cu): a value replaces the max when it is greater
-// or NaN; the max starts at -inf, so a window of -inf gives -inf.
-// Grid: y over output rows (b, oh), x over one row's OW * C / N (pixel, channel group) items,
-// channel groups fastest so that a warp reads consecutive 16-byte vectors. Within a row the
-// indices are 32-bit (a 64-bit division is a long software routine on the GPU).
+// or NaN; the max starts at -inf, so a window of -inf gives -inf. Grid: y over output rows
+// (b, oh), striding when there are more than 65,535; x over one row's OW * C / N (pixel,
+// channel group) items, one per thread, channel groups fastest so that a warp reads
+// consecutive 16-byte vectors. Within a row the indices are 32-bit (a 64-bit division is a long
+// software routine on the GPU).
 template <typename T, int N>
 __global__ void __launch_bounds__(kThreads)
     max_pool2d_nhwc_kernel(const T* __restrict__ x, T* __restrict__ y, int64_t rows, Geometry g) {
@@ -47,7 +48,9 @@ __global__ void __launch_bounds__(kThreads)
     const int64_t h0 = oh * g.sh - g.ph;
     const T* plane = x + b * g.H * g.W * g.C;
     T* out_row = y + row * g.OW * g.C;
-    for (int j = blockIdx.x * blockDim.x + threadIdx.x; j < row_len; j += gridDim.x * blockDim.x) {
+    // The grid's x covers the row: one item per thread, no stride (no 32-bit wrap).
+    const int j = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
+    if (j < row_len) {
       const int ow = j / cv, group = j - ow * cv;
       const int64_t w0 = static_cast<int64_t>(ow) * g.sw - g.pw;
       float m[N];
@@ -107,7 +110,7 @@ at::Tensor max_pool2d_nhwc(const at::Tensor& x, const PoolGeometry& p) {
     const bool vec = g.C % N == 0 && aligned16(px) && aligned16(py);
     const int64_t rows = x.size(0) * g.OH;
     const int64_t row_len = g.OW * g.C / (vec ? N : 1);
-    TORCH_CHECK(row_len < (int64_t{1} << 31), "max_pool2d_nhwc: an output row of ", row_len,
+    TORCH_CHECK(row_len <= kMaxRowItems, "max_pool2d_nhwc: an output row of ", row_len,
                 " items exceeds the kernel's 32-bit row index");
     const dim3 grid(static_cast<unsigned>((row_len + kThreads - 1) / kThreads),
                     static_cast<unsigned>(std::min<int64_t>(rows, 65535)));
