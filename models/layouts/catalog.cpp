@@ -42,7 +42,8 @@ const LayoutInfo* find_layout_info(const std::string& name) {
   return nullptr;
 }
 
-bool on_by_default(const std::string& layout, const std::string& model_type) {
+bool on_by_default(const std::string& layout, const std::string& model_type,
+                   bool fma_convolutions) {
   // The parity gate (CPU float32 against transformers, tests/parity/layouts_parity_test.cpp;
   // CUDA float32 with TF32 off, tests/gpu/layouts_cuda_test.cpp) passed for every layout on
   // every family. channels_last (CUDA only, its predicate) is on for the conv families: it
@@ -55,6 +56,14 @@ bool on_by_default(const std::string& layout, const std::string& model_type) {
   auto in = [&](const std::vector<std::string>& v) {
     return std::find(v.begin(), v.end(), model_type) != v.end();
   };
+  // CUDA float32 without TF32 runs cuDNN's FMA convolutions (no tensor cores), whose fast kernels
+  // are NCHW (sm80_xmma_fprop_implicit_gemm_f32f32_..._nchwkcrs_nchw: 96 of 157 ms of an
+  // RT-DETR-R50 batch-32 forward): the defaults gave 162.7 ms with channels_last, 139.7 without,
+  // and avgpool_fold's 2x2 convolution, 4x the FLOPs of the 1x1 shortcut it replaces (about
+  // 480 GFLOP more per R50 batch-32 forward), costs more at FMA rate than the avg_pool2d pass
+  // it removes (1.1 ms): 139.7 -> 128.6 ms without it. docs/BENCHMARKS.md "fifth run". (CPU
+  // defaults are unchanged: not measured there.)
+  if (fma_convolutions && (layout == "channels_last" || layout == "avgpool_fold")) return false;
   if (layout == "repvgg" || layout == "batchnorm_fold" || layout == "channels_last")
     return in(detectors);
   if (layout == "qkv_concat") return in(all);

@@ -25,7 +25,9 @@ const LayoutInfo* find_layout_info(const std::string& name);
 
 /// Families (config.json model_type) on which `layout` is on under `kernels.layouts: default`,
 /// decided by the parity gate (tests/parity/layouts_parity_test.cpp; DESIGN.md "Layouts").
-bool on_by_default(const std::string& layout, const std::string& model_type);
+/// `fma_convolutions`: a CUDA float32 model without TF32 (cuDNN's FMA kernels), where
+/// channels_last and avgpool_fold are off (measured slower: docs/BENCHMARKS.md "fifth run").
+bool on_by_default(const std::string& layout, const std::string& model_type, bool fma_convolutions);
 
 /// Module kinds of our tree a layout looks at.
 /// pooled_shortcut: a ResNet-vd layer whose shortcut is AvgPool2d + 1x1 conv-BN (its path is

@@ -67,20 +67,10 @@ std::string decide(const std::string& layout, const Candidate& c, const LayoutCo
   if (mode.value == kernels::LayoutMode::on)
     return std::string("kernels.layouts: on") +
            (mode.origin.empty() ? "" : " (" + mode.origin + ")");
-  if (mode.value == kernels::LayoutMode::family_default && on_by_default(layout, ctx.model_type)) {
-    // CUDA float32 without TF32 runs cuDNN's FMA convolutions (no tensor cores), whose fast kernels
-    // are NCHW (sm80_xmma_fprop_implicit_gemm_f32f32_..._nchwkcrs_nchw: 96 of 157 ms of an
-    // RT-DETR-R50 batch-32 forward): the defaults gave 162.7 ms with channels_last, 139.7 without,
-    // and avgpool_fold's 2x2 convolution, 4x the FLOPs of the 1x1 shortcut it replaces (about
-    // 480 GFLOP more per R50 batch-32 forward), costs more at FMA rate than the avg_pool2d pass
-    // it removes (1.1 ms): 139.7 -> 128.6 ms without it. docs/BENCHMARKS.md "fifth run". The
-    // other layouts stay on.
-    // (CPU defaults are unchanged: not measured there.)
-    if ((layout == "channels_last" || layout == "avgpool_fold") && ctx.device.is_cuda() &&
-        ctx.dtype == at::kFloat && !ctx.tf32)
-      return "";
+  const bool fma_convolutions = ctx.device.is_cuda() && ctx.dtype == at::kFloat && !ctx.tf32;
+  if (mode.value == kernels::LayoutMode::family_default &&
+      on_by_default(layout, ctx.model_type, fma_convolutions))
     return "default (" + ctx.model_type + ")";
-  }
   return "";
 }
 

@@ -35,11 +35,6 @@ namespace {
 
 using test::bit_mismatches;
 
-#define REQUIRE_CUDA()                                             \
-  if (!at::cuda::is_available()) GTEST_SKIP() << "no CUDA device"; \
-  if (!built_with_cuda() || !&register_cuda_kernels)               \
-  GTEST_SKIP() << "built without the CUDA kernels"
-
 using test::cuda_context;
 using test::cuda_only;
 using test::declare_with_cuda_only;

@@ -48,11 +48,6 @@ namespace {
 using test::max_abs_diff;
 using test::max_rel_diff;
 
-#define REQUIRE_CUDA()                                             \
-  if (!at::cuda::is_available()) GTEST_SKIP() << "no CUDA device"; \
-  if (!built_with_cuda() || !&register_cuda_kernels)               \
-  GTEST_SKIP() << "built without the CUDA kernels"
-
 /// A registry holding only the `cuda` implementations (no policy, no references).
 using test::cuda_context;
 using test::cuda_only;

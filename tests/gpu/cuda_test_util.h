@@ -3,6 +3,7 @@
 #pragma once
 
 #include <ATen/ATen.h>
+#include <ATen/cuda/CUDAContext.h>
 
 #include <cctype>
 #include <cstdint>
@@ -17,6 +18,7 @@
 #include "kernels/attention/dot_product_attention.h"
 #include "kernels/attention/ms_deform_attn.h"
 #include "kernels/conv/conv2d_bias_act.h"
+#include "kernels/kernels.h"
 #include "kernels/pool/max_pool2d.h"
 #include "kernels/quant/fake_quant_fp8.h"
 #include "kernels/registry.h"
@@ -26,6 +28,12 @@ namespace libreyolo::kernels {
 void register_cuda_kernels(Registry& registry)  // kernels/attention/cuda/register_cuda_kernels.cpp
     __attribute__((weak));
 }  // namespace libreyolo::kernels
+
+/// Skips the test without a usable CUDA device, or in a build without the in-tree CUDA kernels.
+#define REQUIRE_CUDA()                                                                           \
+  if (!at::cuda::is_available()) GTEST_SKIP() << "no CUDA device";                               \
+  if (!::libreyolo::kernels::built_with_cuda() || !&::libreyolo::kernels::register_cuda_kernels) \
+  GTEST_SKIP() << "built without the CUDA kernels"
 
 namespace libreyolo::test {
 

@@ -116,7 +116,7 @@ TEST(LayoutsCudaAvgPoolFold, BackboneEvenAndOddSides) {
 // The family default's channels_last and avgpool_fold follow the dtype: on for bfloat16 and for
 // float32 with TF32 (tensor-core convolutions, NHWC kernels), off for float32 without TF32
 // (cuDNN's FMA kernels are NCHW, and the fold's 4x shortcut FLOPs cost more than the pooling:
-// models/layouts/layouts.cpp `decide`). The other default layouts apply in all three.
+// models/layouts/catalog.cpp `on_by_default`). The other default layouts apply in all three.
 TEST(LayoutsCudaDefault, ChannelsLastAndAvgPoolFoldFollowDtypeAndTf32) {
   if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device";
   const std::string dir = test::model_fixture("rtdetr_tiny");

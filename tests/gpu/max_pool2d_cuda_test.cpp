@@ -19,11 +19,6 @@
 namespace libreyolo::kernels {
 namespace {
 
-#define REQUIRE_CUDA()                                             \
-  if (!at::cuda::is_available()) GTEST_SKIP() << "no CUDA device"; \
-  if (!built_with_cuda() || !&register_cuda_kernels)               \
-  GTEST_SKIP() << "built without the CUDA kernels"
-
 PoolGeometry geometry(int64_t k, int64_t s, int64_t p, int64_t d = 1, bool ceil = false) {
   PoolGeometry g;
   g.kernel_h = g.kernel_w = k;

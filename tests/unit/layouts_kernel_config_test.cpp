@@ -139,11 +139,19 @@ TEST(LayoutCatalog, UpstreamClassesPerFamilyAndPath) {
   EXPECT_TRUE(path_matches("model.encoder.*.0", "model.encoder.fpn_blocks.0"));
   EXPECT_FALSE(path_matches("model.encoder.*", "model.encoder.fpn_blocks.0"));
   EXPECT_FALSE(path_matches("model.encoder.*.1", "model.encoder.fpn_blocks.0"));
-  EXPECT_TRUE(on_by_default("batchnorm_fold", "rt_detr"));
-  EXPECT_TRUE(on_by_default("channels_last", "rt_detr"));  // CUDA only: its predicate decides
-  EXPECT_FALSE(on_by_default("channels_last", "vit"));     // no conv stack
-  EXPECT_TRUE(on_by_default("avgpool_fold", "rt_detr"));   // measured: R50 batch 32 -8%
-  EXPECT_FALSE(on_by_default("avgpool_fold", "vit"));
+  EXPECT_TRUE(on_by_default("batchnorm_fold", "rt_detr", false));
+  EXPECT_TRUE(
+      on_by_default("channels_last", "rt_detr", false));         // CUDA only: its predicate decides
+  EXPECT_FALSE(on_by_default("channels_last", "vit", false));    // no conv stack
+  EXPECT_TRUE(on_by_default("avgpool_fold", "rt_detr", false));  // measured: R50 batch 32 -8%
+  EXPECT_FALSE(on_by_default("avgpool_fold", "vit", false));
+  // CUDA float32 without TF32 (cuDNN's FMA kernels): neither channels_last nor avgpool_fold;
+  // the folds that remove passes stay on.
+  EXPECT_FALSE(on_by_default("channels_last", "rt_detr", true));
+  EXPECT_FALSE(on_by_default("avgpool_fold", "rt_detr", true));
+  EXPECT_TRUE(on_by_default("batchnorm_fold", "rt_detr", true));
+  EXPECT_TRUE(on_by_default("repvgg", "d_fine", true));
+  EXPECT_TRUE(on_by_default("qkv_concat", "vit", true));
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 // is a multiple of the vector width (else one element per step), a grid-stride loop, float32
 // arithmetic, one kernel per activation.
 #include "kernels/conv/cuda/bias_act_cuda.h"
+#include "kernels/cuda/vector_pack.cuh"
 
 #include <ATen/Dispatch.h>
 #include <ATen/cuda/CUDAContext.h>
@@ -13,17 +14,12 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 namespace libreyolo::kernels::cuda {
 namespace {
 
 constexpr int kThreads = 256;
-
-// N elements loaded or stored as one (16 bytes when N = 16 / sizeof(T); N = 1: one element).
-template <typename T, int N>
-struct alignas(sizeof(T) * N) Pack {
-  T v[N];
-};
 
 // The activations as ATen computes them in float
 // (aten/src/ATen/native/cuda/ActivationSiluKernel.cu, ActivationGeluCore.cu,
@@ -31,15 +27,15 @@ struct alignas(sizeof(T) * N) Pack {
 // MUFU unit (__expf: 2 + floor(|1.173 x|) float32 ulps, CUDA C++ Programming Guide), used when the
 // result is rounded to a 16-bit type, whose half ulp (2^-9 or 2^-12 relative) is far larger;
 // float32 keeps expf (the unfused ops' bits).
-template <int Act, bool Fast>
+template <Activation Act, bool Fast>
 __device__ __forceinline__ float activate(float x) {
-  if constexpr (Act == 1) {
+  if constexpr (Act == Activation::relu) {
     return x <= 0.f ? 0.f : x;
-  } else if constexpr (Act == 2) {
+  } else if constexpr (Act == Activation::silu) {
     return x / (1.f + (Fast ? __expf(-x) : expf(-x)));
-  } else if constexpr (Act == 3) {
+  } else if constexpr (Act == Activation::gelu) {
     return x * 0.5f * (1.f + erff(x * 0.70710678118654752440f));
-  } else if constexpr (Act == 4) {
+  } else if constexpr (Act == Activation::tanh) {
     return tanhf(x);
   } else {
     return x;
@@ -54,7 +50,7 @@ __device__ __forceinline__ float activate(float x) {
 // compute-bound (2.86 ms per RT-DETR-R50 batch-32 forward, docs/BENCHMARKS.md "third run"; 1.21
 // ms after this rewrite, "fifth run"). Sum order as ATen's: ((y + bias) + residual), in float,
 // rounded once.
-template <typename T, int N, int Act>
+template <typename T, int N, Activation Act>
 __global__ void __launch_bounds__(kThreads)
     bias_act_kernel(T* __restrict__ y, const T* __restrict__ bias, const T* __restrict__ residual,
                     int64_t nvec, int64_t C, int64_t HW, bool channels_last) {
@@ -101,49 +97,28 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// One kernel per activation: the switch picks the instantiation once per launch.
 template <typename T, int N>
-void launch(int act, int blocks, cudaStream_t stream, T* y, const T* bias, const T* residual,
+void launch(Activation act, int blocks, cudaStream_t stream, T* y, const T* bias, const T* residual,
             int64_t nvec, int64_t C, int64_t HW, bool channels_last) {
+  auto run = [&](auto a) {
+    bias_act_kernel<T, N, decltype(a)::value>
+        <<<blocks, kThreads, 0, stream>>>(y, bias, residual, nvec, C, HW, channels_last);
+  };
+  using A = Activation;
   switch (act) {
-    case 1:
-      bias_act_kernel<T, N, 1>
-          <<<blocks, kThreads, 0, stream>>>(y, bias, residual, nvec, C, HW, channels_last);
-      break;
-    case 2:
-      bias_act_kernel<T, N, 2>
-          <<<blocks, kThreads, 0, stream>>>(y, bias, residual, nvec, C, HW, channels_last);
-      break;
-    case 3:
-      bias_act_kernel<T, N, 3>
-          <<<blocks, kThreads, 0, stream>>>(y, bias, residual, nvec, C, HW, channels_last);
-      break;
-    case 4:
-      bias_act_kernel<T, N, 4>
-          <<<blocks, kThreads, 0, stream>>>(y, bias, residual, nvec, C, HW, channels_last);
-      break;
-    default:
-      bias_act_kernel<T, N, 0>
-          <<<blocks, kThreads, 0, stream>>>(y, bias, residual, nvec, C, HW, channels_last);
+    case A::none:
+      return run(std::integral_constant<A, A::none>{});
+    case A::relu:
+      return run(std::integral_constant<A, A::relu>{});
+    case A::silu:
+      return run(std::integral_constant<A, A::silu>{});
+    case A::gelu:
+      return run(std::integral_constant<A, A::gelu>{});
+    case A::tanh:
+      return run(std::integral_constant<A, A::tanh>{});
   }
 }
-
-int activation_code(Activation act) {
-  switch (act) {
-    case Activation::none:
-      return 0;
-    case Activation::relu:
-      return 1;
-    case Activation::silu:
-      return 2;
-    case Activation::gelu:
-      return 3;
-    case Activation::tanh:
-      return 4;
-  }
-  return 0;
-}
-
-bool aligned(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; }
 
 }  // namespace
 
@@ -163,23 +138,22 @@ void bias_act_(at::Tensor& y, const at::Tensor& bias, const at::Tensor& residual
                 "bias_act_: residual must have y's sizes, strides, dtype and device");
   if (n == 0) return;
   const c10::cuda::CUDAGuard guard(y.device());
-  const int code = activation_code(act);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, y.scalar_type(), "bias_act_", [&] {
     constexpr int N = 16 / sizeof(scalar_t);
     auto* py = y.data_ptr<scalar_t>();
     const auto* pb = bias.defined() ? bias.data_ptr<scalar_t>() : nullptr;
     const auto* pr = residual.defined() ? residual.data_ptr<scalar_t>() : nullptr;
     const bool vec =
-        aligned(py) && (!pr || aligned(pr)) && (channels_last ? C % N == 0 : HW % N == 0);
+        aligned16(py) && (!pr || aligned16(pr)) && (channels_last ? C % N == 0 : HW % N == 0);
     const int64_t work = vec ? n / N : n;
     const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
     const int blocks = static_cast<int>(
         std::max<int64_t>(1, std::min<int64_t>((work + kThreads - 1) / kThreads, sms * 8)));
     const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
     if (vec) {
-      launch<scalar_t, N>(code, blocks, stream, py, pb, pr, work, C, HW, channels_last);
+      launch<scalar_t, N>(act, blocks, stream, py, pb, pr, work, C, HW, channels_last);
     } else {
-      launch<scalar_t, 1>(code, blocks, stream, py, pb, pr, work, C, HW, channels_last);
+      launch<scalar_t, 1>(act, blocks, stream, py, pb, pr, work, C, HW, channels_last);
     }
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   });

@@ -2,6 +2,7 @@
 // the window of one output pixel for N channels (16-byte loads when C % N == 0 and the pointers
 // are aligned) and writes them once; neighbouring windows overlap in L1/L2, so the map is read
 // from DRAM about once. No indices are written.
+#include "kernels/cuda/vector_pack.cuh"
 #include "kernels/pool/cuda/max_pool2d_cuda.h"
 
 #include <ATen/ATen.h>
@@ -20,11 +21,6 @@ namespace libreyolo::kernels::cuda {
 namespace {
 
 constexpr int kThreads = 256;
-
-template <typename T, int N>
-struct alignas(sizeof(T) * N) Pack {
-  T v[N];
-};
 
 struct Geometry {
   int64_t H, W, OH, OW, C;
@@ -78,8 +74,6 @@ __global__ void __launch_bounds__(kThreads)
     }
   }
 }
-
-bool aligned16(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; }
 
 }  // namespace
 
