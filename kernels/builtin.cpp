@@ -6,6 +6,7 @@
 #include "kernels/conv/conv2d_bias_act.h"
 #include "kernels/hub/provider.h"
 #include "kernels/kernels.h"
+#include "kernels/norm/add_layer_norm.h"
 #include "kernels/pool/max_pool2d.h"
 #include "kernels/quant/fake_quant_fp8.h"
 #include "log/log.h"
@@ -36,6 +37,7 @@ void register_builtin_slots(Registry& registry) {
   registry.declare(kMsDeformAttn);   // no reference: callers keep the portable path
   registry.declare(kConv2dBiasAct);  // no reference: conv2d_bias_act_portable
   registry.declare(kMaxPool2d);      // no reference: max_pool2d_portable
+  registry.declare(kAddLayerNorm);   // no reference: add_layer_norm_portable
   register_fake_quant_fp8_reference(registry);
   register_attention_implementations(registry);
 }

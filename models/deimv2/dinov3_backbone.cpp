@@ -138,11 +138,13 @@ Dinov3LayerImpl::Dinov3LayerImpl(const Dinov3Config& c) : act(c.act) {
   lambda2 = ls2->register_parameter("lambda1", at::empty({d}));
 }
 
-at::Tensor Dinov3LayerImpl::forward(const at::Tensor& x, const at::Tensor& cos,
-                                    const at::Tensor& sin) const {
+layers::PendingResidual Dinov3LayerImpl::forward_pending(const layers::PendingResidual& in,
+                                                         const at::Tensor& cos,
+                                                         const at::Tensor& sin) const {
+  // Upstream: y = ls1 * o_proj(attention(norm1(x))) + x; out = ls2 * mlp(norm2(y)) + y.
+  const auto [x, h] = norm1->forward_add(in.residual, in.delta, in.scale);
   const int64_t B = x.size(0), L = x.size(1), H = attention->num_heads;
   const int64_t hd = attention->head_dim, N = cos.size(0), prefix = L - N;
-  const at::Tensor h = norm1->forward(x);
   auto heads = [&](const at::Tensor& t) { return t.view({B, L, H, hd}).transpose(1, 2); };
   at::Tensor q = heads(attention->q_proj->forward(h));
   at::Tensor k = heads(attention->k_proj->forward(h));
@@ -157,11 +159,10 @@ at::Tensor Dinov3LayerImpl::forward(const at::Tensor& x, const at::Tensor& cos,
   at::Tensor a = kernels::attention(attention->attention_kernel, attention->fused_attn, q, k, v,
                                     at::Tensor(), {attention->scale, false, 0});
   a = attention->o_proj->forward(a.transpose(1, 2).reshape({B, L, H * hd}));
-  const at::Tensor y = a * lambda1 + x;
-  const at::Tensor n = norm2->forward(y);
+  auto [y, n] = norm2->forward_add(x, a, lambda1);
   at::Tensor m = gate_proj ? layers::activate(act, gate_proj->forward(n)) * up_proj->forward(n)
                            : layers::activate(act, up_proj->forward(n));
-  return down_proj->forward(m) * lambda2 + y;
+  return {std::move(y), down_proj->forward(m), lambda2};
 }
 
 Dinov3BackboneImpl::Dinov3BackboneImpl(const Dinov3Config& c) : config(c) {
@@ -209,17 +210,23 @@ std::pair<at::Tensor, at::Tensor> Dinov3BackboneImpl::rope(int64_t h, int64_t w,
 std::vector<at::Tensor> Dinov3BackboneImpl::forward(const at::Tensor& pixel_values) const {
   const int64_t B = pixel_values.size(0), p = config.patch_size;
   const int64_t h = pixel_values.size(2) / p, w = pixel_values.size(3) / p;
-  const at::Tensor patches = patch_embeddings->forward(pixel_values).flatten(2).transpose(1, 2);
+  const at::Tensor patches =
+      patch_embeddings->forward_patches(pixel_values).flatten(2).transpose(1, 2);
   at::Tensor x =
       at::cat({cls_token.expand({B, -1, -1}), register_tokens.expand({B, -1, -1}), patches}, 1);
   const auto [cos, sin] = rope(h, w, pixel_values.scalar_type());
   const int64_t prefix = 1 + config.num_register_tokens;
   std::vector<at::Tensor> out;
   size_t next = 0;  // the next out_indices entry
+  // Each block leaves its output pending for the next one's first LayerNorm (forward_pending);
+  // an out stage sums it once, and the next block takes that sum.
+  layers::PendingResidual pending{x};
   for (int64_t stage = 0; stage <= config.num_layers && next < config.out_indices.size(); ++stage) {
-    if (stage > 0) x = blocks[stage - 1]->forward(x, cos, sin);
+    if (stage > 0) pending = blocks[stage - 1]->forward_pending(pending, cos, sin);
     if (stage != config.out_indices[next]) continue;
     ++next;
+    x = pending.sum();
+    pending = {x};
     const at::Tensor s =
         stage == config.num_layers || config.apply_layernorm ? norm->forward(x) : x;
     out.push_back(

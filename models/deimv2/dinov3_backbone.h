@@ -52,7 +52,14 @@ class Dinov3LayerImpl : public torch::nn::Module {
  public:
   explicit Dinov3LayerImpl(const Dinov3Config& c);
   /// x (B, 1 + registers + N, C); cos, sin (N, head_dim) in x's dtype -> x's shape and dtype.
-  at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) const;
+  at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) const {
+    return forward_pending({x}, cos, sin).sum();
+  }
+  /// The same on an input left pending by the previous block, returning this block's output
+  /// left pending (y + mlp * lambda2): each layer-scaled residual add and the LayerNorm after it
+  /// run as one add_layer_norm call.
+  layers::PendingResidual forward_pending(const layers::PendingResidual& in, const at::Tensor& cos,
+                                          const at::Tensor& sin) const;
 
   layers::Attention attention;  ///< q/k/v/o_proj, biases per query/key/value/proj_bias
   layers::LayerNorm norm1, norm2;

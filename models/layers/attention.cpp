@@ -67,4 +67,8 @@ int set_fused_attention(torch::nn::Module& root, bool enabled) {
   return changed;
 }
 
+bool fused_attention_by_default(const at::Device& device, at::ScalarType dtype) {
+  return device.is_cuda() && (dtype == at::kHalf || dtype == at::kBFloat16);
+}
+
 }  // namespace libreyolo::models::layers

@@ -84,4 +84,12 @@ using Attention = std::shared_ptr<AttentionImpl>;
 /// changed value.
 int set_fused_attention(torch::nn::Module& root, bool enabled);
 
+/// The device rule for a model whose configuration leaves fused attention at `default`: true
+/// for CUDA models in float16 / bfloat16, whose fused kernels (SDPA flash / cuDNN / memory-
+/// efficient) are 2-4x faster on the ViT-backbone families and whose manual math is no more
+/// exact than 16-bit rounding anyway; false otherwise, so that float32 and CPU models keep the
+/// family's default (the byte-exact parity bar with transformers is a float32 rule).
+/// docs/DESIGN.md "Fused attention".
+bool fused_attention_by_default(const at::Device& device, at::ScalarType dtype);
+
 }  // namespace libreyolo::models::layers

@@ -29,7 +29,17 @@ LayerNormImpl::LayerNormImpl(int64_t dim, double eps_) : eps(eps_) {
 }
 
 at::Tensor LayerNormImpl::forward(const at::Tensor& x) const {
-  return at::layer_norm(x, {weight.size(0)}, weight, bias, eps);
+  return kernels::add_layer_norm(kernel, x, at::Tensor(), at::Tensor(), weight, bias, eps).second;
+}
+
+at::Tensor PendingResidual::sum() const {
+  if (!delta.defined()) return residual;
+  return residual + (scale.defined() ? delta * scale : delta);
+}
+
+kernels::SumAndNorm LayerNormImpl::forward_add(const at::Tensor& x, const at::Tensor& delta,
+                                               const at::Tensor& scale) const {
+  return kernels::add_layer_norm(kernel, x, delta, scale, weight, bias, eps);
 }
 
 GroupNormImpl::GroupNormImpl(int64_t groups_, int64_t channels, double eps_)
@@ -51,6 +61,20 @@ at::Tensor Conv2dImpl::forward(const at::Tensor& x) const {
   return at::conv2d(x, weight, bias, {options.stride, options.stride},
                     {options.padding, options.padding}, {options.dilation, options.dilation},
                     options.groups);
+}
+
+at::Tensor Conv2dImpl::forward_patches(const at::Tensor& x) const {
+  const int64_t k = options.kernel;
+  if (!x.is_cuda() || x.dim() != 4 || options.stride != k || options.padding != 0 ||
+      options.dilation != 1 || options.groups != 1 || x.size(2) % k != 0 || x.size(3) % k != 0)
+    return forward(x);
+  const int64_t B = x.size(0), C = x.size(1), h = x.size(2) / k, w = x.size(3) / k;
+  // (B, C, h, k, w, k) -> (B, h, w, C, k, k): one row per patch, in the weight's (C, kh, kw)
+  // order.
+  const auto patches =
+      x.reshape({B, C, h, k, w, k}).permute({0, 2, 4, 1, 3, 5}).reshape({B * h * w, C * k * k});
+  const auto out = at::linear(patches, weight.reshape({weight.size(0), -1}), bias);
+  return out.view({B, h, w, out.size(-1)}).permute({0, 3, 1, 2});
 }
 
 BatchNorm2dImpl::BatchNorm2dImpl(int64_t channels, double eps_) : eps(eps_) {

@@ -46,15 +46,34 @@ class LinearImpl : public torch::nn::Module {
 };
 using Linear = std::shared_ptr<LinearImpl>;
 
-/// nn.LayerNorm over the last dimension: weight, bias (dim).
-class LayerNormImpl : public torch::nn::Module {
+/// nn.LayerNorm over the last dimension: weight, bias (dim). Runs through the model's bound
+/// `add_layer_norm` slot (kernels/norm/add_layer_norm.h; the portable ATen ops when unbound).
+class LayerNormImpl : public torch::nn::Module, public UsesKernels {
  public:
   LayerNormImpl(int64_t dim, double eps);
+  void bind_kernels(const BoundKernels& k) override { kernel = k.add_layer_norm; }
+  /// x (..., dim) -> layer_norm(x), x's shape and dtype.
   at::Tensor forward(const at::Tensor& x) const;
+  /// The residual step of a pre-norm block and this norm after it, in one slot call:
+  /// sum = x + delta * scale (delta, scale optional: without delta sum is x), returns
+  /// {sum, layer_norm(sum)}. delta x's shape, scale (dim) (a layer scale); x's dtype.
+  kernels::SumAndNorm forward_add(const at::Tensor& x, const at::Tensor& delta,
+                                  const at::Tensor& scale = at::Tensor()) const;
   at::Tensor weight, bias;
   double eps;
+  kernels::AddLayerNormHandle kernel;  ///< empty until bound: the portable ops run
 };
 using LayerNorm = std::shared_ptr<LayerNormImpl>;
+
+/// The output of a pre-norm transformer block left unsummed, residual + delta * scale, so that
+/// the next block's first LayerNorm adds it in the same kernel (LayerNormImpl::forward_add)
+/// instead of a multiply, an add and a LayerNorm pass each. delta and scale may be undefined
+/// (a plain tensor; scale: no layer scale).
+struct PendingResidual {
+  at::Tensor residual, delta, scale;
+  /// residual + delta * scale, rounded as the unfused ops round it (residual when no delta).
+  at::Tensor sum() const;
+};
 
 /// nn.GroupNorm: weight, bias (channels).
 class GroupNormImpl : public torch::nn::Module {
@@ -76,6 +95,15 @@ class Conv2dImpl : public torch::nn::Module {
  public:
   explicit Conv2dImpl(const Conv2dOptions& o);
   at::Tensor forward(const at::Tensor& x) const;
+  /// The same convolution for a ViT patch embedding (stride == kernel, no padding, dilation 1,
+  /// groups 1): on CUDA as one GEMM over the image's non-overlapping patches, (B * h * w,
+  /// C * k * k) x (C * k * k, out), returned as the (B, out, h, w) view of the (B, h, w, out)
+  /// result (channels_last strides: the callers' flatten(2).transpose(1, 2) is then free).
+  /// cuDNN runs these 3-channel convolutions on a non-tensor-core kernel (precomputed /
+  /// implicit_convolve_sgemm: 0.4-0.7 ms of a batch-32 ViT-backbone forward on the H200). Any
+  /// other geometry, input sides not multiples of the kernel, and CPU tensors: forward(x), the
+  /// parity path. x (B, C, H, W) in the weight's dtype.
+  at::Tensor forward_patches(const at::Tensor& x) const;
   at::Tensor weight, bias;
   Conv2dOptions options;
 };

@@ -44,15 +44,18 @@ ViTLayerImpl::ViTLayerImpl(const ViTConfig& c, bool window)
   fc2 = intermediate->register_module("fc2", make<layers::LinearImpl>(d * c.mlp_ratio, d));
 }
 
-at::Tensor ViTLayerImpl::forward(const at::Tensor& x) const {
+std::pair<at::Tensor, layers::PendingResidual> ViTLayerImpl::forward_pending(
+    const layers::PendingResidual& in) const {
+  // Upstream: y = x + attention(layernorm_before(x)) * gamma_1;
+  // out = y + mlp(layernorm_after(y)) * gamma_2.
+  auto [x, h] = layernorm_before->forward_add(in.residual, in.delta, in.scale);
   const int64_t n = x.size(0), L = x.size(1), C = x.size(2);
-  auto h = layernorm_before->forward(x);
   if (!window) h = h.reshape({n / num_windows, num_windows * L, C});
-  auto a = attention_output->forward(attention->forward(h, h, h)) * gamma_1;
+  auto a = attention_output->forward(attention->forward(h, h, h));
   if (!window) a = a.reshape({n, L, C});
-  const auto y = x + a;
-  const auto m = fc2->forward(layers::activate(act, fc1->forward(layernorm_after->forward(y))));
-  return y + m * gamma_2;
+  auto [y, yn] = layernorm_after->forward_add(x, a, gamma_1);
+  auto m = fc2->forward(layers::activate(act, fc1->forward(yn)));
+  return {std::move(x), {std::move(y), std::move(m), gamma_2}};
 }
 
 ViTBackboneImpl::ViTBackboneImpl(const ViTConfig& c) : config(c) {
@@ -91,9 +94,11 @@ at::Tensor ViTBackboneImpl::absolute_positions(int64_t h, int64_t w) const {
 }
 
 std::vector<at::Tensor> ViTBackboneImpl::forward(const at::Tensor& pixel_values) const {
-  auto e = projection->forward(pixel_values).permute({0, 2, 3, 1});  // (B, h, w, C)
+  auto e = projection->forward_patches(pixel_values).permute({0, 2, 3, 1});  // (B, h, w, C)
   const int64_t B = e.size(0), h = e.size(1), w = e.size(2), C = e.size(3);
-  if (position_embeddings.defined()) e = e + absolute_positions(h, w);
+  if (position_embeddings.defined())
+    e = e + positions_.get({h, w, static_cast<int64_t>(position_embeddings.scalar_type())},
+                           position_embeddings.device(), [&] { return absolute_positions(h, w); });
   const int64_t side = config.num_windows_side;
   if (h % side != 0 || w % side != 0)
     throw std::invalid_argument(
@@ -108,8 +113,16 @@ std::vector<at::Tensor> ViTBackboneImpl::forward(const at::Tensor& pixel_values)
   auto to_map = [&](const at::Tensor& t) {
     return t.reshape({B, side, side, wh, ww, C}).permute({0, 5, 1, 3, 2, 4}).reshape({B, C, h, w});
   };
+  // stages[i]: the input of block i, i.e. the output of block i - 1; the blocks leave their
+  // outputs pending for the next one's first LayerNorm (forward_pending).
   std::vector<at::Tensor> stages{x};
-  for (const auto& b : blocks) stages.push_back(x = b->forward(x));
+  layers::PendingResidual pending{x};
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    auto [input, out] = blocks[i]->forward_pending(pending);
+    if (i > 0) stages.push_back(std::move(input));
+    pending = std::move(out);
+  }
+  stages.push_back(pending.sum());
   std::vector<at::Tensor> out;
   for (const auto i : config.out_indices) out.push_back(to_map(stages[i]));
   return out;

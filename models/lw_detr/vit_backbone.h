@@ -17,6 +17,7 @@
 #include "models/layers/attention.h"
 #include "models/layers/layers.h"
 #include "models/lw_detr/config.h"
+#include "models/runtime/constant_cache.h"
 
 namespace libreyolo::models::lw_detr {
 
@@ -27,7 +28,12 @@ class ViTLayerImpl : public torch::nn::Module {
   ViTLayerImpl(const ViTConfig& c, bool window);
   /// x (B * num_windows, window tokens, C) window-major. Window blocks attend within a window,
   /// global blocks over the (B, num_windows * window tokens, C) view. Returns x's shape.
-  at::Tensor forward(const at::Tensor& x) const;
+  at::Tensor forward(const at::Tensor& x) const { return forward_pending({x}).second.sum(); }
+  /// The same on an input left pending by the previous block: returns {the input summed, this
+  /// block's output left pending (y + mlp * gamma_2)}, so that each layer-scaled residual add
+  /// and the LayerNorm after it run as one add_layer_norm call.
+  std::pair<at::Tensor, layers::PendingResidual> forward_pending(
+      const layers::PendingResidual& in) const;
 
   layers::Attention attention;
   layers::Linear attention_output, fc1, fc2;
@@ -57,6 +63,8 @@ class ViTBackboneImpl : public torch::nn::Module {
   /// get_absolute_positions: the stored grid (cls position dropped), bicubic-resized
   /// (align_corners false) to (h, w) unless it already is that size. (1, h, w, C).
   at::Tensor absolute_positions(int64_t h, int64_t w) const;
+  /// absolute_positions per (h, w, dtype): a function of the weights alone, kept.
+  ConstantCache positions_;
 };
 
 /// Save-pretrained ViT attention names (attention.attention.query, attention.output) may also

@@ -54,21 +54,23 @@ Dinov2LayerImpl::Dinov2LayerImpl(const Dinov2Config& c, bool global_)
   lambda2 = ls2->register_parameter("lambda1", at::empty({d}));
 }
 
-at::Tensor Dinov2LayerImpl::forward(const at::Tensor& x) const {
+std::pair<at::Tensor, layers::PendingResidual> Dinov2LayerImpl::forward_pending(
+    const layers::PendingResidual& in) const {
+  // Upstream: y = layer_scale1(attention(norm1(x))) + x; out = layer_scale2(mlp(norm2(y))) + y.
+  auto [x, xn] = norm1->forward_add(in.residual, in.delta, in.scale);
   const int64_t n = x.size(0), L = x.size(1), C = x.size(2);
-  at::Tensor h = global ? x.reshape({n / windows, windows * L, C}) : x;
-  const auto hn = norm1->forward(h);
-  auto a = output->forward(attention->forward(hn, hn, hn));
+  const at::Tensor h = global ? xn.reshape({n / windows, windows * L, C}) : xn;
+  auto a = output->forward(attention->forward(h, h, h));
   if (global) a = a.reshape({n, L, C});
-  const auto y = a * lambda1 + x;
-  at::Tensor m = fc1->forward(norm2->forward(y));
+  auto [y, yn] = norm2->forward_add(x, a, lambda1);
+  at::Tensor m = fc1->forward(yn);
   if (swiglu) {
     const auto parts = m.chunk(2, -1);
     m = at::silu(parts[0]) * parts[1];
   } else {
     m = layers::activate(act, m);
   }
-  return fc2->forward(m) * lambda2 + y;
+  return {std::move(x), {std::move(y), fc2->forward(m), lambda2}};
 }
 
 Dinov2BackboneImpl::Dinov2BackboneImpl(const Dinov2Config& c) : config(c) {
@@ -126,9 +128,11 @@ std::vector<at::Tensor> Dinov2BackboneImpl::forward(const at::Tensor& pixel_valu
         "rf_detr: the ", h, "x", w, " patch grid of a ", H, "x", W, " input is not divisible into ",
         nw, "x", nw,
         " windows (input sides must be multiples of patch_size * num_windows = ", p * nw, ")"));
-  const auto patches = projection->forward(pixel_values).flatten(2).transpose(1, 2);
+  const auto patches = projection->forward_patches(pixel_values).flatten(2).transpose(1, 2);
   auto e = at::cat({cls_token.expand({B, -1, -1}), patches}, 1);
-  e = e + position_embedding(patches.size(1), H, W, h, w);
+  e = e + positions_.get({H, W, h, w, static_cast<int64_t>(position_embeddings.scalar_type())},
+                         position_embeddings.device(),
+                         [&] { return position_embedding(patches.size(1), H, W, h, w); });
   const int64_t C = e.size(2), hpw = h / nw, wpw = w / nw;
   if (nw > 1) {
     // window_partition: upstream views the (h, w) grid as (nw, w / nw, nw, h / nw).
@@ -138,9 +142,16 @@ std::vector<at::Tensor> Dinov2BackboneImpl::forward(const at::Tensor& pixel_valu
                             .reshape({B * nw * nw, hpw * wpw, C});
     e = at::cat({e.slice(1, 0, 1).repeat({nw * nw, 1, 1}), tokens}, 1);
   }
+  // stages[i]: the input of block i (e for i = 0), i.e. the output of block i - 1; the blocks
+  // leave their outputs pending for the next one's first LayerNorm (forward_pending).
   std::vector<at::Tensor> stages{e};
-  at::Tensor x = e;
-  for (const auto& b : blocks) stages.push_back(x = b->forward(x));
+  layers::PendingResidual pending{e};
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    auto [input, out] = blocks[i]->forward_pending(pending);
+    if (i > 0) stages.push_back(std::move(input));
+    pending = std::move(out);
+  }
+  stages.push_back(pending.sum());
   std::vector<at::Tensor> out;
   for (const auto i : config.out_indices) {
     at::Tensor s = stages[i];

@@ -22,6 +22,7 @@
 #include "models/layers/attention.h"
 #include "models/layers/layers.h"
 #include "models/rf_detr/config.h"
+#include "models/runtime/constant_cache.h"
 
 namespace libreyolo::models::rf_detr {
 
@@ -32,7 +33,12 @@ class Dinov2LayerImpl : public torch::nn::Module {
   Dinov2LayerImpl(const Dinov2Config& c, bool global);
   /// x (B * num_windows^2, window tokens, C), window-major. Global blocks attend over the
   /// (B, num_windows^2 * window tokens, C) view. Returns x's shape and dtype.
-  at::Tensor forward(const at::Tensor& x) const;
+  at::Tensor forward(const at::Tensor& x) const { return forward_pending({x}).second.sum(); }
+  /// The same on an input left pending by the previous block: returns {the input summed, this
+  /// block's output left pending (y + mlp * lambda2)}, so that each layer-scaled residual add
+  /// and the LayerNorm after it run as one add_layer_norm call.
+  std::pair<at::Tensor, layers::PendingResidual> forward_pending(
+      const layers::PendingResidual& in) const;
 
   layers::Attention attention;
   layers::Linear output, fc1, fc2;  ///< fc1 / fc2: weights_in / weights_out with SwiGLU
@@ -66,6 +72,8 @@ class Dinov2BackboneImpl : public torch::nn::Module {
   /// (align_corners false, float32) to (h, w). (1, 1 + h * w, C).
   at::Tensor position_embedding(int64_t num_patches, int64_t height, int64_t width, int64_t h,
                                 int64_t w) const;
+  /// position_embedding per input geometry and dtype: a function of the weights alone, kept.
+  ConstantCache positions_;
 };
 
 }  // namespace libreyolo::models::rf_detr

@@ -153,8 +153,10 @@ std::vector<at::Tensor> HybridEncoderImpl::forward(std::vector<at::Tensor> fm) c
     at::Tensor h = x.flatten(2).transpose(1, 2);
     at::Tensor pos;
     if (use_pos_)
-      pos = sincos_position_embedding_2d(H, W, hidden_dim_, temperature_, h.scalar_type(),
-                                         h.device());
+      pos = positions_.get({H, W, static_cast<int64_t>(h.scalar_type())}, h.device(), [&] {
+        return sincos_position_embedding_2d(H, W, hidden_dim_, temperature_, h.scalar_type(),
+                                            h.device());
+      });
     for (const auto& layer : aifi_[i]) h = layer->forward(h, pos);
     // Back to (B, C, H, W) in the memory format the map came in: with channels_last (the
     // layout) the transposed tokens already are NHWC, so this is a view where a plain

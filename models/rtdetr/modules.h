@@ -17,6 +17,7 @@
 #include "models/layers/bound_kernels.h"
 #include "models/layers/layers.h"
 #include "models/layers/max_pool.h"
+#include "models/runtime/constant_cache.h"
 
 namespace libreyolo::models::rtdetr {
 
@@ -187,6 +188,9 @@ class HybridEncoderImpl : public torch::nn::Module {
   int64_t hidden_dim_;
   double temperature_;
   bool use_pos_, fuse_sum_;
+  /// The AIFI position embedding per (H, W, dtype): about ten float64 kernels per forward
+  /// otherwise, for a constant.
+  ConstantCache positions_;
 };
 
 /// transformers build_2d_sinusoidal_position_embedding (v5.17): (1, h*w, dim), computed in

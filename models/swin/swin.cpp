@@ -309,7 +309,7 @@ class SwinImpl : public torch::nn::Module {
     const int64_t H = pixel_values.size(2), W = pixel_values.size(3), p = config.patch_size;
     // transformers SwinPatchEmbeddings.maybe_pad: right/bottom to a multiple of the patch.
     auto x = at::constant_pad_nd(pixel_values, {0, (p - W % p) % p, 0, (p - H % p) % p});
-    x = projection->forward(x);
+    x = projection->forward_patches(x);
     int64_t h = x.size(2), w = x.size(3);
     x = embed_norm->forward(x.flatten(2).transpose(1, 2));
     if (position_embeddings.defined()) {

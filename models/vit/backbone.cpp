@@ -129,7 +129,7 @@ at::Tensor BackboneImpl::position_embedding(int64_t height, int64_t width,
 
 at::Tensor BackboneImpl::forward(const at::Tensor& pixel_values) const {
   const int64_t B = pixel_values.size(0), H = pixel_values.size(2), W = pixel_values.size(3);
-  auto x = projection->forward(pixel_values).flatten(2).transpose(1, 2);
+  auto x = projection->forward_patches(pixel_values).flatten(2).transpose(1, 2);
   const int64_t num_patches = x.size(1);
   std::vector<at::Tensor> seq;
   for (const auto& t : prefix_tokens) seq.push_back(t.expand({B, -1, -1}));

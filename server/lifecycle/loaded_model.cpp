@@ -7,6 +7,7 @@
 #include "kernels/policy.h"
 #include "kernels/registry.h"
 #include "log/log.h"
+#include "models/layers/attention.h"
 
 namespace libreyolo::server {
 namespace {
@@ -72,6 +73,11 @@ std::shared_ptr<LoadedModel> load_model_version(
   } else if (server_fused_attention != kernels::FusedAttention::family_default) {
     m->fused_attention = server_fused_attention;
     m->fused_attention_source = "server";
+  } else if (models::layers::fused_attention_by_default(m->device, m->dtype)) {
+    m->fused_attention = kernels::FusedAttention::on;
+    m->fused_attention_source = std::string("default for ") + m->device.str() +
+                                (m->dtype == at::kHalf ? " float16" : " bfloat16") +
+                                " (float32 keeps the family default)";
   }
   if (m->fused_attention != kernels::FusedAttention::family_default) {
     const bool on = m->fused_attention == kernels::FusedAttention::on;

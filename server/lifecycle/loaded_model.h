@@ -36,10 +36,13 @@ struct LoadedModel {
   at::Device device = at::kCPU;
   at::ScalarType dtype = at::kFloat;
   /// The effective fused-attention setting: serving.yaml `fused_attention` unless `default`,
-  /// then the server's `kernels.fused_attention`; family_default leaves the flags as loaded.
+  /// then the server's `kernels.fused_attention`, then the device rule
+  /// (models::layers::fused_attention_by_default: on for CUDA float16/bfloat16);
+  /// family_default leaves the flags as loaded.
   kernels::FusedAttention fused_attention = kernels::FusedAttention::family_default;
   /// Where it came from: "serving.yaml" (with FILE:LINE:COLUMN), "server"
-  /// (kernels.fused_attention), or "family default".
+  /// (kernels.fused_attention), "default for cuda:0 bfloat16 (...)" (the device rule), or
+  /// "family default".
   std::string fused_attention_source = "family default";
   /// Attention modules whose flag set_fused_attention changed (0 for family_default).
   int fused_attention_changed = 0;
@@ -52,7 +55,8 @@ struct LoadedModel {
 /// Loads <dir> (config.json, model.safetensors, preprocessor_config.json) with `serving` on
 /// `server_device` ("auto" | "cpu" | "cuda" | "cuda:N"; serving.device wins when set), then
 /// applies the effective fused-attention setting (serving.fused_attention, else
-/// `server_fused_attention`, the server's kernels.fused_attention): on/off call
+/// `server_fused_attention`, the server's kernels.fused_attention, else the device rule of
+/// models::layers::fused_attention_by_default): on/off call
 /// models::Model::set_fused_attention(true/false) and log how many modules changed. Layouts:
 /// `server_layouts` (kernels.layouts / LIBREYOLO_LAYOUTS) with serving.kernel_config, applied
 /// by the loader (models::load_model); each applied layout is logged.

@@ -19,6 +19,7 @@
 #include "kernels/attention/ms_deform_attn.h"
 #include "kernels/conv/conv2d_bias_act.h"
 #include "kernels/kernels.h"
+#include "kernels/norm/add_layer_norm.h"
 #include "kernels/pool/max_pool2d.h"
 #include "kernels/quant/fake_quant_fp8.h"
 #include "kernels/registry.h"
@@ -145,6 +146,7 @@ inline void declare_with_cuda_only(kernels::Registry& reg) {
   reg.declare(kernels::kFakeQuantFp8);
   reg.declare(kernels::kConv2dBiasAct);
   reg.declare(kernels::kMaxPool2d);
+  reg.declare(kernels::kAddLayerNorm);
   reg.declare(kernels::kAttention);
   kernels::register_cuda_kernels(reg);
 }

@@ -114,6 +114,34 @@ TEST(ServerCuda, DetectionsEagerAndFromCudaGraphsWithTheCudaKernel) {
   remove_tree(repo);
 }
 
+/// The fused-attention device rule (models::layers::fused_attention_by_default): a bfloat16
+/// CUDA model gets SDPA with nothing configured, and /active says why; a float32 one keeps the
+/// family's measured default (the manual math).
+TEST(ServerCuda, SixteenBitCudaModelsGetFusedAttentionByDefault) {
+  if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device";
+  const auto repo = temp_dir("cuda_fused_repo");
+  add_rtdetr_tiny(repo, "device: cuda\ndtype: bfloat16\n");
+  fs::rename(repo / "rtdetr_tiny", repo / "rtdetr_bf16");
+  add_rtdetr_tiny(repo, "device: cuda\n");
+  fs::rename(repo / "rtdetr_tiny", repo / "rtdetr_fp32");
+  {
+    Daemon daemon(loopback_config(repo, "cuda"));
+    daemon.start();
+    ASSERT_TRUE(daemon.core().ready());
+    const auto active = json::parse(http_get(daemon.http_port(), "/active").body);
+    const auto bf16 = model_entry(active, "rtdetr_bf16").at("fused_attention");
+    EXPECT_EQ(bf16.at("value"), "on");
+    EXPECT_EQ(bf16.at("source"), "default for cuda:0 bfloat16 (float32 keeps the family default)");
+    EXPECT_GT(bf16.at("modules_changed").get<int>(), 0);
+    const auto fp32 = model_entry(active, "rtdetr_fp32").at("fused_attention");
+    EXPECT_EQ(fp32.at("value"), "default");
+    EXPECT_EQ(fp32.at("source"), "family default");
+    EXPECT_EQ(fp32.at("modules_changed"), 0);
+    daemon.stop(1.0);
+  }
+  remove_tree(repo);
+}
+
 /// Two instances on cuda:0 (instance_group KIND_GPU): each has its own weights, stream and CUDA
 /// graphs; concurrent requests run on both and their detections equal transformers'.
 TEST(ServerCuda, TwoInstancesOnOneGpuBothServeTheFixture) {

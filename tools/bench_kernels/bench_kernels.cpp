@@ -9,7 +9,8 @@
 // figure adds an L2 flush (a 256 MB memset) before every call inside the graph and subtracts the
 // flush's own time measured alone.
 //
-// Usage: bench_kernels [--json FILE] [--ops msda,fake_quant,bias_act,max_pool] (default: all)
+// Usage: bench_kernels [--json FILE] [--ops msda,fake_quant,bias_act,max_pool,layer_norm]
+// (default: all)
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <ATen/cuda/CUDAEvent.h>
@@ -28,6 +29,8 @@
 #include "kernels/attention/ms_deform_attn.h"
 #include "kernels/conv/conv2d_bias_act.h"
 #include "kernels/conv/cuda/bias_act_cuda.h"
+#include "kernels/norm/add_layer_norm.h"
+#include "kernels/norm/cuda/add_layer_norm_cuda.h"
 #include "kernels/pool/cuda/max_pool2d_cuda.h"
 #include "kernels/pool/max_pool2d.h"
 #include "kernels/quant/cuda/fake_quant_fp8_cuda.h"
@@ -296,6 +299,44 @@ void bench_max_pool() {
                   time_graph([&] { lk::max_pool2d_portable(x, g); }, 10, 10), -1, bytes});
 }
 
+/// add_layer_norm on the ViT-backbone rows of a batch-32 forward (bf16): RF-DETR base (51,328
+/// tokens of 768: 32 images x 4 windows x 401), RF-DETR nano (18,560 x 384), LW-DETR small
+/// (51,200 x 192). The layer-scaled residual add + LayerNorm (x, delta read; sum, norm written)
+/// against ATen's mul, add and layer_norm, and the plain LayerNorm against at::layer_norm; a copy
+/// of as many bytes is the bandwidth anchor.
+void bench_add_layer_norm() {
+  const auto opts = at::TensorOptions().device(at::kCUDA).dtype(at::kBFloat16);
+  struct Case {
+    const char* shape;
+    int64_t rows, d;
+  };
+  for (const auto& c :
+       {Case{"51328x768 (RF-DETR base)", 51328, 768}, Case{"18560x384 (RF-DETR nano)", 18560, 384},
+        Case{"51200x192 (LW-DETR small)", 51200, 192}}) {
+    const auto x = at::randn({c.rows, c.d}, opts), delta = at::randn({c.rows, c.d}, opts);
+    const auto scale = at::rand({c.d}, opts), w = at::rand({c.d}, opts), b = at::rand({c.d}, opts);
+    auto dst = at::empty({2 * c.rows, c.d}, opts);
+    const auto src = at::randn({2 * c.rows, c.d}, opts);
+    const double four = 2 * mb(src);  // x, delta read; sum, norm written
+    rows.push_back({"d2d copy", c.shape, "aten", "bf16", "graph",
+                    time_graph([&] { dst.copy_(src); }, 10, 10), -1, four});
+    rows.push_back(
+        {"add+scale+layer_norm", c.shape, "cuda", "bf16", "graph",
+         time_graph([&] { lk::cuda::add_layer_norm(x, delta, scale, w, b, 1e-6); }, 10, 10), -1,
+         four});
+    rows.push_back(
+        {"add+scale+layer_norm", c.shape, "aten", "bf16", "graph",
+         time_graph([&] { lk::add_layer_norm_portable(x, delta, scale, w, b, 1e-6); }, 10, 10), -1,
+         four});
+    const double two = mb(src);
+    rows.push_back({"layer_norm", c.shape, "cuda", "bf16", "graph",
+                    time_graph([&] { lk::cuda::add_layer_norm(x, {}, {}, w, b, 1e-6); }, 10, 10),
+                    -1, two});
+    rows.push_back({"layer_norm", c.shape, "aten", "bf16", "graph",
+                    time_graph([&] { at::layer_norm(x, {c.d}, w, b, 1e-6); }, 10, 10), -1, two});
+  }
+}
+
 std::string json_escape(const std::string& s) {
   std::string o;
   for (char c : s) o += (c == '"' || c == '\\') ? std::string("\\") + c : std::string(1, c);
@@ -305,7 +346,7 @@ std::string json_escape(const std::string& s) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string json_path, ops = "msda,fake_quant,bias_act,max_pool";
+  std::string json_path, ops = "msda,fake_quant,bias_act,max_pool,layer_norm";
   for (int i = 1; i < argc; ++i) {
     if (std::string(argv[i]) == "--json" && i + 1 < argc) json_path = argv[++i];
     if (std::string(argv[i]) == "--ops" && i + 1 < argc) ops = argv[++i];
@@ -335,6 +376,7 @@ int main(int argc, char** argv) {
     if (wanted("fake_quant")) bench_fake_quant();
     if (wanted("bias_act")) bench_bias_act();
     if (wanted("max_pool")) bench_max_pool();
+    if (wanted("layer_norm")) bench_add_layer_norm();
   } catch (const std::exception& e) {
     std::cerr << "bench_kernels failed: " << e.what() << "\n";
   }

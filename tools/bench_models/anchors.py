@@ -4,7 +4,11 @@ torch.compile on the same checkpoint folders, input sizes and batches as libreyo
 Usage: anchors.py CKPT_DIR [--batch 1,32] [--size 640|HxW] [--iters 20] [--warmup 5]
                   [--modes eager_fp32,eager_bf16_cl,compile_bf16_cl] [--device cuda|cpu]
                   [--compile-backend inductor|eager]
-Modes: eager|compile, then fp32|bf16|fp16, then optionally _cl (channels_last model and input).
+Modes: KIND_DTYPE[_cl]: KIND is eager (transformers as loaded), compile (torch.compile, default
+mode), freeze (torch.compile with torch._inductor.config.freezing = True: weights folded as
+constants, BatchNorm folded into convolutions; what a PyTorch deployer runs) or freezero (freeze
+plus mode="reduce-overhead", i.e. CUDA graphs: the batch-1 anchor); DTYPE fp32|bf16|fp16; _cl
+converts model and input to channels_last.
 The model class follows config.json: AutoModelForImageClassification for vit / swin, else
 AutoModelForObjectDetection (RT-DETR, D-FINE, Deformable DETR).
 Prints one line per (mode, batch): `anchor model=M mode=M batch=B size=S ms=X img_s=Y tf32=off`.
@@ -23,6 +27,7 @@ import transformers as tr
 
 CLASSIFIERS = {"vit", "swin"}
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+KINDS = ("eager", "compile", "freeze", "freezero")
 
 
 def parse_size(text):
@@ -33,9 +38,10 @@ def parse_size(text):
 def parse_mode(mode):
     """'compile_bf16_cl' -> ('compile', torch.bfloat16, True); raises ValueError otherwise."""
     parts = mode.split("_")
-    if len(parts) not in (2, 3) or parts[0] not in ("eager", "compile") or parts[1] not in DTYPES \
+    if len(parts) not in (2, 3) or parts[0] not in KINDS or parts[1] not in DTYPES \
             or (len(parts) == 3 and parts[2] != "cl"):
-        raise ValueError(f"--modes: unknown mode '{mode}' (expected eager|compile _ fp32|bf16|fp16 [_cl])")
+        raise ValueError(f"--modes: unknown mode '{mode}' (expected {'|'.join(KINDS)} _ "
+                         "fp32|bf16|fp16 [_cl])")
     return parts[0], DTYPES[parts[1]], len(parts) == 3
 
 
@@ -90,14 +96,24 @@ def main():
         m = model.to(dtype)
         fmt = torch.channels_last if cl else torch.contiguous_format
         m = m.to(memory_format=fmt)
-        fn = torch.compile(m, backend=a.compile_backend) if kind == "compile" else m
         for b in [int(x) for x in a.batch.split(",")]:
+            # A fresh compile per batch: a second shape would otherwise recompile with dynamic
+            # shapes, which is not what a deployer running one batch size gets.
+            torch._dynamo.reset()
+            torch._inductor.config.freezing = kind in ("freeze", "freezero")
+            if kind == "eager":
+                fn = m
+            else:
+                opts = dict(backend=a.compile_backend)
+                if kind == "freezero":
+                    opts["mode"] = "reduce-overhead"
+                fn = torch.compile(m, **opts)
             x = torch.randn(b, 3, height, width, device=a.device, dtype=dtype)
             x = x.contiguous(memory_format=fmt)
             with torch.inference_mode():
                 t0 = time.time()
                 run = lambda t: fn(pixel_values=t)
-                if kind == "compile":
+                if kind != "eager":
                     run(x)
                     if cuda:
                         torch.cuda.synchronize()

@@ -18,8 +18,10 @@
 // --cuda-graph times models::CudaGraphRunner (the daemon's `cuda_graphs`): one captured forward
 // per batch size, replayed (no host launch cost; includes the input copy and output clone); a
 // model that cannot be captured prints `cuda_graph=failed` and the reason.
-// --fused-attention sets the model's attention path (Model::set_fused_attention; `default` keeps
-// the family's default), so that manual and fused attention are timed on the same checkpoint.
+// --fused-attention sets the model's attention path (Model::set_fused_attention; `default` is the
+// daemon's: on for CUDA float16/bfloat16, the family's default otherwise; printed as
+// `default(on)` when the device rule turned it on), so that manual and fused attention are timed
+// on the same checkpoint.
 // --profile (CUDA) adds, per batch size, the GPU time of one eager forward by op class (conv,
 // gemm, elementwise, ...) from the torch profiler (tools/bench_models/profile.h).
 // --layouts picks the layouts (models/layouts/; not given: LIBREYOLO_LAYOUTS, else default); what
@@ -45,6 +47,7 @@
 #include "kernels/attention/ms_deform_attn.h"
 #include "kernels/kernels.h"
 #include "kernels/policy.h"
+#include "models/layers/attention.h"
 #include "models/model.h"
 #include "models/runtime/cuda_graph_runner.h"
 #include "tools/bench_models/profile.h"
@@ -216,7 +219,12 @@ int main(int argc, char** argv) {
                                               {"modules_replaced", r.modules},
                                               {"params_before", r.params_before},
                                               {"params_after", r.params_after}});
-    if (fused != "default") model->set_fused_attention(fused == "on");
+    // `default` is what the daemon runs with no setting: the device rule
+    // (models::layers::fused_attention_by_default), else the family's default.
+    if (fused == "default" &&
+        libreyolo::models::layers::fused_attention_by_default(options.device, options.dtype))
+      fused = "default(on)";
+    if (fused != "default") model->set_fused_attention(fused != "off");
     const std::string size_text = height == width
                                       ? std::to_string(height)
                                       : std::to_string(height) + "x" + std::to_string(width);

@@ -18,8 +18,10 @@ Usage: make_random_checkpoint.py OUT_DIR [SET[,SET...]] [--tiny]
       default is 4), OUT_DIR/rf_detr_nano (RFDETRNanoConfig: patch 16, 2 windows, features of
       blocks 3/6/9/12, 2 decoder layers, 384x384),
       OUT_DIR/lw_detr_small (AnnaZhang/lwdetr_small_60e_coco, 640x640, with its one projector
-      level: the default's list is empty), OUT_DIR/deimv2_n
-      (Intellindust/DEIMv2_HGNetv2_N_COCO, 640x640); 80 labels; --tiny is ignored for this set
+      level: the default's list is empty), OUT_DIR/deimv2_default (Deimv2Config()'s defaults:
+      HGNetV2 with the hybrid encoder, 29.9 M parameters, 92.6 GFLOPs at 640x640, D-FINE-L
+      sized; NOT the published DEIMv2-N, Intellindust/DEIMv2_HGNetv2_N_COCO, of about 3.6 M);
+      80 labels; --tiny is ignored for this set
   all -> every set above.
 --tiny writes the same folders with small widths and depths (for testing the scripts on a CPU;
 the names are the same, so point the tools at another OUT_DIR).
@@ -176,7 +178,7 @@ def main():
             lw = tr.LwDetrConfig(projector_scale_factors=[1.0], **coco_labels(80))
             save(tr.LwDetrForObjectDetection(lw), out, "lw_detr_small",
                  fixed_processor("DeformableDetrImageProcessor", 640))
-            save(tr.Deimv2ForObjectDetection(tr.Deimv2Config(**coco_labels(80))), out, "deimv2_n",
+            save(tr.Deimv2ForObjectDetection(tr.Deimv2Config(**coco_labels(80))), out, "deimv2_default",
                  fixed_processor("RTDetrImageProcessor", 640, normalize=False))
     return 0
 
