@@ -2,10 +2,12 @@
 // convolution whose BatchNorm was folded into it (a layout, models/layouts/), optionally with the
 // residual add of a ResNet block before the activation.
 //
-// Implementations: the portable path (below, ATen ops one after another), and `cuda`: cuDNN's
+// Implementations: the portable path (below, ATen ops one after another); `cuda`: cuDNN's
 // fused convolution through ATen's cudnn_convolution_relu / cudnn_convolution_add_relu
-// (aten/src/ATen/native/cudnn/ConvShared.cpp), which fuse ReLU only; other activations decline
-// and run portably.
+// (aten/src/ATen/native/cudnn/ConvShared.cpp), which fuse ReLU only, and for other activations
+// cuDNN's convolution plus one epilogue kernel; `cuda_depthwise` (tried first): depthwise
+// convolutions of channels_last maps in one kernel with bias, residual and activation
+// (kernels/conv/cuda/depthwise_conv2d_cuda.h).
 //
 // Shapes and dtypes:
 //   input     (B, C_in, H, W)        float32 / float16 / bfloat16, any memory format

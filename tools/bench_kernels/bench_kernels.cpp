@@ -1,7 +1,8 @@
 // Benchmarks of the `cuda` implementations of ms_deform_attn and fake_quant_fp8 on the shapes of
 // issue 6 (Deformable DETR decoder/encoder at 800x1333, RT-DETR decoder at 640), of the
-// conv2d_bias_act epilogue and max_pool2d on RT-DETR's batch-32 640 maps, and of the portable
-// paths (ATen) and a device-to-device copy of the same bytes in the same run.
+// conv2d_bias_act epilogue and max_pool2d on RT-DETR's batch-32 640 maps, of the depthwise
+// convolutions of D-FINE L's HGNetV2-B4 at batch 32 and 640, and of the portable paths (ATen)
+// and a device-to-device copy of the same bytes in the same run.
 //
 // Method (results: docs/bench/kernels.md): each measured call is captured N times into one CUDA
 // graph, the graph is replayed R times between two CUDA events, time per call = elapsed / (N * R);
@@ -9,7 +10,8 @@
 // figure adds an L2 flush (a 256 MB memset) before every call inside the graph and subtracts the
 // flush's own time measured alone.
 //
-// Usage: bench_kernels [--json FILE] [--ops msda,fake_quant,bias_act,max_pool,layer_norm]
+// Usage: bench_kernels [--json FILE]
+//   [--ops msda,fake_quant,bias_act,max_pool,depthwise,layer_norm]
 // (default: all)
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
@@ -29,6 +31,7 @@
 #include "kernels/attention/ms_deform_attn.h"
 #include "kernels/conv/conv2d_bias_act.h"
 #include "kernels/conv/cuda/bias_act_cuda.h"
+#include "kernels/conv/cuda/depthwise_conv2d_cuda.h"
 #include "kernels/norm/add_layer_norm.h"
 #include "kernels/norm/cuda/add_layer_norm_cuda.h"
 #include "kernels/pool/cuda/max_pool2d_cuda.h"
@@ -335,18 +338,71 @@ void bench_add_layer_norm() {
     rows.push_back({"layer_norm", c.shape, "aten", "bf16", "graph",
                     time_graph([&] { at::layer_norm(x, {c.d}, w, b, 1e-6); }, 10, 10), -1, two});
   }
-}
+  /// The depthwise convolutions of D-FINE L (HGNetV2-B4 backbone, hybrid encoder of 256
+  /// channels) at batch 32 and 640 x 640 input, bf16 channels_last: the stage downsamples (3x3
+  /// stride 2 on the stride-4/8/16 maps of 160/80/40), the light blocks' 5x5 stride 1 (on the
+  /// stride-16/32 maps of 40/20; 18 and 6 of them per forward), the encoder's SCDown (3x3 stride
+  /// 2), and 512 x 40 x 40 5x5 (the kernel's target: >= 2 TB/s). Each against ATen's at::conv2d
+  /// with bias (cuDNN, benchmark mode, as the daemon runs it: its grouped kernel and the NHWC <->
+  /// NCHW transforms around it) and a device-to-device copy of as many bytes. cuda_depthwise runs
+  /// with bias and no activation (the downsample's form; the activation is free in this
+  /// memory-bound kernel). Bytes: the input read and the output written once.
+  void bench_depthwise() {
+    const auto opts = at::TensorOptions().device(at::kCUDA).dtype(at::kBFloat16);
+    struct Shape {
+      const char* name;
+      int64_t C, H, k, stride;
+    };
+    const Shape shapes[] = {
+        {"32x128x160x160 3x3 s2", 128, 160, 3, 2}, {"32x512x80x80 3x3 s2", 512, 80, 3, 2},
+        {"32x1024x40x40 3x3 s2", 1024, 40, 3, 2},  {"32x192x40x40 5x5 s1", 192, 40, 5, 1},
+        {"32x384x20x20 5x5 s1", 384, 20, 5, 1},    {"32x256x80x80 3x3 s2", 256, 80, 3, 2},
+        {"32x256x40x40 3x3 s2", 256, 40, 3, 2},    {"32x512x40x40 5x5 s1", 512, 40, 5, 1},
+    };
+    auto& ctx = at::globalContext();
+    const bool benchmark = ctx.benchmarkCuDNN();
+    ctx.setBenchmarkCuDNN(true);
+    for (const auto& s : shapes) {
+      const auto x =
+          at::randn({32, s.C, s.H, s.H}, opts).contiguous(at::MemoryFormat::ChannelsLast);
+      const auto w = at::randn({s.C, 1, s.k, s.k}, opts).contiguous(at::MemoryFormat::ChannelsLast);
+      const auto b = at::randn({s.C}, opts);
+      lk::ConvGeometry g;
+      g.stride_h = g.stride_w = s.stride;
+      g.pad_h = g.pad_w = s.k / 2;
+      g.groups = s.C;
+      const auto khwc = lk::cuda::depthwise_weight_khwc(w);
+      const auto y =
+          lk::cuda::depthwise_conv2d_nhwc(x, khwc, s.k, s.k, b, {}, g, lk::Activation::none);
+      const double bytes = mb(x) + mb(y);
+      // The copy moves bytes / 2 each way: as many bytes read and written as the convolution.
+      const auto src = at::empty({(x.numel() + y.numel()) / 2}, opts);
+      auto dst = at::empty_like(src);
+      const auto [copy_warm, copy_cold] = time_both([&] { dst.copy_(src); });
+      rows.push_back({"d2d copy", s.name, "aten", "bf16", "graph", copy_warm, copy_cold, bytes});
+      const auto [dw_warm, dw_cold] = time_both([&] {
+        lk::cuda::depthwise_conv2d_nhwc(x, khwc, s.k, s.k, b, {}, g, lk::Activation::none);
+      });
+      rows.push_back(
+          {"depthwise conv", s.name, "cuda_depthwise", "bf16", "graph", dw_warm, dw_cold, bytes});
+      const auto [at_warm, at_cold] = time_both([&] {
+        at::conv2d(x, w, b, {s.stride, s.stride}, {s.k / 2, s.k / 2}, {1, 1}, s.C);
+      });
+      rows.push_back({"depthwise conv", s.name, "aten", "bf16", "graph", at_warm, at_cold, bytes});
+    }
+    ctx.setBenchmarkCuDNN(benchmark);
+  }
 
-std::string json_escape(const std::string& s) {
-  std::string o;
-  for (char c : s) o += (c == '"' || c == '\\') ? std::string("\\") + c : std::string(1, c);
-  return o;
-}
+  std::string json_escape(const std::string& s) {
+    std::string o;
+    for (char c : s) o += (c == '"' || c == '\\') ? std::string("\\") + c : std::string(1, c);
+    return o;
+  }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string json_path, ops = "msda,fake_quant,bias_act,max_pool,layer_norm";
+  std::string json_path, ops = "msda,fake_quant,bias_act,max_pool,depthwise,layer_norm";
   for (int i = 1; i < argc; ++i) {
     if (std::string(argv[i]) == "--json" && i + 1 < argc) json_path = argv[++i];
     if (std::string(argv[i]) == "--ops" && i + 1 < argc) ops = argv[++i];
@@ -377,18 +433,20 @@ int main(int argc, char** argv) {
     if (wanted("bias_act")) bench_bias_act();
     if (wanted("max_pool")) bench_max_pool();
     if (wanted("layer_norm")) bench_add_layer_norm();
+    if (wanted("depthwise")) bench_depthwise();
   } catch (const std::exception& e) {
     std::cerr << "bench_kernels failed: " << e.what() << "\n";
   }
   std::printf(
       "GPU %s (%d SMs), LibTorch %s; warm = inputs in L2, cold = L2 flushed before each call\n",
       prop->name, prop->multiProcessorCount, LIBREYOLO_TORCH_VERSION);
-  std::printf("%-20s %-30s %-9s %-14s %10s %10s %9s %9s\n", "op", "shape", "impl", "dtype",
+  std::printf("%-20s %-30s %-14s %-14s %10s %10s %9s %9s\n", "op", "shape", "impl", "dtype",
               "warm us", "cold us", "MB", "TB/s");
   for (const auto& r : rows) {
     const double t = r.us_cold > 0 ? r.us_cold : r.us;
-    std::printf("%-20s %-30s %-9s %-14s %10.2f %10.2f %9.1f %9.2f\n", r.op.c_str(), r.shape.c_str(),
-                r.impl.c_str(), r.dtype.c_str(), r.us, r.us_cold, r.mbytes, r.mbytes / t);
+    std::printf("%-20s %-30s %-14s %-14s %10.2f %10.2f %9.1f %9.2f\n", r.op.c_str(),
+                r.shape.c_str(), r.impl.c_str(), r.dtype.c_str(), r.us, r.us_cold, r.mbytes,
+                r.mbytes / t);
   }
   if (!json_path.empty()) {
     std::ofstream os(json_path);

@@ -8,8 +8,9 @@ namespace libreyolo::kernels {
 void register_ms_deform_attn_cuda(Registry& registry);   // attention/cuda/ms_deform_attn_cuda.cpp
 void register_fake_quant_fp8_cuda(Registry& registry);   // quant/cuda/fake_quant_fp8_cuda.cpp
 void register_conv2d_bias_act_cuda(Registry& registry);  // conv/cuda/conv2d_bias_act_cuda.cpp
-void register_max_pool2d_cuda(Registry& registry);       // pool/cuda/max_pool2d_cuda.cpp
-void register_add_layer_norm_cuda(Registry& registry);   // norm/cuda/add_layer_norm_cuda.cpp
+void register_conv2d_bias_act_cuda_depthwise(Registry& registry);  // conv/cuda/depthwise_*.cpp
+void register_max_pool2d_cuda(Registry& registry);                 // pool/cuda/max_pool2d_cuda.cpp
+void register_add_layer_norm_cuda(Registry& registry);  // norm/cuda/add_layer_norm_cuda.cpp
 
 /// The provider's capability check: a CUDA device this process can use.
 bool cuda_device_usable() { return at::cuda::is_available(); }
@@ -19,6 +20,9 @@ void register_cuda_kernels(Registry& registry) {
   register_ms_deform_attn_cuda(registry);
   register_fake_quant_fp8_cuda(registry);
   register_conv2d_bias_act_cuda(registry);
+  // After `cuda`: the newest registration is tried first, so depthwise convolutions reach
+  // cuda_depthwise and whatever it declines reaches `cuda`.
+  register_conv2d_bias_act_cuda_depthwise(registry);
   register_max_pool2d_cuda(registry);
   register_add_layer_norm_cuda(registry);
 }

@@ -3,6 +3,7 @@
 // is a multiple of the vector width (else one element per step), a grid-stride loop, float32
 // arithmetic, one kernel per activation.
 #include "kernels/conv/cuda/bias_act_cuda.h"
+#include "kernels/cuda/activate.cuh"
 #include "kernels/cuda/vector_pack.cuh"
 
 #include <ATen/Dispatch.h>
@@ -20,27 +21,6 @@ namespace libreyolo::kernels::cuda {
 namespace {
 
 constexpr int kThreads = 256;
-
-// The activations as ATen computes them in float
-// (aten/src/ATen/native/cuda/ActivationSiluKernel.cu, ActivationGeluCore.cu,
-// UnaryGeometricTanhKernel.cu); relu keeps a NaN like at::relu. `fast`: SiLU's exp through the
-// MUFU unit (__expf: 2 + floor(|1.173 x|) float32 ulps, CUDA C++ Programming Guide), used when the
-// result is rounded to a 16-bit type, whose half ulp (2^-9 or 2^-12 relative) is far larger;
-// float32 keeps expf (the unfused ops' bits).
-template <Activation Act, bool Fast>
-__device__ __forceinline__ float activate(float x) {
-  if constexpr (Act == Activation::relu) {
-    return x <= 0.f ? 0.f : x;
-  } else if constexpr (Act == Activation::silu) {
-    return x / (1.f + (Fast ? __expf(-x) : expf(-x)));
-  } else if constexpr (Act == Activation::gelu) {
-    return x * 0.5f * (1.f + erff(x * 0.70710678118654752440f));
-  } else if constexpr (Act == Activation::tanh) {
-    return tanhf(x);
-  } else {
-    return x;
-  }
-}
 
 // Each thread handles N consecutive elements per step of a grid-stride loop: 16 bytes, or one
 // element where the shape or the pointers do not allow 16. The N elements share one channel
