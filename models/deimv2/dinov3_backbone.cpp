@@ -146,9 +146,19 @@ layers::PendingResidual Dinov3LayerImpl::forward_pending(const layers::PendingRe
   const int64_t B = x.size(0), L = x.size(1), H = attention->num_heads;
   const int64_t hd = attention->head_dim, N = cos.size(0), prefix = L - N;
   auto heads = [&](const at::Tensor& t) { return t.view({B, L, H, hd}).transpose(1, 2); };
-  at::Tensor q = heads(attention->q_proj->forward(h));
-  at::Tensor k = heads(attention->k_proj->forward(h));
-  const at::Tensor v = heads(attention->v_proj->forward(h));
+  at::Tensor q, k, v;
+  if (attention->concat_projections == 3) {
+    // The qkv_concat layout (models/layouts/): one GEMM for the three projections (same input).
+    const auto packed =
+        at::linear(h, attention->in_proj_weight, attention->in_proj_bias).view({B, L, 3, H, hd});
+    q = packed.select(2, 0).transpose(1, 2);
+    k = packed.select(2, 1).transpose(1, 2);
+    v = packed.select(2, 2).transpose(1, 2);
+  } else {
+    q = heads(attention->q_proj->forward(h));
+    k = heads(attention->k_proj->forward(h));
+    v = heads(attention->v_proj->forward(h));
+  }
   // apply_rotary_pos_emb: the patch tokens only (the CLS and register tokens kept).
   auto rotate = [&](const at::Tensor& t) {
     const at::Tensor p = t.narrow(2, prefix, N);

@@ -10,13 +10,13 @@ namespace libreyolo::models::layouts {
 const std::vector<LayoutInfo>& layout_catalog() {
   static const std::vector<LayoutInfo> catalog{
       {"repvgg",
-       {"RTDetrRepVggBlock", "RTDetrV2RepVggBlock", "DFineRepVggBlock"},
+       {"RTDetrRepVggBlock", "RTDetrV2RepVggBlock", "DFineRepVggBlock", "Deimv2RepVggBlock"},
        "RepVGG re-parameterisation: the 3x3 and 1x1 conv-BN branches become one 3x3 convolution "
        "with bias (RT-DETR deploy mode)"},
       {"batchnorm_fold",
        {"RTDetrResNetConvLayer", "RTDetrResNetShortCut", "RTDetrConvNormLayer",
-        "RTDetrV2ConvNormLayer", "DFineConvNormLayer", "HGNetV2ConvLayer", "ResNetConvLayer",
-        "ResNetShortCut", "Sequential"},
+        "RTDetrV2ConvNormLayer", "DFineConvNormLayer", "Deimv2ConvNormLayer", "HGNetV2ConvLayer",
+        "LwDetrConvNormLayer", "ResNetConvLayer", "ResNetShortCut", "Sequential"},
        "BatchNorm / FrozenBatchNorm folded into the preceding convolution; conv2d_bias_act with "
        "the activation (and a ResNet layer's residual add) fused"},
       {"avgpool_fold",
@@ -25,10 +25,12 @@ const std::vector<LayoutInfo>& layout_catalog() {
        "2x2 stride-2 convolution with bias (weights / 4) for inputs with even sides"},
       {"qkv_concat",
        {"ViTAttention", "ViTSelfAttention", "DeiTAttention", "SwinAttention", "SwinSelfAttention",
-        "RTDetrSelfAttention", "RTDetrV2SelfAttention", "DFineSelfAttention",
-        "DeformableDetrSelfAttention"},
+        "RTDetrSelfAttention", "RTDetrV2SelfAttention", "DFineSelfAttention", "Deimv2SelfAttention",
+        "DINOv3ViTAttention", "DeformableDetrSelfAttention", "LwDetrViTAttention",
+        "LwDetrAttention", "RfDetrDinov2SelfAttention", "RfDetrDinov2Attention", "RfDetrAttention"},
        "q/k/v projections concatenated: one GEMM for the projections whose inputs are the same "
-       "tensor (q, k, v in ViT/DeiT/Swin; q, k in the DETR self-attentions)"},
+       "tensor (q, k, v in ViT/DeiT/Swin and the detectors' ViT backbones; q, k in the DETR "
+       "self-attentions)"},
       {"channels_last",
        {"Conv2d"},
        "CUDA only: convolution weights (hence activations) in channels_last memory format"},
@@ -49,10 +51,11 @@ bool on_by_default(const std::string& layout, const std::string& model_type,
   // every family. channels_last (CUDA only, its predicate) is on for the conv families: it
   // removes cuDNN's NCHW<->NHWC transposes, 4.8 of 46 ms of an R50 batch-32 bf16 forward
   // (docs/BENCHMARKS.md "Against torch.compile").
-  static const std::vector<std::string> detectors{"rt_detr", "rt_detr_v2", "d_fine",
+  static const std::vector<std::string> detectors{"rt_detr", "rt_detr_v2", "d_fine", "deimv2",
                                                   "deformable_detr"};
-  static const std::vector<std::string> all{"rt_detr", "rt_detr_v2", "d_fine", "deformable_detr",
-                                            "vit",     "deit",       "swin"};
+  static const std::vector<std::string> all{
+      "rt_detr", "rt_detr_v2", "d_fine", "deimv2", "deformable_detr",
+      "lw_detr", "rf_detr",    "vit",    "deit",   "swin"};
   auto in = [&](const std::vector<std::string>& v) {
     return std::find(v.begin(), v.end(), model_type) != v.end();
   };
@@ -64,8 +67,10 @@ bool on_by_default(const std::string& layout, const std::string& model_type,
   // it removes (1.1 ms): 139.7 -> 128.6 ms without it. docs/BENCHMARKS.md "fifth run". (CPU
   // defaults are unchanged: not measured there.)
   if (fma_convolutions && (layout == "channels_last" || layout == "avgpool_fold")) return false;
-  if (layout == "repvgg" || layout == "batchnorm_fold" || layout == "channels_last")
-    return in(detectors);
+  if (layout == "repvgg" || layout == "channels_last") return in(detectors);
+  // LW-DETR's projector ConvNorms are conv + BatchNorm2d (RF-DETR's normalise with LayerNorm:
+  // no fold). Not channels_last: its ViT backbone is GEMMs, the projector a few convolutions.
+  if (layout == "batchnorm_fold") return in(detectors) || model_type == "lw_detr";
   if (layout == "qkv_concat") return in(all);
   // avgpool_fold (ResNet-vd shortcuts only: its predicate): parity-exact (layouts_parity_test.cpp)
   // and, although the 2x2 stride-2 conv has 4x the 1x1 shortcut's FLOPs, it removes the NHWC
@@ -98,8 +103,13 @@ std::vector<std::string> upstream_classes(const std::string& model_type, ModuleK
   const std::string prefix = model_type == "rt_detr"      ? "RTDetr"
                              : model_type == "rt_detr_v2" ? "RTDetrV2"
                              : model_type == "d_fine"     ? "DFine"
+                             : model_type == "deimv2"     ? "Deimv2"
                                                           : "";
   const bool backbone = has_segment(path, "backbone");
+  // DEIMv2: the HGNetV2 backbone is "model.conv_encoder.model", the DINOv3 ViT
+  // "model.conv_encoder.backbone" (Deimv2ConvEncoder / Deimv2DINOv3ConvEncoder).
+  const bool deimv2_hgnet =
+      model_type == "deimv2" && path.rfind("model.conv_encoder.model.", 0) == 0;
   switch (kind) {
     case ModuleKind::conv_norm:
       // encoder_input_proj / decoder_input_proj: nn.Sequential(nn.Conv2d, nn.BatchNorm2d)
@@ -109,8 +119,11 @@ std::vector<std::string> upstream_classes(const std::string& model_type, ModuleK
         return {"Sequential"};
       if (rtdetr && backbone)
         return {has_segment(path, "shortcut") ? "RTDetrResNetShortCut" : "RTDetrResNetConvLayer"};
-      if (model_type == "d_fine" && backbone) return {"HGNetV2ConvLayer"};
+      if ((model_type == "d_fine" && backbone) || deimv2_hgnet) return {"HGNetV2ConvLayer"};
       if (!prefix.empty()) return {prefix + "ConvNormLayer"};
+      // RF-DETR's RfDetrConvNormLayer normalises with LayerNorm (statistics of each pixel's
+      // channels at run time, not per-channel constants): nothing to fold.
+      if (model_type == "lw_detr") return {"LwDetrConvNormLayer"};
       if (model_type == "deformable_detr")
         return {has_segment(path, "shortcut") ? "ResNetShortCut" : "ResNetConvLayer"};
       return {};
@@ -121,8 +134,15 @@ std::vector<std::string> upstream_classes(const std::string& model_type, ModuleK
       if (model_type == "vit") return {"ViTAttention", "ViTSelfAttention"};
       if (model_type == "deit") return {"DeiTAttention"};  // 5.17: no DeiTSelfAttention
       if (model_type == "swin") return {"SwinAttention", "SwinSelfAttention"};
+      if (model_type == "deimv2" && backbone) return {"DINOv3ViTAttention"};
       if (!prefix.empty()) return {prefix + "SelfAttention"};
       if (model_type == "deformable_detr") return {"DeformableDetrSelfAttention"};
+      // LW-DETR / RF-DETR: the ViT backbone's attention, then the decoder self-attention.
+      if (model_type == "lw_detr") return {backbone ? "LwDetrViTAttention" : "LwDetrAttention"};
+      if (model_type == "rf_detr") {
+        if (backbone) return {"RfDetrDinov2SelfAttention", "RfDetrDinov2Attention"};
+        return {"RfDetrAttention"};
+      }
       return {};
     case ModuleKind::conv2d:
       return {"Conv2d"};

@@ -5,6 +5,7 @@
 #include <set>
 #include <stdexcept>
 #include <utility>
+#include <vector>
 
 #include "models/layers/attention.h"
 #include "models/layers/layers.h"
@@ -126,7 +127,8 @@ void install_folded(layers::ConvNormImpl& m, const FoldedConv& f, layers::Activa
 /// batchnorm_fold on one ConvNorm. False when already folded.
 bool fold(torch::nn::Module& module) {
   auto& m = dynamic_cast<layers::ConvNormImpl&>(module);
-  if (m.folded) return false;
+  // No BatchNorm: RF-DETR's ConvNorms normalise with LayerNorm (lw_detr::ConvNormLayerImpl).
+  if (m.folded || (!m.norm && !m.frozen_norm)) return false;
   install_folded(m, folded_weights(m), m.act);
   return true;
 }
@@ -183,26 +185,33 @@ bool fold_avgpool(torch::nn::Module& module) {
 }
 
 /// qkv_concat on one attention module: [q; k; v] rows in one weight, the three projections'
-/// weights become views into it (no extra memory). False when the projections differ in shape
-/// or in having a bias.
+/// weights become views into it (no extra memory). A projection without a bias next to biased
+/// ones (LwDetrViTAttention's k_proj, DINOv3ViTAttention's with key_bias false) contributes zero
+/// rows to in_proj_bias: adding 0 is exact, and it keeps no bias of its own. False when the
+/// projections differ in shape.
 bool concat_qkv(torch::nn::Module& module) {
   auto& a = dynamic_cast<layers::AttentionImpl&>(module);
   if (a.concat_projections != 0) return false;
   const auto& q = a.q_proj->weight;
   const auto& k = a.k_proj->weight;
   const auto& v = a.v_proj->weight;
-  const bool biased = a.q_proj->bias.defined();
-  if (q.sizes() != k.sizes() || q.sizes() != v.sizes() || a.k_proj->bias.defined() != biased ||
-      a.v_proj->bias.defined() != biased)
-    return false;
+  if (q.sizes() != k.sizes() || q.sizes() != v.sizes()) return false;
+  layers::Linear projections[] = {a.q_proj, a.k_proj, a.v_proj};
+  bool biased = false;
+  for (const auto& p : projections) biased = biased || p->bias.defined();
   const int64_t D = q.size(0);
   at::NoGradGuard no_grad;
   a.in_proj_weight = at::cat({q, k, v}, 0);
-  if (biased) a.in_proj_bias = at::cat({a.q_proj->bias, a.k_proj->bias, a.v_proj->bias}, 0);
-  layers::Linear projections[] = {a.q_proj, a.k_proj, a.v_proj};
+  if (biased) {
+    std::vector<at::Tensor> biases;
+    for (const auto& p : projections)
+      biases.push_back(p->bias.defined() ? p->bias : at::zeros({D}, q.options()));
+    a.in_proj_bias = at::cat(biases, 0);
+  }
   for (int64_t i = 0; i < 3; ++i) {
     projections[i]->weight.set_(a.in_proj_weight.narrow(0, i * D, D));
-    if (biased) projections[i]->bias.set_(a.in_proj_bias.narrow(0, i * D, D));
+    if (projections[i]->bias.defined())
+      projections[i]->bias.set_(a.in_proj_bias.narrow(0, i * D, D));
   }
   a.concat_projections = 3;
   return true;

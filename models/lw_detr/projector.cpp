@@ -13,6 +13,19 @@ std::shared_ptr<T> make(Args&&... args) {
   return std::make_shared<T>(std::forward<Args>(args)...);
 }
 
+layers::ConvNormOptions conv_norm_options(int64_t in, int64_t out, int64_t kernel, int64_t stride,
+                                          double eps, layers::Activation act) {
+  layers::ConvNormOptions o;
+  o.in = in;
+  o.out = out;
+  o.kernel = kernel;
+  o.stride = stride;
+  o.padding = kernel / 2;
+  o.act = act;
+  o.eps = eps;
+  return o;
+}
+
 ConvNormLayer conv_norm(const DetrConfig& c, int64_t in, int64_t out, int64_t kernel,
                         int64_t stride, layers::Activation act) {
   return make<ConvNormLayerImpl>(in, out, kernel, stride, c.conv_norm_eps, c.conv_layer_norm, act);
@@ -22,24 +35,17 @@ ConvNormLayer conv_norm(const DetrConfig& c, int64_t in, int64_t out, int64_t ke
 
 ConvNormLayerImpl::ConvNormLayerImpl(int64_t in, int64_t out, int64_t kernel, int64_t stride,
                                      double eps, bool use_layer_norm, layers::Activation act_)
-    : act(act_) {
-  layers::Conv2dOptions o;
-  o.in = in;
-  o.out = out;
-  o.kernel = kernel;
-  o.stride = stride;
-  o.padding = kernel / 2;
-  conv = register_module("conv", make<layers::Conv2dImpl>(o));
-  if (use_layer_norm)
+    : layers::ConvNormImpl(conv_norm_options(in, out, kernel, stride, eps, act_)) {
+  if (use_layer_norm) {
+    unregister_module("norm");
+    norm = nullptr;
     layer_norm = register_module("norm", make<layers::LayerNormImpl>(out, eps));
-  else
-    batch_norm = register_module("norm", make<layers::BatchNorm2dImpl>(out, eps));
+  }
 }
 
 at::Tensor ConvNormLayerImpl::forward(const at::Tensor& x) const {
-  const auto y = conv->forward(x);
-  return layers::activate(
-      act, layer_norm ? layer_norm_channels_first(*layer_norm, y) : batch_norm->forward(y));
+  if (!layer_norm) return layers::ConvNormImpl::forward(x);
+  return layers::activate(act, layer_norm_channels_first(*layer_norm, conv->forward(x)));
 }
 
 at::Tensor layer_norm_channels_first(const layers::LayerNormImpl& norm, const at::Tensor& x) {

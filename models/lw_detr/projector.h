@@ -24,17 +24,16 @@ namespace libreyolo::models::lw_detr {
 /// LwDetrConvNormLayer / RfDetrConvNormLayer: Conv2d(in, out, k, stride, padding k // 2, no
 /// bias) -> norm -> act. The norm (child "norm") is BatchNorm2d(out, eps) (LW-DETR), or with
 /// `layer_norm` a LayerNorm(out, eps) over the channels (RF-DETR's channels_first
-/// RfDetrLayerNorm: permute to (B, H, W, C), layer_norm, permute back). Child "conv".
-class ConvNormLayerImpl : public torch::nn::Module {
+/// RfDetrLayerNorm: permute to (B, H, W, C), layer_norm, permute back). Child "conv". A
+/// layers::ConvNorm so that the batchnorm_fold layout folds LW-DETR's BatchNorm (the LayerNorm
+/// variant has neither `norm` nor `frozen_norm`: not folded).
+class ConvNormLayerImpl : public layers::ConvNormImpl {
  public:
   ConvNormLayerImpl(int64_t in, int64_t out, int64_t kernel, int64_t stride, double eps,
                     bool layer_norm, layers::Activation act);
   /// (B, in, H, W) -> (B, out, H / stride, W / stride) (odd kernel, padding k // 2).
   at::Tensor forward(const at::Tensor& x) const;
-  layers::Conv2d conv;
-  layers::BatchNorm2d batch_norm;  ///< set unless layer_norm
-  layers::LayerNorm layer_norm;    ///< set when layer_norm
-  layers::Activation act;
+  layers::LayerNorm layer_norm;  ///< set when layer_norm (then ConvNormImpl::norm is null)
 };
 using ConvNormLayer = std::shared_ptr<ConvNormLayerImpl>;
 

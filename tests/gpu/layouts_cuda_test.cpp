@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "models/image/processor.h"
 #include "models/layouts/layouts.h"
 #include "models/model.h"
 #include "models/rtdetr/modules.h"
@@ -29,11 +30,27 @@ TEST_P(LayoutsCuda, OnStaysWithinToleranceOfTransformers) {
   const std::string dir = test::model_fixture(name);
   const auto pre = test::read_json(dir + "/preprocessor_config.json");
   const auto file = models::core::SafetensorsFile::open(dir + "/expected.safetensors");
-  at::Tensor pixels = pre.value("do_normalize", true)
-                          ? test::normalized_pixels(dir)
-                          : file->view("pixel_u8").to(at::kFloat) *
-                                static_cast<float>(pre.at("rescale_factor").get<double>());
-  at::Tensor mask = file->contains("pixel_mask") ? file->view("pixel_mask").clone() : at::Tensor();
+  at::Tensor pixels, mask;
+  if (!file->contains("pixel_u8")) {
+    // The RF-DETR fixtures: our RfDetrImageProcessor on their photographs (bit for bit
+    // transformers': tests/parity/rf_detr_parity_test.cpp).
+    std::vector<at::Tensor> images;
+    const auto meta = test::read_json(dir + "/meta.json");
+    for (const auto& image_name : meta.at("images"))
+      images.push_back(image::decode_image_file(std::string(LIBREYOLO_TEST_FIXTURES) + "/images/" +
+                                                image_name.get<std::string>()));
+    const auto in =
+        image::ImageProcessor(image::ProcessorConfig::from_file(dir + "/preprocessor_config.json"))
+            .preprocess(images);
+    pixels = in.pixel_values;
+    mask = in.pixel_mask;
+  } else {
+    pixels = pre.value("do_normalize", true)
+                 ? test::normalized_pixels(dir)
+                 : file->view("pixel_u8").to(at::kFloat) *
+                       static_cast<float>(pre.at("rescale_factor").get<double>());
+    mask = file->contains("pixel_mask") ? file->view("pixel_mask").clone() : at::Tensor();
+  }
   pixels = pixels.to(at::kCUDA);
   if (mask.defined()) mask = mask.to(at::kCUDA);
   for (auto mode : {kernels::LayoutMode::off, kernels::LayoutMode::on}) {
@@ -49,7 +66,8 @@ TEST_P(LayoutsCuda, OnStaysWithinToleranceOfTransformers) {
       const auto out = model->forward(pixels, mask);
       const char* m = mode == kernels::LayoutMode::on ? "on " : "off";
       const char* path = fused ? "sdpa  " : "manual";
-      if (model->task() == models::Task::object_detection) {
+      if (model->task() == models::Task::object_detection ||
+          model->task() == models::Task::instance_segmentation) {
         const double dl = test::max_abs_diff(out.logits, file->view("logits"));
         const double db = test::max_abs_diff(out.pred_boxes, file->view("pred_boxes"));
         std::cout << std::setprecision(3) << "[layouts cuda] " << std::left << std::setw(32) << name
@@ -151,7 +169,9 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, LayoutsCuda,
                                            "rtdetr_v2_tiny_discrete", "dfine_tiny",
                                            "deformable_detr_tiny", "deformable_detr_tiny_refine",
                                            "deformable_detr_tiny_two_stage", "vit_tiny",
-                                           "deit_tiny", "deit_tiny_distilled", "swin_tiny"),
+                                           "deit_tiny", "deit_tiny_distilled", "swin_tiny",
+                                           "deimv2_tiny", "deimv2_tiny_lite", "deimv2_tiny_dinov3",
+                                           "lw_detr_tiny", "rf_detr_tiny", "rf_detr_seg_tiny"),
                          [](const auto& info) { return info.param; });
 
 }  // namespace

@@ -88,7 +88,7 @@ TEST(ServerLayouts, ServingYamlKernelConfigErrorMakesTheModelUnavailable) {
     EXPECT_STREQ(e.what(),
                  "m/serving.yaml:2:24: kernel_config: RTDetrConvNormLayer: layout repvgg does not "
                  "replace RTDetrConvNormLayer (it replaces RTDetrRepVggBlock, "
-                 "RTDetrV2RepVggBlock, DFineRepVggBlock)");
+                 "RTDetrV2RepVggBlock, DFineRepVggBlock, Deimv2RepVggBlock)");
   }
   const auto s = parse_serving_config("kernel_config:\n  ViTAttention: off\n", "m/serving.yaml");
   ASSERT_EQ(s.kernel_config.size(), 1u);

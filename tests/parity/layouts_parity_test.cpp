@@ -8,6 +8,7 @@
 #include <c10/core/InferenceMode.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <iomanip>
 #include <iostream>
 #include <string>
@@ -16,6 +17,8 @@
 
 #include "models/core/safetensors.h"
 #include "models/image/postprocess.h"
+#include "models/image/processor.h"
+#include "models/layers/attention.h"
 #include "models/layouts/catalog.h"
 #include "models/layouts/layouts.h"
 #include "models/model.h"
@@ -40,7 +43,13 @@ const std::vector<std::string> kFixtures{"rtdetr_tiny",
                                          "vit_tiny",
                                          "deit_tiny",
                                          "deit_tiny_distilled",
-                                         "swin_tiny"};
+                                         "swin_tiny",
+                                         "deimv2_tiny",
+                                         "deimv2_tiny_lite",
+                                         "deimv2_tiny_dinov3",
+                                         "lw_detr_tiny",
+                                         "rf_detr_tiny",
+                                         "rf_detr_seg_tiny"};
 
 LoadOptions with_mode(LayoutMode mode) {
   LoadOptions o;
@@ -50,16 +59,33 @@ LoadOptions with_mode(LayoutMode mode) {
 }
 
 /// The model input as the transformers processor made it (fixtures/README.md), and the mask.
+/// The RF-DETR fixtures store no pixel_u8: our RfDetrImageProcessor on their photographs (bit
+/// for bit transformers': rf_detr_parity_test.cpp).
 std::pair<at::Tensor, at::Tensor> inputs(const std::string& dir) {
   const auto pre = test::read_json(dir + "/preprocessor_config.json");
   const auto file = models::core::SafetensorsFile::open(dir + "/expected.safetensors");
+  if (!file->contains("pixel_u8")) {
+    std::vector<at::Tensor> images;
+    const auto meta = test::read_json(dir + "/meta.json");
+    for (const auto& name : meta.at("images"))
+      images.push_back(image::decode_image_file(std::string(LIBREYOLO_TEST_FIXTURES) + "/images/" +
+                                                name.get<std::string>()));
+    const image::ImageProcessor proc(
+        image::ProcessorConfig::from_file(dir + "/preprocessor_config.json"));
+    auto out = proc.preprocess(images);
+    return {out.pixel_values, out.pixel_mask};
+  }
   at::Tensor mask = file->contains("pixel_mask") ? file->view("pixel_mask").clone() : at::Tensor();
   if (pre.value("do_normalize", true)) return {test::normalized_pixels(dir), mask};
   const float rescale = static_cast<float>(pre.at("rescale_factor").get<double>());
   return {file->view("pixel_u8").to(at::kFloat) * rescale, mask};
 }
 
-bool is_detector(const models::Model& m) { return m.task() == models::Task::object_detection; }
+/// Detectors and instance segmentation (RF-DETR's mask head): logits and boxes.
+bool is_detector(const models::Model& m) {
+  return m.task() == models::Task::object_detection ||
+         m.task() == models::Task::instance_segmentation;
+}
 
 class LayoutsParity : public ::testing::TestWithParam<std::string> {};
 
@@ -110,6 +136,12 @@ TEST_P(LayoutsParity, OnStaysWithinToleranceOffIsByteIdentical) {
       EXPECT_LE(dl, 1e-4) << name << " " << path;
       EXPECT_LE(db, 1e-5) << name << " " << path;
       EXPECT_TRUE(at::equal(out_off.pred_boxes, plain->forward(pixels, mask).pred_boxes)) << name;
+      if (file->contains("pred_masks")) {
+        const double dm = test::max_abs_diff(out_on.pred_masks, file->view("pred_masks"));
+        std::cout << "[layouts] " << std::left << std::setw(32) << name << path << " on: masks "
+                  << dm << "\n";
+        EXPECT_LE(dm, 1e-4) << name << " " << path;  // rf_detr_parity_test.cpp's bound
+      }
 
       // Post-processed detections at threshold 0.3 in the fixture's target sizes: the same
       // labels in the same order as transformers' (and the same count).
@@ -365,6 +397,97 @@ TEST(LayoutsInputProjFold, SequentialConvBatchNormPairsFold) {
     const auto out = model->forward(pixels, mask);
     EXPECT_LE(test::max_abs_diff(out.logits, file->view("logits")), 1e-4) << name;
     EXPECT_LE(test::max_abs_diff(out.pred_boxes, file->view("pred_boxes")), 1e-5) << name;
+  }
+}
+
+// What each layout did to the DEIMv2, LW-DETR and RF-DETR fixtures, the classes counted on
+// transformers 5.17's module tree of each fixture's config.json: deimv2_tiny has 8
+// Deimv2RepVggBlocks (in the RepNCSPELAN5 blocks' CSP layers), 49 Deimv2ConvNormLayers of which
+// the RepVGG blocks' 16 go with repvgg (33 left), 38 HGNetV2ConvLayers, 1 AIFI + 2 decoder
+// Deimv2SelfAttentions; the lite encoder 34 Deimv2ConvNormLayers (18 left) and 3 decoder layers;
+// the DINOv3 variant 53 Deimv2ConvNormLayers (37 left; no HGNetV2) and 3 DINOv3ViTAttentions
+// (key_bias false). lw_detr_tiny: 20 LwDetrConvNormLayers (BatchNorm2d), 4 LwDetrViTAttentions
+// (k_proj without bias) and 2 LwDetrAttentions. RF-DETR's 6 RfDetrConvNormLayers normalise with
+// LayerNorm (not folded); 4 RfDetrDinov2SelfAttentions and 2 RfDetrAttentions, whose projections
+// the fixtures (original RF-DETR checkpoints) store packed: concatenated at load already
+// (rf_detr::bind_packed), so the layout takes the 4 backbone ones. The defaults (CPU:
+// channels_last needs CUDA) are the same set.
+struct ExpectedLayout {
+  std::string layout;
+  int64_t modules;
+  std::vector<std::string> classes;
+};
+
+const std::vector<std::pair<std::string, std::vector<ExpectedLayout>>> kNewFamilyCounts{
+    {"deimv2_tiny",
+     {{"repvgg", 8, {"Deimv2RepVggBlock"}},
+      {"batchnorm_fold", 71, {"Deimv2ConvNormLayer", "HGNetV2ConvLayer"}},
+      {"qkv_concat", 3, {"Deimv2SelfAttention"}}}},
+    {"deimv2_tiny_lite",
+     {{"repvgg", 8, {"Deimv2RepVggBlock"}},
+      {"batchnorm_fold", 56, {"Deimv2ConvNormLayer", "HGNetV2ConvLayer"}},
+      {"qkv_concat", 3, {"Deimv2SelfAttention"}}}},
+    {"deimv2_tiny_dinov3",
+     {{"repvgg", 8, {"Deimv2RepVggBlock"}},
+      {"batchnorm_fold", 37, {"Deimv2ConvNormLayer"}},
+      {"qkv_concat", 6, {"DINOv3ViTAttention", "Deimv2SelfAttention"}}}},
+    {"lw_detr_tiny",
+     {{"batchnorm_fold", 20, {"LwDetrConvNormLayer"}},
+      {"qkv_concat", 6, {"LwDetrAttention", "LwDetrViTAttention"}}}},
+    {"rf_detr_tiny", {{"qkv_concat", 4, {"RfDetrDinov2SelfAttention"}}}},
+    {"rf_detr_seg_tiny", {{"qkv_concat", 4, {"RfDetrDinov2SelfAttention"}}}},
+};
+
+TEST(LayoutsReport, Deimv2LwDetrRfDetrExactCounts) {
+  for (const auto& [name, expected] : kNewFamilyCounts) {
+    SCOPED_TRACE(name);
+    const std::string dir = test::model_fixture(name);
+    const auto on = models::load_model(dir, with_mode(LayoutMode::on));
+    const auto by_default = models::load_model(dir);
+    for (const auto* model : {on.get(), by_default.get()}) {
+      const auto& r = model->layouts();
+      const std::string source =
+          model == on.get() ? "kernels.layouts: on" : "default (" + model->model_type() + ")";
+      ASSERT_EQ(r.size(), expected.size()) << source << "\n" << models::layouts::describe(r);
+      for (size_t i = 0; i < r.size(); ++i) {
+        EXPECT_EQ(r[i].layout, expected[i].layout) << source;
+        EXPECT_EQ(r[i].modules, expected[i].modules) << source << " " << r[i].layout;
+        EXPECT_EQ(r[i].classes, expected[i].classes) << source << " " << r[i].layout;
+        EXPECT_EQ(r[i].source, source);
+        if (r[i].layout == "qkv_concat")
+          EXPECT_EQ(r[i].params_before, r[i].params_after);  // views into one weight
+        else
+          EXPECT_LT(r[i].params_after, r[i].params_before) << r[i].layout;  // norms removed
+      }
+    }
+    // Every attention module is concatenated; a projection without a bias (LwDetrViTAttention's
+    // and DINOv3ViTAttention's k_proj) keeps none and has zero rows in in_proj_bias, the others'
+    // biases are views of it.
+    int64_t attention = 0, unbiased = 0;
+    for (const auto& item : on->root().named_modules("", /*include_self=*/false)) {
+      const auto a = std::dynamic_pointer_cast<models::layers::AttentionImpl>(item.value());
+      if (!a) continue;
+      ++attention;
+      ASSERT_EQ(a->concat_projections, 3) << item.key();
+      const int64_t D = a->q_proj->weight.size(0);
+      const models::layers::Linear projections[] = {a->q_proj, a->k_proj, a->v_proj};
+      for (int64_t i = 0; i < 3; ++i) {
+        EXPECT_TRUE(at::equal(projections[i]->weight, a->in_proj_weight.narrow(0, i * D, D)));
+        if (!a->in_proj_bias.defined()) continue;
+        const auto rows = a->in_proj_bias.narrow(0, i * D, D);
+        if (projections[i]->bias.defined()) {
+          EXPECT_EQ(projections[i]->bias.data_ptr(), rows.data_ptr()) << item.key() << " " << i;
+        } else {
+          ++unbiased;
+          EXPECT_TRUE(at::equal(rows, at::zeros_like(rows))) << item.key() << " " << i;
+        }
+      }
+    }
+    const auto qkv = std::find_if(expected.begin(), expected.end(),
+                                  [](const auto& e) { return e.layout == "qkv_concat"; });
+    ASSERT_NE(qkv, expected.end());
+    EXPECT_EQ(attention, qkv->modules + (name.rfind("rf_detr", 0) == 0 ? 2 : 0));
+    EXPECT_EQ(unbiased, name == "lw_detr_tiny" ? 4 : name == "deimv2_tiny_dinov3" ? 3 : 0);
   }
 }
 

@@ -77,7 +77,7 @@ TEST(KernelConfig, ExactErrors) {
   EXPECT_EQ(error_of("RTDetrConvNormLayer: repvgg\n"),
             "s.yaml:1:22: kernel_config: RTDetrConvNormLayer: layout repvgg does not replace "
             "RTDetrConvNormLayer (it replaces RTDetrRepVggBlock, RTDetrV2RepVggBlock, "
-            "DFineRepVggBlock)");
+            "DFineRepVggBlock, Deimv2RepVggBlock)");
   EXPECT_EQ(error_of("ViTAttention: fused\n"),
             "s.yaml:1:15: kernel_config: ViTAttention: unknown layout 'fused' (expected off, "
             "repvgg, batchnorm_fold, avgpool_fold, qkv_concat, channels_last, or "
@@ -136,6 +136,38 @@ TEST(LayoutCatalog, UpstreamClassesPerFamilyAndPath) {
             std::vector<std::string>{"AvgPool2d"});
   EXPECT_TRUE(upstream_classes("d_fine", K::pooled_shortcut, "x").empty());
   EXPECT_TRUE(upstream_classes("deformable_detr", K::pooled_shortcut, "x").empty());
+  // DEIMv2: HGNetV2 under model.conv_encoder.model, the DINOv3 ViT under .backbone.
+  EXPECT_EQ(upstream_classes("deimv2", K::conv_norm, "model.conv_encoder.model.embedder.stem1"),
+            std::vector<std::string>{"HGNetV2ConvLayer"});
+  EXPECT_EQ(upstream_classes("deimv2", K::conv_norm, "model.conv_encoder.encoder_input_proj.0"),
+            std::vector<std::string>{"Deimv2ConvNormLayer"});
+  EXPECT_EQ(
+      upstream_classes("deimv2", K::conv_norm, "model.conv_encoder.spatial_tuning_adapter.conv2"),
+      std::vector<std::string>{"Deimv2ConvNormLayer"});
+  EXPECT_EQ(upstream_classes("deimv2", K::repvgg_block, "x"),
+            std::vector<std::string>{"Deimv2RepVggBlock"});
+  EXPECT_EQ(upstream_classes("deimv2", K::attention, "model.decoder.layers.0.self_attn"),
+            std::vector<std::string>{"Deimv2SelfAttention"});
+  EXPECT_EQ(
+      upstream_classes("deimv2", K::attention, "model.conv_encoder.backbone.layer.0.attention"),
+      std::vector<std::string>{"DINOv3ViTAttention"});
+  EXPECT_TRUE(upstream_classes("deimv2", K::pooled_shortcut, "x").empty());
+  // LW-DETR / RF-DETR: the ViT backbone's attention and the decoder's; only LW-DETR's projector
+  // ConvNorms have a BatchNorm.
+  EXPECT_EQ(upstream_classes("lw_detr", K::attention,
+                             "model.backbone.backbone.encoder.layer.0.attention.attention"),
+            std::vector<std::string>{"LwDetrViTAttention"});
+  EXPECT_EQ(upstream_classes("lw_detr", K::attention, "model.decoder.layers.0.self_attn"),
+            std::vector<std::string>{"LwDetrAttention"});
+  EXPECT_EQ(upstream_classes("lw_detr", K::conv_norm,
+                             "model.backbone.projector.scale_layers.0.projector_layer.conv1"),
+            std::vector<std::string>{"LwDetrConvNormLayer"});
+  EXPECT_EQ(upstream_classes("rf_detr", K::attention,
+                             "model.backbone.backbone.encoder.layer.0.attention.attention"),
+            (std::vector<std::string>{"RfDetrDinov2SelfAttention", "RfDetrDinov2Attention"}));
+  EXPECT_EQ(upstream_classes("rf_detr", K::attention, "model.decoder.layers.1.self_attn"),
+            std::vector<std::string>{"RfDetrAttention"});
+  EXPECT_TRUE(upstream_classes("rf_detr", K::conv_norm, "model.backbone.projector.conv1").empty());
   EXPECT_TRUE(path_matches("model.encoder.*.0", "model.encoder.fpn_blocks.0"));
   EXPECT_FALSE(path_matches("model.encoder.*", "model.encoder.fpn_blocks.0"));
   EXPECT_FALSE(path_matches("model.encoder.*.1", "model.encoder.fpn_blocks.0"));
@@ -152,6 +184,16 @@ TEST(LayoutCatalog, UpstreamClassesPerFamilyAndPath) {
   EXPECT_TRUE(on_by_default("batchnorm_fold", "rt_detr", true));
   EXPECT_TRUE(on_by_default("repvgg", "d_fine", true));
   EXPECT_TRUE(on_by_default("qkv_concat", "vit", true));
+  // DEIMv2 as D-FINE; LW-DETR qkv_concat and batchnorm_fold, RF-DETR qkv_concat only.
+  for (const char* layout : {"repvgg", "batchnorm_fold", "qkv_concat", "channels_last"})
+    EXPECT_TRUE(on_by_default(layout, "deimv2", false)) << layout;
+  EXPECT_FALSE(on_by_default("channels_last", "deimv2", true));
+  EXPECT_TRUE(on_by_default("qkv_concat", "lw_detr", false));
+  EXPECT_TRUE(on_by_default("batchnorm_fold", "lw_detr", false));
+  EXPECT_FALSE(on_by_default("channels_last", "lw_detr", false));
+  EXPECT_TRUE(on_by_default("qkv_concat", "rf_detr", false));
+  EXPECT_FALSE(on_by_default("batchnorm_fold", "rf_detr", false));
+  EXPECT_FALSE(on_by_default("channels_last", "rf_detr", false));
 }
 
 }  // namespace
