@@ -1,6 +1,6 @@
 """Published configurations, full size: a random-weight checkpoint of each model family at the
 configuration its transformers 5.17 configuration file names (tools/bench_models/
-make_random_checkpoint.py: D-FINE L, RF-DETR base and nano, LW-DETR small, DEIMv2 N), run through
+make_random_checkpoint.py: D-FINE L, RF-DETR base and nano, LW-DETR small, Deimv2Config() defaults), run through
 libreyolo-predict on a photograph and through transformers on the pixel_values libreyolo made;
 logits within 1e-4 and boxes within 1e-5 (CPU, float32) on every query that no near-tie of the
 query selection touches (tied_queries). The tiny fixtures cover the

@@ -16,18 +16,12 @@
 #include "models/layers/attention.h"
 #include "models/layers/bound_kernels.h"
 #include "models/layers/layers.h"
+#include "tests/unit/error_message.h"
 
 namespace libreyolo::kernels {
 namespace {
 
-std::string message_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const c10::Error& e) {
-    return e.what_without_backtrace();
-  }
-  return "";
-}
+using test::message_of;
 
 TEST(AddLayerNorm, PortableIsTheUnfusedOpsBitForBit) {
   at::manual_seed(3);

@@ -13,18 +13,12 @@
 #include "kernels/registry.h"
 #include "models/layers/bound_kernels.h"
 #include "models/layers/max_pool.h"
+#include "tests/unit/error_message.h"
 
 namespace libreyolo::kernels {
 namespace {
 
-std::string message_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const c10::Error& e) {
-    return e.what_without_backtrace();
-  }
-  return "";
-}
+using test::message_of;
 
 TEST(MaxPool2d, OutputSizeIsAtensForEveryGeometry) {
   int checked = 0;

@@ -338,66 +338,67 @@ void bench_add_layer_norm() {
     rows.push_back({"layer_norm", c.shape, "aten", "bf16", "graph",
                     time_graph([&] { at::layer_norm(x, {c.d}, w, b, 1e-6); }, 10, 10), -1, two});
   }
-  /// The depthwise convolutions of D-FINE L (HGNetV2-B4 backbone, hybrid encoder of 256
-  /// channels) at batch 32 and 640 x 640 input, bf16 channels_last: the stage downsamples (3x3
-  /// stride 2 on the stride-4/8/16 maps of 160/80/40), the light blocks' 5x5 stride 1 (on the
-  /// stride-16/32 maps of 40/20; 18 and 6 of them per forward), the encoder's SCDown (3x3 stride
-  /// 2), and 512 x 40 x 40 5x5 (the kernel's target: >= 2 TB/s). Each against ATen's at::conv2d
-  /// with bias (cuDNN, benchmark mode, as the daemon runs it: its grouped kernel and the NHWC <->
-  /// NCHW transforms around it) and a device-to-device copy of as many bytes. cuda_depthwise runs
-  /// with bias and no activation (the downsample's form; the activation is free in this
-  /// memory-bound kernel). Bytes: the input read and the output written once.
-  void bench_depthwise() {
-    const auto opts = at::TensorOptions().device(at::kCUDA).dtype(at::kBFloat16);
-    struct Shape {
-      const char* name;
-      int64_t C, H, k, stride;
-    };
-    const Shape shapes[] = {
-        {"32x128x160x160 3x3 s2", 128, 160, 3, 2}, {"32x512x80x80 3x3 s2", 512, 80, 3, 2},
-        {"32x1024x40x40 3x3 s2", 1024, 40, 3, 2},  {"32x192x40x40 5x5 s1", 192, 40, 5, 1},
-        {"32x384x20x20 5x5 s1", 384, 20, 5, 1},    {"32x256x80x80 3x3 s2", 256, 80, 3, 2},
-        {"32x256x40x40 3x3 s2", 256, 40, 3, 2},    {"32x512x40x40 5x5 s1", 512, 40, 5, 1},
-    };
-    auto& ctx = at::globalContext();
-    const bool benchmark = ctx.benchmarkCuDNN();
-    ctx.setBenchmarkCuDNN(true);
-    for (const auto& s : shapes) {
-      const auto x =
-          at::randn({32, s.C, s.H, s.H}, opts).contiguous(at::MemoryFormat::ChannelsLast);
-      const auto w = at::randn({s.C, 1, s.k, s.k}, opts).contiguous(at::MemoryFormat::ChannelsLast);
-      const auto b = at::randn({s.C}, opts);
-      lk::ConvGeometry g;
-      g.stride_h = g.stride_w = s.stride;
-      g.pad_h = g.pad_w = s.k / 2;
-      g.groups = s.C;
-      const auto khwc = lk::cuda::depthwise_weight_khwc(w);
-      const auto y =
-          lk::cuda::depthwise_conv2d_nhwc(x, khwc, s.k, s.k, b, {}, g, lk::Activation::none);
-      const double bytes = mb(x) + mb(y);
-      // The copy moves bytes / 2 each way: as many bytes read and written as the convolution.
-      const auto src = at::empty({(x.numel() + y.numel()) / 2}, opts);
-      auto dst = at::empty_like(src);
-      const auto [copy_warm, copy_cold] = time_both([&] { dst.copy_(src); });
-      rows.push_back({"d2d copy", s.name, "aten", "bf16", "graph", copy_warm, copy_cold, bytes});
-      const auto [dw_warm, dw_cold] = time_both([&] {
-        lk::cuda::depthwise_conv2d_nhwc(x, khwc, s.k, s.k, b, {}, g, lk::Activation::none);
-      });
-      rows.push_back(
-          {"depthwise conv", s.name, "cuda_depthwise", "bf16", "graph", dw_warm, dw_cold, bytes});
-      const auto [at_warm, at_cold] = time_both([&] {
-        at::conv2d(x, w, b, {s.stride, s.stride}, {s.k / 2, s.k / 2}, {1, 1}, s.C);
-      });
-      rows.push_back({"depthwise conv", s.name, "aten", "bf16", "graph", at_warm, at_cold, bytes});
-    }
-    ctx.setBenchmarkCuDNN(benchmark);
-  }
+}
 
-  std::string json_escape(const std::string& s) {
-    std::string o;
-    for (char c : s) o += (c == '"' || c == '\\') ? std::string("\\") + c : std::string(1, c);
-    return o;
+/// The depthwise convolutions of D-FINE L (HGNetV2-B4 backbone, hybrid encoder of 256
+/// channels) at batch 32 and 640 x 640 input, bf16 channels_last: the stage downsamples (3x3
+/// stride 2 on the stride-4/8/16 maps of 160/80/40), the light blocks' 5x5 stride 1 (on the
+/// stride-16/32 maps of 40/20; 18 and 6 of them per forward), the encoder's SCDown (3x3 stride
+/// 2), and 512 x 40 x 40 5x5 (the kernel's target: >= 2 TB/s). Each against ATen's at::conv2d
+/// with bias (cuDNN, benchmark mode, as the daemon runs it: its grouped kernel and the NHWC <->
+/// NCHW transforms around it) and a device-to-device copy of as many bytes. cuda_depthwise runs
+/// with bias and no activation (the downsample's form; the activation is free in this
+/// memory-bound kernel). Bytes: the input read and the output written once.
+void bench_depthwise() {
+  const auto opts = at::TensorOptions().device(at::kCUDA).dtype(at::kBFloat16);
+  struct Shape {
+    const char* name;
+    int64_t C, H, k, stride;
+  };
+  const Shape shapes[] = {
+      {"32x128x160x160 3x3 s2", 128, 160, 3, 2}, {"32x512x80x80 3x3 s2", 512, 80, 3, 2},
+      {"32x1024x40x40 3x3 s2", 1024, 40, 3, 2},  {"32x192x40x40 5x5 s1", 192, 40, 5, 1},
+      {"32x384x20x20 5x5 s1", 384, 20, 5, 1},    {"32x256x80x80 3x3 s2", 256, 80, 3, 2},
+      {"32x256x40x40 3x3 s2", 256, 40, 3, 2},    {"32x512x40x40 5x5 s1", 512, 40, 5, 1},
+  };
+  auto& ctx = at::globalContext();
+  const bool benchmark = ctx.benchmarkCuDNN();
+  ctx.setBenchmarkCuDNN(true);
+  for (const auto& s : shapes) {
+    const auto x = at::randn({32, s.C, s.H, s.H}, opts).contiguous(at::MemoryFormat::ChannelsLast);
+    const auto w = at::randn({s.C, 1, s.k, s.k}, opts).contiguous(at::MemoryFormat::ChannelsLast);
+    const auto b = at::randn({s.C}, opts);
+    lk::ConvGeometry g;
+    g.stride_h = g.stride_w = s.stride;
+    g.pad_h = g.pad_w = s.k / 2;
+    g.groups = s.C;
+    const auto khwc = lk::cuda::depthwise_weight_khwc(w);
+    const auto y =
+        lk::cuda::depthwise_conv2d_nhwc(x, khwc, s.k, s.k, b, {}, g, lk::Activation::none);
+    const double bytes = mb(x) + mb(y);
+    // The copy moves bytes / 2 each way: as many bytes read and written as the convolution.
+    const auto src = at::empty({(x.numel() + y.numel()) / 2}, opts);
+    auto dst = at::empty_like(src);
+    const auto [copy_warm, copy_cold] = time_both([&] { dst.copy_(src); });
+    rows.push_back({"d2d copy", s.name, "aten", "bf16", "graph", copy_warm, copy_cold, bytes});
+    const auto [dw_warm, dw_cold] = time_both([&] {
+      lk::cuda::depthwise_conv2d_nhwc(x, khwc, s.k, s.k, b, {}, g, lk::Activation::none);
+    });
+    rows.push_back(
+        {"depthwise conv", s.name, "cuda_depthwise", "bf16", "graph", dw_warm, dw_cold, bytes});
+    const auto [at_warm, at_cold] = time_both([&] {
+      at::conv2d(x, w, b, {s.stride, s.stride}, {s.k / 2, s.k / 2}, {1, 1}, s.C);
+    });
+    rows.push_back({"depthwise conv", s.name, "aten", "bf16", "graph", at_warm, at_cold, bytes});
   }
+  ctx.setBenchmarkCuDNN(benchmark);
+}
+
+std::string json_escape(const std::string& s) {
+  std::string o;
+  for (char c : s) o += (c == '"' || c == '\\') ? std::string("\\") + c : std::string(1, c);
+  return o;
+}
 
 }  // namespace
 

@@ -16,10 +16,13 @@
 
 #include "kernels/conv/conv2d_bias_act.h"
 #include "kernels/conv/cuda/bias_act_cuda.h"
+#include "kernels/cuda/verified_once.h"
 #include "kernels/registry.h"
 
 namespace libreyolo::kernels {
 namespace {
+
+using cuda::Verified;
 
 /// The epilogue kernel against ATen's ops once per dtype, on the device of its first call and
 /// before it serves a convolution: channels_last and NCHW, the 16-byte and the one-element
@@ -27,59 +30,46 @@ namespace {
 /// several grid-stride steps. A mismatch keeps the path declined for the process (the fallback
 /// shows in the binding's declined reasons). Not inside a CUDA graph capture (the comparison
 /// synchronises): the daemon's capture follows an eager warm-up, which runs the check.
-enum class Verified { unknown, yes, no };
-
 Verified verify_epilogue(at::ScalarType dtype, const at::Device& device) {
-  // Read on every convolution: an atomic per dtype, the mutex only for the one check.
-  static std::atomic<int> state[3] = {};  // float32, float16, bfloat16: a Verified each
-  static std::mutex mu;
-  std::atomic<int>& v = state[dtype == at::kFloat ? 0 : dtype == at::kHalf ? 1 : 2];
-  if (const auto known = static_cast<Verified>(v.load(std::memory_order_acquire));
-      known != Verified::unknown)
-    return known;
-  std::lock_guard<std::mutex> lock(mu);
-  if (const auto known = static_cast<Verified>(v.load()); known != Verified::unknown) return known;
-  // The caller computes on this device: its context exists.
-  if (c10::cuda::currentStreamCaptureStatusMayInitCtx() != c10::cuda::CaptureStatus::None)
-    return Verified::unknown;
-  const at::NoGradGuard no_grad;
-  const auto opts = at::TensorOptions().device(device).dtype(dtype);
-  const double tol = dtype == at::kFloat ? 1e-5 : 0.05;  // a bfloat16 ulp at |x| = 6
-  // y0 in [-6, 6], bias in [-1, 1], residual = y0 reversed along the batch; act(sum) from ATen's
-  // ops in float32 against the kernel.
-  auto agrees = [&](int64_t B, int64_t C, int64_t H, int64_t W, at::MemoryFormat format,
-                    Activation act) {
-    const auto y0 =
-        at::linspace(-6.0, 6.0, B * C * H * W, opts).view({B, C, H, W}).contiguous(format);
-    const auto bias = at::linspace(-1.0, 1.0, C, opts);
-    const auto residual = y0.flip(0).contiguous(format);
-    auto y = y0.clone();
-    cuda::bias_act_(y, bias, residual, act);
-    const auto ref =
-        apply_activation(act, y0.to(at::kFloat) + bias.to(at::kFloat).view({1, C, 1, 1}) +
-                                  residual.to(at::kFloat))
-            .to(dtype);
-    return (y.to(at::kFloat) - ref.to(at::kFloat)).abs().max().item<double>() <= tol;
-  };
-  bool ok = true;
-  // Every activation's kernel, both layouts, the 16-byte (C = 24) and the one-element (C = 20)
-  // paths.
-  for (auto act :
-       {Activation::none, Activation::relu, Activation::silu, Activation::gelu, Activation::tanh})
-    for (int64_t C : {24, 20})
-      for (auto format : {at::MemoryFormat::ChannelsLast, at::MemoryFormat::Contiguous})
-        ok = ok && agrees(2, C, 8, 8, format, act);
-  // Maps of about two and a half grid sweeps (sms * 8 blocks * 256 threads * 16 bytes): every
-  // thread steps more than once, so the channel carried across steps is checked.
-  const int64_t sweep =
-      int64_t{at::cuda::getDeviceProperties(device.index())->multiProcessorCount} * 8 * 256 *
-      (16 / static_cast<int64_t>(c10::elementSize(dtype)));
-  const int64_t B = 5 * sweep / (2 * 72 * 8 * 8) + 1;
-  for (auto format : {at::MemoryFormat::ChannelsLast, at::MemoryFormat::Contiguous})
-    ok = ok && agrees(B, 72, 8, 8, format, Activation::silu);
-  const Verified result = ok ? Verified::yes : Verified::no;
-  v.store(static_cast<int>(result), std::memory_order_release);
-  return result;
+  static cuda::VerifiedOnce once;
+  return once.get(dtype, [&] {
+    const at::NoGradGuard no_grad;
+    const auto opts = at::TensorOptions().device(device).dtype(dtype);
+    const double tol = dtype == at::kFloat ? 1e-5 : 0.05;  // a bfloat16 ulp at |x| = 6
+    // y0 in [-6, 6], bias in [-1, 1], residual = y0 reversed along the batch; act(sum) from ATen's
+    // ops in float32 against the kernel.
+    auto agrees = [&](int64_t B, int64_t C, int64_t H, int64_t W, at::MemoryFormat format,
+                      Activation act) {
+      const auto y0 =
+          at::linspace(-6.0, 6.0, B * C * H * W, opts).view({B, C, H, W}).contiguous(format);
+      const auto bias = at::linspace(-1.0, 1.0, C, opts);
+      const auto residual = y0.flip(0).contiguous(format);
+      auto y = y0.clone();
+      cuda::bias_act_(y, bias, residual, act);
+      const auto ref =
+          apply_activation(act, y0.to(at::kFloat) + bias.to(at::kFloat).view({1, C, 1, 1}) +
+                                    residual.to(at::kFloat))
+              .to(dtype);
+      return (y.to(at::kFloat) - ref.to(at::kFloat)).abs().max().item<double>() <= tol;
+    };
+    bool ok = true;
+    // Every activation's kernel, both layouts, the 16-byte (C = 24) and the one-element (C = 20)
+    // paths.
+    for (auto act :
+         {Activation::none, Activation::relu, Activation::silu, Activation::gelu, Activation::tanh})
+      for (int64_t C : {24, 20})
+        for (auto format : {at::MemoryFormat::ChannelsLast, at::MemoryFormat::Contiguous})
+          ok = ok && agrees(2, C, 8, 8, format, act);
+    // Maps of about two and a half grid sweeps (sms * 8 blocks * 256 threads * 16 bytes): every
+    // thread steps more than once, so the channel carried across steps is checked.
+    const int64_t sweep =
+        int64_t{at::cuda::getDeviceProperties(device.index())->multiProcessorCount} * 8 * 256 *
+        (16 / static_cast<int64_t>(c10::elementSize(dtype)));
+    const int64_t B = 5 * sweep / (2 * 72 * 8 * 8) + 1;
+    for (auto format : {at::MemoryFormat::ChannelsLast, at::MemoryFormat::Contiguous})
+      ok = ok && agrees(B, 72, 8, 8, format, Activation::silu);
+    return ok;
+  });
 }
 
 Outcome<at::Tensor> conv2d_bias_act_cuda(const at::Tensor& input, const at::Tensor& weight,

@@ -17,10 +17,13 @@
 
 #include "kernels/conv/conv2d_bias_act.h"
 #include "kernels/conv/cuda/depthwise_conv2d_cuda.h"
+#include "kernels/cuda/verified_once.h"
 #include "kernels/registry.h"
 
 namespace libreyolo::kernels {
 namespace {
+
+using cuda::Verified;
 
 bool capturing() {
   return c10::cuda::currentStreamCaptureStatusMayInitCtx() != c10::cuda::CaptureStatus::None;
@@ -94,74 +97,64 @@ WeightCache& weight_cache() {
 /// terms' magnitudes (float32 accumulation). A mismatch keeps the implementation declined for
 /// the process (its decline reason says so). Not inside a CUDA graph capture (the comparison
 /// synchronises): the daemon's capture follows an eager warm-up, which runs the check.
-enum class Verified { unknown, yes, no };
-
 Verified verify_kernel(at::ScalarType dtype, const at::Device& device) {
-  static std::atomic<int> state[3] = {};  // float32, float16, bfloat16: a Verified each
-  static std::mutex mu;
-  std::atomic<int>& v = state[dtype == at::kFloat ? 0 : dtype == at::kHalf ? 1 : 2];
-  if (const auto known = static_cast<Verified>(v.load(std::memory_order_acquire));
-      known != Verified::unknown)
-    return known;
-  std::lock_guard<std::mutex> lock(mu);
-  if (const auto known = static_cast<Verified>(v.load()); known != Verified::unknown) return known;
-  if (capturing()) return Verified::unknown;
-  const at::NoGradGuard no_grad;
-  const auto opts = at::TensorOptions().device(device).dtype(dtype);
-  const double rel = dtype == at::kFloat ? 1e-5 : dtype == at::kHalf ? 1.0 / 1024 : 1.0 / 128;
-  struct Case {
-    int64_t C, kh, kw, stride_h, stride_w, pad, dilation;
-    Activation act;
-  };
-  const Case cases[] = {
-      {24, 3, 3, 1, 1, 1, 1, Activation::none}, {24, 3, 3, 2, 2, 1, 1, Activation::relu},
-      {16, 5, 5, 1, 1, 2, 1, Activation::silu}, {16, 5, 5, 2, 2, 2, 1, Activation::gelu},
-      {8, 7, 7, 1, 1, 3, 1, Activation::tanh},  {8, 7, 7, 2, 2, 3, 1, Activation::silu},
-      {20, 5, 5, 1, 1, 2, 1, Activation::silu}, {13, 3, 3, 2, 2, 1, 1, Activation::relu},
-      {24, 2, 2, 2, 2, 0, 1, Activation::none}, {24, 3, 3, 1, 1, 2, 2, Activation::gelu},
-      {12, 1, 1, 1, 1, 0, 1, Activation::tanh}, {24, 3, 3, 2, 1, 1, 1, Activation::silu},
-  };
-  bool ok = true;
-  int index = 0;
-  for (const auto& c : cases) {
-    const bool with_residual = index++ % 2 == 0;
-    ConvGeometry g;
-    g.stride_h = c.stride_h, g.stride_w = c.stride_w;
-    g.pad_h = g.pad_w = c.pad;
-    g.dilation_h = g.dilation_w = c.dilation;
-    g.groups = c.C;
-    const int64_t B = 2, H = 11, W = 13;
-    const auto x = at::linspace(-3.0, 3.0, B * c.C * H * W, opts)
-                       .view({B, H, W, c.C})
-                       .flip(2)
-                       .permute({0, 3, 1, 2})
-                       .contiguous(at::MemoryFormat::ChannelsLast);
-    const auto w = at::linspace(-1.0, 1.0, c.C * c.kh * c.kw, opts)
-                       .view({c.kh * c.kw, c.C})
-                       .t()
-                       .reshape({c.C, 1, c.kh, c.kw});
-    const auto bias = at::linspace(-0.5, 0.5, c.C, opts);
-    const int64_t oh = cuda::conv_output_size(H, c.kh, c.pad, c.stride_h, c.dilation);
-    const int64_t ow = cuda::conv_output_size(W, c.kw, c.pad, c.stride_w, c.dilation);
-    const auto residual = with_residual ? at::linspace(2.0, -2.0, B * c.C * oh * ow, opts)
-                                              .view({B, c.C, oh, ow})
-                                              .contiguous(at::MemoryFormat::ChannelsLast)
-                                        : at::Tensor();
-    const auto y = cuda::depthwise_conv2d_nhwc(x, cuda::depthwise_weight_khwc(w), c.kh, c.kw, bias,
-                                               residual, g, c.act);
-    auto d = [](const at::Tensor& t) { return t.defined() ? t.to(at::kDouble) : t; };
-    const auto ref = conv2d_bias_act_portable(d(x), d(w), d(bias), d(residual), g, c.act);
-    const auto terms = conv2d_bias_act_portable(d(x).abs(), d(w).abs(), d(bias).abs(),
-                                                with_residual ? d(residual).abs() : at::Tensor(), g,
-                                                Activation::none);
-    // float16's subnormal spacing as the floor of one ulp.
-    const auto bound = ref.abs() * rel + terms * 1e-5 + (dtype == at::kHalf ? 0x1p-24 : 0.0);
-    ok = ok && y.sizes() == ref.sizes() &&
-         (y.to(at::kDouble) - ref).abs().le(bound).all().item<bool>();
-  }
-  const Verified result = ok ? Verified::yes : Verified::no;
-  v.store(static_cast<int>(result), std::memory_order_release);
-  return result;
+  static cuda::VerifiedOnce once;
+  return once.get(dtype, [&] {
+    const at::NoGradGuard no_grad;
+    const auto opts = at::TensorOptions().device(device).dtype(dtype);
+    const double rel = dtype == at::kFloat ? 1e-5 : dtype == at::kHalf ? 1.0 / 1024 : 1.0 / 128;
+    struct Case {
+      int64_t C, kh, kw, stride_h, stride_w, pad, dilation;
+      Activation act;
+    };
+    const Case cases[] = {
+        {24, 3, 3, 1, 1, 1, 1, Activation::none}, {24, 3, 3, 2, 2, 1, 1, Activation::relu},
+        {16, 5, 5, 1, 1, 2, 1, Activation::silu}, {16, 5, 5, 2, 2, 2, 1, Activation::gelu},
+        {8, 7, 7, 1, 1, 3, 1, Activation::tanh},  {8, 7, 7, 2, 2, 3, 1, Activation::silu},
+        {20, 5, 5, 1, 1, 2, 1, Activation::silu}, {13, 3, 3, 2, 2, 1, 1, Activation::relu},
+        {24, 2, 2, 2, 2, 0, 1, Activation::none}, {24, 3, 3, 1, 1, 2, 2, Activation::gelu},
+        {12, 1, 1, 1, 1, 0, 1, Activation::tanh}, {24, 3, 3, 2, 1, 1, 1, Activation::silu},
+    };
+    bool ok = true;
+    int index = 0;
+    for (const auto& c : cases) {
+      const bool with_residual = index++ % 2 == 0;
+      ConvGeometry g;
+      g.stride_h = c.stride_h, g.stride_w = c.stride_w;
+      g.pad_h = g.pad_w = c.pad;
+      g.dilation_h = g.dilation_w = c.dilation;
+      g.groups = c.C;
+      const int64_t B = 2, H = 11, W = 13;
+      const auto x = at::linspace(-3.0, 3.0, B * c.C * H * W, opts)
+                         .view({B, H, W, c.C})
+                         .flip(2)
+                         .permute({0, 3, 1, 2})
+                         .contiguous(at::MemoryFormat::ChannelsLast);
+      const auto w = at::linspace(-1.0, 1.0, c.C * c.kh * c.kw, opts)
+                         .view({c.kh * c.kw, c.C})
+                         .t()
+                         .reshape({c.C, 1, c.kh, c.kw});
+      const auto bias = at::linspace(-0.5, 0.5, c.C, opts);
+      const int64_t oh = cuda::conv_output_size(H, c.kh, c.pad, c.stride_h, c.dilation);
+      const int64_t ow = cuda::conv_output_size(W, c.kw, c.pad, c.stride_w, c.dilation);
+      const auto residual = with_residual ? at::linspace(2.0, -2.0, B * c.C * oh * ow, opts)
+                                                .view({B, c.C, oh, ow})
+                                                .contiguous(at::MemoryFormat::ChannelsLast)
+                                          : at::Tensor();
+      const auto y = cuda::depthwise_conv2d_nhwc(x, cuda::depthwise_weight_khwc(w), c.kh, c.kw,
+                                                 bias, residual, g, c.act);
+      auto d = [](const at::Tensor& t) { return t.defined() ? t.to(at::kDouble) : t; };
+      const auto ref = conv2d_bias_act_portable(d(x), d(w), d(bias), d(residual), g, c.act);
+      const auto terms = conv2d_bias_act_portable(d(x).abs(), d(w).abs(), d(bias).abs(),
+                                                  with_residual ? d(residual).abs() : at::Tensor(),
+                                                  g, Activation::none);
+      // float16's subnormal spacing as the floor of one ulp.
+      const auto bound = ref.abs() * rel + terms * 1e-5 + (dtype == at::kHalf ? 0x1p-24 : 0.0);
+      ok = ok && y.sizes() == ref.sizes() &&
+           (y.to(at::kDouble) - ref).abs().le(bound).all().item<bool>();
+    }
+    return ok;
+  });
 }
 
 Outcome<at::Tensor> conv2d_bias_act_cuda_depthwise(const at::Tensor& input,

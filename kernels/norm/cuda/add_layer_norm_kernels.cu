@@ -63,9 +63,11 @@ __global__ void __launch_bounds__(kWarps* kLanes)
 #pragma unroll
           for (int k = 0; k < N; ++k) {
             float t = static_cast<float>(dv.v[k]);
+            // __fmul_rn / __fadd_rn: no FMA contraction (in float32 the rounding to T is a no-op,
+            // and a fused multiply-add would round once where ATen's mul and add round twice).
             if (scale != nullptr)
-              t = static_cast<float>(static_cast<T>(t * static_cast<float>(sv.v[k])));
-            out.v[k] = static_cast<T>(static_cast<float>(xv.v[k]) + t);
+              t = static_cast<float>(static_cast<T>(__fmul_rn(t, static_cast<float>(sv.v[k]))));
+            out.v[k] = static_cast<T>(__fadd_rn(static_cast<float>(xv.v[k]), t));
             y[i][k] = static_cast<float>(out.v[k]);
             total += y[i][k];
           }
