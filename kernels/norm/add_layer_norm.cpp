@@ -4,11 +4,15 @@
 
 namespace libreyolo::kernels {
 
+at::Tensor add_scaled(const at::Tensor& x, const at::Tensor& delta, const at::Tensor& scale) {
+  if (!delta.defined()) return x;
+  return x + (scale.defined() ? delta * scale : delta);
+}
+
 SumAndNorm add_layer_norm_portable(const at::Tensor& x, const at::Tensor& delta,
                                    const at::Tensor& scale, const at::Tensor& weight,
                                    const at::Tensor& bias, double eps) {
-  at::Tensor sum = x;
-  if (delta.defined()) sum = x + (scale.defined() ? delta * scale : delta);
+  at::Tensor sum = add_scaled(x, delta, scale);
   auto norm = at::layer_norm(sum, {x.size(-1)}, weight, bias, eps);
   return {std::move(sum), std::move(norm)};
 }

@@ -4,8 +4,9 @@
 //                                    unfused `delta * scale` then `x + ...` round)
 //   norm = layer_norm(sum, weight, bias, eps) over the last dimension (nn.LayerNorm)
 // delta and scale are optional: without delta, sum is x and the slot is a plain LayerNorm.
-// The ViT backbones (RF-DETR's DINOv2, LW-DETR's ViT) call it for every layer-scaled residual
-// add followed by a LayerNorm, and every layers::LayerNorm calls it for its plain LayerNorm.
+// The ViT backbones (RF-DETR's DINOv2, LW-DETR's ViT, DEIMv2's DINOv3) call it for every
+// layer-scaled residual add followed by a LayerNorm, and every layers::LayerNorm calls it for its
+// plain LayerNorm.
 //
 // Implementations: the portable path (below: ATen's mul, add, layer_norm, one after another),
 // and `cuda` (kernels/norm/cuda/add_layer_norm_cuda.h): one warp per row, the row held in
@@ -46,8 +47,12 @@ SumAndNorm add_layer_norm(const AddLayerNormHandle& handle, const at::Tensor& x,
                           const at::Tensor& delta, const at::Tensor& scale,
                           const at::Tensor& weight, const at::Tensor& bias, double eps);
 
-/// sum = delta.defined() ? x + (scale.defined() ? delta * scale : delta) : x, then
-/// at::layer_norm(sum, {D}, weight, bias, eps): the unfused modules' ops, bit for bit.
+/// x + delta * scale with ATen's ops (the product, then the sum, each rounded to the dtype: the
+/// unfused modules' order); x + delta without scale; x itself without delta.
+at::Tensor add_scaled(const at::Tensor& x, const at::Tensor& delta, const at::Tensor& scale);
+
+/// sum = add_scaled(x, delta, scale), then at::layer_norm(sum, {D}, weight, bias, eps): the
+/// unfused modules' ops, bit for bit.
 SumAndNorm add_layer_norm_portable(const at::Tensor& x, const at::Tensor& delta,
                                    const at::Tensor& scale, const at::Tensor& weight,
                                    const at::Tensor& bias, double eps);

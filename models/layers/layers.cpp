@@ -32,10 +32,7 @@ at::Tensor LayerNormImpl::forward(const at::Tensor& x) const {
   return kernels::add_layer_norm(kernel, x, at::Tensor(), at::Tensor(), weight, bias, eps).second;
 }
 
-at::Tensor PendingResidual::sum() const {
-  if (!delta.defined()) return residual;
-  return residual + (scale.defined() ? delta * scale : delta);
-}
+at::Tensor PendingResidual::sum() const { return kernels::add_scaled(residual, delta, scale); }
 
 kernels::SumAndNorm LayerNormImpl::forward_add(const at::Tensor& x, const at::Tensor& delta,
                                                const at::Tensor& scale) const {

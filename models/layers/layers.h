@@ -71,9 +71,28 @@ using LayerNorm = std::shared_ptr<LayerNormImpl>;
 /// (a plain tensor; scale: no layer scale).
 struct PendingResidual {
   at::Tensor residual, delta, scale;
-  /// residual + delta * scale, rounded as the unfused ops round it (residual when no delta).
+  /// residual + delta * scale, rounded as the unfused ops round it (residual when no delta):
+  /// kernels::add_scaled.
   at::Tensor sum() const;
 };
+
+/// Runs pre-norm blocks whose forward_pending(PendingResidual) returns {its input summed, its
+/// output left pending} on `x`, each block's output summed inside the next block's first
+/// LayerNorm. Returns transformers' hidden_states: stages[0] = x, stages[i] = the output of
+/// block i - 1 (blocks.size() + 1 tensors, x's shape and dtype).
+template <class Block>
+std::vector<at::Tensor> run_pending_blocks(const std::vector<std::shared_ptr<Block>>& blocks,
+                                           const at::Tensor& x) {
+  std::vector<at::Tensor> stages{x};
+  PendingResidual pending{x};
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    auto [input, out] = blocks[i]->forward_pending(pending);
+    if (i > 0) stages.push_back(std::move(input));
+    pending = std::move(out);
+  }
+  stages.push_back(pending.sum());
+  return stages;
+}
 
 /// nn.GroupNorm: weight, bias (channels).
 class GroupNormImpl : public torch::nn::Module {

@@ -113,16 +113,7 @@ std::vector<at::Tensor> ViTBackboneImpl::forward(const at::Tensor& pixel_values)
   auto to_map = [&](const at::Tensor& t) {
     return t.reshape({B, side, side, wh, ww, C}).permute({0, 5, 1, 3, 2, 4}).reshape({B, C, h, w});
   };
-  // stages[i]: the input of block i, i.e. the output of block i - 1; the blocks leave their
-  // outputs pending for the next one's first LayerNorm (forward_pending).
-  std::vector<at::Tensor> stages{x};
-  layers::PendingResidual pending{x};
-  for (size_t i = 0; i < blocks.size(); ++i) {
-    auto [input, out] = blocks[i]->forward_pending(pending);
-    if (i > 0) stages.push_back(std::move(input));
-    pending = std::move(out);
-  }
-  stages.push_back(pending.sum());
+  const std::vector<at::Tensor> stages = layers::run_pending_blocks(blocks, x);
   std::vector<at::Tensor> out;
   for (const auto i : config.out_indices) out.push_back(to_map(stages[i]));
   return out;

@@ -142,16 +142,7 @@ std::vector<at::Tensor> Dinov2BackboneImpl::forward(const at::Tensor& pixel_valu
                             .reshape({B * nw * nw, hpw * wpw, C});
     e = at::cat({e.slice(1, 0, 1).repeat({nw * nw, 1, 1}), tokens}, 1);
   }
-  // stages[i]: the input of block i (e for i = 0), i.e. the output of block i - 1; the blocks
-  // leave their outputs pending for the next one's first LayerNorm (forward_pending).
-  std::vector<at::Tensor> stages{e};
-  layers::PendingResidual pending{e};
-  for (size_t i = 0; i < blocks.size(); ++i) {
-    auto [input, out] = blocks[i]->forward_pending(pending);
-    if (i > 0) stages.push_back(std::move(input));
-    pending = std::move(out);
-  }
-  stages.push_back(pending.sum());
+  const std::vector<at::Tensor> stages = layers::run_pending_blocks(blocks, e);
   std::vector<at::Tensor> out;
   for (const auto i : config.out_indices) {
     at::Tensor s = stages[i];

@@ -32,6 +32,9 @@ TEST(AddLayerNorm, PortableIsTheUnfusedOpsBitForBit) {
     const auto [sum, norm] = add_layer_norm_portable(x, delta, scale, w, b, 1e-6);
     const auto expected_sum = x + delta * scale;  // the modules' order: layer scale, then add
     EXPECT_TRUE(at::equal(sum, expected_sum));
+    EXPECT_TRUE(at::equal(add_scaled(x, delta, scale), expected_sum));
+    EXPECT_TRUE(at::equal(add_scaled(x, delta, {}), x + delta));
+    EXPECT_TRUE(add_scaled(x, {}, {}).is_same(x));
     EXPECT_TRUE(at::equal(norm, at::layer_norm(expected_sum, {16}, w, b, 1e-6)));
     const auto plain = add_layer_norm_portable(x, at::Tensor(), at::Tensor(), w, b, 1e-6);
     EXPECT_TRUE(plain.first.is_same(x));

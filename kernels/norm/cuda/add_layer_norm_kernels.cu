@@ -1,5 +1,5 @@
 // CUDA kernel of the `cuda` add_layer_norm (see add_layer_norm_cuda.h). Memory-bound: a warp
-// owns a row, each lane up to kMaxVectors 16-byte vectors of it in registers, so x and delta are
+// owns a row, each lane up to V 16-byte vectors of it in registers, so x and delta are
 // read from DRAM once and sum / norm written once. The arithmetic follows the unfused ATen ops:
 // delta * scale and x + that are each rounded to the dtype (aten's mul and add compute in float
 // and round); the LayerNorm works on the rounded sum in float32, out = w * (rstd * (y - mean)) + b
