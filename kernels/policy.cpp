@@ -46,7 +46,7 @@ void parse_hub(const YAML::Node& hub, const std::string& file, HubSettings& out)
       s = {scalar(file, v, "hub." + key), Source::file, where(file, v)};
     };
     // A relative path is relative to the configuration file's folder (as the default
-    // kernels.lock next to it, and model_repository: server/core/config.h path_from_file).
+    // kernels.lock next to it, and model_repository: server/config/config.h path_from_file).
     auto set_path = [&](Setting<std::string>& s) {
       set_string(s);
       namespace fs = std::filesystem;
@@ -94,7 +94,7 @@ std::optional<int> tri_state(const std::string& raw) {
 /// Slot and implementation names are printable ASCII without spaces (every declared name is):
 /// anything else is refused here, so that messages and --print-config (which writes slot names
 /// as YAML keys) print them as they are and read back (server_yaml_fuzz,
-/// tests/fixtures/fuzz/server_yaml/regress-slot-name-bytes.yaml).
+/// tests/fuzz/corpus/server_yaml/regress-slot-name-bytes.yaml).
 void check_name(const std::string& file, const YAML::Node& node, const std::string& name,
                 const char* what) {
   bool ok = !name.empty() && name.size() <= 128;

@@ -104,7 +104,7 @@ class PolicyError : public std::runtime_error {
 /// `text` with every control character (below 0x20, and 0x7F) written as \xNN: yaml-cpp quotes
 /// the offending character of a parse error raw ("unknown escape character: " + a newline), and
 /// configuration errors are one line (server_yaml_fuzz,
-/// tests/fixtures/fuzz/server_yaml/regress-escape-newline.yaml).
+/// tests/fuzz/corpus/server_yaml/regress-escape-newline.yaml).
 std::string printable(const std::string& text);
 
 /// "FILE:LINE:COLUMN" (1-based) of a YAML node, or FILE when the node has no position: the

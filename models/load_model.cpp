@@ -1,83 +1,16 @@
-// Dispatches config.json `model_type` to the families' loaders. A family exposes
-//   std::unique_ptr<Model> load_<family>(const std::string& dir, const nlohmann::json& config,
-//                                        const LoadOptions& options)
-// in models/<family>/<family>.h; families that are not in the tree yet are skipped through
-// __has_include so that the tree always compiles.
+// Loads a checkpoint folder through the family that config.json `model_type` names in the
+// family registry (models/registry/family.h), then applies the layouts and binds the kernels.
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 
 #include "models/core/config.h"
 #include "models/layouts/layouts.h"
 #include "models/model.h"
-#include "models/rtdetr/rtdetr.h"
-
-#if __has_include("models/deformable_detr/deformable_detr.h")
-#include "models/deformable_detr/deformable_detr.h"
-#define LIBREYOLO_HAS_DEFORMABLE_DETR 1
-#endif
-#if __has_include("models/dfine/dfine.h")
-#include "models/dfine/dfine.h"
-#define LIBREYOLO_HAS_DFINE 1
-#endif
-#if __has_include("models/deimv2/deimv2.h")
-#include "models/deimv2/deimv2.h"
-#define LIBREYOLO_HAS_DEIMV2 1
-#endif
-#if __has_include("models/vit/vit.h")
-#include "models/vit/vit.h"
-#define LIBREYOLO_HAS_VIT 1
-#endif
-#if __has_include("models/lw_detr/lw_detr.h")
-#include "models/lw_detr/lw_detr.h"
-#define LIBREYOLO_HAS_LW_DETR 1
-#endif
-#if __has_include("models/rf_detr/rf_detr.h")
-#include "models/rf_detr/rf_detr.h"
-#define LIBREYOLO_HAS_RF_DETR 1
-#endif
-#if __has_include("models/deit/deit.h")
-#include "models/deit/deit.h"
-#define LIBREYOLO_HAS_DEIT 1
-#endif
-#if __has_include("models/swin/swin.h")
-#include "models/swin/swin.h"
-#define LIBREYOLO_HAS_SWIN 1
-#endif
+#include "models/registry/family.h"
 
 namespace libreyolo::models {
 
 namespace {
-
-std::unique_ptr<Model> load_family(const std::string& dir, const nlohmann::json& config,
-                                   const core::ConfigView& view, const LoadOptions& options) {
-  const std::string type = view.get_string("model_type");
-  if (type == "rt_detr" || type == "rt_detr_v2") return load_rtdetr(dir, config, options);
-#ifdef LIBREYOLO_HAS_DEFORMABLE_DETR
-  if (type == "deformable_detr") return load_deformable_detr(dir, config, options);
-#endif
-#ifdef LIBREYOLO_HAS_DFINE
-  if (type == "d_fine") return load_dfine(dir, config, options);
-#endif
-#ifdef LIBREYOLO_HAS_DEIMV2
-  if (type == "deimv2") return load_deimv2(dir, config, options);
-#endif
-#ifdef LIBREYOLO_HAS_LW_DETR
-  if (type == "lw_detr") return load_lw_detr(dir, config, options);
-#endif
-#ifdef LIBREYOLO_HAS_RF_DETR
-  if (type == "rf_detr") return load_rf_detr(dir, config, options);
-#endif
-#ifdef LIBREYOLO_HAS_VIT
-  if (type == "vit") return load_vit(dir, config, options);
-#endif
-#ifdef LIBREYOLO_HAS_DEIT
-  if (type == "deit") return load_deit(dir, config, options);
-#endif
-#ifdef LIBREYOLO_HAS_SWIN
-  if (type == "swin") return load_swin(dir, config, options);
-#endif
-  view.fail("model_type", "unsupported model type \"" + type + "\"");
-}
 
 std::string dtype_name(at::ScalarType dtype) {
   if (dtype == at::kHalf) return "float16";
@@ -111,7 +44,8 @@ ModelDescription describe_config(const nlohmann::json& config, const std::string
   return d;
 }
 
-void describe_model(ModelDescription& d, const Model& model, const std::string& file) {
+void describe_model(ModelDescription& d, const Model& model, const Family& family,
+                    const std::string& file) {
   d.model_type = model.model_type();
   d.task = model.task();
   if (d.num_labels < 0 && !model.id2label().empty())
@@ -120,11 +54,11 @@ void describe_model(ModelDescription& d, const Model& model, const std::string& 
     d.num_queries = -1;
     return;
   }
-  try {
-    d.head = image::detection_head_for(d.model_type);
-  } catch (const std::exception& e) {
-    throw std::runtime_error(file + ": model_type: " + e.what());
-  }
+  if (!family.head)
+    throw std::runtime_error(file +
+                             ": model_type: no object-detection post-processing for model_type \"" +
+                             d.model_type + "\"");
+  d.head = *family.head;
 }
 
 std::string folder_name(const std::string& dir) {
@@ -150,8 +84,9 @@ std::unique_ptr<Model> load_model(const std::string& dir, const LoadOptions& req
                              std::string(c10::toString(options.dtype)) +
                              " (supported: float32, float16, bfloat16)");
   ModelDescription description = describe_config(config, file);
-  auto model = load_family(dir, config, view, options);
-  describe_model(description, *model, file);
+  const Family& family = FamilyRegistry::builtin().require(view.get_string("model_type"), view);
+  auto model = family.load(dir, config, options);
+  describe_model(description, *model, family, file);
   model->description_ = std::move(description);
   // Layouts rewrite the loaded tensors once (models/layouts/layouts.h); off leaves the modules
   // exactly as loaded. Before binding: a folded module binds the slot its new forward calls.

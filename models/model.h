@@ -89,7 +89,8 @@ class Model {
  public:
   virtual ~Model() = default;
 
-  /// `model_type` from config.json ("rt_detr", "rt_detr_v2", "deformable_detr", "vit", "swin").
+  /// `model_type` from config.json, one that a registered family loads ("rt_detr", "vit", ...:
+  /// models/registry/family.h).
   virtual std::string model_type() const = 0;
   virtual Task task() const = 0;
 
@@ -138,15 +139,15 @@ class Model {
   ModelDescription description_;
 };
 
-/// Loads a checkpoint folder (config.json + model.safetensors [+ preprocessor_config.json]),
-/// dispatching on config.json `model_type`. Throws std::runtime_error with a one-line message
-/// naming the file and the field or tensor key for anything wrong (unknown model_type,
-/// unsupported option, missing/unexpected/mis-shaped tensors, corrupt safetensors).
-/// A `cuda` device without an index becomes the current CUDA device (cuda:N): the model's
-/// inputs must then be on cuda:N. Then applies options.layouts (models/layouts/layouts.h; a
-/// kernel_config entry that cannot be honoured throws std::runtime_error naming the entry) and
-/// binds the model to options.registry (its process filter overridden by options.kernel_slots)
-/// for its device and dtype.
+/// Loads a checkpoint folder (config.json + model.safetensors [+ preprocessor_config.json])
+/// through the family that registers config.json `model_type` (FamilyRegistry::builtin()). Throws
+/// std::runtime_error with a one-line message naming the file and the field or tensor key for
+/// anything wrong (unknown model_type, unsupported option, missing/unexpected/mis-shaped tensors,
+/// corrupt safetensors). A `cuda` device without an index becomes the current CUDA device (cuda:N):
+/// the model's inputs must then be on cuda:N. Then applies options.layouts
+/// (models/layouts/layouts.h; a kernel_config entry that cannot be honoured throws
+/// std::runtime_error naming the entry) and binds the model to options.registry (its process filter
+/// overridden by options.kernel_slots) for its device and dtype.
 std::unique_ptr<Model> load_model(const std::string& dir, const LoadOptions& options = {});
 
 }  // namespace libreyolo::models

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Attention alone on the GPU machine (issue 5): manual math vs the SDPA formulations at ViT-B,
+# Attention alone on the GPU machine: manual math vs the SDPA formulations at ViT-B,
 # Swin-T stage-1 windows (shifted and plain) and RT-DETR AIFI, fp32 (TF32 off) / fp16 / bf16;
 # then the CUDA checks of each formulation (test_gpu, AttentionPathCuda.*).
 # Run ON the GPU machine from the repository root, after `source .device-kit/env.sh` and a build

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# End-to-end ViT-B/16 and Swin-T forward on the GPU machine (issue 5): full-size configurations
+# End-to-end ViT-B/16 and Swin-T forward on the GPU machine: full-size configurations
 # with random weights at 224x224, batch 1 and 32, manual vs fused attention (the attention_path()
 # policy), fp32 (TF32 off) and fp16, eager and replayed from a CUDA graph.
 # Run ON the GPU machine from the repository root, after `source .device-kit/env.sh` and a build

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The multi-GPU instance_group run (issue 19): the same model served by one daemon with one
+# The multi-GPU instance_group run: the same model served by one daemon with one
 # instance on GPU 0, then with one instance per GPU (serving.yaml
 # `instance_group: [{count: 1, kind: KIND_GPU}]`), each through scripts/bench-serving-gpu.sh;
 # prints the throughput ratio all / one against the target 0.9 x N, the images each instance
@@ -9,7 +9,7 @@
 # Run ON a multi-GPU machine from the repository root after building build-gpu (scripts/test-gpu.sh
 # or the device kit): scripts/bench-instances-gpu.sh [CHECKPOINTS]
 # Environment: OUT (default ./bench-instances-out), GPUS (default: nvidia-smi -L count), DTYPE
-# (bfloat16), CUDA_GRAPHS (on), SHM (cuda: the input path that does not limit one GPU, issue 15;
+# (bfloat16), CUDA_GRAPHS (on), SHM (cuda: the input path that does not limit one GPU;
 # empty: plain gRPC), CONCURRENCY (8,64: the batch-1 steps), DURATION / WARMUP (10 / 3).
 # DEVICE=cpu tries the script on a CPU host: KIND_CPU instances, GPUS instances (default 2).
 # Exit status: 0 when both runs ran (summary.txt says whether the target is met), 1 otherwise.

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# End-to-end RT-DETR forward on the GPU machine (issues 3 and 6): full-size R50-vd and R18-vd with
+# End-to-end RT-DETR forward on the GPU machine: full-size R50-vd and R18-vd with
 # random weights at 640x640, batch 1/8/32, fp32 (TF32 off), once with the registry's normal
 # selection (the in-tree `cuda` ms_deform_attn) and once with LIBREYOLO_KERNELS=reference (the
 # portable grid_sample path); plus bf16 with the cuda kernel. Each line names the ms_deform_attn

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# Serving overhead on the GPU machine (issues 4 and 14): libreyolo-server with device cuda and
+# Serving overhead on the GPU machine: libreyolo-server with device cuda and
 # max_batch_size MAX_BATCH (default 8) serving a full-size random-weight RT-DETR-R50, loaded by
 # libreyolo-bench, against the same model's forward-only throughput at batch MAX_BATCH
 # (libreyolo-bench-models) in the same run. Targets: serving throughput >= 0.90 x forward-only
-# for pixel_values (issue 4) and for JPEG images decoded by the daemon (issue 14, MAX_BATCH 32/64).
+# for pixel_values and for JPEG images decoded by the daemon (MAX_BATCH 32/64).
 #
 # Run from the repository root ON the GPU machine, after the project is built in build-gpu
 # (scripts/test-gpu.sh does that; the three binaries are built here when missing):
@@ -16,7 +16,7 @@
 # (float32; or bfloat16/float16), CUDA_GRAPHS (off; on: serving.yaml cuda_graphs and
 # libreyolo-bench-models --cuda-graph), SHM (empty; a comma list of system,cuda: also serve the
 # batch-8 pixel_values from a registered shared-memory region, libreyolo-bench --shm KIND, the
-# issue-15 target: served >= 0.90 x forward-only), INSTANCE_GROUP (empty; a serving.yaml
+# the target: served >= 0.90 x forward-only), INSTANCE_GROUP (empty; a serving.yaml
 # instance_group value in flow style, e.g. "[{count: 1, kind: KIND_GPU}]": one instance per GPU,
 # what scripts/bench-instances-gpu.sh runs), B8_CONCURRENCY (1,2,4,8: the batch-MAX_BATCH
 # pixel_values steps, one request = MAX_BATCH images), JPEG_CONCURRENCY (CONCURRENCY: the

@@ -21,6 +21,8 @@
 #              (layouts default: folded, NCHW for float32 without TF32); no anchors
 #   rf_detr    RF-DETR base 560, batch 1 and 32, bf16 defaults (+ profile) and fp32 (TF32 off)
 #   rf_detr_nano  RF-DETR nano 384, the same
+#   rf_detr_small, rf_detr_medium  RF-DETR small 512 and medium 576 (the current published sizes;
+#              medium replaced base), the same
 #   lw_detr    LW-DETR small 640, the same
 #   deimv2     `deimv2_default`: Deimv2Config()'s defaults (HGNetV2, 29.9 M parameters,
 #              92.6 GFLOPs at 640; NOT the published DEIMv2-N of about 3.6 M), the same, channels_last
@@ -45,10 +47,10 @@ status=0
 export LIBREYOLO_HUB_KERNELS=0
 
 for r in ${rows//,/ }; do
-  case $r in r50 | r18 | dfine | deformable | vit | swin | fp32 | rf_detr | rf_detr_nano | lw_detr | deimv2) ;;
+  case $r in r50 | r18 | dfine | deformable | vit | swin | fp32 | rf_detr | rf_detr_nano | rf_detr_small | rf_detr_medium | lw_detr | deimv2) ;;
   *)
     echo "FAIL: ROWS: unknown row '$r' (expected r50, r18, dfine, deformable, vit, swin, fp32," \
-      "rf_detr, rf_detr_nano, lw_detr, deimv2)" >&2
+      "rf_detr, rf_detr_nano, rf_detr_small, rf_detr_medium, lw_detr, deimv2)" >&2
     exit 2
     ;;
   esac
@@ -150,10 +152,12 @@ for r in ${rows//,/ }; do
     ours "$m bf16 graphs (defaults)" "$m" bfloat16 224 1,32 "--cuda-graph"
     anchors "$m" 224 32 ""
     ;;
-  rf_detr | rf_detr_nano | lw_detr | deimv2)
+  rf_detr | rf_detr_nano | rf_detr_small | rf_detr_medium | lw_detr | deimv2)
     case $r in
     rf_detr) m=rf_detr_base size=560 cl="" ;;
     rf_detr_nano) m=rf_detr_nano size=384 cl="" ;;
+    rf_detr_small) m=rf_detr_small size=512 cl="" ;;
+    rf_detr_medium) m=rf_detr_medium size=576 cl="" ;;
     lw_detr) m=lw_detr_small size=640 cl="" ;;
     deimv2) m=deimv2_default size=640 cl=_cl ;;
     esac

@@ -3,7 +3,7 @@
 # with $JOBS workers sharing one corpus, then records per target the executions, the rate, the
 # coverage (libFuzzer's cov: edges and ft: features of the final corpus) and the crashes in the
 # table of docs/FUZZING.md, with the date, the commit and the machine; the raw logs go to
-# docs/fuzz/<target>.log.
+# tests/fuzz/campaign/<target>.log.
 #
 #   scripts/fuzz-campaign.sh [--runs N | --seconds S] [--no-table] [target ...]
 #       --runs N     executions per target, all workers together (default 10000000)
@@ -18,7 +18,7 @@
 # FUZZ_BIN_DIR (prebuilt binaries: no build, no clang needed; DIR/../lib is added to
 # LD_LIBRARY_PATH, as is the torch wheel's lib folder of LIBREYOLO_VENV's python or of
 # TORCH_LIB), FUZZ_CORPUS_DIR (the growing corpora, default $BUILD_DIR/fuzz-corpus; seeded from
-# tests/fixtures/fuzz/<target>), FUZZ_MACHINE (what the table says ran it; default from nproc and
+# tests/fuzz/corpus/<target>), FUZZ_MACHINE (what the table says ran it; default from nproc and
 # /proc/cpuinfo), FUZZ_COMMIT (the commit the binaries were built from, for prebuilt binaries
 # run outside a git checkout). Run it under `nice -n 19` on a shared machine.
 set -euo pipefail
@@ -79,7 +79,7 @@ if [ ${#targets[@]} -eq 0 ]; then
 fi
 corpus_root=${FUZZ_CORPUS_DIR:-$root/$build/fuzz-corpus}
 source scripts/fuzz-max-len.sh
-mkdir -p docs/fuzz "$corpus_root"
+mkdir -p tests/fuzz/campaign "$corpus_root"
 export LIBREYOLO_FUZZ_FIXTURES=$root/tests/fixtures LIBREYOLO_LOG_LEVEL=${LIBREYOLO_LOG_LEVEL:-error}
 commit=${FUZZ_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
 dirty=""
@@ -92,13 +92,13 @@ for t in "${targets[@]}"; do
   corpus=$corpus_root/$t
   artifacts=$corpus_root/$t-artifacts
   mkdir -p "$corpus" "$artifacts"
-  cp -n tests/fixtures/fuzz/"$t"/* "$corpus/" 2>/dev/null || true
-  log=docs/fuzz/$t.log
+  cp -n tests/fuzz/corpus/"$t"/* "$corpus/" 2>/dev/null || true
+  log=tests/fuzz/campaign/$t.log
   logs=$(mktemp -d)
   start=$(date +%s)
   if [ -n "$seconds" ]; then what="$seconds s"; else what="$runs executions"; fi
   echo "campaign: $t ($what, $jobs workers)"
-  "$exe" -runs=0 -artifact_prefix="$artifacts/" tests/fixtures/fuzz/"$t" >"$logs/seeds.log" 2>&1 || true
+  "$exe" -runs=0 -artifact_prefix="$artifacts/" tests/fuzz/corpus/"$t" >"$logs/seeds.log" 2>&1 || true
   for ((w = 0; w < jobs; w++)); do
     if [ -n "$seconds" ]; then limit=(-max_total_time="$seconds"); else limit=(-runs=$(((runs + jobs - 1) / jobs))); fi
     limit+=(-max_len="$(fuzz_max_len "$t")")

@@ -30,8 +30,8 @@
 #include <unistd.h>
 
 #include "log/log.h"
-#include "server/core/config.h"
 #include "server/app/daemon.h"
+#include "server/config/config.h"
 
 namespace {
 
@@ -73,12 +73,12 @@ void block_stop_signals(int, char**, char**) {
 }
 
 /// glibc malloc arenas for a daemon of many threads (gRPC handlers up to
-/// server.max_concurrent_rpcs, the preprocessing pool, the batchers). glibc gives threads that
-/// contend for malloc up to 8 arenas per core, each keeping its own freed memory: on the 2-core
-/// soak at concurrency 64 (docs/SOAK.md) 24 arena heaps held 700 MB and RSS plateaued ~230 MB
-/// higher than with 2 arenas at the same throughput; on a 64-core host the default allows 512. Two
-/// arenas unless the operator chose (MALLOC_ARENA_MAX or GLIBC_TUNABLES, which glibc reads itself).
-/// Runs from the pre-init array, before any library's initialiser starts a thread.
+/// server.max_concurrent_rpcs, the preprocessing pool, the instance workers). glibc gives threads
+/// that contend for malloc up to 8 arenas per core, each keeping its own freed memory: on the
+/// 2-core soak at concurrency 64 (docs/SOAK.md) 24 arena heaps held 700 MB and RSS plateaued ~230
+/// MB higher than with 2 arenas at the same throughput; on a 64-core host the default allows 512.
+/// Two arenas unless the operator chose (MALLOC_ARENA_MAX or GLIBC_TUNABLES, which glibc reads
+/// itself). Runs from the pre-init array, before any library's initialiser starts a thread.
 void limit_malloc_arenas(int, char**, char**) {
   if (std::getenv("MALLOC_ARENA_MAX") != nullptr || std::getenv("GLIBC_TUNABLES") != nullptr)
     return;
@@ -274,12 +274,12 @@ int main(int argc, char** argv) {
     log::error(std::string("start-up failed: ") + e.what());
     return 1;
   }
-  // Freed memory back to the kernel once the daemon is idle: glibc keeps what a load freed (at
-  // concurrency 64, 2 arenas held ~330 MB free of 886 MB; 30 s after a load RSS was still 1365
-  // MB, 633 MB with this: docs/SOAK.md), so RSS only went up from run to run. Checked every 5 s;
-  // idle = the process used under 5% of one core meanwhile, so a busy daemon never pays for the
-  // page faults that follow a trim. malloc_trim(0) releases the free pages of every arena
-  // (madvise), not only the heap's top; when nothing was freed it is a cheap walk.
+  // Freed memory back to the kernel once the daemon is idle: glibc keeps what a load freed (its
+  // arenas held much of the RSS long after a load: docs/SOAK.md "After the load"), so RSS only
+  // went up from run to run. Checked every 5 s; idle = the process used under 5% of one core
+  // meanwhile, so a busy daemon never pays for the page faults that follow a trim. malloc_trim(0)
+  // releases the free pages of every arena (madvise), not only the heap's top; when nothing was
+  // freed it is a cheap walk.
   std::thread([] {
     auto cpu_seconds = [] {
       rusage u{};

@@ -30,17 +30,17 @@ AttentionPath attention_path(c10::DeviceType device, at::ScalarType dtype, BiasK
   // CPU: SDPA as transformers runs it (the parity fixtures are measured on this path).
   if (device != c10::DeviceType::CUDA) return AttentionPath::kSdpa;
   // CUDA. The fused kernels (flash, memory-efficient, cuDNN) need head_dim % 8 == 0; anything
-  // else falls back to SDPA's math backend, slower than the manual math (0.35-0.77x measured).
+  // else falls back to SDPA's math backend, slower than the manual math (docs/bench/attention.md).
   if (head_dim % 8 != 0 || head_dim > 128) return AttentionPath::kManual;
   if (dtype != at::kFloat && dtype != at::kHalf && dtype != at::kBFloat16)
     return AttentionPath::kManual;
-  // H200, LibTorch 2.11, bench_attention (docs/bench/attention.md, speed-up over manual):
-  //   no bias (ViT-B 197x64, AIFI 400x32): SDPA picks cuDNN in fp16/bf16 (8.1x ViT-B, 4.2x
-  //   AIFI) and the memory-efficient kernel in fp32 (1.47x, 1.13x).
+  // H200, LibTorch 2.11, bench_attention (the speed-ups over manual: docs/bench/attention.md):
+  //   no bias (ViT-B 197x64, AIFI 400x32): SDPA picks cuDNN in fp16/bf16 and the
+  //   memory-efficient kernel in fp32, both faster than the manual math.
   //   a bias (Swin windows 49x32): SDPA picks cuDNN in fp16/bf16, whose biased kernel is slow
-  //   (0.82x with the expanded mask, 1.82x on a pre-aligned one), while the memory-efficient
-  //   kernel on the same aligned mask is 3.3x (shifted) / 3.0x (plain). So biased calls go to
-  //   the memory-efficient kernel directly, with the mask stored 16-aligned (no pad per call).
+  //   (slower than manual with the expanded mask), while the memory-efficient kernel on the same
+  //   aligned mask is the fastest. So biased calls go to the memory-efficient kernel directly,
+  //   with the mask stored 16-aligned (no pad per call).
   if (bias == BiasKind::kNone) return AttentionPath::kSdpa;
   return AttentionPath::kMemEfficient;
 }

@@ -72,7 +72,7 @@ std::vector<LockEntry> parse_lock_text(const std::string& text, const std::strin
       if (!vs.is_object()) throw LockError(where + ": 'variants' must be an object");
       for (const auto& [name, v] : vs.items()) {
         // Names are echoed with control characters as \xNN: an error is one log line (a JSON
-        // escape can put a newline into a key: hub_lock_fuzz, 2026-12-01 campaign).
+        // escape can put a newline into a key: hub_lock_fuzz; docs/FUZZING.md "Findings").
         const std::string vw = where + ": variant '" + printable(name) + "'";
         if (!is_safe_relative_path(name) || name.find('/') != std::string::npos) {
           throw LockError(vw + ": not a directory name");

@@ -15,7 +15,7 @@ namespace {
 
 /// [A-Za-z_][A-Za-z0-9_]*. Not std::regex: libstdc++'s matcher recurses once per character, and
 /// a 20,000-character id overflowed the stack under AddressSanitizer (hub_metadata_fuzz,
-/// tests/fixtures/fuzz/hub_metadata/regress-long-id.json).
+/// tests/fuzz/corpus/hub_metadata/regress-long-id.json).
 bool is_identifier(const std::string& s) {
   if (s.empty() || !(std::isalpha(static_cast<unsigned char>(s[0])) || s[0] == '_')) return false;
   for (char c : s)

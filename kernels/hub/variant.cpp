@@ -60,7 +60,7 @@ std::optional<Variant> parse_variant(const std::string& name) {
   // Longer names are no variant name (upstream's longest is ~45 characters). The bound keeps
   // libstdc++'s std::regex, which recurses once per character, off a 100,000-character name
   // from a kernels.lock (a stack overflow: hub_lock_fuzz,
-  // tests/fixtures/fuzz/hub_lock/regress-long-variant.lock).
+  // tests/fuzz/corpus/hub_lock/regress-long-variant.lock).
   if (name.size() > kMaxVariantNameLength) return std::nullopt;
   try {
     return parse_variant_name(name);

@@ -5,8 +5,8 @@
 // (kernels/pool/cuda/max_pool2d_cuda.h): channels_last only. ATen's CUDA max_pool2d always
 // computes the argmax indices as well (aten/src/ATen/native/MaxPooling.cpp calls
 // max_pool2d_with_indices off the CPU), writing an int64 map four times the size of a bfloat16
-// output: 0.89 ms of an RT-DETR-R50 batch-32 bf16 forward for one 3x3 stride-2 pooling
-// (docs/BENCHMARKS.md, "third run").
+// output (its cost in an RT-DETR-R50 forward: docs/BENCHMARKS.md, "Against torch.compile,
+// third run").
 //
 // Shapes and dtypes:
 //   input   (B, C, H, W)  float32 / float16 / bfloat16, any memory format

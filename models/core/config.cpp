@@ -14,7 +14,7 @@ namespace {
 
 /// A field name for an error message, control characters as \xNN (kernels::printable), so
 /// that the message stays one line (a key of config.json may hold any JSON string:
-/// config_json_fuzz, tests/fixtures/fuzz/config_json/regress-newline-key.json).
+/// config_json_fuzz, tests/fuzz/corpus/config_json/regress-newline-key.json).
 std::string printable_key(const std::string& key) { return kernels::printable(key); }
 
 std::string brief(const nlohmann::json& v) {
@@ -227,7 +227,7 @@ std::string ConfigView::get_enum(const std::string& field, const std::string& fa
   std::string list;
   for (const auto& a : allowed) list += (list.empty() ? "\"" : ", \"") + a + "\"";
   // The value as JSON (quoted, control characters escaped, clipped): one line
-  // (config_json_fuzz, 2026-12-01 campaign: a newline in model_type made two).
+  // (a config_json_fuzz finding: a newline in model_type made two).
   fail(field, "unsupported value " + brief(nlohmann::json(value)) + " (supported: " + list + ")");
 }
 

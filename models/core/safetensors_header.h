@@ -2,7 +2,7 @@
 // (https://github.com/huggingface/safetensors, "Format"): an 8-byte little-endian header length N,
 // N bytes of JSON {"key": {"dtype", "shape", "data_offsets": [begin, end]}, "__metadata__": {..}},
 // then the raw little-endian tensor data. Kept free of LibTorch so that the libFuzzer target
-// (models/fuzz/) links only this file and nlohmann-json.
+// (tests/fuzz/) links only this file and nlohmann-json.
 #pragma once
 
 #include <cstddef>

@@ -1,6 +1,5 @@
 // DeformableDetrForObjectDetection (transformers 5.17), inference only. Forward pass as in
 // hf-models.md 5.4; every step keeps transformers' operation order so that float32 results match.
-#include "models/deformable_detr/deformable_detr.h"
 
 #include "models/module_model.h"
 
@@ -19,6 +18,7 @@
 #include "models/deformable_detr/resnet.h"
 #include "models/layers/attention.h"
 #include "models/layers/layers.h"
+#include "models/registry/family.h"
 
 namespace libreyolo::models {
 namespace deformable_detr {
@@ -377,6 +377,20 @@ core::LoadRules head_rules(const Config& c) {
 }  // namespace
 }  // namespace deformable_detr
 
+namespace {
+
+/// Default of the decoder self-attention modules' `fused_attn` flag, decided by measurement
+/// (tests/parity/fused_attention_policy_test.cpp): SDPA only where it is byte-exact with the
+/// manual math on the deformable_detr_tiny fixture. It is not: manual. (Multi-scale deformable
+/// attention is a kernel slot, not affected by the flag.)
+constexpr bool kFusedAttentionDefault = false;
+
+/// Loads `dir`/model.safetensors for config.json `model_type` "deformable_detr" (`config` is the
+/// parsed config.json). Head keys follow hf-models.md 1.3: `class_embed.i` / `bbox_embed.i`,
+/// else `model.decoder.{class,bbox}_embed.i`, else (tied heads only: class heads without
+/// two_stage, box heads without with_box_refine) index 0. Throws core::ConfigError /
+/// core::CheckpointError (std::runtime_error) naming the file and the field or tensor key;
+/// unsupported options (timm backbone, learned position embedding, dilation) are ConfigErrors.
 std::unique_ptr<Model> load_deformable_detr(const std::string& dir, const nlohmann::json& config,
                                             const LoadOptions& options) {
   const core::ConfigView view(config, dir + "/config.json");
@@ -384,8 +398,25 @@ std::unique_ptr<Model> load_deformable_detr(const std::string& dir, const nlohma
   auto net = std::make_shared<deformable_detr::DeformableDetrImpl>(c);
   const auto file = core::SafetensorsFile::open(dir + "/model.safetensors");
   core::load_state_dict(*net, *file, deformable_detr::head_rules(c), options.dtype, options.device);
-  layers::set_fused_attention(*net, deformable_detr::kFusedAttentionDefault);
+  layers::set_fused_attention(*net, kFusedAttentionDefault);
   return std::make_unique<deformable_detr::DeformableDetrModel>(std::move(net), options);
 }
 
+// Deformable DETR (Zhu et al., "Deformable DETR: Deformable Transformers for End-to-End Object
+// Detection", ICLR 2021) as transformers 5.17 DeformableDetrForObjectDetection
+// (models/deformable_detr/modeling_deformable_detr.py) with the Hugging Face ResNet backbone
+// (`backbone_config.model_type == "resnet"`, frozen BatchNorm), including iterative box
+// refinement (`with_box_refine`) and the two-stage variant (`two_stage`). forward() takes
+// pixel_values (B, 3, H, W) and an optional pixel_mask (B, H, W); it returns logits
+// (B, num_queries, num_labels) and pred_boxes (B, num_queries, 4), float32.
+const FamilyRegistrar registered{
+    Family{"deformable_detr", {"deformable_detr"}, /*order=*/20, load_deformable_detr}
+        .predicts({Task::object_detection}, image::DetectionHead::deformable_detr)
+        .fused_attention(kFusedAttentionDefault)
+        .layouts({{"batchnorm_fold", {"ResNetShortCut"}, "", path_with("shortcut")},
+                  {"batchnorm_fold", {"ResNetConvLayer"}},
+                  {"qkv_concat", {"DeformableDetrSelfAttention"}}},
+                 {"repvgg", "batchnorm_fold", "avgpool_fold", "qkv_concat", "channels_last"})};
+
+}  // namespace
 }  // namespace libreyolo::models

@@ -1,6 +1,5 @@
 // DEIMv2: config parsing, the detector's top level and the loader (modeling_deimv2.py
 // Deimv2Model / Deimv2ForObjectDetection, transformers 5.17).
-#include "models/deimv2/deimv2.h"
 
 #include <c10/util/StringUtil.h>
 
@@ -8,6 +7,7 @@
 
 #include "log/log.h"
 #include "models/deimv2/modules.h"
+#include "models/registry/family.h"
 
 namespace libreyolo::models {
 namespace deimv2 {
@@ -137,6 +137,18 @@ std::function<std::vector<std::string>(const std::string&)> shared_box_aliases(
 }  // namespace
 }  // namespace deimv2
 
+namespace {
+
+/// Default of every DEIMv2 attention module's `fused_attn` flag (AIFI encoder layer, decoder
+/// self-attention), measured as for D-FINE (tests/parity/deimv2_parity_test.cpp prints it):
+/// SDPA is not byte-exact with the manual math, so: manual.
+constexpr bool kFusedAttentionDefault = false;
+
+/// Loads `dir`/model.safetensors for config.json `model_type` "deimv2" (`config` is the parsed
+/// config.json). Every checkpoint key must be used and every module key found. Throws
+/// std::runtime_error (core::ConfigError naming config.json and the field, e.g. an unsupported
+/// backbone_config.model_type; core::CheckpointError naming the file and the missing /
+/// unexpected keys).
 std::unique_ptr<Model> load_deimv2(const std::string& dir, const nlohmann::json& config,
                                    const LoadOptions& options) {
   const core::ConfigView cfg(config, dir + "/config.json");
@@ -164,4 +176,26 @@ std::unique_ptr<Model> load_deimv2(const std::string& dir, const nlohmann::json&
       "deimv2", std::move(geometry), std::move(net), std::move(labels), options);
 }
 
+/// Under DEIMv2's HGNetV2 backbone, "model.conv_encoder.model" (Deimv2ConvEncoder; the DINOv3
+/// ViT of Deimv2DINOv3ConvEncoder is "model.conv_encoder.backbone").
+bool in_hgnet(const std::string& path) { return path.rfind("model.conv_encoder.model.", 0) == 0; }
+
+// DEIMv2 (Huang et al., "Real-Time Object Detection Meets DINOv3", 2025) as transformers 5.17
+// Deimv2ForObjectDetection with the HGNetV2 backbone and the hybrid or lite encoder, or the
+// DINOv3 backbone (Deimv2DINOv3ConvEncoder, models/deimv2/dinov3_backbone.h) and the hybrid
+// encoder (modeling_deimv2.py; DINOv3 with the lite encoder is a load error). forward() takes
+// pixel_values (B, 3, H, W); it returns logits (B, num_queries, num_labels) and pred_boxes
+// (B, num_queries, 4), float32. Post-processing as D-FINE's (RTDetrImageProcessor).
+const FamilyRegistrar registered{
+    Family{"deimv2", {"deimv2"}, /*order=*/40, load_deimv2}
+        .predicts({Task::object_detection}, image::DetectionHead::rt_detr)
+        .fused_attention(kFusedAttentionDefault)
+        .layouts({{"batchnorm_fold", {"HGNetV2ConvLayer"}, "", in_hgnet},
+                  {"batchnorm_fold", {"Deimv2ConvNormLayer"}},
+                  {"repvgg", {"Deimv2RepVggBlock"}},
+                  {"qkv_concat", {"DINOv3ViTAttention"}, "", path_with("backbone")},
+                  {"qkv_concat", {"Deimv2SelfAttention"}}},
+                 {"repvgg", "batchnorm_fold", "avgpool_fold", "qkv_concat", "channels_last"})};
+
+}  // namespace
 }  // namespace libreyolo::models

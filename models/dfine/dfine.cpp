@@ -1,6 +1,5 @@
 // D-FINE: config parsing, the detector's top level, the Model wrapper and the loader
 // (modeling_d_fine.py DFineModel / DFineForObjectDetection, transformers 5.17).
-#include "models/dfine/dfine.h"
 
 #include <c10/util/StringUtil.h>
 
@@ -12,6 +11,7 @@
 #include "log/log.h"
 #include "models/core/state_dict.h"
 #include "models/dfine/modules.h"
+#include "models/registry/family.h"
 #include "models/rtdetr/detector_model.h"
 
 namespace libreyolo::models {
@@ -179,6 +179,17 @@ rtdetr::DetectorGeometry detector_geometry(const Config& c, std::vector<int64_t>
 
 }  // namespace dfine
 
+namespace {
+
+/// Default of every D-FINE attention module's `fused_attn` flag (AIFI encoder layer, decoder
+/// self-attention), decided by measurement as for the other families
+/// (tests/parity/dfine_parity_test.cpp prints it): SDPA is not byte-exact with the manual math
+/// on the dfine_tiny fixture (max |SDPA - manual| ~1e-6 on the logits), so: manual.
+constexpr bool kFusedAttentionDefault = false;
+
+/// Loads `dir`/model.safetensors for config.json `model_type` "d_fine" (`config` is the parsed
+/// config.json). Throws std::runtime_error (core::ConfigError / core::CheckpointError) naming
+/// config.json and the field, or the checkpoint and key.
 std::unique_ptr<Model> load_dfine(const std::string& dir, const nlohmann::json& config,
                                   const LoadOptions& options) {
   const core::ConfigView cfg(config, dir + "/config.json");
@@ -198,4 +209,27 @@ std::unique_ptr<Model> load_dfine(const std::string& dir, const nlohmann::json& 
       "d_fine", std::move(geometry), std::move(net), std::move(labels), options);
 }
 
+/// D-FINE's encoder_input_proj / decoder_input_proj: nn.Sequential(nn.Conv2d, nn.BatchNorm2d)
+/// upstream (modeling_d_fine.py), no class of their own.
+bool input_proj(const std::string& path) {
+  return path_has_segment(path, "encoder_input_proj") ||
+         path_has_segment(path, "decoder_input_proj");
+}
+
+// D-FINE (Peng et al., "D-FINE: Redefine Regression Task in DETRs as Fine-grained Distribution
+// Refinement", ICLR 2025) as transformers 5.17 DFineForObjectDetection with the HGNetV2
+// backbone (`hgnet_v2`). forward() takes pixel_values (B, 3, H, W); it returns logits
+// (B, num_queries, num_labels) and pred_boxes (B, num_queries, 4), float32.
+const FamilyRegistrar registered{
+    Family{"dfine", {"d_fine"}, /*order=*/30, load_dfine}
+        .predicts({Task::object_detection}, image::DetectionHead::rt_detr)
+        .fused_attention(kFusedAttentionDefault)
+        .layouts({{"batchnorm_fold", {"Sequential"}, "", input_proj},
+                  {"batchnorm_fold", {"HGNetV2ConvLayer"}, "", path_with("backbone")},
+                  {"batchnorm_fold", {"DFineConvNormLayer"}},
+                  {"repvgg", {"DFineRepVggBlock"}},
+                  {"qkv_concat", {"DFineSelfAttention"}}},
+                 {"repvgg", "batchnorm_fold", "avgpool_fold", "qkv_concat", "channels_last"})};
+
+}  // namespace
 }  // namespace libreyolo::models

@@ -22,7 +22,7 @@ std::string pixels_text(int64_t width, int64_t height) {
   s << width << "x" << height;
   // Header sizes are 32-bit (PNG) or 16-bit (JPEG): the product fits in 64 unsigned bits, not
   // always in int64 (a 2785018110x4294953472 PNG header overflowed it: preprocess_fuzz,
-  // tests/fixtures/fuzz/image_decode/regress-png-size-overflow.png).
+  // tests/fuzz/corpus/image_decode/regress-png-size-overflow.png).
   if (width >= 0 && height >= 0 && width <= UINT32_MAX && height <= UINT32_MAX)
     s << " = " << static_cast<uint64_t>(width) * static_cast<uint64_t>(height);
   s << " pixels";
@@ -84,7 +84,7 @@ JpegHeader jpeg_header(tjhandle h, const uint8_t* data, size_t size, bool strict
       throw ImageError(std::string("corrupt JPEG header: ") + tjGetErrorStr2(h));
   }
   // tjDecompressHeader3 succeeds on a tables-only ("abbreviated") datastream with a 0x0 size
-  // (image_decode_fuzz, tests/fixtures/fuzz/image_decode/regress-tables-only.jpg).
+  // (image_decode_fuzz, tests/fuzz/corpus/image_decode/regress-tables-only.jpg).
   if (width <= 0 || height <= 0)
     throw ImageError("corrupt JPEG header: no image (a tables-only JPEG datastream)");
   JpegHeader out;
@@ -437,7 +437,7 @@ ImageInfo read_image_info(const uint8_t* data, size_t size) {
       ImageInfo info;
       decode_png_impl(data, size, DecodeOptions{}, /*header_only=*/true, info);
       // As decode_rgb refuses it (a 1x0 IHDR: image_decode_fuzz,
-      // tests/fixtures/fuzz/image_decode/regress-png-height-0.png).
+      // tests/fuzz/corpus/image_decode/regress-png-height-0.png).
       check_not_empty_size(info);
       return info;
     }

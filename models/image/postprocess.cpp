@@ -36,19 +36,6 @@ at::Tensor scale_factors(const std::vector<std::pair<int64_t, int64_t>>& sizes,
   return at::tensor(v).view({static_cast<int64_t>(sizes.size()), 4}).to(device);
 }
 
-DetectionHead detection_head_for(const std::string& model_type) {
-  // RfDetrImageProcessor.post_process_object_detection: sigmoid, top-k = num_queries over Q*C,
-  // the boxes gathered then scaled: what the rt_detr head computes.
-  if (model_type == "rt_detr" || model_type == "rt_detr_v2" || model_type == "d_fine" ||
-      model_type == "deimv2" || model_type == "rf_detr")
-    return DetectionHead::rt_detr;
-  // LW-DETR's processor is DeformableDetrImageProcessor (transformers' auto mapping).
-  if (model_type == "deformable_detr" || model_type == "lw_detr")
-    return DetectionHead::deformable_detr;
-  throw std::invalid_argument("no object-detection post-processing for model_type \"" + model_type +
-                              "\"");
-}
-
 std::vector<Detections> post_process_object_detection(
     const at::Tensor& logits_in, const at::Tensor& pred_boxes_in,
     const std::vector<std::pair<int64_t, int64_t>>& target_sizes, DetectionHead head,

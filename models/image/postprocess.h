@@ -13,15 +13,15 @@
 
 namespace libreyolo::image {
 
-/// Which post-processor a detector uses.
+/// Which post-processor a detector uses (each detector family names its own in its
+/// registration record, models/registry/family.h Family::head).
 enum class DetectionHead {
-  rt_detr,          ///< RT-DETR, RT-DETRv2, D-FINE: top-k = num_queries over Q*C, scaled first
-  deformable_detr,  ///< Deformable DETR: top-k = min(top_k (100), Q*C)
+  /// RTDetrImageProcessor's (RT-DETR, RT-DETRv2, D-FINE, DEIMv2) and RfDetrImageProcessor's:
+  /// top-k = num_queries over Q*C, sigmoid, the boxes gathered then scaled
+  rt_detr,
+  /// DeformableDetrImageProcessor's (Deformable DETR, LW-DETR): top-k = min(top_k (100), Q*C)
+  deformable_detr,
 };
-
-/// config.json model_type -> head: "rt_detr", "rt_detr_v2", "d_fine" -> rt_detr;
-/// "deformable_detr" -> deformable_detr. Throws std::invalid_argument for anything else.
-DetectionHead detection_head_for(const std::string& model_type);
 
 struct PostProcessOptions {
   /// Keep `score > threshold` (strict, compared in float32 as torch does).

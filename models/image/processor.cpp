@@ -71,7 +71,7 @@ ProcessorConfig class_defaults(const std::string& type, const std::string& sourc
     c.image_std = {0.5f, 0.5f, 0.5f};
   } else {
     // Control characters as \xNN: a JSON escape must not make a two-line error
-    // (model_config_fuzz, 2026-12-01 campaign).
+    // (a model_config_fuzz finding).
     throw std::runtime_error(source + ": image_processor_type \"" + kernels::printable(type) +
                              "\" is not supported (RTDetrImageProcessor, "
                              "DeformableDetrImageProcessor, RfDetrImageProcessor, "
@@ -92,7 +92,7 @@ T get_as(const json& j, const char* key, const std::string& source) {
 
 /// j[key] as an integer. A JSON float is refused: nlohmann's get<int64_t>() of 9e19 is a double ->
 /// int64 conversion out of range (undefined behaviour: model_config_fuzz,
-/// tests/fixtures/fuzz/model_config/regress-float-edge-9e19.json).
+/// tests/fuzz/corpus/model_config/regress-float-edge-9e19.json).
 int64_t get_integer(const json& j, const char* key, const std::string& source) {
   const json& v = j.at(key);
   if (!v.is_number_integer() ||
@@ -122,7 +122,7 @@ std::array<float, 3> get_rgb(const json& j, const char* key, const std::string& 
 
 /// An image side in pixels: 1 to kMaxProcessorSize. transformers sets no bound; without one a
 /// shortest_edge of 9e18 overflowed the resize arithmetic (size_with_aspect_ratio's double ->
-/// int64 conversion: model_config_fuzz, tests/fixtures/fuzz/model_config/
+/// int64 conversion: model_config_fuzz, tests/fuzz/corpus/model_config/
 /// regress-shortest-edge-9e18.json).
 int64_t checked_side(int64_t v, const std::string& what, const std::string& source) {
   if (v <= 0 || v > kMaxProcessorSize)

@@ -86,7 +86,8 @@ int set_fused_attention(torch::nn::Module& root, bool enabled);
 
 /// The device rule for a model whose configuration leaves fused attention at `default`: true
 /// for CUDA models in float16 / bfloat16, whose fused kernels (SDPA flash / cuDNN / memory-
-/// efficient) are 2-4x faster on the ViT-backbone families and whose manual math is no more
+/// efficient) are much faster on the ViT-backbone families (docs/BENCHMARKS.md, "Attention, manual
+/// vs SDPA") and whose manual math is no more
 /// exact than 16-bit rounding anyway; false otherwise, so that float32 and CPU models keep the
 /// family's default (the byte-exact parity bar with transformers is a float32 rule).
 /// docs/DESIGN.md "Fused attention".

@@ -119,7 +119,7 @@ class Conv2dImpl : public torch::nn::Module {
   /// C * k * k) x (C * k * k, out), returned as the (B, out, h, w) view of the (B, h, w, out)
   /// result (channels_last strides: the callers' flatten(2).transpose(1, 2) is then free).
   /// cuDNN runs these 3-channel convolutions on a non-tensor-core kernel (precomputed /
-  /// implicit_convolve_sgemm: 0.4-0.7 ms of a batch-32 ViT-backbone forward on the H200). Any
+  /// implicit_convolve_sgemm; docs/BENCHMARKS.md, "sixth run"). Any
   /// other geometry, input sides not multiples of the kernel, and CPU tensors: forward(x), the
   /// parity path. x (B, C, H, W) in the weight's dtype.
   at::Tensor forward_patches(const at::Tensor& x) const;

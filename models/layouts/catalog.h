@@ -1,6 +1,7 @@
 // The built-in layouts by name, the transformers classes each replaces, and which module of a
-// family is which transformers class. No torch dependency: the serving.yaml parser checks
-// `kernel_config:` against it before any model loads.
+// family is which transformers class: the class lists and the per-family defaults come from the
+// families' registration records (models/registry/family.h). No torch dependency: the
+// serving.yaml parser checks `kernel_config:` against it before any model loads.
 #pragma once
 
 #include <string>
@@ -11,8 +12,10 @@ namespace libreyolo::models::layouts {
 /// A built-in layout's name and what it replaces.
 struct LayoutInfo {
   std::string name;
-  std::vector<std::string> replaces;  ///< transformers (or torch.nn) class names
-  std::string summary;                ///< one line, for docs and --help
+  /// transformers (or torch.nn) class names: every registered family's (in FamilyRegistry::all()
+  /// order, each once), then the layout's own torch.nn class (channels_last: Conv2d)
+  std::vector<std::string> replaces;
+  std::string summary;  ///< one line, for docs and --help
 };
 
 /// Every built-in layout, in the order load_model applies them (repvgg before batchnorm_fold:
@@ -23,10 +26,12 @@ const std::vector<LayoutInfo>& layout_catalog();
 /// The catalog entry called `name`, or nullptr.
 const LayoutInfo* find_layout_info(const std::string& name);
 
-/// Families (config.json model_type) on which `layout` is on under `kernels.layouts: default`,
-/// decided by the parity gate (tests/parity/layouts_parity_test.cpp; DESIGN.md "Layouts").
-/// `fma_convolutions`: a CUDA float32 model without TF32 (cuDNN's FMA kernels), where
-/// channels_last and avgpool_fold are off (measured slower: docs/BENCHMARKS.md "fifth run").
+/// Whether `layout` is on under `kernels.layouts: default` for a `model_type` model: in its
+/// family's Family::default_layouts (decided by the parity gate,
+/// tests/parity/layouts_parity_test.cpp; DESIGN.md "Layouts"), except that with
+/// `fma_convolutions`, a CUDA float32 model without TF32 (cuDNN's FMA kernels), channels_last and
+/// avgpool_fold are off (measured slower: docs/BENCHMARKS.md "fifth run"). False for a model_type
+/// no family registers.
 bool on_by_default(const std::string& layout, const std::string& model_type, bool fma_convolutions);
 
 /// Module kinds of our tree a layout looks at.
@@ -36,7 +41,9 @@ enum class ModuleKind { conv_norm, repvgg_block, attention, conv2d, pooled_short
 
 /// The transformers class names of a module of `kind` at dotted `path` in a `model_type` model
 /// (first = the class itself, then older spellings), e.g. rt_detr, a ConvNorm below
-/// "model.backbone." -> {"RTDetrResNetConvLayer"}; empty when the family has no such class.
+/// "model.backbone." -> {"RTDetrResNetConvLayer"}: the first of the family's
+/// Family::layout_classes rules for the kind's layout that matches; conv2d: {"Conv2d"} in every
+/// family. Empty when the family has no such class or no family registers `model_type`.
 std::vector<std::string> upstream_classes(const std::string& model_type, ModuleKind kind,
                                           const std::string& path);
 

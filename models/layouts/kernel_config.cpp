@@ -124,7 +124,7 @@ void parse_value(const std::string& file, const YAML::Node& v, KernelConfigEntry
   if (e.value.find('/') != std::string::npos) {
     // Bounded before std::regex: libstdc++'s matcher recurses once per character, and a
     // 100,000-character value overflowed the stack (serving_yaml_fuzz,
-    // tests/fixtures/fuzz/serving_yaml/regress-long-hub-reference.yaml).
+    // tests/fuzz/corpus/serving_yaml/regress-long-hub-reference.yaml).
     if (e.value.size() > 512)
       fail(file, layout,
            e.key + ": hub reference '" + clip(e.value) + "' must be owner/repo:ClassName (" +

@@ -9,7 +9,7 @@
 
 #include "models/layers/attention.h"
 #include "models/layers/layers.h"
-#include "models/rtdetr/modules.h"
+#include "models/layers/layout_targets.h"
 
 namespace libreyolo::models::layouts {
 namespace {
@@ -30,10 +30,10 @@ std::vector<Candidate> find_candidates(torch::nn::Module& root, const std::strin
     std::string path = item.key();
     if (layout == "batchnorm_fold" && dynamic_cast<layers::ConvNormImpl*>(m))
       kind = ModuleKind::conv_norm;
-    else if (layout == "avgpool_fold" && dynamic_cast<rtdetr::ResNetLayerImpl*>(m) &&
-             dynamic_cast<rtdetr::ResNetLayerImpl*>(m)->pooled_shortcut())
+    else if (layout == "avgpool_fold" && dynamic_cast<layers::PooledShortcut*>(m) &&
+             dynamic_cast<layers::PooledShortcut*>(m)->pooled_shortcut())
       kind = ModuleKind::pooled_shortcut, path += ".shortcut.0";
-    else if (layout == "repvgg" && dynamic_cast<rtdetr::RepVggBlockImpl*>(m))
+    else if (layout == "repvgg" && dynamic_cast<layers::RepVggBranches*>(m))
       kind = ModuleKind::repvgg_block;
     else if (layout == "qkv_concat" && dynamic_cast<layers::AttentionImpl*>(m))
       kind = ModuleKind::attention;
@@ -133,11 +133,11 @@ bool fold(torch::nn::Module& module) {
   return true;
 }
 
-/// repvgg on one RepVggBlock (lyuwenyu/RT-DETR rtdetr_pytorch/src/zoo/rtdetr/hybrid_encoder.py
+/// repvgg on one RepVGG block (lyuwenyu/RT-DETR rtdetr_pytorch/src/zoo/rtdetr/hybrid_encoder.py
 /// RepVggBlock.get_equivalent_kernel_bias: both branches folded, the 1x1 kernel zero-padded to
 /// 3x3 and added). False when already re-parameterised or the geometry is not 3x3 + 1x1.
 bool reparameterize(torch::nn::Module& module) {
-  auto& block = dynamic_cast<rtdetr::RepVggBlockImpl&>(module);
+  auto& block = dynamic_cast<layers::RepVggBranches&>(module);
   if (block.reparameterized || !block.conv2) return false;
   const auto& o3 = block.conv1->conv->options;
   const auto& o1 = block.conv2->conv->options;
@@ -150,7 +150,7 @@ bool reparameterize(torch::nn::Module& module) {
   install_folded(*block.conv1,
                  {a.weight + at::constant_pad_nd(b.weight, {1, 1, 1, 1}), a.bias + b.bias},
                  block.act);
-  block.unregister_module("conv2");
+  module.unregister_module("conv2");
   block.conv2 = nullptr;
   block.reparameterized = true;
   return true;
@@ -162,7 +162,7 @@ bool reparameterize(torch::nn::Module& module) {
 /// shortcut's `pooled` child (a Conv2d, so channels_last converts it too); the 1x1 conv stays for
 /// odd sides. False when already done or the projection is not a plain 1x1 stride-1 conv.
 bool fold_avgpool(torch::nn::Module& module) {
-  auto sc = dynamic_cast<rtdetr::ResNetLayerImpl&>(module).pooled_shortcut();
+  auto sc = dynamic_cast<layers::PooledShortcut&>(module).pooled_shortcut();
   if (!sc || sc->pooled) return false;
   const auto& o = sc->conv->options;
   if (o.kernel != 1 || o.stride != 1 || o.padding != 0 || o.groups != 1 || o.dilation != 1 ||

@@ -1,4 +1,4 @@
-// Layouts (the KernelConfig of the issue "kernels layer: layouts"): once, after a checkpoint's
+// Layouts (Hugging Face's KernelConfig idea, in-tree): once, after a checkpoint's
 // tensors are loaded, a layout rewrites modules of the tree into a faster equivalent form: the
 // conversion mapping (fold, concatenate, re-parameterise, change memory format) is applied to
 // the loaded tensors and the module switches to its fused forward, which calls the kernel slots

@@ -1,6 +1,5 @@
 // LwDetrForObjectDetection (transformers 5.17), inference only; every step keeps transformers'
 // operation order so that float32 results match.
-#include "models/lw_detr/lw_detr.h"
 
 #include "models/module_model.h"
 
@@ -21,6 +20,7 @@
 #include "models/lw_detr/projector.h"
 #include "models/lw_detr/two_stage.h"
 #include "models/lw_detr/vit_backbone.h"
+#include "models/registry/family.h"
 
 namespace libreyolo::models {
 namespace lw_detr {
@@ -106,6 +106,17 @@ class LwDetrModel : public ModuleModel<LwDetrImpl> {
 }  // namespace
 }  // namespace lw_detr
 
+namespace {
+
+/// Default of the attention modules' `fused_attn` flag (backbone and decoder self-attention).
+/// Manual math, as every family (tests/parity/lw_detr_parity_test.cpp measures both paths).
+constexpr bool kFusedAttentionDefault = false;
+
+/// Loads `dir`/model.safetensors for config.json `model_type` "lw_detr" (`config` is the parsed
+/// config.json). Every checkpoint key must be used and every module key present (the ViT
+/// attention may carry save_pretrained's names, attention.attention.query / attention.output,
+/// or transformers 5's, attention.q_proj / attention.o_proj). Throws core::ConfigError /
+/// core::CheckpointError (std::runtime_error) naming the file and the field or tensor keys.
 std::unique_ptr<Model> load_lw_detr(const std::string& dir, const nlohmann::json& config,
                                     const LoadOptions& options) {
   const core::ConfigView view(config, dir + "/config.json");
@@ -120,8 +131,32 @@ std::unique_ptr<Model> load_lw_detr(const std::string& dir, const nlohmann::json
     return out;
   };
   core::load_state_dict(*net, *file, rules, options.dtype, options.device);
-  layers::set_fused_attention(*net, lw_detr::kFusedAttentionDefault);
+  layers::set_fused_attention(*net, kFusedAttentionDefault);
   return std::make_unique<lw_detr::LwDetrModel>(std::move(net), options);
 }
 
+// LW-DETR (Chen et al., "LW-DETR: A Transformer Replacement to YOLO for Real-Time Detection",
+// 2024) as transformers 5.17 LwDetrForObjectDetection (models/lw_detr/modeling_lw_detr.py),
+// inference only: ViT backbone (vit_backbone.h), multi-scale C2F projector (projector.h),
+// two-stage query selection (two_stage.h), deformable decoder (decoder.h), class and box heads.
+// Pre-processing is DeformableDetrImageProcessor's (transformers' auto mapping for "lw_detr"),
+// post-processing DeformableDetr's post_process_object_detection (image::DetectionHead::
+// deformable_detr). forward() takes pixel_values (B, 3, H, W) with H and W multiples of
+// patch_size * sqrt(num_windows), and an optional pixel_mask (B, H, W) integer or bool; it
+// returns logits (B, num_queries, num_labels) and pred_boxes (B, num_queries, 4) (cx, cy, w, h
+// normalised), float32.
+//
+// Layout classes: the projector's ConvNorms (conv + BatchNorm2d), the ViT backbone's attention,
+// then the decoder self-attention. Not channels_last: the backbone is GEMMs, the projector a few
+// convolutions.
+const FamilyRegistrar registered{
+    Family{"lw_detr", {"lw_detr"}, /*order=*/50, load_lw_detr}
+        .predicts({Task::object_detection}, image::DetectionHead::deformable_detr)
+        .fused_attention(kFusedAttentionDefault)
+        .layouts({{"batchnorm_fold", {"LwDetrConvNormLayer"}},
+                  {"qkv_concat", {"LwDetrViTAttention"}, "", path_with("backbone")},
+                  {"qkv_concat", {"LwDetrAttention"}}},
+                 {"batchnorm_fold", "qkv_concat"})};
+
+}  // namespace
 }  // namespace libreyolo::models

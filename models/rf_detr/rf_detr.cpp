@@ -1,6 +1,5 @@
 // RfDetrForObjectDetection / RfDetrForInstanceSegmentation (transformers 5.17), inference
 // only; every step keeps transformers' operation order so that float32 results match.
-#include "models/rf_detr/rf_detr.h"
 
 #include "models/module_model.h"
 
@@ -19,6 +18,7 @@
 #include "models/lw_detr/decoder.h"
 #include "models/lw_detr/projector.h"
 #include "models/lw_detr/two_stage.h"
+#include "models/registry/family.h"
 #include "models/rf_detr/checkpoint_keys.h"
 #include "models/rf_detr/config.h"
 #include "models/rf_detr/dinov2_backbone.h"
@@ -27,6 +27,10 @@
 namespace libreyolo::models {
 namespace rf_detr {
 namespace {
+
+/// Default of the attention modules' `fused_attn` flag (backbone and decoder self-attention).
+/// Manual math, as every family (tests/parity/rf_detr_parity_test.cpp measures both paths).
+constexpr bool kFusedAttentionDefault = false;
 
 template <class T, class... Args>
 std::shared_ptr<T> make(Args&&... args) {
@@ -168,6 +172,14 @@ void load_weights(torch::nn::Module& net, RfDetrImpl& detector, const core::Safe
 }  // namespace
 }  // namespace rf_detr
 
+namespace {
+
+/// Loads `dir`/model.safetensors for config.json `model_type` "rf_detr" (`config` is the parsed
+/// config.json); architectures[0] RfDetrForInstanceSegmentation gives an instance segmentation
+/// model, otherwise object detection. Every checkpoint key must be used and every module key
+/// present, under the original RF-DETR names that transformers' save_pretrained writes
+/// (rf_detr/checkpoint_keys.h) or transformers' module names. Throws core::ConfigError /
+/// core::CheckpointError (std::runtime_error) naming the file and the field or tensor keys.
 std::unique_ptr<Model> load_rf_detr(const std::string& dir, const nlohmann::json& config,
                                     const LoadOptions& options) {
   const core::ConfigView view(config, dir + "/config.json");
@@ -185,4 +197,35 @@ std::unique_ptr<Model> load_rf_detr(const std::string& dir, const nlohmann::json
                                                                      Task::object_detection);
 }
 
+// RF-DETR (Robinson et al., "RF-DETR: Neural Architecture Search for Real-Time Detection
+// Transformers", 2025) as transformers 5.17 RfDetrForObjectDetection and
+// RfDetrForInstanceSegmentation (models/rf_detr/modeling_rf_detr.py), inference only: DINOv2
+// backbone with windowed attention (dinov2_backbone.h), one-level C2F projector with LayerNorm
+// ConvNorms (lw_detr/projector.h), LW-DETR's two-stage query selection and deformable decoder
+// (lw_detr/two_stage.h, lw_detr/decoder.h), class and box heads, and for instance segmentation
+// the mask head (segmentation_head.h). Pre-processing is RfDetrImageProcessor's
+// (image::ProcessorConfig: rescale, then resize, then normalise), post-processing its
+// post_process_object_detection (top-k = num_queries over Q*C, sigmoid: image::DetectionHead::
+// rt_detr's) and post_process_instance_segmentation (image/instance_segmentation.h). forward()
+// takes pixel_values (B, 3, H, W) with H and W multiples of patch_size * num_windows, and an
+// optional pixel_mask (B, H, W) integer or bool; it returns logits (B, num_queries,
+// num_labels), pred_boxes (B, num_queries, 4) (cx, cy, w, h normalised) and for segmentation
+// pred_masks (B, num_queries, H / r, W / r) (r = mask_downsample_ratio), float32.
+//
+// Layout classes: the DINOv2 backbone's attention, then the decoder self-attention. Its
+// RfDetrConvNormLayer normalises with LayerNorm (statistics of each pixel's channels at run
+// time, not per-channel constants): nothing for batchnorm_fold.
+const FamilyRegistrar registered{
+    Family{"rf_detr", {"rf_detr"}, /*order=*/60, load_rf_detr}
+        .predicts({Task::object_detection, Task::instance_segmentation},
+                  image::DetectionHead::rt_detr)
+        .fused_attention(rf_detr::kFusedAttentionDefault)
+        .layouts({{"qkv_concat",
+                   {"RfDetrDinov2SelfAttention", "RfDetrDinov2Attention"},
+                   "",
+                   path_with("backbone")},
+                  {"qkv_concat", {"RfDetrAttention"}}},
+                 {"qkv_concat"})};
+
+}  // namespace
 }  // namespace libreyolo::models

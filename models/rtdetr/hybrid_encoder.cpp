@@ -70,7 +70,8 @@ at::Tensor EncoderLayerImpl::forward(const at::Tensor& x, const at::Tensor& pos)
 CSPRepLayerImpl::CSPRepLayerImpl(const Config& c)
     : CSPRepLayerImpl(c, 2 * c.encoder_hidden_dim, c.encoder_hidden_dim, 3, c.hidden_expansion) {}
 
-RepVggBlockImpl::RepVggBlockImpl(const Config& c, int64_t channels) : act(c.activation) {
+RepVggBlockImpl::RepVggBlockImpl(const Config& c, int64_t channels) {
+  act = c.activation;
   conv1 = register_module("conv1", conv_norm(c, channels, channels, 3, 1, Activation::none, 1));
   conv2 = register_module("conv2", conv_norm(c, channels, channels, 1, 1, Activation::none, 0));
 }

@@ -16,6 +16,7 @@
 #include "models/layers/attention.h"
 #include "models/layers/bound_kernels.h"
 #include "models/layers/layers.h"
+#include "models/layers/layout_targets.h"
 #include "models/layers/max_pool.h"
 #include "models/runtime/constant_cache.h"
 
@@ -72,13 +73,13 @@ layers::ConvNorm conv_norm(const Config& c, int64_t in, int64_t out, int64_t ker
 
 /// Bottleneck or basic residual layer: "layer.{k}" ConvLayers + optional "shortcut" /
 /// "shortcut.1" (index 0 = AvgPool2d(2, 2, ceil_mode) without parameters).
-class ResNetLayerImpl : public torch::nn::Module {
+class ResNetLayerImpl : public torch::nn::Module, public layers::PooledShortcut {
  public:
   ResNetLayerImpl(const Config& c, int64_t in, int64_t out, int64_t stride, bool first_of_stage);
   at::Tensor forward(const at::Tensor& x) const;
   /// The 1x1 projection behind "shortcut.0" = AvgPool2d(2, 2, ceil_mode=True) (what the
   /// avgpool_fold layout rewrites), or null when this layer has no pooled shortcut.
-  layers::ConvNorm pooled_shortcut() const { return avg_pool_ ? shortcut_ : nullptr; }
+  layers::ConvNorm pooled_shortcut() const override { return avg_pool_ ? shortcut_ : nullptr; }
 
  private:
   std::vector<layers::ConvNorm> layer_;
@@ -120,18 +121,14 @@ class EncoderLayerImpl : public torch::nn::Module {
   bool normalize_before_;
 };
 
-/// RTDetrRepVggBlock / DFineRepVggBlock: act(convnorm3x3(x) + convnorm1x1(x)), children
-/// "conv1" (3x3, padding 1) and "conv2" (1x1), no identity branch. The repvgg layout
-/// (models/layouts/) re-parameterises it into one 3x3 convolution with bias (lyuwenyu/RT-DETR
-/// RepVggBlock.convert_to_deploy): conv1 then holds the merged kernel with `act`, conv2 is null.
-class RepVggBlockImpl : public torch::nn::Module {
+/// RTDetrRepVggBlock / DFineRepVggBlock / Deimv2RepVggBlock: act(convnorm3x3(x) +
+/// convnorm1x1(x)) (layers::RepVggBranches: what the repvgg layout re-parameterises into one 3x3
+/// convolution with bias).
+class RepVggBlockImpl : public torch::nn::Module, public layers::RepVggBranches {
  public:
   RepVggBlockImpl(const Config& c, int64_t channels);
   /// (B, C, H, W) -> (B, C, H, W).
   at::Tensor forward(const at::Tensor& x) const;
-  layers::ConvNorm conv1, conv2;
-  Activation act;
-  bool reparameterized = false;
 };
 
 /// CSPRepLayer (conv1 -> RepVGG bottlenecks, conv2, conv3 or identity); conv1/conv2/conv3 use

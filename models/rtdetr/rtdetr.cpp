@@ -1,6 +1,5 @@
 // RT-DETR / RT-DETRv2: config parsing, the detector's top level (query selection), the Model
 // wrapper and the loader.
-#include "models/rtdetr/rtdetr.h"
 
 #include <c10/util/StringUtil.h>
 
@@ -10,6 +9,7 @@
 
 #include "log/log.h"
 #include "models/core/state_dict.h"
+#include "models/registry/family.h"
 #include "models/rtdetr/detector_model.h"
 #include "models/rtdetr/modules.h"
 
@@ -321,6 +321,11 @@ std::pair<at::Tensor, at::Tensor> DetectorImpl::forward(const at::Tensor& pixel_
 
 }  // namespace rtdetr
 
+namespace {
+
+/// Loads `dir`/model.safetensors for config.json `model_type` "rt_detr" or "rt_detr_v2"
+/// (`config` is the parsed config.json). Throws std::runtime_error (core::ConfigError /
+/// core::CheckpointError) naming config.json and the field, or the checkpoint and key.
 std::unique_ptr<Model> load_rtdetr(const std::string& dir, const nlohmann::json& config,
                                    const LoadOptions& options) {
   const core::ConfigView cfg(config, dir + "/config.json");
@@ -357,4 +362,42 @@ std::unique_ptr<Model> load_rtdetr(const std::string& dir, const nlohmann::json&
       type, std::move(geometry), std::move(net), std::move(labels), options);
 }
 
+/// RT-DETR's encoder_input_proj / decoder_input_proj: nn.Sequential(nn.Conv2d, nn.BatchNorm2d)
+/// upstream (modeling_rt_detr.py), no class of their own.
+bool input_proj(const std::string& path) {
+  return path_has_segment(path, "encoder_input_proj") ||
+         path_has_segment(path, "decoder_input_proj");
+}
+
+bool backbone_shortcut(const std::string& path) {
+  return path_has_segment(path, "backbone") && path_has_segment(path, "shortcut");
+}
+
+// RT-DETR (Zhao et al., "DETRs Beat YOLOs on Real-time Object Detection", CVPR 2024) and
+// RT-DETRv2 (Lv et al., 2024), as transformers 5.17 RTDetrForObjectDetection /
+// RTDetrV2ForObjectDetection with the ResNet-vd backbone (`rt_detr_resnet`). forward() takes
+// pixel_values (B, 3, H, W); it returns logits (B, num_queries, num_labels) and pred_boxes
+// (B, num_queries, 4), float32. Attention: manual math by default (fused_attention_default).
+//
+// Default layouts: every layout passed the parity gate. channels_last (CUDA only: its
+// predicate) removes cuDNN's NCHW<->NHWC transposes, and avgpool_fold the NHWC avg_pool2d pass
+// of the ResNet-vd shortcuts although its 2x2 stride-2 convolution has 4x the 1x1 shortcut's
+// FLOPs (docs/BENCHMARKS.md "Against torch.compile").
+const FamilyRegistrar registered{
+    Family{"rtdetr", {"rt_detr", "rt_detr_v2"}, /*order=*/10, load_rtdetr}
+        .predicts({Task::object_detection}, image::DetectionHead::rt_detr)
+        .fused_attention(false)
+        .layouts({{"batchnorm_fold", {"Sequential"}, "", input_proj},
+                  {"batchnorm_fold", {"RTDetrResNetShortCut"}, "", backbone_shortcut},
+                  {"batchnorm_fold", {"RTDetrResNetConvLayer"}, "", path_with("backbone")},
+                  {"batchnorm_fold", {"RTDetrConvNormLayer"}, "rt_detr"},
+                  {"batchnorm_fold", {"RTDetrV2ConvNormLayer"}, "rt_detr_v2"},
+                  {"repvgg", {"RTDetrRepVggBlock"}, "rt_detr"},
+                  {"repvgg", {"RTDetrV2RepVggBlock"}, "rt_detr_v2"},
+                  {"avgpool_fold", {"AvgPool2d"}},
+                  {"qkv_concat", {"RTDetrSelfAttention"}, "rt_detr"},
+                  {"qkv_concat", {"RTDetrV2SelfAttention"}, "rt_detr_v2"}},
+                 {"repvgg", "batchnorm_fold", "avgpool_fold", "qkv_concat", "channels_last"})};
+
+}  // namespace
 }  // namespace libreyolo::models

@@ -1,9 +1,10 @@
 // CUDA-graph execution of a model's forward at fixed batch sizes (the daemon's serving.yaml
 // `cuda_graphs`, libreyolo-bench-models --cuda-graph).
 // A graph replays the whole forward with one launch: at batch 1 the host's kernel-launch cost,
-// not the GPU, bounds an eager RT-DETR (docs/BENCHMARKS.md: R50 bf16 10.2 ms eager, 3.5 ms
-// replayed on the H200). TensorRT/Triton call the same idea "optimization profiles"; here a
-// batch is padded up to the next captured size, as vLLM does for its decode graphs.
+// not the GPU, bounds an eager RT-DETR (docs/BENCHMARKS.md, "End-to-end forward, RT-DETR with
+// random weights at 640x640 (H200)": R50 bf16, eager against replayed). TensorRT/Triton call the
+// same idea "optimization profiles"; here a batch is padded up to the next captured size, as vLLM
+// does for its decode graphs.
 #pragma once
 
 #include <ATen/ATen.h>

@@ -1,5 +1,4 @@
 // SwinForImageClassification (transformers 5.17 models/swin/modeling_swin.py), inference only.
-#include "models/swin/swin.h"
 
 #include "models/module_model.h"
 
@@ -18,6 +17,7 @@
 #include "models/core/state_dict.h"
 #include "models/layers/attention.h"
 #include "models/layers/layers.h"
+#include "models/registry/family.h"
 #include "models/runtime/stream_guard.h"
 #include "models/swin/windows.h"
 
@@ -132,8 +132,8 @@ class BlockImpl : public torch::nn::Module {
   /// and shift `s`, and its bias_windows argument: the relative position bias (1, heads, n, n),
   /// plus the -100 shifted-window mask when s > 0 ((nW, heads, n, n), shared by the images),
   /// prepared for the attention path in use (layers::prepare_attention_bias: the memory-efficient
-  /// kernel reads a 16-aligned copy replicated per image, 38 us of the 128 us a Swin-T stage-1
-  /// call took when built per call on the H200, docs/bench/attention.md). The weights never
+  /// kernel reads a 16-aligned copy replicated per image, a large share of a Swin-T stage-1 call
+  /// when built per call: docs/BENCHMARKS.md, "Attention, manual vs SDPA"). The weights never
   /// change after loading, so the result is kept for the last (map, dtype, path) and reused
   /// (sliced for fewer images); nothing is kept from inside a CUDA-graph capture, whose work is
   /// only recorded. Thread-safe.
@@ -365,6 +365,21 @@ class SwinModel : public ModuleModel<SwinImpl> {
 }  // namespace
 }  // namespace swin
 
+namespace {
+
+/// Default of every Swin window-attention module's `fused_attn` flag, decided by measurement
+/// (tests/parity/fused_attention_policy_test.cpp): SDPA only where it is byte-exact with the
+/// manual math on the swin_tiny fixture. It is not (max |SDPA - manual| ~1e-8..1e-7): manual.
+constexpr bool kFusedAttentionDefault = false;
+
+/// Loads `dir`/model.safetensors for config.json `model_type` "swin" (`config` is the parsed
+/// config.json; architecture SwinForImageClassification). Any input size is accepted: pixels are
+/// padded to a multiple of `patch_size`, feature maps to a multiple of the window, odd maps
+/// before patch merging. Stages whose map is not larger than the window use window = min(h, w)
+/// and no shift (transformers `set_shift_and_window_size`); when that window is smaller than the
+/// configured one, the relative-position bias reads the configured table at the smaller window's
+/// offsets (transformers 5.17 fails with a shape error there). `relative_position_index` is
+/// recomputed, never read from the file. Throws core::ConfigError / core::CheckpointError.
 std::unique_ptr<Model> load_swin(const std::string& dir, const nlohmann::json& config,
                                  const LoadOptions& options) {
   const core::ConfigView view(config, dir + "/config.json");
@@ -376,8 +391,21 @@ std::unique_ptr<Model> load_swin(const std::string& dir, const nlohmann::json& c
   rules.ignored_file_keys = {R"(.*\.relative_position_index)"};
   core::load_state_dict(*net, *file, rules, options.dtype, options.device);
   net->prepare(options.device);
-  layers::set_fused_attention(*net, swin::kFusedAttentionDefault);
+  layers::set_fused_attention(*net, kFusedAttentionDefault);
   return std::make_unique<swin::SwinModel>(std::move(net), options);
 }
 
+// Swin Transformer (Liu et al., "Swin Transformer: Hierarchical Vision Transformer using Shifted
+// Windows", ICCV 2021) as transformers 5.17 SwinForImageClassification
+// (models/swin/modeling_swin.py), on-disk (legacy) parameter names: swin.embeddings.*,
+// swin.encoder.layers.{s}.blocks.{b}.attention.self.*, swin.layernorm.*, classifier.*.
+// forward(): pixel_values (B, num_channels, H, W) float, any size -> logits (B, num_labels)
+// float32.
+const FamilyRegistrar registered{
+    Family{"swin", {"swin"}, /*order=*/90, load_swin}
+        .predicts({Task::image_classification})
+        .fused_attention(kFusedAttentionDefault)
+        .layouts({{"qkv_concat", {"SwinAttention", "SwinSelfAttention"}}}, {"qkv_concat"})};
+
+}  // namespace
 }  // namespace libreyolo::models

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Bounded libFuzzer run of every fuzz target (models/fuzz, docs/FUZZING.md; clang, ASan+UBSan):
+# Bounded libFuzzer run of every fuzz target (tests/fuzz, docs/FUZZING.md; clang, ASan+UBSan):
 # the torch-free parsers and, against the main build's libraries, the torch targets (image
 # preprocessing, the OIP request path, model configs, checkpoints). Each target first runs its
-# whole seed corpus tests/fixtures/fuzz/<target>/ (the regression inputs of fixed findings
+# whole seed corpus tests/fuzz/corpus/<target>/ (the regression inputs of fixed findings
 # included), then fuzzes for FUZZ_SECONDS (default 10) on a copy of it; FUZZ_PARALLEL targets
 # (default 2) at a time. A crash, a sanitizer report, a timeout or an out-of-memory fails the
 # script and names the input. Measured on 2 cores: see docs/FUZZING.md "CI share".
@@ -22,8 +22,14 @@ main_build=""
 if [ "${FUZZ_TORCH:-1}" != 0 ]; then main_build=$(cd "$build" && pwd); fi
 export CCACHE_BASEDIR=$PWD CCACHE_NOHASHDIR=1
 export CCACHE_SLOPPINESS=pch_defines,time_macros,include_file_mtime,include_file_ctime
+# A fuzz build configured from another source folder (the targets lived in models/fuzz before
+# tests/fuzz) is stale: its build.ninja names CMakeLists.txt that no longer exist.
+if [ -f "$fuzz_build/CMakeCache.txt" ] &&
+   ! grep -qx "CMAKE_HOME_DIRECTORY:INTERNAL=$PWD/tests/fuzz" "$fuzz_build/CMakeCache.txt"; then
+  rm -rf "$fuzz_build"
+fi
 if [ ! -f "$fuzz_build/build.ninja" ] || ! grep -q "LIBREYOLO_FUZZ_MAIN_BUILD:PATH=$main_build\$" "$fuzz_build/CMakeCache.txt"; then
-  CC=clang CXX=clang++ cmake -S models/fuzz -B "$fuzz_build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+  CC=clang CXX=clang++ cmake -S tests/fuzz -B "$fuzz_build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
     -DLIBREYOLO_FUZZ_MAIN_BUILD="$main_build" >/dev/null
 fi
 ninja -C "$fuzz_build" -j "${JOBS:-$(nproc)}" >/dev/null
@@ -38,11 +44,11 @@ export LIBREYOLO_FUZZ_FIXTURES=$PWD/tests/fixtures LIBREYOLO_LOG_LEVEL=${LIBREYO
 run_one() {
   local t=$1 corpus=$work/$1/corpus artifacts=$work/$1/artifacts/
   mkdir -p "$corpus" "$artifacts"
-  cp tests/fixtures/fuzz/"$t"/* "$corpus/"
+  cp tests/fuzz/corpus/"$t"/* "$corpus/"
   # The seeds whole first (regression inputs may be larger than what the fuzzing generates),
   # then fuzzing with the target's input size bound (scripts/fuzz-max-len.sh).
   if "$fuzz_build/bin/${t}_fuzz" -runs=0 -timeout=30 -rss_limit_mb=6144 \
-       -artifact_prefix="$artifacts" tests/fixtures/fuzz/"$t" >"$work/$t.seeds.log" 2>&1 &&
+       -artifact_prefix="$artifacts" tests/fuzz/corpus/"$t" >"$work/$t.seeds.log" 2>&1 &&
      "$fuzz_build/bin/${t}_fuzz" -max_total_time="$seconds" -max_len="$(fuzz_max_len "$t")" \
        -timeout=30 -rss_limit_mb=6144 -print_final_stats=1 -artifact_prefix="$artifacts" \
        "$corpus" >"$work/$t.log" 2>&1; then

@@ -10,8 +10,8 @@
 #include "kernels/kernels.h"
 #include "log/log.h"
 #include "models/runtime/device_memory.h"
+#include "server/grpc/grpc_server.h"
 #include "server/http/http_server.h"
-#include "server/rpc/grpc_server.h"
 #include "server/shm/registry.h"
 
 namespace libreyolo::server {

@@ -8,7 +8,7 @@
 #include <memory>
 #include <string>
 
-#include "server/core/config.h"
+#include "server/config/config.h"
 #include "server/core/core.h"
 
 namespace libreyolo::server {

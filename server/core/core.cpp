@@ -15,10 +15,10 @@
 #include "models/model.h"
 #include "models/runtime/device_memory.h"
 #include "models/runtime/intra_op_threads.h"
+#include "server/core/infer_pipeline.h"
+#include "server/core/thread_pool.h"
+#include "server/instance/model_instances.h"
 #include "server/lifecycle/model_lifecycle.h"
-#include "server/pipeline/batcher.h"
-#include "server/pipeline/infer_pipeline.h"
-#include "server/pipeline/thread_pool.h"
 #include "server/repository/model_name.h"
 #include "server/tasks/detector_io.h"
 
@@ -57,7 +57,7 @@ ServerCore::ServerCore(const ServerConfig& config, Metrics& metrics, ModelFactor
 }
 
 ServerCore::~ServerCore() {
-  lifecycle_.reset();  // batchers finish their queued requests first
+  lifecycle_.reset();  // the models' instances finish their queued requests first
   pipeline_.reset();
   pool_.reset();
 }
@@ -246,13 +246,13 @@ api::InferResponse ServerCore::infer(api::InferRequest&& request) {
 std::vector<std::string> ServerCore::instance_devices() const {
   std::vector<std::string> devices;
   for (const auto& e : lifecycle_->entries()) {
-    std::shared_ptr<Batcher> batcher;
+    std::shared_ptr<ModelInstances> instances;
     {
       std::lock_guard<std::mutex> ek(e->mu);
-      batcher = e->batcher;
+      instances = e->instances;
     }
-    if (!batcher) continue;
-    for (const auto& st : batcher->instances()) devices.push_back(st.device);
+    if (!instances) continue;
+    for (const auto& st : instances->status()) devices.push_back(st.device);
   }
   return devices;
 }
@@ -295,8 +295,8 @@ std::string ServerCore::active_json() const {
         m["device"] = l.device.str();
         // instance_group: every instance, its device and whether it is still in rotation.
         json instances = json::array();
-        if (e->batcher)
-          for (const auto& st : e->batcher->instances())
+        if (e->instances)
+          for (const auto& st : e->instances->status())
             instances.push_back({{"name", st.name},
                                  {"device", st.device},
                                  {"healthy", st.healthy},

@@ -1,7 +1,7 @@
 // The serving core: api::InferenceService over the model repository (server/repository/), the
-// models' life cycle (server/lifecycle/) and the request pipeline (server/pipeline/), with the
-// readiness rules and the /active report. The transports (server/rpc/ gRPC, the HTTP port)
-// only see api::InferenceService; the composition root is server/app/daemon. No torch in this
+// models' life cycle (server/lifecycle/) and the inference pipeline (server/core/infer_pipeline.h),
+// with the readiness rules and the /active report. The transports (server/grpc/ gRPC, the HTTP
+// port) only see api::InferenceService; the composition root is server/app/daemon. No torch in this
 // header.
 #pragma once
 
@@ -12,8 +12,8 @@
 #include <vector>
 
 #include "server/api/types.h"
-#include "server/core/config.h"
-#include "server/core/metrics.h"
+#include "server/config/config.h"
+#include "server/metrics/metrics.h"
 
 namespace libreyolo::models {
 struct LoadOptions;
@@ -74,7 +74,7 @@ class ServerCore : public api::InferenceService {
   api::InferResponse infer(api::InferRequest&& request) override;
 
   /// Tests only: infer() calls it with the model name once the model is looked up, before its
-  /// readiness is checked and its batcher taken (the window a racing reload must not fall into;
+  /// readiness is checked and its instances taken (the window a racing reload must not fall into;
   /// since the two happen in one critical section, it runs under the lifecycle's lock). Set it
   /// before any request.
   std::function<void(const std::string&)> lookup_hook_for_testing;

@@ -1,6 +1,6 @@
 // The HTTP port: KServe v2 REST (Open Inference Protocol over HTTP) with Triton's binary tensor
 // data, model repository, statistics and system / CUDA shared-memory extensions, forwarding to an
-// api::InferenceService like the gRPC transport (server/rpc/grpc_server.h), plus the admin
+// api::InferenceService like the gRPC transport (server/grpc/grpc_server.h), plus the admin
 // endpoints /active and /metrics. Built on cpp-httplib (Debian 12 libcpp-httplib-dev 0.11); no
 // torch, no httplib type here.
 #pragma once

@@ -139,7 +139,7 @@ std::string render_cuda_status(const std::vector<shm::CudaStatus>& regions);
 std::optional<std::string> base64_decode(std::string_view text);
 
 /// `{"error": "<message>"}`; messages longer than 2048 bytes are clipped like the gRPC side's
-/// (server/rpc/grpc_server.cpp kMaxStatusMessageBytes).
+/// (server/grpc/grpc_server.cpp kMaxStatusMessageBytes).
 std::string render_error(const std::string& message);
 
 /// The HTTP status of an api::Code, as Triton's HTTP server maps its error codes

@@ -9,8 +9,9 @@
 
 #include "kernels/policy.h"
 #include "log/log.h"
-#include "server/core/statistics.h"
-#include "server/pipeline/batcher.h"
+#include "server/instance/model_instances.h"
+#include "server/metrics/statistics.h"
+#include "server/scheduler/dynamic_batcher.h"
 
 namespace libreyolo::server {
 namespace {
@@ -24,27 +25,26 @@ std::string message_of(const std::exception& e) {
 
 }  // namespace
 
-
 using api::Code;
 using api::Error;
 
 namespace {
 
 /// Takes an entry out of service: UNLOADING while requests that hold a lease still run, then
-/// UNAVAILABLE with `reason`. Its batcher is released outside the entry's lock (queued requests
-/// still finish; the last holder joins the worker, never the worker itself since hooks hold the
-/// entry weakly and the entry no longer holds the batcher).
+/// UNAVAILABLE with `reason`. Its instances are released outside the entry's lock (queued requests
+/// still finish; the last holder joins the workers, never a worker itself since hooks hold the
+/// entry weakly and the entry no longer holds the instances).
 void retire(const std::shared_ptr<ModelEntry>& e, const std::string& reason, bool unloaded) {
-  std::shared_ptr<Batcher> batcher;
+  std::shared_ptr<ModelInstances> instances;
   {
     std::lock_guard<std::mutex> ek(e->mu);
-    batcher = std::move(e->batcher);
+    instances = std::move(e->instances);
     e->loaded.reset();
     e->state = e->in_flight > 0 ? ModelState::unloading : ModelState::unavailable;
     e->reason = reason;
     e->unloaded = unloaded;
   }
-  batcher.reset();
+  instances.reset();
 }
 
 }  // namespace
@@ -52,13 +52,13 @@ void retire(const std::shared_ptr<ModelEntry>& e, const std::string& reason, boo
 ModelLease::ModelLease(ModelLease&& o) noexcept
     : entry(std::move(o.entry)),
       loaded(std::move(o.loaded)),
-      batcher(std::move(o.batcher)),
+      instances(std::move(o.instances)),
       not_ready(std::move(o.not_ready)) {}
 
 ModelLease::~ModelLease() {
   if (!entry || !loaded) return;
   loaded.reset();
-  batcher.reset();
+  instances.reset();
   std::lock_guard<std::mutex> ek(entry->mu);
   // The last request of a retired version: it is now out of service.
   if (--entry->in_flight == 0 && entry->state == ModelState::unloading)
@@ -76,17 +76,17 @@ ModelLifecycle::ModelLifecycle(const ServerConfig& config, Metrics& metrics, Mod
                             config.model_repository.origin) {}
 
 ModelLifecycle::~ModelLifecycle() {
-  // Batchers are destroyed outside the locks: their workers finish queued requests and take
+  // Instances are destroyed outside the locks: their workers finish queued requests and take
   // the entry's lock in their hooks.
-  std::vector<std::shared_ptr<Batcher>> batchers;
+  std::vector<std::shared_ptr<ModelInstances>> all;
   {
     std::lock_guard<std::mutex> lk(mu_);
     for (auto& [name, e] : models_) {
       std::lock_guard<std::mutex> ek(e->mu);
-      batchers.push_back(std::move(e->batcher));
+      all.push_back(std::move(e->instances));
     }
   }
-  batchers.clear();
+  all.clear();
 }
 
 void ModelLifecycle::bring_up(const std::shared_ptr<ModelEntry>& e, const ModelSource& source) {
@@ -95,17 +95,24 @@ void ModelLifecycle::bring_up(const std::shared_ptr<ModelEntry>& e, const ModelS
   // One LoadedModel per instance (instance_group), each with its own weights on its device,
   // its layouts and kernel handles, warm-up and CUDA graphs.
   const auto devices = instance_devices(serving, config_.device.value);
+  // What every instance loads with, built once: the version, its serving.yaml and the server's
+  // settings it may override; each instance then sets its device and name.
+  InstanceOptions base;
+  base.name = e->name;
+  base.version = e->version;
+  base.dir = e->dir;
+  base.serving = serving;
+  base.server_device = config_.device.value;
+  base.server_fused_attention = config_.kernels.fused_attention.value;
+  base.server_layouts = config_.kernels.layouts;
   std::vector<std::shared_ptr<LoadedModel>> instances;
   double load_s = 0, warm_s = 0;
   for (std::size_t i = 0; i < devices.size(); ++i) {
-    auto on_device = serving;
-    on_device.device = devices[i];
-    const std::string instance =
-        devices.size() > 1 ? e->name + "_" + std::to_string(i) : std::string();
     const auto t_load = Clock::now();
-    auto loaded = load_model_version(e->name, e->version, e->dir, on_device, config_.device.value,
-                                     factory_, config_.kernels.fused_attention.value,
-                                     config_.kernels.layouts, instance);
+    InstanceOptions options = base;
+    options.serving.device = devices[i];
+    options.instance = devices.size() > 1 ? e->name + "_" + std::to_string(i) : std::string();
+    auto loaded = load_model_version(options, factory_);
     load_s += seconds_since(t_load);
     const auto t_warm = Clock::now();
     if (serving.warmup) warm_up(*loaded);
@@ -117,9 +124,8 @@ void ModelLifecycle::bring_up(const std::shared_ptr<ModelEntry>& e, const ModelS
   std::vector<std::pair<std::string, std::string>> names;  // (instance, device) for the metrics
   for (std::size_t i = 0; i < instances.size(); ++i)
     names.emplace_back(e->name + "_" + std::to_string(i), instances[i]->device.str());
-  Batcher::Hooks hooks;
-  hooks.pending = [&metrics = metrics_, n = e->name](int64_t count) { metrics.pending(n, count); };
-  hooks.executed = [&metrics = metrics_, weak, names](const Batcher::Executed& x) {
+  InstanceHooks hooks;
+  hooks.executed = [&metrics = metrics_, weak, names](const ExecutedBatch& x) {
     auto entry = weak.lock();
     if (!entry) return;
     const auto& [instance, device] = names[x.instance];
@@ -149,12 +155,17 @@ void ModelLifecycle::bring_up(const std::shared_ptr<ModelEntry>& e, const ModelS
   };
   for (const auto& [instance, device] : names)
     metrics_.instance_ready(e->name, instance, device, true);
-  auto batcher = std::make_shared<Batcher>(instances, std::move(hooks));
+  // The queue policy: Triton's dynamic batcher (another Scheduler changes it for every instance).
+  auto scheduler = std::make_unique<DynamicBatcher>(
+      e->name, instances.front()->serving, instances.size(),
+      [&metrics = metrics_, n = e->name](int64_t count) { metrics.pending(n, count); });
+  auto running =
+      std::make_shared<ModelInstances>(std::move(scheduler), instances, std::move(hooks));
   {
     std::lock_guard<std::mutex> ek(e->mu);
     e->serving = serving;
     e->loaded = instances.front();
-    e->batcher = batcher;
+    e->instances = running;
     e->state = ModelState::ready;
     e->reason.clear();
     e->unloaded = false;
@@ -238,7 +249,7 @@ int ModelLifecycle::load_repository(const std::set<std::string>& load) {
 void ModelLifecycle::load(const std::string& name) {
   // Triton's explicit mode: re-scan this one folder of the repository, load its highest version
   // into a new entry, and swap it in only when it is READY (a failed reload keeps the served
-  // version; in-flight requests of the old entry finish on its batcher).
+  // version; in-flight requests of the old entry finish on its instances).
   std::lock_guard<std::mutex> control(control_mu_);
   const ModelSource source = repository_.locate(name);
   std::shared_ptr<ModelEntry> old;
@@ -316,7 +327,7 @@ std::shared_ptr<ModelEntry> ModelLifecycle::find(const std::string& name,
 ModelLease ModelLifecycle::acquire(const std::string& name, const std::string& version) const {
   // One critical section for the lookup and the state check: load() swaps a reloaded entry into
   // models_ under mu_ and only then retires the old one, so an entry found here is either READY
-  // (its batcher and model are taken, and the request finishes on them even if a reload
+  // (its instances and model are taken, and the request finishes on them even if a reload
   // retires the entry a moment later: the drain) or out of service on purpose (unloaded,
   // failed). Looking up and checking under two separate locks answered a request racing a
   // reload UNAVAILABLE "replaced by version N".
@@ -334,7 +345,7 @@ ModelLease ModelLifecycle::acquire(const std::string& name, const std::string& v
   std::lock_guard<std::mutex> ek(s.entry->mu);
   if (s.entry->state == ModelState::ready) {
     s.loaded = s.entry->loaded;
-    s.batcher = s.entry->batcher;
+    s.instances = s.entry->instances;
     ++s.entry->in_flight;
   } else {
     s.not_ready = "model '" + s.entry->name + "' is not ready (" + state_name(s.entry->state) +

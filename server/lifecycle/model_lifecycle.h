@@ -15,16 +15,15 @@
 #include <vector>
 
 #include "server/api/types.h"
-#include "server/core/config.h"
-#include "server/core/metrics.h"
-#include "server/core/serving_config.h"
-#include "server/lifecycle/loaded_model.h"
+#include "server/config/config.h"
+#include "server/config/serving_config.h"
+#include "server/instance/loaded_model.h"
+#include "server/instance/model_instances.h"
+#include "server/metrics/metrics.h"
 #include "server/repository/model_repository.h"
 #include "server/repository/model_state.h"
 
 namespace libreyolo::server {
-
-class Batcher;
 
 /// One model of the repository (the served version), its state and its statistics.
 struct ModelEntry {
@@ -37,13 +36,14 @@ struct ModelEntry {
   bool unloaded = false;
   ServingConfig serving;
   std::shared_ptr<LoadedModel> loaded;
-  std::shared_ptr<Batcher> batcher;
+  /// Its instances and their scheduler (null when not READY).
+  std::shared_ptr<ModelInstances> instances;
   std::int64_t in_flight = 0;  ///< requests holding a ModelLease
   api::ModelStatistics stats;
   std::map<std::uint64_t, api::BatchStatistics> batch_stats;
 };
 
-/// What one request runs on: the entry and, when it was READY, its model and batcher, held
+/// What one request runs on: the entry and, when it was READY, its model and instances, held
 /// until the request is answered (a reload or unload drains it instead of failing it).
 class ModelLease {
  public:
@@ -54,15 +54,15 @@ class ModelLease {
   ~ModelLease();
 
   std::shared_ptr<ModelEntry> entry;
-  std::shared_ptr<LoadedModel> loaded;  ///< null when the entry was not READY
-  std::shared_ptr<Batcher> batcher;
-  std::string not_ready;  ///< the UNAVAILABLE message when loaded is null
+  std::shared_ptr<LoadedModel> loaded;        ///< null when the entry was not READY
+  std::shared_ptr<ModelInstances> instances;  ///< null when the entry was not READY
+  std::string not_ready;                      ///< the UNAVAILABLE message when loaded is null
 };
 
 class ModelLifecycle {
  public:
   ModelLifecycle(const ServerConfig& config, Metrics& metrics, ModelLoader factory);
-  /// Finishes every batcher's queued requests (outside the locks).
+  /// Finishes every model's queued requests (outside the locks).
   ~ModelLifecycle();
 
   /// Scans the repository and loads, at most 4 at a time (Triton's --model-load-thread-count
@@ -103,7 +103,7 @@ class ModelLifecycle {
   std::function<void(const std::string&)> lookup_hook_for_testing;
 
  private:
-  /// Loads, warms up and starts the batcher of `e` (READY afterwards). Throws what loading
+  /// Loads, warms up and starts the instances of `e` (READY afterwards). Throws what loading
   /// throws.
   void bring_up(const std::shared_ptr<ModelEntry>& e, const ModelSource& source);
 

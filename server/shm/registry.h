@@ -1,5 +1,5 @@
 // Shared-memory regions registered by clients (Triton's system and CUDA shared-memory
-// extensions), for every transport: gRPC (server/rpc/grpc_server.cpp) and REST call the same
+// extensions), for every transport: gRPC (server/grpc/grpc_server.cpp) and REST call the same
 // Registry. No torch, no gRPC, no protobuf here: names, keys, sizes and api::Error only.
 //
 // Semantics follow triton-inference-server/server src/shared_memory_manager.cc (register,
@@ -109,8 +109,9 @@ class Registry {
   /// SystemSharedMemoryRegister: shm_open(key, O_RDWR) + mmap of [offset, offset + byte_size)
   /// (offset need not be page-aligned). Errors (both kinds): INVALID_ARGUMENT for an empty
   /// name; ALREADY_EXISTS "shared memory region 'NAME' already in manager"; RESOURCE_EXHAUSTED
-  /// "too many shared memory regions: 1024 are registered (unregister some first)"; INTERNAL "Unable to open shared memory region: 'KEY'" (shm_open
-  /// failed); INVALID_ARGUMENT "failed to register shared memory region 'NAME': invalid args
+  /// "too many shared memory regions: 1024 are registered (unregister some first)"; INTERNAL
+  /// "Unable to open shared memory region: 'KEY'" (shm_open failed); INVALID_ARGUMENT "failed to
+  /// register shared memory region 'NAME': invalid args
   /// (...)" when byte_size is 0 or offset + byte_size exceeds the object's size (fstat);
   /// INVALID_ARGUMENT "failed to register shared memory region 'NAME': unable to process
   /// address space: <strerror>" when mmap fails.

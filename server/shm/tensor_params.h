@@ -1,6 +1,6 @@
 // The shared-memory parameters of one inference tensor (Triton's shared_memory_region,
 // shared_memory_offset, shared_memory_byte_size), for every transport: gRPC
-// (server/rpc/grpc_server.cpp, protobuf InferParameter) and REST (server/http/kserve_json.cpp,
+// (server/grpc/grpc_server.cpp, protobuf InferParameter) and REST (server/http/kserve_json.cpp,
 // JSON `parameters`) hand their values over as ParamValue and get the same checks and the same
 // messages (those of triton-inference-server/server src/grpc/infer_handler.cc
 // ParseSharedMemoryParams, plus the bounds this server adds). Binding a tensor to its region

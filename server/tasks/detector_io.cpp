@@ -90,7 +90,7 @@ std::vector<api::OutputTensor> detector_outputs(const std::vector<image::Detecti
     counts[i] = static_cast<int32_t>(m);
     // With no detection in the whole batch (k == 0) the vectors are empty and data() may be
     // null: memcpy(nullptr, ..., 0) is undefined behaviour (oip_request_fuzz,
-    // tests/fixtures/fuzz/oip_request/regress-no-detection.pb).
+    // tests/fuzz/corpus/oip_request/regress-no-detection.pb).
     if (m == 0) continue;
     std::memcpy(scores.data() + i * k, s.data_ptr<float>(), m * sizeof(float));
     std::memcpy(labels.data() + i * k, l.data_ptr<int64_t>(), m * sizeof(int64_t));

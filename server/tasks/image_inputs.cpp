@@ -101,7 +101,7 @@ void parse_pixels(const api::InputTensor& t, const RequestLimits& limits, ImageI
   if (t.on_device()) {
     // CUDA shared memory (api::InputTensor::device_data): the client's device buffer as the
     // tensor, no host copy. The transport holds the region until the call ends, and the call
-    // ends after the forward that reads it (Batcher::finish answers after the stream event).
+    // ends after the forward that reads it (ModelInstance::finish answers after the stream event).
     r.pixel_values = at::from_blob(
         const_cast<void*>(t.device_data), sizes,
         at::TensorOptions().dtype(at::kFloat).device(at::Device(at::kCUDA, t.device_index)));

@@ -1,7 +1,7 @@
-// A task adapter per task (object detection, image classification; instance segmentation
-// next), chosen once at load from what the model describes (models::ModelDescription): request
+// A task adapter per task (object detection, image classification, instance segmentation),
+// chosen once at load from what the model describes (models::ModelDescription): request
 // parsing, post-processing, the output tensors and what ModelMetadata/ModelConfig report. The
-// pipeline and the batcher call it and never branch on the task (DESIGN.md "Serving").
+// pipeline and the model instances call it and never branch on the task (DESIGN.md "Serving").
 #pragma once
 
 #include <ATen/ATen.h>
@@ -17,7 +17,7 @@
 #include "models/image/postprocess.h"
 #include "models/model.h"
 #include "server/api/types.h"
-#include "server/core/serving_config.h"
+#include "server/config/serving_config.h"
 #include "server/tasks/image_inputs.h"
 
 namespace libreyolo::server {
@@ -57,7 +57,7 @@ class TaskAdapter {
 
   /// Post-processes this request's rows of the batch output and renders the output tensors.
   /// May throw api::Error for this request alone (segmentation: RESOURCE_EXHAUSTED past the
-  /// mask budget); the batcher answers it with that error and serves the rest of the batch.
+  /// mask budget); the instance answers it with that error and serves the rest of the batch.
   /// `output.logits` (n, ...) and, when uses_boxes(), `output.pred_boxes` (n, Q, 4): host
   /// float32, n = the request's images.
   virtual std::vector<api::OutputTensor> respond(const models::ModelOutput& output,

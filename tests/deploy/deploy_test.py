@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Deployment checks (issue 8): the Dockerfile, deploy/k8s (base + cpu/gpu overlays), deploy/kserve,
+"""Deployment checks: the Dockerfile, deploy/k8s (base + cpu/gpu overlays), deploy/kserve,
 deploy/prometheus and deploy/grafana against the daemon they deploy.
 
 usage: deploy_test.py BUILD_DIR
@@ -7,7 +7,7 @@ usage: deploy_test.py BUILD_DIR
 No Docker engine and no cluster: manifests are parsed and rendered (kustomize through `kubectl
 kustomize` when it exists, else a small renderer below that covers what deploy/k8s uses), and
 checked against the server itself: its default ports (config/server.yaml), its health service names
-(server/rpc sources, then a real grpc.health.v1 Check), the ConfigMap's server.yaml through the
+(server/grpc sources, then a real grpc.health.v1 Check), the ConfigMap's server.yaml through the
 daemon's own parser (--print-config), and every metric name used by the rules, the adapter and the
 dashboard against the /metrics output of a daemon started on loopback with the example repository.
 Prints one line per check and ends with `N passed, N failed` (`, N skipped` when some were).
@@ -31,7 +31,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 DEPLOY = os.path.join(ROOT, "deploy")
 K8S = os.path.join(DEPLOY, "k8s")
 OVERLAYS = ["base", "overlays/cpu", "overlays/gpu"]
-REQUIRED_ALERTS = {  # issue 8: kernel fallback events, readiness flapping, p99 latency, queue saturation
+REQUIRED_ALERTS = {  # what operations must page on: kernel fallback events, readiness flapping, p99 latency, queue saturation
     "LibreyoloKernelFallback", "LibreyoloReadinessFlapping", "LibreyoloP99LatencyHigh",
     "LibreyoloQueueSaturated"}
 # Metrics used by the rules that the daemon does not export, with where they come from.
@@ -177,11 +177,11 @@ def server_defaults():
 
 def health_services_in_sources():
     names = set()
-    for folder in ("server/rpc", "server/core"):
+    for folder in ("server/grpc", "server/core"):
         d = os.path.join(ROOT, folder)
         for f in os.listdir(d):
             if f.endswith(".cpp"):
-                # server/rpc/grpc_server.cpp: HealthService::set("<service>", serving) is the
+                # server/grpc/grpc_server.cpp: HealthService::set("<service>", serving) is the
                 # only place a status is set (gRPC's default health service is replaced).
                 names |= set(re.findall(r'health->set\("([^"]*)"', read(os.path.join(d, f))))
     return names
@@ -195,8 +195,20 @@ def longest_request_seconds():
 
 
 def served_model_types():
-    src = read(os.path.join(ROOT, "models", "load_model.cpp"))
-    return set(re.findall(r'type == "([a-z0-9_]+)"', src))
+    """The config.json model_types of every registered family: each family's .cpp registers
+    Family{"<name>", {"<model_type>", ...}, ...} (models/registry/family.h)."""
+    types = set()
+    models_dir = os.path.join(ROOT, "models")
+    for family in sorted(os.listdir(models_dir)):
+        d = os.path.join(models_dir, family)
+        if not os.path.isdir(d):
+            continue
+        for f in os.listdir(d):
+            if f.endswith(".cpp"):
+                for listed in re.findall(r'Family\{"[a-z0-9_]+",\s*\{([^}]*)\}', read(os.path.join(d, f))):
+                    types |= set(re.findall(r'"([a-z0-9_]+)"', listed))
+    assert types, "no Family{...} registration found under models/"
+    return types
 
 
 def free_port():
@@ -621,7 +633,7 @@ def main():
             fams = re.findall(r'"(libreyolo_[a-z0-9_]+)"', src)
             hist = re.findall(r'BuildHistogram\(\)\s*\.Name\("(libreyolo_[a-z0-9_]+)"\)', src)
             exported = set(fams) | {h + s for h in hist for s in ("_bucket", "_sum", "_count")}
-            source = "server/core/metrics.cpp (daemon not run)"
+            source = "server/metrics/metrics.cpp (daemon not run)"
         missing = []
         for n, where in sorted(used.items()):
             if n in recorded or n in EXTERNAL_METRICS:

@@ -1,4 +1,4 @@
-// The attention formulations of models/layers/attention on CUDA (issue 5): each one, and the
+// The attention formulations of models/layers/attention on CUDA: each one, and the
 // one attention_path() picks for fused_attn = true, against the manual math at the shape
 // classes of docs/bench/attention.md (ViT-B, Swin-T shifted and plain windows, RT-DETR AIFI).
 // float32 (TF32 off): within 1e-4 of the manual path; float16/bfloat16: error against a float64

@@ -1,5 +1,5 @@
 // ViT, DeiT and Swin on CUDA against the transformers CPU fixtures, with both attention paths
-// (issue 5: parity on CUDA; the fused path on CUDA runs the attention_path() policy: SDPA for ViT,
+// (parity on CUDA; the fused path on CUDA runs the attention_path() policy: SDPA for ViT,
 // the memory-efficient kernel for Swin's biased windows). Skips without a GPU. TF32 off: the
 // reference is float32 without it.
 #include <ATen/Context.h>

@@ -136,17 +136,11 @@ TEST(CudaFakeQuantFp8, DeclinesAreCountedNotThrown) {
   EXPECT_FALSE(call(x, at::full({6}, 0.1f, x.options())));  // (6) would broadcast over dim 1
   EXPECT_TRUE(call(x, s));
   EXPECT_TRUE(call(x, at::full({8, 1}, 0.1f, x.options())));
-  std::map<std::string, uint64_t> declined;
-  uint64_t calls = 0;
-  for (const auto& slot : reg.report())
-    for (const auto& c : slot.candidates)
-      if (slot.slot == kFakeQuantFp8.name && c.name == "cuda")
-        declined = c.declined, calls = c.calls;
-  EXPECT_EQ(calls, 2u);
-  EXPECT_EQ(declined["cpu tensor"], 1u);
-  EXPECT_EQ(declined["unsupported dtype"], 1u);
-  EXPECT_EQ(declined["non-contiguous"], 1u);
-  EXPECT_EQ(declined["unsupported scale shape"], 1u);
+  test::expect_calls_and_declines(reg, kFakeQuantFp8.name, "cuda", 2,
+                                  {{"cpu tensor", 1},
+                                   {"unsupported dtype", 1},
+                                   {"non-contiguous", 1},
+                                   {"unsupported scale shape", 1}});
 }
 
 TEST(CudaFakeQuantFp8, CudaGraphReplayEqualsEager) {

@@ -12,6 +12,7 @@
 #include "kernels/registry.h"
 #include "models/model.h"
 #include "models/runtime/cuda_graph_runner.h"
+#include "tests/gpu/model_cuda_test_util.h"
 
 namespace {
 
@@ -63,12 +64,7 @@ TEST(CudaGraphRunner, ReplayEqualsEagerWithPadding) {
 }
 
 /// Calls counted so far for the `cuda` ms_deform_attn (the registry's report, what /active shows).
-uint64_t cuda_msda_calls() {
-  for (const auto& slot : libreyolo::kernels::Registry::process_default().report())
-    for (const auto& c : slot.candidates)
-      if (slot.slot == libreyolo::kernels::kMsDeformAttn.name && c.name == "cuda") return c.calls;
-  return 0;
-}
+uint64_t cuda_msda_calls() { return libreyolo::test::cuda_msda_state().first; }
 
 TEST(CudaGraphRunner, ReplaysCountTheCapturedKernelCalls) {
   // A replay runs the captured cuda ms_deform_attn launches without calling the slot; the

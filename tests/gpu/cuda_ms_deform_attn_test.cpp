@@ -295,17 +295,11 @@ TEST(CudaMsDeformAttn, DeclinesAreCountedNotThrown) {
   const auto bad_starts = level_start_index({{4, 7}, {2, 3}}, in.value.device());
   EXPECT_FALSE(call(in.value, in.shapes, bad_starts, in.loc, in.attn));
   EXPECT_TRUE(call(in.value, in.shapes, in.starts, in.loc, in.attn));
-  std::map<std::string, uint64_t> declined;
-  uint64_t calls = 0;
-  for (const auto& slot : reg.report())
-    for (const auto& c : slot.candidates)
-      if (slot.slot == kMsDeformAttn.name && c.name == "cuda")
-        declined = c.declined, calls = c.calls;
-  EXPECT_EQ(calls, 1u);
-  EXPECT_EQ(declined["cpu tensor"], 1u);
-  EXPECT_EQ(declined["unsupported dtype"], 2u);
-  EXPECT_EQ(declined["shape mismatch"], 1u);
-  EXPECT_EQ(declined["malformed spatial metadata"], 2u);
+  test::expect_calls_and_declines(reg, kMsDeformAttn.name, "cuda", 1,
+                                  {{"cpu tensor", 1},
+                                   {"unsupported dtype", 2},
+                                   {"shape mismatch", 1},
+                                   {"malformed spatial metadata", 2}});
   EXPECT_TRUE(reg.events().empty());  // declines never disable
 }
 
@@ -315,12 +309,7 @@ TEST(CudaMsDeformAttn, SlotEntryUsesCudaAndIsDifferentiable) {
   const auto names = reg.iter_impls(kMsDeformAttn.name);
   if (std::find(names.begin(), names.end(), "cuda") == names.end())
     GTEST_SKIP() << "cuda not selected by the policy (LIBREYOLO_KERNELS?)";
-  auto calls = [&] {
-    for (const auto& slot : reg.report())
-      for (const auto& c : slot.candidates)
-        if (slot.slot == kMsDeformAttn.name && c.name == "cuda") return c.calls;
-    return uint64_t{0};
-  };
+  auto calls = [&] { return test::candidate_report(reg, kMsDeformAttn.name, "cuda").calls; };
   const auto in = make_inputs(2, 10, 4, 32, {{8, 12}, {4, 6}}, 3, at::kFloat, at::kFloat, 9);
   auto v = in.value.clone().requires_grad_();
   auto l = in.loc.clone().requires_grad_();
@@ -348,11 +337,8 @@ TEST(CudaMsDeformAttn, SlotEntryRunsCudaUnderInferenceMode) {
   if (std::find(names.begin(), names.end(), "cuda") == names.end())
     GTEST_SKIP() << "cuda not selected by the policy (LIBREYOLO_KERNELS?)";
   auto state = [&] {
-    for (const auto& slot : reg.report())
-      for (const auto& c : slot.candidates)
-        if (slot.slot == kMsDeformAttn.name && c.name == "cuda")
-          return std::make_pair(c.calls, c.disabled);
-    return std::make_pair(uint64_t{0}, false);
+    const auto c = test::candidate_report(reg, kMsDeformAttn.name, "cuda");
+    return std::make_pair(c.calls, c.disabled);
   };
   const auto in = make_inputs(2, 10, 4, 32, {{8, 12}, {4, 6}}, 3, at::kFloat, at::kFloat, 11);
   const auto eager = ms_deform_attn(Registry::process_default().bind(kMsDeformAttn, cuda_context()),

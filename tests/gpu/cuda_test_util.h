@@ -4,6 +4,7 @@
 
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
+#include <gtest/gtest.h>
 
 #include <cctype>
 #include <cstdint>
@@ -159,6 +160,26 @@ inline kernels::Registry& cuda_only() {
     return reg;
   }();
   return *r;
+}
+
+/// `impl`'s record for `slot` in `reg`'s report (calls, declines by reason, disabled); an empty
+/// record when the slot does not list it.
+inline kernels::CandidateReport candidate_report(kernels::Registry& reg, const std::string& slot,
+                                                 const std::string& impl) {
+  for (const auto& s : reg.report())
+    if (s.slot == slot)
+      for (const auto& c : s.candidates)
+        if (c.name == impl) return c;
+  return {};
+}
+
+/// `impl` of `slot` was called `calls` times and declined as often as `declines` says per reason.
+inline void expect_calls_and_declines(kernels::Registry& reg, const std::string& slot,
+                                      const std::string& impl, uint64_t calls,
+                                      const std::map<std::string, uint64_t>& declines) {
+  auto record = candidate_report(reg, slot, impl);
+  EXPECT_EQ(record.calls, calls);
+  for (const auto& [reason, n] : declines) EXPECT_EQ(record.declined[reason], n) << reason;
 }
 
 }  // namespace libreyolo::test

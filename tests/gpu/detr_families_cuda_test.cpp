@@ -1,9 +1,9 @@
-// The deformable families added for issue 16 (LW-DETR, DEIMv2 hybrid, lite and DINOv3) on CUDA: the
+// The newer deformable families (LW-DETR, DEIMv2 hybrid, lite and DINOv3) on CUDA: the
 // forward equals the transformers CPU fixture (TF32 off), the model's own `ms_deform_attn`
 // binding called `cuda` once per decoder layer with no fallback event, and the portable path
 // (the same model bound to `reference` only, serving.yaml-style `kernel_slots`) gives the same
-// outputs. The issue's warning: a kernel wired behind a condition the family never meets never
-// runs, so the calls are counted on the model's binding, not the process. Skips without a GPU.
+// outputs. A kernel wired behind a condition the family never meets never runs, so the calls
+// are counted on the model's binding, not the process. Skips without a GPU.
 #include <ATen/Context.h>
 #include <gtest/gtest.h>
 
@@ -124,7 +124,8 @@ TEST_P(DetrFamilyCuda, CudaKernelIsCalledAndEqualsPortablePathAndFixture) {
 TEST(DeformableDetrCuda, CudaGraphReplayEqualsEager) {
   // Deformable DETR's 2-coordinate reference points divide the offsets by each level's (W, H);
   // that normaliser was copied from the host, which the capture refused at 800x1333 on the H200
-  // (docs/BENCHMARKS.md, 2026-12-01 second run). Now filled on the device: the forward captures.
+  // (docs/BENCHMARKS.md, "Against torch.compile", its second run). Now filled on the device: the
+  // forward captures.
   if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device";
   using models::CudaGraphRunner;
   ASSERT_TRUE(CudaGraphRunner::supported());

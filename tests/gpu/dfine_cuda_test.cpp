@@ -16,25 +16,14 @@
 #include "models/core/safetensors.h"
 #include "models/model.h"
 #include "models/runtime/cuda_graph_runner.h"
+#include "tests/gpu/model_cuda_test_util.h"
 
 namespace {
 
 namespace core = libreyolo::models::core;
-using libreyolo::kernels::kMsDeformAttn;
-using libreyolo::kernels::Registry;
 
-/// Calls of `cuda` for ms_deform_attn so far, and whether it was disabled by a failure.
-std::pair<uint64_t, bool> cuda_msda_state() {
-  for (const auto& slot : Registry::process_default().report())
-    for (const auto& c : slot.candidates)
-      if (slot.slot == kMsDeformAttn.name && c.name == "cuda") return {c.calls, c.disabled};
-  return {0, false};
-}
-
-bool cuda_msda_selected() {
-  const auto names = Registry::process_default().iter_impls(kMsDeformAttn.name);
-  return std::find(names.begin(), names.end(), "cuda") != names.end();
-}
+using libreyolo::test::cuda_msda_selected;
+using libreyolo::test::cuda_msda_state;
 
 /// max |ours - ref| over (B, Q, 4 + C) rows of [pred_boxes, logits], after pairing every reference
 /// query with its nearest row of ours. The dfine_tiny fixture's smallest gap between consecutive
@@ -58,13 +47,10 @@ double matched_max_diff(const at::Tensor& logits, const at::Tensor& boxes, const
 
 TEST(DFineCuda, MatchesCpuReferenceAndUsesTheCudaKernel) {
   if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device";
-  at::globalContext().setAllowTF32CuDNN(false);
-  at::globalContext().setAllowTF32CuBLAS(false);
+  libreyolo::test::disable_tf32();
   const std::string dir = std::string(LIBREYOLO_TEST_FIXTURES) + "/models/dfine_tiny";
   const auto expected = core::SafetensorsFile::open(dir + "/expected.safetensors");
-  const auto pre = core::read_json_file(dir + "/preprocessor_config.json");
-  const float rescale = static_cast<float>(pre.at("rescale_factor").get<double>());
-  const auto pixels = expected->view("pixel_u8").to(at::kFloat) * rescale;
+  const auto pixels = libreyolo::test::rescaled_fixture_pixels(dir);
   for (auto dtype : {at::kFloat, at::kHalf, at::kBFloat16}) {
     for (bool fused : {false, true}) {
       if (dtype != at::kFloat && fused) continue;
@@ -137,8 +123,7 @@ TEST(DFineCuda, CudaGraphReplayEqualsEager) {
   if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device";
   using libreyolo::models::CudaGraphRunner;
   ASSERT_TRUE(CudaGraphRunner::supported());
-  at::globalContext().setAllowTF32CuDNN(false);
-  at::globalContext().setAllowTF32CuBLAS(false);
+  libreyolo::test::disable_tf32();
   libreyolo::models::LoadOptions options;
   options.device = at::Device(at::kCUDA, 0);
   const auto model = libreyolo::models::load_model(

@@ -107,15 +107,10 @@ TEST(MaxPool2dCuda, DeclinesAreCountedAndRunNothing) {
   EXPECT_FALSE(h(x.cpu().contiguous(at::MemoryFormat::ChannelsLast), geometry(3, 2, 1)));
   EXPECT_FALSE(h(x.to(at::kDouble).contiguous(at::MemoryFormat::ChannelsLast), geometry(3, 2, 1)));
   EXPECT_TRUE(h(x.contiguous(at::MemoryFormat::ChannelsLast), geometry(3, 2, 1)));
-  std::map<std::string, uint64_t> declined;
-  uint64_t calls = 0;
-  for (const auto& slot : reg.report())
-    for (const auto& c : slot.candidates)
-      if (slot.slot == kMaxPool2d.name && c.name == "cuda") declined = c.declined, calls = c.calls;
-  EXPECT_EQ(calls, 1u);
-  EXPECT_EQ(declined["cuda: not channels_last (NCHW runs at::max_pool2d)"], 1u);
-  EXPECT_EQ(declined["cuda: not a CUDA tensor"], 1u);
-  EXPECT_EQ(declined["cuda: dtype (float32, float16, bfloat16 only)"], 1u);
+  test::expect_calls_and_declines(reg, kMaxPool2d.name, "cuda", 1,
+                                  {{"cuda: not channels_last (NCHW runs at::max_pool2d)", 1},
+                                   {"cuda: not a CUDA tensor", 1},
+                                   {"cuda: dtype (float32, float16, bfloat16 only)", 1}});
 }
 
 }  // namespace

@@ -14,37 +14,23 @@
 #include "models/core/config.h"
 #include "models/core/safetensors.h"
 #include "models/model.h"
+#include "tests/gpu/model_cuda_test_util.h"
 
 namespace {
 
 namespace core = libreyolo::models::core;
-using libreyolo::kernels::kMsDeformAttn;
-using libreyolo::kernels::Registry;
 
-/// Calls of `cuda` for ms_deform_attn so far, and whether it was disabled by a failure.
-std::pair<uint64_t, bool> cuda_msda_state() {
-  for (const auto& slot : Registry::process_default().report())
-    for (const auto& c : slot.candidates)
-      if (slot.slot == kMsDeformAttn.name && c.name == "cuda") return {c.calls, c.disabled};
-  return {0, false};
-}
-
-bool cuda_msda_selected() {
-  const auto names = Registry::process_default().iter_impls(kMsDeformAttn.name);
-  return std::find(names.begin(), names.end(), "cuda") != names.end();
-}
+using libreyolo::test::cuda_msda_selected;
+using libreyolo::test::cuda_msda_state;
 
 class RTDetrCuda : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(RTDetrCuda, MatchesCpuReference) {
   if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device";
-  at::globalContext().setAllowTF32CuDNN(false);
-  at::globalContext().setAllowTF32CuBLAS(false);
+  libreyolo::test::disable_tf32();
   const std::string dir = std::string(LIBREYOLO_TEST_FIXTURES) + "/models/" + GetParam();
   const auto expected = core::SafetensorsFile::open(dir + "/expected.safetensors");
-  const auto pre = core::read_json_file(dir + "/preprocessor_config.json");
-  const float rescale = static_cast<float>(pre.at("rescale_factor").get<double>());
-  const auto pixels = expected->view("pixel_u8").to(at::kFloat) * rescale;
+  const auto pixels = libreyolo::test::rescaled_fixture_pixels(dir);
   for (auto dtype : {at::kFloat, at::kHalf, at::kBFloat16}) {
     libreyolo::models::LoadOptions options;
     options.dtype = dtype;

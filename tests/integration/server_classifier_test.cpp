@@ -13,13 +13,12 @@
 
 #include "log/log.h"
 #include "models/core/safetensors.h"
-#include "models/swin/swin.h"
-#include "models/vit/vit.h"
+#include "models/registry/family.h"
 #include "server/app/daemon.h"
-#include "server/core/config.h"
-#include "server/core/serving_config.h"
-#include "server/lifecycle/loaded_model.h"
-#include "server/rpc/client.h"
+#include "server/config/config.h"
+#include "server/config/serving_config.h"
+#include "server/grpc/client.h"
+#include "server/instance/loaded_model.h"
 #include "server_test_support.h"
 #include "tests/parity/fused_attention_fixtures.h"
 
@@ -28,6 +27,11 @@ namespace {
 
 using namespace testing;
 using api::Code;
+
+/// The registered Family::fused_attention_default of `model_type`.
+bool fused_default(const std::string& model_type) {
+  return models::FamilyRegistry::builtin().find(model_type)->fused_attention_default;
+}
 
 const std::string kFixtures = LIBREYOLO_TEST_FIXTURES;
 
@@ -205,8 +209,8 @@ TEST_F(ServerClassifier, VitSwinAndDeitMatchTransformers) {
 }
 
 TEST_F(ServerClassifier, FusedAttentionOnOffKeepsOutputs) {
-  // `on`/`off` flip every attention module whose family default (models::vit/swin::
-  // kFusedAttentionDefault, decided by measurement) differs; `default` calls nothing.
+  // `on`/`off` flip every attention module whose family default (the registered
+  // Family::fused_attention_default, decided by measurement) differs; `default` calls nothing.
   const auto vit = check_fixture("vit_tiny", "vit_tiny");
   const auto on = check_fixture("vit_fused_on", "vit_tiny");
   const auto off = check_fixture("vit_fused_off", "vit_tiny");
@@ -226,8 +230,8 @@ TEST_F(ServerClassifier, FusedAttentionOnOffKeepsOutputs) {
   struct Case {
     std::string model, value, changed, source_prefix;
   };
-  const bool vit_default = models::vit::kFusedAttentionDefault;
-  const bool swin_default = models::swin::kFusedAttentionDefault;
+  const bool vit_default = fused_default("vit");
+  const bool swin_default = fused_default("swin");
   const std::string vit_on = changed(true, vit_default, kVitAttention);
   const std::string vit_off = changed(false, vit_default, kVitAttention);
   const std::string swin_on = changed(true, swin_default, kSwinAttention);
@@ -460,7 +464,7 @@ TEST(ServerClassifierPolicy, ServerFusedAttentionAppliesToEveryModelWithoutItsOw
     Daemon daemon(test_config(repo, "kernels:\n  fused_attention: on\n"));
     daemon.start();
     rpc::Client c("127.0.0.1:" + std::to_string(daemon.grpc_port()));
-    const bool vit_default = models::vit::kFusedAttentionDefault;
+    const bool vit_default = fused_default("vit");
     auto r = c.call("ModelConfig", "name: \"vit_tiny\"");
     ASSERT_TRUE(r.ok()) << r.message;
     EXPECT_TRUE(has_parameter(r.text, "fused_attention", "on")) << r.text;
@@ -524,27 +528,27 @@ TEST(ServingConfigClassifier, ServerFusedAttentionAppliesUnlessServingYamlSetsIt
   };
   using kernels::FusedAttention;
   ServingConfig serving;
-  auto m = load_model_version("v", "1", dir, serving, test_device(), loader, FusedAttention::on);
+  auto m = load_model_version({"v", "1", dir, serving, test_device(), FusedAttention::on}, loader);
   EXPECT_STREQ(m->task->name(), "image_classification");
   EXPECT_EQ(m->model->description().num_labels, 5);
   EXPECT_EQ(m->fused_attention, FusedAttention::on);
   EXPECT_EQ(m->fused_attention_source, "server");
-  const bool vit_default = models::vit::kFusedAttentionDefault;
+  const bool vit_default = fused_default("vit");
   EXPECT_EQ(std::to_string(m->fused_attention_changed), changed(true, vit_default, kVitAttention));
   // serving.yaml wins over the server.
   serving = parse_serving_config("fused_attention: off\n", "v/serving.yaml");
-  m = load_model_version("v", "1", dir, serving, test_device(), loader, FusedAttention::on);
+  m = load_model_version({"v", "1", dir, serving, test_device(), FusedAttention::on}, loader);
   EXPECT_EQ(m->fused_attention, FusedAttention::off);
   EXPECT_EQ(m->fused_attention_source, "serving.yaml v/serving.yaml:1:18");
   EXPECT_EQ(std::to_string(m->fused_attention_changed), changed(false, vit_default, kVitAttention));
   serving = parse_serving_config("fused_attention: on\n", "v/serving.yaml");
-  m = load_model_version("v", "1", dir, serving, test_device(), loader, FusedAttention::off);
+  m = load_model_version({"v", "1", dir, serving, test_device(), FusedAttention::off}, loader);
   EXPECT_EQ(m->fused_attention, FusedAttention::on);
   EXPECT_EQ(std::to_string(m->fused_attention_changed), changed(true, vit_default, kVitAttention));
   // Exactly one of on/off changes something: the count differs between the two settings.
   EXPECT_NE(changed(true, vit_default, kVitAttention), changed(false, vit_default, kVitAttention));
   // Both default: the flags stay as loaded, nothing is called.
-  m = load_model_version("v", "1", dir, ServingConfig{}, test_device(), loader);
+  m = load_model_version({"v", "1", dir, ServingConfig{}, test_device()}, loader);
   EXPECT_EQ(m->fused_attention, FusedAttention::family_default);
   EXPECT_EQ(m->fused_attention_source, "family default");
   EXPECT_EQ(m->fused_attention_changed, 0);

@@ -15,8 +15,8 @@
 
 #include "models/core/safetensors.h"
 #include "server/app/daemon.h"
-#include "server/core/config.h"
-#include "server/rpc/client.h"
+#include "server/config/config.h"
+#include "server/grpc/client.h"
 #include "server/shm/registry.h"
 #include "server_test_support.h"
 

@@ -1,4 +1,4 @@
-// Edge cases of issue 17 against the daemon: a second daemon on the same gRPC address, images
+// Edge cases against the daemon: a second daemon on the same gRPC address, images
 // with an EXIF orientation, the top_k rule, echoed names of 15,000 bytes, and relative paths of a
 // configuration file with /active and --print-config showing them resolved.
 #include <gtest/gtest.h>
@@ -10,9 +10,9 @@
 #include <cstdio>
 #include <nlohmann/json.hpp>
 
-#include "server/core/config.h"
 #include "server/app/daemon.h"
-#include "server/rpc/client.h"
+#include "server/config/config.h"
+#include "server/grpc/client.h"
 #include "server_test_support.h"
 
 namespace libreyolo::server {
@@ -227,7 +227,7 @@ TEST_F(EdgeServing, HugeModelNameIsNotFoundWithTheNameClipped) {
 
 TEST_F(EdgeServing, RequestCancelledWhileItsBatchWindowIsOpenLeavesTheModelServing) {
   // The only queued request leads a 600 ms batching window and its 100 ms deadline passes inside
-  // it: Batcher::cancel takes it out of the queue while the worker waits. The worker then read
+  // it: Scheduler::cancel takes it out of the queue while the worker waits. The worker then read
   // front() of the empty queue (undefined behaviour: the daemon died with "Promise already
   // satisfied" in the peers' deadline test).
   rpc::Client c(*address_);

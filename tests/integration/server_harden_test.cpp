@@ -14,8 +14,8 @@
 
 #include "kernels/registry.h"
 #include "server/app/daemon.h"
-#include "server/core/config.h"
-#include "server/rpc/client.h"
+#include "server/config/config.h"
+#include "server/grpc/client.h"
 #include "server/tasks/image_inputs.h"
 #include "server_test_support.h"
 

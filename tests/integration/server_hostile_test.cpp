@@ -10,9 +10,9 @@
 #include <future>
 
 #include "server/app/daemon.h"
-#include "server/core/config.h"
-#include "server/rpc/client.h"
-#include "server/rpc/grpc_server.h"
+#include "server/config/config.h"
+#include "server/grpc/client.h"
+#include "server/grpc/grpc_server.h"
 #include "server_test_support.h"
 
 namespace libreyolo::server {

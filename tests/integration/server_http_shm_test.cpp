@@ -15,9 +15,9 @@
 #include <nlohmann/json.hpp>
 
 #include "server/app/daemon.h"
-#include "server/core/config.h"
+#include "server/config/config.h"
+#include "server/grpc/client.h"
 #include "server/http/kserve_json.h"
-#include "server/rpc/client.h"
 #include "server/shm/registry.h"
 #include "server_test_support.h"
 
@@ -28,30 +28,11 @@ using namespace testing;
 using api::Code;
 using nlohmann::json;
 
-/// A POSIX shared-memory object the test creates (as tritonclient.utils.shared_memory does),
-/// mapped here; unlinked at the end.
-class ShmObject {
+/// PosixShm (server_test_support.h) named apart from server_shm_test.cpp's objects.
+class ShmObject : public PosixShm {
  public:
   ShmObject(const std::string& tag, std::size_t bytes)
-      : key_("/libreyolo_httptest_" + std::to_string(::getpid()) + "_" + tag), bytes_(bytes) {
-    ::shm_unlink(key_.c_str());
-    const int fd = ::shm_open(key_.c_str(), O_CREAT | O_RDWR | O_EXCL, 0600);
-    if (fd < 0 || ::ftruncate(fd, static_cast<off_t>(bytes)) != 0) std::abort();
-    data_ = static_cast<char*>(::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0));
-    ::close(fd);
-    std::memset(data_, 0, bytes);
-  }
-  ~ShmObject() {
-    ::munmap(data_, bytes_);
-    ::shm_unlink(key_.c_str());
-  }
-  const std::string& key() const { return key_; }
-  char* data() { return data_; }
-
- private:
-  std::string key_;
-  std::size_t bytes_;
-  char* data_ = nullptr;
+      : PosixShm(tag, bytes, "/libreyolo_httptest_") {}
 };
 
 /// RFC 4648 base64, as tritonclient.http encodes a CUDA IPC handle.

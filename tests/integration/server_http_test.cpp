@@ -10,9 +10,9 @@
 #include <set>
 
 #include "server/app/daemon.h"
-#include "server/core/config.h"
+#include "server/config/config.h"
+#include "server/grpc/client.h"
 #include "server/http/kserve_json.h"
-#include "server/rpc/client.h"
 #include "server/shm/registry.h"
 #include "server_test_support.h"
 

@@ -13,10 +13,10 @@
 
 #include "models/runtime/device_memory.h"
 #include "server/app/daemon.h"
-#include "server/core/config.h"
-#include "server/core/metrics.h"
-#include "server/core/serving_config.h"
-#include "server/rpc/client.h"
+#include "server/config/config.h"
+#include "server/config/serving_config.h"
+#include "server/grpc/client.h"
+#include "server/metrics/metrics.h"
 #include "server_test_support.h"
 
 namespace libreyolo::server {

@@ -5,7 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "server/app/daemon.h"
-#include "server/rpc/client.h"
+#include "server/grpc/client.h"
 #include "server_test_support.h"
 
 namespace libreyolo::server {
@@ -16,8 +16,9 @@ using namespace testing;
 TEST(ServerKernels, AModelsServingYamlNarrowsItsOwnSlots) {
   const auto repo = temp_dir("kernels_per_model");
   add_fixture_model(repo, "vit_default", "vit_tiny", "fused_attention: on\n");
-  add_fixture_model(repo, "vit_reference", "vit_tiny",
-                    "fused_attention: on\nkernels:\n  slots:\n    attention: {allow: [reference]}\n");
+  add_fixture_model(
+      repo, "vit_reference", "vit_tiny",
+      "fused_attention: on\nkernels:\n  slots:\n    attention: {allow: [reference]}\n");
   add_fixture_model(repo, "vit_typo", "vit_tiny",
                     "kernels:\n  slots:\n    attention: {allow: [sdpa, cdua]}\n");
   Daemon d(loopback_config(repo), fake_or_real());
@@ -48,9 +49,9 @@ TEST(ServerKernels, AModelsServingYamlNarrowsItsOwnSlots) {
   rpc::Client c("127.0.0.1:" + std::to_string(d.grpc_port()));
   const std::string jpeg = read_file(std::string(LIBREYOLO_TEST_FIXTURES) + "/images/coffee.jpg");
   for (const std::string model : {"vit_default", "vit_reference"}) {
-    auto r = c.infer("model_name: \"" + model +
-                         "\" inputs { name: \"images\" datatype: \"BYTES\" shape: 1 }",
-                     {rpc::pack_bytes({jpeg})});
+    auto r = c.infer(
+        "model_name: \"" + model + "\" inputs { name: \"images\" datatype: \"BYTES\" shape: 1 }",
+        {rpc::pack_bytes({jpeg})});
     EXPECT_TRUE(r.ok()) << model << ": " << r.message;
   }
   const auto after = nlohmann::json::parse(http_get(d.http_port(), "/active").body);

@@ -6,7 +6,7 @@
 #include <string>
 
 #include "server/app/daemon.h"
-#include "server/core/serving_config.h"
+#include "server/config/serving_config.h"
 #include "server_test_support.h"
 
 namespace libreyolo::server {

@@ -9,9 +9,9 @@
 #include <numeric>
 #include <set>
 
-#include "server/core/config.h"
 #include "server/app/daemon.h"
-#include "server/rpc/client.h"
+#include "server/config/config.h"
+#include "server/grpc/client.h"
 #include "server_test_support.h"
 
 namespace libreyolo::server {
@@ -227,10 +227,10 @@ TEST_F(Overload, ClientCancelMidBatchOthersComplete) {
   EXPECT_TRUE(client_->infer(pv_request("fake"), {kPixels}).ok());
 }
 
-// The server side of cancellation (issue 4: "client cancellation frees the slot"): the cancelled
+// The server side of cancellation (a client's cancellation frees its slot): the cancelled
 // request leaves the queue at once (pending gauge), is never executed (the fake's batch log) and
 // is counted CANCELLED. Needs the server to observe ServerContext::IsCancelled (see the report
-// of this change: api::InferRequest::cancelled, Batcher::cancel); disabled until then.
+// of this change: api::InferRequest::cancelled, Scheduler::cancel); disabled until then.
 TEST_F(Overload, CancelledQueuedRequestFreesItsSlotAndNeverRuns) {
   start("max_batch_size: 1\nmax_queue_size: 8\n");
   FakeState::get().sleep_ms = 600;

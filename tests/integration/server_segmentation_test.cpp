@@ -1,4 +1,4 @@
-// Instance segmentation served (issue 16): a fake segmenter (server_test_support.h) behind the
+// Instance segmentation served: a fake segmenter (server_test_support.h) behind the
 // real daemon, over gRPC and REST: the detections plus `masks` UINT8 [N,K,H,W] at the target
 // size, equal to image::post_process_instance_segmentation of the same outputs (whose parity with
 // transformers is tests/parity/instance_segmentation_parity_test.cpp), or COCO RLE with
@@ -16,7 +16,7 @@
 #include "models/image/instance_segmentation.h"
 #include "models/image/processor.h"
 #include "server/app/daemon.h"
-#include "server/rpc/client.h"
+#include "server/grpc/client.h"
 #include "server_test_support.h"
 
 namespace libreyolo::server {

@@ -17,10 +17,10 @@
 #include <numeric>
 #include <thread>
 
-#include "server/core/config.h"
 #include "server/app/daemon.h"
-#include "server/rpc/client.h"
-#include "server/rpc/grpc_server.h"
+#include "server/config/config.h"
+#include "server/grpc/client.h"
+#include "server/grpc/grpc_server.h"
 #include "server/shm/registry.h"
 #include "server_test_support.h"
 
@@ -35,31 +35,7 @@ double since(SteadyClock::time_point t) {
   return std::chrono::duration<double>(SteadyClock::now() - t).count();
 }
 
-/// A POSIX shared-memory object the test creates (as tritonclient.utils.shared_memory does),
-/// mapped here; unlinked at the end.
-class ShmObject {
- public:
-  ShmObject(const std::string& tag, std::size_t bytes)
-      : key_("/libreyolo_test_" + std::to_string(::getpid()) + "_" + tag), bytes_(bytes) {
-    ::shm_unlink(key_.c_str());
-    const int fd = ::shm_open(key_.c_str(), O_CREAT | O_RDWR | O_EXCL, 0600);
-    if (fd < 0 || ::ftruncate(fd, static_cast<off_t>(bytes)) != 0) std::abort();
-    data_ = static_cast<char*>(::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0));
-    ::close(fd);
-    std::memset(data_, 0, bytes);
-  }
-  ~ShmObject() {
-    ::munmap(data_, bytes_);
-    ::shm_unlink(key_.c_str());
-  }
-  const std::string& key() const { return key_; }
-  char* data() { return data_; }
-
- private:
-  std::string key_;
-  std::size_t bytes_;
-  char* data_ = nullptr;
-};
+using ShmObject = PosixShm;  // server_test_support.h
 
 ModelFactory fake_factory() {
   return [](const std::string&, const models::LoadOptions&) -> std::unique_ptr<models::Model> {

@@ -16,7 +16,7 @@
 #include <iostream>
 #include <thread>
 
-#include "server/rpc/client.h"
+#include "server/grpc/client.h"
 #include "server_test_support.h"
 
 namespace libreyolo::server {

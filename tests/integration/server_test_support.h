@@ -1,19 +1,22 @@
 // Helpers of the daemon's integration tests: a fake detector (deterministic outputs, records
 // its batch sizes, can be slowed down), temporary model repositories, free loopback ports and
-// a minimal HTTP GET. The gRPC side is reached only through server/rpc/client.h (generated
+// a minimal HTTP GET. The gRPC side is reached only through server/grpc/client.h (generated
 // protobuf code must not meet torch's headers in one translation unit).
 #pragma once
 
 #include <ATen/ATen.h>
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <ftw.h>
 #include <netinet/in.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <cctype>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -26,7 +29,7 @@
 #include <vector>
 
 #include "models/model.h"
-#include "server/core/config.h"
+#include "server/config/config.h"
 
 namespace libreyolo::server::testing {
 
@@ -359,5 +362,34 @@ std::vector<T> values(const std::string& raw) {
   std::memcpy(v.data(), raw.data(), v.size() * sizeof(T));
   return v;
 }
+
+/// A POSIX shared-memory object the test creates (as tritonclient.utils.shared_memory does),
+/// mapped here and zeroed; unlinked at the end. Its key: `prefix`, the process id, `tag`.
+class PosixShm {
+ public:
+  PosixShm(const std::string& tag, std::size_t bytes,
+           const std::string& prefix = "/libreyolo_test_")
+      : key_(prefix + std::to_string(::getpid()) + "_" + tag), bytes_(bytes) {
+    ::shm_unlink(key_.c_str());
+    const int fd = ::shm_open(key_.c_str(), O_CREAT | O_RDWR | O_EXCL, 0600);
+    if (fd < 0 || ::ftruncate(fd, static_cast<off_t>(bytes)) != 0) std::abort();
+    data_ = static_cast<char*>(::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0));
+    ::close(fd);
+    std::memset(data_, 0, bytes);
+  }
+  ~PosixShm() {
+    ::munmap(data_, bytes_);
+    ::shm_unlink(key_.c_str());
+  }
+  PosixShm(const PosixShm&) = delete;
+  PosixShm& operator=(const PosixShm&) = delete;
+  const std::string& key() const { return key_; }
+  char* data() { return data_; }
+
+ private:
+  std::string key_;
+  std::size_t bytes_;
+  char* data_ = nullptr;
+};
 
 }  // namespace libreyolo::server::testing

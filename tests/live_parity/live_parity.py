@@ -1,4 +1,4 @@
-"""Live parity against transformers (issue 3): builds fresh random tiny checkpoints of every family
+"""Live parity against transformers: builds fresh random tiny checkpoints of every family
 with transformers 5.17, saves them as Hub folders, runs transformers and our C++ model
 (`libreyolo-predict --pixels ... --out ....safetensors`) on the same pixels, and compares.
 

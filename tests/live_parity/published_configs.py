@@ -5,7 +5,7 @@ libreyolo-predict on a photograph and through transformers on the pixel_values l
 logits within 1e-4 and boxes within 1e-5 (CPU, float32) on every query that no near-tie of the
 query selection touches (tied_queries). The tiny fixtures cover the
 arithmetic; this covers the configuration parsing of the real sizes (D-FINE L's HGNetV2 did not
-load until 2026-12-01: its hidden_sizes differ from stage_out_channels for the unreturned stage).
+load at first: its hidden_sizes differ from stage_out_channels for the unreturned stage).
 
     python published_configs.py LIBREYOLO_PREDICT WORK_DIR
 """
@@ -27,7 +27,7 @@ def tied_queries(model, pixel_values, gap=1e-6):
     """Runs the reference forward and returns (outputs, set of query indices whose selection is
     a near-tie). The two-stage families pick their queries with torch.topk(scores, num_queries)
     and pair rank i with the learned query embedding i, so two proposals whose scores differ by
-    less than float32 noise (random weights: the full-size LW-DETR of 2026-12-01 had a gap of
+    less than float32 noise (random weights: one full-size LW-DETR run had a gap of
     1.8e-7 at ranks 279/280) may come out in either order and both queries then legitimately
     differ. Every topk call of the forward with k = num_queries is watched; ranks r and r + 1
     whose scores differ by less than `gap` (about 16 float32 ulps at 0.9) are tied (r + 1 = k:

@@ -15,13 +15,19 @@
 #include <unistd.h>
 
 #include "models/core/safetensors.h"
-#include "models/deformable_detr/deformable_detr.h"
 #include "models/deformable_detr/geometry.h"
 #include "models/model.h"
+#include "models/registry/family.h"
+#include "tests/parity/checkpoint_copy.h"
 #include "tests/parity/fused_attention_fixtures.h"
 
 namespace libreyolo {
 namespace {
+
+/// The family's registered Family::fused_attention_default.
+bool fused_default() {
+  return models::FamilyRegistry::builtin().find("deformable_detr")->fused_attention_default;
+}
 
 class DeformableDetrParity : public ::testing::TestWithParam<const char*> {};
 
@@ -38,16 +44,9 @@ TEST_P(DeformableDetrParity, LogitsAndBoxesMatchTransformers) {
   const auto boxes_ref = test::expected_tensor(dir, "pred_boxes");
   for (bool fused : {false, true}) {
     model->set_fused_attention(fused);
-    const auto out = model->forward(pixels, mask);
-    ASSERT_EQ(out.logits.sizes(), logits_ref.sizes());
-    ASSERT_EQ(out.pred_boxes.sizes(), boxes_ref.sizes());
-    const double dl = test::max_abs_diff(out.logits, logits_ref);
-    const double db = test::max_abs_diff(out.pred_boxes, boxes_ref);
-    std::cout << "[" << GetParam() << "] " << (fused ? "sdpa  " : "manual")
-              << " decoder self-attention: max|logits diff| = " << dl
-              << ", max|pred_boxes diff| = " << db << "\n";
-    EXPECT_LE(dl, 1e-4);
-    EXPECT_LE(db, 1e-5);
+    test::expect_logits_and_boxes_match(
+        model->forward(pixels, mask), logits_ref, boxes_ref,
+        std::string(GetParam()) + (fused ? " sdpa" : " manual") + " decoder self-attention");
   }
 }
 
@@ -64,7 +63,7 @@ TEST(DeformableDetr, MaskDefaultsToAllValid) {
   EXPECT_TRUE(at::equal(a.logits, b.logits));
   EXPECT_TRUE(at::equal(a.pred_boxes, b.pred_boxes));
   // Two decoder layers, one self-attention module each.
-  EXPECT_EQ(model->set_fused_attention(!models::deformable_detr::kFusedAttentionDefault), 2);
+  EXPECT_EQ(model->set_fused_attention(!fused_default()), 2);
 }
 
 TEST(DeformableDetr, RejectsBadInput) {
@@ -94,45 +93,15 @@ TEST(DeformableDetrGeometry, SineEmbeddingAndValidRatios) {
   EXPECT_NEAR(pos[0][4][0][0].item<double>(), std::sin(x0), 1e-6);
 }
 
-// Writes a copy of `src` without the keys for which `drop` is true (safetensors format).
-void write_filtered(const std::string& src, const std::string& dst,
-                    const std::function<bool(const std::string&)>& drop) {
-  const auto file = models::core::SafetensorsFile::open(src);
-  nlohmann::json header = nlohmann::json::object();
-  std::string data;
-  for (const auto& key : file->keys()) {
-    if (drop(key)) continue;
-    const auto t = file->view(key).contiguous();
-    const auto& info = file->info(key);
-    const size_t bytes = t.numel() * t.element_size();
-    header[key] = {{"dtype", models::core::dtype_name(info.dtype)},
-                   {"shape", info.shape},
-                   {"data_offsets", {data.size(), data.size() + bytes}}};
-    data.append(static_cast<const char*>(t.data_ptr()), bytes);
-  }
-  const std::string h = header.dump();
-  std::ofstream out(dst, std::ios::binary);
-  uint64_t n = h.size();
-  for (int i = 0; i < 8; ++i) out.put(static_cast<char>((n >> (8 * i)) & 0xff));
-  out << h << data;
-}
-
 TEST(DeformableDetrLoading, RefineBoxHeadsAreNotSilentlyTied) {
   // with_box_refine heads are distinct: a checkpoint without model.decoder.bbox_embed.1.* must
   // fail (not fall back to bbox_embed.0), naming the missing key.
-  const auto src = test::model_fixture("deformable_detr_tiny_refine");
-  // POSIX, not std::filesystem: LibTorch's libtorch.so exports clashing std::filesystem symbols.
-  char tmpl[] = "/tmp/libreyolo_ddetr_XXXXXX";
-  ASSERT_NE(mkdtemp(tmpl), nullptr);
-  const std::string tmp = tmpl;
-  {
-    std::ifstream in(src + "/config.json", std::ios::binary);
-    std::ofstream out(tmp + "/config.json", std::ios::binary);
-    out << in.rdbuf();
-  }
-  write_filtered(src + "/model.safetensors", tmp + "/model.safetensors", [](const std::string& k) {
-    return k.rfind("model.decoder.bbox_embed.1.", 0) == 0;
-  });
+  const auto tmp = test::corrupted_copy(test::model_fixture("deformable_detr_tiny_refine"),
+                                        [](const std::string& k, const at::Tensor& t) {
+                                          return k.rfind("model.decoder.bbox_embed.1.", 0) == 0
+                                                     ? std::nullopt
+                                                     : std::optional<at::Tensor>(t);
+                                        });
   try {
     models::load_model(tmp);
     FAIL() << "expected a CheckpointError";
@@ -141,9 +110,7 @@ TEST(DeformableDetrLoading, RefineBoxHeadsAreNotSilentlyTied) {
     std::cout << "[refine missing head] " << what.substr(0, 300) << "\n";
     EXPECT_NE(what.find("bbox_embed.1.layers.0.weight"), std::string::npos) << what;
   }
-  std::remove((tmp + "/config.json").c_str());
-  std::remove((tmp + "/model.safetensors").c_str());
-  rmdir(tmp.c_str());
+  test::remove_copy(tmp);
 }
 
 TEST(DeformableDetr, HalfPrecisionLoadsAndStaysClose) {

@@ -19,10 +19,10 @@
 
 #include "models/core/config.h"
 #include "models/core/safetensors.h"
-#include "models/deimv2/deimv2.h"
 #include "models/deimv2/modules.h"
 #include "models/image/postprocess.h"
 #include "models/model.h"
+#include "models/registry/family.h"
 #include "tests/parity/checkpoint_copy.h"
 #include "tests/parity/fused_attention_fixtures.h"
 
@@ -31,6 +31,9 @@ namespace {
 using libreyolo::models::load_model;
 namespace core = libreyolo::models::core;
 namespace deimv2 = libreyolo::models::deimv2;
+/// DEIMv2's registered Family::fused_attention_default.
+const bool kFusedAttentionDefault =
+    libreyolo::models::FamilyRegistry::builtin().find("deimv2")->fused_attention_default;
 
 const std::string kFixtures = std::string(LIBREYOLO_TEST_FIXTURES) + "/models/";
 
@@ -71,7 +74,7 @@ TEST(Deimv2Parity, LogitsAndBoxesMatchTransformersWithBothAttentionPaths) {
     const auto boxes_ref = expected->view("pred_boxes");
     const auto pixels = pixel_values(dir, *expected);
     ASSERT_EQ(pixels.size(0), batch);
-    EXPECT_EQ(model->set_fused_attention(deimv2::kFusedAttentionDefault), 0);
+    EXPECT_EQ(model->set_fused_attention(kFusedAttentionDefault), 0);
     std::vector<libreyolo::models::ModelOutput> outs;  // manual, then SDPA
     for (const bool fused : {false, true}) {
       if (fused) EXPECT_EQ(model->set_fused_attention(true), attention) << "attention modules";
@@ -90,7 +93,7 @@ TEST(Deimv2Parity, LogitsAndBoxesMatchTransformersWithBothAttentionPaths) {
                                            max_abs_diff(outs[0].pred_boxes, outs[1].pred_boxes));
     std::cout << "[parity] " << name << " max|SDPA - manual| = " << sdpa_vs_manual << std::endl;
     // The fused-attention policy (DESIGN.md): SDPA by default only where it is byte-exact.
-    EXPECT_EQ(deimv2::kFusedAttentionDefault, sdpa_vs_manual == 0.0);
+    EXPECT_EQ(kFusedAttentionDefault, sdpa_vs_manual == 0.0);
   }
 }
 
@@ -108,7 +111,7 @@ TEST(Deimv2Parity, PostProcessedDetectionsMatchTransformers) {
     ASSERT_EQ(static_cast<int64_t>(sizes.size()), batch);
     at::InferenceMode guard;
     const auto out = model->forward(pixel_values(dir, *expected));
-    const auto head = libreyolo::image::detection_head_for("deimv2");
+    const auto head = model->description().head;
     double max_box = 0, max_score = 0;
     for (const std::string th : {"0.0", "0.3"}) {
       libreyolo::image::PostProcessOptions opt;
@@ -134,63 +137,22 @@ TEST(Deimv2Parity, PostProcessedDetectionsMatchTransformers) {
   }
 }
 
-// Loads `dir` expecting exactly `want` as the error message.
-void expect_load_error(const std::string& dir, const std::string& want) {
-  try {
-    load_model(dir);
-    ADD_FAILURE() << "expected a loading error";
-  } catch (const std::runtime_error& e) {
-    EXPECT_EQ(std::string(e.what()), want);
-  }
-}
-
 TEST(Deimv2Loading, UnknownAndMissingKeysAreNamed) {
+  using libreyolo::test::expect_missing_key_named;
+  using libreyolo::test::expect_unexpected_key_named;
   const std::string missing = "model.decoder.layers.1.mlp.gate_proj.weight";
-  auto tmp = libreyolo::test::corrupted_copy(
-      kFixtures + "deimv2_tiny", [&](const std::string& k, const at::Tensor& t) {
-        return k == missing ? std::nullopt : std::optional<at::Tensor>(t);
-      });
-  expect_load_error(tmp, tmp + "/model.safetensors: checkpoint does not match the model: " +
-                             "missing keys (1): " + missing);
-  libreyolo::test::remove_copy(tmp);
-
-  const std::string unknown = "model.decoder.layers.0.mlp.extra_proj.weight";
-  tmp = libreyolo::test::corrupted_copy(
-      kFixtures + "deimv2_tiny",
-      [](const std::string&, const at::Tensor& t) { return std::optional<at::Tensor>(t); },
-      {{unknown, at::zeros({2, 2})}});
-  expect_load_error(tmp, tmp + "/model.safetensors: checkpoint does not match the model: " +
-                             "unexpected keys (1): " + unknown);
-  libreyolo::test::remove_copy(tmp);
-
+  expect_missing_key_named(kFixtures + "deimv2_tiny", missing, missing);
+  expect_unexpected_key_named(kFixtures + "deimv2_tiny",
+                              "model.decoder.layers.0.mlp.extra_proj.weight", {2, 2});
   // The lite encoder's keys are checked as strictly.
   const std::string lite_key = "model.encoder.bi_fusion_conv.conv.weight";
-  tmp = libreyolo::test::corrupted_copy(
-      kFixtures + "deimv2_tiny_lite", [&](const std::string& k, const at::Tensor& t) {
-        return k == lite_key ? std::nullopt : std::optional<at::Tensor>(t);
-      });
-  expect_load_error(tmp, tmp + "/model.safetensors: checkpoint does not match the model: " +
-                             "missing keys (1): " + lite_key);
-  libreyolo::test::remove_copy(tmp);
-
+  expect_missing_key_named(kFixtures + "deimv2_tiny_lite", lite_key, lite_key);
   // The DINOv3 encoder's keys too: a backbone projection missing, and a key bias the config
   // (key_bias false) does not have.
   const std::string dino_key = "model.conv_encoder.backbone.layer.2.attention.k_proj.weight";
-  tmp = libreyolo::test::corrupted_copy(
-      kFixtures + kDinov3, [&](const std::string& k, const at::Tensor& t) {
-        return k == dino_key ? std::nullopt : std::optional<at::Tensor>(t);
-      });
-  expect_load_error(tmp, tmp + "/model.safetensors: checkpoint does not match the model: " +
-                             "missing keys (1): " + dino_key);
-  libreyolo::test::remove_copy(tmp);
-  const std::string bias_key = "model.conv_encoder.backbone.layer.0.attention.k_proj.bias";
-  tmp = libreyolo::test::corrupted_copy(
-      kFixtures + kDinov3,
-      [](const std::string&, const at::Tensor& t) { return std::optional<at::Tensor>(t); },
-      {{bias_key, at::zeros({32})}});
-  expect_load_error(tmp, tmp + "/model.safetensors: checkpoint does not match the model: " +
-                             "unexpected keys (1): " + bias_key);
-  libreyolo::test::remove_copy(tmp);
+  expect_missing_key_named(kFixtures + kDinov3, dino_key, dino_key);
+  expect_unexpected_key_named(kFixtures + kDinov3,
+                              "model.conv_encoder.backbone.layer.0.attention.k_proj.bias", {32});
 }
 
 // deimv2::Config::parse of `edit`(the fixture's config) must fail with exactly `want`.

@@ -17,13 +17,19 @@
 #include <vector>
 
 #include "models/core/safetensors.h"
-#include "models/deit/deit.h"
 #include "models/image/processor.h"
 #include "models/model.h"
+#include "models/registry/family.h"
 #include "tests/parity/fused_attention_fixtures.h"
+#include "tests/support/safetensors_writer.h"
 
 namespace libreyolo {
 namespace {
+
+/// The family's registered Family::fused_attention_default.
+bool fused_default() {
+  return models::FamilyRegistry::builtin().find("deit")->fused_attention_default;
+}
 
 struct Fixture {
   const char* name;
@@ -65,16 +71,9 @@ TEST(DeitParity, WithTeacherLogitsAreTheMeanOfBothHeads) {
 }
 
 TEST(DeitParity, InterpolatedPositionEmbeddingsMatchTransformers) {
-  // extra_expected.safetensors: 112x144 random pixels with interpolate_pos_encoding=True
-  // (bicubic 14x14 -> 7x9, the CLS and distillation rows kept).
-  c10::InferenceMode inference_mode;
-  const auto dir = test::model_fixture("deit_tiny");
-  auto model = models::load_model(dir);
-  const auto file = models::core::SafetensorsFile::open(dir + "/extra_expected.safetensors");
-  const auto x = file->view("pixel_values").clone();
-  ASSERT_EQ(x.sizes(), (at::IntArrayRef{2, 3, 112, 144}));
-  test::expect_logits_match_both_paths(*model, x, file->view("logits"), file->view("logits_eager"),
-                                       "deit_tiny 112x144");
+  // 112x144 random pixels with interpolate_pos_encoding=True (bicubic 14x14 -> 7x9, the CLS and
+  // distillation rows kept).
+  test::expect_extra_expected_match("deit_tiny", {2, 3, 112, 144}, "deit_tiny 112x144");
 }
 
 TEST(DeitParity, ProcessorMatchesTransformersAndFeedsTheModel) {
@@ -119,18 +118,10 @@ TEST(DeitParity, ProcessorMatchesTransformersAndFeedsTheModel) {
 
 TEST(DeitParity, SetFusedAttentionCountsChangedModules) {
   // deit_tiny_distilled: three encoder layers, one attention module each.
-  auto model = models::load_model(test::model_fixture("deit_tiny_distilled"));
-  EXPECT_EQ(model->set_fused_attention(models::deit::kFusedAttentionDefault), 0);
-  EXPECT_EQ(model->set_fused_attention(!models::deit::kFusedAttentionDefault), 3);
-  EXPECT_EQ(model->set_fused_attention(!models::deit::kFusedAttentionDefault), 0);
+  test::expect_fused_attention_toggles("deit_tiny_distilled", fused_default(), 3);
 }
 
-TEST(DeitParity, RejectsBadInput) {
-  auto model = models::load_model(test::model_fixture("deit_tiny"));
-  EXPECT_THROW(model->forward(at::zeros({1, 1, 224, 224})), std::invalid_argument);
-  EXPECT_THROW(model->forward(at::zeros({3, 224, 224})), std::invalid_argument);
-  EXPECT_THROW(model->forward(at::zeros({1, 3, 8, 8})), std::invalid_argument);  // < one patch
-}
+TEST(DeitParity, RejectsBadInput) { test::expect_classifier_rejects_bad_input("deit_tiny"); }
 
 /// A copy of a fixture folder whose model.safetensors (float32 tensors) is rewritten by `edit`
 /// and whose config.json by `edit_config`; removed with the object.
@@ -151,7 +142,9 @@ class EditedCheckpoint {
     std::map<std::string, at::Tensor> tensors;
     for (const auto& t : file->header().tensors) tensors[t.key] = file->view(t.key).clone();
     edit(tensors);
-    write(dir_ + "/model.safetensors", tensors);
+    test::NamedTensors out;  // float32 throughout, as the fixture stores them
+    for (const auto& [key, t] : tensors) out.emplace_back(key, t.to(at::kFloat));
+    test::write_safetensors(dir_ + "/model.safetensors", out);
   }
   // Not std::filesystem::remove_all: the PyPI wheel's libtorch.so exports one that crashes when
   // it wins symbol resolution (tests/unit/models_core_test.cpp TempDir).
@@ -173,23 +166,6 @@ class EditedCheckpoint {
   }
 
  private:
-  static void write(const std::string& path, const std::map<std::string, at::Tensor>& tensors) {
-    nlohmann::json header = nlohmann::json::object();
-    std::string data;
-    for (const auto& [key, t] : tensors) {
-      const auto c = t.to(at::kFloat).contiguous();
-      const size_t begin = data.size(), bytes = static_cast<size_t>(c.numel()) * 4;
-      data.append(static_cast<const char*>(c.data_ptr()), bytes);
-      header[key] = {
-          {"dtype", "F32"}, {"shape", c.sizes().vec()}, {"data_offsets", {begin, begin + bytes}}};
-    }
-    const std::string h = header.dump();
-    const uint64_t n = h.size();
-    std::ofstream out(path, std::ios::binary);
-    out.write(reinterpret_cast<const char*>(&n), 8);  // little-endian hosts only (x86-64, arm64)
-    out << h << data;
-  }
-
   std::string dir_;
 };
 

@@ -11,10 +11,10 @@
 
 #include "models/core/config.h"
 #include "models/core/safetensors.h"
-#include "models/dfine/dfine.h"
 #include "models/dfine/modules.h"
 #include "models/image/postprocess.h"
 #include "models/model.h"
+#include "models/registry/family.h"
 #include "tests/parity/checkpoint_copy.h"
 
 namespace {
@@ -23,6 +23,9 @@ using libreyolo::models::load_model;
 using libreyolo::models::LoadOptions;
 namespace core = libreyolo::models::core;
 namespace dfine = libreyolo::models::dfine;
+/// D-FINE's registered Family::fused_attention_default.
+const bool kFusedAttentionDefault =
+    libreyolo::models::FamilyRegistry::builtin().find("d_fine")->fused_attention_default;
 
 const std::string kDir = std::string(LIBREYOLO_TEST_FIXTURES) + "/models/dfine_tiny";
 
@@ -48,7 +51,7 @@ TEST(DFineParity, LogitsAndBoxesMatchTransformersWithBothAttentionPaths) {
   const auto boxes_ref = expected->view("pred_boxes");
   const auto pixels = pixel_values(*expected);
   // 1 AIFI encoder layer + 2 decoder self-attentions; the default is the manual math.
-  EXPECT_EQ(model->set_fused_attention(dfine::kFusedAttentionDefault), 0);
+  EXPECT_EQ(model->set_fused_attention(kFusedAttentionDefault), 0);
   EXPECT_EQ(model->set_fused_attention(false), 0);
   std::vector<libreyolo::models::ModelOutput> outs;
   for (bool fused : {false, true}) {
@@ -70,7 +73,7 @@ TEST(DFineParity, LogitsAndBoxesMatchTransformersWithBothAttentionPaths) {
   const double sdpa_vs_manual = std::max(max_abs_diff(outs[0].logits, outs[1].logits),
                                          max_abs_diff(outs[0].pred_boxes, outs[1].pred_boxes));
   std::cout << "[parity] dfine_tiny max|SDPA - manual| = " << sdpa_vs_manual << std::endl;
-  EXPECT_EQ(dfine::kFusedAttentionDefault, sdpa_vs_manual == 0.0);
+  EXPECT_EQ(kFusedAttentionDefault, sdpa_vs_manual == 0.0);
 }
 
 TEST(DFineParity, PostProcessedDetectionsMatchTransformers) {
@@ -83,7 +86,7 @@ TEST(DFineParity, PostProcessedDetectionsMatchTransformers) {
   for (const auto& hw : meta.at("target_sizes_hw")) sizes.emplace_back(hw[0], hw[1]);
   at::InferenceMode guard;
   const auto out = model->forward(pixel_values(*expected));
-  const auto head = libreyolo::image::detection_head_for("d_fine");
+  const auto head = model->description().head;
   double max_score = 0, max_box = 0;
   for (const char* th : {"0.0", "0.3"}) {
     libreyolo::image::PostProcessOptions opt;

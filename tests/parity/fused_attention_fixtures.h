@@ -1,4 +1,4 @@
-// Helpers of the families' parity tests (Deformable DETR, ViT, Swin, fused-attention policy):
+// Helpers of the families' parity tests (Deformable DETR, ViT, DeiT, Swin, fused-attention policy):
 // fixture paths, the stored expected tensors, and the model input recovered exactly from the
 // stored uint8 pixels (tests/fixtures/README.md: rescale + normalize).
 #pragma once
@@ -12,9 +12,11 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "models/core/safetensors.h"
+#include "models/image/postprocess.h"
 #include "models/model.h"
 
 namespace libreyolo::test {
@@ -80,6 +82,110 @@ inline void expect_logits_match_both_paths(models::Model& model, const at::Tenso
     EXPECT_LE(d_sdpa, 1e-4) << label;
     EXPECT_LE(d_eager, 1e-4) << label;
   }
+}
+
+/// A detector's `out` against the reference logits (within 1e-4) and pred_boxes (within 1e-5);
+/// prints the maxima under `label`.
+inline void expect_logits_and_boxes_match(const models::ModelOutput& out,
+                                          const at::Tensor& logits_ref, const at::Tensor& boxes_ref,
+                                          const std::string& label) {
+  ASSERT_EQ(out.logits.sizes(), logits_ref.sizes()) << label;
+  ASSERT_EQ(out.pred_boxes.sizes(), boxes_ref.sizes()) << label;
+  const double dl = max_abs_diff(out.logits, logits_ref);
+  const double db = max_abs_diff(out.pred_boxes, boxes_ref);
+  std::cout << "[" << label << "] max|logits diff| = " << dl << ", max|pred_boxes diff| = " << db
+            << "\n";
+  EXPECT_LE(dl, 1e-4) << label;
+  EXPECT_LE(db, 1e-5) << label;
+}
+
+/// <fixture>/extra_expected.safetensors (tests/fixtures/models/swin_tiny/make_extra_expected.py):
+/// its pixel_values, of `sizes`, through the fixture's model with both attention paths against
+/// its logits (SDPA) and logits_eager.
+inline void expect_extra_expected_match(const std::string& fixture, at::IntArrayRef sizes,
+                                        const std::string& label) {
+  c10::InferenceMode inference_mode;
+  const auto dir = model_fixture(fixture);
+  auto model = models::load_model(dir);
+  const auto file = models::core::SafetensorsFile::open(dir + "/extra_expected.safetensors");
+  const auto x = file->view("pixel_values").clone();
+  ASSERT_EQ(x.sizes(), sizes);
+  expect_logits_match_both_paths(*model, x, file->view("logits"), file->view("logits_eager"),
+                                 label);
+}
+
+/// On the fixture's model, set_fused_attention(default) changes no module; the other value
+/// changes `modules` attention modules, and nothing the second time.
+inline void expect_fused_attention_toggles(const std::string& fixture, bool fused_default,
+                                           int modules) {
+  auto model = models::load_model(model_fixture(fixture));
+  EXPECT_EQ(model->set_fused_attention(fused_default), 0);
+  EXPECT_EQ(model->set_fused_attention(!fused_default), modules);
+  EXPECT_EQ(model->set_fused_attention(!fused_default), 0);
+}
+
+/// The fixture's classifier refuses a 1-channel input, a 3-d input and one smaller than a patch
+/// (std::invalid_argument). Returns the model for further checks.
+inline std::unique_ptr<models::Model> expect_classifier_rejects_bad_input(
+    const std::string& fixture) {
+  auto model = models::load_model(model_fixture(fixture));
+  EXPECT_THROW(model->forward(at::zeros({1, 1, 224, 224})), std::invalid_argument);
+  EXPECT_THROW(model->forward(at::zeros({3, 224, 224})), std::invalid_argument);
+  EXPECT_THROW(model->forward(at::zeros({1, 3, 8, 8})), std::invalid_argument);  // < one patch
+  return model;
+}
+
+/// LoadOptions dtype float16 / bfloat16 on CPU: float32 logits within `tolerance` of the float32
+/// model's, and float32 input converted to the model's dtype (models::check_pixel_values).
+inline void expect_half_precision_close(const std::string& fixture, double tolerance) {
+  c10::InferenceMode inference_mode;
+  const auto dir = model_fixture(fixture);
+  const auto pixels = normalized_pixels(dir);
+  const auto ref = models::load_model(dir)->forward(pixels);
+  for (auto dtype : {at::kHalf, at::kBFloat16}) {
+    models::LoadOptions options;
+    options.dtype = dtype;
+    auto model = models::load_model(dir, options);
+    EXPECT_TRUE(at::equal(model->forward(pixels).logits, model->forward(pixels.to(dtype)).logits));
+    const auto out = model->forward(pixels.to(dtype));
+    EXPECT_EQ(out.logits.scalar_type(), at::kFloat);
+    const double d = max_abs_diff(out.logits, ref.logits);
+    std::cout << "[" << fixture << " " << dtype << "] max|logits - float32 logits| = " << d << "\n";
+    EXPECT_LE(d, tolerance);
+  }
+}
+
+/// post_process_object_detection of `out` (the fixture's two images at `sizes`) at thresholds 0.0
+/// and 0.3 against <dir>/expected.safetensors' th<t>_img<i>_{scores, labels, boxes}: as many
+/// detections (`per_image` each; -1: at least one), labels equal, scores within 1e-5, boxes
+/// within 1e-2 px.
+inline void expect_detections_match(const std::string& dir, const models::ModelOutput& out,
+                                    const std::vector<std::pair<int64_t, int64_t>>& sizes,
+                                    image::DetectionHead head, int64_t per_image = -1) {
+  int checked = 0;
+  for (const char* th : {"0.0", "0.3"}) {
+    image::PostProcessOptions opt;
+    opt.threshold = std::stod(th);
+    const auto dets =
+        image::post_process_object_detection(out.logits, out.pred_boxes, sizes, head, opt);
+    ASSERT_EQ(dets.size(), 2u);
+    for (size_t i = 0; i < dets.size(); ++i) {
+      const std::string key = std::string("th") + th + "_img" + std::to_string(i);
+      SCOPED_TRACE(key);
+      const auto s = expected_tensor(dir, key + "_scores");
+      ASSERT_EQ(dets[i].scores.numel(), s.numel());
+      if (per_image < 0) {
+        EXPECT_GT(s.numel(), 0);
+      } else {
+        EXPECT_EQ(s.numel(), per_image);
+      }
+      EXPECT_TRUE(at::equal(dets[i].labels, expected_tensor(dir, key + "_labels")));
+      EXPECT_LE(max_abs_diff(dets[i].scores, s), 1e-5);
+      EXPECT_LE(max_abs_diff(dets[i].boxes, expected_tensor(dir, key + "_boxes")), 1e-2);
+      ++checked;
+    }
+  }
+  EXPECT_EQ(checked, 4);
 }
 
 }  // namespace libreyolo::test

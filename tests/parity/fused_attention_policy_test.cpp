@@ -1,4 +1,4 @@
-// Fused-attention policy (DESIGN.md "Fused attention (SDPA): policy, not availability"; issue 5):
+// Fused-attention policy (DESIGN.md "Fused attention (SDPA): policy, not availability"):
 // a family's attention modules default to at::scaled_dot_product_attention only where SDPA is
 // byte-exact with the family's manual math. This test MEASURES max |SDPA - manual| on each
 // family's fixture (stored pixels, CPU, float32), prints the table, and fails when the defaults
@@ -13,23 +13,24 @@
 #include <optional>
 #include <sstream>
 
-#include "models/deformable_detr/deformable_detr.h"
-#include "models/deimv2/deimv2.h"
-#include "models/deit/deit.h"
-#include "models/dfine/dfine.h"
-#include "models/lw_detr/lw_detr.h"
 #include "models/model.h"
-#include "models/rf_detr/rf_detr.h"
-#include "models/swin/swin.h"
-#include "models/vit/vit.h"
+#include "models/registry/family.h"
 #include "tests/parity/fused_attention_fixtures.h"
 
 namespace libreyolo {
 namespace {
 
+/// The registered family's Family::fused_attention_default for `model_type` (none when no
+/// family registers it).
+std::optional<bool> registered_default(const std::string& model_type) {
+  const auto* family = models::FamilyRegistry::builtin().find(model_type);
+  if (!family) return std::nullopt;
+  return family->fused_attention_default;
+}
+
 struct Row {
   std::string fixture;
-  std::optional<bool> constant;  ///< the family's exported default, where it has one
+  std::optional<bool> constant;  ///< the registered family's default, where it has one
 };
 
 /// Model input of a fixture: stored pixel_values (RF-DETR), normalised (Deformable DETR, ViT,
@@ -106,7 +107,7 @@ TEST_P(FusedAttentionPolicy, DefaultFollowsMeasuredByteExactness) {
       << (measured_sdpa ? "SDPA" : "manual");
   if (row.constant) {
     EXPECT_EQ(*row.constant, measured_sdpa)
-        << row.fixture << ": exported kFusedAttentionDefault disagrees with the measurement";
+        << row.fixture << ": the family's fused_attention_default disagrees with the measurement";
   }
   // Flipping the flag never touches the weights: back on the manual path, bit-identical.
   model->set_fused_attention(true);
@@ -116,17 +117,16 @@ TEST_P(FusedAttentionPolicy, DefaultFollowsMeasuredByteExactness) {
 
 INSTANTIATE_TEST_SUITE_P(
     Families, FusedAttentionPolicy,
-    ::testing::Values(Row{"vit_tiny", models::vit::kFusedAttentionDefault},
-                      Row{"deit_tiny", models::deit::kFusedAttentionDefault},
-                      Row{"deit_tiny_distilled", models::deit::kFusedAttentionDefault},
-                      Row{"swin_tiny", models::swin::kFusedAttentionDefault},
-                      Row{"deformable_detr_tiny", models::deformable_detr::kFusedAttentionDefault},
-                      Row{"dfine_tiny", models::dfine::kFusedAttentionDefault},
-                      Row{"deimv2_tiny_dinov3", models::deimv2::kFusedAttentionDefault},
-                      Row{"lw_detr_tiny", models::lw_detr::kFusedAttentionDefault},
-                      Row{"rf_detr_tiny", models::rf_detr::kFusedAttentionDefault},
-                      // measured when the RT-DETR family and its fixture exist
-                      Row{"rtdetr_tiny", std::nullopt}),
+    ::testing::Values(Row{"vit_tiny", registered_default("vit")},
+                      Row{"deit_tiny", registered_default("deit")},
+                      Row{"deit_tiny_distilled", registered_default("deit")},
+                      Row{"swin_tiny", registered_default("swin")},
+                      Row{"deformable_detr_tiny", registered_default("deformable_detr")},
+                      Row{"dfine_tiny", registered_default("d_fine")},
+                      Row{"deimv2_tiny_dinov3", registered_default("deimv2")},
+                      Row{"lw_detr_tiny", registered_default("lw_detr")},
+                      Row{"rf_detr_tiny", registered_default("rf_detr")},
+                      Row{"rtdetr_tiny", registered_default("rt_detr")}),
     [](const ::testing::TestParamInfo<Row>& info) { return info.param.fixture; });
 
 }  // namespace

@@ -153,7 +153,7 @@ TEST(InstanceSegmentationParity, ShapeErrorsNameTheTensors) {
 }
 
 TEST(InstanceSegmentationParity, MaskBudgetNamesAnyPixelCount) {
-  // Regression (oip_request_fuzz, 2026-12-01): 3 instances at 4e18 x 4e18 make 4.8e37 mask
+  // Regression (oip_request_fuzz, docs/FUZZING.md): 3 instances at 4e18 x 4e18 make 4.8e37 mask
   // pixels; the budget's message cast that double to an integer (UB). Below 2^63 the count is
   // exact.
   libreyolo::image::InstanceSegmentationOptions o;

@@ -151,7 +151,7 @@ TEST_P(LayoutsParity, OnStaysWithinToleranceOffIsByteIdentical) {
         sizes.emplace_back(hw.at(0).get<int64_t>(), hw.at(1).get<int64_t>());
       image::PostProcessOptions pp;
       pp.threshold = 0.3;
-      const auto head = image::detection_head_for(on->model_type());
+      const auto head = on->description().head;
       const auto dets =
           image::post_process_object_detection(out_on.logits, out_on.pred_boxes, sizes, head, pp);
       for (size_t i = 0; i < dets.size(); ++i) {

@@ -22,9 +22,9 @@
 #include "models/image/postprocess.h"
 #include "models/image/processor.h"
 #include "models/lw_detr/decoder.h"
-#include "models/lw_detr/lw_detr.h"
 #include "models/lw_detr/two_stage.h"
 #include "models/model.h"
+#include "tests/parity/checkpoint_copy.h"
 #include "tests/parity/fused_attention_fixtures.h"
 
 namespace libreyolo {
@@ -47,17 +47,10 @@ TEST(LwDetrParity, LogitsAndBoxesMatchTransformers) {
   for (bool fused : {false, true}) {
     model->set_fused_attention(fused);
     for (bool with_mask : {true, false}) {
-      const auto out = with_mask ? model->forward(pixels, mask) : model->forward(pixels);
-      ASSERT_EQ(out.logits.sizes(), logits_ref.sizes());
-      ASSERT_EQ(out.pred_boxes.sizes(), boxes_ref.sizes());
-      const double dl = test::max_abs_diff(out.logits, logits_ref);
-      const double db = test::max_abs_diff(out.pred_boxes, boxes_ref);
-      std::cout << "[" << kFixture << "] " << (fused ? "sdpa  " : "manual")
-                << (with_mask ? " pixel_mask" : " no mask   ")
-                << " attention: max|logits diff| = " << dl << ", max|pred_boxes diff| = " << db
-                << "\n";
-      EXPECT_LE(dl, 1e-4);
-      EXPECT_LE(db, 1e-5);
+      test::expect_logits_and_boxes_match(
+          with_mask ? model->forward(pixels, mask) : model->forward(pixels), logits_ref, boxes_ref,
+          std::string(kFixture) + (fused ? " sdpa" : " manual") +
+              (with_mask ? " pixel_mask" : " no mask") + " attention");
     }
   }
 }
@@ -72,27 +65,7 @@ TEST(LwDetrParity, PostProcessingMatchesTransformers) {
   const auto meta = test::read_json(dir + "/meta.json");
   std::vector<std::pair<int64_t, int64_t>> sizes;
   for (const auto& hw : meta.at("target_sizes_hw")) sizes.emplace_back(hw[0], hw[1]);
-  int checked = 0;
-  for (const char* th : {"0.0", "0.3"}) {
-    image::PostProcessOptions opt;
-    opt.threshold = std::stod(th);
-    const auto dets = image::post_process_object_detection(out.logits, out.pred_boxes, sizes,
-                                                           model->description().head, opt);
-    ASSERT_EQ(dets.size(), 2u);
-    for (size_t i = 0; i < dets.size(); ++i) {
-      const std::string key = std::string("th") + th + "_img" + std::to_string(i);
-      SCOPED_TRACE(key);
-      const auto s = test::expected_tensor(dir, key + "_scores");
-      ASSERT_EQ(dets[i].scores.numel(), s.numel());
-      EXPECT_GT(s.numel(), 0);
-      EXPECT_TRUE(at::equal(dets[i].labels, test::expected_tensor(dir, key + "_labels")));
-      EXPECT_LE(test::max_abs_diff(dets[i].scores, s), 1e-5);
-      EXPECT_LE(test::max_abs_diff(dets[i].boxes, test::expected_tensor(dir, key + "_boxes")),
-                1e-2);
-      ++checked;
-    }
-  }
-  EXPECT_EQ(checked, 4);
+  test::expect_detections_match(dir, out, sizes, model->description().head);
 }
 
 TEST(LwDetrParity, ProcessorMatchesPixelU8) {
@@ -142,7 +115,7 @@ TEST(LwDetr, HalfPrecisionLoadsAndRuns) {
   // fixture half precision moves the two-stage top-k, so transformers' own float16 / bfloat16
   // logits are 0.35 / 1.18 away from its float32 ones. Against transformers (eager attention)
   // in the same dtype, libreyolo-predict --dtype float16 / bfloat16 measured 0 difference
-  // (2026-12-01, image 1 of the fixture).
+  // (image 1 of the fixture).
   c10::InferenceMode inference_mode;
   const auto dir = test::model_fixture(kFixture);
   const auto pixels = test::normalized_pixels(dir).slice(0, 1, 2).contiguous();
@@ -175,79 +148,14 @@ TEST(LwDetrGeometry, RefineBoxesAndSineEmbedding) {
   EXPECT_NEAR(e[0][4].item<double>(), std::sin(x), 1e-6);
 }
 
-// Copies config.json and writes model.safetensors from `src` with `edit` applied to the
-// (key -> tensor) list (safetensors format). Returns the new folder.
-std::string edited_checkpoint(
-    const std::string& src,
-    const std::function<void(std::vector<std::pair<std::string, at::Tensor>>&)>& edit) {
-  // POSIX, not std::filesystem: LibTorch's libtorch.so exports clashing std::filesystem symbols.
-  char tmpl[] = "/tmp/libreyolo_lwdetr_XXXXXX";
-  if (mkdtemp(tmpl) == nullptr) throw std::runtime_error("mkdtemp failed");
-  const std::string tmp = tmpl;
-  {
-    std::ifstream in(src + "/config.json", std::ios::binary);
-    std::ofstream out(tmp + "/config.json", std::ios::binary);
-    out << in.rdbuf();
-  }
-  const auto file = models::core::SafetensorsFile::open(src + "/model.safetensors");
-  std::vector<std::pair<std::string, at::Tensor>> tensors;
-  for (const auto& key : file->keys()) tensors.emplace_back(key, file->view(key).clone());
-  edit(tensors);
-  nlohmann::json header = nlohmann::json::object();
-  std::string data;
-  for (const auto& [key, t] : tensors) {
-    const size_t bytes = t.numel() * t.element_size();
-    // The fixture holds float32 tensors and int64 num_batches_tracked.
-    header[key] = {{"dtype", t.scalar_type() == at::kLong ? "I64" : "F32"},
-                   {"shape", t.sizes().vec()},
-                   {"data_offsets", {data.size(), data.size() + bytes}}};
-    data.append(static_cast<const char*>(t.data_ptr()), bytes);
-  }
-  const std::string h = header.dump();
-  std::ofstream out(tmp + "/model.safetensors", std::ios::binary);
-  uint64_t n = h.size();
-  for (int i = 0; i < 8; ++i) out.put(static_cast<char>((n >> (8 * i)) & 0xff));
-  out << h << data;
-  return tmp;
-}
-
-void remove_checkpoint(const std::string& dir) {
-  std::remove((dir + "/config.json").c_str());
-  std::remove((dir + "/model.safetensors").c_str());
-  rmdir(dir.c_str());
-}
-
-std::string load_error(const std::string& dir) {
-  try {
-    models::load_model(dir);
-  } catch (const std::runtime_error& e) {
-    return e.what();
-  }
-  return "(loaded)";
-}
+using test::load_error;
 
 TEST(LwDetrLoading, UnknownAndMissingKeysAreNamed) {
   const auto src = test::model_fixture(kFixture);
   const std::string missing_key = "model.enc_out_class_embed.2.bias";  // an unused group's head
-  auto dir = edited_checkpoint(src, [&](auto& t) {
-    t.erase(
-        std::remove_if(t.begin(), t.end(), [&](const auto& e) { return e.first == missing_key; }),
-        t.end());
-  });
-  EXPECT_EQ(load_error(dir), dir +
-                                 "/model.safetensors: checkpoint does not match the model: "
-                                 "missing keys (1): " +
-                                 missing_key);
-  remove_checkpoint(dir);
-  dir = edited_checkpoint(src, [](auto& t) {
-    t.emplace_back("model.backbone.backbone.encoder.layer.0.attention.attention.key.bias",
-                   at::zeros({32}));
-  });
-  EXPECT_EQ(load_error(dir),
-            dir +
-                "/model.safetensors: checkpoint does not match the model: unexpected keys (1): "
-                "model.backbone.backbone.encoder.layer.0.attention.attention.key.bias");
-  remove_checkpoint(dir);
+  test::expect_missing_key_named(src, missing_key, missing_key);
+  test::expect_unexpected_key_named(
+      src, "model.backbone.backbone.encoder.layer.0.attention.attention.key.bias", {32});
 }
 
 TEST(LwDetrLoading, TransformersModuleNamesAreAccepted) {
@@ -255,7 +163,7 @@ TEST(LwDetrLoading, TransformersModuleNamesAreAccepted) {
   // the same model.
   c10::InferenceMode inference_mode;
   const auto src = test::model_fixture(kFixture);
-  const auto dir = edited_checkpoint(src, [](auto& t) {
+  const auto dir = test::edited_copy(src, [](auto& t) {
     for (auto& [key, value] : t) {
       for (const auto& [from, to] : std::vector<std::pair<std::string, std::string>>{
                {".attention.attention.query.", ".attention.q_proj."},
@@ -271,7 +179,7 @@ TEST(LwDetrLoading, TransformersModuleNamesAreAccepted) {
   const auto a = models::load_model(src)->forward(x);
   const auto b = models::load_model(dir)->forward(x);
   EXPECT_TRUE(at::equal(a.logits, b.logits));
-  remove_checkpoint(dir);
+  test::remove_copy(dir);
 }
 
 TEST(LwDetrLoading, UnsupportedConfigsAreNamedErrors) {

@@ -15,6 +15,8 @@
 #include "models/core/safetensors.h"
 #include "models/image/postprocess.h"
 #include "models/image/processor.h"
+#include "models/model.h"
+#include "models/registry/family.h"
 
 namespace {
 
@@ -157,8 +159,9 @@ TEST(PostprocessParity, DetectorsMatchTransformersFixtures) {
     if (!meta.contains("postprocess")) continue;  // classifiers
     SCOPED_TRACE(dir.filename().string());
     const auto config = read_json(dir / "config.json");
-    const DetectionHead head =
-        libreyolo::image::detection_head_for(config.at("model_type").get<std::string>());
+    const DetectionHead head = *libreyolo::models::FamilyRegistry::builtin()
+                                    .find(config.at("model_type").get<std::string>())
+                                    ->head;
     auto expected = SafetensorsFile::open((dir / "expected.safetensors").string());
     std::vector<std::pair<int64_t, int64_t>> sizes;
     for (const auto& hw : meta.at("target_sizes_hw")) sizes.emplace_back(hw[0], hw[1]);

@@ -26,7 +26,7 @@
 #include "models/image/processor.h"
 #include "models/model.h"
 #include "models/rf_detr/checkpoint_keys.h"
-#include "models/rf_detr/rf_detr.h"
+#include "tests/parity/checkpoint_copy.h"
 #include "tests/parity/fused_attention_fixtures.h"
 
 namespace libreyolo {
@@ -128,17 +128,11 @@ TEST(RfDetrParity, LogitsAndBoxesMatchTransformers) {
     for (bool with_mask : {true, false}) {
       const auto out = with_mask ? model->forward(in.pixel_values, in.pixel_mask)
                                  : model->forward(in.pixel_values);
-      ASSERT_EQ(out.logits.sizes(), logits_ref.sizes());
-      ASSERT_EQ(out.pred_boxes.sizes(), boxes_ref.sizes());
       EXPECT_FALSE(out.pred_masks.defined());
-      const double dl = test::max_abs_diff(out.logits, logits_ref);
-      const double db = test::max_abs_diff(out.pred_boxes, boxes_ref);
-      std::cout << "[" << kDetection << "] " << (fused ? "sdpa  " : "manual")
-                << (with_mask ? " pixel_mask" : " no mask   ")
-                << " attention: max|logits diff| = " << dl << ", max|pred_boxes diff| = " << db
-                << "\n";
-      EXPECT_LE(dl, 1e-4);
-      EXPECT_LE(db, 1e-5);
+      test::expect_logits_and_boxes_match(out, logits_ref, boxes_ref,
+                                          std::string(kDetection) + (fused ? " sdpa" : " manual") +
+                                              (with_mask ? " pixel_mask" : " no mask") +
+                                              " attention");
     }
   }
 }
@@ -179,27 +173,7 @@ TEST(RfDetrParity, PostProcessingMatchesTransformers) {
   auto model = models::load_model(dir);
   const auto out = model->forward(fixture_input(dir).pixel_values);
   const auto sizes = target_sizes(dir);
-  int checked = 0;
-  for (const char* th : {"0.0", "0.3"}) {
-    image::PostProcessOptions opt;
-    opt.threshold = std::stod(th);
-    const auto dets = image::post_process_object_detection(out.logits, out.pred_boxes, sizes,
-                                                           model->description().head, opt);
-    ASSERT_EQ(dets.size(), 2u);
-    for (size_t i = 0; i < dets.size(); ++i) {
-      const std::string key = std::string("th") + th + "_img" + std::to_string(i);
-      SCOPED_TRACE(key);
-      const auto s = test::expected_tensor(dir, key + "_scores");
-      ASSERT_EQ(dets[i].scores.numel(), s.numel());
-      EXPECT_EQ(s.numel(), 12);
-      EXPECT_TRUE(at::equal(dets[i].labels, test::expected_tensor(dir, key + "_labels")));
-      EXPECT_LE(test::max_abs_diff(dets[i].scores, s), 1e-5);
-      EXPECT_LE(test::max_abs_diff(dets[i].boxes, test::expected_tensor(dir, key + "_boxes")),
-                1e-2);
-      ++checked;
-    }
-  }
-  EXPECT_EQ(checked, 4);
+  test::expect_detections_match(dir, out, sizes, model->description().head, 12);
 }
 
 TEST(RfDetrParity, InstanceSegmentationMatchesTransformers) {
@@ -312,55 +286,7 @@ TEST(RfDetrLoading, OriginalNamesMapToModuleNames) {
   EXPECT_EQ(original_key("segmentation_bias", true), "segmentation_head.bias");
 }
 
-// Copies config.json and writes model.safetensors from `src` with `edit` applied to the
-// (key -> tensor) list (safetensors format). Returns the new folder.
-std::string edited_checkpoint(
-    const std::string& src,
-    const std::function<void(std::vector<std::pair<std::string, at::Tensor>>&)>& edit) {
-  // POSIX, not std::filesystem: LibTorch's libtorch.so exports clashing std::filesystem symbols.
-  char tmpl[] = "/tmp/libreyolo_rfdetr_XXXXXX";
-  if (mkdtemp(tmpl) == nullptr) throw std::runtime_error("mkdtemp failed");
-  const std::string tmp = tmpl;
-  {
-    std::ifstream in(src + "/config.json", std::ios::binary);
-    std::ofstream out(tmp + "/config.json", std::ios::binary);
-    out << in.rdbuf();
-  }
-  const auto file = models::core::SafetensorsFile::open(src + "/model.safetensors");
-  std::vector<std::pair<std::string, at::Tensor>> tensors;
-  for (const auto& key : file->keys()) tensors.emplace_back(key, file->view(key).clone());
-  edit(tensors);
-  nlohmann::json header = nlohmann::json::object();
-  std::string data;
-  for (const auto& [key, t] : tensors) {
-    const size_t bytes = t.numel() * t.element_size();
-    header[key] = {{"dtype", "F32"},  // the fixture holds float32 tensors only
-                   {"shape", t.sizes().vec()},
-                   {"data_offsets", {data.size(), data.size() + bytes}}};
-    data.append(static_cast<const char*>(t.data_ptr()), bytes);
-  }
-  const std::string h = header.dump();
-  std::ofstream out(tmp + "/model.safetensors", std::ios::binary);
-  uint64_t n = h.size();
-  for (int i = 0; i < 8; ++i) out.put(static_cast<char>((n >> (8 * i)) & 0xff));
-  out << h << data;
-  return tmp;
-}
-
-void remove_checkpoint(const std::string& dir) {
-  std::remove((dir + "/config.json").c_str());
-  std::remove((dir + "/model.safetensors").c_str());
-  rmdir(dir.c_str());
-}
-
-std::string load_error(const std::string& dir) {
-  try {
-    models::load_model(dir);
-  } catch (const std::runtime_error& e) {
-    return e.what();
-  }
-  return "(loaded)";
-}
+using test::load_error;
 
 TEST(RfDetrLoading, UnknownAndMissingKeysAreNamed) {
   for (const char* fixture : {kDetection, kSegmentation}) {
@@ -368,28 +294,11 @@ TEST(RfDetrLoading, UnknownAndMissingKeysAreNamed) {
     const auto src = test::model_fixture(fixture);
     const bool seg = std::string(fixture) == kSegmentation;
     // An unused group's head, and the segmentation bias: named by their module keys.
-    const std::string file_key =
-        seg ? "segmentation_head.bias" : "transformer.enc_out_class_embed.2.bias";
-    const std::string module_key = seg ? "segmentation_bias" : "model.enc_out_class_embed.2.bias";
-    auto dir = edited_checkpoint(src, [&](auto& t) {
-      t.erase(
-          std::remove_if(t.begin(), t.end(), [&](const auto& e) { return e.first == file_key; }),
-          t.end());
-    });
-    EXPECT_EQ(load_error(dir), dir +
-                                   "/model.safetensors: checkpoint does not match the model: "
-                                   "missing keys (1): " +
-                                   module_key);
-    remove_checkpoint(dir);
-    dir = edited_checkpoint(src, [](auto& t) {
-      t.emplace_back("backbone.0.encoder.encoder.encoder.layer.0.attention.attention.extra.bias",
-                     at::zeros({32}));
-    });
-    EXPECT_EQ(load_error(dir),
-              dir +
-                  "/model.safetensors: checkpoint does not match the model: unexpected keys (1): "
-                  "backbone.0.encoder.encoder.encoder.layer.0.attention.attention.extra.bias");
-    remove_checkpoint(dir);
+    test::expect_missing_key_named(
+        src, seg ? "segmentation_head.bias" : "transformer.enc_out_class_embed.2.bias",
+        seg ? "segmentation_bias" : "model.enc_out_class_embed.2.bias");
+    test::expect_unexpected_key_named(
+        src, "backbone.0.encoder.encoder.encoder.layer.0.attention.attention.extra.bias", {32});
   }
 }
 
@@ -399,7 +308,7 @@ TEST(RfDetrLoading, TransformersModuleNamesAreAccepted) {
   c10::InferenceMode inference_mode;
   const auto src = test::model_fixture(kDetection);
   auto model = models::load_model(src);
-  const auto dir = edited_checkpoint(src, [&](auto& t) {
+  const auto dir = test::edited_copy(src, [&](auto& t) {
     t.clear();
     for (const auto& item : model->root().named_parameters(/*recurse=*/true)) {
       const std::string& key = item.key();
@@ -423,7 +332,7 @@ TEST(RfDetrLoading, TransformersModuleNamesAreAccepted) {
   const auto b = models::load_model(dir)->forward(x);
   EXPECT_LE(test::max_abs_diff(a.logits, b.logits), 1e-6);
   EXPECT_LE(test::max_abs_diff(a.pred_boxes, b.pred_boxes), 1e-7);
-  remove_checkpoint(dir);
+  test::remove_copy(dir);
 }
 
 TEST(RfDetrLoading, UnsupportedConfigsAreNamedErrors) {

@@ -6,14 +6,20 @@
 
 #include <array>
 #include <iostream>
+#include <memory>
 
 #include "models/model.h"
-#include "models/swin/swin.h"
+#include "models/registry/family.h"
 #include "models/swin/windows.h"
 #include "tests/parity/fused_attention_fixtures.h"
 
 namespace libreyolo {
 namespace {
+
+/// The family's registered Family::fused_attention_default.
+bool fused_default() {
+  return models::FamilyRegistry::builtin().find("swin")->fused_attention_default;
+}
 
 TEST(SwinParity, LogitsMatchTransformersWithBothAttentionPaths) {
   c10::InferenceMode inference_mode;
@@ -28,25 +34,14 @@ TEST(SwinParity, LogitsMatchTransformersWithBothAttentionPaths) {
 }
 
 TEST(SwinParity, OddSizeMatchesTransformers) {
-  // extra_expected.safetensors (tests/fixtures/models/swin_tiny/make_extra_expected.py):
   // 107x123 random pixels -> patch padding to 108x124, 27x31 map padded to the window, odd patch
   // merging (27x31 -> 14x16 -> 7x8), last stage at min(h, w) == window: no shift.
-  c10::InferenceMode inference_mode;
-  const auto dir = test::model_fixture("swin_tiny");
-  auto model = models::load_model(dir);
-  const auto file = models::core::SafetensorsFile::open(dir + "/extra_expected.safetensors");
-  const auto x = file->view("pixel_values").clone();
-  ASSERT_EQ(x.sizes(), (at::IntArrayRef{2, 3, 107, 123}));
-  test::expect_logits_match_both_paths(*model, x, file->view("logits"), file->view("logits_eager"),
-                                       "swin_tiny 107x123");
+  test::expect_extra_expected_match("swin_tiny", {2, 3, 107, 123}, "swin_tiny 107x123");
 }
 
 TEST(SwinParity, SetFusedAttentionCountsChangedModules) {
-  auto model = models::load_model(test::model_fixture("swin_tiny"));
   // depths [1, 2, 1]: four window-attention modules.
-  EXPECT_EQ(model->set_fused_attention(models::swin::kFusedAttentionDefault), 0);
-  EXPECT_EQ(model->set_fused_attention(!models::swin::kFusedAttentionDefault), 4);
-  EXPECT_EQ(model->set_fused_attention(!models::swin::kFusedAttentionDefault), 0);
+  test::expect_fused_attention_toggles("swin_tiny", fused_default(), 4);
 }
 
 TEST(SwinParity, SmallMapsRunBothPaths) {
@@ -128,23 +123,7 @@ TEST(SwinWindows, RelativePositionIndexMatchesTransformers) {
 }
 
 TEST(SwinParity, HalfPrecisionLoadsAndStaysClose) {
-  // LoadOptions dtype float16 / bfloat16 on CPU: outputs are float32 and near the float32 model.
-  c10::InferenceMode inference_mode;
-  const auto dir = test::model_fixture("swin_tiny");
-  const auto pixels = test::normalized_pixels(dir);
-  const auto ref = models::load_model(dir)->forward(pixels);
-  for (auto dtype : {at::kHalf, at::kBFloat16}) {
-    models::LoadOptions options;
-    options.dtype = dtype;
-    auto model = models::load_model(dir, options);
-    // One input rule (models::check_pixel_values): float32 input is converted to the model's dtype.
-    EXPECT_TRUE(at::equal(model->forward(pixels).logits, model->forward(pixels.to(dtype)).logits));
-    const auto out = model->forward(pixels.to(dtype));
-    EXPECT_EQ(out.logits.scalar_type(), at::kFloat);
-    const double d = test::max_abs_diff(out.logits, ref.logits);
-    std::cout << "[swin_tiny " << dtype << "] max|logits - float32 logits| = " << d << "\n";
-    EXPECT_LE(d, 0.1);
-  }
+  test::expect_half_precision_close("swin_tiny", 0.1);
 }
 
 }  // namespace

@@ -7,11 +7,16 @@
 #include <iostream>
 
 #include "models/model.h"
-#include "models/vit/vit.h"
+#include "models/registry/family.h"
 #include "tests/parity/fused_attention_fixtures.h"
 
 namespace libreyolo {
 namespace {
+
+/// The family's registered Family::fused_attention_default.
+bool fused_default() {
+  return models::FamilyRegistry::builtin().find("vit")->fused_attention_default;
+}
 
 TEST(VitParity, LogitsMatchTransformersWithBothAttentionPaths) {
   c10::InferenceMode inference_mode;
@@ -29,53 +34,23 @@ TEST(VitParity, LogitsMatchTransformersWithBothAttentionPaths) {
 }
 
 TEST(VitParity, InterpolatedPositionEmbeddingsMatchTransformers) {
-  // extra_expected.safetensors (tests/fixtures/models/swin_tiny/make_extra_expected.py): 160x192
-  // random pixels with transformers' interpolate_pos_encoding=True (bicubic 14x14 -> 10x12).
-  c10::InferenceMode inference_mode;
-  const auto dir = test::model_fixture("vit_tiny");
-  auto model = models::load_model(dir);
-  const auto file = models::core::SafetensorsFile::open(dir + "/extra_expected.safetensors");
-  const auto x = file->view("pixel_values").clone();
-  ASSERT_EQ(x.sizes(), (at::IntArrayRef{2, 3, 160, 192}));
-  test::expect_logits_match_both_paths(*model, x, file->view("logits"), file->view("logits_eager"),
-                                       "vit_tiny 160x192");
+  // 160x192 random pixels with transformers' interpolate_pos_encoding=True (bicubic 14x14 ->
+  // 10x12).
+  test::expect_extra_expected_match("vit_tiny", {2, 3, 160, 192}, "vit_tiny 160x192");
 }
 
 TEST(VitParity, SetFusedAttentionCountsChangedModules) {
-  const auto dir = test::model_fixture("vit_tiny");
-  auto model = models::load_model(dir);
-  // Two encoder layers, one attention module each; default is models::vit::kFusedAttentionDefault.
-  EXPECT_EQ(model->set_fused_attention(models::vit::kFusedAttentionDefault), 0);
-  EXPECT_EQ(model->set_fused_attention(!models::vit::kFusedAttentionDefault), 2);
-  EXPECT_EQ(model->set_fused_attention(!models::vit::kFusedAttentionDefault), 0);
+  // Two encoder layers, one attention module each.
+  test::expect_fused_attention_toggles("vit_tiny", fused_default(), 2);
 }
 
 TEST(VitParity, RejectsBadInput) {
-  auto model = models::load_model(test::model_fixture("vit_tiny"));
-  EXPECT_THROW(model->forward(at::zeros({1, 1, 224, 224})), std::invalid_argument);
-  EXPECT_THROW(model->forward(at::zeros({3, 224, 224})), std::invalid_argument);
-  EXPECT_THROW(model->forward(at::zeros({1, 3, 8, 8})), std::invalid_argument);  // < one patch
+  auto model = test::expect_classifier_rejects_bad_input("vit_tiny");
   EXPECT_THROW(model->forward(at::zeros({1, 3, 224, 224}, at::kDouble)), std::invalid_argument);
 }
 
 TEST(VitParity, HalfPrecisionLoadsAndStaysClose) {
-  // LoadOptions dtype float16 / bfloat16 on CPU: outputs are float32 and near the float32 model.
-  c10::InferenceMode inference_mode;
-  const auto dir = test::model_fixture("vit_tiny");
-  const auto pixels = test::normalized_pixels(dir);
-  const auto ref = models::load_model(dir)->forward(pixels);
-  for (auto dtype : {at::kHalf, at::kBFloat16}) {
-    models::LoadOptions options;
-    options.dtype = dtype;
-    auto model = models::load_model(dir, options);
-    // One input rule (models::check_pixel_values): float32 input is converted to the model's dtype.
-    EXPECT_TRUE(at::equal(model->forward(pixels).logits, model->forward(pixels.to(dtype)).logits));
-    const auto out = model->forward(pixels.to(dtype));
-    EXPECT_EQ(out.logits.scalar_type(), at::kFloat);
-    const double d = test::max_abs_diff(out.logits, ref.logits);
-    std::cout << "[vit_tiny " << dtype << "] max|logits - float32 logits| = " << d << "\n";
-    EXPECT_LE(d, 0.1);
-  }
+  test::expect_half_precision_close("vit_tiny", 0.1);
 }
 
 }  // namespace

@@ -10,63 +10,27 @@ duplicate names, bounds errors and unregister are checked with the HTTP statuses
 side's messages, and a region registered over gRPC is used over REST (one registry for both
 transports). CUDA shared memory needs a GPU: tests/gpu/cuda_shm_client.py --protocol http.
 """
-import os
 import unittest
 
 import numpy as np
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 import tritonclient.utils.shared_memory as shm
-from safetensors.numpy import load_file
 from tritonclient.utils import InferenceServerException
 
-from peers_env import DETECTOR, FIXTURES, GRPC, HTTP
-
-EXPECTED = f"{FIXTURES}/models/rtdetr_tiny/expected.safetensors"
-NUM_QUERIES = 30  # tests/fixtures/models/rtdetr_tiny/config.json: every query is a candidate
+from peers_env import DETECTOR, GRPC, HTTP
+from shm_support import NUM_QUERIES, SharedMemoryRegions
 
 
-class HttpSystemSharedMemory(unittest.TestCase):
-    def setUp(self):
-        self.c = httpclient.InferenceServerClient(url=HTTP)
-        self.c.unregister_system_shared_memory()
-        self.handles = []
-        self.tag = f"/libreyolo_peers_http_{os.getpid()}_{self.id().rsplit('.', 1)[-1]}"
+class HttpSystemSharedMemory(SharedMemoryRegions, unittest.TestCase):
+    TAG = "libreyolo_peers_http"
 
-    def tearDown(self):
-        self.c.unregister_system_shared_memory()
-        for h in self.handles:
-            shm.destroy_shared_memory_region(h)
-
-    def region(self, name, byte_size):
-        h = shm.create_shared_memory_region(name, self.tag + "_" + name, byte_size)
-        self.handles.append(h)
-        return h
+    def make_client(self):
+        return httpclient.InferenceServerClient(url=HTTP)
 
     def test_infer_through_shared_memory_matches_the_fixture(self):
-        expected = load_file(EXPECTED)
-        pixels = (expected["pixel_u8"].astype(np.float32) * np.float32(0.00392156862745098)).astype(np.float32)
-        sizes = np.array([[512, 512], [400, 600]], dtype=np.int64)
-        in_offset = 64  # the pixels do not start the region
-        sizes_offset = in_offset + pixels.nbytes
-        h_in = self.region("in", sizes_offset + sizes.nbytes)
-        shm.set_shared_memory_region(h_in, [pixels], offset=in_offset)
-        shm.set_shared_memory_region(h_in, [sizes], offset=sizes_offset)
-        score_bytes = 2 * NUM_QUERIES * 4
-        box_bytes = 2 * NUM_QUERIES * 4 * 4
-        h_out = self.region("out", score_bytes + box_bytes)
-        self.c.register_system_shared_memory("in", self.tag + "_in", sizes_offset + sizes.nbytes)
-        self.c.register_system_shared_memory("out", self.tag + "_out", score_bytes + box_bytes)
-
-        pv = httpclient.InferInput("pixel_values", list(pixels.shape), "FP32")
-        pv.set_shared_memory("in", pixels.nbytes, offset=in_offset)
-        ts = httpclient.InferInput("target_sizes", [2, 2], "INT64")
-        ts.set_shared_memory("in", sizes.nbytes, offset=sizes_offset)
-        outs = [httpclient.InferRequestedOutput(n, binary_data=True)
-                for n in ("scores", "labels", "boxes", "num_detections")]
-        outs[0].set_shared_memory("out", score_bytes)
-        outs[2].set_shared_memory("out", box_bytes, offset=score_bytes)
-        r = self.c.infer(DETECTOR, [pv, ts], outputs=outs, parameters={"threshold": 0.3})
+        r, h_out, score_bytes, box_bytes = self.infer_fixture_through_shared_memory(
+            httpclient, binary_data=True)
         # Outputs written into shared memory: their parameters name the region, no data (Triton).
         self.assertEqual(r.get_output("scores"), {
             "name": "scores", "datatype": "FP32", "shape": [2, NUM_QUERIES],
@@ -74,23 +38,7 @@ class HttpSystemSharedMemory(unittest.TestCase):
         self.assertEqual(r.get_output("boxes")["parameters"], {
             "shared_memory_region": "out", "shared_memory_byte_size": box_bytes,
             "shared_memory_offset": score_bytes})
-        counts = r.as_numpy("num_detections")
-        labels = r.as_numpy("labels")
-        scores = shm.get_contents_as_numpy(h_out, np.float32, [2, NUM_QUERIES])
-        boxes = shm.get_contents_as_numpy(h_out, np.float32, [2, NUM_QUERIES, 4], offset=score_bytes)
-        max_score = max_box = 0.0
-        for i in range(2):
-            p = f"th0.3_img{i}_"
-            es, el, eb = expected[p + "scores"], expected[p + "labels"], expected[p + "boxes"]
-            n = int(counts[i])
-            self.assertEqual(n, es.shape[0], f"image {i}")
-            np.testing.assert_array_equal(labels[i, :n], el, err_msg=f"image {i} labels")
-            max_score = max(max_score, float(np.abs(scores[i, :n] - es).max(initial=0)))
-            max_box = max(max_box, float(np.abs(boxes[i, :n] - eb).max(initial=0)))
-        print(f"\n  tritonclient.http system shared memory: max |score - expected| = {max_score:.3g}, "
-              f"max |box - expected| = {max_box:.3g} px, {counts.tolist()} detections")
-        self.assertLessEqual(max_score, 1e-4)
-        self.assertLessEqual(max_box, 1e-2)
+        self.check_detections(r, h_out, score_bytes, "tritonclient.http")
 
     def test_status_duplicates_bounds_and_unregister(self):
         self.region("a", 4096)

@@ -8,65 +8,23 @@ expected.safetensors, the bounds of tritonclient_test.py test_fp32_pixel_values)
 duplicate names, bounds errors and unregister are checked with Triton's status codes and
 messages. CUDA shared memory needs a GPU: tests/gpu/cuda_shm_client.py.
 """
-import os
 import unittest
 
-import numpy as np
 import tritonclient.grpc as grpcclient
-import tritonclient.utils.shared_memory as shm
-from safetensors.numpy import load_file
 from tritonclient.utils import InferenceServerException
 
-from peers_env import DETECTOR, FIXTURES, GRPC
-
-EXPECTED = f"{FIXTURES}/models/rtdetr_tiny/expected.safetensors"
-NUM_QUERIES = 30  # tests/fixtures/models/rtdetr_tiny/config.json: every query is a candidate
+from peers_env import DETECTOR, GRPC
+from shm_support import SharedMemoryRegions
 
 
-def client():
-    return grpcclient.InferenceServerClient(url=GRPC)
+class SystemSharedMemory(SharedMemoryRegions, unittest.TestCase):
+    TAG = "libreyolo_peers"
 
-
-class SystemSharedMemory(unittest.TestCase):
-    def setUp(self):
-        self.c = client()
-        self.c.unregister_system_shared_memory()
-        self.handles = []
-        self.tag = f"/libreyolo_peers_{os.getpid()}_{self.id().rsplit('.', 1)[-1]}"
-
-    def tearDown(self):
-        self.c.unregister_system_shared_memory()
-        for h in self.handles:
-            shm.destroy_shared_memory_region(h)
-
-    def region(self, name, byte_size):
-        h = shm.create_shared_memory_region(name, self.tag + "_" + name, byte_size)
-        self.handles.append(h)
-        return h
+    def make_client(self):
+        return grpcclient.InferenceServerClient(url=GRPC)
 
     def test_infer_through_shared_memory_matches_the_fixture(self):
-        expected = load_file(EXPECTED)
-        pixels = (expected["pixel_u8"].astype(np.float32) * np.float32(0.00392156862745098)).astype(np.float32)
-        sizes = np.array([[512, 512], [400, 600]], dtype=np.int64)
-        in_offset = 64  # the pixels do not start the region
-        sizes_offset = in_offset + pixels.nbytes
-        h_in = self.region("in", sizes_offset + sizes.nbytes)
-        shm.set_shared_memory_region(h_in, [pixels], offset=in_offset)
-        shm.set_shared_memory_region(h_in, [sizes], offset=sizes_offset)
-        score_bytes = 2 * NUM_QUERIES * 4
-        box_bytes = 2 * NUM_QUERIES * 4 * 4
-        h_out = self.region("out", score_bytes + box_bytes)
-        self.c.register_system_shared_memory("in", self.tag + "_in", sizes_offset + sizes.nbytes)
-        self.c.register_system_shared_memory("out", self.tag + "_out", score_bytes + box_bytes)
-
-        pv = grpcclient.InferInput("pixel_values", list(pixels.shape), "FP32")
-        pv.set_shared_memory("in", pixels.nbytes, offset=in_offset)
-        ts = grpcclient.InferInput("target_sizes", [2, 2], "INT64")
-        ts.set_shared_memory("in", sizes.nbytes, offset=sizes_offset)
-        outs = [grpcclient.InferRequestedOutput(n) for n in ("scores", "labels", "boxes", "num_detections")]
-        outs[0].set_shared_memory("out", score_bytes)
-        outs[2].set_shared_memory("out", box_bytes, offset=score_bytes)
-        r = self.c.infer(DETECTOR, [pv, ts], outputs=outs, parameters={"threshold": 0.3})
+        r, h_out, score_bytes, _ = self.infer_fixture_through_shared_memory(grpcclient)
         response = r.get_response()
         # Host outputs keep their raw_output_contents; shared-memory ones name their region.
         self.assertEqual([o.name for o in response.outputs], ["labels", "num_detections", "scores", "boxes"])
@@ -75,23 +33,7 @@ class SystemSharedMemory(unittest.TestCase):
         self.assertEqual(params["scores"]["shared_memory_region"].string_param, "out")
         self.assertEqual(params["scores"]["shared_memory_byte_size"].int64_param, score_bytes)
         self.assertEqual(params["boxes"]["shared_memory_offset"].int64_param, score_bytes)
-        counts = r.as_numpy("num_detections")
-        labels = r.as_numpy("labels")
-        scores = shm.get_contents_as_numpy(h_out, np.float32, [2, NUM_QUERIES])
-        boxes = shm.get_contents_as_numpy(h_out, np.float32, [2, NUM_QUERIES, 4], offset=score_bytes)
-        max_score = max_box = 0.0
-        for i in range(2):
-            p = f"th0.3_img{i}_"
-            es, el, eb = expected[p + "scores"], expected[p + "labels"], expected[p + "boxes"]
-            n = int(counts[i])
-            self.assertEqual(n, es.shape[0], f"image {i}")
-            np.testing.assert_array_equal(labels[i, :n], el, err_msg=f"image {i} labels")
-            max_score = max(max_score, float(np.abs(scores[i, :n] - es).max(initial=0)))
-            max_box = max(max_box, float(np.abs(boxes[i, :n] - eb).max(initial=0)))
-        print(f"\n  tritonclient system shared memory: max |score - expected| = {max_score:.3g}, "
-              f"max |box - expected| = {max_box:.3g} px, {counts.tolist()} detections")
-        self.assertLessEqual(max_score, 1e-4)
-        self.assertLessEqual(max_box, 1e-2)
+        self.check_detections(r, h_out, score_bytes, "tritonclient")
 
     def test_status_duplicates_bounds_and_unregister(self):
         self.region("a", 4096)

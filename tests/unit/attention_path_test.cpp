@@ -1,6 +1,6 @@
-// The fused-attention policy of models/layers/attention (issue 5): the attention_path() table
-// per shape class, and every formulation against the manual math on the CPU (the same checks
-// on CUDA: tests/gpu/attention_path_test.cpp). The numbers behind the table:
+// The fused-attention policy of models/layers/attention (DESIGN.md "Fused attention (SDPA)"): the
+// attention_path() table per shape class, and every formulation against the manual math on the CPU
+// (the same checks on CUDA: tests/gpu/attention_path_test.cpp). The numbers behind the table:
 // docs/bench/attention.md.
 #include <ATen/ATen.h>
 #include <c10/core/InferenceMode.h>

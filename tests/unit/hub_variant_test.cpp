@@ -118,7 +118,7 @@ TEST(HubMetadata, HugeIdIsRefusedClipped) {
   } catch (const std::runtime_error& e) {
     EXPECT_STREQ(e.what(), "m.json: id '9ops' is not a valid op namespace");
   }
-  // Fuzzing finding (hub_metadata_fuzz, 2026-12-01 campaign): JSON escapes put a tab and a
+  // Fuzzing finding (hub_metadata_fuzz's campaign, docs/FUZZING.md): JSON escapes put a tab and a
   // newline into the echoed id, a two-line error; control characters are written as \xNN.
   try {
     hub::parse_metadata(R"({"id": "_a\tb\nc", "backend": {"type": "cpu"}})", "m.json");
@@ -140,8 +140,8 @@ TEST(HubLock, ParseLockTextNamesTheFile) {
   } catch (const hub::LockError& e) {
     EXPECT_STREQ(e.what(), "x.lock: entry 0: must be an object");
   }
-  // Fuzzing finding (hub_lock_fuzz, 2026-12-01 campaign): a JSON-escaped newline in a variant
-  // name made a two-line error; names are echoed with control characters as \xNN.
+  // Fuzzing finding (hub_lock_fuzz's campaign, docs/FUZZING.md): a JSON-escaped newline in a
+  // variant name made a two-line error; names are echoed with control characters as \xNN.
   try {
     hub::parse_lock_text(R"([{"repo_id": "o/r", "variants": {"v\nx": {}}}])", "x.lock");
     FAIL() << "accepted";

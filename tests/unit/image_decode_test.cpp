@@ -262,8 +262,9 @@ TEST(ImageDecode, CorruptJpegHeaderRejected) {
 // Fuzzing finding (image_decode_fuzz): a tables-only JPEG (SOI, DQT, no frame) had a 0x0 header
 // that read_image_info returned as if it were an image.
 TEST(ImageDecode, TablesOnlyJpegIsNoImage) {
-  const std::vector<uint8_t> bytes = libreyolo::image::read_file_bytes(
-      std::string(LIBREYOLO_TEST_FIXTURES) + "/fuzz/image_decode/regress-tables-only.jpg");
+  const std::vector<uint8_t> bytes =
+      libreyolo::image::read_file_bytes(std::string(LIBREYOLO_SOURCE_DIR) +
+                                        "/tests/fuzz/corpus/image_decode/regress-tables-only.jpg");
   const std::string expected = "corrupt JPEG header: no image (a tables-only JPEG datastream)";
   EXPECT_EQ(error_of(bytes), expected);
   try {
@@ -322,7 +323,8 @@ TEST(ImageDecode, HugePngHeaderRejectedBeforeDecoding) {
 // overflowed int64 (undefined behaviour) in the limit check and in its message.
 TEST(ImageDecode, PngHeaderSizeProductDoesNotOverflow) {
   const std::vector<uint8_t> bytes = libreyolo::image::read_file_bytes(
-      std::string(LIBREYOLO_TEST_FIXTURES) + "/fuzz/image_decode/regress-png-size-overflow.png");
+      std::string(LIBREYOLO_SOURCE_DIR) +
+      "/tests/fuzz/corpus/image_decode/regress-png-size-overflow.png");
   EXPECT_EQ(error_of(bytes),
             "PNG image is 2785018110x4294953472 = 11961523201127377920 pixels, above the limit of "
             "40000000 pixels");
@@ -331,8 +333,9 @@ TEST(ImageDecode, PngHeaderSizeProductDoesNotOverflow) {
 // Fuzzing finding (image_decode_fuzz): read_image_info returned a 1x0 PNG header that decode_rgb
 // refuses.
 TEST(ImageDecode, EmptyPngSizeIsRefusedByTheHeaderReaderToo) {
-  const std::vector<uint8_t> bytes = libreyolo::image::read_file_bytes(
-      std::string(LIBREYOLO_TEST_FIXTURES) + "/fuzz/image_decode/regress-png-height-0.png");
+  const std::vector<uint8_t> bytes =
+      libreyolo::image::read_file_bytes(std::string(LIBREYOLO_SOURCE_DIR) +
+                                        "/tests/fuzz/corpus/image_decode/regress-png-height-0.png");
   try {
     libreyolo::image::read_image_info(bytes.data(), bytes.size());
     FAIL() << "read_image_info accepted it";

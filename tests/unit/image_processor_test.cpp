@@ -66,8 +66,8 @@ TEST(ImageProcessor, ConfigErrorsNameFileAndKey) {
             "dir/preprocessor_config.json: image_processor_type \"CLIPImageProcessor\" is not "
             "supported (RTDetrImageProcessor, DeformableDetrImageProcessor, RfDetrImageProcessor, "
             "ViTImageProcessor, DeiTImageProcessor)");
-  // Fuzzing finding (model_config_fuzz, 2026-12-01 campaign): a JSON-escaped newline in the type
-  // made a two-line error; control characters are written as \xNN.
+  // Fuzzing finding (model_config_fuzz's campaign, docs/FUZZING.md): a JSON-escaped newline in the
+  // type made a two-line error; control characters are written as \xNN.
   EXPECT_EQ(error_of(R"({"image_processor_type": "A\nB"})"),
             "dir/preprocessor_config.json: image_processor_type \"A\\x0aB\" is not "
             "supported (RTDetrImageProcessor, DeformableDetrImageProcessor, RfDetrImageProcessor, "

@@ -1,5 +1,5 @@
 // models::use_intra_op_threads: a per-thread limit on ATen's OpenMP team, and the preprocessing
-// pool that applies it on each worker (server/pipeline/thread_pool.h, server/core/core.cpp).
+// pool that applies it on each worker (server/core/thread_pool.h, server/core/core.cpp).
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <gtest/gtest.h>
@@ -8,7 +8,7 @@
 #include <thread>
 
 #include "models/runtime/intra_op_threads.h"
-#include "server/pipeline/thread_pool.h"
+#include "server/core/thread_pool.h"
 
 using libreyolo::models::use_intra_op_threads;
 using libreyolo::server::ThreadPool;

@@ -116,7 +116,7 @@ TEST(ModelsCoreJson, MissingFileAndFifo) {
 namespace {
 
 // config_json_fuzz: a key holding a newline made a two-line error message
-// (tests/fixtures/fuzz/config_json/regress-newline-key.json).
+// (tests/fuzz/corpus/config_json/regress-newline-key.json).
 TEST(ModelsCoreJson, FieldNamesInErrorsAreOneLine) {
   const auto j = nlohmann::json::parse(R"({"do_convert_\nnotations": true})");
   const core::ConfigView view(j, "/repo/m/1/config.json");
@@ -130,8 +130,8 @@ TEST(ModelsCoreJson, FieldNamesInErrorsAreOneLine) {
   }
 }
 
-// config_json_fuzz (2026-12-01 campaign): an enum value holding a newline was echoed raw; it is
-// now the value as JSON, escaped and clipped (tests/fixtures/fuzz/config_json/
+// config_json_fuzz's campaign (docs/FUZZING.md): an enum value holding a newline was echoed raw; it
+// is now the value as JSON, escaped and clipped (tests/fuzz/corpus/config_json/
 // regress-newline-in-enum-value.json). id2label keys likewise.
 TEST(ModelsCoreJson, ValuesInErrorsAreOneLineAndClipped) {
   const auto j =

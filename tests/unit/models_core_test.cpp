@@ -13,6 +13,7 @@
 #include "models/layers/attention.h"
 #include "models/layers/layers.h"
 #include "models/model.h"
+#include "tests/support/safetensors_writer.h"
 
 namespace {
 
@@ -44,13 +45,8 @@ class TempDir {
   std::vector<std::string> files_;
 };
 
-// 8-byte little-endian length + header + data.
-std::string safetensors_bytes(const std::string& header, const std::string& data) {
-  std::string out;
-  uint64_t n = header.size();
-  for (int i = 0; i < 8; ++i) out.push_back(static_cast<char>((n >> (8 * i)) & 0xff));
-  return out + header + data;
-}
+// 8-byte little-endian length + header + data (tests/support/safetensors_writer.h).
+using libreyolo::test::safetensors_bytes;
 
 std::string floats(std::initializer_list<float> v) {
   std::string s;
@@ -174,28 +170,18 @@ TEST(SafetensorsFile, ReadsValuesZeroCopyAndConverts) {
   EXPECT_EQ(view[1][1].item<float>(), 4.0f);
 }
 
-// A file for a layers::LinearImpl(2 -> 3).
+// A file for a layers::LinearImpl(2 -> 3): weight (rows, 2) = 0, 1, 2, ..., bias (3) when
+// `with_bias`, and with `extra` an int64 extra.num_batches_tracked and a float32 surplus (1).
 std::string linear_file(TempDir& dir, const std::string& name, bool with_bias, int64_t rows,
                         bool extra) {
-  nlohmann::json h;
-  std::string data;
-  h["weight"] = {{"dtype", "F32"}, {"shape", {rows, 2}}, {"data_offsets", {0, rows * 8}}};
-  for (int64_t i = 0; i < rows * 2; ++i) data += floats({static_cast<float>(i)});
-  if (with_bias) {
-    h["bias"] = {
-        {"dtype", "F32"}, {"shape", {3}}, {"data_offsets", {data.size(), data.size() + 12}}};
-    data += floats({0.5f, 0.25f, -1.0f});
-  }
+  libreyolo::test::NamedTensors t;
+  t.emplace_back("weight", at::arange(rows * 2, at::kFloat).view({rows, 2}));
+  if (with_bias) t.emplace_back("bias", at::tensor({0.5f, 0.25f, -1.0f}));
   if (extra) {
-    h["extra.num_batches_tracked"] = {{"dtype", "I64"},
-                                      {"shape", nlohmann::json::array()},
-                                      {"data_offsets", {data.size(), data.size() + 8}}};
-    data += std::string(8, '\0');
-    h["surplus"] = {
-        {"dtype", "F32"}, {"shape", {1}}, {"data_offsets", {data.size(), data.size() + 4}}};
-    data += floats({9});
+    t.emplace_back("extra.num_batches_tracked", at::scalar_tensor(0, at::kLong));
+    t.emplace_back("surplus", at::tensor({9.0f}));
   }
-  return dir.file(name, safetensors_bytes(h.dump(), data));
+  return dir.file(name, safetensors_bytes(t));
 }
 
 std::string load_error(const std::string& path, torch::nn::Module& m, core::LoadRules rules = {}) {

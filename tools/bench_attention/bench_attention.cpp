@@ -1,5 +1,5 @@
 // bench_attention: attention alone on CUDA, the manual math of models/layers/attention against
-// at::scaled_dot_product_attention (SDPA) formulations, at the three shape classes of issue 5:
+// at::scaled_dot_product_attention (SDPA) formulations, at three shape classes:
 //   vit_b        batch 32, 12 heads, 197 tokens, d 64, no bias
 //   swin_shift   Swin-T stage 1 shifted windows: 2048 windows (32 images x 64), 3 heads,
 //                49 tokens, d 32, relative position bias [3,49,49] + the -100 shift mask [64,49,49]
@@ -269,7 +269,7 @@ std::vector<Row> bench_shape(const Shape& s, at::ScalarType dt) {
                     },
                     b, "(d) SDPA forced to one backend"});
   } else {
-    // Today's Swin (before issue 5): the bias expanded to (BW, H, L, L) per call, outside.
+    // Swin before the fused-attention policy: the bias expanded to (BW, H, L, L) per call, outside.
     vs.push_back({"manual_old_swin",
                   [&] {
                     const auto full =

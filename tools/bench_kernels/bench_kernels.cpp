@@ -1,5 +1,5 @@
-// Benchmarks of the `cuda` implementations of ms_deform_attn and fake_quant_fp8 on the shapes of
-// issue 6 (Deformable DETR decoder/encoder at 800x1333, RT-DETR decoder at 640), of the
+// Benchmarks of the `cuda` implementations of ms_deform_attn and fake_quant_fp8 on the shapes the
+// families run (Deformable DETR decoder/encoder at 800x1333, RT-DETR decoder at 640), of the
 // conv2d_bias_act epilogue and max_pool2d on RT-DETR's batch-32 640 maps, of the depthwise
 // convolutions of D-FINE L's HGNetV2-B4 at batch 32 and 640, and of the portable paths (ATen)
 // and a device-to-device copy of the same bytes in the same run.

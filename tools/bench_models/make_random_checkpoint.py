@@ -12,11 +12,12 @@ Usage: make_random_checkpoint.py OUT_DIR [SET[,SET...]] [--tiny]
   deformable -> OUT_DIR/deformable_detr: SenseTime/deformable-detr (DeformableDetrConfig's
       defaults: 300 queries, 4 levels, 6 + 6 layers, 91 labels) with transformers' own ResNet-50
       instead of timm's (the same architecture; what libreyolo loads), 800x1333 processor
-  families -> the issue-16 families at their transformers defaults, i.e. the configurations the
+  families -> the ViT-backbone and DEIMv2 families at their transformers defaults, i.e. the configurations the
       configuration files name: OUT_DIR/rf_detr_base (Roboflow/rf-detr-base, 560x560, with
       RFDETRBaseConfig's dec_n_points 2 of roboflow/rf-detr rfdetr/config.py: the transformers
-      default is 4), OUT_DIR/rf_detr_nano (RFDETRNanoConfig: patch 16, 2 windows, features of
-      blocks 3/6/9/12, 2 decoder layers, 384x384),
+      default is 4), OUT_DIR/rf_detr_nano, rf_detr_small, rf_detr_medium (RFDETRNanoConfig /
+      RFDETRSmallConfig / RFDETRMediumConfig: patch 16, 2 windows, features of blocks 3/6/9/12,
+      2 / 3 / 4 decoder layers, 384 / 512 / 576 square),
       OUT_DIR/lw_detr_small (AnnaZhang/lwdetr_small_60e_coco, 640x640, with its one projector
       level: the default's list is empty), OUT_DIR/deimv2_default (Deimv2Config()'s defaults:
       HGNetV2 with the hybrid encoder, 29.9 M parameters, 92.6 GFLOPs at 640x640, D-FINE-L
@@ -124,16 +125,17 @@ def save(model, out, name, processor):
     print(name, sum(p.numel() for p in model.parameters()), "parameters ->", d, flush=True)
 
 
-def rf_detr_nano():
-    """RFDETRNanoConfig of roboflow/rf-detr (rfdetr/config.py) in transformers' terms: the
-    DINOv2-small windowed backbone with patch 16 and a 24x24 position grid (image_size 384),
-    2 windows, features after blocks 3, 6, 9 and 12; 2 decoder layers of 2 points per level."""
+def rf_detr_windowed_small(decoder_layers, side):
+    """RFDETRNanoConfig / RFDETRSmallConfig / RFDETRMediumConfig of roboflow/rf-detr
+    (rfdetr/config.py) in transformers' terms: the DINOv2-small windowed backbone with patch 16
+    and a side/16 position grid (image_size = side), 2 windows, features after blocks 3, 6, 9
+    and 12; `decoder_layers` decoder layers (nano 2, small 3, medium 4) of 2 points per level."""
     backbone = tr.RfDetrDinov2Config(hidden_size=384, num_attention_heads=6, num_hidden_layers=12,
-                                     patch_size=16, image_size=384, num_windows=2,
+                                     patch_size=16, image_size=side, num_windows=2,
                                      num_register_tokens=0,
                                      out_features=["stage3", "stage6", "stage9", "stage12"])
-    return tr.RfDetrConfig(backbone_config=backbone, decoder_layers=2, decoder_n_points=2,
-                           **coco_labels(80))
+    return tr.RfDetrConfig(backbone_config=backbone, decoder_layers=decoder_layers,
+                           decoder_n_points=2, **coco_labels(80))
 
 
 def main():
@@ -171,8 +173,10 @@ def main():
         elif s == "families":
             save(tr.RfDetrForObjectDetection(tr.RfDetrConfig(decoder_n_points=2, **coco_labels(80))),
                  out, "rf_detr_base", fixed_processor("RfDetrImageProcessor", 560))
-            save(tr.RfDetrForObjectDetection(rf_detr_nano()), out, "rf_detr_nano",
-                 fixed_processor("RfDetrImageProcessor", 384))
+            for name, layers, side in (("rf_detr_nano", 2, 384), ("rf_detr_small", 3, 512),
+                                       ("rf_detr_medium", 4, 576)):
+                save(tr.RfDetrForObjectDetection(rf_detr_windowed_small(layers, side)), out, name,
+                     fixed_processor("RfDetrImageProcessor", side))
             # LwDetrConfig's default projector_scale_factors is empty (no feature level: not a
             # model); lwdetr_small_60e_coco's config.json has the single P4 level, scale 1.0.
             lw = tr.LwDetrConfig(projector_scale_factors=[1.0], **coco_labels(80))

@@ -85,8 +85,8 @@ std::string profile_by_op_class(const std::function<void()>& forward, int iters)
        << " class=" << op_class(kernels[i].first) << " name=" << kernels[i].first.substr(0, 140)
        << "\n";
   }
-  // The classes the next speed steps look at (issue 14: the copies and elementwise chains left
-  // with layouts on): their 8 largest kernels, with launches per forward.
+  // The classes the next speed steps look at (the copies and elementwise chains left with
+  // layouts on): their 8 largest kernels, with launches per forward.
   for (const char* cls : {"copy", "elementwise", "other"}) {
     int shown = 0;
     for (const auto& [name, v] : kernels) {

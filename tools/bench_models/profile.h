@@ -1,6 +1,6 @@
 // Where a forward's GPU time goes, by op class, from the torch profiler (Kineto, CUPTI) driven
-// from C++ (torch/csrc/autograd/profiler_kineto.h): the breakdown issue 14 asks for before and
-// after the layouts.
+// from C++ (torch/csrc/autograd/profiler_kineto.h): the breakdown that shows what the layouts
+// change (docs/BENCHMARKS.md).
 #pragma once
 
 #include <functional>

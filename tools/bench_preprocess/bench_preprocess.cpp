@@ -1,4 +1,4 @@
-// What the daemon's preprocessing pool does per JPEG input (server/pipeline/infer_pipeline.cpp):
+// What the daemon's preprocessing pool does per JPEG input (server/core/infer_pipeline.cpp):
 // decode (models/image/decode.cpp) + the checkpoint's image processor (models/image/processor.cpp)
 // to (1, 3, 640, 640) float32, run by P threads at once (Google Benchmark ->Threads(P)), in two
 // modes:

@@ -31,7 +31,7 @@
 
 #include "load.h"
 #include "report.h"
-#include "server/rpc/client.h"
+#include "server/grpc/client.h"
 
 namespace {
 

@@ -20,7 +20,7 @@
 #include <string>
 #include <vector>
 
-#include "server/rpc/client.h"
+#include "server/grpc/client.h"
 #include "tools/client/overlay.h"
 
 namespace {

@@ -52,9 +52,25 @@ struct Traits<float> {
   __device__ static __forceinline__ float from_float(float v) { return v; }
 };
 
-template <>
-struct Traits<__half> {
+// 16-bit storage: 8 values per 16-byte vector, two per 32-bit word; Tr converts a word to two
+// floats (two) and two floats to a word (word).
+template <typename Tr>
+struct Packed16 {
   static constexpr int kVec = 8;
+  __device__ static __forceinline__ void unpack(const uint4& r, float* o) {
+    Tr::two(r.x, o);
+    Tr::two(r.y, o + 2);
+    Tr::two(r.z, o + 4);
+    Tr::two(r.w, o + 6);
+  }
+  __device__ static __forceinline__ uint4 pack(const float* f) {
+    return make_uint4(Tr::word(f[0], f[1]), Tr::word(f[2], f[3]), Tr::word(f[4], f[5]),
+                      Tr::word(f[6], f[7]));
+  }
+};
+
+template <>
+struct Traits<__half> : Packed16<Traits<__half>> {
   __device__ static __forceinline__ void two(unsigned w, float* o) {
     o[0] = __half2float(__ushort_as_half(static_cast<unsigned short>(w & 0xffffu)));
     o[1] = __half2float(__ushort_as_half(static_cast<unsigned short>(w >> 16)));
@@ -63,22 +79,12 @@ struct Traits<__half> {
     return static_cast<unsigned>(__half_as_ushort(__float2half_rn(a))) |
            (static_cast<unsigned>(__half_as_ushort(__float2half_rn(b))) << 16);
   }
-  __device__ static __forceinline__ void unpack(const uint4& r, float* o) {
-    two(r.x, o);
-    two(r.y, o + 2);
-    two(r.z, o + 4);
-    two(r.w, o + 6);
-  }
-  __device__ static __forceinline__ uint4 pack(const float* f) {
-    return make_uint4(word(f[0], f[1]), word(f[2], f[3]), word(f[4], f[5]), word(f[6], f[7]));
-  }
   __device__ static __forceinline__ float to_float(__half v) { return __half2float(v); }
   __device__ static __forceinline__ __half from_float(float v) { return __float2half_rn(v); }
 };
 
 template <>
-struct Traits<__nv_bfloat16> {
-  static constexpr int kVec = 8;
+struct Traits<__nv_bfloat16> : Packed16<Traits<__nv_bfloat16>> {
   __device__ static __forceinline__ void two(unsigned w, float* o) {
     o[0] = __uint_as_float(w << 16);  // bfloat16 is the high half of a float32
     o[1] = __uint_as_float(w & 0xffff0000u);
@@ -86,15 +92,6 @@ struct Traits<__nv_bfloat16> {
   __device__ static __forceinline__ unsigned word(float a, float b) {
     return static_cast<unsigned>(__bfloat16_as_ushort(__float2bfloat16_rn(a))) |
            (static_cast<unsigned>(__bfloat16_as_ushort(__float2bfloat16_rn(b))) << 16);
-  }
-  __device__ static __forceinline__ void unpack(const uint4& r, float* o) {
-    two(r.x, o);
-    two(r.y, o + 2);
-    two(r.z, o + 4);
-    two(r.w, o + 6);
-  }
-  __device__ static __forceinline__ uint4 pack(const float* f) {
-    return make_uint4(word(f[0], f[1]), word(f[2], f[3]), word(f[4], f[5]), word(f[6], f[7]));
   }
   __device__ static __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
   __device__ static __forceinline__ __nv_bfloat16 from_float(float v) {
@@ -125,13 +122,13 @@ struct Footprint {
   float ly, lx, hy, hx;
 };
 
-__device__ __forceinline__ bool footprint(float loc_x, float loc_y, const Level& lev,
+// On a level of wf x hf pixels (the level's sizes as float).
+__device__ __forceinline__ bool footprint(float loc_x, float loc_y, float wf, float hf,
                                           Footprint& f) {
-  const float x = loc_x * static_cast<float>(lev.w) - 0.5f;
-  const float y = loc_y * static_cast<float>(lev.h) - 0.5f;
+  const float x = loc_x * wf - 0.5f;
+  const float y = loc_y * hf - 0.5f;
   // Written so that NaN fails the test (NaN locations contribute 0, as in the reference kernel).
-  if (!(y > -1.f && x > -1.f && y < static_cast<float>(lev.h) && x < static_cast<float>(lev.w)))
-    return false;
+  if (!(y > -1.f && x > -1.f && y < hf && x < wf)) return false;
   const float fy = floorf(y), fx = floorf(x);
   f.y0 = static_cast<int>(fy);
   f.x0 = static_cast<int>(fx);
@@ -139,6 +136,54 @@ __device__ __forceinline__ bool footprint(float loc_x, float loc_y, const Level&
   f.lx = x - fx;
   f.hy = 1.f - f.ly;
   f.hx = 1.f - f.lx;
+  return true;
+}
+
+__device__ __forceinline__ bool footprint(float loc_x, float loc_y, const Level& lev,
+                                          Footprint& f) {
+  return footprint(loc_x, loc_y, static_cast<float>(lev.w), static_cast<float>(lev.h), f);
+}
+
+// The footprint of sampling point i of a query's (x, y) location pairs `lp`.
+template <typename TL, typename Lev>
+__device__ __forceinline__ bool point_footprint(const TL* lp, int i, const Lev& lev, Footprint& f) {
+  return footprint(Traits<TL>::to_float(lp[2 * i]), Traits<TL>::to_float(lp[2 * i + 1]), lev, f);
+}
+
+// The query (b, q, h) a warp computes and where its data lie: bqh indexes the (B, Q, H) rows of
+// locations, attention weights and output; the value rows of (b, h) start at value_base, `row`
+// elements apart.
+template <typename TL>
+struct Query {
+  int64_t bqh, row, value_base;
+  int LP;        // sampling points: L * P
+  const TL* lp;  // (LP, 2) locations (x, y)
+  const TL* ap;  // (LP) attention weights
+};
+
+template <typename TL>
+__device__ __forceinline__ Query<TL> query_at(int64_t b, int64_t q, int h, int64_t S, int64_t Q,
+                                              int H, int C, int L, int P, const TL* loc,
+                                              const TL* attn) {
+  Query<TL> r;
+  r.LP = L * P;
+  r.bqh = (b * Q + q) * H + h;
+  r.lp = loc + r.bqh * r.LP * 2;
+  r.ap = attn + r.bqh * r.LP;
+  r.row = static_cast<int64_t>(H) * C;
+  r.value_base = b * S * r.row + static_cast<int64_t>(h) * C;
+  return r;
+}
+
+// The query of this warp in a 1-d grid of warps ordered (b, h, q), q fastest; false past the last
+// one (warp-uniform).
+template <typename TL>
+__device__ __forceinline__ bool warp_query(int64_t B, int64_t S, int64_t Q, int H, int C, int L,
+                                           int P, const TL* loc, const TL* attn, Query<TL>& r) {
+  const int64_t warp = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
+  if (warp >= B * H * Q) return false;
+  const int64_t q = warp % Q, bh = warp / Q;
+  r = query_at(bh / H, q, static_cast<int>(bh % H), S, Q, H, C, L, P, loc, attn);
   return true;
 }
 
@@ -178,32 +223,24 @@ __global__ void __launch_bounds__(kThreads)
   __shared__ Level lv[kMaxLevels];
   load_levels(lv, shapes, starts, L);
 
-  const int64_t warp = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
-  if (warp >= B * H * Q) return;  // warp-uniform
+  Query<TL> qy;
+  if (!warp_query(B, S, Q, H, kC, L, P, loc, attn, qy)) return;  // warp-uniform
   const int lane = threadIdx.x & 31;
   const int g = lane % kG, slice = lane / kG;
-  const int64_t q = warp % Q, bh = warp / Q;
-  const int h = static_cast<int>(bh % H);
-  const int64_t b = bh / H;
-  const int LP = L * P;
-  const int64_t bqh = (b * Q + q) * H + h;
-  const TL* lp = loc + bqh * LP * 2;
-  const TL* ap = attn + bqh * LP;
-  const int64_t row = static_cast<int64_t>(H) * kC;
-  const T* vb = value + b * S * row + static_cast<int64_t>(h) * kC + g * kV;
+  const T* vb = value + (qy.value_base + g * kV);
 
   float acc[kV];
 #pragma unroll
   for (int c = 0; c < kV; ++c) acc[c] = 0.f;
 
-  for (int i0 = slice; i0 < LP; i0 += kK * kU) {
+  for (int i0 = slice; i0 < qy.LP; i0 += kK * kU) {
     float lx[kU], ly[kU], la[kU];
 #pragma unroll
     for (int u = 0; u < kU; ++u) {  // independent loads (index 0 stands in past the end)
-      const int i = i0 + u * kK < LP ? i0 + u * kK : 0;
-      lx[u] = Traits<TL>::to_float(lp[2 * i]);
-      ly[u] = Traits<TL>::to_float(lp[2 * i + 1]);
-      la[u] = Traits<TL>::to_float(ap[i]);
+      const int i = i0 + u * kK < qy.LP ? i0 + u * kK : 0;
+      lx[u] = Traits<TL>::to_float(qy.lp[2 * i]);
+      ly[u] = Traits<TL>::to_float(qy.lp[2 * i + 1]);
+      la[u] = Traits<TL>::to_float(qy.ap[i]);
     }
     int64_t off[kU][4];
     float w[kU][4];
@@ -212,13 +249,13 @@ __global__ void __launch_bounds__(kThreads)
     for (int u = 0; u < kU; ++u) {
       const int i = i0 + u * kK;
       Footprint f;
-      const Level lev = lv[(i < LP ? i : 0) / P];
-      const bool inside = i < LP && footprint(lx[u], ly[u], lev, f);
+      const Level lev = lv[(i < qy.LP ? i : 0) / P];
+      const bool inside = i < qy.LP && footprint(lx[u], ly[u], lev, f);
 #pragma unroll
       for (int k = 0; k < 4; ++k) {
         const int64_t s = inside ? corner(f, lev, k, S) : -1;
         ok[u][k] = s >= 0;
-        off[u][k] = s >= 0 ? s * row : 0;
+        off[u][k] = s >= 0 ? s * qy.row : 0;
         w[u][k] = s >= 0 ? la[u] * corner_weight(f, k) : 0.f;
       }
     }
@@ -243,7 +280,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int c = 0; c < kV; ++c) acc[c] += __shfl_xor_sync(kFull, acc[c], off);
   }
-  if (slice == 0) *reinterpret_cast<uint4*>(out + bqh * kC + g * kV) = Tr::pack(acc);
+  if (slice == 0) *reinterpret_cast<uint4*>(out + qy.bqh * kC + g * kV) = Tr::pack(acc);
 }
 
 // The default forward (variant 0): blocks of 8 queries of one (b, h) from a 3-d grid (no 64-bit
@@ -256,6 +293,30 @@ struct LevelF {
   float hf, wf;
   int h, w, start;
 };
+
+__device__ __forceinline__ bool footprint(float loc_x, float loc_y, const LevelF& lev,
+                                          Footprint& f) {
+  return footprint(loc_x, loc_y, lev.wf, lev.hf, f);
+}
+
+// corner() in 32-bit indices (S < 2^30): the 4 corners' pixel indices, and whether each is inside
+// the level and [0, S).
+__device__ __forceinline__ void corners32(const Footprint& f, const LevelF& lev, int S, int idx[4],
+                                          bool ok[4]) {
+  const bool y0ok = f.y0 >= 0, y1ok = f.y0 + 1 < lev.h, x0ok = f.x0 >= 0, x1ok = f.x0 + 1 < lev.w;
+  const int base = lev.start + f.y0 * lev.w + f.x0;
+  idx[0] = base;
+  idx[1] = base + 1;
+  idx[2] = base + lev.w;
+  idx[3] = base + lev.w + 1;
+  ok[0] = y0ok && x0ok;
+  ok[1] = y0ok && x1ok;
+  ok[2] = y1ok && x0ok;
+  ok[3] = y1ok && x1ok;
+#pragma unroll
+  for (int k = 0; k < 4; ++k)
+    ok[k] = ok[k] && static_cast<unsigned>(idx[k]) < static_cast<unsigned>(S);
+}
 
 template <typename T, typename TL, int kC>
 __global__ void __launch_bounds__(kThreads)
@@ -278,16 +339,12 @@ __global__ void __launch_bounds__(kThreads)
   __syncthreads();
   const int q = blockIdx.x * kWarps + static_cast<int>(threadIdx.x / 32);
   if (q >= Q) return;  // warp-uniform
-  const int h = blockIdx.y;
-  const int64_t b = blockIdx.z;
+  const Query<TL> qy = query_at(blockIdx.z, q, blockIdx.y, S, Q, H, kC, L, P, loc, attn);
   const int lane = threadIdx.x & 31;
   const int g = lane % kG, slice = lane / kG;
-  const int LP = L * P;
-  const int64_t bqh = (b * Q + q) * H + h;
-  const TL* lp = loc + bqh * LP * 2;
-  const TL* ap = attn + bqh * LP;
-  const int64_t row = static_cast<int64_t>(H) * kC;
-  const T* vb = value + b * S * row + static_cast<int64_t>(h) * kC + g * kVec;
+  const int LP = qy.LP;
+  const int64_t row = qy.row;
+  const T* vb = value + (qy.value_base + g * kVec);
   const float inv_p = 1.f / static_cast<float>(P);
 
   float acc[kN * kVec];
@@ -297,22 +354,18 @@ __global__ void __launch_bounds__(kThreads)
   for (int i = slice; i < LP; i += kK) {
     // i / P without an integer division: (i + 0.5) / P is at least 0.5 / P away from an integer.
     const LevelF lev = lv[__float2int_rz((static_cast<float>(i) + 0.5f) * inv_p)];
-    const float x = Traits<TL>::to_float(lp[2 * i]) * lev.wf - 0.5f;
-    const float y = Traits<TL>::to_float(lp[2 * i + 1]) * lev.hf - 0.5f;
-    if (!(y > -1.f && x > -1.f && y < lev.hf && x < lev.wf)) continue;  // NaN fails too
-    const float a = Traits<TL>::to_float(ap[i]);
-    const float fy = floorf(y), fx = floorf(x);
-    const int y0 = static_cast<int>(fy), x0 = static_cast<int>(fx);
-    const float ly = y - fy, lx = x - fx, hy = 1.f - ly, hx = 1.f - lx;
-    const bool y0ok = y0 >= 0, y1ok = y0 + 1 < lev.h, x0ok = x0 >= 0, x1ok = x0 + 1 < lev.w;
-    const int base = lev.start + y0 * lev.w + x0;
-    const int idx[4] = {base, base + 1, base + lev.w, base + lev.w + 1};
-    bool ok[4] = {y0ok && x0ok, y0ok && x1ok, y1ok && x0ok, y1ok && x1ok};
-    const float wt[4] = {hy * hx * a, hy * lx * a, ly * hx * a, ly * lx * a};
+    Footprint f;
+    if (!point_footprint(qy.lp, i, lev, f)) continue;
+    const float a = Traits<TL>::to_float(qy.ap[i]);
+    int idx[4];
+    bool ok[4];
+    corners32(f, lev, S, idx, ok);
+    float wt[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) wt[k] = corner_weight(f, k) * a;
     uint4 raw[4][kN];
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
-      ok[k] = ok[k] && static_cast<unsigned>(idx[k]) < static_cast<unsigned>(S);
 #pragma unroll
       for (int n = 0; n < kN; ++n)
         raw[k][n] = ok[k] ? __ldg(reinterpret_cast<const uint4*>(
@@ -339,7 +392,7 @@ __global__ void __launch_bounds__(kThreads)
   if (slice == 0) {
 #pragma unroll
     for (int n = 0; n < kN; ++n)
-      *reinterpret_cast<uint4*>(out + bqh * kC + g * kVec + n * kG * kVec) =
+      *reinterpret_cast<uint4*>(out + qy.bqh * kC + g * kVec + n * kG * kVec) =
           Tr::pack(acc + n * kVec);
   }
 }
@@ -352,36 +405,27 @@ __global__ void __launch_bounds__(kThreads)
                          int64_t Q, int H, int C, int L, int P) {
   __shared__ Level lv[kMaxLevels];
   load_levels(lv, shapes, starts, L);
-  const int64_t warp = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
-  if (warp >= B * H * Q) return;
+  Query<TL> qy;
+  if (!warp_query(B, S, Q, H, C, L, P, loc, attn, qy)) return;
   const int lane = threadIdx.x & 31;
-  const int64_t q = warp % Q, bh = warp / Q;
-  const int h = static_cast<int>(bh % H);
-  const int64_t b = bh / H;
-  const int LP = L * P;
-  const int64_t bqh = (b * Q + q) * H + h;
-  const TL* lp = loc + bqh * LP * 2;
-  const TL* ap = attn + bqh * LP;
-  const int64_t row = static_cast<int64_t>(H) * C;
-  const T* vb = value + b * S * row + static_cast<int64_t>(h) * C;
+  const T* vb = value + qy.value_base;
   for (int c0 = 0; c0 < C; c0 += 32) {
     const int c = c0 + lane;
     if (c >= C) break;
     float acc = 0.f;
-    for (int i = 0; i < LP; ++i) {
+    for (int i = 0; i < qy.LP; ++i) {
       const Level lev = lv[i / P];
       Footprint f;
-      if (!footprint(Traits<TL>::to_float(lp[2 * i]), Traits<TL>::to_float(lp[2 * i + 1]), lev, f))
-        continue;
-      const float a = Traits<TL>::to_float(ap[i]);
+      if (!point_footprint(qy.lp, i, lev, f)) continue;
+      const float a = Traits<TL>::to_float(qy.ap[i]);
 #pragma unroll
       for (int k = 0; k < 4; ++k) {
         const int64_t s = corner(f, lev, k, S);
         if (s < 0) continue;
-        acc = fmaf(a * corner_weight(f, k), Traits<T>::to_float(vb[s * row + c]), acc);
+        acc = fmaf(a * corner_weight(f, k), Traits<T>::to_float(vb[s * qy.row + c]), acc);
       }
     }
-    out[bqh * C + c] = Traits<T>::from_float(acc);
+    out[qy.bqh * C + c] = Traits<T>::from_float(acc);
   }
 }
 
@@ -411,6 +455,40 @@ __device__ __forceinline__ float dwy(const Footprint& f, int k) {
   return (k >> 1) ? wx : -wx;
 }
 
+// Adds corner k's share to a point's gradients (ga: attention weight, gx / gy: location before
+// the scaling below), with w = corner_weight(f, k) and dot = sum_c g * v_k (of this lane).
+__device__ __forceinline__ void add_corner_grads(const Footprint& f, int k, float w, float dot,
+                                                 float& ga, float& gx, float& gy) {
+  ga = fmaf(w, dot, ga);
+  gx = fmaf(dwx(f, k), dot, gx);
+  gy = fmaf(dwy(f, k), dot, gy);
+}
+
+// From d(sample)/d(x, y) to the location's gradient: x = loc_x * W - 0.5, times the weight a.
+__device__ __forceinline__ void scale_location_grads(float a, const Level& lev, float& gx,
+                                                     float& gy) {
+  gx *= a * static_cast<float>(lev.w);
+  gy *= a * static_cast<float>(lev.h);
+}
+
+// Sums a point's gradients over the lanes that share it (xor distances kFrom, kFrom / 2, ..., 1)
+// and, where `store`, writes them at point j = bqh * LP + i.
+template <int kFrom, typename TL>
+__device__ __forceinline__ void reduce_store_point_grads(float ga, float gx, float gy, bool store,
+                                                         int64_t j, TL* grad_attn, TL* grad_loc) {
+#pragma unroll
+  for (int off = kFrom; off >= 1; off >>= 1) {
+    ga += __shfl_xor_sync(kFull, ga, off);
+    gx += __shfl_xor_sync(kFull, gx, off);
+    gy += __shfl_xor_sync(kFull, gy, off);
+  }
+  if (store) {
+    grad_attn[j] = Traits<TL>::from_float(ga);
+    grad_loc[j * 2] = Traits<TL>::from_float(gx);
+    grad_loc[j * 2 + 1] = Traits<TL>::from_float(gy);
+  }
+}
+
 template <typename T, typename TL, int kC>
 __global__ void __launch_bounds__(kThreads)
     msda_backward_vec(const T* __restrict__ value, const int64_t* __restrict__ shapes,
@@ -426,68 +504,48 @@ __global__ void __launch_bounds__(kThreads)
   __shared__ Level lv[kMaxLevels];
   load_levels(lv, shapes, starts, L);
 
-  const int64_t warp = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
-  if (warp >= B * H * Q) return;
+  Query<TL> qy;
+  if (!warp_query(B, S, Q, H, kC, L, P, loc, attn, qy)) return;
   const int lane = threadIdx.x & 31;
   const int g = lane % kG, slice = lane / kG;
-  const int64_t q = warp % Q, bh = warp / Q;
-  const int h = static_cast<int>(bh % H);
-  const int64_t b = bh / H;
-  const int LP = L * P;
-  const int64_t bqh = (b * Q + q) * H + h;
-  const TL* lp = loc + bqh * LP * 2;
-  const TL* ap = attn + bqh * LP;
-  const int64_t row = static_cast<int64_t>(H) * kC;
-  const int64_t base = b * S * row + static_cast<int64_t>(h) * kC + g * kV;
+  const int64_t base = qy.value_base + g * kV;
   const T* vb = value + base;
   float* gvb = grad_value + base;
 
   float go[kV];
-  Tr::unpack(__ldg(reinterpret_cast<const uint4*>(grad_out + bqh * kC + g * kV)), go);
+  Tr::unpack(__ldg(reinterpret_cast<const uint4*>(grad_out + qy.bqh * kC + g * kV)), go);
 
-  for (int i0 = 0; i0 < LP; i0 += kK) {  // same trip count in every lane: shuffles below
+  for (int i0 = 0; i0 < qy.LP; i0 += kK) {  // same trip count in every lane: shuffles below
     const int i = i0 + slice;
-    const bool valid = i < LP;
+    const bool valid = i < qy.LP;
     float ga = 0.f, gx = 0.f, gy = 0.f;
     if (valid) {
       const Level lev = lv[i / P];
       Footprint f;
-      if (footprint(Traits<TL>::to_float(lp[2 * i]), Traits<TL>::to_float(lp[2 * i + 1]), lev, f)) {
-        const float a = Traits<TL>::to_float(ap[i]);
+      if (point_footprint(qy.lp, i, lev, f)) {
+        const float a = Traits<TL>::to_float(qy.ap[i]);
 #pragma unroll
         for (int k = 0; k < 4; ++k) {
           const int64_t s = corner(f, lev, k, S);
           if (s < 0) continue;
           float v[kV];
-          Tr::unpack(__ldg(reinterpret_cast<const uint4*>(vb + s * row)), v);
+          Tr::unpack(__ldg(reinterpret_cast<const uint4*>(vb + s * qy.row)), v);
           float dot = 0.f;
 #pragma unroll
           for (int c = 0; c < kV; ++c) dot = fmaf(go[c], v[c], dot);
           const float w = corner_weight(f, k);
-          ga = fmaf(w, dot, ga);
-          gx = fmaf(dwx(f, k), dot, gx);
-          gy = fmaf(dwy(f, k), dot, gy);
+          add_corner_grads(f, k, w, dot, ga, gx, gy);
           const float aw = a * w;
           float add[kV];
 #pragma unroll
           for (int c = 0; c < kV; ++c) add[c] = aw * go[c];
-          atomic_add_vec<kV>(gvb + s * row, add);
+          atomic_add_vec<kV>(gvb + s * qy.row, add);
         }
-        gx *= a * static_cast<float>(lev.w);
-        gy *= a * static_cast<float>(lev.h);
+        scale_location_grads(a, lev, gx, gy);
       }
     }
-#pragma unroll
-    for (int off = kG / 2; off >= 1; off >>= 1) {
-      ga += __shfl_xor_sync(kFull, ga, off);
-      gx += __shfl_xor_sync(kFull, gx, off);
-      gy += __shfl_xor_sync(kFull, gy, off);
-    }
-    if (valid && g == 0) {
-      grad_attn[bqh * LP + i] = Traits<TL>::from_float(ga);
-      grad_loc[(bqh * LP + i) * 2] = Traits<TL>::from_float(gx);
-      grad_loc[(bqh * LP + i) * 2 + 1] = Traits<TL>::from_float(gy);
-    }
+    reduce_store_point_grads<kG / 2>(ga, gx, gy, valid && g == 0, qy.bqh * qy.LP + i, grad_attn,
+                                     grad_loc);
   }
 }
 
@@ -501,25 +559,17 @@ __global__ void __launch_bounds__(kThreads)
                           int L, int P) {
   __shared__ Level lv[kMaxLevels];
   load_levels(lv, shapes, starts, L);
-  const int64_t warp = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
-  if (warp >= B * H * Q) return;
+  Query<TL> qy;
+  if (!warp_query(B, S, Q, H, C, L, P, loc, attn, qy)) return;
   const int lane = threadIdx.x & 31;
-  const int64_t q = warp % Q, bh = warp / Q;
-  const int h = static_cast<int>(bh % H);
-  const int64_t b = bh / H;
-  const int LP = L * P;
-  const int64_t bqh = (b * Q + q) * H + h;
-  const TL* lp = loc + bqh * LP * 2;
-  const TL* ap = attn + bqh * LP;
-  const int64_t row = static_cast<int64_t>(H) * C;
-  const int64_t base = b * S * row + static_cast<int64_t>(h) * C;
-  const T* go = grad_out + bqh * C;
-  for (int i = 0; i < LP; ++i) {  // one point per iteration for the whole warp
+  const int64_t base = qy.value_base;
+  const T* go = grad_out + qy.bqh * C;
+  for (int i = 0; i < qy.LP; ++i) {  // one point per iteration for the whole warp
     const Level lev = lv[i / P];
     Footprint f;
     float ga = 0.f, gx = 0.f, gy = 0.f;
-    if (footprint(Traits<TL>::to_float(lp[2 * i]), Traits<TL>::to_float(lp[2 * i + 1]), lev, f)) {
-      const float a = Traits<TL>::to_float(ap[i]);
+    if (point_footprint(qy.lp, i, lev, f)) {
+      const float a = Traits<TL>::to_float(qy.ap[i]);
       for (int k = 0; k < 4; ++k) {
         const int64_t s = corner(f, lev, k, S);
         if (s < 0) continue;
@@ -527,27 +577,14 @@ __global__ void __launch_bounds__(kThreads)
         float dot = 0.f;
         for (int c = lane; c < C; c += 32) {
           const float gc = Traits<T>::to_float(go[c]);
-          dot = fmaf(gc, Traits<T>::to_float(value[base + s * row + c]), dot);
-          atomicAdd(grad_value + base + s * row + c, a * w * gc);
+          dot = fmaf(gc, Traits<T>::to_float(value[base + s * qy.row + c]), dot);
+          atomicAdd(grad_value + base + s * qy.row + c, a * w * gc);
         }
-        ga = fmaf(w, dot, ga);
-        gx = fmaf(dwx(f, k), dot, gx);
-        gy = fmaf(dwy(f, k), dot, gy);
+        add_corner_grads(f, k, w, dot, ga, gx, gy);
       }
-      gx *= a * static_cast<float>(lev.w);
-      gy *= a * static_cast<float>(lev.h);
+      scale_location_grads(a, lev, gx, gy);
     }
-#pragma unroll
-    for (int off = 16; off >= 1; off >>= 1) {
-      ga += __shfl_xor_sync(kFull, ga, off);
-      gx += __shfl_xor_sync(kFull, gx, off);
-      gy += __shfl_xor_sync(kFull, gy, off);
-    }
-    if (lane == 0) {
-      grad_attn[bqh * LP + i] = Traits<TL>::from_float(ga);
-      grad_loc[(bqh * LP + i) * 2] = Traits<TL>::from_float(gx);
-      grad_loc[(bqh * LP + i) * 2 + 1] = Traits<TL>::from_float(gy);
-    }
+    reduce_store_point_grads<16>(ga, gx, gy, lane == 0, qy.bqh * qy.LP + i, grad_attn, grad_loc);
   }
 }
 

@@ -27,8 +27,8 @@ constexpr int kThreads = 256;
 // (NCHW: HW % N == 0) or run over N consecutive channels (channels_last: C % N == 0). The
 // channel is tracked by additions from one step to the next: a 64-bit division or modulo is a
 // long software routine on the GPU, and one per element made this memory-bound pass
-// compute-bound (2.86 ms per RT-DETR-R50 batch-32 forward, docs/BENCHMARKS.md "third run"; 1.21
-// ms after this rewrite, "fifth run"). Sum order as ATen's: ((y + bias) + residual), in float,
+// compute-bound (docs/BENCHMARKS.md: "Against torch.compile, third run" before this rewrite,
+// "fifth run" after it). Sum order as ATen's: ((y + bias) + residual), in float,
 // rounded once.
 template <typename T, int N, Activation Act>
 __global__ void __launch_bounds__(kThreads)

@@ -1,5 +1,4 @@
-// Kernel policy: environment parsing, YAML parsing with sources, errors with file and line
-// (issue 2, tests 3, 4 and 8).
+// Kernel policy: environment parsing, YAML parsing with sources, errors with file and line.
 #include "kernels/policy.h"
 
 #include <gtest/gtest.h>
@@ -296,7 +295,7 @@ namespace libreyolo::kernels {
 namespace {
 
 // server_yaml_fuzz found a slot name of raw 0xff bytes that --print-config wrote as a YAML key
-// that did not read back (tests/fixtures/fuzz/server_yaml/regress-slot-name-bytes.yaml).
+// that did not read back (tests/fuzz/corpus/server_yaml/regress-slot-name-bytes.yaml).
 TEST(Policy, SlotAndImplementationNamesArePrintableAscii) {
   EXPECT_EQ(error_of("kernels:\n  slots:\n    ms_deform_\xff\xff"
                      "attn:\n      allow: [cuda]\n"),

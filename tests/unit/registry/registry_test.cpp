@@ -1,5 +1,6 @@
-// Registry semantics (issue 2, tests 1, 2, 3 (loaders), 5, 6, 7). Each test uses its own
-// Registry; slots here are typed int(int) so the tests need no torch.
+// Registry semantics: selection order, forcing, provider loaders, runtime fallback and declines,
+// signatures, concurrent calls. Each test uses its own Registry; slots here are typed int(int)
+// so the tests need no torch.
 #include "kernels/registry.h"
 
 #include <gtest/gtest.h>

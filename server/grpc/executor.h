@@ -1,0 +1,80 @@
+// The gRPC transport's bounded pool for blocking handlers (grpc_server.cpp). No gRPC, no torch.
+#pragma once
+
+#include <algorithm>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <utility>
+#include <vector>
+
+namespace libreyolo::server::rpc {
+
+/// A bounded pool for the handlers that block (ModelInfer waits for its batch, a model load
+/// reads a checkpoint): gRPC's callback threads only hand work over, so a slow call never
+/// holds one of them. At most `max_threads` tasks run at once, threads start on demand and stay;
+/// a task beyond that is refused at once (the caller answers RESOURCE_EXHAUSTED) instead of
+/// waiting with its request in memory, the bound server.max_concurrent_rpcs sets.
+class Executor {
+ public:
+  explicit Executor(int max_threads) : max_(std::max(max_threads, 1)) {}
+  ~Executor() { stop(); }
+
+  /// Runs `task` on a pool thread; false (and `task` not run) when max_threads tasks run.
+  bool try_submit(std::function<void()> task) {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (stopping_ || busy_ >= max_) return false;
+    ++busy_;
+    queue_.push_back(std::move(task));
+    if (idle_ == 0) {
+      threads_.emplace_back([this] { loop(); });
+    } else {
+      --idle_;  // the woken thread takes it
+    }
+    cv_.notify_one();
+    return true;
+  }
+
+  int max_threads() const { return max_; }
+
+  /// Lets queued and running tasks finish, then joins every thread.
+  void stop() {
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      if (stopping_) return;
+      stopping_ = true;
+    }
+    cv_.notify_all();
+    for (auto& t : threads_) t.join();
+    threads_.clear();
+  }
+
+ private:
+  void loop() {
+    std::unique_lock<std::mutex> lk(mu_);
+    for (;;) {
+      cv_.wait(lk, [&] { return stopping_ || !queue_.empty(); });
+      if (queue_.empty()) return;  // stopping and nothing left
+      auto task = std::move(queue_.front());
+      queue_.pop_front();
+      lk.unlock();
+      task();
+      lk.lock();
+      --busy_;
+      ++idle_;
+    }
+  }
+
+  const int max_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> queue_;
+  std::vector<std::thread> threads_;
+  int busy_ = 0;  ///< tasks submitted and not finished
+  int idle_ = 0;  ///< threads waiting for a task
+  bool stopping_ = false;
+};
+
+}  // namespace libreyolo::server::rpc

@@ -1,0 +1,251 @@
+#include "server/instance/model_instance.h"
+
+#include <c10/util/Exception.h>
+#include <c10/util/StringUtil.h>
+
+#include <algorithm>
+#include <stdexcept>
+#include <utility>
+
+#include "log/log.h"
+#include "server/api/types.h"
+
+namespace libreyolo::server {
+namespace {
+
+double seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+
+/// The batch input, assembled once: every job's images in one (N, 3, H, W) float32 tensor,
+/// zero padded bottom/right to the largest (H, W) with a (N, H, W) int64 mask of 1 on real
+/// pixels when `padded` (the image processor's `do_pad` semantics), converted to the model's
+/// dtype. On CUDA it is assembled on the device: each image is copied straight into its rows
+/// (asynchronously, by DMA, from the pinned host tensors the pipeline's preprocessing leaves;
+/// CUDA shared-memory inputs are device tensors already) and converted there, so this thread
+/// moves no image bytes itself. Staging the batch in one pinned host tensor first (a whole
+/// batch's memcpy on this thread) was the served-JPEG bottleneck (docs/BENCHMARKS.md, "Served
+/// JPEG").
+std::pair<at::Tensor, at::Tensor> assemble(const Batch& batch, bool padded,
+                                           const at::Device& device, at::ScalarType dtype) {
+  int64_t n = 0, H = 0, W = 0;
+  for (const auto& j : batch)
+    for (const auto& p : j->pixels) {
+      n += p.size(0);
+      H = std::max(H, p.size(2));
+      W = std::max(W, p.size(3));
+    }
+  const bool cuda = device.is_cuda();
+  if (!padded && !cuda && batch.size() == 1 && batch[0]->pixels.size() == 1)
+    return {batch[0]->pixels[0].to(device, dtype), at::Tensor()};  // nothing to stack
+  const auto options = at::TensorOptions().dtype(at::kFloat).device(cuda ? device : at::kCPU);
+  at::Tensor staged = padded ? at::zeros({n, 3, H, W}, options) : at::empty({n, 3, H, W}, options);
+  at::Tensor mask;
+  if (padded) mask = at::zeros({n, H, W}, options.dtype(at::kLong));
+  int64_t row = 0;
+  for (const auto& j : batch)
+    for (const auto& p : j->pixels) {
+      const int64_t k = p.size(0), h = p.size(2), w = p.size(3);
+      // From pageable host memory (tensor inputs) cudaMemcpyAsync returns once the driver has
+      // staged the bytes, so the source may go right after; pinned sources are kept by the
+      // caching host allocator until the copy's stream passes it.
+      staged.narrow(0, row, k).narrow(2, 0, h).narrow(3, 0, w).copy_(p, /*non_blocking=*/cuda);
+      if (padded) mask.narrow(0, row, k).narrow(1, 0, h).narrow(2, 0, w).fill_(1);
+      row += k;
+    }
+  return {staged.to(device, dtype), mask};
+}
+
+/// A failure of the device itself (out of memory, a CUDA error): the instance leaves the
+/// rotation. Other exceptions fail only the batch.
+bool device_failed(const std::exception& e) {
+  return dynamic_cast<const c10::OutOfMemoryError*>(&e) != nullptr ||
+         dynamic_cast<const c10::AcceleratorError*>(&e) != nullptr;
+}
+
+}  // namespace
+
+ModelInstance::ModelInstance(std::size_t index, std::size_t group_size,
+                             std::shared_ptr<LoadedModel> model, Scheduler& scheduler,
+                             const InstanceHooks& hooks)
+    : index_(index),
+      group_size_(group_size),
+      model_(std::move(model)),
+      name_(model_->name),
+      scheduler_(scheduler),
+      hooks_(hooks) {}
+
+ModelInstance::~ModelInstance() { join(); }
+
+void ModelInstance::start() {
+  worker_ = std::thread([this] { loop(); });
+}
+
+void ModelInstance::join() {
+  if (worker_.joinable()) worker_.join();
+}
+
+InstanceStatus ModelInstance::status() const {
+  InstanceStatus st;
+  st.name = name_ + "_" + std::to_string(index_);
+  st.device = model_->device.str();
+  st.healthy = healthy_.load();
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    st.error = error_;
+  }
+  st.batches = batches_.load();
+  st.images = images_.load();
+  return st;
+}
+
+void ModelInstance::loop() {
+  // This instance's own CUDA stream for every copy, forward and graph replay of this thread.
+  std::unique_ptr<models::StreamGuard> stream;
+  try {
+    stream = std::make_unique<models::StreamGuard>(model_->device);
+  } catch (const std::exception& e) {
+    log::warn("model '" + name_ + "': " + e.what() + "; using the current stream");
+  }
+  at::InferenceMode inference;
+  // One batch in flight on the device while the next is assembled and the previous one is
+  // post-processed: the GPU does not wait for the host between batches.
+  std::unique_ptr<InFlight> previous;
+  while (healthy_) {
+    if (previous && scheduler_.pending() == 0) finish(std::move(previous));  // nothing to overlap
+    if (!healthy_) break;
+    Batch batch;
+    const auto next = scheduler_.next_batch(batch);
+    if (next == Scheduler::Next::stopped) break;
+    if (next == Scheduler::Next::again) continue;
+    auto current = launch(batch);
+    if (previous) finish(std::move(previous));
+    previous = std::move(current);
+  }
+  if (previous) finish(std::move(previous));
+}
+
+void ModelInstance::take_out(Batch& batch, const std::string& what) {
+  const std::string instance = name_ + "_" + std::to_string(index_);
+  const std::string message = "model '" + name_ + "': instance " + instance + " on " +
+                              model_->device.str() + " failed: " + what;
+  fail_all(batch, api::Code::internal, message);
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (!healthy_.exchange(false)) return;
+    error_ = what;
+  }
+  Batch orphans;  // every queued request when this was the last instance in rotation
+  const std::size_t left = scheduler_.leave_rotation(orphans);
+  log::error(message + "; taken out of rotation, " + std::to_string(left) + " of " +
+             std::to_string(group_size_) + " instances left");
+  if (hooks_.instance_failed) hooks_.instance_failed(index_, what, left);
+  fail_all(orphans, api::Code::unavailable,
+           "model '" + name_ + "': no instance left in rotation (every device failed)");
+}
+
+std::unique_ptr<ModelInstance::InFlight> ModelInstance::launch(Batch& batch) {
+  const LoadedModel& model = *model_;
+  auto f = std::make_unique<InFlight>(model.device);
+  f->start = Clock::now();
+  try {
+    for (const auto& j : batch) f->images += j->size();
+    const bool cuda = model.device.is_cuda();
+    auto [pv, mask] = assemble(batch, batch.front()->padded, model.device, model.dtype);
+    f->t_input = Clock::now();
+    auto out = (model.graphs && !mask.defined() && model.graphs->accepts(pv))
+                   ? model.graphs->run(pv)
+                   : model.model->forward(pv, mask);
+    // Outputs are float32 by the Model contract; on CUDA they land in pinned host memory
+    // behind the forward, and `done` marks when they are there.
+    f->logits = out.logits.to(at::kCPU, at::kFloat, /*non_blocking=*/cuda);
+    if (model.task->uses_boxes())
+      f->boxes = out.pred_boxes.to(at::kCPU, at::kFloat, /*non_blocking=*/cuda);
+    if (model.task->uses_masks())
+      f->masks = out.pred_masks.to(at::kCPU, at::kFloat, /*non_blocking=*/cuda);
+    f->done.record();
+  } catch (const std::invalid_argument& e) {
+    fail_all(batch, api::Code::invalid_argument, "model '" + name_ + "': " + e.what());
+    return nullptr;
+  } catch (const std::exception& e) {
+    if (device_failed(e)) {
+      const auto* c10_error = dynamic_cast<const c10::Error*>(&e);
+      take_out(batch, c10_error ? c10_error->what_without_backtrace() : e.what());
+      return nullptr;
+    }
+    log::error("model '" + name_ + "': batch failed: " + e.what());
+    fail_all(batch, api::Code::internal, "model '" + name_ + "': " + e.what());
+    return nullptr;
+  }
+  f->batch = std::move(batch);
+  return f;
+}
+
+void ModelInstance::finish(std::unique_ptr<InFlight> f) {
+  if (!f) return;
+  const LoadedModel& model = *model_;
+  auto& batch = f->batch;
+  try {
+    f->done.synchronize();
+    const auto t_infer = Clock::now();
+    const double input_s = seconds(f->t_input - f->start), infer_s = seconds(t_infer - f->t_input);
+    int64_t offset = 0;
+    double output_total = 0;
+    std::vector<BatchResult> results(batch.size());
+    std::vector<std::exception_ptr> errors(batch.size());  // a request's own api::Error
+    for (std::size_t i = 0; i < batch.size(); ++i) {
+      auto& j = batch[i];
+      const auto t0 = Clock::now();
+      BatchResult& r = results[i];
+      const int64_t n = j->size();
+      models::ModelOutput rows;
+      rows.logits = f->logits.narrow(0, offset, n);
+      if (f->boxes.defined()) rows.pred_boxes = f->boxes.narrow(0, offset, n);
+      if (f->masks.defined()) rows.pred_masks = f->masks.narrow(0, offset, n);
+      offset += n;
+      try {
+        r.outputs = model.task->respond(rows, *j->request);
+      } catch (const api::Error&) {
+        errors[i] = std::current_exception();
+      }
+      r.queue_seconds = seconds(f->start - j->enqueued);
+      r.input_seconds = input_s;
+      r.infer_seconds = infer_s;
+      r.batch_size = f->images;
+      r.output_seconds = seconds(Clock::now() - t0);
+      output_total += r.output_seconds;
+    }
+    batches_ += 1;
+    images_ += static_cast<std::uint64_t>(f->images);
+    // Statistics first, answers second: a client that reads the statistics right after its
+    // answer sees its batch counted.
+    if (hooks_.executed) {
+      ExecutedBatch x;
+      x.images = f->images;
+      x.requests = static_cast<int64_t>(batch.size());
+      x.input_seconds = input_s;
+      x.infer_seconds = infer_s;
+      x.output_seconds = output_total;
+      for (const auto& r : results) x.queue_seconds += r.queue_seconds;
+      x.instance = index_;
+      hooks_.executed(x);
+    }
+    for (std::size_t i = 0; i < batch.size(); ++i) {
+      if (errors[i]) {
+        batch[i]->promise.set_exception(errors[i]);
+      } else {
+        batch[i]->promise.set_value(std::move(results[i]));
+      }
+    }
+  } catch (const std::invalid_argument& e) {
+    fail_all(batch, api::Code::invalid_argument, "model '" + name_ + "': " + e.what());
+  } catch (const std::exception& e) {
+    if (device_failed(e)) {
+      const auto* c10_error = dynamic_cast<const c10::Error*>(&e);
+      take_out(batch, c10_error ? c10_error->what_without_backtrace() : e.what());
+      return;
+    }
+    log::error("model '" + name_ + "': batch failed: " + e.what());
+    fail_all(batch, api::Code::internal, "model '" + name_ + "': " + e.what());
+  }
+}
+
+}  // namespace libreyolo::server

@@ -1,0 +1,62 @@
+// What a request hands to its model's scheduler, and what it gets back: the queue's item, shared
+// by every Scheduler (scheduler.h) and the instances that run the batches it forms.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <cstdint>
+#include <functional>
+#include <future>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "server/api/types.h"
+#include "server/metrics/statistics.h"
+#include "server/tasks/task_adapter.h"
+
+namespace libreyolo::server {
+
+/// One request's answer and the timings of the batch it ran in.
+struct BatchResult {
+  /// The request's output tensors (the model's TaskAdapter::respond).
+  std::vector<api::OutputTensor> outputs;
+  double queue_seconds = 0;   ///< enqueue -> batch start
+  double input_seconds = 0;   ///< batch assembly + copy to device (the whole batch)
+  double infer_seconds = 0;   ///< forward (the whole batch)
+  double output_seconds = 0;  ///< post-processing of this request
+  int64_t batch_size = 0;     ///< images in the forward this request ran in
+};
+
+/// What one request hands to the scheduler.
+struct BatchJob {
+  /// The request's images, unpadded: (1, 3, h, w) float32 CPU per encoded image (processor
+  /// output), or the request's `pixel_values` (n, 3, H, W) as one tensor. The instance pads and
+  /// converts them once, into the batch.
+  std::vector<at::Tensor> pixels;
+  /// The processor pads (do_pad): requests of any size share a batch, padded bottom/right to
+  /// the largest with a pixel_mask. Otherwise every image of the job has one size.
+  bool padded = false;
+  /// What the task adapter's respond() needs (target sizes, post-processing, outputs).
+  std::shared_ptr<const TaskRequest> request;
+  std::optional<Clock::time_point> deadline;
+  /// True once the call is cancelled (api::InferRequest::cancelled); such a job never runs.
+  std::function<bool()> cancelled;
+  Clock::time_point enqueued;
+  std::promise<BatchResult> promise;
+  /// Images of the job (the batch rows it takes).
+  int64_t size() const {
+    int64_t n = 0;
+    for (const auto& p : pixels) n += p.size(0);
+    return n;
+  }
+};
+
+/// The requests of one forward, oldest first.
+using Batch = std::vector<std::shared_ptr<BatchJob>>;
+
+/// Answers every request of `batch` not answered yet with api::Error(code, message).
+void fail_all(Batch& batch, api::Code code, const std::string& message);
+
+}  // namespace libreyolo::server

@@ -1,0 +1,184 @@
+#include "server/scheduler/dynamic_batcher.h"
+
+#include <c10/util/StringUtil.h>
+
+#include <algorithm>
+#include <iterator>
+#include <utility>
+#include <vector>
+
+namespace libreyolo::server {
+namespace {
+
+double seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+
+/// Requests that can share a forward: any sizes when the processor pads (padded families such
+/// as Deformable DETR: padded to the batch's largest size, as transformers' processor pads a
+/// batch), else the same pixel size.
+bool same_shape(const BatchJob& a, const BatchJob& b) {
+  if (a.padded != b.padded) return false;
+  if (a.padded) return true;
+  const auto& x = a.pixels.front();
+  const auto& y = b.pixels.front();
+  return x.size(2) == y.size(2) && x.size(3) == y.size(3);
+}
+
+}  // namespace
+
+DynamicBatcher::DynamicBatcher(std::string model, const ServingConfig& serving,
+                               std::size_t instances, std::function<void(int64_t)> pending)
+    : name_(std::move(model)),
+      max_batch_(serving.max_batch_size),
+      delay_(serving.max_queue_delay_microseconds),
+      max_queue_(serving.max_queue_size),
+      pending_hook_(std::move(pending)),
+      in_rotation_(instances) {}
+
+int64_t DynamicBatcher::pending() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return static_cast<int64_t>(queue_.size());
+}
+
+std::future<BatchResult> DynamicBatcher::submit(std::shared_ptr<BatchJob> job) {
+  auto future = job->promise.get_future();
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (stopping_) {
+      throw api::Error(api::Code::unavailable, "model '" + name_ + "' is shutting down");
+    }
+    if (in_rotation_ == 0) {
+      throw api::Error(api::Code::unavailable,
+                       "model '" + name_ + "': no instance left in rotation (every device failed)");
+    }
+    if (queue_.size() >= max_queue_) {
+      throw api::Error(api::Code::resource_exhausted,
+                       c10::str("model '", name_, "': queue full (max_queue_size ", max_queue_,
+                                " requests waiting)"));
+    }
+    job->enqueued = Clock::now();
+    queue_.push_back(std::move(job));
+    const auto n = static_cast<int64_t>(queue_.size());
+    // Under the lock: updates from submit() and the workers must not overtake each other.
+    if (pending_hook_) pending_hook_(n);
+  }
+  cv_.notify_all();
+  return future;
+}
+
+bool DynamicBatcher::cancel(const std::shared_ptr<BatchJob>& job, api::Code code) {
+  Clock::time_point enqueued;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    auto it = std::find(queue_.begin(), queue_.end(), job);
+    if (it == queue_.end()) return false;
+    enqueued = job->enqueued;
+    queue_.erase(it);
+    if (pending_hook_) pending_hook_(static_cast<int64_t>(queue_.size()));
+  }
+  cv_.notify_all();
+  const auto waited_ms = static_cast<int64_t>(seconds(Clock::now() - enqueued) * 1000);
+  job->promise.set_exception(std::make_exception_ptr(api::Error(
+      code,
+      code == api::Code::deadline_exceeded
+          ? c10::str("model '", name_, "': deadline exceeded after ", waited_ms, " ms in the queue")
+          : c10::str("model '", name_, "': cancelled by the client after ", waited_ms,
+                     " ms in the queue"))));
+  return true;
+}
+
+Scheduler::Next DynamicBatcher::next_batch(Batch& out) {
+  out.clear();
+  Batch batch;
+  {
+    std::unique_lock<std::mutex> lk(mu_);
+    cv_.wait(lk, [&] { return stopping_ || !queue_.empty(); });
+    if (queue_.empty()) return Next::stopped;  // stopping and drained
+    const auto first = queue_.front();
+    const auto window_end = first->enqueued + delay_;
+    // Let the batch grow until it is full or the oldest request has waited `delay_`.
+    while (!stopping_) {
+      int64_t images = 0;
+      for (const auto& j : queue_) {
+        if (same_shape(*j, *first)) images += j->size();
+      }
+      if (images >= max_batch_ || Clock::now() >= window_end) break;
+      cv_.wait_until(lk, window_end);
+      // cancel() or another instance may have taken `first` out while the lock was released
+      // (front() of an empty queue below was undefined behaviour: a stale job answered twice,
+      // "Promise already satisfied", terminate).
+      if (queue_.empty() || queue_.front() != first) break;
+    }
+    if (queue_.empty() || queue_.front() != first) return Next::again;  // from the new oldest
+    int64_t images = 0;
+    for (auto it = queue_.begin(); it != queue_.end();) {
+      if (same_shape(**it, *first) && images + (*it)->size() <= max_batch_) {
+        images += (*it)->size();
+        batch.push_back(std::move(*it));
+        it = queue_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    if (batch.empty()) {  // a first request larger than max_batch_size (validated earlier)
+      batch.push_back(queue_.front());
+      queue_.pop_front();
+    }
+    const auto left = static_cast<int64_t>(queue_.size());
+    if (pending_hook_) pending_hook_(left);
+  }
+  // The other instances may take what this batch left behind.
+  cv_.notify_all();
+  // Requests whose deadline passed while queued are answered without running.
+  const auto now = Clock::now();
+  for (auto& j : batch) {
+    if (j->deadline && now >= *j->deadline) {
+      j->promise.set_exception(std::make_exception_ptr(api::Error(
+          api::Code::deadline_exceeded,
+          c10::str("model '", name_, "': deadline exceeded after ",
+                   static_cast<int64_t>(seconds(now - j->enqueued) * 1000), " ms in the queue"))));
+    } else if (j->cancelled && j->cancelled()) {
+      j->promise.set_exception(std::make_exception_ptr(
+          api::Error(api::Code::cancelled, "model '" + name_ + "': cancelled by the client")));
+    } else {
+      out.push_back(std::move(j));
+    }
+  }
+  return out.empty() ? Next::again : Next::batch;
+}
+
+std::size_t DynamicBatcher::leave_rotation(Batch& orphans) {
+  std::lock_guard<std::mutex> lk(mu_);
+  if (in_rotation_ > 0) --in_rotation_;
+  if (in_rotation_ == 0 && !queue_.empty()) {
+    orphans.insert(orphans.end(), std::make_move_iterator(queue_.begin()),
+                   std::make_move_iterator(queue_.end()));
+    queue_.clear();
+    if (pending_hook_) pending_hook_(0);
+  }
+  return in_rotation_;
+}
+
+void DynamicBatcher::stop() {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+}
+
+void DynamicBatcher::answer_left() {
+  std::deque<std::shared_ptr<BatchJob>> left;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    left.swap(queue_);
+  }
+  for (auto& j : left) {
+    try {
+      j->promise.set_exception(std::make_exception_ptr(
+          api::Error(api::Code::unavailable, "model '" + name_ + "' is shutting down")));
+    } catch (const std::future_error&) {
+    }
+  }
+}
+
+}  // namespace libreyolo::server

@@ -1,0 +1,53 @@
+// Triton's dynamic batcher as a Scheduler: requests of one model queue in arrival order; a batch
+// starts from the oldest request and takes the queued requests of the same pixel size (any size
+// for padded families, which are padded to the largest with pixel_mask) up to max_batch_size
+// images, waiting at most max_queue_delay_microseconds for the oldest; requests whose deadline
+// passed or whose call was cancelled while queued are answered without running.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "server/config/serving_config.h"
+#include "server/scheduler/scheduler.h"
+
+namespace libreyolo::server {
+
+class DynamicBatcher final : public Scheduler {
+ public:
+  /// `model` names the model in every message; `serving` gives max_batch_size,
+  /// max_queue_delay_microseconds and max_queue_size; `instances` is how many instances start
+  /// in rotation. `pending` is called with the queue length after each change (under the
+  /// queue's lock, so that updates never overtake each other); it may be empty.
+  DynamicBatcher(std::string model, const ServingConfig& serving, std::size_t instances,
+                 std::function<void(int64_t)> pending);
+
+  std::future<BatchResult> submit(std::shared_ptr<BatchJob> job) override;
+  bool cancel(const std::shared_ptr<BatchJob>& job, api::Code code) override;
+  int64_t pending() const override;
+  Next next_batch(Batch& batch) override;
+  std::size_t leave_rotation(Batch& orphans) override;
+  void stop() override;
+  void answer_left() override;
+
+ private:
+  const std::string name_;
+  const int64_t max_batch_;
+  const std::chrono::microseconds delay_;
+  const std::size_t max_queue_;
+  std::function<void(int64_t)> pending_hook_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::shared_ptr<BatchJob>> queue_;
+  bool stopping_ = false;
+  std::size_t in_rotation_;  ///< instances that still take batches
+};
+
+}  // namespace libreyolo::server

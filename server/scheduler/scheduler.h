@@ -1,0 +1,59 @@
+// The seam between queue policy and model instances. Triton keeps its dynamic_batch_scheduler
+// apart from backend_model_instance; here too a Scheduler owns the queue of one model and forms
+// its batches, and each instance's worker (server/instance/model_instance.h) takes the next
+// formed batch from it and runs it. Priorities, another queue policy or a sequence batcher are
+// another Scheduler; the instances do not change.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <future>
+#include <memory>
+
+#include "server/api/types.h"
+#include "server/scheduler/batch_job.h"
+
+namespace libreyolo::server {
+
+class Scheduler {
+ public:
+  /// What next_batch() produced.
+  enum class Next {
+    batch,    ///< a batch to run
+    again,    ///< nothing to run this time (the oldest request went, or every one expired)
+    stopped,  ///< stopping and the queue is drained: the worker ends
+  };
+
+  virtual ~Scheduler() = default;
+
+  /// Queues a request. Throws api::Error RESOURCE_EXHAUSTED when the queue is full, UNAVAILABLE
+  /// when stopping or when no instance is left in rotation.
+  virtual std::future<BatchResult> submit(std::shared_ptr<BatchJob> job) = 0;
+
+  /// Takes `job` out of the queue when it still waits and answers it `code` (CANCELLED, or
+  /// DEADLINE_EXCEEDED when its deadline passed): the slot is free at once. False when the job
+  /// already runs or was answered.
+  virtual bool cancel(const std::shared_ptr<BatchJob>& job, api::Code code) = 0;
+
+  /// Requests waiting (not running).
+  virtual int64_t pending() const = 0;
+
+  /// Called by an instance's worker: blocks until there is work or the scheduler stops, then
+  /// forms one batch into `batch`. Requests whose deadline passed or whose call was cancelled
+  /// while queued are answered here and never reach an instance.
+  virtual Next next_batch(Batch& batch) = 0;
+
+  /// An instance left the rotation (its device failed). Returns the instances still in it; when
+  /// none is left, every queued request is moved to `orphans` (the caller answers them once it
+  /// reported the failure) and submit() refuses from then on.
+  virtual std::size_t leave_rotation(Batch& orphans) = 0;
+
+  /// Stops taking requests; next_batch() returns `stopped` once the queue is drained.
+  virtual void stop() = 0;
+
+  /// After the workers ended: answers UNAVAILABLE every request still queued (there are some
+  /// only when every instance left the rotation).
+  virtual void answer_left() = 0;
+};
+
+}  // namespace libreyolo::server

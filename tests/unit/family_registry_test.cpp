@@ -1,0 +1,169 @@
+// The family registry (models/registry/family.h): every family folder of the tree registers
+// exactly one record, the records are consistent, a taken model_type is refused with an exact
+// message, and an unknown model_type fails as load_model always did.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "models/core/config.h"
+#include "models/layouts/catalog.h"
+#include "models/model.h"
+#include "models/registry/family.h"
+
+namespace libreyolo::models {
+namespace {
+
+namespace fs = std::filesystem;
+
+/// Registrations per folder of models/: the files that construct a FamilyRegistrar.
+std::map<std::string, int> registrations_in_tree() {
+  std::map<std::string, int> out;
+  for (const auto& entry :
+       fs::recursive_directory_iterator(fs::path(LIBREYOLO_SOURCE_DIR) / "models")) {
+    if (entry.path().extension() != ".cpp") continue;
+    std::ifstream in(entry.path());
+    std::stringstream text;
+    text << in.rdbuf();
+    const std::string s = text.str();
+    for (size_t at = s.find("const FamilyRegistrar "); at != std::string::npos;
+         at = s.find("const FamilyRegistrar ", at + 1))
+      out[entry.path().parent_path().filename().string()] += 1;
+  }
+  return out;
+}
+
+Family fake(const std::string& name, std::vector<std::string> model_types) {
+  Family f;
+  f.name = name;
+  f.model_types = std::move(model_types);
+  f.load = [](const std::string&, const nlohmann::json&,
+              const LoadOptions&) -> std::unique_ptr<Model> { return nullptr; };
+  return f;
+}
+
+std::string message_of_add(FamilyRegistry& r, Family f) {
+  try {
+    r.add(std::move(f));
+  } catch (const std::invalid_argument& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(FamilyRegistry, EveryFamilyFolderRegistersExactlyOnce) {
+  const auto in_tree = registrations_in_tree();
+  ASSERT_FALSE(in_tree.empty());
+  std::vector<std::string> folders, registered;
+  for (const auto& [folder, count] : in_tree) {
+    EXPECT_EQ(count, 1) << "models/" << folder << " registers " << count << " families";
+    folders.push_back(folder);
+  }
+  for (const Family* f : FamilyRegistry::builtin().all()) registered.push_back(f->name);
+  std::sort(registered.begin(), registered.end());
+  EXPECT_EQ(registered, folders);  // a record's name is its folder
+  EXPECT_EQ(folders, (std::vector<std::string>{"deformable_detr", "deimv2", "deit", "dfine",
+                                               "lw_detr", "rf_detr", "rtdetr", "swin", "vit"}));
+}
+
+TEST(FamilyRegistry, ModelTypesAndRecords) {
+  const auto& registry = FamilyRegistry::builtin();
+  const std::map<std::string, std::string> family_of{
+      {"rt_detr", "rtdetr"},  {"rt_detr_v2", "rtdetr"}, {"deformable_detr", "deformable_detr"},
+      {"d_fine", "dfine"},    {"deimv2", "deimv2"},     {"lw_detr", "lw_detr"},
+      {"rf_detr", "rf_detr"}, {"vit", "vit"},           {"deit", "deit"},
+      {"swin", "swin"}};
+  size_t types = 0;
+  for (const Family* f : registry.all()) {
+    types += f->model_types.size();
+    ASSERT_NE(f->load, nullptr) << f->name;
+    ASSERT_FALSE(f->tasks.empty()) << f->name;
+    const bool classifier = f->tasks == std::vector<Task>{Task::image_classification};
+    // A detector's record names its post-processing; a classifier's has none.
+    EXPECT_EQ(f->head.has_value(), !classifier) << f->name;
+    EXPECT_FALSE(f->fused_attention_default) << f->name;  // manual everywhere, measured
+    for (const auto& layout : f->default_layouts)
+      EXPECT_NE(layouts::find_layout_info(layout), nullptr) << f->name << ": " << layout;
+    for (const auto& rule : f->layout_classes) {
+      const auto* info = layouts::find_layout_info(rule.layout);
+      ASSERT_NE(info, nullptr) << f->name << ": " << rule.layout;
+      for (const auto& c : rule.classes)
+        EXPECT_NE(std::find(info->replaces.begin(), info->replaces.end(), c), info->replaces.end())
+            << c;
+    }
+  }
+  EXPECT_EQ(types, family_of.size());
+  for (const auto& [type, family] : family_of) {
+    const Family* f = registry.find(type);
+    ASSERT_NE(f, nullptr) << type;
+    EXPECT_EQ(f->name, family) << type;
+  }
+  EXPECT_EQ(*registry.find("d_fine")->head, image::DetectionHead::rt_detr);
+  EXPECT_EQ(*registry.find("lw_detr")->head, image::DetectionHead::deformable_detr);
+  EXPECT_EQ(registry.find("yolo_nas"), nullptr);
+  // The order of all(): Family::order, then name.
+  std::vector<std::string> order;
+  for (const Family* f : registry.all()) order.push_back(f->name);
+  EXPECT_EQ(order, (std::vector<std::string>{"rtdetr", "deformable_detr", "dfine", "deimv2",
+                                             "lw_detr", "rf_detr", "vit", "deit", "swin"}));
+}
+
+TEST(FamilyRegistry, TakenModelTypeAndIncompleteRecordsAreRefused) {
+  FamilyRegistry r;
+  r.add(fake("alpha", {"a", "b"}));
+  EXPECT_EQ(message_of_add(r, fake("beta", {"c", "b"})),
+            "model_type \"b\" is registered twice (families alpha and beta)");
+  EXPECT_EQ(message_of_add(r, fake("gamma", {"g", "g"})),
+            "model_type \"g\" is registered twice (families gamma and gamma)");
+  EXPECT_EQ(message_of_add(r, fake("", {"x"})), "family \"\": no name");
+  EXPECT_EQ(message_of_add(r, fake("delta", {})), "family \"delta\": no model_type");
+  Family no_loader = fake("epsilon", {"e"});
+  no_loader.load = nullptr;
+  EXPECT_EQ(message_of_add(r, no_loader), "family \"epsilon\": no loader");
+  // Refused records leave the registry as it was.
+  ASSERT_EQ(r.all().size(), 1u);
+  EXPECT_EQ(r.find("c"), nullptr);
+  EXPECT_EQ(r.find("a")->name, "alpha");
+}
+
+TEST(FamilyRegistry, UnknownModelTypeIsTheConfigErrorOfLoadModel) {
+  const nlohmann::json config{{"model_type", "yolo_nas"}};
+  const core::ConfigView view(config, "/m/config.json");
+  try {
+    FamilyRegistry::builtin().require("yolo_nas", view);
+    ADD_FAILURE();
+  } catch (const core::ConfigError& e) {
+    EXPECT_STREQ(e.what(),
+                 "/m/config.json: field 'model_type': unsupported model type \"yolo_nas\"");
+  }
+  EXPECT_EQ(FamilyRegistry::builtin().require("rt_detr_v2", view).name, "rtdetr");
+}
+
+TEST(FamilyRegistry, LayoutCatalogListsTheRecordsClasses) {
+  // The order of a layout's classes follows FamilyRegistry::all(); serving.yaml errors quote it.
+  EXPECT_EQ(layouts::find_layout_info("repvgg")->replaces,
+            (std::vector<std::string>{"RTDetrRepVggBlock", "RTDetrV2RepVggBlock",
+                                      "DFineRepVggBlock", "Deimv2RepVggBlock"}));
+  EXPECT_EQ(layouts::find_layout_info("avgpool_fold")->replaces,
+            std::vector<std::string>{"AvgPool2d"});
+  EXPECT_EQ(layouts::find_layout_info("channels_last")->replaces,
+            std::vector<std::string>{"Conv2d"});
+  EXPECT_EQ(layouts::find_layout_info("batchnorm_fold")->replaces.size(), 11u);
+  EXPECT_EQ(layouts::find_layout_info("qkv_concat")->replaces.size(), 16u);
+  // No family: no class, except the layouts' own torch.nn ones.
+  EXPECT_TRUE(layouts::upstream_classes("yolo_nas", layouts::ModuleKind::attention, "x").empty());
+  EXPECT_EQ(layouts::upstream_classes("yolo_nas", layouts::ModuleKind::conv2d, "x"),
+            std::vector<std::string>{"Conv2d"});
+  EXPECT_FALSE(layouts::on_by_default("qkv_concat", "yolo_nas", false));
+}
+
+}  // namespace
+}  // namespace libreyolo::models
