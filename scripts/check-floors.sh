@@ -17,6 +17,7 @@ FLOORS=(
   models
   server/api         # the plain C++ types every server world shares
   server/shm         # shared-memory regions, for every transport
+  server/security    # TLS and API access rules, for every transport
   server/config      # server.yaml and serving.yaml
   server/metrics     # Prometheus metrics, statistics helpers
   server/tasks       # request/response rules per task (detector, classifier, segmentation)

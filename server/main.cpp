@@ -6,8 +6,10 @@
 // same request to stop: a terminal's Ctrl-C reaches the whole process group, so a wrapper that
 // forwards it (scripts/run.sh, timeout(1)) delivers it twice.
 //
-// SIGINT/SIGTERM are blocked in every thread from the first instruction of the process on (see
-// block_stop_signals) and only one thread, StopSignals, takes them with sigwait: a signal sent
+// SIGHUP re-reads the TLS certificate files (server.tls) once serving; before, it is ignored.
+//
+// SIGINT/SIGTERM/SIGHUP are blocked in every thread from the first instruction of the process on
+// (see block_stop_signals) and only one thread, Signals, takes them with sigwait: a signal sent
 // while LibTorch or the models load is neither lost nor delivered to a library's thread.
 #include <malloc.h>
 #include <pthread.h>
@@ -20,6 +22,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <iostream>
 #include <mutex>
 #include <string>
@@ -50,12 +53,13 @@ int usage(int code) {
   return code;
 }
 
-/// SIGINT and SIGTERM.
+/// SIGINT, SIGTERM and SIGHUP: the signals the Signals thread takes.
 sigset_t stop_signals() {
   sigset_t set;
   sigemptyset(&set);
   sigaddset(&set, SIGTERM);
   sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGHUP);
   return set;
 }
 
@@ -70,6 +74,7 @@ void block_stop_signals(int, char**, char**) {
   sigprocmask(SIG_BLOCK, &set, nullptr);
   signal(SIGTERM, SIG_DFL);
   signal(SIGINT, SIG_DFL);
+  signal(SIGHUP, SIG_DFL);
 }
 
 /// glibc malloc arenas for a daemon of many threads (gRPC handlers up to
@@ -92,20 +97,23 @@ __attribute__((section(".preinit_array"),
                used)) void (*const preinit_limit_malloc_arenas)(int, char**,
                                                                 char**) = &limit_malloc_arenas;
 
-/// The one thread that takes SIGINT/SIGTERM (sigwait). Before serving(): exit 0 at once (start-up:
-/// nothing was served, readiness never was SERVING). After serving(): the first signal is handed
-/// to the main thread (the drain); any later one exits at once with 128 + signal.
-class StopSignals {
+/// The one thread that takes SIGINT/SIGTERM/SIGHUP (sigwait). SIGINT/SIGTERM before serving():
+/// exit 0 at once (start-up: nothing was served, readiness never was SERVING). After serving():
+/// the first one is handed to the main thread (the drain); any later one exits at once with
+/// 128 + signal. SIGHUP after serving() runs the hang-up action (certificate reload), before it
+/// is ignored.
+class Signals {
  public:
-  StopSignals() {
+  Signals() {
     std::thread([this] { run(); }).detach();  // lives until the process exits
   }
 
   /// Start-up is over (called before readiness is first published): from now on the first
-  /// signal drains.
-  void serving() {
+  /// stop signal drains and SIGHUP runs `on_hangup`.
+  void serving(std::function<void()> on_hangup) {
     std::lock_guard<std::mutex> lk(mu_);
     serving_ = true;
+    on_hangup_ = std::move(on_hangup);
   }
 
   /// Waits for the first signal after serving() and returns it.
@@ -122,6 +130,16 @@ class StopSignals {
       int sig = 0;
       if (sigwait(&set, &sig) != 0) continue;
       std::unique_lock<std::mutex> lk(mu_);
+      if (sig == SIGHUP) {
+        if (!serving_ || !on_hangup_) {
+          log::info("SIGHUP during start-up: ignored");
+          continue;
+        }
+        const auto hangup = on_hangup_;
+        lk.unlock();
+        hangup();
+        continue;
+      }
       if (!serving_) {
         log::info("signal " + std::to_string(sig) +
                   " during start-up (readiness never was SERVING): exit 0");
@@ -147,6 +165,7 @@ class StopSignals {
   std::mutex mu_;
   std::condition_variable cv_;
   bool serving_ = false;
+  std::function<void()> on_hangup_;
   int first_ = 0;
   std::chrono::steady_clock::time_point first_at_;
 };
@@ -197,7 +216,7 @@ int main(int argc, char** argv) {
   const sigset_t signals = stop_signals();
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   // Never destroyed: its thread may take a signal while static destructors run after main.
-  StopSignals& stop = *new StopSignals;
+  Signals& stop = *new Signals;
 
   std::string config_file;
   bool config_given = false, print = false;
@@ -269,7 +288,7 @@ int main(int argc, char** argv) {
   const double drain = config.drain_seconds.value;
   server::Daemon daemon(std::move(config));
   try {
-    daemon.start([&stop] { stop.serving(); });
+    daemon.start([&stop, &daemon] { stop.serving([&daemon] { daemon.reload_certificates(); }); });
   } catch (const std::exception& e) {
     log::error(std::string("start-up failed: ") + e.what());
     return 1;

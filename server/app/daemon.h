@@ -33,6 +33,12 @@ class Daemon {
   ServerCore& core();
   Metrics& metrics();
 
+  /// Re-reads the TLS certificate files (SIGHUP): the HTTP port at once (its next connections;
+  /// open ones keep theirs), the gRPC port within security::kTlsRefreshSeconds (gRPC watches
+  /// the files itself). Logs the outcome; files that cannot be used keep the previous
+  /// certificate. Without TLS: logs that there is nothing to reload.
+  void reload_certificates();
+
   /// Readiness NOT_SERVING from now on (gRPC health, ServerReady, /v2/health/ready); requests
   /// are still served.
   void begin_drain();

@@ -55,7 +55,136 @@ std::string path_from_file(const std::string& file, const std::string& path) {
 
 namespace {
 
-void parse_server(const YAML::Node& n, const std::string& file, ServerConfig& c) {
+/// server.tls: cert_file, key_file (both or neither), client_ca_file (needs the other two).
+void parse_tls(const YAML::Node& n, const std::string& file, ServerConfig& c) {
+  if (n.IsNull()) return;
+  if (!n.IsMap())
+    fail(file, n, "server.tls must be a mapping (cert_file, key_file, client_ca_file)");
+  security::TlsFiles t;
+  for (const auto& kv : n) {
+    const std::string key = kv.first.Scalar();
+    const std::string full = "server.tls." + key;
+    std::string* target = key == "cert_file"        ? &t.cert_file
+                          : key == "key_file"       ? &t.key_file
+                          : key == "client_ca_file" ? &t.client_ca_file
+                                                    : nullptr;
+    if (!target)
+      fail(file, kv.first,
+           "unknown key " + full + " (expected cert_file, key_file, client_ca_file)");
+    const auto path = as<std::string>(file, kv.second, full, "a file path");
+    if (path.empty()) fail(file, kv.second, full + " must not be empty");
+    *target = path_from_file(file, path);
+  }
+  if (t.cert_file.empty() != t.key_file.empty())
+    fail(file, n, "server.tls needs both cert_file and key_file");
+  if (t.cert_file.empty() && !t.client_ca_file.empty())
+    fail(file, n, "server.tls.client_ca_file needs cert_file and key_file");
+  set(c.tls, t, file, n);
+}
+
+/// An HTTP header / gRPC metadata name a client can send: lower-case token characters, not one
+/// the transports give a meaning to.
+bool usable_header(const std::string& h) {
+  if (h.empty() || h.size() > 64) return false;
+  for (char ch : h) {
+    if (!((ch >= 'a' && ch <= 'z') || (ch >= '0' && ch <= '9') || ch == '-' || ch == '_'))
+      return false;
+  }
+  static const char* const kReserved[] = {"host",
+                                          "content-length",
+                                          "content-type",
+                                          "content-encoding",
+                                          "transfer-encoding",
+                                          "connection",
+                                          "te",
+                                          "user-agent",
+                                          "authorization"};
+  for (const char* r : kReserved) {
+    if (h == r) return false;
+  }
+  return h.rfind("grpc-", 0) != 0;
+}
+
+/// server.restricted_apis: GROUP: open | loopback | {header: NAME, value: V | value_env: VAR}.
+void parse_restricted(const YAML::Node& n, const std::string& file, const kernels::Environment& env,
+                      ServerConfig& c) {
+  if (n.IsNull()) return;
+  if (!n.IsMap()) fail(file, n, "server.restricted_apis must be a mapping of API groups");
+  security::AccessRules rules;
+  for (const auto& kv : n) {
+    const std::string group = kv.first.Scalar();
+    const auto g = security::parse_group(group);
+    if (!g)
+      fail(file, kv.first,
+           "unknown API group '" + group + "' in server.restricted_apis (expected " +
+               security::group_names() + ")");
+    const std::string full = "server.restricted_apis." + group;
+    const YAML::Node& v = kv.second;
+    security::AccessRule rule;
+    if (v.IsScalar()) {
+      const std::string kind = v.Scalar();
+      if (kind == "open") {
+        rule.kind = security::AccessRule::Kind::open;
+      } else if (kind == "loopback") {
+        rule.kind = security::AccessRule::Kind::loopback;
+      } else {
+        fail(file, v,
+             full + " must be open, loopback or {header: NAME, value: VALUE}, got '" + kind + "'");
+      }
+      rules.set(*g, rule);
+      continue;
+    }
+    if (!v.IsMap()) fail(file, v, full + " must be open, loopback or {header: NAME, value: VALUE}");
+    rule.kind = security::AccessRule::Kind::header;
+    bool has_value = false;
+    for (const auto& f : v) {
+      const std::string key = f.first.Scalar();
+      if (key == "header") {
+        rule.header = as<std::string>(file, f.second, full + ".header", "a header name");
+        for (auto& ch : rule.header)
+          ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+        if (!usable_header(rule.header))
+          fail(file, f.second,
+               full +
+                   ".header must be 1 to 64 letters, digits, '-' or '_', and not a header "
+                   "the protocols reserve (host, content-*, te, grpc-*, ...), got '" +
+                   f.second.Scalar() + "'");
+      } else if (key == "value" || key == "value_env") {
+        if (has_value) fail(file, f.first, full + " takes value or value_env, not both");
+        has_value = true;
+        if (key == "value") {
+          rule.value = as<std::string>(file, f.second, full + ".value", "a string");
+        } else {
+          rule.value_env =
+              as<std::string>(file, f.second, full + ".value_env", "an environment variable name");
+          const auto it = env.find(rule.value_env);
+          if (it == env.end() || it->second.empty())
+            fail(file, f.second,
+                 full + ".value_env: the environment variable " + rule.value_env + " is not set");
+          rule.value = it->second;
+        }
+        if (rule.value.empty()) fail(file, f.second, full + ": the value must not be empty");
+        for (char ch : rule.value) {
+          if (ch < 0x20 || ch > 0x7e)
+            fail(file, f.second,
+                 full +
+                     ": the value must be printable ASCII (gRPC metadata and HTTP headers "
+                     "carry it)");
+        }
+      } else {
+        fail(file, f.first,
+             "unknown key " + full + "." + key + " (expected header, value, value_env)");
+      }
+    }
+    if (rule.header.empty() || !has_value)
+      fail(file, v, full + " needs header and value (or value_env)");
+    rules.set(*g, rule);
+  }
+  set(c.restricted_apis, rules, file, n);
+}
+
+void parse_server(const YAML::Node& n, const std::string& file, const kernels::Environment& env,
+                  ServerConfig& c) {
   if (n.IsNull()) return;
   if (!n.IsMap()) fail(file, n, "server must be a mapping");
   for (const auto& kv : n) {
@@ -114,13 +243,17 @@ void parse_server(const YAML::Node& n, const std::string& file, ServerConfig& c)
         fail(file, v, full + " must be debug, info, warn, error or off, got '" + s + "'");
       }
       set(c.log_level, s, file, v);
+    } else if (key == "tls") {
+      parse_tls(v, file, c);
+    } else if (key == "restricted_apis") {
+      parse_restricted(v, file, env, c);
     } else {
       fail(file, kv.first,
            "unknown key " + full +
                " (expected grpc_address, http_address, drain_seconds, max_message_bytes, "
                "max_images_per_request, max_pixels_per_image, preprocess_threads, "
                "max_concurrent_rpcs, http_threads, model_control, load_models, strict_readiness, "
-               "log_level)");
+               "log_level, tls, restricted_apis)");
     }
   }
 }
@@ -155,7 +288,7 @@ ServerConfig parse_root(const YAML::Node& root, const std::string& file, const O
       const std::string key = kv.first.Scalar();
       const YAML::Node& v = kv.second;
       if (key == "server") {
-        parse_server(v, file, c);
+        parse_server(v, file, env, c);
       } else if (key == "model_repository") {
         // Relative to the file's folder, like kernels.lock next to it (and kernels.hub paths).
         set(c.model_repository,
@@ -321,6 +454,33 @@ std::string describe(const ServerConfig& c) {
   row(out, "  ", "load_models", c.load_models);
   row(out, "  ", "strict_readiness", c.strict_readiness);
   row(out, "  ", "log_level", c.log_level);
+  const auto& tls = c.tls.value;
+  if (!tls.enabled()) {
+    out << "  tls: {}  # " << comment(origin(c.tls.source, c.tls.origin) + " (plain text)") << "\n";
+  } else {
+    out << "  tls:  # " << comment(origin(c.tls.source, c.tls.origin)) << "\n";
+    out << "    cert_file: " << yaml_string(tls.cert_file) << "\n";
+    out << "    key_file: " << yaml_string(tls.key_file) << "\n";
+    if (tls.mutual()) out << "    client_ca_file: " << yaml_string(tls.client_ca_file) << "\n";
+  }
+  out << "  restricted_apis:  # "
+      << comment(origin(c.restricted_apis.source, c.restricted_apis.origin)) << "\n";
+  for (int i = 0; i < security::kApiGroups; ++i) {
+    const auto g = static_cast<security::ApiGroup>(i);
+    const auto& r = c.restricted_apis.value.rule(g);
+    out << "    " << security::group_name(g) << ": ";
+    if (r.kind == security::AccessRule::Kind::open) {
+      out << "open\n";
+    } else if (r.kind == security::AccessRule::Kind::loopback) {
+      out << "loopback\n";
+    } else if (!r.value_env.empty()) {
+      out << "{header: " << yaml_string(r.header) << ", value_env: " << yaml_string(r.value_env)
+          << "}\n";
+    } else {
+      // Never the secret itself: the printed file does not read back to it.
+      out << "{header: " << yaml_string(r.header) << ", value: \"(not shown)\"}\n";
+    }
+  }
   // Absolute, so that the printed file reads back to the same folder from wherever it is saved
   // (a relative path in a file is relative to that file's folder).
   auto absolute = [](Setting<std::string> p) {

@@ -10,6 +10,8 @@
 #include <vector>
 
 #include "kernels/policy.h"
+#include "server/security/access_policy.h"
+#include "server/security/tls.h"
 
 namespace libreyolo::server {
 
@@ -51,6 +53,12 @@ struct ServerConfig {
   /// purpose) is READY; false, ready once the start-up finished whatever the models' states.
   Setting<bool> strict_readiness{true};
   Setting<std::string> log_level{"info"};  ///< debug | info | warn | error
+  /// server.tls: TLS on both ports when its cert_file is set (paths relative to the file,
+  /// stored absolute). Plain text otherwise.
+  Setting<security::TlsFiles> tls;
+  /// server.restricted_apis: how each API group is let in (Triton's restricted protocols);
+  /// default: shared-memory loopback-only, the rest open.
+  Setting<security::AccessRules> restricted_apis;
 
   Setting<std::string> model_repository{"./examples/model_repository"};
   Setting<std::string> device{"auto"};  ///< auto | cpu | cuda | cuda:N

@@ -116,12 +116,19 @@ const api::OutputTensor& InferResult::output(const std::string& name) const {
 }
 
 struct Client::Impl {
+  std::vector<std::pair<std::string, std::string>> metadata;
+  /// The call's deadline and the metadata of add_metadata().
+  void prepare(grpc::ClientContext& ctx, double seconds) const {
+    set_deadline(ctx, seconds);
+    for (const auto& [k, v] : metadata) ctx.AddMetadata(k, v);
+  }
   std::shared_ptr<grpc::Channel> channel;
   std::unique_ptr<pb::GRPCInferenceService::Stub> stub;
   std::unique_ptr<grpc::health::v1::Health::Stub> health;
 };
 
-Client::Client(const std::string& address, std::size_t max_message_bytes)
+Client::Client(const std::string& address, std::size_t max_message_bytes,
+               const std::optional<ClientTls>& tls)
     : impl_(std::make_unique<Impl>()) {
   grpc::ChannelArguments args;
   const int limit = static_cast<int>(std::min<std::size_t>(max_message_bytes, INT32_MAX));
@@ -131,18 +138,31 @@ Client::Client(const std::string& address, std::size_t max_message_bytes)
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
-  impl_->channel = grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+  std::shared_ptr<grpc::ChannelCredentials> credentials = grpc::InsecureChannelCredentials();
+  if (tls) {
+    grpc::SslCredentialsOptions o;
+    o.pem_root_certs = tls->root_certificates;
+    o.pem_private_key = tls->private_key;
+    o.pem_cert_chain = tls->certificate_chain;
+    credentials = grpc::SslCredentials(o);
+    if (!tls->server_name.empty()) args.SetSslTargetNameOverride(tls->server_name);
+  }
+  impl_->channel = grpc::CreateCustomChannel(address, credentials, args);
   impl_->stub = pb::GRPCInferenceService::NewStub(impl_->channel);
   impl_->health = grpc::health::v1::Health::NewStub(impl_->channel);
 }
 
 Client::~Client() = default;
 
+void Client::add_metadata(const std::string& key, const std::string& value) {
+  impl_->metadata.emplace_back(key, value);
+}
+
 CallResult Client::call(const std::string& method, const std::string& request_text,
                         double timeout_seconds) {
   CallResult result;
   grpc::ClientContext ctx;
-  set_deadline(ctx, timeout_seconds);
+  impl_->prepare(ctx, timeout_seconds);
   grpc::Status status;
   bool known = false;
 #define LIBREYOLO_UNARY(M)                                                            \
@@ -181,7 +201,7 @@ CallResult Client::call(const std::string& method, const std::string& request_te
 CallResult Client::health(const std::string& service, double timeout_seconds) {
   CallResult result;
   grpc::ClientContext ctx;
-  set_deadline(ctx, timeout_seconds);
+  impl_->prepare(ctx, timeout_seconds);
   grpc::health::v1::HealthCheckRequest req;
   req.set_service(service);
   grpc::health::v1::HealthCheckResponse resp;
@@ -197,7 +217,7 @@ CallResult Client::watch_health(const std::string& service, double timeout_secon
                                 const std::function<void()>& on_message) {
   CallResult result;
   grpc::ClientContext ctx;
-  set_deadline(ctx, timeout_seconds);
+  impl_->prepare(ctx, timeout_seconds);
   grpc::health::v1::HealthCheckRequest req;
   req.set_service(service);
   auto reader = impl_->health->Watch(&ctx, req);
@@ -217,7 +237,7 @@ InferResult Client::infer(const std::string& request_text,
                           const std::vector<std::string>& raw_inputs, double timeout_seconds) {
   const auto req = infer_request(request_text, raw_inputs);
   grpc::ClientContext ctx;
-  set_deadline(ctx, timeout_seconds);
+  impl_->prepare(ctx, timeout_seconds);
   pb::ModelInferResponse resp;
   const auto status = impl_->stub->ModelInfer(&ctx, req, &resp);
   return to_result(status, resp);
@@ -264,7 +284,7 @@ std::unique_ptr<PendingInfer> Client::start_infer(const std::string& request_tex
                                                   double timeout_seconds) {
   const auto req = infer_request(request_text, raw_inputs);
   auto impl = std::make_unique<PendingInfer::Impl>();
-  set_deadline(impl->ctx, timeout_seconds);
+  impl_->prepare(impl->ctx, timeout_seconds);
   impl->reader = impl_->stub->AsyncModelInfer(&impl->ctx, req, &impl->cq);
   impl->reader->Finish(&impl->resp, &impl->status, impl.get());
   return std::unique_ptr<PendingInfer>(new PendingInfer(std::move(impl)));
@@ -285,7 +305,7 @@ std::vector<InferResult> Client::infer_concurrently(const std::string& request_t
   for (int i = 0; i < count; ++i) {
     calls.push_back(std::make_unique<Call>());
     auto& c = *calls.back();
-    set_deadline(c.ctx, timeout_seconds);
+    impl_->prepare(c.ctx, timeout_seconds);
     c.reader = impl_->stub->AsyncModelInfer(&c.ctx, req, &cq);
     c.reader->Finish(&c.resp, &c.status, reinterpret_cast<void*>(static_cast<std::intptr_t>(i)));
   }

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -57,10 +58,21 @@ class PendingInfer {
   std::unique_ptr<Impl> impl_;
 };
 
+/// TLS for a Client of a daemon with server.tls: PEM contents, not paths.
+struct ClientTls {
+  std::string root_certificates;  ///< the CA that signed the server's certificate
+  std::string private_key;        ///< the client's key, for mutual TLS ("": none)
+  std::string certificate_chain;  ///< the client's certificate, for mutual TLS
+  /// The name checked against the server's certificate ("": the host of the address).
+  std::string server_name;
+};
+
 class Client {
  public:
-  /// `address` host:port. Channels are created lazily by gRPC; nothing is sent here.
-  explicit Client(const std::string& address, std::size_t max_message_bytes = 64u << 20);
+  /// `address` host:port; `tls` set: TLS (else plain text). Channels are created lazily by
+  /// gRPC; nothing is sent here.
+  explicit Client(const std::string& address, std::size_t max_message_bytes = 64u << 20,
+                  const std::optional<ClientTls>& tls = std::nullopt);
   ~Client();
   Client(const Client&) = delete;
   Client& operator=(const Client&) = delete;
@@ -70,6 +82,10 @@ class Client {
   /// method or unparsable text.
   CallResult call(const std::string& method, const std::string& request_text = "",
                   double timeout_seconds = 10.0);
+
+  /// Sends `key: value` (lower-case key) as metadata with every later call, e.g. the header a
+  /// server.restricted_apis group expects. Not thread-safe with calls in flight.
+  void add_metadata(const std::string& key, const std::string& value);
 
   /// grpc.health.v1.Health/Check: text is "SERVING", "NOT_SERVING", ... when ok.
   CallResult health(const std::string& service, double timeout_seconds = 5.0);

@@ -5,6 +5,9 @@
 
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
+#include <grpcpp/security/server_credentials.h>
+#include <grpcpp/security/tls_certificate_provider.h>
+#include <grpcpp/security/tls_credentials_options.h>
 
 #include <algorithm>
 #include <condition_variable>
@@ -28,6 +31,7 @@
 #include "server/grpc/executor.h"
 #include "server/grpc/health_service.h"
 #include "server/grpc/infer_request.h"
+#include "server/security/access_policy.h"
 #include "server/shm/registry.h"
 #include "server/shm/tensor_params.h"
 
@@ -188,8 +192,9 @@ class InferCall final : public grpc::ServerUnaryReactor {
 /// the first CUDA call creates a context) run on the bounded executor.
 class Service final : public pb::GRPCInferenceService::CallbackService {
  public:
-  Service(api::InferenceService& core, shm::Registry& registry, int max_threads)
-      : core_(core), registry_(registry), executor_(max_threads) {}
+  Service(api::InferenceService& core, shm::Registry& registry, int max_threads,
+          const security::AccessPolicy* access)
+      : core_(core), registry_(registry), access_(access), executor_(max_threads) {}
 
   api::InferenceService& core() { return core_; }
   shm::Registry& registry() { return registry_; }
@@ -207,23 +212,25 @@ class Service final : public pb::GRPCInferenceService::CallbackService {
   grpc::ServerUnaryReactor* ServerLive(grpc::CallbackServerContext* ctx,
                                        const pb::ServerLiveRequest*,
                                        pb::ServerLiveResponse* out) override {
-    return inline_call(ctx, "ServerLive", [=] { out->set_live(core_.live()); });
+    return inline_call(ctx, security::ApiGroup::health, "ServerLive",
+                       [=] { out->set_live(core_.live()); });
   }
   grpc::ServerUnaryReactor* ServerReady(grpc::CallbackServerContext* ctx,
                                         const pb::ServerReadyRequest*,
                                         pb::ServerReadyResponse* out) override {
-    return inline_call(ctx, "ServerReady", [=] { out->set_ready(core_.ready()); });
+    return inline_call(ctx, security::ApiGroup::health, "ServerReady",
+                       [=] { out->set_ready(core_.ready()); });
   }
   grpc::ServerUnaryReactor* ModelReady(grpc::CallbackServerContext* ctx,
                                        const pb::ModelReadyRequest* in,
                                        pb::ModelReadyResponse* out) override {
-    return inline_call(ctx, "ModelReady",
+    return inline_call(ctx, security::ApiGroup::health, "ModelReady",
                        [=] { out->set_ready(core_.model_ready(in->name(), in->version())); });
   }
   grpc::ServerUnaryReactor* ServerMetadata(grpc::CallbackServerContext* ctx,
                                            const pb::ServerMetadataRequest*,
                                            pb::ServerMetadataResponse* out) override {
-    return inline_call(ctx, "ServerMetadata", [=] {
+    return inline_call(ctx, security::ApiGroup::metadata, "ServerMetadata", [=] {
       const auto m = core_.server_metadata();
       out->set_name(m.name);
       out->set_version(m.version);
@@ -236,7 +243,7 @@ class Service final : public pb::GRPCInferenceService::CallbackService {
   grpc::ServerUnaryReactor* ModelMetadata(grpc::CallbackServerContext* ctx,
                                           const pb::ModelMetadataRequest* in,
                                           pb::ModelMetadataResponse* out) override {
-    return inline_call(ctx, "ModelMetadata", [=] {
+    return inline_call(ctx, security::ApiGroup::metadata, "ModelMetadata", [=] {
       const auto m = core_.model_metadata(in->name(), in->version());
       out->set_name(m.name);
       for (const auto& v : m.versions) out->add_versions(v);
@@ -248,7 +255,7 @@ class Service final : public pb::GRPCInferenceService::CallbackService {
   grpc::ServerUnaryReactor* ModelConfig(grpc::CallbackServerContext* ctx,
                                         const pb::ModelConfigRequest* in,
                                         pb::ModelConfigResponse* out) override {
-    return inline_call(ctx, "ModelConfig", [=] {
+    return inline_call(ctx, security::ApiGroup::model_config, "ModelConfig", [=] {
       const auto c = core_.model_config(in->name(), in->version());
       auto* cfg = out->mutable_config();
       cfg->set_name(c.name);
@@ -287,7 +294,7 @@ class Service final : public pb::GRPCInferenceService::CallbackService {
   grpc::ServerUnaryReactor* ModelStatistics(grpc::CallbackServerContext* ctx,
                                             const pb::ModelStatisticsRequest* in,
                                             pb::ModelStatisticsResponse* out) override {
-    return inline_call(ctx, "ModelStatistics", [=] {
+    return inline_call(ctx, security::ApiGroup::statistics, "ModelStatistics", [=] {
       for (const auto& s : core_.model_statistics(in->name(), in->version())) {
         auto* m = out->add_model_stats();
         m->set_name(s.name);
@@ -315,7 +322,7 @@ class Service final : public pb::GRPCInferenceService::CallbackService {
   grpc::ServerUnaryReactor* RepositoryIndex(grpc::CallbackServerContext* ctx,
                                             const pb::RepositoryIndexRequest* in,
                                             pb::RepositoryIndexResponse* out) override {
-    return inline_call(ctx, "RepositoryIndex", [=] {
+    return inline_call(ctx, security::ApiGroup::model_repository, "RepositoryIndex", [=] {
       for (const auto& e : core_.repository_index(in->ready())) {
         auto* m = out->add_models();
         m->set_name(e.name);
@@ -328,19 +335,21 @@ class Service final : public pb::GRPCInferenceService::CallbackService {
   grpc::ServerUnaryReactor* RepositoryModelLoad(grpc::CallbackServerContext* ctx,
                                                 const pb::RepositoryModelLoadRequest* in,
                                                 pb::RepositoryModelLoadResponse*) override {
-    return offloaded(ctx, "RepositoryModelLoad", [=] { core_.load_model(in->model_name()); });
+    return offloaded(ctx, security::ApiGroup::model_repository, "RepositoryModelLoad",
+                     [=] { core_.load_model(in->model_name()); });
   }
   grpc::ServerUnaryReactor* RepositoryModelUnload(grpc::CallbackServerContext* ctx,
                                                   const pb::RepositoryModelUnloadRequest* in,
                                                   pb::RepositoryModelUnloadResponse*) override {
-    return offloaded(ctx, "RepositoryModelUnload", [=] { core_.unload_model(in->model_name()); });
+    return offloaded(ctx, security::ApiGroup::model_repository, "RepositoryModelUnload",
+                     [=] { core_.unload_model(in->model_name()); });
   }
 
   // --- shared memory (server/shm/registry.h; Triton's messages) ---------------------------
   grpc::ServerUnaryReactor* SystemSharedMemoryStatus(
       grpc::CallbackServerContext* ctx, const pb::SystemSharedMemoryStatusRequest* in,
       pb::SystemSharedMemoryStatusResponse* out) override {
-    return inline_call(ctx, "SystemSharedMemoryStatus", [=] {
+    return inline_call(ctx, security::ApiGroup::shared_memory, "SystemSharedMemoryStatus", [=] {
       for (const auto& r : registry_.system_status(in->name())) {
         auto& s = (*out->mutable_regions())[r.name];
         s.set_name(r.name);
@@ -353,7 +362,7 @@ class Service final : public pb::GRPCInferenceService::CallbackService {
   grpc::ServerUnaryReactor* SystemSharedMemoryRegister(
       grpc::CallbackServerContext* ctx, const pb::SystemSharedMemoryRegisterRequest* in,
       pb::SystemSharedMemoryRegisterResponse*) override {
-    return inline_call(ctx, "SystemSharedMemoryRegister", [=] {
+    return inline_call(ctx, security::ApiGroup::shared_memory, "SystemSharedMemoryRegister", [=] {
       registry_.register_system(in->name(), in->key(), in->offset(), in->byte_size());
       log::info("system shared memory region '" + in->name() + "' registered (key '" + in->key() +
                 "', offset " + std::to_string(in->offset()) + ", " +
@@ -363,13 +372,13 @@ class Service final : public pb::GRPCInferenceService::CallbackService {
   grpc::ServerUnaryReactor* SystemSharedMemoryUnregister(
       grpc::CallbackServerContext* ctx, const pb::SystemSharedMemoryUnregisterRequest* in,
       pb::SystemSharedMemoryUnregisterResponse*) override {
-    return inline_call(ctx, "SystemSharedMemoryUnregister",
+    return inline_call(ctx, security::ApiGroup::shared_memory, "SystemSharedMemoryUnregister",
                        [=] { registry_.unregister_system(in->name()); });
   }
   grpc::ServerUnaryReactor* CudaSharedMemoryStatus(
       grpc::CallbackServerContext* ctx, const pb::CudaSharedMemoryStatusRequest* in,
       pb::CudaSharedMemoryStatusResponse* out) override {
-    return inline_call(ctx, "CudaSharedMemoryStatus", [=] {
+    return inline_call(ctx, security::ApiGroup::shared_memory, "CudaSharedMemoryStatus", [=] {
       for (const auto& r : registry_.cuda_status(in->name())) {
         auto& s = (*out->mutable_regions())[r.name];
         s.set_name(r.name);
@@ -381,7 +390,7 @@ class Service final : public pb::GRPCInferenceService::CallbackService {
   grpc::ServerUnaryReactor* CudaSharedMemoryRegister(
       grpc::CallbackServerContext* ctx, const pb::CudaSharedMemoryRegisterRequest* in,
       pb::CudaSharedMemoryRegisterResponse*) override {
-    return offloaded(ctx, "CudaSharedMemoryRegister", [=] {
+    return offloaded(ctx, security::ApiGroup::shared_memory, "CudaSharedMemoryRegister", [=] {
       registry_.register_cuda(in->name(), in->raw_handle(), in->device_id(), in->byte_size());
       log::info("CUDA shared memory region '" + in->name() + "' registered (device " +
                 std::to_string(in->device_id()) + ", " + std::to_string(in->byte_size()) +
@@ -391,7 +400,7 @@ class Service final : public pb::GRPCInferenceService::CallbackService {
   grpc::ServerUnaryReactor* CudaSharedMemoryUnregister(
       grpc::CallbackServerContext* ctx, const pb::CudaSharedMemoryUnregisterRequest* in,
       pb::CudaSharedMemoryUnregisterResponse*) override {
-    return offloaded(ctx, "CudaSharedMemoryUnregister",
+    return offloaded(ctx, security::ApiGroup::shared_memory, "CudaSharedMemoryUnregister",
                      [=] { registry_.unregister_cuda(in->name()); });
   }
 
@@ -399,22 +408,51 @@ class Service final : public pb::GRPCInferenceService::CallbackService {
                                        const pb::ModelInferRequest* in,
                                        pb::ModelInferResponse* out) override {
     auto* call = new InferCall(*this, ctx, in, out);
-    if (!executor_.try_submit([call] { call->run(); })) call->Finish(busy());
+    if (auto denied = permitted(ctx, security::ApiGroup::inference); !denied.ok()) {
+      call->Finish(denied);
+    } else if (!executor_.try_submit([call] { call->run(); })) {
+      call->Finish(busy());
+    }
     return call;
   }
 
  private:
+  /// PERMISSION_DENIED when server.restricted_apis keeps this caller out of `group`, else OK.
+  grpc::Status permitted(grpc::CallbackServerContext* ctx, security::ApiGroup group) const {
+    if (!access_) return grpc::Status::OK;
+    const auto& md = ctx->client_metadata();
+    const std::string why = access_->check(
+        group, security::Protocol::grpc,
+        [&md](const std::string& name) -> std::optional<std::string> {
+          const auto it = md.find(name);
+          if (it == md.end()) return std::nullopt;
+          return std::string(it->second.data(), it->second.size());
+        },
+        security::is_loopback_peer(ctx->peer()));
+    if (why.empty()) return grpc::Status::OK;
+    return grpc::Status(grpc::StatusCode::PERMISSION_DENIED, why);
+  }
+
   template <class F>
-  grpc::ServerUnaryReactor* inline_call(grpc::CallbackServerContext* ctx, const char* rpc,
-                                        F&& body) {
+  grpc::ServerUnaryReactor* inline_call(grpc::CallbackServerContext* ctx, security::ApiGroup group,
+                                        const char* rpc, F&& body) {
     auto* reactor = ctx->DefaultReactor();
+    if (auto denied = permitted(ctx, group); !denied.ok()) {
+      reactor->Finish(denied);
+      return reactor;
+    }
     reactor->Finish(guarded(rpc, std::forward<F>(body)));
     return reactor;
   }
 
   template <class F>
-  grpc::ServerUnaryReactor* offloaded(grpc::CallbackServerContext* ctx, const char* rpc, F body) {
+  grpc::ServerUnaryReactor* offloaded(grpc::CallbackServerContext* ctx, security::ApiGroup group,
+                                      const char* rpc, F body) {
     auto* reactor = ctx->DefaultReactor();
+    if (auto denied = permitted(ctx, group); !denied.ok()) {
+      reactor->Finish(denied);
+      return reactor;
+    }
     if (!executor_.try_submit(
             [reactor, rpc, body = std::move(body)] { reactor->Finish(guarded(rpc, body)); })) {
       reactor->Finish(busy());
@@ -424,6 +462,7 @@ class Service final : public pb::GRPCInferenceService::CallbackService {
 
   api::InferenceService& core_;
   shm::Registry& registry_;
+  const security::AccessPolicy* access_;
   DeadlineTimer timer_;
   Executor executor_;  // last: stopped (joined) first, while the rest still exists
 };
@@ -460,7 +499,32 @@ int requested_port(const std::string& address) {
 
 }  // namespace
 
+namespace {
+
+/// Plain text, or TLS from `tls`'s files (checked here first: gRPC's provider reads them on its
+/// own thread and would only fail the handshakes). `provider` keeps the watcher alive.
+std::shared_ptr<grpc::ServerCredentials> credentials(
+    const security::TlsFiles& tls,
+    std::shared_ptr<grpc::experimental::CertificateProviderInterface>& provider) {
+  if (!tls.enabled()) return grpc::InsecureServerCredentials();
+  security::TlsContext check(tls);  // throws "TLS: ..." naming the file
+  provider = std::make_shared<grpc::experimental::FileWatcherCertificateProvider>(
+      tls.key_file, tls.cert_file, tls.client_ca_file, security::kTlsRefreshSeconds);
+  grpc::experimental::TlsServerCredentialsOptions options(provider);
+  options.watch_identity_key_cert_pairs();
+  if (tls.mutual()) {
+    options.watch_root_certs();
+    options.set_cert_request_type(GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
+  } else {
+    options.set_cert_request_type(GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE);
+  }
+  return grpc::experimental::TlsServerCredentials(options);
+}
+
+}  // namespace
+
 struct GrpcServer::Impl {
+  std::shared_ptr<grpc::experimental::CertificateProviderInterface> certificates;
   std::unique_ptr<shm::Registry> own_registry;  ///< when GrpcOptions::shm_registry is null
   std::unique_ptr<Service> service;
   std::unique_ptr<HealthService> health;
@@ -476,7 +540,8 @@ GrpcServer::GrpcServer(api::InferenceService& service, const GrpcOptions& option
     impl_->own_registry = std::make_unique<shm::Registry>();
     registry = impl_->own_registry.get();
   }
-  impl_->service = std::make_unique<Service>(service, *registry, std::max(options.max_threads, 2));
+  impl_->service = std::make_unique<Service>(service, *registry, std::max(options.max_threads, 2),
+                                             options.access);
   impl_->health = std::make_unique<HealthService>();
   grpc::EnableDefaultHealthCheckService(false);  // ours: its Watch streams end at shutdown
   grpc::ServerBuilder builder;
@@ -489,7 +554,8 @@ GrpcServer::GrpcServer(api::InferenceService& service, const GrpcOptions& option
   // want of descriptors stops gRPC 1.51's listener for good (server/main.cpp
   // raise_open_files_limit).
   builder.AddChannelArgument(GRPC_ARG_SERVER_HANDSHAKE_TIMEOUT_MS, 10000);
-  builder.AddListeningPort(options.address, grpc::InsecureServerCredentials(), &impl_->port);
+  builder.AddListeningPort(options.address, credentials(options.tls, impl_->certificates),
+                           &impl_->port);
   builder.RegisterService(impl_->service.get());
   builder.RegisterService(impl_->health.get());
   const int limit = static_cast<int>(
@@ -508,7 +574,8 @@ GrpcServer::GrpcServer(api::InferenceService& service, const GrpcOptions& option
   }
   impl_->health->set("liveness", true);
   set_ready(false);
-  log::info("gRPC listening on " + options.address + " (port " + std::to_string(impl_->port) + ")");
+  log::info("gRPC listening on " + options.address + " (port " + std::to_string(impl_->port) +
+            (options.tls.enabled() ? (options.tls.mutual() ? "; mutual TLS" : "; TLS") : "") + ")");
 }
 
 GrpcServer::~GrpcServer() { shutdown(0.0); }

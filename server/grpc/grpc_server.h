@@ -7,9 +7,13 @@
 #include <string>
 
 #include "server/api/types.h"
+#include "server/security/tls.h"
 
 namespace libreyolo::server::shm {
 class Registry;
+}
+namespace libreyolo::server::security {
+class AccessPolicy;
 }
 
 namespace libreyolo::server::rpc {
@@ -27,6 +31,15 @@ struct GrpcOptions {
   /// The shared-memory regions the server reads inputs from and writes outputs to (shared with
   /// the other transports); null: the server keeps its own.
   shm::Registry* shm_registry = nullptr;
+  /// TLS when tls.enabled(): the files are checked at start-up and watched for a renewal every
+  /// security::kTlsRefreshSeconds (gRPC's FileWatcherCertificateProvider; open connections keep
+  /// theirs); with client_ca_file, clients without a certificate that CA signed fail the
+  /// handshake.
+  security::TlsFiles tls;
+  /// Who may call what (server.restricted_apis): a denied call is answered PERMISSION_DENIED
+  /// before it runs. grpc.health.v1 stays open (Kubernetes probes). Null: every API open. Must
+  /// outlive the server.
+  const security::AccessPolicy* access = nullptr;
 };
 
 /// A running gRPC server (gRPC's callback API): GRPCInferenceService, including Triton's
@@ -34,7 +47,8 @@ struct GrpcOptions {
 /// "" and "readiness" follow set_ready(), "liveness" is SERVING while the server runs.
 class GrpcServer {
  public:
-  /// Binds and starts. Throws std::runtime_error "gRPC: cannot listen on <address> (...)" when
+  /// Binds and starts. Throws std::runtime_error "TLS: ..." for certificate files that cannot
+  /// be used, and "gRPC: cannot listen on <address> (...)" when
   /// the address cannot be bound, also when another process listens on it (SO_REUSEPORT is
   /// off: two daemons never split one port's connections) and when a name resolving to several
   /// addresses bound another port than the one asked for.

@@ -33,8 +33,10 @@
 #include <mutex>
 #include <vector>
 
+#include "log/log.h"
 #include "server/http/fixed_stack_thread.h"
 #include "server/http/kserve_json.h"
+#include "server/security/tls.h"
 
 namespace libreyolo::server::http {
 
@@ -140,14 +142,15 @@ bool wait_for(int fd, short events, int timeout_ms) {
   }
 }
 
-/// httplib::Stream over a connected socket: buffered reads with a deadline for the request
-/// head (the bytes up to the first CRLFCRLF after begin_request()) and a per-read timeout for
-/// the body, a cap on head and body bytes, writes with a timeout. No select(): no FD_SETSIZE
-/// limit.
+/// httplib::Stream over a connected socket, plain or through a TLS session: buffered reads
+/// with a deadline for the request head (the bytes up to the first CRLFCRLF after
+/// begin_request()) and a per-read timeout for the body, a cap on head and body bytes, writes
+/// with a timeout. No select(): no FD_SETSIZE limit.
 class ConnectionStream final : public httplib::Stream {
  public:
-  ConnectionStream(int fd, const HttpOptions& o)
+  ConnectionStream(int fd, const HttpOptions& o, security::TlsSession* tls)
       : fd_(fd),
+        tls_(tls),
         io_ms_(static_cast<int>(o.io_seconds * 1000)),
         head_ms_(static_cast<int>(o.head_seconds * 1000)),
         // Chunk framing adds a few bytes per chunk to the decoded body the limit is about.
@@ -162,8 +165,10 @@ class ConnectionStream final : public httplib::Stream {
     head_deadline_ = start + std::chrono::milliseconds(head_ms_);
   }
   bool buffered() const { return pos_ < len_; }
+  /// Bytes to read without waiting for the socket: ours, or decrypted ones in the TLS session.
+  bool has_input() const { return buffered() || (tls_ && tls_->pending()); }
 
-  bool is_readable() const override { return buffered() || wait_for(fd_, POLLIN, io_ms_); }
+  bool is_readable() const override { return has_input() || wait_for(fd_, POLLIN, io_ms_); }
   bool is_writable() const override { return wait_for(fd_, POLLOUT, io_ms_); }
 
   ssize_t read(char* ptr, std::size_t size) override {
@@ -175,13 +180,13 @@ class ConnectionStream final : public httplib::Stream {
     }
     if (!buffered()) {
       const int timeout = in_head_ ? ms_until(head_deadline_) : io_ms_;
-      if (timeout <= 0 || !wait_for(fd_, POLLIN, timeout)) return -1;
+      if (timeout <= 0) return -1;
       if (!in_head_ && size >= sizeof(buf_)) {  // large body reads skip the buffer
-        const ssize_t n = ::recv(fd_, ptr, std::min(size, body_limit_ - body_bytes_), 0);
+        const ssize_t n = receive(ptr, std::min(size, body_limit_ - body_bytes_), timeout);
         if (n > 0) body_bytes_ += static_cast<std::size_t>(n);
         return n < 0 ? -1 : n;
       }
-      const ssize_t n = ::recv(fd_, buf_, sizeof(buf_), 0);
+      const ssize_t n = receive(buf_, sizeof(buf_), timeout);
       if (n <= 0) return n < 0 ? -1 : 0;
       pos_ = 0;
       len_ = static_cast<std::size_t>(n);
@@ -195,6 +200,7 @@ class ConnectionStream final : public httplib::Stream {
   }
 
   ssize_t write(const char* ptr, std::size_t size) override {
+    if (tls_) return tls_->write(ptr, size, io_ms_);
     std::size_t done = 0;
     while (done < size) {
       const ssize_t n = ::send(fd_, ptr + done, size - done, MSG_NOSIGNAL | MSG_DONTWAIT);
@@ -262,7 +268,16 @@ class ConnectionStream final : public httplib::Stream {
     ip = host;
   }
 
+  /// Up to `size` bytes within `timeout_ms`: > 0 read, 0 the peer closed, -1 error or timeout.
+  ssize_t receive(char* p, std::size_t size, int timeout_ms) {
+    if (tls_) return tls_->read(p, size, timeout_ms);
+    if (!wait_for(fd_, POLLIN, timeout_ms)) return -1;
+    const ssize_t n = ::recv(fd_, p, size, 0);
+    return n < 0 ? -1 : n;
+  }
+
   const int fd_;
+  security::TlsSession* const tls_;  ///< null: plain text
   const int io_ms_, head_ms_;
   const std::size_t body_limit_;
   char buf_[4096];
@@ -285,6 +300,12 @@ Server::Server(const HttpOptions& options)
 Server::~Server() = default;
 
 bool Server::process_and_close_socket(socket_t sock) {
+  if (tl_overloaded && options_.tls) {
+    // A plain-text 503 means nothing to a TLS client, and a handshake on the acceptor thread
+    // would stall it: close at once (the client sees the connection reset and retries).
+    ::close(sock);
+    return true;
+  }
   if (tl_overloaded) {
     const std::string body = render_error("busy: every HTTP worker is serving a connection");
     const std::string reply =
@@ -307,14 +328,37 @@ bool Server::process_and_close_socket(socket_t sock) {
     ::close(sock);
     return true;
   }
+  std::unique_ptr<security::TlsSession> tls;
+  if (options_.tls) {
+    if (const std::string error = options_.tls->reload_if_changed(); !error.empty())
+      log::warn(
+          "HTTP TLS: the renewed certificate files cannot be used, keeping the previous "
+          "ones: " +
+          error);
+    const auto deadline =
+        tl_accepted_at + std::chrono::milliseconds(static_cast<int>(options_.head_seconds * 1000));
+    std::string why;
+    try {
+      tls = std::make_unique<security::TlsSession>(options_.tls->current(), sock);
+      why = tls->handshake(deadline);
+    } catch (const std::exception& e) {
+      why = e.what();
+    }
+    if (!why.empty()) {
+      log::debug("HTTP TLS: handshake failed: " + why);
+      tls.reset();
+      ::close(sock);
+      return false;
+    }
+  }
   Connection conn;
   conn.fd = sock;
   tl_connection = &conn;
-  ConnectionStream strm(sock, options_);
+  ConnectionStream strm(sock, options_, tls.get());
   bool ok = true;
   for (int count = kMaxRequestsPerConnection; count > 0 && ok; --count) {
     const bool first = count == kMaxRequestsPerConnection;
-    if (!strm.buffered() && !wait_for_request(sock, first)) break;
+    if (!strm.has_input() && !wait_for_request(sock, first)) break;
     // The first request's head counts from the accept (time in the queue included).
     strm.begin_request(first ? tl_accepted_at : Clock::now());
     bool closed = false;
@@ -322,6 +366,7 @@ bool Server::process_and_close_socket(socket_t sock) {
     if (closed || conn.close_after) break;
   }
   tl_connection = nullptr;
+  if (tls) tls->close_notify();
   if (conn.close_after) drain(sock);
   ::shutdown(sock, SHUT_RDWR);
   ::close(sock);

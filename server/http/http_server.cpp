@@ -23,6 +23,7 @@
 #include "server/http/peer_watcher.h"
 #include "server/http/reply.h"
 #include "server/http/router.h"
+#include "server/security/access_policy.h"
 #include "server/shm/registry.h"
 
 namespace libreyolo::server::http {
@@ -68,7 +69,28 @@ struct HttpServer::Impl {
       }
       return httplib::Server::HandlerResponse::Handled;
     };
+    // API answers are whole JSON documents: a Range header must not cut one (httplib applies
+    // parsed ranges to every answer). The request object is ours (httplib's local), not const.
+    const_cast<httplib::Request&>(req).ranges.clear();
+    // Request smuggling (RFC 9112 section 6.3): a proxy in front may frame a message with both
+    // Transfer-Encoding and Content-Length, or with two lengths, differently than we would.
+    if (req.has_header("Transfer-Encoding") && req.has_header("Content-Length"))
+      return early(400, "Content-Length and Transfer-Encoding together are not accepted");
+    for (std::size_t i = 1; i < req.get_header_value_count("Content-Length"); ++i) {
+      if (req.get_header_value("Content-Length", i) != req.get_header_value("Content-Length"))
+        return early(400, "differing Content-Length headers");
+    }
     if (r.kind == Route::none) return early(404, "not found: " + shown_path(req.path));
+    if (options.access) {
+      const std::string why = options.access->check(
+          r.group(), security::Protocol::http,
+          [&req](const std::string& name) -> std::optional<std::string> {
+            if (!req.has_header(name.c_str())) return std::nullopt;
+            return req.get_header_value(name.c_str());
+          },
+          security::is_loopback_peer(req.remote_addr));
+      if (!why.empty()) return early(403, why);
+    }
     if (r.post()) {
       if (req.method != "POST")
         return early(405, req.method + " " + shown_path(req.path) + ": use POST");
@@ -240,7 +262,8 @@ HttpServer::HttpServer(api::InferenceService& service, const HttpOptions& option
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   log::info("HTTP listening on " + options.address + " (port " + std::to_string(impl_->port) +
             "; KServe v2 REST, /metrics, /active; " + std::to_string(options.threads) +
-            " worker threads)");
+            " worker threads" +
+            (options.tls ? (options.tls->files().mutual() ? "; mutual TLS" : "; TLS") : "") + ")");
 }
 
 HttpServer::~HttpServer() {

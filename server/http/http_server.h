@@ -11,9 +11,13 @@
 #include <string>
 
 #include "server/api/types.h"
+#include "server/security/tls.h"
 
 namespace libreyolo::server::shm {
 class Registry;
+}
+namespace libreyolo::server::security {
+class AccessPolicy;
 }
 
 namespace libreyolo::server::http {
@@ -45,6 +49,14 @@ struct HttpOptions {
   /// gRPC transport (GrpcOptions::shm_registry), so a region registered over one is usable over
   /// the other. Null: the server has its own. Must outlive the server.
   shm::Registry* shm_registry = nullptr;
+  /// HTTPS when set (server.tls): each connection's handshake must finish within head_seconds
+  /// of the accept; the files are re-read when they change (checked at most every
+  /// security::kTlsRefreshSeconds, on accept) or on TlsContext::reload() (SIGHUP), and open
+  /// connections keep the certificate they started with.
+  std::shared_ptr<security::TlsContext> tls;
+  /// Who may call what (server.restricted_apis): a denied request is answered 403 before its
+  /// body is read. Null: every API open. Must outlive the server.
+  const security::AccessPolicy* access = nullptr;
 };
 
 /// The endpoints that are not the core's: `GET /active` (JSON) and `GET /metrics` (Prometheus

@@ -84,4 +84,37 @@ bool has_body(const httplib::Request& req) {
          (req.has_header("Content-Length") && req.get_header_value("Content-Length") != "0");
 }
 
+security::ApiGroup Route::group() const {
+  using G = security::ApiGroup;
+  switch (kind) {
+    case live:
+    case ready:
+    case model_ready:
+      return G::health;
+    case server_metadata:
+    case model_metadata:
+      return G::metadata;
+    case model_config:
+      return G::model_config;
+    case all_stats:
+    case model_stats:
+      return G::statistics;
+    case repository_index:
+    case load:
+    case unload:
+      return G::model_repository;
+    case shm_status:
+    case shm_register:
+    case shm_unregister:
+      return G::shared_memory;
+    case active:
+    case metrics:
+      return G::admin;
+    case infer:
+    case none:
+      break;
+  }
+  return G::inference;
+}
+
 }  // namespace libreyolo::server::http

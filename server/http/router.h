@@ -6,6 +6,8 @@
 
 #include <string>
 
+#include "server/security/access_policy.h"
+
 namespace libreyolo::server::http {
 
 /// What a path names.
@@ -33,6 +35,8 @@ struct Route {
   std::string model, version;
   std::string region;  ///< shm_*: the region's name ("" = every region of the kind)
   bool cuda = false;   ///< shm_*: cudasharedmemory
+  /// The API group server.restricted_apis rules this route by (none: inference, never asked).
+  security::ApiGroup group() const;
   bool post() const {
     return kind == repository_index || kind == load || kind == unload || kind == infer ||
            kind == shm_register || kind == shm_unregister;

@@ -11,6 +11,7 @@
 #include <tuple>
 
 #include "kernels/registry.h"
+#include "server/security/access_policy.h"
 
 namespace libreyolo::server {
 namespace {
@@ -186,7 +187,8 @@ void Metrics::model_load(const std::string& model, const std::string& version, d
   impl_->load_seconds.Add({{"model", model}, {"version", version}}).Set(seconds);
 }
 
-std::string Metrics::serialize(const std::vector<models::DeviceMemory>& gpus) const {
+std::string Metrics::serialize(const std::vector<models::DeviceMemory>& gpus,
+                               const security::AccessPolicy* access) const {
   auto families = impl_->registry->Collect();
   // Kernel registry, read at scrape time (its counters are the source of truth).
   auto& reg = kernels::Registry::process_default();
@@ -280,6 +282,22 @@ std::string Metrics::serialize(const std::vector<models::DeviceMemory>& gpus) co
       f.metric.push_back(
           value_metric({{"device", g.device}}, static_cast<double>(g.*field), false));
     families.push_back(std::move(f));
+  }
+  if (access) {
+    prometheus::MetricFamily denied{"libreyolo_api_denied_total",
+                                    "Calls server.restricted_apis refused (PERMISSION_DENIED, 403)",
+                                    prometheus::MetricType::Counter,
+                                    {}};
+    for (int i = 0; i < security::kApiGroups; ++i) {
+      const auto g = static_cast<security::ApiGroup>(i);
+      for (const auto p : {security::Protocol::grpc, security::Protocol::http}) {
+        denied.metric.push_back(
+            value_metric({{"group", security::group_name(g)},
+                          {"protocol", p == security::Protocol::grpc ? "grpc" : "http"}},
+                         static_cast<double>(access->denied(g, p)), true));
+      }
+    }
+    families.push_back(std::move(denied));
   }
   return prometheus::TextSerializer().Serialize(families);
 }

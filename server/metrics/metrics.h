@@ -12,6 +12,10 @@
 
 namespace libreyolo::server {
 
+namespace security {
+class AccessPolicy;
+}
+
 class Metrics {
  public:
   Metrics();
@@ -57,8 +61,11 @@ class Metrics {
   /// has a declined and a fallback series with reason="none" that is always 0, so that both
   /// families have series before their first event (Prometheus' convention). `gpus` (read by
   /// the caller at scrape time, models::device_memory) becomes
-  /// libreyolo_gpu_memory_{total,used,allocated,reserved}_bytes{device} (bytes).
-  std::string serialize(const std::vector<models::DeviceMemory>& gpus = {}) const;
+  /// libreyolo_gpu_memory_{total,used,allocated,reserved}_bytes{device} (bytes). With `access`,
+  /// libreyolo_api_denied_total{group,protocol}: the calls server.restricted_apis refused, one
+  /// series per API group and transport from the start.
+  std::string serialize(const std::vector<models::DeviceMemory>& gpus = {},
+                        const security::AccessPolicy* access = nullptr) const;
 
  private:
   struct Impl;

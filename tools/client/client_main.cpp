@@ -16,11 +16,13 @@
 #include <fstream>
 #include <iomanip>
 #include <iostream>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
 
 #include "server/grpc/client.h"
+#include "server/security/tls.h"
 #include "tools/client/overlay.h"
 
 namespace {
@@ -41,6 +43,8 @@ int usage(bool asked = false) {
          "                               [--threshold T] [--timeout SECONDS]\n"
          "       libreyolo-client health [--server HOST:PORT] [--service NAME]\n"
          "       libreyolo-client call METHOD [REQUEST_TEXT] [--server HOST:PORT]\n"
+         "every command: [--tls-ca PEM [--tls-cert PEM --tls-key PEM]] (TLS, mutual TLS)\n"
+         "               [--header KEY=VALUE]... (gRPC metadata, e.g. a restricted API's key)\n"
          "defaults: --server localhost:8001 --model rtdetr_tiny (detect), vit_tiny "
          "(classify); segment needs --model\n"
          "       libreyolo-client --help\n";
@@ -122,6 +126,8 @@ int main(int argc, char** argv) {
   std::vector<std::string> images, positional;
   double threshold = -1, timeout = 30;
   long long top_k = 0;
+  std::string tls_ca, tls_cert, tls_key;
+  std::vector<std::pair<std::string, std::string>> headers;
   for (int i = 2; i < argc; ++i) {
     const std::string a = argv[i];
     auto value = [&]() -> std::string {
@@ -148,7 +154,19 @@ int main(int argc, char** argv) {
         service = value();
       else if (a == "--out")
         out_png = value();
-      else if (a.rfind("--", 0) == 0)
+      else if (a == "--tls-ca")
+        tls_ca = value();
+      else if (a == "--tls-cert")
+        tls_cert = value();
+      else if (a == "--tls-key")
+        tls_key = value();
+      else if (a == "--header") {
+        const std::string v = value();
+        const auto eq = v.find('=');
+        if (eq == std::string::npos || eq == 0)
+          throw std::invalid_argument("--header needs KEY=VALUE, got '" + v + "'");
+        headers.emplace_back(v.substr(0, eq), v.substr(eq + 1));
+      } else if (a.rfind("--", 0) == 0)
         return usage();
       else
         positional.push_back(a);
@@ -157,7 +175,26 @@ int main(int argc, char** argv) {
       return usage();
     }
   }
-  rpc::Client client(server);
+  std::optional<rpc::ClientTls> tls;
+  if (!tls_ca.empty() || !tls_cert.empty() || !tls_key.empty()) {
+    if (tls_ca.empty() || tls_cert.empty() != tls_key.empty()) {
+      std::cerr << "--tls-ca is needed with TLS, and --tls-cert and --tls-key go together\n";
+      return usage();
+    }
+    try {
+      tls.emplace();
+      tls->root_certificates = security::read_file(tls_ca, "CA file");
+      if (!tls_cert.empty()) {
+        tls->certificate_chain = security::read_file(tls_cert, "certificate file");
+        tls->private_key = security::read_file(tls_key, "key file");
+      }
+    } catch (const std::exception& e) {
+      std::cerr << e.what() << "\n";
+      return 2;
+    }
+  }
+  rpc::Client client(server, 64u << 20, tls);
+  for (const auto& [k, v] : headers) client.add_metadata(k, v);
   if (command == "health") {
     auto r = client.health(service);
     if (!r.ok()) return fail(r.code, r.message);
