@@ -4,7 +4,11 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <string_view>
+#include <tuple>
+#include <typeinfo>
 
+#include "kernels/out_of_memory.h"
 #include "log/log.h"
 
 namespace libreyolo::kernels {
@@ -19,6 +23,7 @@ struct RegistryEntry {
   std::atomic<bool> disabled{false};
   std::atomic<bool> predicate_warned{false};
   std::atomic<std::uint64_t> calls{0};
+  std::atomic<std::uint32_t> oom_streak{0};  ///< out-of-memory failures since the last call
   std::mutex decline_mutex;
   std::map<std::string, std::uint64_t> declined;
 
@@ -76,6 +81,17 @@ class FunctionProvider : public Provider {
   std::function<void(Registry&)> load_;
 };
 
+/// Out-of-memory counts per (registry, slot, impl): kept beside the registries (rare events, one
+/// lock) so that registry.h, which every model includes, stays as it is. ~Registry drops its own.
+struct OomCounts {
+  std::mutex mutex;
+  std::map<std::tuple<const Registry*, std::string, std::string>, std::uint64_t> counts;
+  static OomCounts& get() {
+    static auto* c = new OomCounts();  // never destroyed: registries may outlive statics
+    return *c;
+  }
+};
+
 }  // namespace
 
 std::shared_ptr<Provider> make_provider(std::string name, std::function<void(Registry&)> load) {
@@ -126,7 +142,12 @@ struct Registry::State {
 };
 
 Registry::Registry() : state_(std::make_unique<State>()) {}
-Registry::~Registry() = default;
+Registry::~Registry() {
+  auto& c = OomCounts::get();
+  std::lock_guard<std::mutex> lock(c.mutex);
+  for (auto it = c.counts.begin(); it != c.counts.end();)
+    it = std::get<0>(it->first) == this ? c.counts.erase(it) : std::next(it);
+}
 
 void Registry::declare_entry(const std::string& slot, std::type_index signature,
                              const char* type_name) {
@@ -558,6 +579,9 @@ bool detail::is_disabled(const BoundCandidate& c) {
 
 void detail::count_call(const BoundCandidate& c) {
   c.entry->calls.fetch_add(1, std::memory_order_relaxed);
+  // Load first: the store (a shared cache line written on every call) only after an OOM.
+  if (c.entry->oom_streak.load(std::memory_order_relaxed) != 0)
+    c.entry->oom_streak.store(0, std::memory_order_relaxed);
   c.counters->calls.fetch_add(1, std::memory_order_relaxed);
   if (!t_recording) return;
   auto& counts = t_recording->calls_.counts_;
@@ -574,7 +598,59 @@ void detail::count_decline(const BoundCandidate& c, const char* reason) {
   add_decline(c.counters->decline_mutex, c.counters->declined, reason);
 }
 
+OutOfMemory::OutOfMemory(const std::string& slot, const std::string& impl, const std::string& error)
+    : std::runtime_error("kernel " + slot + "/" + impl +
+                         " ran out of memory: " + error.substr(0, error.find('\n'))),
+      slot_(slot),
+      impl_(impl) {}
+
+bool is_out_of_memory(const std::exception& e) {
+  // typeid(c10::OutOfMemoryError).name() under the Itanium ABI (GCC, Clang).
+  return std::string_view(typeid(e).name()) == "N3c1016OutOfMemoryErrorE" ||
+         std::string_view(e.what()).find("out of memory") != std::string_view::npos;
+}
+
+namespace {
+
+/// The exception being handled when it is an out-of-memory, else null (called in a catch).
+const std::exception* handled_out_of_memory() {
+  try {
+    if (auto ep = std::current_exception()) std::rethrow_exception(ep);
+  } catch (const std::exception& e) {
+    return is_out_of_memory(e) ? &e : nullptr;  // the object outlives this handler
+  } catch (...) {
+  }
+  return nullptr;
+}
+
+}  // namespace
+
+std::uint64_t out_of_memory_count(const Registry& registry, const std::string& slot,
+                                  const std::string& impl) {
+  auto& c = OomCounts::get();
+  std::lock_guard<std::mutex> lock(c.mutex);
+  auto it = c.counts.find({&registry, slot, impl});
+  return it == c.counts.end() ? 0 : it->second;
+}
+
+// Called by Handle::operator() inside its catch handler (kernels/slot.h), so the exception is
+// the current one: an out-of-memory is counted, and the first in a row is thrown on as
+// OutOfMemory instead of disabling the implementation (kernels/out_of_memory.h).
 void detail::fail(const Binding& b, const BoundCandidate& c, const std::string& reason) {
+  if (const std::exception* e = handled_out_of_memory()) {
+    {
+      auto& counts = OomCounts::get();
+      std::lock_guard<std::mutex> lock(counts.mutex);
+      ++counts.counts[{b.registry, b.slot, c.entry->name}];
+    }
+    // Two threads failing at once count as two in a row: the second disables.
+    if (c.entry->oom_streak.fetch_add(1, std::memory_order_relaxed) == 0) {
+      OutOfMemory oom(b.slot, c.entry->name, e->what());
+      log::warn(std::string(oom.what()) + (b.model.empty() ? "" : " (in model " + b.model + ")") +
+                "; the call fails, the implementation stays (a second one in a row disables it)");
+      throw oom;
+    }
+  }
   if (b.registry) b.registry->disable(b.slot, *c.entry, reason, b.model);
 }
 

@@ -55,9 +55,9 @@ using Parameter = std::variant<bool, std::int64_t, std::string, double, std::uin
 
 /// One input tensor. `data()` is the tensor in OIP raw layout: row-major little-endian elements;
 /// BYTES elements each prefixed by a 4-byte little-endian length. For raw_input_contents it views
-/// the request message, for a system shared-memory input the client's mapped region
-/// (server/shm/registry.h; zero copy); both stay valid for the duration of the call. Typed
-/// contents are packed into `owned` by the transport.
+/// the request message, valid for the duration of the call. Typed contents are packed into
+/// `owned` by the transport, and so is a copy of a system shared-memory input
+/// (server/shm/registry.h: never a view of the client's object, which it may shrink).
 ///
 /// A CUDA shared-memory input has no host bytes: `data()` is empty, `device_data` is the
 /// device pointer (cudaIpcOpenMemHandle of the client's region + offset, valid for the call)
@@ -70,7 +70,7 @@ struct InputTensor {
   std::vector<std::int64_t> shape;
   std::string_view raw;               ///< when !typed
   std::string owned;                  ///< when typed
-  bool typed = false;                 ///< data came from InferTensorContents
+  bool typed = false;                 ///< data is in `owned` (typed contents, a shm copy)
   const void* device_data = nullptr;  ///< CUDA shared memory: device pointer, else null
   int device_index = -1;              ///< CUDA device of device_data
   std::size_t device_bytes = 0;       ///< bytes at device_data

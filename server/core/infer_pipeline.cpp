@@ -7,6 +7,7 @@
 #include <optional>
 #include <tuple>
 
+#include "kernels/out_of_memory.h"
 #include "log/log.h"
 #include "models/image/decode.h"
 #include "server/instance/model_instances.h"
@@ -112,13 +113,17 @@ api::InferResponse InferPipeline::run(ModelLease& lease, api::InferRequest& requ
     throw;
   } catch (const std::exception& ex) {
     const double s = seconds_since(t0);
-    metrics_.request(e->name, e->version, "INTERNAL", s);
+    // A kernel slot's transient out-of-memory (kernels/out_of_memory.h; the instance maps
+    // the forward's, this one any other caller's): retryable.
+    const bool oom = dynamic_cast<const kernels::OutOfMemory*>(&ex) != nullptr;
+    metrics_.request(e->name, e->version, oom ? "RESOURCE_EXHAUSTED" : "INTERNAL", s);
     {
       std::lock_guard<std::mutex> ek(e->mu);
       add_duration(e->stats.fail, s);
     }
     // c10::Error's what() carries the C++ backtrace: log it, answer without it.
     const auto* c10_error = dynamic_cast<const c10::Error*>(&ex);
+    if (oom) throw Error(Code::resource_exhausted, "model '" + e->name + "': " + ex.what());
     log::error("model '" + e->name + "': " + ex.what());
     throw Error(Code::internal, "model '" + e->name + "': " +
                                     (c10_error ? c10_error->what_without_backtrace() : ex.what()));

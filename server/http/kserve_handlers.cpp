@@ -111,8 +111,8 @@ void KServeHandlers::infer(const Route& r, const httplib::Request& req, const st
     ~Watch() { watcher.remove(id); }
   } watch{watcher_,
           watcher_.add(tl_connection ? tl_connection->fd : -1, parsed.request.deadline, token)};
-  // Shared memory (server/shm/tensor_params.h, as the gRPC side): inputs view their region in
-  // place (system) or name its device bytes (CUDA); the Views keep every mapping alive until
+  // Shared memory (server/shm/tensor_params.h, as the gRPC side): inputs copy their region's
+  // bytes (system) or name its device bytes (CUDA); the Views keep every region alive until
   // this response is rendered, whatever unregisters it meanwhile.
   std::vector<shm::View> held;
   for (std::size_t i = 0; i < parsed.input_shm.size(); ++i) {

@@ -7,6 +7,7 @@
 #include <stdexcept>
 #include <utility>
 
+#include "kernels/out_of_memory.h"
 #include "log/log.h"
 #include "server/api/types.h"
 
@@ -164,6 +165,11 @@ std::unique_ptr<ModelInstance::InFlight> ModelInstance::launch(Batch& batch) {
     f->done.record();
   } catch (const std::invalid_argument& e) {
     fail_all(batch, api::Code::invalid_argument, "model '" + name_ + "': " + e.what());
+    return nullptr;
+  } catch (const kernels::OutOfMemory& e) {
+    // A kernel slot's first out-of-memory in a row: transient, the client may retry; neither
+    // the implementation (kernels/out_of_memory.h) nor this instance is taken out.
+    fail_all(batch, api::Code::resource_exhausted, "model '" + name_ + "': " + e.what());
     return nullptr;
   } catch (const std::exception& e) {
     if (device_failed(e)) {

@@ -10,6 +10,7 @@
 #include <map>
 #include <tuple>
 
+#include "kernels/out_of_memory.h"
 #include "kernels/registry.h"
 #include "server/security/access_policy.h"
 
@@ -208,12 +209,20 @@ std::string Metrics::serialize(const std::vector<models::DeviceMemory>& gpus,
                                     "Runtime failures that disabled an implementation",
                                     prometheus::MetricType::Counter,
                                     {}};
+  prometheus::MetricFamily oom{"libreyolo_kernel_oom_total",
+                               "Out-of-memory failures of an implementation (the first in a row "
+                               "fails its request RESOURCE_EXHAUSTED, the second disables it)",
+                               prometheus::MetricType::Counter,
+                               {}};
   for (const auto& slot : reg.report()) {
     for (const auto& c : slot.candidates) {
       active.metric.push_back(value_metric({{"slot", slot.slot}, {"impl", c.name}},
                                            c.name == slot.selected ? 1.0 : 0.0, false));
       calls.metric.push_back(value_metric({{"slot", slot.slot}, {"impl", c.name}},
                                           static_cast<double>(c.calls), true));
+      oom.metric.push_back(value_metric(
+          {{"slot", slot.slot}, {"impl", c.name}},
+          static_cast<double>(kernels::out_of_memory_count(reg, slot.slot, c.name)), true));
       // Prometheus' convention: a counter known at start-up has a series from the first
       // scrape (rate()/increase() miss the first event of a series that appears with it, and
       // alerts on absent series stay silent). reason="none" is that series: always 0.
@@ -262,7 +271,7 @@ std::string Metrics::serialize(const std::vector<models::DeviceMemory>& gpus,
       }
     }
   }
-  for (auto* f : {&active, &calls, &declined, &fallback, &model_active, &model_calls})
+  for (auto* f : {&active, &calls, &declined, &fallback, &oom, &model_active, &model_calls})
     families.push_back(std::move(*f));
   // GPU memory per device (Triton: nv_gpu_memory_total_bytes / nv_gpu_memory_used_bytes).
   using Field = std::uint64_t models::DeviceMemory::*;

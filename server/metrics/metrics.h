@@ -57,7 +57,8 @@ class Metrics {
   /// Prometheus text exposition (version 0.0.4) of everything, kernel metrics included:
   /// libreyolo_kernel_active{slot,impl}, libreyolo_kernel_calls_total{slot,impl},
   /// libreyolo_kernel_declined_total{slot,impl,reason},
-  /// libreyolo_kernel_fallback_total{slot,impl,reason}. Every (slot, impl) the registry knows
+  /// libreyolo_kernel_fallback_total{slot,impl,reason}, libreyolo_kernel_oom_total{slot,impl}
+  /// (out-of-memory failures, kernels/out_of_memory.h). Every (slot, impl) the registry knows
   /// has a declined and a fallback series with reason="none" that is always 0, so that both
   /// families have series before their first event (Prometheus' convention). `gpus` (read by
   /// the caller at scrape time, models::device_memory) becomes

@@ -1,4 +1,5 @@
-// System regions: POSIX shm_open + mmap. CUDA regions (only with LIBREYOLO_SHM_CUDA, set by
+// System regions: POSIX shm_open, then pread/pwrite on the kept descriptor (registry.h says
+// why not mmap). CUDA regions (only with LIBREYOLO_SHM_CUDA, set by
 // server/CMakeLists.txt when the build has CUDA): cudaIpcOpenMemHandle, sized through the
 // driver's cuMemGetAddressRange, which is looked up with dlopen so that a CUDA build still
 // starts on a machine without the driver (Triton does the same through
@@ -8,6 +9,7 @@
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/types.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -25,6 +27,12 @@ using api::Code;
 using api::Error;
 
 std::string quoted(const std::string& s) { return "'" + s + "'"; }
+
+/// Bytes the shm object behind `fd` holds now (0 when fstat fails).
+std::uint64_t object_bytes(int fd) {
+  struct ::stat st {};
+  return ::fstat(fd, &st) == 0 && st.st_size > 0 ? static_cast<std::uint64_t>(st.st_size) : 0;
+}
 
 #ifdef LIBREYOLO_SHM_CUDA
 static_assert(sizeof(cudaIpcMemHandle_t) == kCudaIpcHandleBytes, "CUDA_IPC_HANDLE_SIZE changed");
@@ -52,7 +60,6 @@ std::size_t allocation_bytes(void* ptr) {
 
 Region::~Region() {
   if (kind_ == Kind::system) {
-    if (mapping_) ::munmap(mapping_, mapping_bytes_);
     if (fd_ >= 0) ::close(fd_);
   } else {
 #ifdef LIBREYOLO_SHM_CUDA
@@ -67,17 +74,43 @@ Region::~Region() {
   }
 }
 
+namespace {
+
+/// Region::check_object_size's error: the object holds `now` bytes, fewer than the region's end.
+Error shrunk(const Region& r, std::uint64_t now) {
+  return Error(Code::invalid_argument, "shared memory region " + quoted(r.name()) + ": its key " +
+                                           quoted(r.key()) + " now holds " + std::to_string(now) +
+                                           " bytes, less than the offset + byte_size (" +
+                                           std::to_string(r.offset() + r.byte_size()) +
+                                           " bytes) it was registered with (register it again)");
+}
+
+}  // namespace
+
 void Region::check_object_size() const {
   if (kind_ != Kind::system) return;
-  struct ::stat st {};
-  const std::uint64_t need = offset_ + byte_size_;
-  if (::fstat(fd_, &st) == 0 && st.st_size >= 0 && static_cast<std::uint64_t>(st.st_size) >= need)
-    return;
-  throw Error(Code::invalid_argument,
-              "shared memory region " + quoted(name_) + ": its key " + quoted(key_) +
-                  " now holds " + std::to_string(st.st_size) +
-                  " bytes, less than the offset + byte_size (" + std::to_string(need) +
-                  " bytes) it was registered with (register it again)");
+  const std::uint64_t now = object_bytes(fd_);
+  if (now < offset_ + byte_size_) throw shrunk(*this, now);
+}
+
+void check_key(const std::string& name, const std::string& key) {
+  const std::string prefix =
+      "failed to register shared memory region " + quoted(name) + ": field 'key' ";
+  if (key.find('\0') != std::string::npos) {
+    throw Error(Code::invalid_argument,
+                prefix + "contains a NUL byte at " + std::to_string(key.find('\0')));
+  }
+  // shm_open's "/name": one leading '/' is the POSIX spelling, the object is /dev/shm/name.
+  const std::string object = !key.empty() && key[0] == '/' ? key.substr(1) : key;
+  const char* why = object.empty()                          ? "names no object"
+                    : object.find('/') != std::string::npos ? "has a '/' after the leading one"
+                    : object == "." || object == ".."       ? "is a '.' or '..' component"
+                                                            : nullptr;
+  if (why) {
+    throw Error(Code::invalid_argument,
+                prefix + quoted(key) + " " + why +
+                    " (expected \"/name\" or \"name\" of an object in /dev/shm)");
+  }
 }
 
 Registry::~Registry() = default;
@@ -109,38 +142,29 @@ void Registry::register_system(const std::string& name, const std::string& key,
                                std::uint64_t offset, std::uint64_t byte_size) {
   std::lock_guard<std::mutex> lk(mu_);
   check_new_name(name);
+  check_key(name, key);
   const int fd = ::shm_open(key.c_str(), O_RDWR, S_IRUSR | S_IWUSR);
   if (fd < 0) {
-    throw Error(Code::internal, "Unable to open shared memory region: " + quoted(key));
+    const int err = errno;
+    // Triton answers INTERNAL for every failure; a key that names no object is the client's.
+    throw Error(err == ENOENT ? Code::not_found : Code::internal,
+                "Unable to open shared memory region: " + quoted(key) + ": " + std::strerror(err));
   }
   struct ::stat st {};
   const bool stat_ok = ::fstat(fd, &st) == 0 && st.st_size >= 0;
-  const auto object_bytes = stat_ok ? static_cast<std::uint64_t>(st.st_size) : 0;
+  const auto held = stat_ok ? static_cast<std::uint64_t>(st.st_size) : 0;
   const std::string prefix = "failed to register shared memory region " + quoted(name) + ": ";
   if (!stat_ok) {
     ::close(fd);
     throw Error(Code::internal, "Invalid shared memory region: " + quoted(key));
   }
-  if (byte_size == 0 || offset > object_bytes || byte_size > object_bytes - offset) {
+  if (byte_size == 0 || offset > held || byte_size > held - offset) {
     ::close(fd);
     throw Error(Code::invalid_argument, prefix + "invalid args (offset " + std::to_string(offset) +
                                             " + byte_size " + std::to_string(byte_size) +
-                                            " must be within the " + std::to_string(object_bytes) +
+                                            " must be within the " + std::to_string(held) +
                                             " bytes of shared memory key " + quoted(key) +
                                             (byte_size == 0 ? ", and byte_size above 0)" : ")"));
-  }
-  // mmap needs a page-aligned offset; Triton passes the client's offset as is (EINVAL unless
-  // aligned): map from the page below and point past it.
-  const auto page = static_cast<std::uint64_t>(::sysconf(_SC_PAGESIZE));
-  const std::uint64_t aligned = offset / page * page;
-  const std::size_t bytes = static_cast<std::size_t>(byte_size + (offset - aligned));
-  void* p =
-      ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, static_cast<off_t>(aligned));
-  const int err = errno;
-  if (p == MAP_FAILED) {
-    ::close(fd);
-    throw Error(Code::invalid_argument,
-                prefix + "unable to process address space: " + std::strerror(err));
   }
   auto r = std::shared_ptr<Region>(new Region());
   r->name_ = name;
@@ -148,10 +172,7 @@ void Registry::register_system(const std::string& name, const std::string& key,
   r->key_ = key;
   r->offset_ = offset;
   r->byte_size_ = byte_size;
-  r->mapping_ = p;
-  r->mapping_bytes_ = bytes;
-  r->fd_ = fd;  // kept: check_object_size fstats it at every use
-  r->base_ = static_cast<char*>(p) + (offset - aligned);
+  r->fd_ = fd;  // kept: every use fstats, preads or pwrites it
   regions_.emplace(name, std::move(r));
 }
 
@@ -308,9 +329,32 @@ View Registry::acquire(const std::string& name, std::uint64_t offset,
   r.check_object_size();
   View v;
   v.region = it->second;
-  v.data = r.base() + offset;
+  if (r.kind() == Kind::cuda) v.data = r.base() + offset;
+  v.object_offset = r.offset() + offset;
   v.byte_size = byte_size;
   return v;
+}
+
+std::string read(const View& view) {
+  const Region* r = view.region.get();
+  if (!r || r->kind() != Kind::system) {
+    throw Error(Code::internal, "cannot read shared memory region " + quoted(r ? r->name() : "") +
+                                    " on the host: it is CUDA shared memory");
+  }
+  std::string out(static_cast<std::size_t>(view.byte_size), '\0');
+  std::size_t done = 0;
+  while (done < out.size()) {
+    const ::ssize_t n = ::pread(r->fd_, out.data() + done, out.size() - done,
+                                static_cast<off_t>(view.object_offset + done));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      throw Error(Code::internal, "cannot read shared memory region " + quoted(r->name()) + ": " +
+                                      std::strerror(errno));
+    }
+    if (n == 0) throw shrunk(*r, object_bytes(r->fd_));  // end of the object: it shrank
+    done += static_cast<std::size_t>(n);
+  }
+  return out;
 }
 
 void write(const View& view, const void* src, std::size_t bytes) {
@@ -322,8 +366,22 @@ void write(const View& view, const void* src, std::size_t bytes) {
   }
   if (bytes == 0) return;
   if (!view.on_device()) {
-    if (view.region) view.region->check_object_size();
-    std::memcpy(view.data, src, bytes);
+    const Region& r = *view.region;
+    r.check_object_size();
+    // A shrink after this check makes pwrite grow the object back (zeros before our bytes),
+    // which the client that shrank it sees; never a fault.
+    const char* p = static_cast<const char*>(src);
+    std::size_t done = 0;
+    while (done < bytes) {
+      const ::ssize_t n =
+          ::pwrite(r.fd_, p + done, bytes - done, static_cast<off_t>(view.object_offset + done));
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) {
+        throw Error(Code::internal, "cannot write shared memory region " + quoted(r.name()) + ": " +
+                                        std::strerror(n < 0 ? errno : EIO));
+      }
+      done += static_cast<std::size_t>(n);
+    }
     return;
   }
 #ifdef LIBREYOLO_SHM_CUDA

@@ -8,9 +8,17 @@
 //
 // Life cycle: a Region is shared (std::shared_ptr) by the registry and by every request that
 // uses it (a View). Unregister takes the name out of the registry at once (status no longer
-// lists it, the name can be registered again) and the mapping itself (munmap /
+// lists it, the name can be registered again) and the region itself (close of the descriptor /
 // cudaIpcCloseMemHandle) is released when the last View of it goes: an unregister while a
-// request uses the region is deferred, never refused, and never unmaps under a request.
+// request uses the region is deferred, never refused, and never closes under a request.
+//
+// System regions are never mapped: every access is pread/pwrite on the descriptor kept open
+// since registration (read, write). The client owns the object and may shrink it (ftruncate)
+// at any moment, also between a size check and the copy; a mapping touched past the object's
+// end is SIGBUS for the whole daemon, while pread/pwrite return a short count or grow the
+// object instead. A SIGBUS guard (sigsetjmp in a thread-local handler) would have to cover
+// every reader of the bytes (decoders included), and jumping out of library code is unsafe;
+// the cost of pread is one copy of an input's bytes, which the core made anyway.
 #pragma once
 
 #include <cstddef>
@@ -37,7 +45,9 @@ enum class Kind { system, cuda };
 /// (vm.max_map_count) and descriptors, and every inference would then fail.
 constexpr std::size_t kMaxRegions = 1024;
 
-/// One registered region. Immutable after registration; the destructor unmaps it.
+struct View;
+
+/// One registered region. Immutable after registration; the destructor closes or unmaps it.
 class Region {
  public:
   ~Region();
@@ -50,8 +60,8 @@ class Region {
   std::uint64_t offset() const { return offset_; }  ///< system: offset into the shm object
   std::uint64_t byte_size() const { return byte_size_; }
   int device_id() const { return device_id_; }  ///< cuda: the device it lives on
-  /// First byte of the region: host address of [offset, offset + byte_size) of the shm object
-  /// (system) or the device pointer cudaIpcOpenMemHandle returned (cuda).
+  /// cuda: the device pointer cudaIpcOpenMemHandle returned (the region's first byte).
+  /// system: nullptr (system regions are read and written through the descriptor: read, write).
   char* base() const { return base_; }
   /// System: throws api::Error INVALID_ARGUMENT "shared memory region 'NAME': its key 'KEY'
   /// now holds N bytes, less than the offset + byte_size (M bytes) it was registered with
@@ -68,23 +78,33 @@ class Region {
   std::uint64_t offset_ = 0, byte_size_ = 0;
   int device_id_ = 0;
   char* base_ = nullptr;
-  void* mapping_ = nullptr;  ///< system: what mmap returned (page-aligned, below base_)
-  std::size_t mapping_bytes_ = 0;
-  int fd_ = -1;  ///< system: the shm object, kept open to fstat its size at every use
+  int fd_ = -1;  ///< system: the shm object, kept open: fstat, pread and pwrite at every use
+  friend std::string read(const View& view);
+  friend void write(const View& view, const void* src, std::size_t bytes);
 };
 
-/// [offset, offset + byte_size) of a region, for one request. Holding it keeps the mapping.
+/// [offset, offset + byte_size) of a region, for one request. Holding it keeps the region
+/// (its descriptor or its CUDA mapping).
 struct View {
   std::shared_ptr<const Region> region;
-  char* data = nullptr;  ///< host address (system) or device pointer (cuda)
+  char* data = nullptr;  ///< cuda: the device pointer; system: nullptr (use read / write)
+  std::uint64_t object_offset = 0;  ///< system: where the view starts in the shm object
   std::uint64_t byte_size = 0;
   bool on_device() const { return region && region->kind() == Kind::cuda; }
 };
 
-/// Copies `bytes` bytes from host memory `src` into the view (memcpy, or cudaMemcpy for a CUDA
-/// region). Throws api::Error INVALID_ARGUMENT when they do not fit (the caller checks first
-/// with its own message) or the object shrank (Region::check_object_size), INTERNAL when the
-/// CUDA copy fails.
+/// The bytes of a system view, copied with pread on the region's descriptor (see the file
+/// comment: never from a mapping). Throws api::Error INVALID_ARGUMENT with
+/// Region::check_object_size's message when the object holds fewer bytes than the view needs
+/// (also when it shrank during the copy); INTERNAL "cannot read shared memory region 'NAME':
+/// <strerror>" when pread fails, or for a CUDA view (its bytes are read on the device).
+std::string read(const View& view);
+
+/// Copies `bytes` bytes from host memory `src` into the view (pwrite on the descriptor, or
+/// cudaMemcpy for a CUDA region). Throws api::Error INVALID_ARGUMENT when they do not fit (the
+/// caller checks first with its own message) or the object shrank (Region::check_object_size,
+/// checked just before the copy; one shrunk in between is grown back by pwrite, never a
+/// fault); INTERNAL when pwrite or the CUDA copy fails.
 void write(const View& view, const void* src, std::size_t bytes);
 
 struct SystemStatus {
@@ -97,6 +117,12 @@ struct CudaStatus {
   std::uint64_t device_id = 0, byte_size = 0;
 };
 
+/// Throws api::Error INVALID_ARGUMENT "failed to register shared memory region 'NAME': field
+/// 'key' <why>" unless `key` names an object in /dev/shm as shm_open expects: "/name" or
+/// "name", not empty, no NUL byte, no '/' after the leading one, not "." or ".." (a key such as
+/// "/../x" or "a/b" would leave /dev/shm, or, with a NUL, shm_open would open another name).
+void check_key(const std::string& name, const std::string& key);
+
 /// The regions of one server. Thread-safe. Every method throws api::Error (code and Triton's
 /// message) on a bad argument; nothing else escapes.
 class Registry {
@@ -106,15 +132,17 @@ class Registry {
   Registry(const Registry&) = delete;
   Registry& operator=(const Registry&) = delete;
 
-  /// SystemSharedMemoryRegister: shm_open(key, O_RDWR) + mmap of [offset, offset + byte_size)
-  /// (offset need not be page-aligned). Errors (both kinds): INVALID_ARGUMENT for an empty
-  /// name; ALREADY_EXISTS "shared memory region 'NAME' already in manager"; RESOURCE_EXHAUSTED
-  /// "too many shared memory regions: 1024 are registered (unregister some first)"; INTERNAL
-  /// "Unable to open shared memory region: 'KEY'" (shm_open failed); INVALID_ARGUMENT "failed to
-  /// register shared memory region 'NAME': invalid args
-  /// (...)" when byte_size is 0 or offset + byte_size exceeds the object's size (fstat);
-  /// INVALID_ARGUMENT "failed to register shared memory region 'NAME': unable to process
-  /// address space: <strerror>" when mmap fails.
+  /// SystemSharedMemoryRegister: shm_open(key, O_RDWR) of [offset, offset + byte_size), the
+  /// descriptor kept (not mapped: see the file comment). Errors (both kinds): INVALID_ARGUMENT
+  /// for an empty name; ALREADY_EXISTS "shared memory region 'NAME' already in manager";
+  /// RESOURCE_EXHAUSTED "too many shared memory regions: 1024 are registered (unregister some
+  /// first)". System only: INVALID_ARGUMENT "failed to register shared memory region 'NAME':
+  /// field 'key' <why>" when the key is not the name of an object in /dev/shm (check_key);
+  /// NOT_FOUND "Unable to open shared memory region: 'KEY': No such file or directory" when no
+  /// object has that key, INTERNAL "Unable to open shared memory region: 'KEY': <strerror>" when
+  /// shm_open fails otherwise; INVALID_ARGUMENT "failed to register shared memory region 'NAME':
+  /// invalid args (...)" when byte_size is 0 or offset + byte_size exceeds the object's size
+  /// (fstat).
   void register_system(const std::string& name, const std::string& key, std::uint64_t offset,
                        std::uint64_t byte_size);
 

@@ -79,8 +79,10 @@ void bind_input(api::InputTensor& t, const TensorShm& p, const Registry& registr
     t.device_index = v.region->device_id();
     t.device_bytes = static_cast<std::size_t>(v.byte_size);
   } else {
-    t.raw = std::string_view(v.data, static_cast<std::size_t>(v.byte_size));
-    t.typed = false;
+    // A copy, not a view of the client's object: it may shrink under the request (registry.h).
+    t.owned = read(v);
+    t.raw = {};
+    t.typed = true;
   }
   held.push_back(std::move(v));
 }

@@ -59,12 +59,14 @@ TensorShm tensor_shm(const std::string& tensor, const ParamLookup& find, const T
 /// 'T' for model 'M'").
 api::Error content_with_shm(const std::string& input, const std::string& model);
 
-/// Points input `t` at its region: `t.raw` views the mapping in place (system shared memory,
-/// zero copy), or `t.device_data` / `device_index` / `device_bytes` name the device bytes (CUDA
+/// Binds input `t` to its region: `t.owned` (typed = true) receives a copy of the bytes (system
+/// shared memory, read with pread: the client may shrink its object while the request runs,
+/// registry.h), or `t.device_data` / `device_index` / `device_bytes` name the device bytes (CUDA
 /// shared memory; the core reads them on the device). The View goes to `held`, which must live
-/// until the core is done with the request. Throws the Registry's acquire errors, and
-/// INVALID_ARGUMENT for a BYTES input in CUDA shared memory ("input 'T': a BYTES input cannot be
-/// read from CUDA shared memory region 'R'; send it in <alternative> or system shared memory").
+/// until the core is done with the request. Throws the Registry's acquire errors, shm::read's,
+/// and INVALID_ARGUMENT for a BYTES input in CUDA shared memory ("input 'T': a BYTES input
+/// cannot be read from CUDA shared memory region 'R'; send it in <alternative> or system shared
+/// memory").
 void bind_input(api::InputTensor& t, const TensorShm& p, const Registry& registry,
                 std::vector<View>& held, const std::string& alternative);
 

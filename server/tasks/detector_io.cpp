@@ -54,6 +54,14 @@ DetectorRequest parse_detector_request(const api::InferRequest& request,
       std::memcpy(hw, d.data() + i * 16, 16);
       if (hw[0] <= 0 || hw[1] <= 0)
         invalid_argument(c10::str("input 'target_sizes': row ", i, " is not positive"));
+      // The boxes (and masks) are scaled to this size: the image budget bounds it as it bounds
+      // an input image, each side first (the product of two huge sides overflows int64).
+      if (hw[0] > limits.max_pixels || hw[1] > limits.max_pixels ||
+          hw[0] > limits.max_pixels / hw[1]) {
+        invalid_argument(c10::str("input 'target_sizes': row ", i, " (height ", hw[0], ", width ",
+                                  hw[1], ") exceeds the limit of ", limits.max_pixels,
+                                  " pixels per image (server.max_pixels_per_image)"));
+      }
       r.target_sizes.emplace_back(hw[0], hw[1]);
     }
   }

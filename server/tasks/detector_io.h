@@ -31,7 +31,10 @@ struct DetectorRequest : ImageInputs {
 
 /// Validates `request` for a detector. Throws api::Error INVALID_ARGUMENT naming the tensor or
 /// parameter and the problem (unknown input, wrong datatype, wrong shape, shape/byte-size
-/// mismatch, malformed BYTES, empty batch, N above a limit, empty image, unknown output).
+/// mismatch, malformed BYTES, empty batch, N above a limit, empty image, unknown output, a
+/// `target_sizes` row that is not positive or whose height * width exceeds limits.max_pixels:
+/// "input 'target_sizes': row I (height H, width W) exceeds the limit of P pixels per image
+/// (server.max_pixels_per_image)").
 /// `extra_outputs` are further outputs a task built on detection renders (segmentation_io.h).
 DetectorRequest parse_detector_request(const api::InferRequest& request,
                                        const RequestLimits& limits, double default_threshold,

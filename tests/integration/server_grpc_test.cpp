@@ -431,15 +431,20 @@ TEST_F(ServerGrpc, QueueOverflowIsResourceExhausted) {
 TEST_F(ServerGrpc, DeadlineExpiredInQueueNeverRuns) {
   rpc::Client c(*address_);
   const auto jpg = rpc::pack_bytes({read_file(kFixtures + "/images/coffee.jpg")});
-  FakeState::get().sleep_ms = 500;
+  HeldForwards held;  // the first request's forward lasts until released, whatever the load
   auto first =
       std::async(std::launch::async, [&] { return c.infer(images_request("fake", 1), {jpg}); });
-  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  ASSERT_TRUE(FakeState::get().wait_entered(1));
+  // One instance, max_batch_size 1, busy: the second request waits in the queue past its
+  // deadline.
   auto late = c.infer(images_request("fake", 1), {jpg}, 0.15);
   EXPECT_EQ(late.code, Code::deadline_exceeded) << late.message;
+  held.release();
   EXPECT_TRUE(first.get().ok());
-  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // the worker drops the expired one
-  EXPECT_EQ(FakeState::get().batches(), std::vector<int64_t>{1}) << "the expired request ran";
+  // The worker takes requests in order: once a third one has run, the expired one has left
+  // the queue without running or will never run.
+  EXPECT_TRUE(c.infer(images_request("fake", 1), {jpg}).ok());
+  EXPECT_EQ(FakeState::get().batches(), (std::vector<int64_t>{1, 1})) << "the expired request ran";
   const auto metrics = daemon_->metrics().serialize();
   EXPECT_NE(metrics.find("libreyolo_inference_requests_total{code=\"DEADLINE_EXCEEDED\",model="
                          "\"fake\",version=\"1\"} 1"),

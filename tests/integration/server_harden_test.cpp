@@ -313,6 +313,9 @@ TEST(ServerHardenMetrics, KernelCountersHaveZeroSeriesForEveryKnownPair) {
                                  c.name + "\",reason=\"none\"} 0\n";
         EXPECT_NE(body.find(line), std::string::npos) << "missing " << line << " in\n" << body;
       }
+      const std::string oom =
+          "libreyolo_kernel_oom_total{slot=\"" + slot.slot + "\",impl=\"" + c.name + "\"} 0\n";
+      EXPECT_NE(body.find(oom), std::string::npos) << "missing " << oom << " in\n" << body;
     }
   }
   std::cout << pairs << " (slot, impl) pairs with zero series\n";

@@ -218,6 +218,22 @@ TEST_F(ServerHostile, MalformedRequestsAreInvalidArgument) {
        images("fake") + "inputs { name: \"target_sizes\" datatype: \"INT64\" shape: [1,2] }",
        {J, int64s({-1, 5})},
        "input 'target_sizes': row 0 is not positive"},
+      // Boxes are scaled to the target size: 2^62 a side gave boxes of 9e18 pixels.
+      {"target size 2^62 x 2^62",
+       images("fake") + "inputs { name: \"target_sizes\" datatype: \"INT64\" shape: [1,2] }",
+       {J, int64s({int64_t{1} << 62, int64_t{1} << 62})},
+       "input 'target_sizes': row 0 (height 4611686018427387904, width 4611686018427387904) "
+       "exceeds the limit of 40000000 pixels per image (server.max_pixels_per_image)"},
+      {"target size above the pixel budget",
+       images("fake") + "inputs { name: \"target_sizes\" datatype: \"INT64\" shape: [1,2] }",
+       {J, int64s({6325, 6325})},
+       "input 'target_sizes': row 0 (height 6325, width 6325) exceeds the limit of 40000000 "
+       "pixels per image (server.max_pixels_per_image)"},
+      {"target size of one side above the pixel budget",
+       images("fake") + "inputs { name: \"target_sizes\" datatype: \"INT64\" shape: [1,2] }",
+       {J, int64s({1, 40000001})},
+       "input 'target_sizes': row 0 (height 1, width 40000001) exceeds the limit of 40000000 "
+       "pixels per image (server.max_pixels_per_image)"},
       {"classifier with target_sizes",
        images("vit_tiny") + "inputs { name: \"target_sizes\" datatype: \"INT64\" shape: [1,2] }",
        {J, int64s({1, 1})},

@@ -136,7 +136,7 @@ TEST_F(HttpShm, SystemRegisterStatusUnregister) {
   EXPECT_EQ(r.body, "[" + entry + "]");
 
   // The gRPC side's codes and messages, as HTTP statuses (server/http/kserve_json.h
-  // http_status: ALREADY_EXISTS and INVALID_ARGUMENT 400, NOT_FOUND 404, INTERNAL 500).
+  // http_status: ALREADY_EXISTS and INVALID_ARGUMENT 400, NOT_FOUND 404).
   struct Case {
     HttpExchange reply;
     int status;
@@ -145,8 +145,9 @@ TEST_F(HttpShm, SystemRegisterStatusUnregister) {
   const std::vector<Case> cases = {
       {register_system("in", obj.key(), 0, 16), 400,
        "shared memory region 'in' already in manager"},
-      {register_system("missing", "/libreyolo_no_such_key", 0, 16), 500,
-       "Unable to open shared memory region: '/libreyolo_no_such_key'"},
+      {register_system("missing", "/libreyolo_no_such_key", 0, 16), 404,
+       "Unable to open shared memory region: '/libreyolo_no_such_key': No such file or "
+       "directory"},
       {register_system("big", obj.key(), 4000, 200), 400,
        "failed to register shared memory region 'big': invalid args (offset 4000 + byte_size 200 "
        "must be within the 4096 bytes of shared memory key '" +

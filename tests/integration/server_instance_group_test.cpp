@@ -6,11 +6,15 @@
 
 #include <ATen/Context.h>
 
+#include <atomic>
+#include <functional>
 #include <future>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <thread>
 
+#include "kernels/registry.h"
 #include "models/runtime/device_memory.h"
 #include "server/app/daemon.h"
 #include "server/config/config.h"
@@ -70,6 +74,16 @@ class InstanceGroups : public ::testing::Test {
   }
   nlohmann::json active() {
     return nlohmann::json::parse(http_get(daemon_->http_port(), "/active").body);
+  }
+  /// Polls /active until `done` holds (true) or 60 s pass (false): for a state change that
+  /// follows an answer the test already has (an instance leaving the rotation).
+  bool wait_active(const std::function<bool(const nlohmann::json&)>& done) {
+    const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    while (std::chrono::steady_clock::now() < end) {
+      if (done(active())) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    return false;
   }
   fs::path repo_;
   std::unique_ptr<Daemon> daemon_;
@@ -188,17 +202,39 @@ TEST_F(InstanceGroups, AFailedDeviceLeavesTheRotationTheOthersServe) {
     std::lock_guard<std::mutex> lk(FakeState::get().mu);
     FakeState::get().fail_instance = "fake_1";
   }
-  FakeState::get().sleep_ms = 30;
-  // Until fake_1 takes a batch and fails, requests may land on it: exactly one answer is the
-  // failure (the batch it took), every other request is served by fake_0.
-  int failed = 0;
-  for (int round = 0; round < 100 && failed == 0; ++round) {
-    for (auto c : burst(4)) {
-      EXPECT_TRUE(c == Code::ok || c == Code::internal) << api::code_name(c);
-      failed += c == Code::internal;
+  const std::string failure =
+      "model 'fake': instance fake_1 on cpu failed: CUDA out of memory (simulated)";
+  {
+    // Request A goes to either instance. fake_1 fails it; fake_0 holds it in its forward, and
+    // then B can only go to fake_1, which fails it. Either way exactly one answer is the
+    // failure, decided by events, not by timing.
+    HeldForwards held;
+    auto a = std::async(std::launch::async, [this] {
+      rpc::Client c("127.0.0.1:" + std::to_string(daemon_->grpc_port()));
+      return c.infer(pv_request("fake"), {kPixels});
+    });
+    ASSERT_TRUE(FakeState::get().wait_entered(1));
+    bool a_on_fake_0;
+    {
+      std::lock_guard<std::mutex> lk(FakeState::get().mu);
+      a_on_fake_0 = FakeState::get().instances == std::vector<std::string>{"fake_0"};
+    }
+    if (a_on_fake_0) {
+      const auto b = client_->infer(pv_request("fake"), {kPixels});
+      EXPECT_EQ(b.code, Code::internal);
+      EXPECT_EQ(b.message, failure);
+      held.release();
+      EXPECT_TRUE(a.get().ok());
+    } else {
+      const auto r = a.get();
+      EXPECT_EQ(r.code, Code::internal);
+      EXPECT_EQ(r.message, failure);
     }
   }
-  EXPECT_EQ(failed, 1);
+  // The failed batch is answered before the instance leaves the rotation (take_out): wait for
+  // the event, not for a time.
+  EXPECT_TRUE(wait_active(
+      [](const nlohmann::json& a) { return a["models"][0]["instances"][1]["healthy"] == false; }));
   for (auto c : burst(8)) EXPECT_EQ(c, Code::ok);  // fake_0 alone serves them
   auto r = client_->infer(pv_request("fake"), {kPixels});
   EXPECT_TRUE(r.ok()) << r.message;
@@ -226,12 +262,55 @@ TEST_F(InstanceGroups, AFailedDeviceLeavesTheRotationTheOthersServe) {
   EXPECT_EQ(r.code, Code::internal);
   EXPECT_EQ(r.message,
             "model 'fake': instance fake_0 on cpu failed: CUDA out of memory (simulated)");
+  EXPECT_TRUE(wait_active(
+      [](const nlohmann::json& a) { return a["models"][0]["state"] == "UNAVAILABLE"; }));
   r = client_->infer(pv_request("fake"), {kPixels});
   EXPECT_EQ(r.code, Code::unavailable);
   EXPECT_EQ(r.message,
             "model 'fake' is not ready (UNAVAILABLE: every instance failed; last: CUDA out of "
             "memory (simulated))");
   EXPECT_EQ(client_->call("ServerReady").text, "");
+}
+
+/// A kernel slot's first out-of-memory in a row inside the forward (kernels/out_of_memory.h) fails
+/// only its request, RESOURCE_EXHAUSTED (retryable): the implementation stays enabled, the instance
+/// stays in rotation, and the retry is served by the same implementation.
+TEST_F(InstanceGroups, AKernelsTransientOutOfMemoryIsRetryable) {
+  constexpr kernels::SlotDef<int(int)> kSlot{"oom_slot"};
+  kernels::Registry registry;
+  registry.declare(kSlot);
+  registry.register_impl(kSlot, kernels::kReference,
+                         std::function<kernels::Outcome<int>(int)>([](int x) { return x; }));
+  std::atomic<int> cuda_calls{0};
+  registry.register_impl(
+      kSlot, "cuda", std::function<kernels::Outcome<int>(int)>([&cuda_calls](int x) -> int {
+        if (cuda_calls++ == 0)
+          TORCH_CHECK_WITH(OutOfMemoryError, false,
+                           "CUDA out of memory. Tried to allocate 1.00 GiB (simulated)");
+        return x;
+      }));
+  const auto handle = registry.bind(kSlot, kernels::BindContext{});
+  start("max_batch_size: 1\n");
+  {
+    std::lock_guard<std::mutex> lk(FakeState::get().mu);
+    FakeState::get().in_forward = [handle] { handle(1); };
+  }
+  auto r = client_->infer(pv_request("fake"), {kPixels});
+  EXPECT_EQ(r.code, Code::resource_exhausted);
+  EXPECT_EQ(r.message,
+            "model 'fake': kernel oom_slot/cuda ran out of memory: CUDA out of memory. Tried to "
+            "allocate 1.00 GiB (simulated)");
+  r = client_->infer(pv_request("fake"), {kPixels});
+  EXPECT_TRUE(r.ok()) << r.message;
+  EXPECT_EQ(cuda_calls.load(), 2);
+  EXPECT_EQ(registry.active().at("oom_slot"), "cuda");
+  EXPECT_EQ(active()["models"][0]["instances"][0]["healthy"], true);
+  EXPECT_NE(http_get(daemon_->http_port(), "/metrics")
+                .body.find("libreyolo_inference_requests_total{code=\"RESOURCE_EXHAUSTED\","
+                           "model=\"fake\",version=\"1\"} 1"),
+            std::string::npos);
+  std::lock_guard<std::mutex> lk(FakeState::get().mu);
+  FakeState::get().in_forward = nullptr;  // it holds `registry`'s handle
 }
 
 TEST(InstanceGroupConfig, GpusThatDoNotExistAreALoadErrorNamingThem) {

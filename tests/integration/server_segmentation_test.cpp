@@ -38,8 +38,12 @@ class ServerSegmentation : public ::testing::Test {
   static void SetUpTestSuite() {
     repo_ = new fs::path(temp_dir("segmentation"));
     add_fake_model(*repo_, "seg", "max_batch_size: 2\nthreshold: 0.5\n");
+    auto config = loopback_config(*repo_);
+    // target_sizes are bounded by the pixel budget (40 M by default: 4 masks of that size stay
+    // within the 256 MiB mask budget); a server that raises it meets the mask budget.
+    config.max_pixels_per_image.value = 400000000;
     daemon_ = new Daemon(
-        loopback_config(*repo_),
+        config,
         [](const std::string&, const models::LoadOptions& o) -> std::unique_ptr<models::Model> {
           return std::make_unique<FakeSegmenter>(o);
         });

@@ -22,6 +22,7 @@
 #include "server/grpc/client.h"
 #include "server/grpc/grpc_server.h"
 #include "server/shm/registry.h"
+#include "server/shm/tensor_params.h"
 #include "server_test_support.h"
 
 namespace libreyolo::server {
@@ -138,8 +139,10 @@ TEST_F(Shm, SystemRegisterStatusUnregisterWithTritonsMessages) {
   EXPECT_EQ(r.code, Code::already_exists);
   EXPECT_EQ(r.message, "shared memory region 'in' already in manager");
   r = register_system("missing", "/libreyolo_no_such_key", 0, 16);
-  EXPECT_EQ(r.code, Code::internal);
-  EXPECT_EQ(r.message, "Unable to open shared memory region: '/libreyolo_no_such_key'");
+  EXPECT_EQ(r.code, Code::not_found);
+  EXPECT_EQ(r.message,
+            "Unable to open shared memory region: '/libreyolo_no_such_key': No such file or "
+            "directory");
   r = register_system("big", obj.key(), 4000, 200);
   EXPECT_EQ(r.code, Code::invalid_argument);
   EXPECT_EQ(r.message,
@@ -365,6 +368,95 @@ TEST_F(Shm, ShrunkObjectsEmptyNamesAndTooManyRegionsAreRefused) {
   }
   EXPECT_EQ(registry.unregister_system(""), static_cast<int>(shm::kMaxRegions));
   registry.register_system("one_more", many.key(), 0, 16);
+}
+
+/// A key names an object in /dev/shm ("/name" or "name"): a NUL byte (shm_open would open the
+/// name before it), a '/' after the leading one or a '.' / '..' component is INVALID_ARGUMENT
+/// naming the field `key`, before anything is opened.
+TEST_F(Shm, KeysNameObjectsInDevShmOnly) {
+  ShmObject obj("keys", 4096);
+  const std::string head = "failed to register shared memory region 'k': field 'key' ";
+  const std::string tail = " (expected \"/name\" or \"name\" of an object in /dev/shm)";
+  struct Case {
+    std::string key_text;  // text-format escaped
+    std::string message;
+  };
+  const std::vector<Case> cases = {
+      {obj.key() + "\\000/../etc",
+       head + "contains a NUL byte at " + std::to_string(obj.key().size())},
+      {"/../etc/passwd", head + "'/../etc/passwd' has a '/' after the leading one" + tail},
+      {"/dev/shm/x", head + "'/dev/shm/x' has a '/' after the leading one" + tail},
+      {"//x", head + "'//x' has a '/' after the leading one" + tail},
+      {"a/b", head + "'a/b' has a '/' after the leading one" + tail},
+      {"/..", head + "'/..' is a '.' or '..' component" + tail},
+      {"..", head + "'..' is a '.' or '..' component" + tail},
+      {"/.", head + "'/.' is a '.' or '..' component" + tail},
+      {"/", head + "'/' names no object" + tail},
+      {"", head + "'' names no object" + tail},
+  };
+  for (const auto& c : cases) {
+    const auto r = call("SystemSharedMemoryRegister",
+                        "name: \"k\" key: \"" + c.key_text + "\" offset: 0 byte_size: 16");
+    EXPECT_EQ(r.code, Code::invalid_argument) << c.key_text << ": " << r.message;
+    EXPECT_EQ(r.message, c.message) << c.key_text;
+  }
+  EXPECT_EQ(call("SystemSharedMemoryStatus", "").text, "");
+  // Both spellings POSIX allows name the same object.
+  EXPECT_TRUE(register_system("slash", obj.key(), 0, 16).ok());
+  EXPECT_TRUE(register_system("bare", obj.key().substr(1), 0, 16).ok());
+}
+
+/// The client shrinks its object after the request bound its regions (the race a size check
+/// alone leaves open): the input was copied at binding (pread) and the output is written with
+/// pwrite, so the daemon never touches a mapping past the object's end (SIGBUS before: the
+/// input viewed the mapping in place).
+TEST(ShmRegistry, AnObjectShrunkAfterBindingIsNeverTouched) {
+  ShmObject obj("late", 4096);
+  for (int i = 0; i < 4096; ++i) obj.data()[i] = static_cast<char>(i % 251);
+  const std::string want(obj.data() + 100, 768);
+  shm::Registry registry;
+  registry.register_system("r", obj.key(), 0, 4096);
+  api::InputTensor t;
+  t.name = "pixel_values";
+  t.datatype = "FP32";
+  std::vector<shm::View> held;
+  shm::TensorShm p;
+  p.used = true;
+  p.region = "r";
+  p.offset = 100;
+  p.byte_size = 768;
+  shm::bind_input(t, p, registry, held, "raw_input_contents");
+  p.offset = 0;
+  p.byte_size = 16;
+  const auto out = shm::bind_output("scores", p, registry);
+  {
+    const int fd = ::shm_open(obj.key().c_str(), O_RDWR, 0600);
+    ASSERT_GE(fd, 0);
+    ASSERT_EQ(::ftruncate(fd, 0), 0);
+    ::close(fd);
+  }
+  EXPECT_EQ(t.data(), want);  // read after the shrink: bytes of the copy, no fault
+  const std::string shrunk = "shared memory region 'r': its key '" + obj.key() +
+                             "' now holds 0 bytes, less than the offset + byte_size (4096 "
+                             "bytes) it was registered with (register it again)";
+  api::OutputTensor o;
+  o.name = "scores";
+  o.data = std::string(16, '\1');
+  try {
+    shm::write_output(o, out);
+    FAIL() << "wrote into a shrunk object";
+  } catch (const api::Error& e) {
+    EXPECT_EQ(e.code(), Code::invalid_argument);
+    EXPECT_EQ(std::string(e.what()), shrunk);
+  }
+  // Reading a view of the shrunk object: the same error (short pread), not a fault.
+  try {
+    shm::read(held.front());
+    FAIL() << "read a shrunk object";
+  } catch (const api::Error& e) {
+    EXPECT_EQ(e.code(), Code::invalid_argument);
+    EXPECT_EQ(std::string(e.what()), shrunk);
+  }
 }
 
 /// An output larger than its region: INVALID_ARGUMENT naming the output, the region and both

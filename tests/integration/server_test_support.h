@@ -16,6 +16,7 @@
 #include <atomic>
 #include <cctype>
 #include <chrono>
+#include <condition_variable>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -45,6 +46,15 @@ struct FakeState {
   /// Forwards of the instance with this LoadOptions::instance throw c10::OutOfMemoryError (a
   /// device failure: the batcher takes the instance out of rotation). "*": every instance.
   std::string fail_instance;
+  /// Forwards entered (failing ones included, not those whose in_forward threw); `changed` is
+  /// notified at each.
+  std::size_t entered = 0;
+  std::condition_variable changed;
+  /// While true, a forward that entered (and did not fail) waits: a test keeps a batch in
+  /// flight for as long as it needs, with no timer (HeldForwards).
+  bool held = false;
+  /// Called by every forward before it records anything (outside `mu`): a test's kernel call.
+  std::function<void()> in_forward;
   void reset() {
     std::lock_guard<std::mutex> lk(mu);
     batch_sizes.clear();
@@ -52,6 +62,21 @@ struct FakeState {
     instances.clear();
     fail_instance.clear();
     sleep_ms = 0;
+    entered = 0;
+    held = false;
+    in_forward = nullptr;
+    changed.notify_all();
+  }
+  /// Waits until `n` forwards have entered; false after 60 s (a hung server fails the test
+  /// instead of hanging it; no test expects to wait that long).
+  bool wait_entered(std::size_t n) {
+    std::unique_lock<std::mutex> lk(mu);
+    return changed.wait_for(lk, std::chrono::seconds(60), [&] { return entered >= n; });
+  }
+  void hold(bool on) {
+    std::lock_guard<std::mutex> lk(mu);
+    held = on;
+    changed.notify_all();
   }
   std::vector<double> sums() {
     std::lock_guard<std::mutex> lk(mu);
@@ -65,6 +90,14 @@ struct FakeState {
     static FakeState s;
     return s;
   }
+};
+
+/// Holds FakeDetector's forwards while alive (FakeState::held): released on every way out of a
+/// test, so that a failed assertion cannot leave a forward waiting forever.
+struct HeldForwards {
+  HeldForwards() { FakeState::get().hold(true); }
+  ~HeldForwards() { release(); }
+  void release() { FakeState::get().hold(false); }
 };
 
 /// Q = 4 queries, 3 classes. Query q predicts class q % 3 with logit 2 (score sigmoid(2) =
@@ -83,14 +116,25 @@ class FakeDetector : public models::Model {
   models::Task task() const override { return models::Task::object_detection; }
   models::ModelOutput forward(const at::Tensor& pixel_values, const at::Tensor&) const override {
     auto& st = FakeState::get();
+    std::function<void()> hook;
     {
       std::lock_guard<std::mutex> lk(st.mu);
+      hook = st.in_forward;
+    }
+    if (hook) hook();
+    {
+      // One hold of `mu` from `entered` to the record (or the throw): a test that sees the
+      // forward entered sees whether it failed.
+      std::unique_lock<std::mutex> lk(st.mu);
+      ++st.entered;
+      st.changed.notify_all();
       if (!st.fail_instance.empty() &&
           (st.fail_instance == "*" || st.fail_instance == options_.instance))
         TORCH_CHECK_WITH(OutOfMemoryError, false, "CUDA out of memory (simulated)");
       st.batch_sizes.push_back(pixel_values.size(0));
       st.pixel_sums.push_back(pixel_values.to(at::kDouble).sum().item<double>());
       st.instances.push_back(options_.instance);
+      st.changed.wait(lk, [&] { return !st.held; });
     }
     if (int ms = st.sleep_ms.load()) std::this_thread::sleep_for(std::chrono::milliseconds(ms));
     const int64_t b = pixel_values.size(0);
