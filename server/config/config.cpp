@@ -157,6 +157,12 @@ void parse_restricted(const YAML::Node& n, const std::string& file, const kernel
         } else {
           rule.value_env =
               as<std::string>(file, f.second, full + ".value_env", "an environment variable name");
+          // The daemon reads only its own variables from the environment (kernels::
+          // process_environment): LIBREYOLO_*, HF_*, KERNELS_*.
+          if (rule.value_env.rfind("LIBREYOLO_", 0) != 0)
+            fail(file, f.second,
+                 full + ".value_env must name a LIBREYOLO_* environment variable, got '" +
+                     rule.value_env + "'");
           const auto it = env.find(rule.value_env);
           if (it == env.end() || it->second.empty())
             fail(file, f.second,

@@ -283,8 +283,8 @@ TEST(ServerTlsConfig, PathsAreRelativeToTheFileAndIncompleteSectionsAreRefused) 
 TEST(RestrictedApisConfig, RulesParseAndBadOnesAreRefused) {
   const auto c = parse_config(
       "server:\n  restricted_apis:\n    model-repository: {header: Admin-Key, value: s3cret}\n"
-      "    shared-memory: open\n    admin: {header: admin-key, value_env: ADMIN_KEY}\n",
-      "f.yaml", {}, {{"ADMIN_KEY", "from-env"}});
+      "    shared-memory: open\n    admin: {header: admin-key, value_env: LIBREYOLO_ADMIN_KEY}\n",
+      "f.yaml", {}, {{"LIBREYOLO_ADMIN_KEY", "from-env"}});
   const auto& r = c.restricted_apis.value;
   EXPECT_EQ(r.rule(security::ApiGroup::model_repository).kind, security::AccessRule::Kind::header);
   EXPECT_EQ(r.rule(security::ApiGroup::model_repository).header, "admin-key");
@@ -299,7 +299,7 @@ TEST(RestrictedApisConfig, RulesParseAndBadOnesAreRefused) {
   EXPECT_NE(printed.find("    model-repository: {header: admin-key, value: \"(not shown)\"}\n"),
             std::string::npos)
       << printed;
-  EXPECT_NE(printed.find("    admin: {header: admin-key, value_env: ADMIN_KEY}\n"),
+  EXPECT_NE(printed.find("    admin: {header: admin-key, value_env: LIBREYOLO_ADMIN_KEY}\n"),
             std::string::npos);
 
   const std::pair<std::string, std::string> bad[] = {
@@ -315,9 +315,12 @@ TEST(RestrictedApisConfig, RulesParseAndBadOnesAreRefused) {
        "'grpc-timeout'"},
       {"server:\n  restricted_apis:\n    admin: {header: k}\n",
        "f.yaml:3:12: server.restricted_apis.admin needs header and value (or value_env)"},
-      {"server:\n  restricted_apis:\n    admin: {header: k, value_env: UNSET_VAR}\n",
-       "f.yaml:3:35: server.restricted_apis.admin.value_env: the environment variable UNSET_VAR "
-       "is not set"},
+      {"server:\n  restricted_apis:\n    admin: {header: k, value_env: LIBREYOLO_UNSET}\n",
+       "f.yaml:3:35: server.restricted_apis.admin.value_env: the environment variable "
+       "LIBREYOLO_UNSET is not set"},
+      {"server:\n  restricted_apis:\n    admin: {header: k, value_env: ADMIN_KEY}\n",
+       "f.yaml:3:35: server.restricted_apis.admin.value_env must name a LIBREYOLO_* environment "
+       "variable, got 'ADMIN_KEY'"},
   };
   for (const auto& [yaml, message] : bad) {
     try {

@@ -33,11 +33,32 @@ def http_status(path, timeout=5):
         return e.code
 
 
+def wait_until_idle(seconds=30):
+    """Until the daemon has answered every request sent before (the tests before this one, e.g.
+    libreyolo-bench's sweep, may leave calls running): the dripping below must fill the HTTP
+    workers within their 2 s head deadline, which a busy daemon on 2 cores missed."""
+    def served():
+        with urllib.request.urlopen(f"http://{HTTP}/metrics", timeout=5) as r:
+            text = r.read().decode()
+        lines = [l for l in text.splitlines() if l.startswith("libreyolo_inference_requests_total")
+                 or l.startswith("libreyolo_pending_requests")]
+        return lines
+    end = time.monotonic() + seconds
+    last = served()
+    while time.monotonic() < end:
+        time.sleep(0.5)
+        now = served()
+        if now == last:
+            return
+        last = now
+
+
 class HttpSlowloris(unittest.TestCase):
     def test_dripping_clients_are_cut_off(self):
         """Connections that never finish their request head fill every HTTP worker (32,
         server.http_threads' default) and the 64 places of the waiting queue: health probes get
         503 "busy" for at most the 2 s head deadline, not for hours."""
+        wait_until_idle()
         host, port = HTTP.rsplit(":", 1)
         socks = []
 

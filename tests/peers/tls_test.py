@@ -18,7 +18,7 @@ import tritonclient.http as httpclient
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
-from peers_env import DETECTOR, WORK, free_port
+from peers_env import DETECTOR, WORK, free_port, read_bytes
 
 BUILD = os.environ.get("LIBREYOLO_PEERS_BUILD", "build")
 
@@ -68,13 +68,13 @@ class Tls(unittest.TestCase):
     key_file: server.key
     client_ca_file: ca.crt
   restricted_apis:
-    model-repository: {{header: admin-key, value_env: PEERS_ADMIN_KEY}}
+    model-repository: {{header: admin-key, value_env: LIBREYOLO_PEERS_ADMIN_KEY}}
 model_repository: {WORK}/repo
 device: cpu
 kernels:
   hub_kernels: off
 """)
-        env = dict(os.environ, LIBREYOLO_HUB_KERNELS="0", PEERS_ADMIN_KEY="s3cret")
+        env = dict(os.environ, LIBREYOLO_HUB_KERNELS="0", LIBREYOLO_PEERS_ADMIN_KEY="s3cret")
         cls.log = open(os.path.join(d, "server.log"), "w")
         cls.daemon = subprocess.Popen([os.path.join(BUILD, "bin", "libreyolo-server"), "--config",
                                        config], stdout=cls.log, stderr=subprocess.STDOUT, env=env)
@@ -86,7 +86,7 @@ kernels:
             time.sleep(0.25)
         cls.tearDownClass()
         raise RuntimeError("the TLS daemon did not become ready: " +
-                           open(os.path.join(d, "server.log")).read()[-2000:])
+                           read_bytes(os.path.join(d, "server.log")).decode()[-2000:])
 
     @classmethod
     def tearDownClass(cls):
@@ -130,9 +130,9 @@ kernels:
     def test_grpc_health_over_tls(self):
         d = self.d
         creds = grpc.ssl_channel_credentials(
-            root_certificates=open(f"{d}/ca.crt", "rb").read(),
-            private_key=open(f"{d}/client.key", "rb").read(),
-            certificate_chain=open(f"{d}/client.crt", "rb").read())
+            root_certificates=read_bytes(f"{d}/ca.crt"),
+            private_key=read_bytes(f"{d}/client.key"),
+            certificate_chain=read_bytes(f"{d}/client.crt"))
         with grpc.secure_channel(f"127.0.0.1:{self.grpc_port}", creds) as ch:
             r = health_pb2_grpc.HealthStub(ch).Check(
                 health_pb2.HealthCheckRequest(service="readiness"), timeout=5)
