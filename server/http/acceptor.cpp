@@ -46,9 +46,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-/// Bytes of request line + headers accepted (httplib limits each line to 8 KiB, not their count).
-constexpr std::size_t kMaxHeadBytes = 64 * 1024;
-
 /// Set while the acceptor runs a connection inline because the queue is full: answer 503.
 thread_local bool tl_overloaded = false;
 /// When the connection a worker is about to serve was accepted: its first request head must be
@@ -173,7 +170,10 @@ class ConnectionStream final : public httplib::Stream {
 
   ssize_t read(char* ptr, std::size_t size) override {
     if (size == 0) return 0;
-    if (in_head_ && head_bytes_ >= kMaxHeadBytes) return -1;
+    if (in_head_ && head_bytes_ >= kMaxHeadBytes) {
+      if (tl_connection) tl_connection->head_too_large = true;
+      return -1;
+    }
     if (!in_head_ && body_bytes_ >= body_limit_) {
       if (tl_connection) tl_connection->body_too_large = true;
       return -1;

@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstddef>
 #include <memory>
 #include <string>
 #include <utility>
@@ -23,7 +24,12 @@ struct Connection {
   int fd = -1;
   bool close_after = false;  ///< end the connection after this response
   bool body_too_large = false;
+  bool head_too_large = false;  ///< the request line and headers passed kMaxHeadBytes
 };
+
+/// Bytes of request line + headers accepted (httplib limits each line to 8 KiB, not their
+/// count); beyond, the answer is 431.
+constexpr std::size_t kMaxHeadBytes = 64 * 1024;
 /// The connection this thread serves (null outside a connection loop).
 extern thread_local Connection* tl_connection;
 

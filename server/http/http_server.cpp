@@ -173,6 +173,13 @@ struct HttpServer::Impl {
     if (tl_connection) {
       tl_connection->close_after = true;
       res.set_header("Connection", "close");
+      if (tl_connection->head_too_large) {
+        res.status = 431;
+        send_error(
+            res, 431,
+            "the request line and headers exceed " + std::to_string(kMaxHeadBytes) + " bytes");
+        return httplib::Server::HandlerResponse::Handled;
+      }
       if (tl_connection->body_too_large) {
         res.status = 413;
         send_error(res, 413,

@@ -374,6 +374,11 @@ TEST_F(ServerHostile, HttpMalformedRequests) {
   // cpp-httplib's request-URI limit (8 KiB), with the status RFC 9110 gives it.
   EXPECT_EQ(raw("GET /" + std::string(20000, 'a') + " HTTP/1.1\r\n\r\n"),
             "HTTP/1.1 414 URI Too Long");
+  // Headers past the 64 KiB head budget (each line within httplib's 8 KiB): 431.
+  std::string padded = "GET /v2/health/live HTTP/1.1\r\n";
+  for (int i = 0; i < 80; ++i)
+    padded += "X-Pad-" + std::to_string(i) + ": " + std::string(1000, 'a') + "\r\n";
+  EXPECT_EQ(raw(padded + "\r\n"), "HTTP/1.1 431 Request Header Fields Too Large");
   EXPECT_EQ(http_get(port, "/v2/health/ready").status, 200);
 }
 
