@@ -542,7 +542,8 @@ GrpcServer::GrpcServer(api::InferenceService& service, const GrpcOptions& option
   }
   impl_->service = std::make_unique<Service>(service, *registry, std::max(options.max_threads, 2),
                                              options.access);
-  impl_->health = std::make_unique<HealthService>();
+  impl_->health = std::make_unique<HealthService>(
+      static_cast<std::size_t>(std::max(options.max_health_watches, 1)));
   grpc::EnableDefaultHealthCheckService(false);  // ours: its Watch streams end at shutdown
   grpc::ServerBuilder builder;
   // gRPC sets SO_REUSEPORT by default on Linux: a second daemon on the same address then binds

@@ -31,6 +31,8 @@ struct GrpcOptions {
   /// The shared-memory regions the server reads inputs from and writes outputs to (shared with
   /// the other transports); null: the server keeps its own.
   shm::Registry* shm_registry = nullptr;
+  /// grpc.health.v1 Watch streams open at once; one more is answered RESOURCE_EXHAUSTED.
+  int max_health_watches = 1024;
   /// TLS when tls.enabled(): the files are checked at start-up and watched for a renewal every
   /// security::kTlsRefreshSeconds (gRPC's FileWatcherCertificateProvider; open connections keep
   /// theirs); with client_ca_file, clients without a certificate that CA signed fail the

@@ -83,10 +83,28 @@ class HealthService::Watcher final : public grpc::ServerWriteReactor<hpb::Health
   bool writing_ = false, finish_after_ = false, finished_ = false;
 };
 
+namespace {
+
+/// A Watch refused at once (its Finish is called before the handler returns, as gRPC allows).
+class Refused final : public grpc::ServerWriteReactor<hpb::HealthCheckResponse> {
+ public:
+  void OnDone() override { delete this; }
+};
+
+}  // namespace
+
 grpc::ServerWriteReactor<hpb::HealthCheckResponse>* HealthService::Watch(
     grpc::CallbackServerContext*, const hpb::HealthCheckRequest* in) {
-  auto* w = new Watcher(*this, in->service());
   std::lock_guard<std::mutex> lk(mu_);
+  if (watchers_.size() >= max_watches_) {
+    auto* refused = new Refused();
+    refused->Finish(grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                                 "too many grpc.health.v1 Watch streams open (" +
+                                     std::to_string(max_watches_) +
+                                     "): use Check, or close a Watch"));
+    return refused;
+  }
+  auto* w = new Watcher(*this, in->service());
   watchers_.insert(w);
   w->push(status_of(in->service()), shut_down_);
   return w;

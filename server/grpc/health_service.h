@@ -4,6 +4,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <cstddef>
 #include <map>
 #include <mutex>
 #include <set>
@@ -25,7 +26,10 @@ class HealthService final : public hpb::Health::CallbackService {
  public:
   class Watcher;
 
-  HealthService() {
+  /// At most `max_watches` Watch streams open at once (GrpcOptions::max_health_watches): each
+  /// holds a call, a reactor and a connection's stream for as long as the client wants, so an
+  /// unbounded number was a way to exhaust the server. One more is answered RESOURCE_EXHAUSTED.
+  explicit HealthService(std::size_t max_watches = 1024) : max_watches_(max_watches) {
     for (const char* s : {"", "liveness", "readiness"})
       status_[s] = hpb::HealthCheckResponse::NOT_SERVING;
   }
@@ -64,6 +68,7 @@ class HealthService final : public hpb::Health::CallbackService {
   std::mutex mu_;  // status_, watchers_, shut_down_
   std::map<std::string, hpb::HealthCheckResponse::ServingStatus> status_;
   std::set<Watcher*> watchers_;
+  const std::size_t max_watches_;
   bool shut_down_ = false;
 };
 

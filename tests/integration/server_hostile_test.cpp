@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <atomic>
 #include <future>
 
 #include "server/app/daemon.h"
@@ -688,6 +689,41 @@ class SlowService : public api::InferenceService {
     return r;
   }
 };
+
+/// grpc.health.v1 Watch streams are bounded: one past GrpcOptions::max_health_watches is refused
+/// RESOURCE_EXHAUSTED at once; Check still answers, and a closed Watch frees its place.
+TEST(ServerHostileGrpc, HealthWatchStreamsAreBounded) {
+  SlowService service;
+  rpc::GrpcOptions options;
+  options.address = "127.0.0.1:0";
+  options.max_health_watches = 2;
+  rpc::GrpcServer server(service, options);
+  server.set_ready(true);
+  const std::string address = "127.0.0.1:" + std::to_string(server.port());
+  rpc::Client a(address), b(address), c(address);
+  std::atomic<int> first{0};
+  // Two Watches held open (each until its 3 s deadline), then a third.
+  auto held = [&](rpc::Client& client) {
+    return std::async(std::launch::async,
+                      [&] { return client.watch_health("readiness", 3.0, [&] { ++first; }); });
+  };
+  auto wa = held(a);
+  auto wb = held(b);
+  const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (first.load() < 2 && std::chrono::steady_clock::now() < end)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  ASSERT_EQ(first.load(), 2);
+  const auto refused = c.watch_health("readiness", 3.0);
+  EXPECT_EQ(refused.code, api::Code::resource_exhausted);
+  EXPECT_EQ(refused.message,
+            "too many grpc.health.v1 Watch streams open (2): use Check, or close a Watch");
+  EXPECT_EQ(c.health("readiness").text, "SERVING");
+  EXPECT_EQ(wa.get().text, "SERVING");
+  EXPECT_EQ(wb.get().text, "SERVING");
+  // Both ended (deadline): a Watch has a place again.
+  rpc::Client d(address);
+  EXPECT_EQ(d.watch_health("readiness", 0.5).text, "SERVING");
+}
 
 /// Many concurrent calls against a server whose handler threads (the bounded executor of
 /// ModelInfer) are all busy: the extra calls are answered RESOURCE_EXHAUSTED at once (each used to
