@@ -1,8 +1,8 @@
 #include "server/security/access_policy.h"
 
 #include <arpa/inet.h>
+#include <openssl/crypto.h>
 
-#include <algorithm>
 #include <cctype>
 #include <cstring>
 
@@ -13,16 +13,9 @@ constexpr std::array<const char*, kApiGroups> kNames = {
     "health",       "metadata",         "inference",  "shared-memory",
     "model-config", "model-repository", "statistics", "admin"};
 
-/// Equal contents, in time that depends on the lengths only.
+/// Equal contents, in time that depends on the lengths only (OpenSSL's CRYPTO_memcmp).
 bool same_secret(const std::string& a, const std::string& b) {
-  unsigned char diff = a.size() == b.size() ? 0 : 1;
-  const std::size_t n = std::max(a.size(), b.size());
-  for (std::size_t i = 0; i < n; ++i) {
-    const unsigned char x = i < a.size() ? static_cast<unsigned char>(a[i]) : 0;
-    const unsigned char y = i < b.size() ? static_cast<unsigned char>(b[i]) : 0;
-    diff |= static_cast<unsigned char>(x ^ y);
-  }
-  return diff == 0;
+  return a.size() == b.size() && CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0;
 }
 
 bool loopback_ip(std::string host) {

@@ -121,42 +121,42 @@ rpc::ClientTls client_tls(const fs::path& dir, const std::string& leaf = "") {
   return t;
 }
 
-/// Certificates for every test of the file, made once.
+/// Certificates for every test of the file, made once, removed at exit.
 class Certificates {
  public:
   static const fs::path& dir() {
-    static const fs::path d = [] {
-      const fs::path p = temp_dir("tls");
-      make_ca(p, "ca");
-      make_leaf(p, "ca", "server", "DNS:localhost,IP:127.0.0.1");
-      make_leaf(p, "ca", "client", "");
-      make_ca(p, "rogue");
-      make_leaf(p, "rogue", "intruder", "");
-      make_ca(p, "ca2");
-      make_leaf(p, "ca2", "server2", "DNS:localhost,IP:127.0.0.1");
-      return p;
-    }();
-    return d;
+    static const Certificates made;
+    return made.dir_;
   }
+  ~Certificates() { remove_tree(dir_); }
+
+ private:
+  Certificates() : dir_(temp_dir("tls")) {
+    make_ca(dir_, "ca");
+    make_leaf(dir_, "ca", "server", "DNS:localhost,IP:127.0.0.1");
+    make_leaf(dir_, "ca", "client", "");
+    make_ca(dir_, "rogue");
+    make_leaf(dir_, "rogue", "intruder", "");
+    make_ca(dir_, "ca2");
+    make_leaf(dir_, "ca2", "server2", "DNS:localhost,IP:127.0.0.1");
+  }
+  const fs::path dir_;
 };
 
-std::string tls_yaml(const fs::path& d, bool mutual, const std::string& more = "") {
+std::string tls_yaml(const fs::path& d, bool mutual) {
   std::string y = "server:\n  tls:\n    cert_file: " + (d / "live.crt").string() +
                   "\n    key_file: " + (d / "live.key").string() + "\n";
   if (mutual) y += "    client_ca_file: " + (d / "ca.crt").string() + "\n";
-  return y + more;
+  return y;
 }
 
-class ServerTls : public ::testing::Test {
+/// A daemon serving the fake detector `fake` with the server.yaml text `yaml`.
+class FakeDaemonTest : public ::testing::Test {
  protected:
-  void start(bool mutual) {
-    const fs::path& d = Certificates::dir();
-    fs::copy_file(d / "server.crt", d / "live.crt", fs::copy_options::overwrite_existing);
-    fs::copy_file(d / "server.key", d / "live.key", fs::copy_options::overwrite_existing);
-    repo_ = temp_dir("tls-repo");
+  void start_daemon(const std::string& yaml) {
+    repo_ = temp_dir("security-repo");
     add_fake_model(repo_, "fake", "max_batch_size: 1\n");
-    daemon_ = std::make_unique<Daemon>(loopback_config(repo_, "cpu", tls_yaml(d, mutual)),
-                                       fake_or_real());
+    daemon_ = std::make_unique<Daemon>(loopback_config(repo_, "cpu", yaml), fake_or_real());
     daemon_->start();
     grpc_ = "127.0.0.1:" + std::to_string(daemon_->grpc_port());
   }
@@ -167,6 +167,18 @@ class ServerTls : public ::testing::Test {
   fs::path repo_;
   std::unique_ptr<Daemon> daemon_;
   std::string grpc_;
+};
+
+/// The daemon with TLS from the `server` certificate (copied to live.crt / live.key, which a
+/// test may replace).
+class ServerTls : public FakeDaemonTest {
+ protected:
+  void start(bool mutual) {
+    const fs::path& d = Certificates::dir();
+    fs::copy_file(d / "server.crt", d / "live.crt", fs::copy_options::overwrite_existing);
+    fs::copy_file(d / "server.key", d / "live.key", fs::copy_options::overwrite_existing);
+    start_daemon(tls_yaml(d, mutual));
+  }
 };
 
 TEST_F(ServerTls, GrpcAndHttpsServeOverTlsAndPlainTextIsRefused) {
@@ -379,27 +391,15 @@ TEST(AccessPolicy, LoopbackPeersAndHeaderValues) {
   EXPECT_EQ(policy.denied(ApiGroup::admin, Protocol::grpc), 0u);
 }
 
-class SecuredDaemon : public ::testing::Test {
+/// The daemon with model-repository and admin restricted to header admin-key: s3cret.
+class SecuredDaemon : public FakeDaemonTest {
  protected:
   void SetUp() override {
-    repo_ = temp_dir("restricted");
-    add_fake_model(repo_, "fake", "max_batch_size: 1\n");
-    daemon_ = std::make_unique<Daemon>(
-        loopback_config(repo_, "cpu",
-                        "server:\n  restricted_apis:\n"
-                        "    model-repository: {header: admin-key, value: s3cret}\n"
-                        "    admin: {header: admin-key, value: s3cret}\n"),
-        fake_or_real());
-    daemon_->start();
-    grpc_ = "127.0.0.1:" + std::to_string(daemon_->grpc_port());
+    start_daemon(
+        "server:\n  restricted_apis:\n"
+        "    model-repository: {header: admin-key, value: s3cret}\n"
+        "    admin: {header: admin-key, value: s3cret}\n");
   }
-  void TearDown() override {
-    daemon_.reset();
-    remove_tree(repo_);
-  }
-  fs::path repo_;
-  std::unique_ptr<Daemon> daemon_;
-  std::string grpc_;
 };
 
 TEST_F(SecuredDaemon, ARestrictedGroupNeedsItsHeaderTheOthersStayOpen) {
