@@ -81,7 +81,10 @@ kernels:
         for _ in range(240):
             if cls.daemon.poll() is not None:
                 break
-            if cls.curl("/v2/health/ready", client=True).returncode == 0:
+            # Ready, not only answering: models load after the ports open (the TLS ports answer
+            # {"ready": false} meanwhile, with curl exiting 0).
+            r = cls.curl("/v2/health/ready", client=True)
+            if r.returncode == 0 and r.stdout.strip() == '{"ready":true}':
                 return
             time.sleep(0.25)
         cls.tearDownClass()
