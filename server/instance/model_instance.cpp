@@ -128,17 +128,22 @@ void ModelInstance::take_out(Batch& batch, const std::string& what) {
   const std::string instance = name_ + "_" + std::to_string(index_);
   const std::string message = "model '" + name_ + "': instance " + instance + " on " +
                               model_->device.str() + " failed: " + what;
-  fail_all(batch, api::Code::internal, message);
+  bool first = false;
   {
     std::lock_guard<std::mutex> lk(mu_);
-    if (!healthy_.exchange(false)) return;
-    error_ = what;
+    first = healthy_.exchange(false);
+    if (first) error_ = what;
   }
+  // Out of the rotation before the failed batch is answered: a client retrying at once must
+  // reach another instance, not this one nor "no instance left".
   Batch orphans;  // every queued request when this was the last instance in rotation
-  const std::size_t left = scheduler_.leave_rotation(orphans);
-  log::error(message + "; taken out of rotation, " + std::to_string(left) + " of " +
-             std::to_string(group_size_) + " instances left");
-  if (hooks_.instance_failed) hooks_.instance_failed(index_, what, left);
+  if (first) {
+    const std::size_t left = scheduler_.leave_rotation(orphans);
+    log::error(message + "; taken out of rotation, " + std::to_string(left) + " of " +
+               std::to_string(group_size_) + " instances left");
+    if (hooks_.instance_failed) hooks_.instance_failed(index_, what, left);
+  }
+  fail_all(batch, api::Code::internal, message);
   fail_all(orphans, api::Code::unavailable,
            "model '" + name_ + "': no instance left in rotation (every device failed)");
 }
