@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Deployment checks: the Dockerfile, deploy/k8s (base + cpu/gpu overlays), deploy/kserve,
+"""Deployment checks: the Dockerfile, deploy/k8s (base + cpu/gpu/tls overlays), deploy/kserve,
 deploy/prometheus and deploy/grafana against the daemon they deploy.
 
 usage: deploy_test.py BUILD_DIR
@@ -10,6 +10,9 @@ checked against the server itself: its default ports (config/server.yaml), its h
 (server/grpc sources, then a real grpc.health.v1 Check), the ConfigMap's server.yaml through the
 daemon's own parser (--print-config), and every metric name used by the rules, the adapter and the
 dashboard against the /metrics output of a daemon started on loopback with the example repository.
+The tls overlay and the KServe TLS runtime: the certificate Secret's files are mounted exactly where
+server.tls points, the exec probes use them, value_env variables come from Secrets; and the overlay's
+server.yaml runs with a test CA (openssl): its probe commands pass, headers are enforced.
 Prints one line per check and ends with `N passed, N failed` (`, N skipped` when some were).
 """
 import copy
@@ -18,10 +21,12 @@ import os
 import re
 import shutil
 import socket
+import ssl
 import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
 import urllib.request
 
 import yaml
@@ -30,7 +35,7 @@ from concurrent.futures import ThreadPoolExecutor
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DEPLOY = os.path.join(ROOT, "deploy")
 K8S = os.path.join(DEPLOY, "k8s")
-OVERLAYS = ["base", "overlays/cpu", "overlays/gpu"]
+OVERLAYS = ["base", "overlays/cpu", "overlays/gpu", "overlays/tls"]
 REQUIRED_ALERTS = {  # what operations must page on: kernel fallback events, readiness flapping, p99 latency, queue saturation
     "LibreyoloKernelFallback", "LibreyoloReadinessFlapping", "LibreyoloP99LatencyHigh",
     "LibreyoloQueueSaturated"}
@@ -92,12 +97,16 @@ def load_all(path):
 # kustomize
 
 def _merge(base, patch):
-    """Strategic merge as deploy/k8s uses it: maps merge, lists of named maps merge by name (new
-    items first, as kustomize writes them), other lists are replaced."""
+    """Strategic merge as deploy/k8s uses it: maps merge (a null value removes the key), lists of
+    named maps merge by name (new items first, as kustomize writes them), other lists are
+    replaced."""
     if isinstance(base, dict) and isinstance(patch, dict):
         out = dict(base)
         for k, v in patch.items():
-            out[k] = _merge(base[k], v) if k in base else copy.deepcopy(v)
+            if v is None:
+                out.pop(k, None)
+            else:
+                out[k] = _merge(base[k], v) if k in base else copy.deepcopy(v)
         return out
     if (isinstance(base, list) and isinstance(patch, list) and patch and
             all(isinstance(x, dict) and "name" in x for x in base + patch)):
@@ -115,7 +124,8 @@ def _containers(doc):
 
 def render_mini(directory):
     """Renders a kustomization with the features deploy/k8s uses (resources, configMapGenerator
-    without the hash suffix, labels, images, patches)."""
+    without the hash suffix, also `behavior: replace` of a generated one, labels, images, patches,
+    `$patch: delete`)."""
     k = yaml.safe_load(read(os.path.join(directory, "kustomization.yaml")))
     known = {"apiVersion", "kind", "resources", "configMapGenerator", "labels", "images", "patches"}
     unknown = set(k) - known
@@ -126,7 +136,15 @@ def render_mini(directory):
         docs += render_mini(p) if os.path.isdir(p) else load_all(p)
     for g in k.get("configMapGenerator", []):
         data = {os.path.basename(f): read(os.path.join(directory, f)) for f in g.get("files", [])}
-        docs.append({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": g["name"]}, "data": data})
+        cm = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": g["name"]}, "data": data}
+        if g.get("behavior", "create") == "replace":
+            hits = [i for i, d in enumerate(docs) if d["kind"] == "ConfigMap" and d["metadata"]["name"] == g["name"]]
+            assert len(hits) == 1, f"{directory}: configMapGenerator {g['name']}: nothing to replace"
+            cm["metadata"] = docs[hits[0]]["metadata"]
+            docs[hits[0]] = cm
+        else:
+            assert g.get("behavior", "create") == "create", f"{directory}: behavior {g['behavior']}"
+            docs.append(cm)
     for lab in k.get("labels", []):
         assert not lab.get("includeSelectors") and not lab.get("includeTemplates"), "labels: only metadata labels"
         for d in docs:
@@ -136,7 +154,10 @@ def render_mini(directory):
         hits = [i for i, d in enumerate(docs) if d["kind"] == patch["kind"] and
                 d["metadata"]["name"] == patch["metadata"]["name"]]
         assert len(hits) == 1, f"{p['path']}: patch target {patch['kind']}/{patch['metadata']['name']} not found"
-        docs[hits[0]] = _merge(docs[hits[0]], patch)
+        if patch.get("$patch") == "delete":
+            del docs[hits[0]]
+        else:
+            docs[hits[0]] = _merge(docs[hits[0]], patch)
     for img in k.get("images", []):
         for d in docs:
             for c in _containers(d):
@@ -209,6 +230,90 @@ def served_model_types():
                     types |= set(re.findall(r'"([a-z0-9_]+)"', listed))
     assert types, "no Family{...} registration found under models/"
     return types
+
+
+def probe_args(command):
+    """--flag value pairs of a libreyolo-client command line."""
+    return {command[i]: command[i + 1] for i in range(2, len(command) - 1, 2)}
+
+
+def projected_files(volume, mount_path):
+    """{(source name, key): absolute path} of a projected volume's configMap/secret items."""
+    out = {}
+    for src in volume["projected"]["sources"]:
+        (kind, ref), = [(k, v) for k, v in src.items() if k in ("configMap", "secret")]
+        for item in ref.get("items", []):
+            out[(kind, ref["name"], item["key"])] = os.path.join(mount_path, item["path"])
+    return out
+
+
+def value_envs(cfg):
+    """The environment variables a server.yaml's restricted_apis read (value_env)."""
+    rules = (cfg.get("server") or {}).get("restricted_apis") or {}
+    return sorted(r["value_env"] for r in rules.values() if isinstance(r, dict) and "value_env" in r)
+
+
+def check_tls_layout(cfg, server, volumes, grpc_port, env_containers):
+    """A container serving with server.tls: the certificate Secret is an item list of the read-only
+    config volume and its files are exactly server.tls' paths (relative to --config's folder); the
+    exec probes use the same files against localhost; every value_env is a secretKeyRef in each
+    container that parses the file. Returns (tls Secret, {server.tls key: path})."""
+    config = server["args"][server["args"].index("--config") + 1]
+    config_dir = os.path.dirname(config)
+    mounts = {m["mountPath"]: m for m in server["volumeMounts"]}
+    assert config_dir in mounts and mounts[config_dir].get("readOnly") is True, \
+        f"{config_dir} is not a read-only mount: {mounts.get(config_dir)}"
+    files = projected_files(volumes[mounts[config_dir]["name"]], config_dir)
+    assert files.get(("configMap", next(n for k, n, key in files if key == "server.yaml"), "server.yaml")) == config, \
+        f"no configMap item server.yaml at {config}"
+    secrets = {(n, key): path for (k, n, key), path in files.items() if k == "secret"}
+    names = {n for n, _ in secrets}
+    assert len(names) == 1, f"certificate Secrets in the config volume: {names}"
+    (secret,) = names
+    assert {key for _, key in secrets} == {"tls.crt", "tls.key", "ca.crt"}, f"{secret} items {sorted(secrets)}"
+    want = {"cert_file": secrets[(secret, "tls.crt")], "key_file": secrets[(secret, "tls.key")],
+            "client_ca_file": secrets[(secret, "ca.crt")]}
+    tls = cfg["server"]["tls"]
+    got = {k: os.path.normpath(os.path.join(config_dir, v)) for k, v in tls.items()}
+    assert got == want, f"server.tls paths {got} != mounted files {want}"
+    for k in ("startupProbe", "readinessProbe", "livenessProbe"):
+        args = probe_args(server[k]["exec"]["command"])
+        assert args["--server"] == f"localhost:{grpc_port}", f"{k}: --server {args['--server']}"
+        probe = {"client_ca_file": args["--tls-ca"], "cert_file": args["--tls-cert"], "key_file": args["--tls-key"]}
+        assert probe == want, f"{k}: probe files {probe} != mounted files {want}"
+    for c in env_containers:
+        env = {e["name"]: e for e in c.get("env", [])}
+        for v in value_envs(cfg):
+            assert v.startswith("LIBREYOLO_"), f"value_env {v}"
+            ref = env.get(v, {}).get("valueFrom", {}).get("secretKeyRef")
+            assert ref and ref.get("name") and ref.get("key"), f"{c['name']}: {v} is not set from a Secret: {env.get(v)}"
+    return secret, want
+
+
+def make_test_certificates(d):
+    """CA, and a certificate for localhost allowed as server and client (as certificate.yaml)."""
+    os.makedirs(d, exist_ok=True)
+
+    def run(*a):
+        r = subprocess.run(["openssl", *a], capture_output=True, text=True, timeout=30)
+        assert r.returncode == 0, f"openssl {a[0]}: {r.stderr}"
+    run("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-days", "1",
+        "-subj", "/CN=deploy test CA", "-keyout", f"{d}/ca.key", "-out", f"{d}/ca.crt")
+    run("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-subj", "/CN=libreyolo-server",
+        "-keyout", f"{d}/tls.key", "-out", f"{d}/tls.csr")
+    with open(f"{d}/ext", "w") as f:
+        f.write("subjectAltName=DNS:libreyolo-server,DNS:localhost\nextendedKeyUsage=serverAuth,clientAuth\n")
+    run("x509", "-req", "-in", f"{d}/tls.csr", "-CA", f"{d}/ca.crt", "-CAkey", f"{d}/ca.key", "-CAcreateserial",
+        "-days", "1", "-extfile", f"{d}/ext", "-out", f"{d}/tls.crt")
+
+
+def kserve_tls_docs():
+    docs = load_all(os.path.join(DEPLOY, "kserve", "clusterservingruntime-tls.yaml"))
+    return {d["kind"]: d for d in docs}
+
+
+def kserve_tls_config():
+    return kserve_tls_docs()["ConfigMap"]["data"]["server.yaml"]
 
 
 def free_port():
@@ -347,7 +452,15 @@ def main():
             assert {"liveness", "readiness"} <= services, f"server registers {services}"
             probes = {k: server[k] for k in ("startupProbe", "readinessProbe", "livenessProbe")}
             want = {"startupProbe": "readiness", "readinessProbe": "readiness", "livenessProbe": "liveness"}
+            tls = cfg["server"].get("tls")
             for k, p in probes.items():
+                if tls:  # a kubelet grpc probe cannot do TLS: exec libreyolo-client (tls_overlay checks it)
+                    assert "grpc" not in p and p["exec"]["command"][:2] == ["libreyolo-client", "health"], \
+                        f"{k}: with server.tls, not an exec of libreyolo-client health: {p}"
+                    args = probe_args(p["exec"]["command"])
+                    assert args["--server"] == f"localhost:{grpc_port}", f"{k} --server {args['--server']}"
+                    assert args["--service"] == want[k], f"{k} --service {args['--service']}"
+                    continue
                 assert "grpc" in p, f"{k} is not a native gRPC probe"
                 assert p["grpc"]["port"] == grpc_port, f"{k} port {p['grpc']['port']}"
                 assert p["grpc"]["service"] == want[k], f"{k} service {p['grpc'].get('service')}"
@@ -394,7 +507,7 @@ def main():
                 assert gpu and int(gpu) >= 1, "gpu overlay requests no GPU"
             else:
                 assert gpu is None, f"{o} requests a GPU"
-            return (f"ports grpc {grpc_port}/http {http_port}, probes liveness/readiness, startup {budget} s, "
+            return (f"ports grpc {grpc_port}/http {http_port}, probes liveness/readiness{' (exec, TLS)' if tls else ''}, startup {budget} s, "
                     f"grace {grace} >= {drain}+{longest:g} s, non-root read-only, GPU {gpu or 0}")
         check(f"deployment {o}", deployment)
 
@@ -423,6 +536,64 @@ def main():
         return f"Service grpc/http, PodMonitor http/metrics, HPA on {names[0]} (prometheus-adapter rule)"
     check("service, podmonitor, hpa", service_monitor_hpa)
 
+    def tls_overlay():
+        o = "overlays/tls"
+        d = obj(o, "Deployment")
+        spec = d["spec"]["template"]["spec"]
+        cfg = yaml.safe_load(server_yaml(o))
+        base = yaml.safe_load(server_yaml("overlays/cpu"))
+        rest = copy.deepcopy(cfg)
+        for k in ("tls", "restricted_apis"):
+            rest["server"].pop(k, None)
+        assert rest == base, "tls overlay server.yaml differs from the base's beyond server.tls/restricted_apis"
+        assert set(cfg["server"]["tls"]) == {"cert_file", "key_file", "client_ca_file"}, cfg["server"]["tls"]
+        rules = cfg["server"]["restricted_apis"]
+        for g in ("model-repository", "admin"):
+            assert set(rules[g]) == {"header", "value_env"}, f"restricted_apis.{g}: {rules[g]}"
+        (server,) = [c for c in spec["containers"] if c["name"] == "server"]
+        (init,) = [c for c in spec["initContainers"] if c["name"] == "kernels-download"]
+        vols = {v["name"]: v for v in spec["volumes"]}
+        secret, files = check_tls_layout(cfg, server, vols, grpc_port, [server, init])
+        assert ("PodMonitor", "libreyolo-server") not in rendered[o], "a PodMonitor cannot send the admin header"
+        keys = {e["name"]: e["valueFrom"]["secretKeyRef"] for e in server["env"] if "valueFrom" in e}
+        admin_ref = keys[rules["admin"]["value_env"]]
+        # cert-manager example: the Secret mounted, a name for the probes' host, client auth.
+        (cert,) = load_all(os.path.join(K8S, o, "certificate.yaml"))
+        assert cert["spec"]["secretName"] == secret, f"Certificate writes {cert['spec']['secretName']}, pods mount {secret}"
+        assert "localhost" in cert["spec"]["dnsNames"], "the exec probes connect to localhost"
+        assert {"server auth", "client auth"} <= set(cert["spec"]["usages"]), cert["spec"]["usages"]
+        # Prometheus: the admin header from the same Secret key, mutual TLS with the same Secret.
+        (job,) = load_all(os.path.join(K8S, o, "prometheus-scrape-config.yaml"))[0]
+        hdr = job["http_headers"]
+        assert list(hdr) == [rules["admin"]["header"]], f"scrape header {list(hdr)} != {rules['admin']['header']}"
+        assert hdr[rules["admin"]["header"]]["files"] == [f"/etc/prometheus/secrets/{admin_ref['name']}/{admin_ref['key']}"], hdr
+        assert job["scheme"] == "https" and job["metrics_path"] == "/metrics", job
+        t = job["tls_config"]
+        assert [t["ca_file"], t["cert_file"], t["key_file"]] == \
+            [f"/etc/prometheus/secrets/{secret}/{k}" for k in ("ca.crt", "tls.crt", "tls.key")], t
+        assert t["server_name"] in cert["spec"]["dnsNames"], t["server_name"]
+        # KServe: the TLS runtime mounts the Secret the same way.
+        kd = kserve_tls_docs()
+        rt = kd["ClusterServingRuntime"]
+        (c,) = rt["spec"]["containers"]
+        kcfg = yaml.safe_load(kserve_tls_config())
+        kvols = {v["name"]: v for v in rt["spec"]["volumes"]}
+        ksecret, kfiles = check_tls_layout(kcfg, c, kvols, grpc_port, [c])
+        assert ksecret == secret, f"KServe runtime mounts {ksecret}, the overlay {secret}"
+        assert kcfg["server"]["restricted_apis"] == rules, "KServe runtime and overlay restrict differently"
+        srcs = [s_["configMap"]["name"] for s_ in kvols["config"]["projected"]["sources"] if "configMap" in s_]
+        assert srcs == [kd["ConfigMap"]["metadata"]["name"]], srcs
+        (plain,) = load_all(os.path.join(DEPLOY, "kserve", "clusterservingruntime.yaml"))
+        assert [f["name"] for f in rt["spec"]["supportedModelFormats"]] == \
+            [f["name"] for f in plain["spec"]["supportedModelFormats"]], "TLS runtime formats differ"
+        (isvc,) = load_all(os.path.join(DEPLOY, "kserve", "inferenceservice-tls.yaml"))
+        assert isvc["spec"]["predictor"]["model"]["runtime"] == rt["metadata"]["name"], isvc["spec"]["predictor"]["model"]
+        state["tls"] = (cfg, server)
+        return (f"Secret {secret} at {', '.join(sorted(files.values()))} = server.tls (overlay and KServe), "
+                f"probes exec with them, value_env {', '.join(value_envs(cfg))} from Secrets, scrape job sends "
+                f"{rules['admin']['header']}")
+    check("tls overlay: mounted files = server.tls, probes, Secrets", tls_overlay)
+
     # --- 4. the ConfigMap through the daemon's own parser ------------------------------------
     have_server = os.access(server_bin, os.X_OK)
 
@@ -434,6 +605,7 @@ def main():
         files = {}
         for o in OVERLAYS:
             files.setdefault(server_yaml(o), []).append(o)
+        files.setdefault(kserve_tls_config(), []).append("kserve tls runtime")
         jobs = []
         for i, (text, owners) in enumerate(files.items()):
             p = os.path.join(work, f"server-{i}.yaml")
@@ -443,8 +615,10 @@ def main():
         bad = os.path.join(work, "bad.yaml")
         with open(bad, "w") as f:
             f.write(server_yaml("base").replace("drain_seconds:", "drain_second:"))
+        # value_env variables (restricted_apis) must be set, or the file is refused.
+        envs = [{**os.environ, **{v: "x" for v in value_envs(yaml.safe_load(read(p)))}} for _, p in jobs]
         runs = parallel([[server_bin, "--config", p, "--print-config"] for _, p in jobs] +
-                        [[server_bin, "--config", bad, "--print-config"]])
+                        [[server_bin, "--config", bad, "--print-config"]], envs + [None])
         details = []
         for (owners, _), r in zip(jobs, runs):
             assert r.returncode == 0, f"{owners}: --print-config exit {r.returncode}: {r.stderr.strip()}"
@@ -591,8 +765,93 @@ def main():
         assert r.returncode == 0, r.stderr
         n = len(os.listdir(os.path.join(prefix, "lib")))
         return f"{n} libraries collected; every one resolved inside the prefix; the collected binary runs"
+    def tls_daemon():
+        if not (have_server and os.access(client_bin, os.X_OK)):
+            raise Skip("libreyolo-server or libreyolo-client is not built")
+        if "tls" not in state:
+            raise Skip("the tls overlay did not pass its static check")
+        cfg, server = state["tls"]
+        config = server["args"][server["args"].index("--config") + 1]
+        etc = os.path.join(work, "etc-tls")
+        make_test_certificates(os.path.join(etc, "tls"))  # tls.crt, tls.key, ca.crt as the Secret's items
+        gp, hp = free_port(), free_port()
+        live = copy.deepcopy(cfg)  # server.tls and restricted_apis unchanged (paths relative to the file)
+        live["server"].update({"grpc_address": f"127.0.0.1:{gp}", "http_address": f"127.0.0.1:{hp}",
+                               "drain_seconds": 0, "log_level": "warn"})
+        live["model_repository"] = os.path.join(ROOT, "examples", "model_repository")
+        live["device"] = "cpu"
+        live["kernels"] = {"hub_kernels": False}
+        with open(os.path.join(etc, "server.yaml"), "w") as f:
+            yaml.safe_dump(live, f)
+        keys = {v: f"secret-of-{v.lower()}" for v in value_envs(cfg)}
+        env = {**os.environ, **keys, "LIBREYOLO_HUB_KERNELS": "0"}
+
+        def probe(name):  # the pod's probe command, its files and port moved to this test's
+            cmd = [x.replace(os.path.dirname(config), etc).replace(f"localhost:{grpc_port}", f"localhost:{gp}")
+                   for x in server[name]["exec"]["command"]]
+            cmd[0] = client_bin
+            return subprocess.run(cmd, capture_output=True, text=True, timeout=20)
+        log = open(os.path.join(work, "server-tls.log"), "w")
+        proc = subprocess.Popen([server_bin, "--config", os.path.join(etc, "server.yaml")], stdout=log,
+                                stderr=subprocess.STDOUT, env=env)
+        try:
+            deadline = time.time() + 60
+            while True:
+                r = probe("readinessProbe")
+                if r.returncode == 0 or proc.poll() is not None or time.time() > deadline:
+                    break
+                time.sleep(0.5)
+            assert r.returncode == 0, f"readiness probe: exit {r.returncode} {r.stdout}{r.stderr} " \
+                                      f"(daemon exit {proc.poll()}: {read(os.path.join(work, 'server-tls.log'))[-800:]})"
+            for name in ("startupProbe", "livenessProbe"):
+                r = probe(name)
+                assert r.returncode == 0, f"{name}: exit {r.returncode} {r.stdout}{r.stderr}"
+            plain = subprocess.run([client_bin, "health", "--server", f"localhost:{gp}", "--service", "liveness"],
+                                   capture_output=True, text=True, timeout=20)
+            assert plain.returncode != 0, "a plain-text health check passed against the TLS port"
+            nocert = subprocess.run([client_bin, "health", "--server", f"localhost:{gp}", "--service", "liveness",
+                                     "--tls-ca", os.path.join(etc, "tls", "ca.crt")], capture_output=True, text=True, timeout=20)
+            assert nocert.returncode != 0, "a client without a certificate passed mutual TLS"
+            rules = cfg["server"]["restricted_apis"]
+            ctx = ssl.create_default_context(cafile=os.path.join(etc, "tls", "ca.crt"))
+            ctx.load_cert_chain(os.path.join(etc, "tls", "tls.crt"), os.path.join(etc, "tls", "tls.key"))
+            url = f"https://localhost:{hp}/metrics"
+            try:
+                urllib.request.urlopen(url, context=ctx, timeout=10)
+                raise AssertionError("/metrics answered without the admin header")
+            except urllib.error.HTTPError as e:
+                body = e.read().decode()
+                assert e.code == 403 and json.loads(body) == \
+                    {"error": f"This API is restricted, expecting header '{rules['admin']['header']}'"}, (e.code, body)
+            req = urllib.request.Request(url, headers={rules["admin"]["header"]: keys[rules["admin"]["value_env"]]})
+            with urllib.request.urlopen(req, context=ctx, timeout=10) as resp:
+                assert resp.status == 200 and b"libreyolo_api_denied_total" in resp.read()
+            tls_args = ["--tls-ca", os.path.join(etc, "tls", "ca.crt"), "--tls-cert", os.path.join(etc, "tls", "tls.crt"),
+                        "--tls-key", os.path.join(etc, "tls", "tls.key")]
+            repo = rules["model-repository"]
+            denied = subprocess.run([client_bin, "call", "RepositoryIndex", "--server", f"localhost:{gp}", *tls_args],
+                                    capture_output=True, text=True, timeout=20)
+            assert denied.returncode != 0 and "PERMISSION_DENIED" in denied.stdout + denied.stderr, \
+                f"RepositoryIndex without the header: exit {denied.returncode} {denied.stdout}{denied.stderr}"
+            ok = subprocess.run([client_bin, "call", "RepositoryIndex", "--server", f"localhost:{gp}", *tls_args,
+                                 "--header", f"{repo['header']}={keys[repo['value_env']]}"],
+                                capture_output=True, text=True, timeout=20)
+            assert ok.returncode == 0, f"RepositoryIndex with the header: exit {ok.returncode} {ok.stdout}{ok.stderr}"
+            return ("the overlay's server.yaml with a test CA: its exec probes pass (startup, readiness, liveness); "
+                    "plain text and a client without a certificate fail; /metrics 403 without the admin header, "
+                    "200 with it; RepositoryIndex PERMISSION_DENIED without its header, OK with it")
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            log.close()
+
     check_concurrently([
         ("configmap server.yaml valid for the daemon", config_valid),
+        ("tls overlay's server.yaml on a live daemon", tls_daemon),
         ("init container prefetch script", init_script),
         ("daemon on loopback", live_daemon),
         ("runtime libraries (collect-runtime.sh)", runtime_libs),
