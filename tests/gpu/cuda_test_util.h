@@ -24,6 +24,7 @@
 #include "kernels/pool/max_pool2d.h"
 #include "kernels/quant/fake_quant_fp8.h"
 #include "kernels/registry.h"
+#include "tests/support/tensor_diff.h"
 
 // Weak: without nvcc (CI) libreyolo_kernels lacks it, test_gpu still links, and the tests skip.
 namespace libreyolo::kernels {
@@ -107,20 +108,6 @@ inline std::map<std::string, at::Tensor> load_safetensors(const std::string& pat
 /// Path of a file under tests/fixtures.
 inline std::string fixture(const std::string& rel) {
   return std::string(LIBREYOLO_TEST_FIXTURES) + "/" + rel;
-}
-
-/// max |a - b| in float64 (both moved to the CPU).
-inline double max_abs_diff(const at::Tensor& a, const at::Tensor& b) {
-  return (a.detach().to(at::kCPU, at::kDouble) - b.detach().to(at::kCPU, at::kDouble))
-      .abs()
-      .max()
-      .item<double>();
-}
-
-/// max |a - b| / max |b| (b is the reference; 1 when b is all zeros).
-inline double max_rel_diff(const at::Tensor& a, const at::Tensor& b) {
-  const double scale = b.detach().to(at::kCPU, at::kDouble).abs().max().item<double>();
-  return max_abs_diff(a, b) / (scale > 0 ? scale : 1.0);
 }
 
 /// Number of elements whose float32 bit patterns differ (all NaNs count as equal).

@@ -18,6 +18,7 @@
 #include "models/core/safetensors.h"
 #include "models/image/postprocess.h"
 #include "models/model.h"
+#include "tests/support/tensor_diff.h"
 
 namespace libreyolo::test {
 
@@ -56,11 +57,6 @@ inline at::Tensor normalized_pixels(const std::string& dir) {
     pixels = pixels.masked_fill(mask.unsqueeze(1) == 0, 0.0f);
   }
   return pixels;
-}
-
-/// max |a - b| as a double (a and b converted to float32 on CPU).
-inline double max_abs_diff(const at::Tensor& a, const at::Tensor& b) {
-  return (a.to(at::kCPU, at::kFloat) - b.to(at::kCPU, at::kFloat)).abs().max().item<double>();
 }
 
 /// Runs `model` on `pixels` with the manual and the SDPA attention path and expects float32

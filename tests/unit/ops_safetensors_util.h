@@ -16,6 +16,8 @@
 #include <string>
 #include <vector>
 
+#include "tests/support/tensor_diff.h"
+
 namespace libreyolo::test {
 
 /// Every tensor of a .safetensors file, as CPU tensors owning their memory. Supported dtypes:
@@ -59,16 +61,6 @@ inline std::map<std::string, at::Tensor> load_safetensors(const std::string& pat
 /// Path of a file under tests/fixtures.
 inline std::string fixture_path(const std::string& relative) {
   return std::string(LIBREYOLO_TEST_FIXTURES) + "/" + relative;
-}
-
-/// max|a - b| as a double (both converted to float64).
-inline double max_abs_diff(const at::Tensor& a, const at::Tensor& b) {
-  return (a.to(at::kDouble) - b.to(at::kDouble)).abs().max().item<double>();
-}
-
-/// max|a - b| / max|b| (the "relative" error of the ops tests).
-inline double max_rel_diff(const at::Tensor& a, const at::Tensor& b) {
-  return max_abs_diff(a, b) / b.to(at::kDouble).abs().max().item<double>();
 }
 
 }  // namespace libreyolo::test
