@@ -6,7 +6,7 @@
 // ATen/core/dispatch/Dispatcher.h) and ONNX Runtime's execution providers (a capability check,
 // then fallback: IExecutionProvider::GetCapability), with LibreYOLO's semantics (docs/DESIGN.md
 // "Kernel registry"): newest registration first, `reference` last, predicates that throw are
-// ineligible, runtime failures disable an implementation for the rest of the process. Any
+// ineligible, runtime failures (not a first out-of-memory) disable an implementation. Any
 // register/unregister/filter change drops the resolution snapshot and the next resolve()
 // rebuilds it; bindings made before keep the candidates they were bound to (models hold the
 // handles they were bound to) except that a disabled implementation is skipped everywhere.

@@ -7,8 +7,8 @@
 // `kernelize`): Registry::bind returns a Handle holding the candidates that are allowed by the
 // model's policy and capable of the model's device and dtype, in call order. Calling a Handle
 // takes no lock and looks nothing up; it walks that short list: a Decline moves on (counted), an
-// exception disables the implementation process-wide (one warning, one fallback event), and
-// std::nullopt means "run your portable path".
+// exception disables the implementation process-wide (one warning, one fallback event; a first
+// out-of-memory in a row throws kernels/out_of_memory.h's OutOfMemory), nullopt: portable path.
 //
 // No torch dependency: signatures are plain C++ types.
 #pragma once
