@@ -46,6 +46,11 @@ class Server final : public httplib::Server {
   /// Set before stop(): connection loops end instead of waiting for the next request.
   std::atomic<bool> stopping{false};
 
+  /// Serves one connected socket on the calling thread as a worker does (its first request
+  /// head due head_seconds from now, never answered 503), then closes it; what the connection
+  /// loop returns. For callers without a listener: tests/fuzz/http_request_fuzz.cpp.
+  bool serve_connection(socket_t sock);
+
  private:
   /// One connection, request after request (keep-alive), through ConnectionStream.
   bool process_and_close_socket(socket_t sock) override;

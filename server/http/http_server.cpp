@@ -70,7 +70,8 @@ struct HttpServer::Impl {
       return httplib::Server::HandlerResponse::Handled;
     };
     // API answers are whole JSON documents: a Range header must not cut one (httplib applies
-    // parsed ranges to every answer). The request object is ours (httplib's local), not const.
+    // parsed ranges to every answer; the acceptor already hides the header from httplib,
+    // acceptor.cpp hide_range_header). The request object is ours (httplib's local), not const.
     const_cast<httplib::Request&>(req).ranges.clear();
     // Request smuggling (RFC 9112 section 6.3): a proxy in front may frame a message with both
     // Transfer-Encoding and Content-Length, or with two lengths, differently than we would.

@@ -83,7 +83,8 @@ struct RenderedBody {
 /// "outputs": [{"name", "datatype", "shape", "data": [...]} or {..., "parameters":
 /// {"binary_data_size": N}}]}` with the binary outputs' raw bytes appended in output order.
 /// JSON `data` is the flat row-major element list; BYTES elements are JSON strings (invalid
-/// UTF-8 replaced by U+FFFD: ask for binary data to get them byte-exact). Throws api::Error
+/// UTF-8 replaced by U+FFFD: ask for binary data to get them byte-exact); a non-finite float is
+/// the bare token NaN, Infinity or -Infinity, as Triton writes it. Throws api::Error
 /// (internal) when an output's raw data does not match its datatype and shape.
 RenderedBody render_infer_response(const api::InferResponse& response, const OutputFormat& format);
 

@@ -85,6 +85,29 @@ json output_data(const api::OutputTensor& t, std::uint64_t count) {
   return out;
 }
 
+/// `data` as JSON text. nlohmann writes a non-finite double as `null`; Triton's writer
+/// (triton-inference-server/common include/triton/common/triton_json.h, Value::Write) sets
+/// rapidjson's kWriteNanAndInfFlag, which writes the bare tokens NaN, Infinity and -Infinity
+/// (rapidjson/writer.h Writer::Double), and tritonclient.http reads the body with Python's json,
+/// which accepts them. Finite elements keep nlohmann's number text.
+std::string data_text(const json& data) {
+  const bool non_finite = std::any_of(data.begin(), data.end(), [](const json& v) {
+    return v.is_number_float() && !std::isfinite(v.get<double>());
+  });
+  if (!non_finite) return dump(data);
+  std::string out = "[";
+  for (const auto& v : data) {
+    if (out.size() > 1) out += ',';
+    if (v.is_number_float() && !std::isfinite(v.get<double>())) {
+      const double d = v.get<double>();
+      out += std::isnan(d) ? "NaN" : d > 0 ? "Infinity" : "-Infinity";
+    } else {
+      out += dump(v);
+    }
+  }
+  return out + "]";
+}
+
 std::string config_type(const std::string& dt) {
   return dt == "BYTES" ? "TYPE_STRING" : "TYPE_" + dt;
 }
@@ -101,10 +124,14 @@ bool OutputFormat::is_binary(const std::string& output) const {
 RenderedBody render_infer_response(const api::InferResponse& response, const OutputFormat& format) {
   json j = {{"model_name", response.model_name}, {"model_version", response.model_version}};
   if (!response.id.empty()) j["id"] = response.id;
-  json outputs = json::array();
+  // Written as text, not as one json document, so that a JSON `data` array can hold NaN and
+  // Infinity (data_text). Keys in nlohmann's (sorted) order: "data" is the first key of an
+  // output, "outputs" the last of the response.
+  std::string outputs = "[";
   std::string binary;
   bool any_binary = false;
   for (const auto& t : response.outputs) {
+    if (outputs.size() > 1) outputs += ',';
     json o = {{"name", t.name}, {"datatype", t.datatype}, {"shape", t.shape}};
     if (const auto it = format.in_shm.find(t.name); it != format.in_shm.end()) {
       // Written into shared memory: the parameters name the region, no data (Triton).
@@ -112,7 +139,7 @@ RenderedBody render_infer_response(const api::InferResponse& response, const Out
       for (const auto& [key, value] : it->second)
         std::visit([&, k = key](const auto& v) { params[k] = v; }, value);
       o["parameters"] = std::move(params);
-      outputs.push_back(std::move(o));
+      outputs += dump(o);
       continue;
     }
     // Saturating: a shape whose product overflows matches no data (output_data refuses it).
@@ -125,14 +152,16 @@ RenderedBody render_infer_response(const api::InferResponse& response, const Out
       o["parameters"] = {{"binary_data_size", t.data.size()}};
       binary += t.data;
       any_binary = true;
+      outputs += dump(o);
     } else {
-      o["data"] = output_data(t, count);
+      const std::string data = data_text(output_data(t, count));
+      outputs += "{\"data\":" + data + "," + dump(o).substr(1);
     }
-    outputs.push_back(std::move(o));
   }
-  j["outputs"] = std::move(outputs);
+  outputs += "]";
   RenderedBody out;
   out.body = dump(j);
+  out.body.insert(out.body.size() - 1, ",\"outputs\":" + outputs);
   if (any_binary) {
     out.header_length = out.body.size();
     out.body += binary;

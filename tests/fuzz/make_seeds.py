@@ -189,7 +189,105 @@ def oip_requests(jpeg):
     return {k: v.SerializeToString(deterministic=True) for k, v in seeds.items()}
 
 
+def http_requests():
+    """What clients send to the HTTP port (http_request_fuzz.cpp's routes), one connection each."""
+    head = json.dumps({"inputs": [{"name": "images", "datatype": "BYTES", "shape": [1],
+                                   "parameters": {"binary_data_size": 8}}]})
+    body_json = json.dumps({"inputs": [{"name": "target_sizes", "datatype": "INT64",
+                                        "shape": [1, 2], "data": [400, 600]}]})
+    binary = head.encode() + struct.pack("<I", 4) + b"\xff\xd8\xff\xd9"
+    multipart = ("--XyZ\r\nContent-Disposition: form-data; name=\"a\"; filename=\"a.txt\"\r\n"
+                 "Content-Type: text/plain\r\n\r\nhello\r\n--XyZ--\r\n")
+    get = "GET /v2/health/ready HTTP/1.1\r\nHost: localhost:8000\r\n\r\n"
+    return {
+        "get_health.http": get,
+        "head_health.http": "HEAD /v2/health/ready HTTP/1.1\r\nHost: x\r\n\r\n",
+        "post_infer_json.http": "POST /v2/models/m/infer HTTP/1.1\r\nHost: x\r\n"
+                                "Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+                                % (len(body_json), body_json),
+        "post_infer_binary.http": (b"POST /v2/models/m/infer HTTP/1.1\r\nHost: x\r\n"
+                                   b"Content-Type: application/octet-stream\r\n"
+                                   b"Inference-Header-Content-Length: %d\r\nContent-Length: %d\r\n\r\n"
+                                   % (len(head), len(binary))) + binary,
+        "post_infer_chunked.http": "POST /v2/models/m/infer HTTP/1.1\r\nHost: x\r\n"
+                                   "Transfer-Encoding: chunked\r\n\r\n"
+                                   "5\r\n{\"inp\r\n4;ext=1\r\nuts\"\r\n3\r\n: 1\r\n1\r\n}\r\n0\r\n"
+                                   "Trailer: x\r\n\r\n",
+        "post_form_multipart.http": "POST /form HTTP/1.1\r\nHost: x\r\n"
+                                    "Content-Type: multipart/form-data; boundary=XyZ\r\n"
+                                    "Content-Length: %d\r\n\r\n%s" % (len(multipart), multipart),
+        "post_form_urlencoded.http": "POST /form HTTP/1.1\r\nContent-Type: "
+                                     "application/x-www-form-urlencoded\r\nContent-Length: 7\r\n\r\na=1&b=2",
+        "pipelined_keep_alive.http": get + "POST /v2/models/m/infer HTTP/1.1\r\nContent-Length: 2\r\n\r\n{}"
+                                     + "GET /big HTTP/1.1\r\n\r\n" + get
+                                     + "GET /v2/health/ready?x=%20 HTTP/1.0\r\nConnection: close\r\n\r\n",
+        "expect_100_continue.http": "POST /v2/models/m/infer HTTP/1.1\r\nExpect: 100-continue\r\n"
+                                    "Content-Length: 2\r\n\r\n{}",
+        "close_before_body.http": "POST /close HTTP/1.1\r\nContent-Length: 5\r\n\r\nhello" + get,
+        "too_large.http": "POST /v2/models/m/infer HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n"
+                          "2000\r\n" + "x" * 0x2000 + "\r\n0\r\n\r\n",
+        "ranges.http": "GET /v2/health/ready HTTP/1.1\r\nRange: garbage\r\n\r\n"
+                       "GET /v2/health/ready HTTP/1.1\r\nrAnGe: bytes=5-2\r\n\r\n"
+                       "GET /big HTTP/1.1\r\nRange: bytes=999999-\r\n\r\n"
+                       "GET /big HTTP/1.1\r\nRange: bytes=0-1,3-4\r\n\r\n",
+        "http09.http": "GET /v2/health/ready\r\n\r\n",
+    }
+
+
+def tls_client_hellos():
+    """A client's first flights to the TLS front (tls_front_fuzz.cpp: 1 byte, bit 0 mutual TLS,
+    then the bytes), from a real handshake of Python's ssl (OpenSSL) in memory: TLS 1.3 and 1.2
+    ClientHellos, and for TLS 1.2 with a client certificate the ClientHello followed by the
+    client's second flight (Certificate, ClientKeyExchange, CertificateVerify, Finished). The
+    client random differs per run: written only when absent."""
+    import ssl
+    import subprocess
+    import tempfile
+
+    out = {}
+    with tempfile.TemporaryDirectory() as d:
+        cert, key = d + "/c.pem", d + "/k.pem"
+        subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt",
+                        "ec_paramgen_curve:P-256", "-nodes", "-subj", "/CN=localhost", "-days",
+                        "3650", "-keyout", key, "-out", cert], check=True, capture_output=True)
+        for name, version, mutual in (("tls13", ssl.TLSVersion.TLSv1_3, False),
+                                      ("tls12", ssl.TLSVersion.TLSv1_2, False),
+                                      ("tls12_client_cert", ssl.TLSVersion.TLSv1_2, True)):
+            cctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+            cctx.load_verify_locations(cert)
+            cctx.minimum_version = cctx.maximum_version = version
+            sctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            sctx.load_cert_chain(cert, key)
+            if mutual:
+                cctx.load_cert_chain(cert, key)
+                sctx.verify_mode = ssl.CERT_REQUIRED
+                sctx.load_verify_locations(cert)
+            c_in, c_out, s_in, s_out = (ssl.MemoryBIO() for _ in range(4))
+            client = cctx.wrap_bio(c_in, c_out, server_hostname="localhost")
+            server = sctx.wrap_bio(s_in, s_out, server_side=True)
+            flights = []
+            for _ in range(4):
+                for side in (client, server):
+                    try:
+                        side.do_handshake()
+                    except ssl.SSLWantReadError:
+                        pass
+                data = c_out.read()
+                if data:
+                    flights.append(data)
+                s_in.write(data)
+                c_in.write(s_out.read())
+            out[name] = bytes([1 if mutual else 0]) + b"".join(flights[:2] if mutual else flights[:1])
+    return out
+
+
 def main():
+    for name, data in http_requests().items():
+        write("http_request", name, data)
+    if not (OUT / "tls_front").is_dir():
+        for name, data in tls_client_hellos().items():
+            write("tls_front", name + ".bin", data)
+
     imgs, hostile, photo = images()
     for name, data in {**imgs, **hostile}.items():
         write("image_decode", name, data)

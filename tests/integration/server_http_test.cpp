@@ -509,6 +509,35 @@ TEST_F(ServerHttp, KeepAliveServesSeveralRequests) {
   EXPECT_EQ(raw.substr(raw.size() - 14), "{\"ready\":true}");
 }
 
+/// API answers ignore Range entirely: neither an unsatisfiable nor an unparsable one is a 416,
+/// and the answer is the whole document.
+TEST_F(ServerHttp, RangeHeadersAreIgnored) {
+  json infer = {{"inputs",
+                 {{{"name", "pixel_values"},
+                   {"datatype", "FP32"},
+                   {"shape", {1, 3, 16, 16}},
+                   {"data", std::vector<double>(3 * 16 * 16, 0.5)}},
+                  {{"name", "target_sizes"},
+                   {"datatype", "INT64"},
+                   {"shape", {1, 2}},
+                   {"data", {400, 600}}}}},
+                {"outputs", {{{"name", "num_detections"}}}}};
+  const std::string expected_infer =
+      "{\"model_name\":\"fake\",\"model_version\":\"1\",\"outputs\":[{\"data\":[4],"
+      "\"datatype\":\"INT32\",\"name\":\"num_detections\",\"shape\":[1]}]}";
+  for (const std::string range :
+       {"Range: bytes=999999-", "Range: garbage", "Range: bytes=5-2", "Range: bytes=0-3,6-9"}) {
+    auto r = http_request(port(), "GET", "/v2/health/ready", "", {range});
+    EXPECT_EQ(r.status, 200) << range;
+    EXPECT_EQ(r.body, "{\"ready\":true}") << range;
+    EXPECT_EQ(r.header("content-range"), "") << range;
+    r = http_request(port(), "POST", "/v2/models/fake/infer", infer.dump(), {range});
+    EXPECT_EQ(r.status, 200) << range;
+    EXPECT_EQ(r.body, expected_infer) << range;
+    EXPECT_EQ(r.header("content-type"), "application/json") << range;
+  }
+}
+
 TEST(ServerHttpConfig, HttpThreadsKey) {
   const auto d = parse_config("", "", {}, {});
   EXPECT_EQ(d.http_threads.value, 32);
@@ -720,6 +749,45 @@ TEST(KserveJson, RenderResponse) {
     EXPECT_EQ(e.code(), Code::internal);
     EXPECT_EQ(std::string(e.what()), "output 'f': 4 bytes for shape [1,2] of FP32");
   }
+}
+
+/// A non-finite float in a JSON `data` array is written as Triton writes it (rapidjson's
+/// kWriteNanAndInfFlag: NaN, Infinity, -Infinity), not as nlohmann's `null`.
+TEST(KserveJson, NonFiniteFloatsAreTritonTokens) {
+  api::InferResponse r;
+  r.model_name = "m";
+  r.model_version = "1";
+  r.id = "7";
+  const std::vector<float> f = {std::nanf(""), INFINITY, -INFINITY, 0.5f};
+  r.outputs.push_back(
+      {"scores", "FP32", {2, 2}, std::string(reinterpret_cast<const char*>(f.data()), 16)});
+  const std::vector<double> d = {-INFINITY, 2.0};
+  r.outputs.push_back({"d", "FP64", {2}, std::string(reinterpret_cast<const char*>(d.data()), 16)});
+  r.outputs.push_back({"h", "FP16", {2}, std::string("\x00\x7c\x00\x7e", 4)});  // +Inf, NaN
+  const std::vector<std::int32_t> i = {3};
+  r.outputs.push_back({"n", "INT32", {1}, std::string(reinterpret_cast<const char*>(i.data()), 4)});
+  http::OutputFormat json_only;
+  auto out = http::render_infer_response(r, json_only);
+  EXPECT_EQ(out.body,
+            "{\"id\":\"7\",\"model_name\":\"m\",\"model_version\":\"1\",\"outputs\":["
+            "{\"data\":[NaN,Infinity,-Infinity,0.5],\"datatype\":\"FP32\",\"name\":\"scores\","
+            "\"shape\":[2,2]},"
+            "{\"data\":[-Infinity,2.0],\"datatype\":\"FP64\",\"name\":\"d\",\"shape\":[2]},"
+            "{\"data\":[Infinity,NaN],\"datatype\":\"FP16\",\"name\":\"h\",\"shape\":[2]},"
+            "{\"data\":[3],\"datatype\":\"INT32\",\"name\":\"n\",\"shape\":[1]}]}");
+  // Binary outputs and outputs without a non-finite element are unchanged.
+  http::OutputFormat mixed;
+  mixed.binary["scores"] = true;
+  out = http::render_infer_response(r, mixed);
+  ASSERT_TRUE(out.header_length.has_value());
+  EXPECT_EQ(out.body.substr(0, *out.header_length),
+            "{\"id\":\"7\",\"model_name\":\"m\",\"model_version\":\"1\",\"outputs\":["
+            "{\"datatype\":\"FP32\",\"name\":\"scores\",\"parameters\":{\"binary_data_size\":16},"
+            "\"shape\":[2,2]},"
+            "{\"data\":[-Infinity,2.0],\"datatype\":\"FP64\",\"name\":\"d\",\"shape\":[2]},"
+            "{\"data\":[Infinity,NaN],\"datatype\":\"FP16\",\"name\":\"h\",\"shape\":[2]},"
+            "{\"data\":[3],\"datatype\":\"INT32\",\"name\":\"n\",\"shape\":[1]}]}");
+  EXPECT_EQ(out.body.substr(*out.header_length), r.outputs[0].data);
 }
 
 TEST(KserveJson, StatusMappingAndErrorBody) {
