@@ -207,15 +207,19 @@ void parse_server(const YAML::Node& n, const std::string& file, const kernels::E
       if (!(d >= 0 && d <= 86400)) fail(file, v, full + " must be between 0 and 86400");
       set(c.drain_seconds, d, file, v);
     } else if (key == "max_message_bytes" || key == "max_images_per_request" ||
-               key == "max_pixels_per_image" || key == "preprocess_threads") {
+               key == "max_pixels_per_image" || key == "preprocess_threads" ||
+               key == "intra_op_threads") {
       const auto i = as<std::int64_t>(file, v, full, "an integer");
-      const bool zero_ok = key == "preprocess_threads";
-      if (i < 0 || (i == 0 && !zero_ok)) fail(file, v, full + " must be > 0");
+      const bool threads = key == "preprocess_threads" || key == "intra_op_threads";
+      if (threads && i < 0)
+        fail(file, v, full + " must be >= 0 (0: one per core of the CPU budget)");
+      if (!threads && i <= 0) fail(file, v, full + " must be > 0");
       // Each is a std::thread started at once: a billion would abort the process.
-      if (key == "preprocess_threads" && i > 1024) fail(file, v, full + " must be at most 1024");
+      if (threads && i > 1024) fail(file, v, full + " must be at most 1024");
       auto& target = key == "max_message_bytes"        ? c.max_message_bytes
                      : key == "max_images_per_request" ? c.max_images_per_request
                      : key == "max_pixels_per_image"   ? c.max_pixels_per_image
+                     : key == "intra_op_threads"       ? c.intra_op_threads
                                                        : c.preprocess_threads;
       set(target, i, file, v);
     } else if (key == "max_concurrent_rpcs") {
@@ -258,7 +262,8 @@ void parse_server(const YAML::Node& n, const std::string& file, const kernels::E
            "unknown key " + full +
                " (expected grpc_address, http_address, drain_seconds, max_message_bytes, "
                "max_images_per_request, max_pixels_per_image, preprocess_threads, "
-               "max_concurrent_rpcs, http_threads, model_control, load_models, strict_readiness, "
+               "intra_op_threads, max_concurrent_rpcs, http_threads, model_control, load_models, "
+               "strict_readiness, "
                "log_level, tls, restricted_apis)");
     }
   }
@@ -454,6 +459,7 @@ std::string describe(const ServerConfig& c) {
   row(out, "  ", "max_images_per_request", c.max_images_per_request);
   row(out, "  ", "max_pixels_per_image", c.max_pixels_per_image);
   row(out, "  ", "preprocess_threads", c.preprocess_threads);
+  row(out, "  ", "intra_op_threads", c.intra_op_threads);
   row(out, "  ", "max_concurrent_rpcs", c.max_concurrent_rpcs);
   row(out, "  ", "http_threads", c.http_threads);
   row(out, "  ", "model_control", c.model_control);

@@ -36,7 +36,11 @@ struct ServerConfig {
   Setting<std::int64_t> max_message_bytes{67108864};
   Setting<std::int64_t> max_images_per_request{64};      ///< images (batch N) per ModelInfer
   Setting<std::int64_t> max_pixels_per_image{40000000};  ///< width*height, checked from the header
-  Setting<std::int64_t> preprocess_threads{0};  ///< CPU pool for decoding; 0: hardware threads
+  /// CPU pool for decoding; 0: one per core of the CPU budget (server/core/cpu_budget.h).
+  Setting<std::int64_t> preprocess_threads{0};
+  /// Intra-op threads of every CPU forward (at::set_num_threads); 0: the CPU budget's cores
+  /// (affinity capped by the cgroup quota), or OMP_NUM_THREADS when that is set.
+  Setting<std::int64_t> intra_op_threads{0};
   /// gRPC handler threads, pollers included (grpc::ResourceQuota::SetMaxThreads): calls beyond
   /// are answered RESOURCE_EXHAUSTED at once instead of each holding a thread and its request.
   /// 2 to 4096.

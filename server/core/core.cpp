@@ -1,11 +1,13 @@
 #include "server/core/core.h"
 
 #include <ATen/Context.h>
+#include <ATen/Parallel.h>
 #include <c10/util/StringUtil.h>
 
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cstdlib>
 #include <thread>
 
 #include "kernels/kernels.h"
@@ -34,14 +36,26 @@ ServerCore::ServerCore(const ServerConfig& config, Metrics& metrics, ModelFactor
       return models::load_model(dir, o);
     };
   }
+  // Threads from the CPUs this process may use, not the host's (server/core/cpu_budget.h): a
+  // container limited to 2 CPUs on a 64-core node must not run teams of 64.
+  cpu_ = cpu_budget();
+  if (config_.intra_op_threads.value > 0) {
+    at::set_num_threads(static_cast<int>(config_.intra_op_threads.value));
+    intra_op_source_ = "server.intra_op_threads";
+  } else if (const char* omp = std::getenv("OMP_NUM_THREADS"); omp != nullptr && *omp != 0) {
+    intra_op_source_ = "OMP_NUM_THREADS";  // ATen's OpenMP runtime read it already
+  } else {
+    at::set_num_threads(cpu_.cores);
+    intra_op_source_ = "CPU budget (" + cpu_.source + ")";
+  }
   // Each pool thread's ATen operators get an equal share of the cores (1 with the default pool
   // of one thread per core): otherwise every thread forks a team of all cores per resize and
   // normalise (models/runtime/intra_op_threads.h).
+  const int cores = cpu_.cores;
   pool_ = std::make_unique<ThreadPool>(
-      static_cast<int>(config_.preprocess_threads.value), [](int threads) {
-        const int cores = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
-        models::use_intra_op_threads(std::max(1, cores / threads));
-      });
+      config_.preprocess_threads.value > 0 ? static_cast<int>(config_.preprocess_threads.value)
+                                           : cores,
+      [cores](int threads) { models::use_intra_op_threads(std::max(1, cores / threads)); });
   lifecycle_ = std::make_unique<ModelLifecycle>(config_, metrics_, std::move(factory));
   lifecycle_->lookup_hook_for_testing = [this](const std::string& name) {
     if (lookup_hook_for_testing) lookup_hook_for_testing(name);
@@ -323,6 +337,7 @@ std::string ServerCore::active_json() const {
       {"max_images_per_request", server_setting(config_.max_images_per_request)},
       {"max_pixels_per_image", server_setting(config_.max_pixels_per_image)},
       {"preprocess_threads", server_setting(config_.preprocess_threads)},
+      {"intra_op_threads", server_setting(config_.intra_op_threads)},
       {"max_concurrent_rpcs", server_setting(config_.max_concurrent_rpcs)},
       {"model_control", server_setting(config_.model_control)},
       {"load_models", server_setting(config_.load_models)},
@@ -347,6 +362,13 @@ std::string ServerCore::active_json() const {
   out["ready"] = ready();
   out["draining"] = draining();
   out["torch"] = torch;
+  // The threads as resolved (server/core/cpu_budget.h): what the settings above turned into.
+  out["cpu"] = {{"cores", cpu_.cores},
+                {"affinity_cpus", cpu_.affinity},
+                {"cores_source", cpu_.source},
+                {"intra_op_threads", at::get_num_threads()},
+                {"intra_op_threads_source", intra_op_source_},
+                {"preprocess_threads", pool_->size()}};
   out["server"] = server;
   return out.dump(2);
 }

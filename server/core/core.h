@@ -13,6 +13,7 @@
 
 #include "server/api/types.h"
 #include "server/config/config.h"
+#include "server/core/cpu_budget.h"
 #include "server/metrics/metrics.h"
 
 namespace libreyolo::models {
@@ -82,6 +83,8 @@ class ServerCore : public api::InferenceService {
  private:
   ServerConfig config_;
   Metrics& metrics_;
+  CpuBudget cpu_;                ///< the CPUs this process may use (cgroup quota, affinity)
+  std::string intra_op_source_;  ///< why the forward's intra-op thread count is what it is
   std::unique_ptr<ThreadPool> pool_;
   std::unique_ptr<ModelLifecycle> lifecycle_;
   std::unique_ptr<InferPipeline> pipeline_;

@@ -44,6 +44,9 @@ TEST(ServerConfig, ShippedFileEqualsDefaults) {
   EXPECT_EQ(c.max_message_bytes.value, d.max_message_bytes.value);
   EXPECT_EQ(c.max_images_per_request.value, d.max_images_per_request.value);
   EXPECT_EQ(c.max_pixels_per_image.value, d.max_pixels_per_image.value);
+  EXPECT_EQ(c.preprocess_threads.value, d.preprocess_threads.value);
+  EXPECT_EQ(c.intra_op_threads.value, d.intra_op_threads.value);
+  EXPECT_EQ(c.intra_op_threads.source, Source::file);
   // The file's ../examples/model_repository is relative to config/: the same folder as the
   // default ./examples/model_repository from the checkout's root, but from any directory.
   EXPECT_EQ(c.model_repository.value,
