@@ -167,6 +167,7 @@ void expect_same_values(const ServerConfig& a, const ServerConfig& b) {
   EXPECT_EQ(a.max_images_per_request.value, b.max_images_per_request.value);
   EXPECT_EQ(a.max_pixels_per_image.value, b.max_pixels_per_image.value);
   EXPECT_EQ(a.preprocess_threads.value, b.preprocess_threads.value);
+  EXPECT_EQ(a.intra_op_threads.value, b.intra_op_threads.value);
   EXPECT_EQ(a.max_concurrent_rpcs.value, b.max_concurrent_rpcs.value);
   EXPECT_EQ(a.model_control.value, b.model_control.value);
   EXPECT_EQ(a.log_level.value, b.log_level.value);
@@ -207,6 +208,7 @@ TEST(ServerHardenConfig, PrintConfigIsYamlThatReadsBackToTheSameValues) {
       "  max_images_per_request: 3\n"
       "  max_pixels_per_image: 123456\n"
       "  preprocess_threads: 7\n"
+      "  intra_op_threads: 5\n"
       "  max_concurrent_rpcs: 33\n"
       "  model_control: explicit\n"
       "  log_level: warn\n"
@@ -248,7 +250,7 @@ TEST(ServerHardenConfig, PrintConfigIsYamlThatReadsBackToTheSameValues) {
   const auto c = parse_config(yaml, "/etc/libreyolo/server.yaml", {}, env);
   const auto text = describe(c);
   EXPECT_NE(text.find("model_repository: \"/tmp/odd repo #2: x\\\"q\\\\ '\"  # "
-                      "/etc/libreyolo/server.yaml:12:19\n"),
+                      "/etc/libreyolo/server.yaml:13:19\n"),
             std::string::npos)
       << text;
   EXPECT_NE(text.find("  hub_kernels: false  # environment LIBREYOLO_HUB_KERNELS\n"),
@@ -258,7 +260,7 @@ TEST(ServerHardenConfig, PrintConfigIsYamlThatReadsBackToTheSameValues) {
             std::string::npos);
   // The origin of a slot's list is its key (the check of its names points there).
   EXPECT_NE(text.find("    ms_deform_attn:\n      allow: [cuda, hub]  # "
-                      "/etc/libreyolo/server.yaml:20:5\n"),
+                      "/etc/libreyolo/server.yaml:21:5\n"),
             std::string::npos);
   EXPECT_NE(text.find("  layouts: default  # default\n"), std::string::npos) << text;
   EXPECT_NE(text.find("  # hub token: set (environment HF_TOKEN)\n"), std::string::npos);
