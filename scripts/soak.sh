@@ -224,9 +224,11 @@ header = ("| ran | concurrency | requests OK | errors | RSS after first step (MB
 # median of the minute after growth_from against the median of the last minute.
 if end < 1.5 * growth_from:
     growth_from = end / 3
-minutes = "| minute | " + " | ".join(str(m) for m in range(1, int(end // 60) + 1)) + " |\n"
-minutes += "|---|" + "---|" * int(end // 60) + "\n| RSS (MB) | " + " | ".join(
-    f"{min(rows, key=lambda r: abs(r[0] - 60 * m))[1]:.0f}" for m in range(1, int(end // 60) + 1)) + " |\n"
+minutes = ""
+if end >= 60:
+    minutes = "| minute | " + " | ".join(str(m) for m in range(1, int(end // 60) + 1)) + " |\n"
+    minutes += "|---|" + "---|" * int(end // 60) + "\n| RSS (MB) | " + " | ".join(
+        f"{min(rows, key=lambda r: abs(r[0] - 60 * m))[1]:.0f}" for m in range(1, int(end // 60) + 1)) + " |\n"
 a = median([v for t, v in rows if growth_from <= t < growth_from + 60]) or rows[0][1]
 b = median([v for t, v in rows if t >= end - 60]) or rows[-1][1]
 growth_pct = (b - a) / a * 100
