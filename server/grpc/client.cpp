@@ -2,6 +2,7 @@
 #include "server/grpc/client.h"
 
 #include <google/protobuf/text_format.h>
+#include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
 
 #include <cstring>
@@ -195,6 +196,39 @@ CallResult Client::call(const std::string& method, const std::string& request_te
   if (!known) throw std::invalid_argument("unknown GRPCInferenceService method '" + method + "'");
   result.code = static_cast<api::Code>(status.error_code());
   result.message = status.error_message();
+  return result;
+}
+
+CallResult Client::call_raw(const std::string& method, const std::string& request_bytes,
+                            double timeout_seconds) {
+  CallResult result;
+  grpc::ClientContext ctx;
+  impl_->prepare(ctx, timeout_seconds);
+  grpc::Slice slice(request_bytes);
+  const grpc::ByteBuffer request(&slice, 1);
+  grpc::ByteBuffer response;
+  grpc::CompletionQueue cq;
+  grpc::GenericStub stub(impl_->channel);
+  auto call =
+      stub.PrepareUnaryCall(&ctx, "/inference.GRPCInferenceService/" + method, request, &cq);
+  call->StartCall();
+  grpc::Status status;
+  call->Finish(&response, &status, &result);
+  void* tag = nullptr;
+  bool ok = false;
+  cq.Next(&tag, &ok);  // Finish always delivers its tag
+  cq.Shutdown();
+  while (cq.Next(&tag, &ok)) {
+  }
+  result.code = static_cast<api::Code>(status.error_code());
+  result.message = status.error_message();
+  if (status.ok()) {
+    std::vector<grpc::Slice> slices;
+    if (response.Valid() && response.Dump(&slices).ok()) {
+      for (const auto& s : slices)
+        result.text.append(reinterpret_cast<const char*>(s.begin()), s.size());
+    }
+  }
   return result;
 }
 

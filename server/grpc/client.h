@@ -83,6 +83,12 @@ class Client {
   CallResult call(const std::string& method, const std::string& request_text = "",
                   double timeout_seconds = 10.0);
 
+  /// Calls GRPCInferenceService/<method> with `request_bytes` sent as they are, unparsed
+  /// (grpc::GenericStub): how a hostile or broken peer's bytes reach the server. `text` is the
+  /// response's serialized bytes when ok. Any method name is sent; the server answers.
+  CallResult call_raw(const std::string& method, const std::string& request_bytes,
+                      double timeout_seconds = 10.0);
+
   /// Sends `key: value` (lower-case key) as metadata with every later call, e.g. the header a
   /// server.restricted_apis group expects. Not thread-safe with calls in flight.
   void add_metadata(const std::string& key, const std::string& value);

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <algorithm>
+#include <chrono>
 #include <condition_variable>
 #include <deque>
 #include <functional>
@@ -39,6 +40,19 @@ class Executor {
 
   int max_threads() const { return max_; }
 
+  /// Tasks submitted and not finished.
+  int busy() {
+    std::lock_guard<std::mutex> lk(mu_);
+    return busy_;
+  }
+
+  /// Waits until no task is queued or running, or until `deadline`; true when none is. (The
+  /// stop waits for the calls in flight this way while new ones are refused: grpc_server.cpp.)
+  bool wait_idle(std::chrono::steady_clock::time_point deadline) {
+    std::unique_lock<std::mutex> lk(mu_);
+    return idle_cv_.wait_until(lk, deadline, [&] { return busy_ == 0; });
+  }
+
   /// Lets queued and running tasks finish, then joins every thread.
   void stop() {
     {
@@ -64,12 +78,14 @@ class Executor {
       lk.lock();
       --busy_;
       ++idle_;
+      if (busy_ == 0) idle_cv_.notify_all();
     }
   }
 
   const int max_;
   std::mutex mu_;
   std::condition_variable cv_;
+  std::condition_variable idle_cv_;  ///< busy_ reached 0
   std::deque<std::function<void()>> queue_;
   std::vector<std::thread> threads_;
   int busy_ = 0;  ///< tasks submitted and not finished

@@ -63,7 +63,12 @@ class GrpcServer {
   int port() const;
   /// Readiness as seen by grpc.health.v1 ("" and "readiness").
   void set_ready(bool ready);
-  /// Stops accepting new calls and waits up to `grace_seconds` for in-flight ones, then cancels.
+  /// Stops: every new GRPCInferenceService call is answered UNAVAILABLE "the server is shutting
+  /// down" (the port stays open) until the calls in flight are done or `grace_seconds` passed;
+  /// then gRPC shuts down (the port closes; health Watch streams end), cancelling what still runs.
+  /// gRPC's own Shutdown answers a call reaching it CANCELLED: with the refusals first, only a
+  /// call on the wire within a round trip of that instant can still get it (gRPC 1.51 has no
+  /// way to close connections without it).
   void shutdown(double grace_seconds);
 
  private:

@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <future>
+#include <mutex>
 #include <set>
 
 #include "kernels/registry.h"
@@ -14,6 +15,7 @@
 #include "server/app/daemon.h"
 #include "server/config/config.h"
 #include "server/grpc/client.h"
+#include "server/grpc/log_limiter.h"
 #include "server_test_support.h"
 
 namespace libreyolo::server {
@@ -403,6 +405,63 @@ TEST_F(ServerGrpc, BadInputsGetExactStatuses) {
   EXPECT_TRUE(c.infer(images_request("fake", 1), {rpc::pack_bytes({jpg})}).ok());
 }
 
+/// Bytes that are not a protobuf of the method's request type (gRPC's generated handlers
+/// answered UNIMPLEMENTED with no message): INVALID_ARGUMENT naming the method, the message type
+/// and the size, for every unary RPC; one warning line for the burst (at most one per second).
+TEST_F(ServerGrpc, MalformedRequestBytesAreInvalidArgument) {
+  rpc::Client c(*address_);
+  log::Capture capture;
+  // A field number 0 tag: invalid in every message.
+  const std::string garbage("\x07\xff\xff\xff", 4);
+  const std::vector<std::pair<std::string, std::string>> methods = {
+      {"ServerLive", "ServerLiveRequest"},
+      {"ServerReady", "ServerReadyRequest"},
+      {"ModelReady", "ModelReadyRequest"},
+      {"ServerMetadata", "ServerMetadataRequest"},
+      {"ModelMetadata", "ModelMetadataRequest"},
+      {"ModelInfer", "ModelInferRequest"},
+      {"ModelConfig", "ModelConfigRequest"},
+      {"ModelStatistics", "ModelStatisticsRequest"},
+      {"RepositoryIndex", "RepositoryIndexRequest"},
+      {"RepositoryModelLoad", "RepositoryModelLoadRequest"},
+      {"RepositoryModelUnload", "RepositoryModelUnloadRequest"},
+      {"SystemSharedMemoryStatus", "SystemSharedMemoryStatusRequest"},
+      {"SystemSharedMemoryRegister", "SystemSharedMemoryRegisterRequest"},
+      {"SystemSharedMemoryUnregister", "SystemSharedMemoryUnregisterRequest"},
+      {"CudaSharedMemoryStatus", "CudaSharedMemoryStatusRequest"},
+      {"CudaSharedMemoryRegister", "CudaSharedMemoryRegisterRequest"},
+      {"CudaSharedMemoryUnregister", "CudaSharedMemoryUnregisterRequest"}};
+  for (const auto& [method, type] : methods) {
+    const auto r = c.call_raw(method, garbage);
+    EXPECT_EQ(r.code, Code::invalid_argument) << method << ": " << api::code_name(r.code);
+    EXPECT_EQ(r.message, method + ": the request is not a valid inference." + type +
+                             " (protobuf parse failed, 4 bytes)");
+  }
+  // A ModelInferRequest cut short: model_name (field 1) says 10 bytes, 3 follow.
+  const auto truncated = c.call_raw("ModelInfer", std::string("\x0a\x0ahel", 5));
+  EXPECT_EQ(truncated.code, Code::invalid_argument) << api::code_name(truncated.code);
+  EXPECT_EQ(truncated.message,
+            "ModelInfer: the request is not a valid inference.ModelInferRequest (protobuf parse "
+            "failed, 5 bytes)");
+  // The same bytes, whole, are a request: the raw path parses what the typed one did.
+  const auto whole = c.call_raw("ModelReady", std::string("\x0a\x04"
+                                                          "fake",
+                                                          6));
+  EXPECT_TRUE(whole.ok()) << api::code_name(whole.code) << " " << whole.message;
+  EXPECT_EQ(whole.text, std::string("\x08\x01", 2));  // ready: true
+  // Above server.max_message_bytes (16 MiB here) gRPC refuses the bytes before any parsing.
+  const auto big = c.call_raw("ModelInfer", std::string((16 << 20) + 1, 'x'));
+  EXPECT_EQ(big.code, Code::resource_exhausted) << api::code_name(big.code);
+  EXPECT_EQ(big.message, "Received message larger than max (16777217 vs. 16777216)");
+  // 18 failures within a second or two: the first is logged, the rest counted (a second line,
+  // if the burst crossed a one-second boundary, says how many it left out).
+  const int logged = capture.count(log::Level::warn, "the request is not a valid inference.");
+  EXPECT_GE(logged, 1);
+  EXPECT_LE(logged, 3);
+  // Still serving.
+  EXPECT_TRUE(c.call("ServerLive").ok());
+}
+
 TEST_F(ServerGrpc, QueueOverflowIsResourceExhausted) {
   rpc::Client c(*address_);
   const auto jpg = rpc::pack_bytes({read_file(kFixtures + "/images/coffee.jpg")});
@@ -582,6 +641,83 @@ TEST(ServerLifecycle, DrainFlipsReadinessButKeepsServing) {
   auto r = inflight.get();
   EXPECT_TRUE(r.ok()) << api::code_name(r.code) << " " << r.message;
   EXPECT_EQ(c.call("ServerLive", "", 1.0).code, Code::unavailable);
+  FakeState::get().reset();
+  remove_tree(repo);
+}
+
+/// LogLimiter (server/grpc/log_limiter.h) on a clock the test moves: one line per second, the
+/// next one counting what was left out.
+TEST(GrpcLogLimiter, OneLinePerIntervalThenTheCount) {
+  log::Capture capture;
+  rpc::LogLimiter limiter(log::Level::warn, std::chrono::seconds(1));
+  const auto t0 = rpc::LogLimiter::Clock::time_point{} + std::chrono::hours(1);
+  EXPECT_TRUE(limiter.write("bad request", t0));
+  EXPECT_FALSE(limiter.write("bad request", t0 + std::chrono::milliseconds(1)));
+  EXPECT_FALSE(limiter.write("bad request", t0 + std::chrono::milliseconds(999)));
+  EXPECT_TRUE(limiter.write("bad request again", t0 + std::chrono::milliseconds(1000)));
+  EXPECT_TRUE(limiter.write("quiet since", t0 + std::chrono::seconds(5)));
+  std::vector<std::string> lines;
+  for (const auto& l : capture.lines()) {
+    if (l.level == log::Level::warn) lines.push_back(l.text);
+  }
+  EXPECT_EQ(lines,
+            (std::vector<std::string>{
+                "bad request", "bad request again (2 more since the last line)", "quiet since"}));
+}
+
+/// The stop (Daemon::stop after the drain window): while the calls in flight finish, every new
+/// call, on an open connection or a new one, is answered UNAVAILABLE "the server is shutting
+/// down" by the service itself; gRPC's own Shutdown comes after them (it answered new calls on
+/// an open connection CANCELLED), and from then on the port refuses connections (UNAVAILABLE).
+TEST(ServerLifecycle, CallsDuringTheStopAreUnavailable) {
+  const auto repo = temp_dir("stop-refusal");
+  add_fake_model(repo, "fake", "");
+  Daemon d(test_config(repo), fake_or_real());
+  d.start();
+  const std::string address = "127.0.0.1:" + std::to_string(d.grpc_port());
+  rpc::Client c(address);
+  const auto jpg = rpc::pack_bytes({read_file(kFixtures + "/images/coffee.jpg")});
+  FakeState::get().reset();
+  HeldForwards held;
+  auto inflight =
+      std::async(std::launch::async, [&] { return c.infer(images_request("fake", 1), {jpg}); });
+  ASSERT_TRUE(FakeState::get().wait_entered(1));
+
+  std::promise<void> refusing;
+  auto refusing_seen = refusing.get_future();
+  std::once_flag once;
+  const int sink = log::add_sink([&](log::Level, std::string_view line) {
+    if (line.find("gRPC: refusing new calls") != std::string_view::npos)
+      std::call_once(once, [&] { refusing.set_value(); });
+  });
+  auto stopping = std::async(std::launch::async, [&] { d.stop(30.0); });
+  ASSERT_EQ(refusing_seen.wait_for(std::chrono::seconds(60)), std::future_status::ready);
+  log::remove_sink(sink);
+
+  // The forward is still held: the stop waits for it, refusing the rest.
+  const auto live = c.call("ServerLive", "", 5.0);
+  EXPECT_EQ(live.code, Code::unavailable) << api::code_name(live.code);
+  EXPECT_EQ(live.message, "the server is shutting down");
+  const auto infer = c.infer(images_request("fake", 1), {jpg}, 5.0);
+  EXPECT_EQ(infer.code, Code::unavailable) << api::code_name(infer.code);
+  EXPECT_EQ(infer.message, "the server is shutting down");
+  const auto garbage = c.call_raw("ModelInfer", std::string("\x07\xff", 2), 5.0);
+  EXPECT_EQ(garbage.code, Code::unavailable) << api::code_name(garbage.code);
+  EXPECT_EQ(garbage.message, "the server is shutting down");
+  rpc::Client fresh(address);  // a new connection: still accepted, and refused the same way
+  const auto metadata = fresh.call("ServerMetadata", "", 5.0);
+  EXPECT_EQ(metadata.code, Code::unavailable) << api::code_name(metadata.code);
+  EXPECT_EQ(metadata.message, "the server is shutting down");
+  EXPECT_EQ(fresh.health("liveness", 5.0).text, "SERVING");  // alive until gRPC shuts down
+
+  held.release();
+  const auto r = inflight.get();
+  EXPECT_TRUE(r.ok()) << api::code_name(r.code) << " " << r.message;
+  stopping.get();
+  const auto after = c.call("ServerLive", "", 1.0);
+  EXPECT_EQ(after.code, Code::unavailable) << api::code_name(after.code);
+  EXPECT_EQ(after.message, "failed to connect to all addresses; last error: UNKNOWN: ipv4:" +
+                               address + ": Failed to connect to remote host: Connection refused");
   FakeState::get().reset();
   remove_tree(repo);
 }

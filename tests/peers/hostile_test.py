@@ -196,6 +196,36 @@ class MalformedInfer(unittest.TestCase):
             grpc.StatusCode.NOT_FOUND, "unknown model '" + "m" * 48 + "...' (15000 bytes)"))
         self.assertTrue(self.stub.ServerLive(pb.ServerLiveRequest(), timeout=5).live)
 
+    def raw_error(self, method, body):
+        """Sends `body` as it is (identity serializers: no protobuf on this side)."""
+        call = self.channel.unary_unary("/inference.GRPCInferenceService/" + method,
+                                        request_serializer=None, response_deserializer=None)
+        with self.assertRaises(grpc.RpcError) as e:
+            call(body, timeout=10)
+        return e.exception.code(), e.exception.details()
+
+    def test_bytes_that_are_no_request_are_invalid_argument(self):
+        # gRPC's generated handlers answered these UNIMPLEMENTED with no message.
+        garbage = b"\x07\xff\xff\xff"  # a field number 0 tag: no message has one
+        self.assertEqual(self.raw_error("ModelInfer", garbage), (
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "ModelInfer: the request is not a valid inference.ModelInferRequest (protobuf parse "
+            "failed, 4 bytes)"))
+        # A real request cut short, inside its first raw tensor.
+        r = pb.ModelInferRequest(model_name=DETECTOR)
+        r.inputs.add(name="images", datatype="BYTES", shape=[1])
+        r.raw_input_contents.append(b"x" * 1000)
+        whole = r.SerializeToString()
+        self.assertEqual(self.raw_error("ModelInfer", whole[:-10]), (
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "ModelInfer: the request is not a valid inference.ModelInferRequest (protobuf parse "
+            "failed, %d bytes)" % (len(whole) - 10)))
+        self.assertEqual(self.raw_error("ModelMetadata", garbage), (
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "ModelMetadata: the request is not a valid inference.ModelMetadataRequest (protobuf "
+            "parse failed, 4 bytes)"))
+        self.assertTrue(self.stub.ServerLive(pb.ServerLiveRequest(), timeout=5).live)
+
 
 if __name__ == "__main__":
     unittest.main()
