@@ -27,6 +27,7 @@
 # Exit: 0 every check passed, 1 one failed, 2 setup.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. scripts/test-ca.sh
 root=$(pwd)
 build=${1:-build}
 case $build in /*) ;; *) build=$root/$build ;; esac
@@ -54,17 +55,7 @@ client_bin=$out/bin/libreyolo-client
 
 # Test CA, the daemon's certificate (localhost, 127.0.0.1), a client certificate.
 t=$out/tls
-mkdir -p "$t"
-openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 2 \
-  -subj "/CN=libreyolo chaos CA" -keyout "$t/ca.key" -out "$t/ca.crt" 2>/dev/null
-for who in server client; do
-  if [ $who = server ]; then ext="subjectAltName=DNS:localhost,IP:127.0.0.1
-extendedKeyUsage=serverAuth"; else ext="extendedKeyUsage=clientAuth"; fi
-  openssl req -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -subj "/CN=chaos-$who" \
-    -keyout "$t/$who.key" -out "$t/$who.csr" 2>/dev/null
-  openssl x509 -req -in "$t/$who.csr" -CA "$t/ca.crt" -CAkey "$t/ca.key" -CAcreateserial \
-    -days 2 -extfile <(printf '%s\n' "$ext") -out "$t/$who.crt" 2>/dev/null
-done
+make_test_ca "$t" chaos
 client_tls=(--tls-ca "$t/ca.crt" --tls-cert "$t/client.crt" --tls-key "$t/client.key")
 load_tls=(--ca "$t/ca.crt" --cert "$t/client.crt" --key "$t/client.key")
 

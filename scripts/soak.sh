@@ -34,6 +34,7 @@
 #   error was counted or the daemon died, 2 setup.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. scripts/test-ca.sh
 root=$(pwd)
 build=${1:-build}
 case $build in /*) ;; *) build=$root/$build ;; esac
@@ -82,17 +83,7 @@ if [ "$mode" = mixed ]; then
   http_address=127.0.0.1:$hport
   # A test CA, the daemon's certificate (localhost, 127.0.0.1) and a client certificate.
   t=$out/tls
-  mkdir -p "$t"
-  openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 2 \
-    -subj "/CN=libreyolo soak CA" -keyout "$t/ca.key" -out "$t/ca.crt" 2>/dev/null
-  for who in server client; do
-    if [ $who = server ]; then ext="subjectAltName=DNS:localhost,IP:127.0.0.1
-extendedKeyUsage=serverAuth"; else ext="extendedKeyUsage=clientAuth"; fi
-    openssl req -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -subj "/CN=soak-$who" \
-      -keyout "$t/$who.key" -out "$t/$who.csr" 2>/dev/null
-    openssl x509 -req -in "$t/$who.csr" -CA "$t/ca.crt" -CAkey "$t/ca.key" -CAcreateserial \
-      -days 2 -extfile <(printf '%s\n' "$ext") -out "$t/$who.crt" 2>/dev/null
-  done
+  make_test_ca "$t" soak
   tls_yaml="  tls:
     cert_file: tls/server.crt
     key_file: tls/server.key
