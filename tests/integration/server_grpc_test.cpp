@@ -12,6 +12,7 @@
 #include "kernels/registry.h"
 #include "log/log.h"
 #include "models/core/safetensors.h"
+#include "models/image/decode.h"
 #include "server/app/daemon.h"
 #include "server/config/config.h"
 #include "server/grpc/client.h"
@@ -212,6 +213,86 @@ TEST_F(ServerGrpc, DetectionsMatchTheFixture) {
                     th,
                 {raw, raw_sizes}),
         1e-4, 1e-2, "pixel_values");
+}
+
+// libreyolo-client detect --out: the photograph with every detection's box drawn on it, 3 pixels
+// wide, in its label's colour (tools/client/overlay.h): only pixels of the box outlines change,
+// and the last box drawn keeps its colour at its top-left corner.
+TEST_F(ServerGrpc, ClientDetectWritesTheBoxes) {
+  const auto dir = temp_dir("boxes");
+  const std::string photo = kFixtures + "/images/coffee.jpg";
+  const std::string png = (dir / "boxes.png").string(), log = (dir / "log.txt").string();
+  const std::string cmd = std::string(LIBREYOLO_BINARY_DIR) +
+                          "/bin/libreyolo-client detect --model rtdetr_tiny --threshold 0.3 "
+                          "--image " +
+                          photo + " --out " + png + " --server " + *address_ + " > " + log +
+                          " 2>&1";
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << read_file(log);
+  // The same request from the test: the boxes the client drew.
+  rpc::Client c(*address_, 64 << 20);
+  const auto r =
+      c.infer(images_request("rtdetr_tiny", 1,
+                             "parameters { key: \"threshold\" value { double_param: 0.3 } }"),
+              {rpc::pack_bytes({read_file(photo)})});
+  ASSERT_TRUE(r.ok()) << r.message;
+  const int32_t n = values<int32_t>(r.output("num_detections").data).at(0);
+  const auto boxes = values<float>(r.output("boxes").data);
+  const auto labels = values<int64_t>(r.output("labels").data);
+  // The fixture's post-processing of coffee.jpg (image 1) at threshold 0.3.
+  const auto expected =
+      models::core::SafetensorsFile::open(kFixtures + "/models/rtdetr_tiny/expected.safetensors");
+  ASSERT_EQ(n, expected->get("th0.3_img1_scores", at::kFloat, at::kCPU).size(0));
+  const std::string printed = read_file(log);
+  EXPECT_NE(
+      printed.find(photo + ": " + std::to_string(n) + " detections (model rtdetr_tiny version 1)"),
+      std::string::npos)
+      << printed;
+  EXPECT_NE(printed.find("wrote " + png + " (" + std::to_string(n) + " boxes over " + photo + ")"),
+            std::string::npos)
+      << printed;
+
+  const std::string jpg = read_file(photo), out = read_file(png);
+  const auto before = image::decode_rgb(reinterpret_cast<const uint8_t*>(jpg.data()), jpg.size());
+  const auto after = image::decode_rgb(reinterpret_cast<const uint8_t*>(out.data()), out.size());
+  ASSERT_EQ(after.height, before.height);
+  ASSERT_EQ(after.width, before.width);
+  const int64_t w = before.width, h = before.height;
+  auto on_an_outline = [&](int64_t x, int64_t y) {
+    for (int32_t j = 0; j < n; ++j) {
+      const float* b = &boxes[j * 4];
+      const int64_t x0 = std::max<int64_t>(0, std::floor(b[0])),
+                    y0 = std::max<int64_t>(0, std::floor(b[1]));
+      const int64_t x1 = std::min<int64_t>(w - 1, int64_t(std::ceil(b[2])) - 1),
+                    y1 = std::min<int64_t>(h - 1, int64_t(std::ceil(b[3])) - 1);
+      if (x < x0 || x > x1 || y < y0 || y > y1) continue;
+      if (x - x0 < 3 || x1 - x < 3 || y - y0 < 3 || y1 - y < 3) return true;
+    }
+    return false;
+  };
+  int64_t changed = 0, changed_elsewhere = 0;
+  for (int64_t y = 0; y < h; ++y)
+    for (int64_t x = 0; x < w; ++x) {
+      const int64_t p = (y * w + x) * 3;
+      if (before.rgb[p] == after.rgb[p] && before.rgb[p + 1] == after.rgb[p + 1] &&
+          before.rgb[p + 2] == after.rgb[p + 2])
+        continue;
+      ++changed;
+      changed_elsewhere += !on_an_outline(x, y);
+    }
+  EXPECT_GT(changed, 0);
+  EXPECT_EQ(changed_elsewhere, 0);
+  // Tableau 10, the client's palette: the last box's top-left corner is drawn last.
+  const uint8_t palette[10][3] = {{31, 119, 180},  {255, 127, 14}, {44, 160, 44},   {214, 39, 40},
+                                  {148, 103, 189}, {140, 86, 75},  {227, 119, 194}, {127, 127, 127},
+                                  {188, 189, 34},  {23, 190, 207}};
+  ASSERT_GT(n, 0);
+  const float* last = &boxes[(n - 1) * 4];
+  const int64_t cx = std::max<int64_t>(0, std::floor(last[0]));
+  const int64_t cy = std::max<int64_t>(0, std::floor(last[1]));
+  const uint8_t* got = &after.rgb[(cy * w + cx) * 3];
+  const uint8_t* want = palette[labels[n - 1] % 10];
+  EXPECT_EQ(std::vector<int>(got, got + 3), std::vector<int>(want, want + 3));
+  remove_tree(dir);
 }
 
 TEST_F(ServerGrpc, FakeDetectorOutputsAndParameters) {

@@ -1,6 +1,7 @@
 // libreyolo-client: talks to libreyolo-server over gRPC (inference.GRPCInferenceService).
 //   libreyolo-client detect --image FILE [--image FILE ...] [--server HOST:PORT] [--model NAME]
-//                           [--threshold T] [--timeout SECONDS]
+//                           [--threshold T] [--timeout SECONDS] [--out PNG]
+//                           (--out: the first image with its boxes drawn on)
 //   libreyolo-client classify --image FILE [--image FILE ...] [--server HOST:PORT] [--model NAME]
 //                             [--top-k K] [--timeout SECONDS]
 //   libreyolo-client segment --model NAME --image FILE [--image FILE ...] [--out PNG]
@@ -34,7 +35,7 @@ int usage(bool asked = false) {
   (asked ? std::cout : std::cerr)
       << "usage: libreyolo-client detect --image FILE [--image FILE ...] [--server "
          "HOST:PORT] [--model NAME]\n"
-         "                              [--threshold T] [--timeout SECONDS]\n"
+         "                              [--threshold T] [--timeout SECONDS] [--out PNG]\n"
          "       libreyolo-client classify --image FILE [--image FILE ...] [--server "
          "HOST:PORT] [--model NAME]\n"
          "                                [--top-k K] [--timeout SECONDS]\n"
@@ -215,7 +216,7 @@ int main(int argc, char** argv) {
   }
   const bool segment = command == "segment";
   if ((command != "detect" && command != "classify" && !segment) || images.empty()) return usage();
-  if (!out_png.empty() && !segment) return usage();
+  if (!out_png.empty() && command == "classify") return usage();
   if (segment && model.empty()) {
     std::cerr << "segment needs --model NAME (an instance segmentation model)\n";
     return usage();
@@ -288,7 +289,23 @@ int main(int argc, char** argv) {
       std::cout << "\n";
     }
   }
-  if (!out_png.empty()) {
+  if (!out_png.empty() && !segment) {
+    const std::int32_t n0 = counts.empty() ? 0 : counts[0];
+    if (n0 < 0 || boxes.size() < static_cast<std::size_t>(n0) * 4 ||
+        labels.size() < static_cast<std::size_t>(n0))
+      return fail(api::Code::internal, "the server's 'boxes'/'labels' outputs are too short");
+    try {
+      const auto png = libreyolo::client::box_overlay_png(data[0], boxes.data(), labels.data(), n0);
+      std::ofstream f(out_png, std::ios::binary);
+      f.write(reinterpret_cast<const char*>(png.data()), static_cast<std::streamsize>(png.size()));
+      if (!f) throw std::runtime_error("cannot write " + out_png);
+    } catch (const std::exception& e) {
+      std::cerr << e.what() << "\n";
+      return 1;
+    }
+    std::cout << "wrote " << out_png << " (" << n0 << " boxes over " << images[0] << ")\n";
+  }
+  if (!out_png.empty() && segment) {
     const auto& m = r.output("masks");
     if (m.datatype != "UINT8" || m.shape.size() != 4 ||
         m.shape[0] != static_cast<std::int64_t>(counts.size()) ||

@@ -1,11 +1,31 @@
 #include "tools/client/overlay.h"
 
+#include <algorithm>
+#include <cmath>
 #include <stdexcept>
 
 #include "models/image/decode.h"
 #include "models/image/encode.h"
 
 namespace libreyolo::client {
+
+namespace {
+
+// Distinct, saturated colours (Tableau 10), cycled.
+constexpr uint8_t kPalette[10][3] = {
+    {31, 119, 180}, {255, 127, 14},  {44, 160, 44},   {214, 39, 40},  {148, 103, 189},
+    {140, 86, 75},  {227, 119, 194}, {127, 127, 127}, {188, 189, 34}, {23, 190, 207}};
+
+std::vector<uint8_t> to_png(image::RgbImage& rgb) {
+  image::PngSpec png;
+  png.width = static_cast<int>(rgb.width);
+  png.height = static_cast<int>(rgb.height);
+  png.color_type = image::PngSpec::ColorType::rgb;
+  png.samples = std::move(rgb.rgb);
+  return image::encode_png(png);
+}
+
+}  // namespace
 
 std::vector<uint8_t> mask_overlay_png(const std::string& image, const uint8_t* masks, int64_t k,
                                       int64_t h, int64_t w, int64_t stride, int64_t plane_stride) {
@@ -14,12 +34,8 @@ std::vector<uint8_t> mask_overlay_png(const std::string& image, const uint8_t* m
     throw std::runtime_error("masks of " + std::to_string(h) + "x" + std::to_string(w) +
                              " do not fit the " + std::to_string(rgb.height) + "x" +
                              std::to_string(rgb.width) + " image");
-  // Distinct, saturated colours (Tableau 10), cycled.
-  static const uint8_t palette[10][3] = {
-      {31, 119, 180}, {255, 127, 14},  {44, 160, 44},   {214, 39, 40},  {148, 103, 189},
-      {140, 86, 75},  {227, 119, 194}, {127, 127, 127}, {188, 189, 34}, {23, 190, 207}};
   for (int64_t j = 0; j < k; ++j) {
-    const uint8_t* c = palette[j % 10];
+    const uint8_t* c = kPalette[j % 10];
     const uint8_t* plane = masks + j * plane_stride;
     for (int64_t y = 0; y < h; ++y)
       for (int64_t x = 0; x < w; ++x) {
@@ -28,12 +44,41 @@ std::vector<uint8_t> mask_overlay_png(const std::string& image, const uint8_t* m
         for (int ch = 0; ch < 3; ++ch) p[ch] = static_cast<uint8_t>((p[ch] + c[ch] + 1) / 2);
       }
   }
-  image::PngSpec png;
-  png.width = static_cast<int>(rgb.width);
-  png.height = static_cast<int>(rgb.height);
-  png.color_type = image::PngSpec::ColorType::rgb;
-  png.samples = std::move(rgb.rgb);
-  return image::encode_png(png);
+  return to_png(rgb);
+}
+
+std::vector<uint8_t> box_overlay_png(const std::string& image, const float* boxes,
+                                     const int64_t* labels, int64_t k) {
+  auto rgb = image::decode_rgb(reinterpret_cast<const uint8_t*>(image.data()), image.size());
+  const int64_t w = rgb.width, h = rgb.height;
+  constexpr int64_t kThickness = 3;
+  for (int64_t j = 0; j < k; ++j) {
+    const float* b = boxes + j * 4;
+    if (!std::isfinite(b[0]) || !std::isfinite(b[1]) || !std::isfinite(b[2]) ||
+        !std::isfinite(b[3]))
+      continue;
+    // The pixel columns and rows the box covers, clipped to the image (in double: a float far
+    // outside the int64 range must not overflow the conversion).
+    const double fx0 = std::max(0.0, std::floor(double(b[0])));
+    const double fy0 = std::max(0.0, std::floor(double(b[1])));
+    const double fx1 = std::min(double(w - 1), std::ceil(double(b[2])) - 1);
+    const double fy1 = std::min(double(h - 1), std::ceil(double(b[3])) - 1);
+    if (fx0 > fx1 || fy0 > fy1) continue;
+    const auto x0 = static_cast<int64_t>(fx0), y0 = static_cast<int64_t>(fy0);
+    const auto x1 = static_cast<int64_t>(fx1), y1 = static_cast<int64_t>(fy1);
+    const uint8_t* c = kPalette[(labels[j] % 10 + 10) % 10];
+    for (int64_t y = y0; y <= y1; ++y)
+      for (int64_t x = x0; x <= x1; ++x) {
+        const bool edge = x - x0 < kThickness || x1 - x < kThickness || y - y0 < kThickness ||
+                          y1 - y < kThickness;
+        if (!edge) continue;
+        uint8_t* p = rgb.rgb.data() + (y * w + x) * 3;
+        p[0] = c[0];
+        p[1] = c[1];
+        p[2] = c[2];
+      }
+  }
+  return to_png(rgb);
 }
 
 }  // namespace libreyolo::client

@@ -1,5 +1,6 @@
-// The picture `libreyolo-client segment --out FILE` writes: the image with each instance's mask
-// painted over it in its own colour, for a person to look at. No torch, no gRPC.
+// The pictures `libreyolo-client segment --out FILE` and `detect --out FILE` write: the image with
+// each instance's mask painted over it, or each detection's box drawn on it, in its own colour,
+// for a person to look at. No torch, no gRPC.
 #pragma once
 
 #include <cstdint>
@@ -16,5 +17,14 @@ namespace libreyolo::client {
 /// unreadable image) when the image cannot be decoded or the masks are larger than it.
 std::vector<uint8_t> mask_overlay_png(const std::string& image, const uint8_t* masks, int64_t k,
                                       int64_t h, int64_t w, int64_t stride, int64_t plane_stride);
+
+/// `image` (JPEG/PNG bytes, decoded as mask_overlay_png does) with `k` boxes drawn as 3-pixel
+/// rectangle outlines in the colours of the same palette (box j in colour `labels[j]` mod 10, so
+/// that one class keeps one colour). `boxes` holds k x 4 floats x0, y0, x1, y1 in the image's
+/// pixels (the daemon's `boxes` output); parts outside the image are clipped, and a box that is
+/// not finite or lies wholly outside is skipped. Returns PNG bytes. Throws std::runtime_error
+/// (image::ImageError for an unreadable image).
+std::vector<uint8_t> box_overlay_png(const std::string& image, const float* boxes,
+                                     const int64_t* labels, int64_t k);
 
 }  // namespace libreyolo::client
