@@ -11,6 +11,14 @@
 # as in libreyolo-server; --http-address off skips /active). LIBREYOLO_GRPC_ADDRESS and
 # LIBREYOLO_HTTP_ADDRESS set them too. The daemon never outlives this script: any failure,
 # Ctrl-C or SIGTERM stops it (SIGINT, then SIGKILL after 60 s).
+# A real detector beside the random-weight examples: where the Hugging Face Hub is reachable,
+# LIBREYOLO_REAL_MODEL (default PekingU/rtdetr_v2_r18vd: RT-DETRv2-R18, COCO, Apache-2.0, 80 MB)
+# is downloaded once with `hf download` into $LIBREYOLO_CACHE/hub/ (default
+# ~/.cache/libreyolo-server), served with the examples from a repository made for this run (hard
+# links, removed at exit), and its detections on the bundled photograph are drawn to a PNG whose
+# path is printed. Offline it says so in one line and serves the examples only.
+#   LIBREYOLO_REAL_MODEL=        skips it; LIBREYOLO_HF=PATH another `hf` (tests: a stand-in)
+#   --model-repository DIR       (an argument) serves DIR alone, without the real detector
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${BUILD_DIR:-build}
@@ -24,13 +32,66 @@ elif [ ! -x "$build/bin/libreyolo-server" ] || [ ! -x "$build/bin/libreyolo-clie
 fi
 grpc=${LIBREYOLO_GRPC_ADDRESS:-127.0.0.1:8001}
 http=${LIBREYOLO_HTTP_ADDRESS:-127.0.0.1:8000}
+venv=${LIBREYOLO_VENV:-$HOME/.cache/libreyolo-server/venv-torch2.11}
+real=${LIBREYOLO_REAL_MODEL-PekingU/rtdetr_v2_r18vd}
 args=("$@")
-for ((i = 0; i + 1 < ${#args[@]}; i++)); do
+for ((i = 0; i < ${#args[@]}; i++)); do
   case "${args[i]}" in
-    --grpc-address) grpc=${args[i + 1]} ;;
-    --http-address) http=${args[i + 1]} ;;
+    --grpc-address) [ $((i + 1)) -lt ${#args[@]} ] && grpc=${args[i + 1]} ;;
+    --http-address) [ $((i + 1)) -lt ${#args[@]} ] && http=${args[i + 1]} ;;
+    --model-repository) real= ;;  # the operator's repository, as given
   esac
 done
+
+# The real detector: its three files in the download cache (fetched when missing), then a run
+# repository holding the examples and it. Sets real_name and run_repo, or explains in `why`.
+cache=${LIBREYOLO_CACHE:-$HOME/.cache/libreyolo-server}
+real_files=(config.json model.safetensors preprocessor_config.json)
+real_name= run_repo= why=
+fetch_real_model() {
+  local dl=$cache/hub/${real//\//--} f missing=0
+  for f in "${real_files[@]}"; do [ -s "$dl/$f" ] || missing=1; done
+  if [ "$missing" = 1 ]; then
+    local hf=${LIBREYOLO_HF:-$venv/bin/hf} endpoint=${HF_ENDPOINT:-https://huggingface.co}
+    # The real `hf` retries for half a minute when offline: ask the Hub once, briefly, first.
+    if [ -z "${LIBREYOLO_HF:-}" ] &&
+      ! curl -fsS --max-time 10 -o /dev/null "$endpoint/api/models/$real" 2>/dev/null; then
+      why="$endpoint/api/models/$real did not answer within 10 s"
+      return 1
+    fi
+    mkdir -p "$dl"
+    if ! timeout "${LIBREYOLO_DOWNLOAD_TIMEOUT:-900}" "$hf" download "$real" "${real_files[@]}" \
+      --local-dir "$dl" >"$dl.log" 2>&1; then
+      why="hf download $real failed: $(grep -v '^[[:space:]]*$' "$dl.log" | tail -1)"
+      return 1
+    fi
+    for f in "${real_files[@]}"; do
+      [ -s "$dl/$f" ] || { why="hf download $real did not write $f"; return 1; }
+    done
+  fi
+  # The model's name: the repository id's last part, as a plain folder name.
+  real_name=$(basename "$real" | tr -c 'A-Za-z0-9_.\n-' '_')
+  mkdir -p "$cache"
+  run_repo=$(mktemp -d "$cache/run-repository.XXXXXX")
+  cp -al examples/model_repository/. "$run_repo/" 2>/dev/null ||
+    { rm -rf "${run_repo:?}"/*; cp -a examples/model_repository/. "$run_repo/"; }
+  mkdir -p "$run_repo/$real_name/1"
+  for f in "${real_files[@]}"; do
+    ln "$dl/$f" "$run_repo/$real_name/1/$f" 2>/dev/null || cp "$dl/$f" "$run_repo/$real_name/1/$f"
+  done
+  printf '%s\n' "# $real, downloaded by scripts/run.sh" "max_batch_size: 4" "threshold: 0.5" \
+    >"$run_repo/$real_name/serving.yaml"
+}
+repo_args=()
+if [ -n "$real" ]; then
+  if fetch_real_model; then
+    repo_args=(--model-repository "$run_repo")
+    echo "== a real detector: $real (in $cache/hub), served as $real_name beside the examples"
+  else
+    real_name=
+    echo "== the Hugging Face Hub is not reachable ($why): serving the bundled random-weight models only"
+  fi
+fi
 
 server=
 stop_server() {
@@ -49,11 +110,11 @@ stop_server() {
 # Ctrl-C: the daemon drains (it gets the terminal's SIGINT too; the same signal twice within 1 s
 # is one stop request) and this script exits with its status, 0 after a clean drain.
 stopped_rc=
-trap stop_server EXIT
+trap 'stop_server; [ -z "$run_repo" ] || rm -rf "$run_repo"' EXIT
 trap 'stop_server; exit "${stopped_rc:-130}"' INT
 trap 'stop_server; exit "${stopped_rc:-143}"' TERM
 
-"$build/bin/libreyolo-server" --config config/server.yaml --grpc-address "$grpc" \
+"$build/bin/libreyolo-server" --config config/server.yaml "${repo_args[@]}" --grpc-address "$grpc" \
   --http-address "$http" "$@" &
 server=$!
 timeout=${LIBREYOLO_READY_TIMEOUT:-120}
@@ -78,6 +139,11 @@ fi
 echo "== detections for tests/fixtures/images/astronaut.jpg (random-weight example model)"
 "$build/bin/libreyolo-client" detect --image tests/fixtures/images/astronaut.jpg --server "$grpc" \
   --model rtdetr_tiny --threshold 0.3
+if [ -n "$real_name" ]; then
+  echo "== detections for tests/fixtures/images/astronaut.jpg by $real (real weights)"
+  "$build/bin/libreyolo-client" detect --image tests/fixtures/images/astronaut.jpg \
+    --server "$grpc" --model "$real_name" --threshold 0.5 --out "$cache/$real_name-astronaut.png"
+fi
 echo "== top classes for tests/fixtures/images/coffee.jpg (random-weight ViT)"
 "$build/bin/libreyolo-client" classify --image tests/fixtures/images/coffee.jpg --server "$grpc" \
   --model vit_tiny --top-k 3
