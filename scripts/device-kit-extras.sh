@@ -15,6 +15,22 @@ kit=.device-kit
 (cd $kit/debs && apt-get download libcpp-httplib-dev libcpp-httplib0.11 libbrotli-dev libbrotli1 2>&1 \
   | grep -v "^W: Download is performed unsandboxed" || true)
 rm -f $kit/debs/googletest_*_all.deb
+# gRPC's and protobuf's static libraries (42 MiB unpacked, 6 MiB of the debs): the build links
+# their shared ones (gRPC's CMake targets and FindProtobuf name the .so files), so the kit's copies
+# are repacked without them to leave the carry room for the tree.
+for d in libgrpc-dev libprotobuf-dev; do
+  for f in $kit/debs/${d}_*.deb; do
+    [ -f "$f" ] || continue
+    # (no `grep -q` on the pipe: its early exit fails dpkg-deb under pipefail)
+    [ "$(dpkg-deb -c "$f" | grep -c '\.a$')" -gt 0 ] || continue
+    x=$(mktemp -d)
+    dpkg-deb -R "$f" "$x"
+    find "$x" -name '*.a' -delete
+    sed -i '/\.a$/d' "$x/DEBIAN/md5sums" 2>/dev/null || true
+    dpkg-deb -b "$x" "$f" >/dev/null
+    rm -rf "$x"
+  done
+done
 if ! grep -q "unpacked-all" $kit/env.sh; then
   python3 - $kit/env.sh <<'PY'
 import sys
