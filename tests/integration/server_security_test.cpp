@@ -6,6 +6,8 @@
 #include <openssl/err.h>
 #include <openssl/ssl.h>
 
+#include <sys/wait.h>
+
 #include <cstdlib>
 #include <memory>
 #include <string>
@@ -201,6 +203,40 @@ TEST_F(ServerTls, GrpcAndHttpsServeOverTlsAndPlainTextIsRefused) {
   // A plain-text request to the HTTPS port gets no HTTP answer.
   const auto p = http_request(daemon_->http_port(), "GET", "/v2/health/live");
   EXPECT_EQ(p.status, 0);
+}
+
+// libreyolo-client --tls-server-name: the name checked against the server's certificate when the
+// address does not carry it (a probe dialling an IP, a certificate for a Service's DNS name).
+TEST_F(ServerTls, ClientToolChecksTheServerNameItIsGiven) {
+  start(false);
+  const fs::path& d = Certificates::dir();
+  const std::string log = (repo_ / "client.log").string();
+  auto health = [&](const std::string& name) {
+    const std::string cmd = std::string(LIBREYOLO_BINARY_DIR) +
+                            "/bin/libreyolo-client health --service readiness --server " + grpc_ +
+                            " --tls-ca " + (d / "ca.crt").string() + " --tls-server-name " + name +
+                            " > " + log + " 2>&1";
+    const int status = std::system(cmd.c_str());
+    return std::make_pair(WIFEXITED(status) ? WEXITSTATUS(status) : -1, read_file(log));
+  };
+  // The certificate names localhost and 127.0.0.1.
+  const auto ok = health("localhost");
+  EXPECT_EQ(ok.first, 0) << ok.second;
+  EXPECT_EQ(ok.second, "SERVING\n");
+  const auto wrong = health("other.example");
+  EXPECT_EQ(wrong.first, 1) << wrong.second;
+  EXPECT_EQ(wrong.second.rfind("error: UNAVAILABLE: ", 0), 0u) << wrong.second;
+  // Without a CA the name has nothing to check against: a usage error.
+  const std::string cmd = std::string(LIBREYOLO_BINARY_DIR) +
+                          "/bin/libreyolo-client health --server " + grpc_ +
+                          " --tls-server-name localhost > " + log + " 2>&1";
+  const int status = std::system(cmd.c_str());
+  EXPECT_EQ(WIFEXITED(status) ? WEXITSTATUS(status) : -1, 2);
+  EXPECT_EQ(read_file(log).rfind("--tls-ca is needed with TLS, and --tls-cert and --tls-key go "
+                                 "together\n",
+                                 0),
+            0u)
+      << read_file(log);
 }
 
 TEST_F(ServerTls, MutualTlsRefusesClientsWithoutACertificateTheCaSigned) {

@@ -45,6 +45,8 @@ int usage(bool asked = false) {
          "       libreyolo-client health [--server HOST:PORT] [--service NAME]\n"
          "       libreyolo-client call METHOD [REQUEST_TEXT] [--server HOST:PORT]\n"
          "every command: [--tls-ca PEM [--tls-cert PEM --tls-key PEM]] (TLS, mutual TLS)\n"
+         "               [--tls-server-name NAME] (the name the server's certificate must "
+         "carry; default: the host of --server)\n"
          "               [--header KEY=VALUE]... (gRPC metadata, e.g. a restricted API's key)\n"
          "defaults: --server localhost:8001 --model rtdetr_tiny (detect), vit_tiny "
          "(classify); segment needs --model\n"
@@ -127,7 +129,7 @@ int main(int argc, char** argv) {
   std::vector<std::string> images, positional;
   double threshold = -1, timeout = 30;
   long long top_k = 0;
-  std::string tls_ca, tls_cert, tls_key;
+  std::string tls_ca, tls_cert, tls_key, tls_server_name;
   std::vector<std::pair<std::string, std::string>> headers;
   for (int i = 2; i < argc; ++i) {
     const std::string a = argv[i];
@@ -161,6 +163,8 @@ int main(int argc, char** argv) {
         tls_cert = value();
       else if (a == "--tls-key")
         tls_key = value();
+      else if (a == "--tls-server-name")
+        tls_server_name = value();
       else if (a == "--header") {
         const std::string v = value();
         const auto eq = v.find('=');
@@ -177,7 +181,7 @@ int main(int argc, char** argv) {
     }
   }
   std::optional<rpc::ClientTls> tls;
-  if (!tls_ca.empty() || !tls_cert.empty() || !tls_key.empty()) {
+  if (!tls_ca.empty() || !tls_cert.empty() || !tls_key.empty() || !tls_server_name.empty()) {
     if (tls_ca.empty() || tls_cert.empty() != tls_key.empty()) {
       std::cerr << "--tls-ca is needed with TLS, and --tls-cert and --tls-key go together\n";
       return usage();
@@ -185,6 +189,7 @@ int main(int argc, char** argv) {
     try {
       tls.emplace();
       tls->root_certificates = security::read_file(tls_ca, "CA file");
+      tls->server_name = tls_server_name;
       if (!tls_cert.empty()) {
         tls->certificate_chain = security::read_file(tls_cert, "certificate file");
         tls->private_key = security::read_file(tls_key, "key file");
