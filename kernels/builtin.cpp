@@ -5,6 +5,7 @@
 #include "kernels/attention/ms_deform_attn.h"
 #include "kernels/conv/conv2d_bias_act.h"
 #include "kernels/hub/provider.h"
+#include "kernels/image/image_decode.h"
 #include "kernels/kernels.h"
 #include "kernels/norm/add_layer_norm.h"
 #include "kernels/pool/max_pool2d.h"
@@ -28,6 +29,7 @@ Registry& Registry::process_default() {
     auto* r = new Registry();  // never destroyed: kernels may run during static destruction
     register_builtin_slots(*r);
     if (auto cuda = make_cuda_provider()) r->add_provider(std::move(cuda));
+    if (auto nvjpeg = make_nvjpeg_provider()) r->add_provider(std::move(nvjpeg));
     return r;
   }();
   return *registry;
@@ -38,6 +40,9 @@ void register_builtin_slots(Registry& registry) {
   registry.declare(kConv2dBiasAct);  // no reference: conv2d_bias_act_portable
   registry.declare(kMaxPool2d);      // no reference: max_pool2d_portable
   registry.declare(kAddLayerNorm);   // no reference: add_layer_norm_portable
+  // The reference (libjpeg-turbo / libpng) is registered by libreyolo_models, where that
+  // decoder lives (models/image/decode_slot.cpp); the `nvjpeg` provider adds the GPU decoder.
+  registry.declare(kImageDecode);
   register_fake_quant_fp8_reference(registry);
   register_attention_implementations(registry);
 }
@@ -64,6 +69,10 @@ class CudaProvider : public Provider {
 #endif
 
 }  // namespace
+
+#ifndef LIBREYOLO_WITH_CUDA
+std::shared_ptr<Provider> make_nvjpeg_provider() { return nullptr; }
+#endif
 
 std::shared_ptr<Provider> make_cuda_provider() {
 #ifdef LIBREYOLO_WITH_CUDA

@@ -300,7 +300,16 @@ at::Tensor ImageProcessor::resize(const at::Tensor& image_u8) const {
       y = at::upsample_nearest2d(x, out);
       break;
     case 3:  // BICUBIC: native uint8 on CPU
-      y = at::_upsample_bicubic2d_aa(x, out, /*align_corners=*/false);
+      if (x.is_cpu()) {
+        y = at::_upsample_bicubic2d_aa(x, out, /*align_corners=*/false);
+      } else {
+        // ATen's CUDA kernel has no uint8: float32, then torchvision's clamp and round
+        // (transforms/v2/functional/_geometry.py resize_image, the non-native uint8 path).
+        y = at::_upsample_bicubic2d_aa(x.to(at::kFloat), out, false)
+                .clamp_(0, 255)
+                .round_()
+                .to(at::kByte);
+      }
       break;
     default:
       const bool native =
@@ -409,7 +418,8 @@ ProcessorOutput ImageProcessor::preprocess(const std::vector<at::Tensor>& images
     if (im.size(1) == 0 || im.size(2) == 0)
       throw std::invalid_argument(c10::str("preprocess: image ", i, " is empty ", im.sizes()));
     out.original_sizes.emplace_back(im.size(1), im.size(2));
-    resized.push_back(center_crop(resize(im.cpu())));
+    // On the image's device: a CUDA image (the image_decode slot's nvjpeg) is resized there.
+    resized.push_back(center_crop(resize(im)));
     max_h = std::max(max_h, resized.back().size(1));
     max_w = std::max(max_w, resized.back().size(2));
   }
@@ -424,16 +434,17 @@ ProcessorOutput ImageProcessor::preprocess(const std::vector<at::Tensor>& images
     out.pixel_u8 = at::stack(resized);
     if (rescale_before_resize(config_)) {
       std::vector<at::Tensor> values;
-      for (const auto& im : images) values.push_back(rescale_resize_normalize(config_, im.cpu()));
+      for (const auto& im : images) values.push_back(rescale_resize_normalize(config_, im));
       out.pixel_values = at::stack(values);
     } else {
       out.pixel_values = rescale_normalize(out.pixel_u8);
     }
     return out;
   }
-  out.pixel_u8 = at::zeros({b, 3, max_h, max_w}, at::kByte);
-  out.pixel_values = at::zeros({b, 3, max_h, max_w}, at::kFloat);
-  out.pixel_mask = at::zeros({b, max_h, max_w}, at::kLong);
+  const auto on = at::TensorOptions().device(images[0].device());
+  out.pixel_u8 = at::zeros({b, 3, max_h, max_w}, on.dtype(at::kByte));
+  out.pixel_values = at::zeros({b, 3, max_h, max_w}, on.dtype(at::kFloat));
+  out.pixel_mask = at::zeros({b, max_h, max_w}, on.dtype(at::kLong));
   for (int64_t i = 0; i < b; ++i) {
     const at::Tensor& r = resized[i];
     const int64_t h = r.size(1), w = r.size(2);
@@ -441,7 +452,7 @@ ProcessorOutput ImageProcessor::preprocess(const std::vector<at::Tensor>& images
     out.pixel_u8[i].index({Slice(), Slice(0, h), Slice(0, w)}).copy_(r);
     out.pixel_values[i]
         .index({Slice(), Slice(0, h), Slice(0, w)})
-        .copy_(rescale_before_resize(config_) ? rescale_resize_normalize(config_, images[i].cpu())
+        .copy_(rescale_before_resize(config_) ? rescale_resize_normalize(config_, images[i])
                                               : rescale_normalize(r));
     out.pixel_mask[i].index({Slice(0, h), Slice(0, w)}).fill_(1);
   }

@@ -297,6 +297,16 @@ def main():
     for k in range(5):  # one per processor of preprocess_fuzz.cpp
         write("preprocess", "photo_chelsea_%d.jpg" % k, bytes([k]) + photo)
 
+    # jpeg_header: the small files of the committed JPEG set (tests/fixtures/images/jpeg_set:
+    # every subsampling, grayscale, progressive, restart markers, CMYK, truncated) and the
+    # image_decode seeds that are JPEGs (hostile ones included).
+    for f in sorted((FIX / "images/jpeg_set").glob("*.jpg")):
+        if f.stat().st_size <= 8000 or not f.name.startswith("q"):
+            write("jpeg_header", f.name, f.read_bytes())
+    for name, data in {**imgs, **hostile}.items():
+        if data[:2] == b"\xff\xd8":
+            write("jpeg_header", name, data)
+
     jpeg = imgs["rgb.jpg"]
     for name, data in oip_requests(jpeg).items():
         write("oip_request", name + ".pb", data)
