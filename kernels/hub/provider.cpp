@@ -4,6 +4,7 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/detail/CUDAHooksInterface.h>
 #include <c10/util/StringUtil.h>
+#include <dirent.h>
 #include <dlfcn.h>
 #include <sys/stat.h>
 #include <sys/utsname.h>
@@ -14,8 +15,10 @@
 #include <c10/cuda/CUDAGraphsC10Utils.h>
 #endif
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdlib>
 #include <fstream>
 #include <map>
 #include <memory>
@@ -41,6 +44,44 @@ std::mutex& libraries_mutex() {
 std::map<std::string, std::string>& loaded_namespaces() {
   static auto* m = new std::map<std::string, std::string>();  // leaked: ops outlive statics
   return *m;
+}
+
+std::mutex& builds_mutex() {
+  static std::mutex m;
+  return m;
+}
+std::vector<LoadedBuild>& builds() {
+  static auto* v = new std::vector<LoadedBuild>();  // leaked, as loaded_namespaces
+  return *v;
+}
+
+void record_build(const LoadedBuild& b) {
+  std::lock_guard<std::mutex> lock(builds_mutex());
+  for (const auto& o : builds()) {
+    if (o.slot == b.slot && o.repo_id == b.repo_id && o.source == b.source &&
+        o.location == b.location)
+      return;
+  }
+  builds().push_back(b);
+}
+
+bool is_directory(const std::string& path) {
+  struct stat st {};
+  return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+// Sub-directory names of `dir`.
+std::vector<std::string> subdirectories(const std::string& dir) {
+  std::vector<std::string> out;
+  if (DIR* d = ::opendir(dir.c_str())) {
+    while (dirent* e = ::readdir(d)) {
+      const std::string n = e->d_name;
+      if (n != "." && n != ".." && is_directory(dir + "/" + n)) out.push_back(n);
+    }
+    ::closedir(d);
+  }
+  std::sort(out.begin(), out.end());
+  return out;
 }
 
 bool file_exists(const std::string& path) {
@@ -133,12 +174,24 @@ HubOp load_entry(const Connection& connection, const LockEntry& entry,
                  const HubBinding& binding) {
   std::vector<std::string> archs_rejected;
   for (const auto& variant : accepted) {
-    const auto& files = entry.variants.at(variant).files;
-    if (!files.count("metadata.json")) {
+    const auto& locked = entry.variants.at(variant);
+    const auto& files = locked.files;
+    // An upstream-format variant: its file list is checked against the git_lfs_concat hash
+    // first, then every file against the list (LFS SHA-256 or git blob id).
+    std::optional<UpstreamVariant> prepared;
+    if (locked.upstream()) {
+      prepared = prepare_upstream_variant(connection, entry, variant);
+      if (!prepared->files.count("metadata.json")) {
+        throw HubError("metadata", "build/" + variant + " of " + entry.repo_id + "@" + entry.sha +
+                                       " has no metadata.json");
+      }
+    } else if (!files.count("metadata.json")) {
       throw HubError("unlocked", "build/" + variant + "/metadata.json of " + entry.repo_id +
                                      " is not in kernels.lock");
     }
-    const std::string meta_path = ensure_file(connection, entry, variant, "metadata.json");
+    const std::string meta_path =
+        prepared ? ensure_upstream_file(connection, entry, variant, *prepared, "metadata.json")
+                 : ensure_file(connection, entry, variant, "metadata.json");
     KernelMetadata meta;
     try {
       meta = read_metadata(meta_path);
@@ -167,11 +220,21 @@ HubOp load_entry(const Connection& connection, const LockEntry& entry,
     // Every file, verified, before anything is loaded.
     std::vector<std::string> names;
     std::string library;
-    for (const auto& [file, digest] : files) {
-      ensure_file(connection, entry, variant, file);
+    auto take = [&](const std::string& file) {
       names.push_back(file);
       const std::string base = basename(file);
       if (ends_with(base, ".so") && base.rfind(meta.id + ".", 0) == 0) library = file;
+    };
+    if (prepared) {
+      for (const auto& [file, f] : prepared->files) {
+        ensure_upstream_file(connection, entry, variant, *prepared, file);
+        take(file);
+      }
+    } else {
+      for (const auto& [file, digest] : files) {
+        ensure_file(connection, entry, variant, file);
+        take(file);
+      }
     }
     const std::string dir =
         variant_cache_dir(connection.cache_dir, entry.repo_id, entry.sha, variant);
@@ -191,9 +254,9 @@ HubOp load_entry(const Connection& connection, const LockEntry& entry,
                                    " fits this device (" + system.describe() + ")");
 }
 
-// One lock entry: refuse, select, load (or defer), register. Throws HubError on refusal.
-void install_entry(Registry& registry, const LockEntry& entry, const std::string& lock_path,
-                   const ProviderOptions& options) {
+// The binding of `entry`'s slot. Throws HubError "unsupported".
+const HubBinding& binding_for(const LockEntry& entry, const std::string& lock_path,
+                              const ProviderOptions& options) {
   const HubBinding* binding = nullptr;
   std::string supported;
   for (const auto& b : options.bindings) {
@@ -205,6 +268,100 @@ void install_entry(Registry& registry, const LockEntry& entry, const std::string
                                       lock_path + " has no hub binding (supported: " + supported +
                                       ")");
   }
+  return *binding;
+}
+
+// Loads a LOCAL_KERNELS variant folder: metadata backend and archs, metadata.json digest when
+// present, dlopen, schema.
+HubOp load_local_variant(const std::string& repo_id, const std::string& dir,
+                         const SystemInfo& system, const HubBinding& binding) {
+  const std::string where = "LOCAL_KERNELS " + repo_id + " build " + dir;
+  KernelMetadata meta;
+  try {
+    meta = read_metadata(dir + "/metadata.json");
+  } catch (const std::exception& e) {
+    throw HubError("metadata", where + ": " + e.what());
+  }
+  if (meta.backend_type != system.backend) {
+    throw HubError("no_variant", where + ": metadata.json backend " + meta.backend_type +
+                                     " != " + system.backend);
+  }
+  if (system.backend == "cuda" && system.compute_capability && !meta.archs.empty()) {
+    const auto [major, minor] = *system.compute_capability;
+    bool runs = false;
+    for (const auto& a : meta.archs) runs = runs || arch_runs_on(a, major, minor);
+    if (!runs) {
+      throw HubError("no_variant", where + ": metadata.json backend.archs [" + join(meta.archs) +
+                                       "] has no code for compute capability " +
+                                       std::to_string(major) + "." + std::to_string(minor));
+    }
+  }
+  const std::vector<std::string> names = files_in(dir);
+  if (meta.has_digest) {
+    try {
+      verify_metadata_digest(meta, dir, names);
+    } catch (const std::exception& e) {
+      throw HubError("digest", where + ": " + e.what());
+    }
+  } else {
+    log::info("hub: " + where + " has no metadata.json digest: loaded unverified");
+  }
+  std::string library;
+  for (const auto& file : names) {
+    const std::string base = basename(file);
+    if (file == base && ends_with(base, ".so") && base.rfind(meta.id + ".", 0) == 0) {
+      library = file;
+    }
+  }
+  if (library.empty()) {
+    throw HubError("metadata",
+                   where + " has no library " + meta.id + ".abi3.so (metadata.json id)");
+  }
+  return HubOp{open_library(dir + "/" + library, meta.id, system.backend, binding), system.backend,
+               repo_id + " local build " + dir};
+}
+
+// The variant folder a LOCAL_KERNELS path means, as huggingface/kernels load.py
+// get_local_kernel: the best variant for this process in <path>/ or <path>/build/, else <path>
+// itself when it holds a metadata.json. Throws HubError "local".
+std::string local_variant_dir(const std::string& repo_id, const std::string& path,
+                              const SystemInfo& system) {
+  for (const std::string& base : {path, path + "/build"}) {
+    const auto selection = select_variants(subdirectories(base), system);
+    for (const auto& v : selection.accepted) {
+      if (file_exists(base + "/" + v + "/metadata.json")) return base + "/" + v;
+    }
+  }
+  if (file_exists(path + "/metadata.json")) return path;
+  throw HubError("local", "LOCAL_KERNELS " + repo_id + "=" + path +
+                              ": no kernel build for this process (" + system.describe() + ") in " +
+                              path + "/<variant>, " + path +
+                              "/build/<variant> or the folder itself");
+}
+
+void install_local(Registry& registry, const LockEntry& entry, const std::string& path,
+                   const std::string& lock_path, const ProviderOptions& options) {
+  const HubBinding bound = binding_for(entry, lock_path, options);
+  const SystemInfo system = options.system ? *options.system : detect_system();
+  const std::string dir = local_variant_dir(entry.repo_id, path, system);
+  log::info("hub: " + entry.repo_id + " is overridden by LOCAL_KERNELS: local build " + dir +
+            " (not pinned by " + lock_path + ")");
+  const std::string repo_id = entry.repo_id, slot = entry.slot;
+  auto state = std::make_shared<LazyHubOp>(
+      [repo_id, slot, dir, system, bound]() {
+        HubOp op = load_local_variant(repo_id, dir, system, bound);
+        record_build({slot, repo_id, "local", dir, ""});
+        return op;
+      },
+      options.capturing ? options.capturing : cuda_graph_capturing);
+  if (!state->capturing()) state->load_now();
+  bound.install(registry, std::move(state));
+}
+
+// One lock entry: refuse, select, load (or defer), register. Throws HubError on refusal.
+void install_entry(Registry& registry, const LockEntry& entry, const std::string& lock_path,
+                   const ProviderOptions& options) {
+  const HubBinding* binding = &binding_for(entry, lock_path, options);
   if (!is_commit(entry.sha)) {
     throw HubError("unpinned", entry.repo_id + " in " + lock_path + " is not pinned: sha '" +
                                    entry.sha + "' is not a 40-hex commit (revision '" +
@@ -242,7 +399,10 @@ void install_entry(Registry& registry, const LockEntry& entry, const std::string
       [settings, entry, accepted, system, bound]() {
         // The whole load (every request, retry and backoff) fits in kernels.hub.timeout_seconds,
         // counted from when it starts.
-        return load_entry(connection_for(settings), entry, accepted, system, bound);
+        HubOp op = load_entry(connection_for(settings), entry, accepted, system, bound);
+        record_build(
+            {entry.slot, entry.repo_id, "hub", op.description, lock_format_name(entry.format)});
+        return op;
       },
       options.capturing ? options.capturing : cuda_graph_capturing);
   if (state->capturing()) {
@@ -273,6 +433,17 @@ void load_provider(Registry& registry, const ProviderOptions& options) {
                               " does not exist; create it with `libreyolo-server kernels lock`");
     return;
   }
+  std::map<std::string, std::string> local;
+  try {
+    const char* env = std::getenv("LOCAL_KERNELS");
+    local = parse_local_kernels(options.local_kernels ? *options.local_kernels
+                                                      : std::string(env ? env : ""));
+  } catch (const std::exception& e) {
+    // An override the operator asked for and that cannot be read: nothing is loaded (neither
+    // the local builds nor the pinned Hub ones); the slots fall back.
+    registry.record_event("*", kProviderName, std::string("local: ") + e.what());
+    return;
+  }
   std::vector<LockEntry> entries;
   try {
     entries = read_lock_file(lock_path);
@@ -282,10 +453,21 @@ void load_provider(Registry& registry, const ProviderOptions& options) {
   }
   for (const auto& entry : entries) {
     try {
-      install_entry(registry, entry, lock_path, options);
+      auto override = local.find(entry.repo_id);
+      if (override != local.end()) {
+        const std::string path = override->second;
+        local.erase(override);
+        install_local(registry, entry, path, lock_path, options);
+      } else {
+        install_entry(registry, entry, lock_path, options);
+      }
     } catch (const std::exception& e) {
       registry.record_event(entry.slot, kProviderName, e.what());
     }
+  }
+  for (const auto& [repo_id, path] : local) {
+    log::warn("hub: LOCAL_KERNELS names " + repo_id + ", which " + lock_path +
+              " does not list: not loaded (kernels.lock says which slot a repository fills)");
   }
 }
 
@@ -363,6 +545,11 @@ class HubProvider : public Provider {
 };
 
 }  // namespace
+
+std::vector<LoadedBuild> loaded_builds() {
+  std::lock_guard<std::mutex> lock(builds_mutex());
+  return builds();
+}
 
 std::shared_ptr<Provider> make_provider(ProviderOptions options) {
   return std::make_shared<HubProvider>(std::move(options));

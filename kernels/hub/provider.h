@@ -2,6 +2,10 @@
 // kernels.lock, verified file by file, into this process and registers it as the `hub`
 // implementation of its slot through the slot's HubBinding (kernels/hub/binding.h).
 //
+// LOCAL_KERNELS overrides a locked repository with a local build folder (huggingface/kernels
+// load.py get_local_kernel: <path>/<variant>, <path>/build/<variant> or <path> itself), checked
+// against its metadata.json `digest` when present, loaded without any request.
+//
 // Sequence at the loader (registry resolve, i.e. start-up or warm-up): read kernels.lock ->
 // refuse unpinned/unlocked entries -> select a build variant for this process -> fetch
 // build/<variant>/* into the HF-layout cache (or use the cache offline) -> verify every SHA-256
@@ -38,7 +42,24 @@ struct ProviderOptions {
   /// True while a CUDA graph is being captured on the current stream; empty: ask CUDA (always
   /// false in a build without the CUDA kernels).
   std::function<bool()> capturing;
+  /// LOCAL_KERNELS ("org/repo=/path:org2/repo2=/path2", lock.h parse_local_kernels): those
+  /// repositories of kernels.lock load from the local build folder instead of the Hub;
+  /// std::nullopt: the process environment's LOCAL_KERNELS, read at load.
+  std::optional<std::string> local_kernels;
 };
+
+/// A hub build this process loaded (process-wide, like the dlopen()ed libraries themselves).
+struct LoadedBuild {
+  std::string slot;
+  std::string repo_id;
+  std::string source;       ///< "hub" (pinned by kernels.lock) | "local" (LOCAL_KERNELS)
+  std::string location;     ///< "org/name@sha build/<variant>" | the local variant folder
+  std::string lock_format;  ///< "libreyolo" | "upstream" ("" for a local build)
+};
+
+/// Every hub build loaded so far in this process, in load order, each once (the server's
+/// /active "hub_builds").
+std::vector<LoadedBuild> loaded_builds();
 
 /// LibTorch major.minor (TORCH_VERSION_MAJOR/MINOR) and C++ ABI, backend "cuda" with the CUDA
 /// version LibTorch was built with and the current device's compute capability when a GPU is

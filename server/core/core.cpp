@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <thread>
 
+#include "kernels/hub/provider.h"
 #include "kernels/kernels.h"
 #include "kernels/registry.h"
 #include "kernels/report_json.h"
@@ -279,6 +280,16 @@ std::string ServerCore::active_json() const {
   };
   // The kernel state in the one schema libreyolo-kernels --json prints (kernels/report_json.h).
   json out = kernels::kernels_json(reg, config_.kernels, kernels::built_with_cuda());
+  // Hub builds this process loaded (kernels/hub/provider.h): pinned by kernels.lock (either
+  // format) or a local build of LOCAL_KERNELS.
+  out["hub_builds"] = json::array();
+  for (const auto& b : kernels::hub::loaded_builds()) {
+    out["hub_builds"].push_back({{"slot", b.slot},
+                                 {"repo_id", b.repo_id},
+                                 {"source", b.source},
+                                 {"location", b.location},
+                                 {"lock_format", b.lock_format}});
+  }
   json models = json::array();
   {
     for (const auto& e : lifecycle_->entries()) {

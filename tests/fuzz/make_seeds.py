@@ -359,6 +359,18 @@ def main():
     write("hub_lock", "hostile_paths.lock", json.dumps([{
         "repo_id": "../../etc", "variants": {"..": {"files": {"/etc/passwd": "x"}}}}]))
     write("hub_lock", "hostile_types.lock", '[{"repo_id": 5, "variants": []}, 7]')
+    # huggingface/kernels' own format (`kernels lock`, locking.py), and LOCAL_KERNELS values.
+    write("hub_lock", "upstream.lock", json.dumps([{
+        "repo_id": "kernels-community/deformable-detr", "sha": "3f2c" + "0" * 36,
+        "variants": {"torch211-cxx11-cu130-x86_64-linux": {
+            "hash": "sha256-" + "ab" * 32, "hash_type": "git_lfs_concat"},
+            "torch-stable-abi29-cpu-x86_64-linux": {"hash": "sha256-" + "cd" * 32}}}], indent=2))
+    write("hub_lock", "upstream_mixed.lock", json.dumps([{
+        "repo_id": "a/b", "version": 1, "variants": {"torch-cuda": {
+            "files": {"__init__.py": "0" * 64}, "hash": "sha256-" + "0" * 64,
+            "hash_type": "sha1"}}}]))
+    write("hub_lock", "local_kernels.txt", "kernels-community/activation=devel/activation:"
+          "kernels-community/flash-attn2=devel/flash-attn2")
 
     meta = (ROOT / "tests/hub/metadata.json.in").read_text().replace("@HUB_TEST_ID@", "_libreyolo_hubtest_0")
     write("hub_metadata", "hubtest.json", meta)

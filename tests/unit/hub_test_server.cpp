@@ -115,7 +115,25 @@ int HubTestServer::unused_port() {
 void HubTestServer::add_repo(const std::string& repo_id, const std::string& root,
                              const std::string& sha, const std::vector<std::string>& refs) {
   std::lock_guard<std::mutex> lock(mutex_);
-  repos_[repo_id] = {root, sha, refs};
+  repos_[repo_id] = {root, sha, refs, {}, {}, false};
+}
+
+void HubTestServer::add_model_repo(const std::string& repo_id, const std::string& root,
+                                   const std::string& sha) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  repos_[repo_id] = {root, sha, {"v1"}, {}, {}, true};
+}
+
+void HubTestServer::set_branch(const std::string& repo_id, const std::string& name,
+                               const std::string& commit) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  repos_.at(repo_id).branches[name] = commit;
+}
+
+void HubTestServer::corrupt(const std::string& repo_id, const std::string& path,
+                            const std::string& content) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  repos_.at(repo_id).corrupted[path] = content;
 }
 
 std::string HubTestServer::endpoint() const { return "http://127.0.0.1:" + std::to_string(port_); }
@@ -190,6 +208,33 @@ void HubTestServer::handle(int fd) {
     parts.push_back(path.substr(start, end - start));
     start = end + 1;
   }
+  // GET /api/models/<org>/<name>: only model-type repositories answer.
+  if (parts.size() == 4 && parts[0] == "api" && parts[1] == "models") {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = repos_.find(parts[2] + "/" + parts[3]);
+    if (it == repos_.end() || !it->second.model)
+      return respond(fd, 404, "Not Found", "{\"error\":\"Repository not found\"}");
+    return respond(fd, 200, "OK",
+                   nlohmann::json{{"id", it->first}, {"sha", it->second.sha}}.dump());
+  }
+  // GET /api/kernels/<org>/<name>/refs
+  if (parts.size() == 5 && parts[0] == "api" && parts[1] == "kernels" && parts[4] == "refs") {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = repos_.find(parts[2] + "/" + parts[3]);
+    if (it == repos_.end() || it->second.model)
+      return respond(fd, 404, "Not Found", "{\"error\":\"Repository not found\"}");
+    std::map<std::string, std::string> branches;
+    for (const auto& r : it->second.refs) branches[r] = it->second.sha;
+    for (const auto& [name, commit] : it->second.branches) branches[name] = commit;
+    nlohmann::json list = nlohmann::json::array();
+    for (const auto& [name, commit] : branches)
+      list.push_back({{"name", name}, {"ref", "refs/heads/" + name}, {"targetCommit", commit}});
+    return respond(fd, 200, "OK",
+                   nlohmann::json{{"branches", list},
+                                  {"tags", nlohmann::json::array()},
+                                  {"converts", nlohmann::json::array()}}
+                       .dump());
+  }
   const bool api = parts.size() >= 6 && parts[0] == "api" && parts[1] == "kernels";
   const bool file = parts.size() >= 6 && parts[0] == "kernels" && parts[3] == "resolve";
   if (!api && !file) return respond(fd, 404, "Not Found", "{\"error\":\"not found\"}");
@@ -203,15 +248,20 @@ void HubTestServer::handle(int fd) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     auto it = repos_.find(repo_id);
-    if (it == repos_.end())
+    if (it == repos_.end() || it->second.model)
       return respond(fd, 404, "Not Found", "{\"error\":\"Repository not found\"}");
     repo = it->second;
   }
-  bool known = rev == repo.sha;
-  for (const auto& r : repo.refs) known = known || r == rev;
-  if (!known) return respond(fd, 404, "Not Found", "{\"error\":\"Invalid rev id\"}");
+  std::string commit = rev == repo.sha ? repo.sha : "";
+  for (const auto& r : repo.refs) {
+    if (r == rev) commit = repo.sha;
+  }
+  for (const auto& [name, c] : repo.branches) {
+    if (name == rev || c == rev) commit = c;
+  }
+  if (commit.empty()) return respond(fd, 404, "Not Found", "{\"error\":\"Invalid rev id\"}");
   if (api && op == "revision") {
-    return respond(fd, 200, "OK", nlohmann::json{{"id", repo_id}, {"sha", repo.sha}}.dump());
+    return respond(fd, 200, "OK", nlohmann::json{{"id", repo_id}, {"sha", commit}}.dump());
   }
   if (api && op == "tree") {
     std::vector<std::string> files, dirs;
@@ -221,7 +271,12 @@ void HubTestServer::handle(int fd) {
     for (const auto& f : files) {
       struct stat st {};
       ::stat((repo.root + "/" + f).c_str(), &st);
-      nlohmann::json e = {{"type", "file"}, {"path", f}, {"size", st.st_size}};
+      bool ok = false;
+      nlohmann::json e = {
+          {"type", "file"},
+          {"path", f},
+          {"size", st.st_size},
+          {"oid", kernels::hub::git_blob_sha1_hex(read_file(repo.root + "/" + f, ok))}};
       if (f.size() > 3 && f.compare(f.size() - 3, 3, ".so") == 0) {
         e["lfs"] = {{"oid", kernels::hub::sha256_hex_file(repo.root + "/" + f)},
                     {"size", st.st_size}};
@@ -232,8 +287,9 @@ void HubTestServer::handle(int fd) {
   }
   if (file) {
     bool ok = false;
-    const std::string body = read_file(repo.root + "/" + rest, ok);
+    std::string body = read_file(repo.root + "/" + rest, ok);
     if (!ok) return respond(fd, 404, "Not Found", "Entry not found");
+    if (repo.corrupted.count(rest)) body = repo.corrupted.at(rest);
     if (range.rfind("bytes=", 0) == 0) {
       const size_t from = std::stoul(range.substr(6));
       if (from >= body.size()) return respond(fd, 416, "Range Not Satisfiable", "");

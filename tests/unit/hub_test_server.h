@@ -1,8 +1,12 @@
 // A loopback HTTP/1.1 server with the Hugging Face Hub's URL scheme for kernel repositories,
 // serving folders of the local disk, logging every request (hub provider tests).
 //   GET /api/kernels/<org>/<name>/revision/<rev>  -> {"id": repo, "sha": commit}
-//   GET /api/kernels/<org>/<name>/tree/<rev>/build -> recursive listing (lfs.oid for *.so)
+//   GET /api/kernels/<org>/<name>/refs             -> {"branches": [{name, ref, targetCommit}]}
+//   GET /api/kernels/<org>/<name>/tree/<rev>/<dir> -> recursive listing: oid (git blob id) for
+//                                                     every file, lfs.oid (SHA-256) for *.so
 //   GET /kernels/<org>/<name>/resolve/<rev>/<path> -> the file (Range: bytes=N- honoured)
+// Model-type repositories (add_model_repo) answer only under /api/models/<org>/<name>: the
+// kernels URLs above give 404 "Repository not found" for them, as on the Hub.
 #pragma once
 
 #include <atomic>
@@ -30,6 +34,17 @@ class HubTestServer {
   void add_repo(const std::string& repo_id, const std::string& root, const std::string& sha,
                 const std::vector<std::string>& refs = {"v1"});
 
+  /// Serves `root` as a model-type repository (GET /api/models/<repo_id> answers; nothing under
+  /// /api/kernels or /kernels does).
+  void add_model_repo(const std::string& repo_id, const std::string& root, const std::string& sha);
+
+  /// Makes branch `name` of `repo_id` point to `commit` (which then serves the same files).
+  void set_branch(const std::string& repo_id, const std::string& name, const std::string& commit);
+
+  /// Serves `content` for `path` of `repo_id` (resolve URLs) while the tree listing still
+  /// describes the file on disk: a corrupted download.
+  void corrupt(const std::string& repo_id, const std::string& path, const std::string& content);
+
   /// "http://127.0.0.1:<port>"
   std::string endpoint() const;
 
@@ -51,6 +66,9 @@ class HubTestServer {
   struct Repo {
     std::string root, sha;
     std::vector<std::string> refs;
+    std::map<std::string, std::string> branches;   ///< name -> commit (set_branch)
+    std::map<std::string, std::string> corrupted;  ///< path -> served content
+    bool model = false;
   };
   Mode mode_;
   int listen_fd_ = -1;

@@ -146,7 +146,9 @@ TEST(HubLock, ParseLockTextNamesTheFile) {
     hub::parse_lock_text(R"([{"repo_id": "o/r", "variants": {"v\nx": {}}}])", "x.lock");
     FAIL() << "accepted";
   } catch (const hub::LockError& e) {
-    EXPECT_STREQ(e.what(), "x.lock: entry 0: variant 'v\\x0ax': needs 'files' {path: sha256}");
+    EXPECT_STREQ(e.what(),
+                 "x.lock: entry 0: variant 'v\\x0ax': needs 'files' {path: sha256} or 'hash' "
+                 "(kernels lock)");
   }
 }
 

@@ -2,18 +2,21 @@
 //
 //   libreyolo-kernels-hub lock     [common] [--slot S] [--repo ORG/NAME] [--revision REV |
 //   --version N]
-//                                  [--variant NAME]...
+//                                  [--variant NAME]... [--format libreyolo|upstream]
 //   libreyolo-kernels-hub download [common] [--variant NAME]... [--all-variants]
 //   libreyolo-kernels-hub verify   [common] [--variant NAME]... [--all-variants]
 //   common: [--config FILE] [--lock-file FILE]
-// lock resolves REV (default v1 of kernels-community/deformable-detr) to a commit and writes the
-// SHA-256 of every file of every variant into kernels.lock (next to --config, or --lock-file).
+// lock resolves REV (default v1 of kernels-community/deformable-detr), or the v<N> branch from the
+// Hub's refs list for --version N, to a commit and writes the SHA-256 of every file of every
+// variant into kernels.lock (next to --config, or --lock-file); --format upstream writes
+// huggingface/kernels' format instead (one git_lfs_concat hash per variant, no download).
 // download fetches the locked files of the variants this process can load (or all) into the
 // cache; verify checks the cache against kernels.lock without any request.
 // Settings (endpoint, cache, offline, timeout) come from --config's `kernels.hub` and the
 // environment (HF_ENDPOINT, HF_TOKEN, KERNELS_CACHE, HF_HUB_CACHE, HF_HUB_OFFLINE).
 // Exit codes: 0 ok, 1 failure, 2 usage error.
 #include <iostream>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -36,6 +39,7 @@ int usage(const std::string& error, bool help = false) {
       << "usage: libreyolo-kernels-hub lock|download|verify [--config FILE] [--lock-file FILE]\n"
          "         lock:     [--slot ms_deform_attn] [--repo ORG/NAME] [--revision REV | "
          "--version N] [--variant NAME]...\n"
+         "                   [--format libreyolo|upstream]\n"
          "         download: [--variant NAME]... [--all-variants]\n"
          "         verify:   [--variant NAME]... [--all-variants]\n";
   return help ? 0 : 2;
@@ -46,6 +50,8 @@ struct Args {
       slot = "ms_deform_attn", repo = "kernels-community/deformable-detr", revision = "v1";
   std::vector<std::string> variants;
   bool all_variants = false;
+  std::optional<int> version;
+  hub::LockFormat format = hub::LockFormat::libreyolo;
 };
 
 // Variants of `entry` to fetch or check: explicit ones, all, or those this process can load.
@@ -86,9 +92,17 @@ int main(int argc, char** argv) {
         a.repo = value();
       else if (k == "--revision")
         a.revision = value();
-      else if (k == "--version")
-        a.revision = "v" + value();
-      else if (k == "--variant")
+      else if (k == "--version") {
+        const std::string v = value();
+        if (v.empty() || v.size() > 6 || v.find_first_not_of("0123456789") != std::string::npos)
+          return usage("--version needs a major version number, got '" + v + "'");
+        a.version = std::stoi(v);
+      } else if (k == "--format") {
+        const std::string f = value();
+        const auto format = hub::parse_lock_format(f);
+        if (!format) return usage("--format is libreyolo or upstream, got '" + f + "'");
+        a.format = *format;
+      } else if (k == "--variant")
         a.variants.push_back(value());
       else if (k == "--all-variants")
         a.all_variants = true;
@@ -117,11 +131,13 @@ int main(int argc, char** argv) {
         std::fclose(f);
         entries = hub::read_lock_file(lock_path);
       }
-      const auto entry = hub::lock_repo(connection, a.slot, a.repo, a.revision, a.variants);
+      const auto entry =
+          hub::lock_repo(connection, a.slot, a.repo, a.revision, a.variants, a.format, a.version);
       hub::upsert(entries, entry);
-      hub::write_lock_file(lock_path, entries);
+      hub::write_lock_file(lock_path, entries, a.format);
       std::cout << "locked " << entry.repo_id << " " << entry.revision << " -> " << entry.sha
-                << " (" << entry.variants.size() << " variants) in " << lock_path << "\n";
+                << " (" << entry.variants.size() << " variants, " << hub::lock_format_name(a.format)
+                << " format) in " << lock_path << "\n";
       return 0;
     }
     const auto entries = hub::read_lock_file(lock_path);

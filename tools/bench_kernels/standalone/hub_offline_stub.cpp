@@ -40,5 +40,10 @@ std::string sha256_hex_file(const std::string&) { offline("sha256_hex_file"); }
 std::string digest_base64_file(const std::string&, const std::string&) {
   offline("digest_base64_file");
 }
+std::string git_blob_sha1_hex_file(const std::string&) { offline("git_blob_sha1_hex_file"); }
+std::string git_blob_sha1_hex(std::string_view) { offline("git_blob_sha1_hex"); }
+std::string git_lfs_concat_hash(std::vector<std::pair<std::string, std::string>>) {
+  offline("git_lfs_concat_hash");
+}
 
 }  // namespace libreyolo::kernels::hub
