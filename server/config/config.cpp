@@ -246,6 +246,8 @@ void parse_server(const YAML::Node& n, const std::string& file, const kernels::E
       set(c.load_models, names, file, v);
     } else if (key == "strict_readiness") {
       set(c.strict_readiness, as<bool>(file, v, full, "true or false"), file, v);
+    } else if (key == "gpu_image_decode") {
+      set(c.gpu_image_decode, as<bool>(file, v, full, "true or false"), file, v);
     } else if (key == "log_level") {
       const auto s = as<std::string>(file, v, full, "a level name");
       if (s != "debug" && s != "info" && s != "warn" && s != "warning" && s != "error" &&
@@ -263,7 +265,7 @@ void parse_server(const YAML::Node& n, const std::string& file, const kernels::E
                " (expected grpc_address, http_address, drain_seconds, max_message_bytes, "
                "max_images_per_request, max_pixels_per_image, preprocess_threads, "
                "intra_op_threads, max_concurrent_rpcs, http_threads, model_control, load_models, "
-               "strict_readiness, "
+               "strict_readiness, gpu_image_decode, "
                "log_level, tls, restricted_apis)");
     }
   }
@@ -465,6 +467,7 @@ std::string describe(const ServerConfig& c) {
   row(out, "  ", "model_control", c.model_control);
   row(out, "  ", "load_models", c.load_models);
   row(out, "  ", "strict_readiness", c.strict_readiness);
+  row(out, "  ", "gpu_image_decode", c.gpu_image_decode);
   row(out, "  ", "log_level", c.log_level);
   const auto& tls = c.tls.value;
   if (!tls.enabled()) {

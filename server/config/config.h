@@ -56,6 +56,11 @@ struct ServerConfig {
   /// Triton's --strict-readiness: true, ready only when every model (but those unloaded on
   /// purpose) is READY; false, ready once the start-up finished whatever the models' states.
   Setting<bool> strict_readiness{true};
+  /// Decode JPEGs for models on a CUDA device through the `image_decode` slot straight onto
+  /// that device (nvJPEG, kernels/image/image_decode.h) and resize / normalise them there with
+  /// the same ATen ops; images the slot's GPU decoder declines take the CPU path. Off by default
+  /// (issue 32: the GPU preprocessing is measured before it becomes the default).
+  Setting<bool> gpu_image_decode{false};
   Setting<std::string> log_level{"info"};  ///< debug | info | warn | error
   /// server.tls: TLS on both ports when its cert_file is set (paths relative to the file,
   /// stored absolute). Plain text otherwise.

@@ -353,6 +353,7 @@ std::string ServerCore::active_json() const {
       {"model_control", server_setting(config_.model_control)},
       {"load_models", server_setting(config_.load_models)},
       {"strict_readiness", server_setting(config_.strict_readiness)},
+      {"gpu_image_decode", server_setting(config_.gpu_image_decode)},
       {"log_level", server_setting(config_.log_level)},
       // As resolved and absolute (a file's relative path is relative to the file's folder).
       {"model_repository",

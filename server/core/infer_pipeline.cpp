@@ -10,6 +10,8 @@
 #include "kernels/out_of_memory.h"
 #include "log/log.h"
 #include "models/image/decode.h"
+#include "models/image/decode_slot.h"
+#include "models/runtime/stream_guard.h"
 #include "server/instance/model_instances.h"
 #include "server/metrics/statistics.h"
 #include "server/tasks/task_adapter.h"
@@ -44,16 +46,32 @@ void preprocess(ThreadPool& pool, const LoadedModel& m, int64_t max_pixels, Task
       const auto* data = reinterpret_cast<const std::uint8_t*>(req.images[i].data());
       at::Tensor img;
       try {
-        img = image::decode_image(data, req.images[i].size(), options);
+        // server.gpu_image_decode: the `image_decode` slot (nvJPEG onto the model's device;
+        // what it declines comes back from the CPU reference, on the CPU).
+        img = m.image_decode.empty()
+                  ? image::decode_image(data, req.images[i].size(), options)
+                  : image::decode_image(m.image_decode, data, req.images[i].size(), options,
+                                        m.device.index());
+      } catch (const kernels::OutOfMemory&) {
+        throw;  // the device's, not the client's: RESOURCE_EXHAUSTED (InferPipeline::run)
       } catch (const std::exception& ex) {
         throw Error(Code::invalid_argument, c10::str("input 'images': image ", i, ": ", ex.what()));
       }
       try {
         auto out = m.processor->preprocess({img});
-        // Pinned here, in parallel across the pool, so that the instance copies the image to
-        // the device by DMA instead of staging it on its own thread
-        // (server/instance/model_instance.cpp assemble).
-        if (m.device.is_cuda()) out.pixel_values = out.pixel_values.pin_memory();
+        if (img.is_cuda()) {
+          // Resized and normalised on the device by the same ATen operators, on this pool
+          // thread's current stream: wait for it here, so that the instance, which copies the
+          // pixels into its batch on its own stream, reads finished work.
+          models::StreamEvent done(img.device());
+          done.record();
+          done.synchronize();
+        } else if (m.device.is_cuda()) {
+          // Pinned here, in parallel across the pool, so that the instance copies the image to
+          // the device by DMA instead of staging it on its own thread
+          // (server/instance/model_instance.cpp assemble).
+          out.pixel_values = out.pixel_values.pin_memory();
+        }
         return out;
       } catch (const c10::OutOfMemoryError&) {
         throw;

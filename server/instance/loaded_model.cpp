@@ -61,6 +61,21 @@ std::shared_ptr<LoadedModel> load_model_version(const InstanceOptions& in,
   options.layouts.kernel_config = serving.kernel_config;
   m->model = loader(in.dir, options);  // config.json first: its errors name the checkpoint
   m->processor = image::load_image_processor(in.dir);
+  if (in.gpu_image_decode && m->device.is_cuda()) {
+    // server.gpu_image_decode: the `image_decode` slot for this device, with serving.yaml's
+    // kernel lists (the reference is always among the candidates).
+    auto& registry = kernels::Registry::process_default();
+    kernels::BindContext context;
+    context.device = kernels::BindContext::Device::cuda;
+    context.device_index = m->device.index();
+    context.dtype = m->dtype == at::kHalf       ? "float16"
+                    : m->dtype == at::kBFloat16 ? "bfloat16"
+                                                : "float32";
+    context.model = name;
+    context.instance = in.instance;
+    const kernels::Filter filter = registry.filter().overridden(options.kernel_slots);
+    m->image_decode = registry.bind(kernels::kImageDecode, context, &filter);
+  }
   for (const auto& r : m->model->layouts())
     log::info(c10::str("model '", name, "': layout ", r.layout, " (", r.source, "): ", r.modules,
                        " modules, parameters ", r.params_before, " -> ", r.params_after));

@@ -9,6 +9,7 @@
 #include <memory>
 #include <string>
 
+#include "kernels/image/image_decode.h"
 #include "kernels/policy.h"
 #include "models/image/processor.h"
 #include "models/model.h"
@@ -31,6 +32,9 @@ struct LoadedModel {
   ServingConfig serving;
   std::unique_ptr<models::Model> model;
   std::unique_ptr<image::ImageProcessor> processor;
+  /// The `image_decode` slot bound for this model's device (server.gpu_image_decode on and the
+  /// model on CUDA); empty otherwise: images are decoded on the CPU pool as before.
+  kernels::ImageDecodeHandle image_decode;
   /// The task's request/response rules (chosen from model->description().task).
   std::unique_ptr<TaskAdapter> task;
   at::Device device = at::kCPU;
@@ -63,6 +67,8 @@ struct InstanceOptions {
   std::string server_device;
   /// The server's kernels.fused_attention (serving.yaml fused_attention wins unless `default`).
   kernels::FusedAttention server_fused_attention = kernels::FusedAttention::family_default;
+  /// The server's server.gpu_image_decode: bind the `image_decode` slot for a CUDA model.
+  bool gpu_image_decode = false;
   /// The server's kernels.layouts / LIBREYOLO_LAYOUTS (serving.yaml kernels.layouts wins).
   kernels::Setting<kernels::LayoutMode> server_layouts = {};
   /// "" for a model of one instance, else "<model>_<i>" (its kernel handles are bound and

@@ -55,8 +55,22 @@ TEST(ServerConfig, ShippedFileEqualsDefaults) {
   EXPECT_EQ(c.device.value, d.device.value);
   EXPECT_EQ(c.kernels.selection.value, d.kernels.selection.value);
   EXPECT_EQ(c.kernels.hub_kernels.value, d.kernels.hub_kernels.value);
+  EXPECT_EQ(c.gpu_image_decode.value, d.gpu_image_decode.value);
+  EXPECT_FALSE(d.gpu_image_decode.value);  // off by default (issue 32)
   EXPECT_EQ(c.grpc_address.source, Source::file);
   EXPECT_EQ(c.grpc_address.origin, file + ":14:17");
+}
+
+TEST(ServerConfig, GpuImageDecodeIsABoolean) {
+  const auto on = parse_config("server:\n  gpu_image_decode: true\n", "s.yaml", {}, kNoEnv);
+  EXPECT_TRUE(on.gpu_image_decode.value);
+  EXPECT_EQ(on.gpu_image_decode.source, Source::file);
+  try {
+    parse_config("server:\n  gpu_image_decode: sometimes\n", "s.yaml", {}, kNoEnv);
+    FAIL() << "accepted 'sometimes'";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("server.gpu_image_decode"), std::string::npos) << e.what();
+  }
 }
 
 TEST(ServerConfig, FileThenFlagsWithOrigins) {
