@@ -484,7 +484,7 @@ UpstreamVariant prepare_upstream_variant(const Connection& c, const LockEntry& e
       }
       out.files[rel] = {name, lfs};
     }
-    source = "the cached files";
+    source = "the cached file list";
   }
   std::vector<std::pair<std::string, std::string>> pairs;
   for (const auto& [path, f] : out.files) pairs.emplace_back(path, f.hash);

@@ -647,9 +647,11 @@ TEST_F(ServerGrpc, HttpAdminEndpoints) {
   // what the loaded model was bound to: on a CPU model the attention slot's first candidate is
   // sdpa (mem_efficient binds to CUDA models only), and nothing serves ms_deform_attn.
   const auto doc = nlohmann::json::parse(active.body);
-  for (const char* key :
-       {"policy", "active", "slots", "bindings", "providers", "fallback_events", "built_with_cuda"})
+  for (const char* key : {"policy", "active", "slots", "bindings", "providers", "fallback_events",
+                          "built_with_cuda", "hub_builds"})
     EXPECT_TRUE(doc.contains(key)) << key;
+  // Hub builds loaded by this process (kernels/hub/provider.h loaded_builds).
+  EXPECT_TRUE(doc["hub_builds"].is_array()) << doc["hub_builds"];
   if (doc["models"].size() > 0 && doc["bindings"].contains("rtdetr_tiny")) {
     const auto& b = doc["bindings"]["rtdetr_tiny"];
     EXPECT_EQ(b["attention"]["selected"], "sdpa");
