@@ -45,6 +45,11 @@ void preprocess(ThreadPool& pool, const LoadedModel& m, int64_t max_pixels, Task
       options.max_pixels = max_pixels;
       const auto* data = reinterpret_cast<const std::uint8_t*>(req.images[i].data());
       at::Tensor img;
+      // server.gpu_image_decode: this task's device work (decode, resize, normalise) on a
+      // stream of PyTorch's pool, not on the legacy default stream that every pool thread
+      // would share (and wait for in its synchronisation below).
+      std::optional<models::StreamGuard> stream;
+      if (!m.image_decode.empty()) stream.emplace(m.device);
       try {
         // server.gpu_image_decode: the `image_decode` slot (nvJPEG onto the model's device;
         // what it declines comes back from the CPU reference, on the CPU).
