@@ -669,4 +669,50 @@ TEST_F(HubInterop, LockCommandWritesTheUpstreamFormat) {
       << fs::read(out);
 }
 
+// A lock entry that asks for a major version and no commit is refused at start-up as unpinned;
+// `kernels lock --update` pins it to the v<N> branch's commit, then it loads.
+TEST_F(HubInterop, LockUpdatePinsAnEntryThatAsksForAVersion) {
+  const std::string tool = std::string(LIBREYOLO_BINARY_DIR) + "/bin/libreyolo-kernels-hub";
+  if (!fs::exists(tool)) GTEST_SKIP() << tool << " is not built";
+  server.add_repo("libreyolo-test/up", make_repo("up"), kSha2, {"main"});
+  server.set_branch("libreyolo-test/up", "v1", kSha);
+  const std::string& lock = settings.lock_file.value;
+  fs::write(lock, R"([{"repo_id": "libreyolo-test/up", "version": 1}])");
+  auto unpinned = make_registry();
+  ASSERT_EQ(unpinned->events().size(), 1u);
+  EXPECT_EQ(unpinned->events()[0].reason,
+            "unpinned: libreyolo-test/up in " + lock +
+                " is not pinned: sha '' is not a 40-hex commit (revision 'v1'); pin it with "
+                "`libreyolo-server kernels lock`");
+
+  const std::string out = dir_ + "/out.txt";
+  const std::string cmd =
+      "env -u HF_HUB_OFFLINE -u HF_TOKEN -u LOCAL_KERNELS HF_ENDPOINT=" + server.endpoint() +
+      " KERNELS_CACHE=" + dir_ + "/cli-cache " + tool + " lock --update --lock-file " + lock;
+  ASSERT_EQ(std::system((cmd + " > " + out + " 2>&1").c_str()), 0) << fs::read(out);
+  EXPECT_EQ(fs::read(out), "locked libreyolo-test/up v1 -> " + std::string(kSha) +
+                               " (1 variants, libreyolo format)\nupdated 1 entries in " + lock +
+                               "\n");
+  const auto pinned = hub::read_lock_file(lock);
+  ASSERT_EQ(pinned.size(), 1u);
+  EXPECT_EQ(pinned[0].sha, kSha);
+  EXPECT_EQ(pinned[0].version, std::optional<int>(1));
+  EXPECT_EQ(pinned[0].variants.at(test_variant()).files.size(), 3u);  // bytecode not locked
+  auto r = make_registry();
+  EXPECT_TRUE(r->events().empty()) << r->events()[0].reason;
+  EXPECT_EQ(r->resolve(kMsDeformAttn.name), std::optional<std::string>("hub"));
+
+  // An upstream-format entry records only its commit: nothing to update it to.
+  auto upstream = pinned[0];
+  upstream.version.reset();
+  upstream.revision.clear();
+  upstream.variants.at(test_variant()).files.clear();
+  upstream.variants.at(test_variant()).hash = "sha256-" + std::string(64, '0');
+  hub::write_lock_file(lock, {upstream}, hub::LockFormat::upstream);
+  EXPECT_EQ(WEXITSTATUS(std::system((cmd + " --format upstream > " + out + " 2>&1").c_str())), 1);
+  EXPECT_EQ(fs::read(out), "error: libreyolo-test/up in " + lock +
+                               " asks for no version or revision: lock it with --repo "
+                               "libreyolo-test/up --version N\n");
+}
+
 }  // namespace

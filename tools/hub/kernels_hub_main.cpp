@@ -10,6 +10,8 @@
 // Hub's refs list for --version N, to a commit and writes the SHA-256 of every file of every
 // variant into kernels.lock (next to --config, or --lock-file); --format upstream writes
 // huggingface/kernels' format instead (one git_lfs_concat hash per variant, no download).
+// lock --update locks every entry of the lock file again at the version or revision it asks for
+// (an entry {"repo_id": ..., "version": 1} without a sha is pinned to the v1 branch's commit).
 // download fetches the locked files of the variants this process can load (or all) into the
 // cache; verify checks the cache against kernels.lock without any request.
 // Settings (endpoint, cache, offline, timeout) come from --config's `kernels.hub` and the
@@ -40,6 +42,8 @@ int usage(const std::string& error, bool help = false) {
          "         lock:     [--slot ms_deform_attn] [--repo ORG/NAME] [--revision REV | "
          "--version N] [--variant NAME]...\n"
          "                   [--format libreyolo|upstream]\n"
+         "                   --update [--format libreyolo|upstream]   (every entry of the lock "
+         "again)\n"
          "         download: [--variant NAME]... [--all-variants]\n"
          "         verify:   [--variant NAME]... [--all-variants]\n";
   return help ? 0 : 2;
@@ -50,6 +54,7 @@ struct Args {
       slot = "ms_deform_attn", repo = "kernels-community/deformable-detr", revision = "v1";
   std::vector<std::string> variants;
   bool all_variants = false;
+  bool update = false;  ///< lock: every entry of the lock file again, by its version or revision
   std::optional<int> version;
   hub::LockFormat format = hub::LockFormat::libreyolo;
 };
@@ -106,6 +111,8 @@ int main(int argc, char** argv) {
         a.variants.push_back(value());
       else if (k == "--all-variants")
         a.all_variants = true;
+      else if (k == "--update")
+        a.update = true;
       else
         return usage("unknown argument " + k);
     } catch (const std::invalid_argument& e) {
@@ -130,6 +137,27 @@ int main(int argc, char** argv) {
       if (FILE* f = std::fopen(lock_path.c_str(), "r")) {
         std::fclose(f);
         entries = hub::read_lock_file(lock_path);
+      }
+      if (a.update) {
+        // Each entry again at what it asks for: `version` N (the vN branch now) or `revision`;
+        // an entry asking for neither (upstream's format records only the commit) is an error.
+        for (auto& e : entries) {
+          if (!e.version && e.revision.empty()) {
+            throw std::runtime_error(e.repo_id + " in " + lock_path +
+                                     " asks for no version or revision: lock it with --repo " +
+                                     e.repo_id + " --version N");
+          }
+          std::vector<std::string> variants;
+          for (const auto& [name, v] : e.variants) variants.push_back(name);
+          e = hub::lock_repo(connection, e.slot, e.repo_id, e.revision, variants, a.format,
+                             e.version);
+          std::cout << "locked " << e.repo_id << " " << e.revision << " -> " << e.sha << " ("
+                    << e.variants.size() << " variants, " << hub::lock_format_name(a.format)
+                    << " format)\n";
+        }
+        hub::write_lock_file(lock_path, entries, a.format);
+        std::cout << "updated " << entries.size() << " entries in " << lock_path << "\n";
+        return 0;
       }
       const auto entry =
           hub::lock_repo(connection, a.slot, a.repo, a.revision, a.variants, a.format, a.version);
