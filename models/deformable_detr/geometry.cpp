@@ -27,13 +27,18 @@ at::Tensor interleave_sin_cos(const at::Tensor& x) {
 }  // namespace
 
 at::Tensor sine_position_embedding(const at::Tensor& mask, int64_t num_features,
-                                   at::ScalarType dtype) {
+                                   at::ScalarType dtype, double offset) {
   const auto m = mask.to(dtype);
   auto y = m.cumsum(1);
   auto x = m.cumsum(2);
   const double eps = 1e-6;
-  y = (y - 0.5) / (y.slice(1, -1) + eps) * kTwoPi;
-  x = (x - 0.5) / (x.slice(2, -1) + eps) * kTwoPi;
+  if (offset != 0) {
+    y = (y - offset) / (y.slice(1, -1) + eps) * kTwoPi;
+    x = (x - offset) / (x.slice(2, -1) + eps) * kTwoPi;
+  } else {
+    y = y / (y.slice(1, -1) + eps) * kTwoPi;
+    x = x / (x.slice(2, -1) + eps) * kTwoPi;
+  }
   const auto d = dim_t(num_features, dtype, mask.device());
   const auto pos_x = interleave_sin_cos(x.unsqueeze(-1) / d);
   const auto pos_y = interleave_sin_cos(y.unsqueeze(-1) / d);

@@ -16,10 +16,12 @@ namespace libreyolo::models::deformable_detr {
 
 /// DETR sine embedding (normalize=True, scale=2*pi, temperature 10000) of a mask (B, h, w) bool
 /// (true = valid) -> (B, 2 * num_features, h, w) in `dtype`: channels [pos_y, pos_x], each
-/// interleaving sin (even) / cos (odd) of cumsum(mask) - 0.5 over (last cumsum + 1e-6) * 2*pi
-/// divided by 10000^(2*floor(i/2)/num_features).
+/// interleaving sin (even) / cos (odd) of cumsum(mask) - offset over (last cumsum + 1e-6) * 2*pi
+/// divided by 10000^(2*floor(i/2)/num_features). offset 0.5: Deformable DETR's
+/// DeformableDetrSinePositionEmbedding; 0: DETR's DetrSinePositionEmbedding (models/detr/, no
+/// subtraction at all, as upstream).
 at::Tensor sine_position_embedding(const at::Tensor& mask, int64_t num_features,
-                                   at::ScalarType dtype);
+                                   at::ScalarType dtype, double offset = 0.5);
 
 /// (B, 2) float (valid_w / w, valid_h / h) of one level's mask (B, h, w), valid counts taken on
 /// the first row / column.

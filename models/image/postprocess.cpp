@@ -60,7 +60,22 @@ std::vector<Detections> post_process_object_detection(
   if (!target_sizes.empty()) scale = scale_factors(target_sizes, logits.device()).unsqueeze(1);
 
   at::Tensor scores, labels, query;
-  if (head == DetectionHead::rt_detr && !options.use_focal_loss) {
+  if (head == DetectionHead::detr) {
+    if (c < 2)
+      throw std::invalid_argument(c10::str("post_process_object_detection: DETR logits need the ",
+                                           "\"no object\" class and at least one other, got ", c,
+                                           " classes"));
+    at::Tensor prob = at::softmax(logits, -1).narrow(-1, 0, c - 1);
+    std::tie(scores, labels) = prob.max(-1);
+    if (options.top_k > 0 && options.top_k < q) {
+      std::tie(scores, query) = at::topk(scores, options.top_k, -1);
+      labels = at::gather(labels, 1, query);
+    } else {
+      query = at::arange(q, at::TensorOptions().dtype(at::kLong).device(logits.device()))
+                  .unsqueeze(0)
+                  .expand({b, q});
+    }
+  } else if (head == DetectionHead::rt_detr && !options.use_focal_loss) {
     at::Tensor prob = at::softmax(logits, -1).narrow(-1, 0, c - 1);
     auto [best, best_label] = prob.max(-1);
     const int64_t k = options.top_k > 0 ? std::min(options.top_k, q) : q;

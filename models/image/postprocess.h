@@ -21,13 +21,20 @@ enum class DetectionHead {
   rt_detr,
   /// DeformableDetrImageProcessor's (Deformable DETR, LW-DETR): top-k = min(top_k (100), Q*C)
   deformable_detr,
+  /// DetrImageProcessor's (DETR; transformers 5.17 models/detr/image_processing_detr.py
+  /// post_process_object_detection): softmax over the last dimension, score and label = the
+  /// best class but the last ("no object"), kept where score > threshold, in query order; no
+  /// top-k upstream. PostProcessOptions::top_k <= 0 (the default) keeps that exactly; top_k > 0
+  /// keeps the top_k best-scored queries (at::topk, descending score; all Q when top_k >= Q).
+  detr,
 };
 
 struct PostProcessOptions {
   /// Keep `score > threshold` (strict, compared in float32 as torch does).
   double threshold = 0.5;
   /// Candidates before thresholding; <= 0 means the family default (RT-DETR: num_queries,
-  /// Deformable DETR: 100); always capped at Q * num_classes.
+  /// Deformable DETR: 100, DETR: every query in query order); always capped at Q * num_classes
+  /// (DETR: at Q, one candidate per query).
   int64_t top_k = 0;
   /// RT-DETR `use_focal_loss` (config.json, default true): sigmoid scores. False: softmax over
   /// the classes minus the last ("no object") and the best class per query (transformers' call
@@ -35,7 +42,8 @@ struct PostProcessOptions {
   bool use_focal_loss = true;
 };
 
-/// Detections of one image, sorted by descending score (torch.topk order).
+/// Detections of one image, sorted by descending score (torch.topk order); DetectionHead::detr
+/// without top_k: in query order, as transformers returns them.
 struct Detections {
   at::Tensor scores;  ///< (K) float32
   at::Tensor labels;  ///< (K) int64 class index (id2label key)

@@ -167,6 +167,42 @@ def dd_cfg(**kw):
     return tr.DeformableDetrConfig(**base)
 
 
+def register_timm_resnets():
+    """Small plain timm ResNets (resnet50's and resnet18's layout, the timm backbone of
+    facebook/detr-resnet-50) under names of their own; tests/fixtures/models/detr_tiny/
+    make_fixtures.py registers the fixtures' pair the same way."""
+    from timm.models import is_model, register_model
+    from timm.models.resnet import BasicBlock, Bottleneck, _create_resnet
+
+    if is_model("resnet_live_bottleneck"):  # cases() runs once per seed
+        return
+
+    @register_model
+    def resnet_live_bottleneck(pretrained=False, **kwargs):
+        args = dict(block=Bottleneck, layers=(2, 1, 1, 2), channels=(8, 16, 16, 24))
+        return _create_resnet("resnet_live_bottleneck", pretrained, **dict(args, **kwargs))
+
+    @register_model
+    def resnet_live_basic(pretrained=False, **kwargs):
+        args = dict(block=BasicBlock, layers=(1, 2, 1, 1), channels=(8, 16, 24, 32))
+        return _create_resnet("resnet_live_basic", pretrained, **dict(args, **kwargs))
+
+
+def detr_cfg(**kw):
+    base = dict(d_model=32, encoder_layers=2, decoder_layers=3, encoder_attention_heads=4,
+                decoder_attention_heads=2, encoder_ffn_dim=48, decoder_ffn_dim=40, num_queries=12,
+                num_labels=7, use_pretrained_backbone=False)
+    if "backbone" not in kw:
+        base.update(use_timm_backbone=False, backbone=None,
+                    backbone_config=tr.ResNetConfig(embedding_size=16, hidden_sizes=[16, 24, 40, 56],
+                                                    depths=[1, 2, 1, 1], layer_type="basic",
+                                                    hidden_act="relu", out_features=["stage4"]))
+    else:
+        base.update(use_timm_backbone=True)
+    base.update(kw)
+    return tr.DetrConfig(**base)
+
+
 def lw_cfg(scales, vit_layers, windows, out_indices, nq, pretrain=224, **kw):
     vit = dict(hidden_size=48, num_hidden_layers=vit_layers, num_attention_heads=3, mlp_ratio=2, image_size=256,
                pretrain_image_size=pretrain, patch_size=16, num_windows=4, window_block_indices=windows,
@@ -238,6 +274,12 @@ def cases():
     yield "deimv2_dinov3_keybias_4lvl_288x384", DV2, dv2_dinov3(30, vit=dict(hidden_size=48, num_attention_heads=3, num_register_tokens=0, key_bias=True, out_features=["stem", "stage2", "stage3"], out_indices=[0, 2, 3]), d_model=64, decoder_attention_heads=4, num_feature_levels=4, decoder_n_points=2), DV2P, (1, 288, 384), False
     yield "deformable_detr_masked", DD, dd_cfg(), DDP, [(200, 320), (256, 192)], True
     yield "deformable_detr_refine_two_stage", DD, dd_cfg(with_box_refine=True, two_stage=True, two_stage_num_proposals=10), DDP, [(224, 288)], True
+    DT = tr.DetrForObjectDetection
+    register_timm_resnets()
+    DTRP = dict(DDP, image_processor_type="DetrImageProcessor")
+    yield "detr_hf_basic_masked", DT, detr_cfg(), DTRP, [(200, 320), (256, 192)], True
+    yield "detr_timm_bottleneck_masked", DT, detr_cfg(backbone="resnet_live_bottleneck"), DTRP, [(224, 288), (288, 160)], True
+    yield "detr_timm_basic_learned_256x320", DT, detr_cfg(backbone="resnet_live_basic", position_embedding_type="learned", activation_function="gelu"), DTRP, (2, 256, 320), False
     LW = tr.LwDetrForObjectDetection
     LWP = dict(DDP, size={"height": 640, "width": 640})  # an exact {height, width} resize
     # LW-DETR's processor resizes to a fixed {height, width}: non-square inputs, sides multiples of

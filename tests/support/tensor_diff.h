@@ -7,12 +7,11 @@
 namespace libreyolo::test {
 
 /// max |a - b| as a double: both tensors moved to the CPU and converted to float64 first, so the
-/// difference itself adds no rounding. Throws c10::Error when the shapes do not broadcast.
+/// difference itself adds no rounding; 0 when the difference is empty (no detections kept).
+/// Throws c10::Error when the shapes do not broadcast.
 inline double max_abs_diff(const at::Tensor& a, const at::Tensor& b) {
-  return (a.detach().to(at::kCPU, at::kDouble) - b.detach().to(at::kCPU, at::kDouble))
-      .abs()
-      .max()
-      .item<double>();
+  const auto d = (a.detach().to(at::kCPU, at::kDouble) - b.detach().to(at::kCPU, at::kDouble));
+  return d.numel() == 0 ? 0.0 : d.abs().max().item<double>();
 }
 
 /// max |a - b| / max |b| (b is the reference; divided by 1 when b is all zeros).

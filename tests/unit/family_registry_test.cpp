@@ -70,7 +70,7 @@ TEST(FamilyRegistry, EveryFamilyFolderRegistersExactlyOnce) {
   for (const Family* f : FamilyRegistry::builtin().all()) registered.push_back(f->name);
   std::sort(registered.begin(), registered.end());
   EXPECT_EQ(registered, folders);  // a record's name is its folder
-  EXPECT_EQ(folders, (std::vector<std::string>{"deformable_detr", "deimv2", "deit", "dfine",
+  EXPECT_EQ(folders, (std::vector<std::string>{"deformable_detr", "deimv2", "deit", "detr", "dfine",
                                                "lw_detr", "rf_detr", "rtdetr", "swin", "vit"}));
 }
 
@@ -80,7 +80,7 @@ TEST(FamilyRegistry, ModelTypesAndRecords) {
       {"rt_detr", "rtdetr"},  {"rt_detr_v2", "rtdetr"}, {"deformable_detr", "deformable_detr"},
       {"d_fine", "dfine"},    {"deimv2", "deimv2"},     {"lw_detr", "lw_detr"},
       {"rf_detr", "rf_detr"}, {"vit", "vit"},           {"deit", "deit"},
-      {"swin", "swin"}};
+      {"swin", "swin"},       {"detr", "detr"}};
   size_t types = 0;
   for (const Family* f : registry.all()) {
     types += f->model_types.size();
@@ -108,11 +108,12 @@ TEST(FamilyRegistry, ModelTypesAndRecords) {
   }
   EXPECT_EQ(*registry.find("d_fine")->head, image::DetectionHead::rt_detr);
   EXPECT_EQ(*registry.find("lw_detr")->head, image::DetectionHead::deformable_detr);
+  EXPECT_EQ(*registry.find("detr")->head, image::DetectionHead::detr);
   EXPECT_EQ(registry.find("yolo_nas"), nullptr);
   // The order of all(): Family::order, then name.
   std::vector<std::string> order;
   for (const Family* f : registry.all()) order.push_back(f->name);
-  EXPECT_EQ(order, (std::vector<std::string>{"rtdetr", "deformable_detr", "dfine", "deimv2",
+  EXPECT_EQ(order, (std::vector<std::string>{"rtdetr", "detr", "deformable_detr", "dfine", "deimv2",
                                              "lw_detr", "rf_detr", "vit", "deit", "swin"}));
 }
 
@@ -157,7 +158,17 @@ TEST(FamilyRegistry, LayoutCatalogListsTheRecordsClasses) {
   EXPECT_EQ(layouts::find_layout_info("channels_last")->replaces,
             std::vector<std::string>{"Conv2d"});
   EXPECT_EQ(layouts::find_layout_info("batchnorm_fold")->replaces.size(), 11u);
-  EXPECT_EQ(layouts::find_layout_info("qkv_concat")->replaces.size(), 16u);
+  EXPECT_EQ(layouts::find_layout_info("qkv_concat")->replaces.size(), 17u);  // + DETR's
+  // DETR: its self-attentions (q and k share their input), never the cross-attention.
+  EXPECT_EQ(layouts::upstream_classes("detr", layouts::ModuleKind::attention,
+                                      "model.decoder.layers.1.self_attn"),
+            std::vector<std::string>{"DetrSelfAttention"});
+  EXPECT_TRUE(layouts::upstream_classes("detr", layouts::ModuleKind::attention,
+                                        "model.decoder.layers.1.encoder_attn")
+                  .empty());
+  EXPECT_TRUE(layouts::on_by_default("qkv_concat", "detr", false));
+  EXPECT_TRUE(layouts::on_by_default("batchnorm_fold", "detr", false));
+  EXPECT_FALSE(layouts::on_by_default("channels_last", "detr", false));
   // No family: no class, except the layouts' own torch.nn ones.
   EXPECT_TRUE(layouts::upstream_classes("yolo_nas", layouts::ModuleKind::attention, "x").empty());
   EXPECT_EQ(layouts::upstream_classes("yolo_nas", layouts::ModuleKind::conv2d, "x"),

@@ -1,0 +1,109 @@
+#include "models/detr/timm_resnet.h"
+
+#include <c10/util/StringUtil.h>
+
+#include "models/core/safetensors_header.h"
+
+namespace libreyolo::models::detr {
+namespace {
+
+layers::Conv2d conv(int64_t in, int64_t out, int64_t kernel, int64_t stride) {
+  layers::Conv2dOptions o;
+  o.in = in;
+  o.out = out;
+  o.kernel = kernel;
+  o.stride = stride;
+  o.padding = kernel / 2;  // timm: padding = kernel // 2 (dilation 1)
+  o.bias = false;
+  return std::make_shared<layers::Conv2dImpl>(o);
+}
+
+layers::FrozenBatchNorm2d norm(int64_t channels) {
+  return std::make_shared<layers::FrozenBatchNorm2dImpl>(channels);
+}
+
+}  // namespace
+
+TimmResNetConfig read_timm_resnet_config(const core::SafetensorsFile& file,
+                                         const std::string& prefix, int64_t num_channels,
+                                         int64_t last_stage) {
+  auto require = [&](const std::string& key) -> const std::vector<int64_t>& {
+    if (!file.contains(key))
+      throw core::CheckpointError(
+          file.path() + ": checkpoint does not match the model: missing keys (1): " + key);
+    return file.info(key).shape;
+  };
+  TimmResNetConfig c;
+  c.num_channels = num_channels;
+  c.stem_width = require(prefix + "conv1.weight").at(0);
+  require(prefix + "layer1.0.conv1.weight");
+  c.bottleneck = file.contains(prefix + "layer1.0.conv3.weight");
+  for (int64_t s = 1; s <= last_stage; ++s) {
+    const std::string stage = prefix + "layer" + std::to_string(s) + ".";
+    int64_t depth = 0;
+    while (file.contains(stage + std::to_string(depth) + ".conv1.weight")) ++depth;
+    if (depth == 0) require(stage + "0.conv1.weight");
+    c.depths.push_back(depth);
+    c.widths.push_back(require(stage + "0.conv1.weight").at(0));
+    c.outs.push_back(require(stage + "0." + (c.bottleneck ? "conv3" : "conv2") + ".weight").at(0));
+  }
+  return c;
+}
+
+TimmBlockImpl::TimmBlockImpl(bool bottleneck, int64_t in, int64_t width, int64_t out,
+                             int64_t stride) {
+  if (bottleneck) {
+    convs = {conv(in, width, 1, 1), conv(width, width, 3, stride), conv(width, out, 1, 1)};
+  } else {
+    convs = {conv(in, width, 3, stride), conv(width, out, 3, 1)};
+  }
+  for (size_t i = 0; i < convs.size(); ++i) {
+    register_module("conv" + std::to_string(i + 1), convs[i]);
+    norms.push_back(register_module("bn" + std::to_string(i + 1), norm(convs[i]->options.out)));
+  }
+  if (in != out || stride != 1) {
+    auto down = register_module("downsample", std::make_shared<torch::nn::Module>());
+    down_conv = down->register_module("0", conv(in, out, 1, stride));
+    down_norm = down->register_module("1", norm(out));
+  }
+}
+
+at::Tensor TimmBlockImpl::forward(const at::Tensor& x) const {
+  // timm BasicBlock / Bottleneck.forward: conv -> bn -> act for all but the last pair, then
+  // x += shortcut, act.
+  at::Tensor h = x;
+  for (size_t i = 0; i < convs.size(); ++i) {
+    h = norms[i]->forward(convs[i]->forward(h));
+    if (i + 1 < convs.size()) h = at::relu(h);
+  }
+  const at::Tensor shortcut = down_conv ? down_norm->forward(down_conv->forward(x)) : x;
+  return at::relu(h + shortcut);
+}
+
+TimmResNetImpl::TimmResNetImpl(const TimmResNetConfig& c) : config(c) {
+  conv1 = register_module("conv1", conv(c.num_channels, c.stem_width, 7, 2));
+  bn1 = register_module("bn1", norm(c.stem_width));
+  maxpool = register_module("maxpool",
+                            std::make_shared<layers::MaxPool2dImpl>(layers::square_pool(3, 2, 1)));
+  int64_t in = c.stem_width;
+  for (size_t s = 0; s < c.depths.size(); ++s) {
+    std::vector<std::shared_ptr<TimmBlockImpl>> blocks;
+    for (int64_t i = 0; i < c.depths[s]; ++i) {
+      const int64_t stride = i == 0 && s > 0 ? 2 : 1;
+      blocks.push_back(std::make_shared<TimmBlockImpl>(c.bottleneck, i == 0 ? in : c.outs[s],
+                                                       c.widths[s], c.outs[s], stride));
+    }
+    stages.push_back(layers::register_list(*this, "layer" + std::to_string(s + 1), blocks));
+    // register_list makes "layer{s}" a container whose children are "0", "1", ...
+    in = c.outs[s];
+  }
+}
+
+at::Tensor TimmResNetImpl::forward(const at::Tensor& pixel_values) const {
+  auto h = maxpool->forward(at::relu(bn1->forward(conv1->forward(pixel_values))));
+  for (const auto& stage : stages)
+    for (const auto& block : stage) h = block->forward(h);
+  return h;
+}
+
+}  // namespace libreyolo::models::detr

@@ -1,0 +1,69 @@
+// timm's plain ResNet (timm.models.resnet.ResNet: resnet18/26/34/50/101/152 and any widths and
+// depths of that layout) as DETR's timm backbone wraps it (transformers 5.17 TimmBackbone,
+// features_only, every BatchNorm2d replaced by DetrFrozenBatchNorm2d): 7x7/2 conv1 + bn1 + ReLU,
+// 3x3/2 max-pool, layer1..layer4 of BasicBlock (3x3 conv1 with the stride, 3x3 conv2) or
+// Bottleneck (1x1 conv1, 3x3 conv2 with the stride, 1x1 conv3) blocks, a 1x1 strided
+// downsample.0 conv + downsample.1 norm where the shape changes. Module names are timm's
+// (conv1, bn1, layer{s}.{i}.conv1, ..., downsample.{0,1}), the on-disk names of
+// facebook/detr-resnet-50 under model.backbone.conv_encoder.model. Deep stems (timm's
+// resnet50d, resnet10t ...), average-pool downsampling and dilation (DC5) are not this layout.
+#pragma once
+
+#include <ATen/ATen.h>
+#include <torch/nn/module.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "models/core/safetensors.h"
+#include "models/layers/layers.h"
+#include "models/layers/max_pool.h"
+
+namespace libreyolo::models::detr {
+
+/// The architecture of a timm ResNet checkpoint, read from its tensors.
+struct TimmResNetConfig {
+  int64_t num_channels = 3;
+  int64_t stem_width = 64;
+  bool bottleneck = true;
+  std::vector<int64_t> depths;  ///< blocks per stage, stages 1..last
+  std::vector<int64_t> widths;  ///< conv1 output channels of each stage's blocks
+  std::vector<int64_t> outs;    ///< output channels of each stage
+};
+
+/// Reads the architecture from the keys and shapes of `file` under `prefix` (e.g.
+/// "model.backbone.conv_encoder.model."), stages 1..`last_stage`: the blocks of stage s are
+/// layer{s}.0, layer{s}.1, ... while `<prefix>layer{s}.{i}.conv1.weight` exists; Bottleneck when
+/// layer1.0.conv3.weight exists. Throws core::CheckpointError naming the file and the first key
+/// it needed that is absent (strict loading then checks every other tensor).
+TimmResNetConfig read_timm_resnet_config(const core::SafetensorsFile& file,
+                                         const std::string& prefix, int64_t num_channels,
+                                         int64_t last_stage);
+
+/// One timm BasicBlock / Bottleneck with frozen norms: act(body(x) + shortcut(x)).
+class TimmBlockImpl : public torch::nn::Module {
+ public:
+  TimmBlockImpl(bool bottleneck, int64_t in, int64_t width, int64_t out, int64_t stride);
+  at::Tensor forward(const at::Tensor& x) const;
+  std::vector<layers::Conv2d> convs;
+  std::vector<layers::FrozenBatchNorm2d> norms;
+  layers::Conv2d down_conv;  ///< downsample.0, null = identity shortcut
+  layers::FrozenBatchNorm2d down_norm;
+};
+
+/// The backbone: forward returns the last stage's map (B, outs.back(), H/32, W/32 for 4 stages).
+class TimmResNetImpl : public torch::nn::Module {
+ public:
+  explicit TimmResNetImpl(const TimmResNetConfig& c);
+  at::Tensor forward(const at::Tensor& pixel_values) const;
+  int64_t channels() const { return config.outs.back(); }
+
+  TimmResNetConfig config;
+  layers::Conv2d conv1;
+  layers::FrozenBatchNorm2d bn1;
+  layers::MaxPool2d maxpool;
+  std::vector<std::vector<std::shared_ptr<TimmBlockImpl>>> stages;
+};
+
+}  // namespace libreyolo::models::detr
