@@ -20,7 +20,7 @@ from safetensors.torch import load_file
 tr.logging.disable_progress_bar()
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
-MODELS = ["dfine_l", "rf_detr_base", "rf_detr_nano", "lw_detr_small", "deimv2_default"]
+MODELS = ["dfine_l", "rf_detr_base", "rf_detr_nano", "lw_detr_small", "deimv2_default", "detr_resnet50"]
 
 
 def tied_queries(model, pixel_values, gap=1e-6):

@@ -22,7 +22,9 @@ Usage: make_random_checkpoint.py OUT_DIR [SET[,SET...]] [--tiny]
       level: the default's list is empty), OUT_DIR/deimv2_default (Deimv2Config()'s defaults:
       HGNetV2 with the hybrid encoder, 29.9 M parameters, 92.6 GFLOPs at 640x640, D-FINE-L
       sized; NOT the published DEIMv2-N, Intellindust/DEIMv2_HGNetv2_N_COCO, of about 3.6 M);
-      80 labels; --tiny is ignored for this set
+      80 labels; and OUT_DIR/detr_resnet50 (facebook/detr-resnet-50: DetrConfig's defaults,
+      timm's resnet50 backbone (needs timm), 100 queries, 91 labels, 800x1333 processor);
+      --tiny is ignored for this set except by detr_resnet50
   all -> every set above.
 --tiny writes the same folders with small widths and depths (for testing the scripts on a CPU;
 the names are the same, so point the tools at another OUT_DIR).
@@ -117,6 +119,16 @@ def deformable(tiny):
                                    use_pretrained_backbone=False, **extra, **coco_labels(91))
 
 
+def detr(tiny):
+    """facebook/detr-resnet-50: DetrConfig's defaults (timm resnet50 backbone, 100 queries), 91
+    COCO labels; tiny: a small transformer on the same backbone."""
+    extra = dict(d_model=32, encoder_layers=1, decoder_layers=2, encoder_attention_heads=2,
+                 decoder_attention_heads=2, encoder_ffn_dim=32, decoder_ffn_dim=32,
+                 num_queries=20) if tiny else {}
+    return tr.DetrConfig(use_timm_backbone=True, backbone="resnet50", use_pretrained_backbone=False,
+                         **extra, **coco_labels(91))
+
+
 def save(model, out, name, processor):
     d = os.path.join(out, name)
     model.eval().save_pretrained(d, safe_serialization=True)
@@ -184,6 +196,9 @@ def main():
                  fixed_processor("DeformableDetrImageProcessor", 640))
             save(tr.Deimv2ForObjectDetection(tr.Deimv2Config(**coco_labels(80))), out, "deimv2_default",
                  fixed_processor("RTDetrImageProcessor", 640, normalize=False))
+            # DETR's timm backbone needs timm (scripts/requirements.txt).
+            save(tr.DetrForObjectDetection(detr(tiny)), out, "detr_resnet50",
+                 DEFORMABLE_PROCESSOR.replace("DeformableDetrImageProcessor", "DetrImageProcessor"))
     return 0
 
 
