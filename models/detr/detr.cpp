@@ -41,7 +41,8 @@ struct Config {
   bool timm = true;
   std::string timm_name;
   int64_t timm_last_stage = 4;
-  TimmResNetConfig timm_backbone;  ///< filled from the checkpoint at load
+  int64_t timm_output_stride = 32;  ///< 16: DETR-DC5 (`dilation`)
+  TimmResNetConfig timm_backbone;   ///< filled from the checkpoint at load
   deformable_detr::ResNetConfig hf_backbone;
   std::map<int64_t, std::string> id2label;
 };
@@ -72,8 +73,6 @@ Config parse_config(const core::ConfigView& v) {
       c.id2label.empty() ? v.get_int("num_labels", 2) : static_cast<int64_t>(c.id2label.size());
   c.learned_positions =
       v.get_enum("position_embedding_type", "sine", {"sine", "learned"}) == "learned";
-  if (v.get_bool("dilation", false))
-    v.fail("dilation", "dilated backbones (DETR-DC5) are not supported");
   const bool has_backbone_config = v.has("backbone_config");
   if (has_backbone_config) {
     const auto bc = v.child("backbone_config");
@@ -81,9 +80,9 @@ Config parse_config(const core::ConfigView& v) {
     if (type == "timm_backbone") {
       c.timm = true;
       c.timm_name = bc.get_string("backbone");
-      if (bc.has("output_stride") && !bc.raw("output_stride").is_null() &&
-          bc.get_int("output_stride") != 32)
-        bc.fail("output_stride", "dilated backbones (DETR-DC5) are not supported");
+      c.timm_output_stride = bc.get_int("output_stride", 32);
+      if (c.timm_output_stride != 32 && c.timm_output_stride != 16)
+        bc.fail("output_stride", "must be 32, or 16 (DETR-DC5: the last stage dilated)");
       const auto out = bc.get_int_list("out_indices", {1, 2, 3, 4});
       if (out.empty() || out.back() < 1 || out.back() > 4)
         bc.fail("out_indices", "the last index must be a stage, 1 to 4");
@@ -97,7 +96,9 @@ Config parse_config(const core::ConfigView& v) {
   } else if (v.get_bool("use_timm_backbone", true)) {
     c.timm = true;
     c.timm_name = v.get_string("backbone", "resnet50");
-  } else {
+    // DetrConfig: `dilation` gives the timm backbone output_stride 16 (DC5).
+    c.timm_output_stride = v.get_bool("dilation", false) ? 16 : 32;
+  } else {           // (`dilation` is a timm option: transformers ignores it here too)
     c.timm = false;  // DetrConfig's default ResNetConfig(out_features=["stage4"])
     c.hf_backbone.out_indices = {4};
     c.hf_backbone.num_channels = c.num_channels;
@@ -358,9 +359,11 @@ std::unique_ptr<Model> load_detr(const std::string& dir, const nlohmann::json& c
   const core::ConfigView view(config, dir + "/config.json");
   auto c = detr::parse_config(view);
   const auto file = core::SafetensorsFile::open(dir + "/model.safetensors");
-  if (c.timm)
+  if (c.timm) {
     c.timm_backbone = detr::read_timm_resnet_config(*file, detr::kBackbonePrefix, c.num_channels,
                                                     c.timm_last_stage);
+    c.timm_backbone.output_stride = c.timm_output_stride;
+  }
   auto net = std::make_shared<detr::DetrImpl>(c);
   core::load_state_dict(*net, *file, detr::load_rules(), options.dtype, options.device);
   layers::set_fused_attention(*net, kFusedAttentionDefault);
@@ -369,7 +372,8 @@ std::unique_ptr<Model> load_detr(const std::string& dir, const nlohmann::json& c
 
 // DETR (Carion et al., "End-to-End Object Detection with Transformers", ECCV 2020) as
 // transformers 5.17 DetrForObjectDetection (models/detr/modeling_detr.py): a ResNet backbone
-// with frozen BatchNorm (timm's, as facebook/detr-resnet-50 and -101 publish it, or
+// with frozen BatchNorm (timm's, as facebook/detr-resnet-50 and -101 publish it, also their
+// DC5 variants (`dilation`: the last stage dilated, output stride 16), or
 // transformers' ResNetBackbone), its last feature map through a 1x1 input_projection, sine (or
 // learned) position embeddings of the downsampled pixel_mask, a post-norm encoder with the key
 // padding mask, a decoder over learned object queries from a zero target, then

@@ -7,13 +7,14 @@
 namespace libreyolo::models::detr {
 namespace {
 
-layers::Conv2d conv(int64_t in, int64_t out, int64_t kernel, int64_t stride) {
+layers::Conv2d conv(int64_t in, int64_t out, int64_t kernel, int64_t stride, int64_t dilation = 1) {
   layers::Conv2dOptions o;
   o.in = in;
   o.out = out;
   o.kernel = kernel;
   o.stride = stride;
-  o.padding = kernel / 2;  // timm: padding = kernel // 2 (dilation 1)
+  o.dilation = dilation;
+  o.padding = dilation * (kernel / 2);  // timm: padding = kernel // 2, or the 3x3's dilation
   o.bias = false;
   return std::make_shared<layers::Conv2dImpl>(o);
 }
@@ -51,11 +52,12 @@ TimmResNetConfig read_timm_resnet_config(const core::SafetensorsFile& file,
 }
 
 TimmBlockImpl::TimmBlockImpl(bool bottleneck, int64_t in, int64_t width, int64_t out,
-                             int64_t stride) {
+                             int64_t stride, int64_t first_dilation, int64_t dilation) {
   if (bottleneck) {
-    convs = {conv(in, width, 1, 1), conv(width, width, 3, stride), conv(width, out, 1, 1)};
+    convs = {conv(in, width, 1, 1), conv(width, width, 3, stride, first_dilation),
+             conv(width, out, 1, 1)};
   } else {
-    convs = {conv(in, width, 3, stride), conv(width, out, 3, 1)};
+    convs = {conv(in, width, 3, stride, first_dilation), conv(width, out, 3, 1, dilation)};
   }
   for (size_t i = 0; i < convs.size(); ++i) {
     register_module("conv" + std::to_string(i + 1), convs[i]);
@@ -85,13 +87,24 @@ TimmResNetImpl::TimmResNetImpl(const TimmResNetConfig& c) : config(c) {
   bn1 = register_module("bn1", norm(c.stem_width));
   maxpool = register_module("maxpool",
                             std::make_shared<layers::MaxPool2dImpl>(layers::square_pool(3, 2, 1)));
-  int64_t in = c.stem_width;
+  // timm make_blocks: the stem's stride 4, then each later stage halves the map until the
+  // output stride is reached; from there on a stage dilates instead (stride 1, dilation x 2),
+  // each block's first 3x3 taking the previous block's dilation.
+  int64_t in = c.stem_width, net_stride = 4, dilation = 1, prev_dilation = 1;
   for (size_t s = 0; s < c.depths.size(); ++s) {
+    int64_t stage_stride = s == 0 ? 1 : 2;
+    if (net_stride >= c.output_stride) {
+      dilation *= stage_stride;
+      stage_stride = 1;
+    } else {
+      net_stride *= stage_stride;
+    }
     std::vector<std::shared_ptr<TimmBlockImpl>> blocks;
     for (int64_t i = 0; i < c.depths[s]; ++i) {
-      const int64_t stride = i == 0 && s > 0 ? 2 : 1;
-      blocks.push_back(std::make_shared<TimmBlockImpl>(c.bottleneck, i == 0 ? in : c.outs[s],
-                                                       c.widths[s], c.outs[s], stride));
+      blocks.push_back(std::make_shared<TimmBlockImpl>(
+          c.bottleneck, i == 0 ? in : c.outs[s], c.widths[s], c.outs[s], i == 0 ? stage_stride : 1,
+          prev_dilation, dilation));
+      prev_dilation = dilation;
     }
     stages.push_back(layers::register_list(*this, "layer" + std::to_string(s + 1), blocks));
     // register_list makes "layer{s}" a container whose children are "0", "1", ...

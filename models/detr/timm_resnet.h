@@ -5,8 +5,10 @@
 // Bottleneck (1x1 conv1, 3x3 conv2 with the stride, 1x1 conv3) blocks, a 1x1 strided
 // downsample.0 conv + downsample.1 norm where the shape changes. Module names are timm's
 // (conv1, bn1, layer{s}.{i}.conv1, ..., downsample.{0,1}), the on-disk names of
-// facebook/detr-resnet-50 under model.backbone.conv_encoder.model. Deep stems (timm's
-// resnet50d, resnet10t ...), average-pool downsampling and dilation (DC5) are not this layout.
+// facebook/detr-resnet-50 under model.backbone.conv_encoder.model. output_stride 16 (DETR-DC5,
+// `dilation`) runs the last stage at stride 1 with dilation 2 (timm's make_blocks: its first
+// block's first 3x3 keeps dilation 1). Deep stems (timm's resnet50d, resnet10t ...) and
+// average-pool downsampling are not this layout.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -30,6 +32,7 @@ struct TimmResNetConfig {
   std::vector<int64_t> depths;  ///< blocks per stage, stages 1..last
   std::vector<int64_t> widths;  ///< conv1 output channels of each stage's blocks
   std::vector<int64_t> outs;    ///< output channels of each stage
+  int64_t output_stride = 32;   ///< 32, or 16: the last stage dilated (DETR-DC5)
 };
 
 /// Reads the architecture from the keys and shapes of `file` under `prefix` (e.g.
@@ -44,7 +47,9 @@ TimmResNetConfig read_timm_resnet_config(const core::SafetensorsFile& file,
 /// One timm BasicBlock / Bottleneck with frozen norms: act(body(x) + shortcut(x)).
 class TimmBlockImpl : public torch::nn::Module {
  public:
-  TimmBlockImpl(bool bottleneck, int64_t in, int64_t width, int64_t out, int64_t stride);
+  /// first_dilation: the dilation of the first 3x3 (the strided one); dilation: the others'.
+  TimmBlockImpl(bool bottleneck, int64_t in, int64_t width, int64_t out, int64_t stride,
+                int64_t first_dilation = 1, int64_t dilation = 1);
   at::Tensor forward(const at::Tensor& x) const;
   std::vector<layers::Conv2d> convs;
   std::vector<layers::FrozenBatchNorm2d> norms;

@@ -279,6 +279,8 @@ def cases():
     DTRP = dict(DDP, image_processor_type="DetrImageProcessor")
     yield "detr_hf_basic_masked", DT, detr_cfg(), DTRP, [(200, 320), (256, 192)], True
     yield "detr_timm_bottleneck_masked", DT, detr_cfg(backbone="resnet_live_bottleneck"), DTRP, [(224, 288), (288, 160)], True
+    yield "detr_timm_bottleneck_dc5_masked", DT, detr_cfg(backbone="resnet_live_bottleneck", dilation=True), DTRP, [(192, 256), (256, 224)], True
+    yield "detr_timm_basic_dc5_160x224", DT, detr_cfg(backbone="resnet_live_basic", dilation=True), DTRP, (1, 160, 224), False
     yield "detr_timm_basic_learned_256x320", DT, detr_cfg(backbone="resnet_live_basic", position_embedding_type="learned", activation_function="gelu"), DTRP, (2, 256, 320), False
     LW = tr.LwDetrForObjectDetection
     LWP = dict(DDP, size={"height": 640, "width": 640})  # an exact {height, width} resize

@@ -252,9 +252,13 @@ TEST(DetrLoading, UnsupportedConfigsAreNamedErrors) {
   };
   const std::string file = tmp + "/config.json";
   auto c = base;
-  c["dilation"] = true;
-  EXPECT_EQ(error_of(c),
-            file + ": field 'dilation': dilated backbones (DETR-DC5) are not supported");
+  c["dilation"] = true;  // DC5: the same weights, the last stage dilated: loads
+  EXPECT_EQ(error_of(c), "(loaded)");
+  c = test::read_json(test::model_fixture("detr_tiny_timm_basic") + "/config.json");
+  c["backbone_config"]["output_stride"] = 8;
+  EXPECT_EQ(error_of(c), file +
+                             ": field 'backbone_config.output_stride': must be 32, or 16 "
+                             "(DETR-DC5: the last stage dilated)");
   c = base;
   c["backbone"] = "efficientnet_b0";
   EXPECT_EQ(error_of(c), file +
