@@ -361,7 +361,7 @@ std::unique_ptr<Model> load_detr(const std::string& dir, const nlohmann::json& c
   const auto file = core::SafetensorsFile::open(dir + "/model.safetensors");
   if (c.timm) {
     c.timm_backbone = detr::read_timm_resnet_config(*file, detr::kBackbonePrefix, c.num_channels,
-                                                    c.timm_last_stage);
+                                                    c.timm_last_stage, c.timm_name);
     c.timm_backbone.output_stride = c.timm_output_stride;
   }
   auto net = std::make_shared<detr::DetrImpl>(c);

@@ -2,7 +2,11 @@
 
 #include <c10/util/StringUtil.h>
 
+#include <map>
+#include <utility>
+
 #include "models/core/safetensors_header.h"
+#include "models/core/state_dict.h"
 
 namespace libreyolo::models::detr {
 namespace {
@@ -27,7 +31,7 @@ layers::FrozenBatchNorm2d norm(int64_t channels) {
 
 TimmResNetConfig read_timm_resnet_config(const core::SafetensorsFile& file,
                                          const std::string& prefix, int64_t num_channels,
-                                         int64_t last_stage) {
+                                         int64_t last_stage, const std::string& name) {
   auto require = [&](const std::string& key) -> const std::vector<int64_t>& {
     if (!file.contains(key))
       throw core::CheckpointError(
@@ -47,6 +51,27 @@ TimmResNetConfig read_timm_resnet_config(const core::SafetensorsFile& file,
     c.depths.push_back(depth);
     c.widths.push_back(require(stage + "0.conv1.weight").at(0));
     c.outs.push_back(require(stage + "0." + (c.bottleneck ? "conv3" : "conv2") + ".weight").at(0));
+  }
+  // timm's registered plain ResNets (timm/models/resnet.py): block type and depths.
+  static const std::map<std::string, std::pair<bool, std::vector<int64_t>>> known{
+      {"resnet18", {false, {2, 2, 2, 2}}},  {"resnet26", {true, {2, 2, 2, 2}}},
+      {"resnet34", {false, {3, 4, 6, 3}}},  {"resnet50", {true, {3, 4, 6, 3}}},
+      {"resnet101", {true, {3, 4, 23, 3}}}, {"resnet152", {true, {3, 8, 36, 3}}}};
+  std::string base = name.rfind("timm/", 0) == 0 ? name.substr(5) : name;
+  base = base.substr(0, base.find('.'));  // "resnet50.a1_in1k": the pretrained tag
+  const auto it = known.find(base);
+  if (it != known.end()) {
+    const auto& [bottleneck, depths] = it->second;
+    const std::vector<int64_t> want(depths.begin(), depths.begin() + last_stage);
+    if (bottleneck != c.bottleneck || want != c.depths) {
+      auto blocks = [](bool b, const std::vector<int64_t>& d) {
+        return std::string(b ? "Bottleneck" : "BasicBlock") + " blocks " + core::shape_string(d);
+      };
+      throw core::CheckpointError(file.path() +
+                                  ": checkpoint does not match the model: backbone \"" + name +
+                                  "\" has " + blocks(bottleneck, want) +
+                                  " per stage, the checkpoint " + blocks(c.bottleneck, c.depths));
+    }
   }
   return c;
 }

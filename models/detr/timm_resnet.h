@@ -40,9 +40,15 @@ struct TimmResNetConfig {
 /// layer{s}.0, layer{s}.1, ... while `<prefix>layer{s}.{i}.conv1.weight` exists; Bottleneck when
 /// layer1.0.conv3.weight exists. Throws core::CheckpointError naming the file and the first key
 /// it needed that is absent (strict loading then checks every other tensor).
+/// `name` (config.json `backbone`, e.g. "resnet50", "timm/resnet50.a1_in1k"): for timm's
+/// resnet18, resnet26, resnet34, resnet50, resnet101 and resnet152 the block type and the
+/// blocks per stage must be that model's, else a CheckpointError "<file>: checkpoint does not
+/// match the model: backbone \"resnet50\" has Bottleneck blocks [3, 4, 6, 3] per stage, the
+/// checkpoint Bottleneck blocks [3, 4, 5, 3]" (a checkpoint short of a whole block would
+/// otherwise load as a shallower network); other names are taken as the checkpoint says.
 TimmResNetConfig read_timm_resnet_config(const core::SafetensorsFile& file,
                                          const std::string& prefix, int64_t num_channels,
-                                         int64_t last_stage);
+                                         int64_t last_stage, const std::string& name = "");
 
 /// One timm BasicBlock / Bottleneck with frozen norms: act(body(x) + shortcut(x)).
 class TimmBlockImpl : public torch::nn::Module {

@@ -266,6 +266,17 @@ TEST(DetrLoading, UnsupportedConfigsAreNamedErrors) {
                              "supported (timm's plain ResNets: resnet18, resnet34, resnet50, "
                              "resnet101, ...)");
   c = base;
+  c["backbone"] = "timm/resnet50.a1_in1k";  // the tiny checkpoint is not timm's resnet50
+  EXPECT_EQ(error_of(c), tmp +
+                             "/model.safetensors: checkpoint does not match the model: backbone "
+                             "\"timm/resnet50.a1_in1k\" has Bottleneck blocks [3, 4, 6, 3] per "
+                             "stage, the checkpoint Bottleneck blocks [1, 2, 1, 1]");
+  c["backbone"] = "resnet18";
+  EXPECT_EQ(error_of(c), tmp +
+                             "/model.safetensors: checkpoint does not match the model: backbone "
+                             "\"resnet18\" has BasicBlock blocks [2, 2, 2, 2] per stage, the "
+                             "checkpoint Bottleneck blocks [1, 2, 1, 1]");
+  c = base;
   c["position_embedding_type"] = "rope";
   EXPECT_NE(error_of(c).find("position_embedding_type"), std::string::npos) << error_of(c);
   c = base;
