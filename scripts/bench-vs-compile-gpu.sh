@@ -15,6 +15,8 @@
 #   r18        RT-DETR-R18vd 640, batch 1 and 32, profile by op class of the batch-32 forward
 #   dfine      D-FINE L (HGNetV2-B4) 640, batch 1 and 32, profile
 #   deformable Deformable DETR (ResNet-50) 800x1333, batch 1 and 8; anchors at 8 and 1
+#   detr       DETR-R50 (facebook/detr-resnet-50's configuration, timm ResNet-50) 800x1333, batch 1
+#              and 8 (+ profile), anchors at 8 (transformers eager too) and 1
 #   vit        ViT-B/16 224, batch 32; anchors at 32
 #   swin       Swin-T 224, batch 32; anchors at 32
 #   fp32       RT-DETR-R50 fp32 (TF32 off) batch 32, layouts off and default, profile by op class
@@ -47,9 +49,9 @@ status=0
 export LIBREYOLO_HUB_KERNELS=0
 
 for r in ${rows//,/ }; do
-  case $r in r50 | r18 | dfine | deformable | vit | swin | fp32 | rf_detr | rf_detr_nano | rf_detr_small | rf_detr_medium | lw_detr | deimv2) ;;
+  case $r in r50 | r18 | dfine | deformable | detr | vit | swin | fp32 | rf_detr | rf_detr_nano | rf_detr_small | rf_detr_medium | lw_detr | deimv2) ;;
   *)
-    echo "FAIL: ROWS: unknown row '$r' (expected r50, r18, dfine, deformable, vit, swin, fp32," \
+    echo "FAIL: ROWS: unknown row '$r' (expected r50, r18, dfine, deformable, detr, vit, swin, fp32," \
       "rf_detr, rf_detr_nano, rf_detr_small, rf_detr_medium, lw_detr, deimv2)" >&2
     exit 2
     ;;
@@ -145,6 +147,12 @@ for r in ${rows//,/ }; do
     ours "Deformable DETR bf16 graphs (defaults)" deformable_detr bfloat16 800x1333 1,8 "--cuda-graph"
     ours "Deformable DETR bf16 eager (defaults)" deformable_detr bfloat16 800x1333 1,8 ""
     anchors deformable_detr 800x1333 8 _cl
+    ;;
+  detr)
+    checkpoint detr_resnet50 detr || continue
+    ours "DETR-R50 bf16 graphs (defaults)" detr_resnet50 bfloat16 800x1333 1,8 "--cuda-graph"
+    ours "DETR-R50 bf16 eager profile (defaults)" detr_resnet50 bfloat16 800x1333 8 "--profile"
+    EAGER=1 anchors detr_resnet50 800x1333 8 _cl
     ;;
   vit | swin)
     m=$([ "$r" = vit ] && echo vit_base || echo swin_tiny)

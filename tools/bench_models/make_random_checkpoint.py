@@ -25,6 +25,7 @@ Usage: make_random_checkpoint.py OUT_DIR [SET[,SET...]] [--tiny]
       80 labels; and OUT_DIR/detr_resnet50 (facebook/detr-resnet-50: DetrConfig's defaults,
       timm's resnet50 backbone (needs timm), 100 queries, 91 labels, 800x1333 processor);
       --tiny is ignored for this set except by detr_resnet50
+  detr -> OUT_DIR/detr_resnet50 alone (the DETR-R50 benchmark row)
   all -> every set above.
 --tiny writes the same folders with small widths and depths (for testing the scripts on a CPU;
 the names are the same, so point the tools at another OUT_DIR).
@@ -129,6 +130,12 @@ def detr(tiny):
                          **extra, **coco_labels(91))
 
 
+def save_detr(out, tiny):
+    """OUT_DIR/detr_resnet50. DETR's timm backbone needs timm (scripts/requirements.txt)."""
+    save(tr.DetrForObjectDetection(detr(tiny)), out, "detr_resnet50",
+         DEFORMABLE_PROCESSOR.replace("DeformableDetrImageProcessor", "DetrImageProcessor"))
+
+
 def save(model, out, name, processor):
     d = os.path.join(out, name)
     model.eval().save_pretrained(d, safe_serialization=True)
@@ -160,10 +167,10 @@ def main():
     sets = (args[1] if len(args) > 1 else "detectors").split(",")
     if "all" in sets:
         sets = ["detectors", "classifiers", "dfine", "deformable", "families"]
-    unknown = set(sets) - {"detectors", "classifiers", "dfine", "deformable", "families"}
+    unknown = set(sets) - {"detectors", "classifiers", "dfine", "deformable", "families", "detr"}
     if unknown:
         print(f"make_random_checkpoint.py: unknown set(s) {sorted(unknown)} (expected detectors, "
-              "classifiers, dfine, deformable, families, all)", file=sys.stderr)
+              "classifiers, dfine, deformable, families, detr, all)", file=sys.stderr)
         return 2
     torch.manual_seed(0)
     for s in sets:
@@ -196,9 +203,9 @@ def main():
                  fixed_processor("DeformableDetrImageProcessor", 640))
             save(tr.Deimv2ForObjectDetection(tr.Deimv2Config(**coco_labels(80))), out, "deimv2_default",
                  fixed_processor("RTDetrImageProcessor", 640, normalize=False))
-            # DETR's timm backbone needs timm (scripts/requirements.txt).
-            save(tr.DetrForObjectDetection(detr(tiny)), out, "detr_resnet50",
-                 DEFORMABLE_PROCESSOR.replace("DeformableDetrImageProcessor", "DetrImageProcessor"))
+            save_detr(out, tiny)
+        elif s == "detr":
+            save_detr(out, tiny)
     return 0
 
 
