@@ -1,0 +1,214 @@
+#include "models/text/bert_tokenizer.h"
+
+#include <algorithm>
+#include <map>
+#include <nlohmann/json.hpp>
+
+#include "models/core/config.h"
+#include "models/text/unicode.h"
+
+namespace libreyolo::models::text {
+
+using core::ConfigError;
+
+namespace {
+
+// vocab.txt: one token a line, the line index its id (transformers' load_vocab: the text of the
+// line without its newline; a token listed twice keeps its last index).
+Vocabulary read_vocab_txt(const std::string& file) {
+  const std::string text = read_text_file(file);
+  Vocabulary vocab;
+  std::int64_t index = 0;
+  std::size_t start = 0;
+  while (start < text.size()) {
+    std::size_t end = text.find('\n', start);
+    if (end == std::string::npos) end = text.size();
+    std::size_t stop = end;
+    if (stop > start && text[stop - 1] == '\r') --stop;  // Python's universal newlines
+    vocab[text.substr(start, stop - start)] = index++;
+    start = end + 1;
+  }
+  return vocab;
+}
+
+}  // namespace
+
+BertTokenizer BertTokenizer::from_folder(const std::string& dir) {
+  BertTokenizer t;
+  const std::string config_file = dir + "/tokenizer_config.json";
+  const nlohmann::json config = read_tokenizer_config(dir);
+  const std::string json_file = dir + "/tokenizer.json";
+  std::string vocab_file;
+  nlohmann::json tokenizer_json;
+  if (file_exists(json_file)) {
+    vocab_file = json_file;
+    tokenizer_json = core::read_json_file(json_file);
+    const nlohmann::json* model = tokenizer_json.is_object() && tokenizer_json.contains("model")
+                                      ? &tokenizer_json["model"]
+                                      : nullptr;
+    if (!model || !model->is_object())
+      throw ConfigError(json_file + ": field 'model': missing or not an object");
+    if (model->value("type", "WordPiece") != "WordPiece")
+      throw ConfigError(json_file + ": field 'model.type': expected \"WordPiece\", found " +
+                        (*model)["type"].dump());
+    if (!model->contains("vocab")) throw ConfigError(json_file + ": field 'model.vocab': missing");
+    t.vocab_ = vocabulary_object((*model)["vocab"], json_file, "field 'model.vocab'");
+  } else {
+    vocab_file = dir + "/vocab.txt";
+    t.vocab_ = read_vocab_txt(vocab_file);
+  }
+
+  t.lowercase_ = config_bool(config, config_file, "do_lower_case", true);
+  t.strip_accents_ = config_bool(config, config_file, "strip_accents", t.lowercase_);
+  t.chinese_chars_ = config_bool(config, config_file, "tokenize_chinese_chars", true);
+  t.model_max_length_ = config_model_max_length(config, config_file);
+  t.pad_left_ = pad_left(config, config_file);
+
+  t.unk_token_ = special_token(config, config_file, "unk_token", "[UNK]");
+  t.unk_id_ = special_token_id(t.vocab_, t.unk_token_, vocab_file, "unk_token");
+  t.begin_id_ = special_token_id(t.vocab_, special_token(config, config_file, "cls_token", "[CLS]"),
+                                 vocab_file, "cls_token");
+  t.end_id_ = special_token_id(t.vocab_, special_token(config, config_file, "sep_token", "[SEP]"),
+                               vocab_file, "sep_token");
+  t.pad_id_ = special_token_id(t.vocab_, special_token(config, config_file, "pad_token", "[PAD]"),
+                               vocab_file, "pad_token");
+  for (const char* key : {"unk_token", "sep_token", "pad_token", "cls_token", "mask_token"}) {
+    static const std::map<std::string, std::string> defaults = {{"unk_token", "[UNK]"},
+                                                                {"sep_token", "[SEP]"},
+                                                                {"pad_token", "[PAD]"},
+                                                                {"cls_token", "[CLS]"},
+                                                                {"mask_token", "[MASK]"}};
+    const std::string token = special_token(config, config_file, key, defaults.at(key));
+    t.added_.add(token, special_token_id(t.vocab_, token, vocab_file, key));
+  }
+  // tokenizer.json's own added tokens (the special tokens again, or more).
+  if (tokenizer_json.is_object() && tokenizer_json.contains("added_tokens")) {
+    for (const nlohmann::json& a : tokenizer_json["added_tokens"]) {
+      if (!a.is_object() || !a.contains("content") || !a["content"].is_string() ||
+          !a.contains("id") || !a["id"].is_number_integer() || a["id"].get<std::int64_t>() < 0)
+        throw ConfigError(json_file +
+                          ": field 'added_tokens': expected objects with a string 'content' and "
+                          "a non-negative integer 'id', found " +
+                          a.dump().substr(0, 200));
+      t.added_.add(a["content"].get<std::string>(), a["id"].get<std::int64_t>());
+    }
+  }
+  std::int64_t max_id = t.added_.max_id();
+  for (const auto& [token, id] : t.vocab_) {
+    max_id = std::max(max_id, id);
+    std::size_t chars = 0;  // an upper bound: '##' counted too
+    for (std::size_t i = 0; i < token.size(); ++i)
+      chars += (static_cast<unsigned char>(token[i]) & 0xC0) != 0x80;
+    t.max_token_chars_ = std::max(t.max_token_chars_, chars);
+  }
+  t.vocab_size_ = max_id + 1;
+  return t;
+}
+
+std::u32string BertTokenizer::normalize(std::u32string_view text) const {
+  std::u32string out;
+  out.reserve(text.size());
+  for (char32_t cp : text) {
+    if (is_bert_removed(cp)) continue;
+    if (is_bert_space(cp)) {
+      out += U' ';
+    } else if (chinese_chars_ && is_cjk(cp)) {
+      out += U' ';
+      out += cp;
+      out += U' ';
+    } else {
+      out += cp;
+    }
+  }
+  if (strip_accents_) {
+    std::u32string stripped;
+    for (char32_t cp : nfd(out))
+      if (!is_mark(cp)) stripped += cp;
+    out = std::move(stripped);
+  }
+  if (lowercase_) out = lowercase(out);
+  return out;
+}
+
+void BertTokenizer::word_pieces(std::u32string_view word, std::vector<std::int64_t>& ids,
+                                std::vector<std::string>* pieces) const {
+  if (word.size() > kMaxInputCharsPerWord) {
+    ids.push_back(unk_id_);
+    if (pieces) pieces->push_back(unk_token_);
+    return;
+  }
+  std::string utf8;
+  std::vector<std::size_t> offset;  // byte offset of each character, and the end
+  for (char32_t cp : word) {
+    offset.push_back(utf8.size());
+    append_utf8(utf8, cp);
+  }
+  offset.push_back(utf8.size());
+  std::vector<std::int64_t> word_ids;
+  std::vector<std::string> word_pieces;
+  std::size_t start = 0;
+  while (start < word.size()) {
+    // Longest match first; no vocabulary entry is longer than max_token_chars_ characters.
+    std::size_t end = std::min(word.size(), start + max_token_chars_);
+    std::int64_t id = -1;
+    std::string piece;
+    for (; end > start; --end) {
+      piece = (start > 0 ? "##" : "") + utf8.substr(offset[start], offset[end] - offset[start]);
+      const auto it = vocab_.find(piece);
+      if (it != vocab_.end()) {
+        id = it->second;
+        break;
+      }
+    }
+    if (id < 0) {  // no split: the whole word is unknown
+      word_ids.assign(1, unk_id_);
+      word_pieces.assign(1, unk_token_);
+      break;
+    }
+    word_ids.push_back(id);
+    word_pieces.push_back(std::move(piece));
+    start = end;
+  }
+  ids.insert(ids.end(), word_ids.begin(), word_ids.end());
+  if (pieces) pieces->insert(pieces->end(), word_pieces.begin(), word_pieces.end());
+}
+
+void BertTokenizer::run(std::u32string_view text, std::vector<std::int64_t>& ids,
+                        std::vector<std::string>* pieces) const {
+  // BertPreTokenizer (tokenizers pre_tokenizers/bert.rs): split on whitespace (removed), then
+  // each punctuation character is a word of its own.
+  const std::u32string normalized = normalize(text);
+  std::size_t word_start = 0;
+  for (std::size_t i = 0; i <= normalized.size(); ++i) {
+    const bool end = i == normalized.size();
+    const bool space = !end && is_bert_whitespace(normalized[i]);
+    const bool punct = !end && !space && is_bert_punctuation(normalized[i]);
+    if (end || space || punct) {
+      if (i > word_start)
+        word_pieces(std::u32string_view(normalized).substr(word_start, i - word_start), ids,
+                    pieces);
+      if (punct) word_pieces(std::u32string_view(normalized).substr(i, 1), ids, pieces);
+      word_start = i + 1;
+    }
+  }
+}
+
+void BertTokenizer::append_ids(std::u32string_view text, std::vector<std::int64_t>& ids) const {
+  run(text, ids, nullptr);
+}
+
+std::vector<std::string> BertTokenizer::tokenize(std::string_view text) const {
+  decode_utf8(text);  // the whole text's validity first, so that the offset is the text's
+  std::vector<std::string> pieces;
+  std::vector<std::int64_t> ids;
+  for (const auto& [piece, id] : added_.split(text)) {
+    if (id >= 0) {
+      pieces.emplace_back(piece);
+    } else {
+      run(decode_utf8(piece), ids, &pieces);
+    }
+  }
+  return pieces;
+}
+
+}  // namespace libreyolo::models::text
