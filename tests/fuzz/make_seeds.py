@@ -281,7 +281,23 @@ def tls_client_hellos():
     return out
 
 
+def tokenizer_seeds():
+    """Every 10th fixture string of tests/fixtures/tokenizers (ASCII, Grounding DINO prompts,
+    many scripts, emoji, controls, long strings) and invalid UTF-8."""
+    strings = json.loads((FIX / "tokenizers/strings.json").read_text(encoding="utf-8"))
+    seeds = {f"string_{i:04d}.txt": s.encode() for i, s in enumerate(strings) if i % 10 == 0}
+    seeds["prompt.txt"] = b"a cat. a remote control."
+    seeds["specials.txt"] = "[CLS] a [MASK]<|startoftext|>x<|endoftext|>".encode()
+    seeds["hostile_invalid_utf8.txt"] = b"a cat\xe2\x82 \xed\xa0\x80 \xc0\xaf \xff"
+    seeds["hostile_long_word.txt"] = b"a" * 8000
+    seeds["hostile_marks.txt"] = "e" + "\u0301\u0323" * 1500
+    return seeds
+
+
 def main():
+    for target in ("bert_tokenizer", "clip_tokenizer"):
+        for name, data in tokenizer_seeds().items():
+            write(target, name, data)
     for name, data in http_requests().items():
         write("http_request", name, data)
     if not (OUT / "tls_front").is_dir():
