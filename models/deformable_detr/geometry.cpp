@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <limits>
+#include <utility>
 #include <vector>
 
 namespace libreyolo::models::deformable_detr {
@@ -112,6 +113,14 @@ at::Tensor proposal_position_embedding(const at::Tensor& proposals, int64_t num_
                    4)
       .flatten(2)
       .to(proposals.scalar_type());
+}
+
+at::Tensor anchor_position_embedding(const at::Tensor& anchors, int64_t num_features) {
+  const auto d = dim_t(num_features, at::kFloat, anchors.device());
+  // coord[..., None] * scale / dim_t, per coordinate; (..., n, F) then the coordinates unbound.
+  auto parts = interleave_sin_cos((anchors * kTwoPi).unsqueeze(-1) / d).unbind(-2);
+  if (parts.size() >= 2) std::swap(parts[0], parts[1]);
+  return at::cat(parts, -1).to(anchors.scalar_type());
 }
 
 }  // namespace libreyolo::models::deformable_detr

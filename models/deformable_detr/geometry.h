@@ -44,4 +44,11 @@ std::pair<at::Tensor, at::Tensor> encoder_output_proposals(const at::Tensor& mem
 /// embedding of sigmoid(p) * 2*pi (float32 math, result in the proposals' dtype).
 at::Tensor proposal_position_embedding(const at::Tensor& proposals, int64_t num_features);
 
+/// encode_sinusoidal_position_embedding (transformers 5.17 modeling_conditional_detr.py, copied
+/// into modeling_dab_detr.py): anchors (..., n) in [0, 1] (Conditional DETR's (x, y) reference
+/// points, DAB-DETR's (x, y, w, h) anchor boxes) -> (..., n * num_features): each coordinate
+/// times 2*pi over 10000^(2*floor(i/2)/num_features) (float32), sin / cos interleaved, the x
+/// and y parts swapped ([y, x, w, h]), in the anchors' dtype.
+at::Tensor anchor_position_embedding(const at::Tensor& anchors, int64_t num_features);
+
 }  // namespace libreyolo::models::deformable_detr

@@ -19,7 +19,9 @@ enum class DetectionHead {
   /// RTDetrImageProcessor's (RT-DETR, RT-DETRv2, D-FINE, DEIMv2) and RfDetrImageProcessor's:
   /// top-k = num_queries over Q*C, sigmoid, the boxes gathered then scaled
   rt_detr,
-  /// DeformableDetrImageProcessor's (Deformable DETR, LW-DETR): top-k = min(top_k (100), Q*C)
+  /// DeformableDetrImageProcessor's (Deformable DETR, LW-DETR) and ConditionalDetrImageProcessor's
+  /// (Conditional DETR, DAB-DETR: transformers 5.17 modular_conditional_detr.py, the same code):
+  /// top-k = min(top_k (100), Q*C)
   deformable_detr,
   /// DetrImageProcessor's (DETR; transformers 5.17 models/detr/image_processing_detr.py
   /// post_process_object_detection): softmax over the last dimension, score and label = the

@@ -54,12 +54,37 @@ at::Tensor AttentionImpl::forward(const at::Tensor& query_in, const at::Tensor& 
   return o_proj ? o_proj->forward(out) : out;
 }
 
+ProjectedAttentionImpl::ProjectedAttentionImpl(int64_t embed_dim_, int64_t qk_dim_,
+                                               int64_t num_heads_, const std::string& o_name,
+                                               std::optional<double> scale_)
+    : num_heads(num_heads_), embed_dim(embed_dim_), qk_dim(qk_dim_) {
+  TORCH_CHECK(num_heads > 0 && embed_dim % num_heads == 0 && qk_dim % num_heads == 0,
+              "attention: embed_dim ", embed_dim, " and qk_dim ", qk_dim,
+              " are not both divisible by num_heads ", num_heads);
+  scale = scale_ ? *scale_ : 1.0 / std::sqrt(static_cast<double>(qk_dim / num_heads));
+  o_proj = register_module(o_name, std::make_shared<LinearImpl>(embed_dim, embed_dim, true));
+}
+
+at::Tensor ProjectedAttentionImpl::forward(const at::Tensor& q, const at::Tensor& k,
+                                           const at::Tensor& v, const at::Tensor& bias) const {
+  const int64_t B = q.size(0), Lq = q.size(1), Lk = k.size(1);
+  auto heads = [&](const at::Tensor& x, int64_t L, int64_t width) {
+    return x.view({B, L, num_heads, width / num_heads}).transpose(1, 2);
+  };
+  auto out = kernels::attention(attention_kernel, fused_attn, heads(q, Lq, qk_dim),
+                                heads(k, Lk, qk_dim), heads(v, Lk, embed_dim), bias, {scale});
+  return o_proj->forward(out.transpose(1, 2).reshape({B, Lq, embed_dim}));
+}
+
 int set_fused_attention(torch::nn::Module& root, bool enabled) {
   int changed = 0;
   auto visit = [&](torch::nn::Module* m) {
     if (auto* a = dynamic_cast<AttentionImpl*>(m)) {
       if (a->fused_attn != enabled) ++changed;
       a->fused_attn = enabled;
+    } else if (auto* p = dynamic_cast<ProjectedAttentionImpl*>(m)) {
+      if (p->fused_attn != enabled) ++changed;
+      p->fused_attn = enabled;
     }
   };
   visit(&root);  // modules(include_self) would need root to be owned by a shared_ptr

@@ -80,8 +80,38 @@ class AttentionImpl : public torch::nn::Module, public UsesKernels {
 };
 using Attention = std::shared_ptr<AttentionImpl>;
 
-/// Sets `fused_attn` on every AttentionImpl in `root`'s tree (root included); returns how many
-/// changed value.
+/// Attention over queries, keys and values its caller has already projected: the head split,
+/// the `attention` slot and the output projection (`o_name`, on-disk "out_proj"). For the
+/// Conditional DETR and DAB-DETR decoder attentions (transformers 5.17
+/// ConditionalDetrDecoderSelfAttention / ConditionalDetrDecoderCrossAttention,
+/// DabDetrAttention), whose queries and keys are sums or per-head concatenations of several
+/// projections that live outside the attention module on disk.
+class ProjectedAttentionImpl : public torch::nn::Module, public UsesKernels {
+ public:
+  /// embed_dim: the values' and the output's width; qk_dim: the queries' and keys' (2 *
+  /// embed_dim for the concatenated cross-attentions). scale defaults to (qk_dim /
+  /// num_heads)^-0.5.
+  ProjectedAttentionImpl(int64_t embed_dim, int64_t qk_dim, int64_t num_heads,
+                         const std::string& o_name = "out_proj",
+                         std::optional<double> scale = std::nullopt);
+  void bind_kernels(const BoundKernels& k) override { attention_kernel = k.attention; }
+
+  /// q (B, Lq, qk_dim), k (B, Lk, qk_dim), v (B, Lk, embed_dim), each head's channels
+  /// contiguous (index h * head_dim + c); bias additive, broadcastable to (B, H, Lq, Lk), or
+  /// undefined. Returns o_proj(heads concatenated), (B, Lq, embed_dim).
+  at::Tensor forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                     const at::Tensor& bias = at::Tensor()) const;
+
+  bool fused_attn = false;  ///< as AttentionImpl::fused_attn
+  kernels::AttentionHandle attention_kernel;
+  Linear o_proj;
+  int64_t num_heads, embed_dim, qk_dim;
+  double scale;
+};
+using ProjectedAttention = std::shared_ptr<ProjectedAttentionImpl>;
+
+/// Sets `fused_attn` on every AttentionImpl and ProjectedAttentionImpl in `root`'s tree (root
+/// included); returns how many changed value.
 int set_fused_attention(torch::nn::Module& root, bool enabled);
 
 /// The device rule for a model whose configuration leaves fused attention at `default`: true

@@ -188,7 +188,8 @@ def register_timm_resnets():
         return _create_resnet("resnet_live_basic", pretrained, **dict(args, **kwargs))
 
 
-def detr_cfg(**kw):
+def detr_cfg(config_class=None, **kw):
+    """DetrConfig (or `config_class`: ConditionalDetrConfig, which takes the same fields)."""
     base = dict(d_model=32, encoder_layers=2, decoder_layers=3, encoder_attention_heads=4,
                 decoder_attention_heads=2, encoder_ffn_dim=48, decoder_ffn_dim=40, num_queries=12,
                 num_labels=7, use_pretrained_backbone=False)
@@ -200,7 +201,7 @@ def detr_cfg(**kw):
     else:
         base.update(use_timm_backbone=True)
     base.update(kw)
-    return tr.DetrConfig(**base)
+    return (config_class or tr.DetrConfig)(**base)
 
 
 def lw_cfg(scales, vit_layers, windows, out_indices, nq, pretrain=224, **kw):
@@ -282,6 +283,11 @@ def cases():
     yield "detr_timm_bottleneck_dc5_masked", DT, detr_cfg(backbone="resnet_live_bottleneck", dilation=True), DTRP, [(192, 256), (256, 224)], True
     yield "detr_timm_basic_dc5_160x224", DT, detr_cfg(backbone="resnet_live_basic", dilation=True), DTRP, (1, 160, 224), False
     yield "detr_timm_basic_learned_256x320", DT, detr_cfg(backbone="resnet_live_basic", position_embedding_type="learned", activation_function="gelu"), DTRP, (2, 256, 320), False
+    CD, CDC = tr.ConditionalDetrForObjectDetection, tr.ConditionalDetrConfig
+    CDP = dict(DDP, image_processor_type="ConditionalDetrImageProcessor")
+    yield "conditional_detr_hf_basic_masked", CD, detr_cfg(CDC), CDP, [(200, 320), (256, 192)], True
+    yield "conditional_detr_timm_bottleneck_dc5_masked", CD, detr_cfg(CDC, backbone="resnet_live_bottleneck", dilation=True), CDP, [(192, 256), (256, 224)], True
+    yield "conditional_detr_timm_basic_learned_256x320", CD, detr_cfg(CDC, backbone="resnet_live_basic", position_embedding_type="learned", activation_function="gelu", decoder_layers=1), CDP, (2, 256, 320), False
     LW = tr.LwDetrForObjectDetection
     LWP = dict(DDP, size={"height": 640, "width": 640})  # an exact {height, width} resize
     # LW-DETR's processor resizes to a fixed {height, width}: non-square inputs, sides multiples of

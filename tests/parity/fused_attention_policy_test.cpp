@@ -124,6 +124,7 @@ INSTANTIATE_TEST_SUITE_P(
                       Row{"deformable_detr_tiny", registered_default("deformable_detr")},
                       Row{"detr_tiny", registered_default("detr")},
                       Row{"detr_tiny_timm", registered_default("detr")},
+                      Row{"conditional_detr_tiny", registered_default("conditional_detr")},
                       Row{"dfine_tiny", registered_default("d_fine")},
                       Row{"deimv2_tiny_dinov3", registered_default("deimv2")},
                       Row{"lw_detr_tiny", registered_default("lw_detr")},
