@@ -149,8 +149,8 @@ TEST(DeformableDetrCuda, CudaGraphReplayEqualsEager) {
 }
 
 // DETR (DetrForObjectDetection: dense attention only, no ms_deform_attn) and the families that
-// share its stem and encoder (ConditionalDetrForObjectDetection) on CUDA: the fixture's padded
-// batch with its pixel_mask equals the transformers CPU fixture (TF32 off), and a CUDA graph of
+// share its stem and encoder (ConditionalDetrForObjectDetection, DabDetrForObjectDetection) on
+// CUDA: the fixture's padded batch with its pixel_mask equals the transformers CPU fixture (TF32 off), and a CUDA graph of
 // the forward replays what eager computes.
 class DetrCuda : public ::testing::TestWithParam<const char*> {};
 
@@ -190,7 +190,7 @@ TEST_P(DetrCuda, PaddedBatchEqualsFixtureAndGraphReplayEqualsEager) {
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, DetrCuda,
                          ::testing::Values("detr_tiny", "detr_tiny_timm", "detr_tiny_timm_basic",
-                                           "conditional_detr_tiny"),
+                                           "conditional_detr_tiny", "dab_detr_tiny"),
                          [](const auto& info) { return std::string(info.param); });
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, DetrFamilyCuda,

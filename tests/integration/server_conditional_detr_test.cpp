@@ -1,5 +1,6 @@
-// Conditional DETR served end to end: the conditional_detr_tiny fixture folder (timm's ResNet
-// in microsoft/conditional-detr-resnet-50's config.json form) in a model repository, the two
+// Conditional DETR and DAB-DETR served end to end: the conditional_detr_tiny fixture folder
+// (timm's ResNet in microsoft/conditional-detr-resnet-50's config.json form) and dab_detr_tiny
+// (model_type "dab-detr", transformers' ResNet) in a model repository, the two
 // photographs as encoded JPEGs in one request (decoded, resized and padded by
 // ConditionalDetrImageProcessor with a pixel_mask) over gRPC with the project's client, against
 // transformers' ConditionalDetrImageProcessor.post_process_object_detection of the same images
@@ -132,7 +133,7 @@ TEST_P(ServerConditionalDetr, JpegsAndPixelsMatchTheFixturesPostProcessing) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, ServerConditionalDetr,
-                         ::testing::Values("conditional_detr_tiny"),
+                         ::testing::Values("conditional_detr_tiny", "dab_detr_tiny"),
                          [](const auto& info) { return std::string(info.param); });
 
 }  // namespace

@@ -204,6 +204,22 @@ def detr_cfg(config_class=None, **kw):
     return (config_class or tr.DetrConfig)(**base)
 
 
+def dab_cfg(**kw):
+    """DabDetrConfig: DETR's fields with hidden_size for d_model (PReLU by default)."""
+    base = dict(hidden_size=32, encoder_layers=2, decoder_layers=3, encoder_attention_heads=4,
+                decoder_attention_heads=2, encoder_ffn_dim=48, decoder_ffn_dim=40, num_queries=12,
+                num_labels=7, use_pretrained_backbone=False)
+    if "backbone" not in kw:
+        base.update(use_timm_backbone=False, backbone=None,
+                    backbone_config=tr.ResNetConfig(embedding_size=16, hidden_sizes=[16, 24, 40, 56],
+                                                    depths=[1, 2, 1, 1], layer_type="basic",
+                                                    hidden_act="relu", out_features=["stage4"]))
+    else:
+        base.update(use_timm_backbone=True)
+    base.update(kw)
+    return tr.DabDetrConfig(**base)
+
+
 def lw_cfg(scales, vit_layers, windows, out_indices, nq, pretrain=224, **kw):
     vit = dict(hidden_size=48, num_hidden_layers=vit_layers, num_attention_heads=3, mlp_ratio=2, image_size=256,
                pretrain_image_size=pretrain, patch_size=16, num_windows=4, window_block_indices=windows,
@@ -288,6 +304,10 @@ def cases():
     yield "conditional_detr_hf_basic_masked", CD, detr_cfg(CDC), CDP, [(200, 320), (256, 192)], True
     yield "conditional_detr_timm_bottleneck_dc5_masked", CD, detr_cfg(CDC, backbone="resnet_live_bottleneck", dilation=True), CDP, [(192, 256), (256, 224)], True
     yield "conditional_detr_timm_basic_learned_256x320", CD, detr_cfg(CDC, backbone="resnet_live_basic", position_embedding_type="learned", activation_function="gelu", decoder_layers=1), CDP, (2, 256, 320), False
+    DAB = tr.DabDetrForObjectDetection
+    yield "dab_detr_hf_basic_masked", DAB, dab_cfg(), CDP, [(200, 320), (256, 192)], True
+    yield "dab_detr_timm_keep_query_pos_norm_masked", DAB, dab_cfg(backbone="resnet_live_bottleneck", keep_query_pos=True, normalize_before=True, temperature_height=10, temperature_width=30), CDP, [(224, 288), (288, 160)], True
+    yield "dab_detr_timm_patterns_dc5_relu_160x224", DAB, dab_cfg(backbone="resnet_live_basic", dilation=True, num_patterns=2, activation_function="relu", sine_position_embedding_scale=3.0), CDP, (2, 160, 224), False
     LW = tr.LwDetrForObjectDetection
     LWP = dict(DDP, size={"height": 640, "width": 640})  # an exact {height, width} resize
     # LW-DETR's processor resizes to a fixed {height, width}: non-square inputs, sides multiples of
