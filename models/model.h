@@ -76,11 +76,14 @@ void check_pixel_values(const std::string& model_type, const at::Tensor& pixel_v
 /// (cx, cy, w, h) normalised to [0, 1], both float32 on the model's device regardless of the
 /// compute dtype. Classifiers: `logits` (B, num_labels), `pred_boxes` undefined. Instance
 /// segmentation: a detector's two plus `pred_masks` (B, Q, h, w) mask logits (float32; RF-DETR:
-/// h, w = the input's H/4, W/4), undefined for the other tasks.
+/// h, w = the input's H/4, W/4), undefined for the other tasks. Document-layout detectors
+/// (PP-DocLayoutV3) also return `pred_masks` (B, Q, H/4, W/4) mask logits and `order_logits`
+/// (B, Q, Q), the reading-order logits (image::post_process_document_layout); undefined elsewhere.
 struct ModelOutput {
   at::Tensor logits;
   at::Tensor pred_boxes;
   at::Tensor pred_masks;
+  at::Tensor order_logits;
 };
 
 /// A loaded checkpoint. forward() is const and thread-compatible: concurrent calls are safe

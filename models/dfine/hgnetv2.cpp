@@ -44,7 +44,7 @@ std::vector<bool> bool_list(const core::ConfigView& b, const std::string& field,
 
 }  // namespace
 
-HGNetV2Config HGNetV2Config::parse(const core::ConfigView& b) {
+HGNetV2Config HGNetV2Config::parse(const core::ConfigView& b, size_t unchecked_outputs) {
   HGNetV2Config c;
   b.get_enum("model_type", "hgnet_v2", {"hgnet_v2"});
   c.num_channels = b.get_int("num_channels", c.num_channels);
@@ -114,7 +114,9 @@ HGNetV2Config HGNetV2Config::parse(const core::ConfigView& b) {
     // hidden_sizes, indexed by out_indices); the maps have stage_out_channels. Only the stages
     // the backbone returns must agree: DFineConfig's default HGNetV2 (D-FINE L as published)
     // has hidden_sizes[0] 256 against stage_out_channels[0] 128 for the unreturned stage1.
-    const bool returned = std::find(c.out_indices.begin(), c.out_indices.end(),
+    const auto checked_from = c.out_indices.begin() + static_cast<std::ptrdiff_t>(std::min(
+                                                          unchecked_outputs, c.out_indices.size()));
+    const bool returned = std::find(checked_from, c.out_indices.end(),
                                     static_cast<int64_t>(s) + 1) != c.out_indices.end();
     if (returned && c.hidden_sizes[s] != c.stage_out_channels[s])
       b.fail("hidden_sizes",

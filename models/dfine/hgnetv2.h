@@ -35,7 +35,9 @@ struct HGNetV2Config {
   bool frozen_batch_norm = true;
 
   /// Parses `backbone_config` (`b` is its view); throws core::ConfigError naming the field.
-  static HGNetV2Config parse(const core::ConfigView& b);
+  /// The first `unchecked_outputs` entries of out_indices are exempt from the hidden_sizes check
+  /// (PP-DocLayoutV3's stride-4 map, whose channels transformers never reads from hidden_sizes).
+  static HGNetV2Config parse(const core::ConfigView& b, size_t unchecked_outputs = 0);
   /// Channels of the maps at out_indices (what forward() returns).
   std::vector<int64_t> out_channels() const;
   /// Total stride of each returned map (stem strides x stage downsample strides).

@@ -29,6 +29,10 @@ enum class DetectionHead {
   /// top-k upstream. PostProcessOptions::top_k <= 0 (the default) keeps that exactly; top_k > 0
   /// keeps the top_k best-scored queries (at::topk, descending score; all Q when top_k >= Q).
   detr,
+  /// PPDocLayoutV3ImageProcessor's (models/image/document_layout.h: top-k = Q over Q*C, sigmoid,
+  /// kept where score >= threshold, in reading order). post_process_object_detection treats it
+  /// as rt_detr's (no reading order: that needs the order logits).
+  pp_doclayout,
 };
 
 struct PostProcessOptions {

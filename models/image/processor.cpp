@@ -61,6 +61,13 @@ ProcessorConfig class_defaults(const std::string& type, const std::string& sourc
     c.do_normalize = true;
     c.image_mean = {0.5f, 0.5f, 0.5f};
     c.image_std = {0.5f, 0.5f, 0.5f};
+  } else if (base == "PPDocLayoutV3ImageProcessor" || base == "PPDocLayoutV2ImageProcessor") {
+    // image_processing_pp_doclayout_v3.py: size 800x800, BICUBIC, rescale then normalise with
+    // mean 0 / std 1, resize(antialias=False).
+    c.height = c.width = 800;
+    c.resample = 3;
+    c.do_normalize = true;
+    c.antialias = false;
   } else if (base == "DeiTImageProcessor") {
     c.height = c.width = 256;
     c.resample = 3;  // PILImageResampling.BICUBIC
@@ -300,7 +307,15 @@ at::Tensor ImageProcessor::resize(const at::Tensor& image_u8) const {
       y = at::upsample_nearest2d(x, out);
       break;
     case 3:  // BICUBIC: native uint8 on CPU
-      if (x.is_cpu()) {
+      if (!config_.antialias) {
+        // torchvision resize(antialias=False): ATen's plain bicubic kernel (uint8 on CPU; on
+        // CUDA float32 then clamp and round, as for the antialiased kernel below).
+        y = x.is_cpu() ? at::upsample_bicubic2d(x, out, /*align_corners=*/false)
+                       : at::upsample_bicubic2d(x.to(at::kFloat), out, false)
+                             .clamp_(0, 255)
+                             .round_()
+                             .to(at::kByte);
+      } else if (x.is_cpu()) {
         y = at::_upsample_bicubic2d_aa(x, out, /*align_corners=*/false);
       } else {
         // ATen's CUDA kernel has no uint8: float32, then torchvision's clamp and round
@@ -315,7 +330,10 @@ at::Tensor ImageProcessor::resize(const at::Tensor& image_u8) const {
       const bool native =
           config_.uint8_resize == ProcessorConfig::Uint8Resize::native_uint8 ||
           (config_.uint8_resize == ProcessorConfig::Uint8Resize::automatic && x.is_cpu());
-      if (native) {
+      if (!config_.antialias) {  // resize(antialias=False): ATen's plain bilinear kernel
+        y = native ? at::upsample_bilinear2d(x, out, /*align_corners=*/false)
+                   : at::upsample_bilinear2d(x.to(at::kFloat), out, false).round_().to(at::kByte);
+      } else if (native) {
         y = at::_upsample_bilinear2d_aa(x, out, /*align_corners=*/false);
       } else {
         y = at::_upsample_bilinear2d_aa(x.to(at::kFloat), out, false).round_().to(at::kByte);

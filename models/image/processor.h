@@ -45,6 +45,9 @@ struct ProcessorConfig {
   /// zero padded first where the image is smaller (TorchvisionBackend.center_crop).
   bool do_center_crop = false;
   int64_t crop_height = 0, crop_width = 0;
+  /// Not a JSON key: the class's resize kernel. PPDocLayoutV2/V3ImageProcessor resize with
+  /// antialias=False ("to approximate the output of cv2.resize"), the others antialiased.
+  bool antialias = true;
 
   /// How bilinear resizes uint8 (not a JSON key). `automatic`: ATen's native uint8
   /// antialiased kernel on CPU tensors (what torchvision runs on CPUs whose ATen capability is
