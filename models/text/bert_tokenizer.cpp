@@ -1,8 +1,9 @@
 #include "models/text/bert_tokenizer.h"
 
 #include <algorithm>
-#include <map>
 #include <nlohmann/json.hpp>
+#include <tuple>
+#include <utility>
 
 #include "models/core/config.h"
 #include "models/text/unicode.h"
@@ -43,16 +44,8 @@ BertTokenizer BertTokenizer::from_folder(const std::string& dir) {
   if (file_exists(json_file)) {
     vocab_file = json_file;
     tokenizer_json = core::read_json_file(json_file);
-    const nlohmann::json* model = tokenizer_json.is_object() && tokenizer_json.contains("model")
-                                      ? &tokenizer_json["model"]
-                                      : nullptr;
-    if (!model || !model->is_object())
-      throw ConfigError(json_file + ": field 'model': missing or not an object");
-    if (model->value("type", "WordPiece") != "WordPiece")
-      throw ConfigError(json_file + ": field 'model.type': expected \"WordPiece\", found " +
-                        (*model)["type"].dump());
-    if (!model->contains("vocab")) throw ConfigError(json_file + ": field 'model.vocab': missing");
-    t.vocab_ = vocabulary_object((*model)["vocab"], json_file, "field 'model.vocab'");
+    const nlohmann::json& model = tokenizer_json_model(tokenizer_json, json_file, "WordPiece");
+    t.vocab_ = vocabulary_object(model["vocab"], json_file, "field 'model.vocab'");
   } else {
     vocab_file = dir + "/vocab.txt";
     t.vocab_ = read_vocab_txt(vocab_file);
@@ -64,35 +57,19 @@ BertTokenizer BertTokenizer::from_folder(const std::string& dir) {
   t.model_max_length_ = config_model_max_length(config, config_file);
   t.pad_left_ = pad_left(config, config_file);
 
-  t.unk_token_ = special_token(config, config_file, "unk_token", "[UNK]");
-  t.unk_id_ = special_token_id(t.vocab_, t.unk_token_, vocab_file, "unk_token");
-  t.begin_id_ = special_token_id(t.vocab_, special_token(config, config_file, "cls_token", "[CLS]"),
-                                 vocab_file, "cls_token");
-  t.end_id_ = special_token_id(t.vocab_, special_token(config, config_file, "sep_token", "[SEP]"),
-                               vocab_file, "sep_token");
-  t.pad_id_ = special_token_id(t.vocab_, special_token(config, config_file, "pad_token", "[PAD]"),
-                               vocab_file, "pad_token");
-  for (const char* key : {"unk_token", "sep_token", "pad_token", "cls_token", "mask_token"}) {
-    static const std::map<std::string, std::string> defaults = {{"unk_token", "[UNK]"},
-                                                                {"sep_token", "[SEP]"},
-                                                                {"pad_token", "[PAD]"},
-                                                                {"cls_token", "[CLS]"},
-                                                                {"mask_token", "[MASK]"}};
-    const std::string token = special_token(config, config_file, key, defaults.at(key));
-    t.added_.add(token, special_token_id(t.vocab_, token, vocab_file, key));
-  }
-  // tokenizer.json's own added tokens (the special tokens again, or more).
-  if (tokenizer_json.is_object() && tokenizer_json.contains("added_tokens")) {
-    for (const nlohmann::json& a : tokenizer_json["added_tokens"]) {
-      if (!a.is_object() || !a.contains("content") || !a["content"].is_string() ||
-          !a.contains("id") || !a["id"].is_number_integer() || a["id"].get<std::int64_t>() < 0)
-        throw ConfigError(json_file +
-                          ": field 'added_tokens': expected objects with a string 'content' and "
-                          "a non-negative integer 'id', found " +
-                          a.dump().substr(0, 200));
-      t.added_.add(a["content"].get<std::string>(), a["id"].get<std::int64_t>());
-    }
-  }
+  // The special tokens are added tokens too: matched whole in the raw text.
+  auto special = [&](const char* key, const char* fallback) {
+    const std::string token = special_token(config, config_file, key, fallback);
+    const std::int64_t id = special_token_id(t.vocab_, token, vocab_file, key);
+    t.added_.add(token, id);
+    return std::pair{token, id};
+  };
+  std::tie(t.unk_token_, t.unk_id_) = special("unk_token", "[UNK]");
+  t.end_id_ = special("sep_token", "[SEP]").second;
+  t.pad_id_ = special("pad_token", "[PAD]").second;
+  t.begin_id_ = special("cls_token", "[CLS]").second;
+  special("mask_token", "[MASK]");
+  if (tokenizer_json.is_object()) add_json_added_tokens(tokenizer_json, json_file, t.added_);
   std::int64_t max_id = t.added_.max_id();
   for (const auto& [token, id] : t.vocab_) {
     max_id = std::max(max_id, id);

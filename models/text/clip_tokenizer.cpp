@@ -71,17 +71,9 @@ ClipTokenizer ClipTokenizer::from_folder(const std::string& dir) {
   if (file_exists(json_file)) {
     vocab_file = merges_file = json_file;
     tokenizer_json = core::read_json_file(json_file);
-    const nlohmann::json* model = tokenizer_json.is_object() && tokenizer_json.contains("model")
-                                      ? &tokenizer_json["model"]
-                                      : nullptr;
-    if (!model || !model->is_object())
-      throw ConfigError(json_file + ": field 'model': missing or not an object");
-    if (model->value("type", "BPE") != "BPE")
-      throw ConfigError(json_file + ": field 'model.type': expected \"BPE\", found " +
-                        (*model)["type"].dump());
-    if (!model->contains("vocab")) throw ConfigError(json_file + ": field 'model.vocab': missing");
-    t.vocab_ = vocabulary_object((*model)["vocab"], json_file, "field 'model.vocab'");
-    const nlohmann::json& list = model->contains("merges") ? (*model)["merges"] : nlohmann::json();
+    const nlohmann::json& model = tokenizer_json_model(tokenizer_json, json_file, "BPE");
+    t.vocab_ = vocabulary_object(model["vocab"], json_file, "field 'model.vocab'");
+    const nlohmann::json& list = model.contains("merges") ? model["merges"] : nlohmann::json();
     if (!list.is_array())
       throw ConfigError(json_file + ": field 'model.merges': expected an array, found " +
                         list.type_name());
@@ -154,17 +146,7 @@ ClipTokenizer ClipTokenizer::from_folder(const std::string& dir) {
   t.added_.add(eos, t.end_id_);
   t.added_.add(unk, t.unk_id_);
   t.added_.add(pad, t.pad_id_);
-  if (tokenizer_json.is_object() && tokenizer_json.contains("added_tokens")) {
-    for (const nlohmann::json& a : tokenizer_json["added_tokens"]) {
-      if (!a.is_object() || !a.contains("content") || !a["content"].is_string() ||
-          !a.contains("id") || !a["id"].is_number_integer() || a["id"].get<std::int64_t>() < 0)
-        throw ConfigError(json_file +
-                          ": field 'added_tokens': expected objects with a string 'content' and "
-                          "a non-negative integer 'id', found " +
-                          a.dump().substr(0, 200));
-      t.added_.add(a["content"].get<std::string>(), a["id"].get<std::int64_t>());
-    }
-  }
+  if (tokenizer_json.is_object()) add_json_added_tokens(tokenizer_json, json_file, t.added_);
   std::int64_t max_id = t.added_.max_id();
   for (const auto& [token, id] : t.vocab_) max_id = std::max(max_id, id);
   t.vocab_size_ = max_id + 1;

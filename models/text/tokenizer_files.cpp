@@ -113,4 +113,35 @@ std::int64_t special_token_id(const Vocabulary& vocab, const std::string& token,
   return it->second;
 }
 
+const nlohmann::json& tokenizer_json_model(const nlohmann::json& tokenizer_json,
+                                           const std::string& file, const std::string& type) {
+  const auto model =
+      tokenizer_json.is_object() ? tokenizer_json.find("model") : tokenizer_json.end();
+  if (model == tokenizer_json.end() || !model->is_object())
+    throw ConfigError(file + ": field 'model': missing or not an object");
+  if (model->value("type", type) != type)
+    throw ConfigError(file + ": field 'model.type': expected \"" + type + "\", found " +
+                      (*model)["type"].dump());
+  if (!model->contains("vocab")) throw ConfigError(file + ": field 'model.vocab': missing");
+  return *model;
+}
+
+void add_json_added_tokens(const nlohmann::json& tokenizer_json, const std::string& file,
+                           AddedTokens& added) {
+  const auto list = tokenizer_json.find("added_tokens");
+  if (list == tokenizer_json.end() || list->is_null()) return;
+  if (!list->is_array())
+    throw ConfigError(file + ": field 'added_tokens': expected an array, found " +
+                      list->type_name());
+  for (const nlohmann::json& a : *list) {
+    if (!a.is_object() || !a.contains("content") || !a["content"].is_string() ||
+        !a.contains("id") || !a["id"].is_number_integer() || a["id"].get<std::int64_t>() < 0)
+      throw ConfigError(file +
+                        ": field 'added_tokens': expected objects with a string 'content' and a "
+                        "non-negative integer 'id', found " +
+                        a.dump().substr(0, 200));
+    added.add(a["content"].get<std::string>(), a["id"].get<std::int64_t>());
+  }
+}
+
 }  // namespace libreyolo::models::text

@@ -9,6 +9,8 @@
 #include <string>
 #include <unordered_map>
 
+#include "models/text/tokenizer.h"
+
 namespace libreyolo::models::text {
 
 using Vocabulary = std::unordered_map<std::string, std::int64_t>;
@@ -44,5 +46,15 @@ Vocabulary vocabulary_object(const nlohmann::json& json, const std::string& file
 /// is not in the vocabulary".
 std::int64_t special_token_id(const Vocabulary& vocab, const std::string& token,
                               const std::string& file, const std::string& key);
+
+/// tokenizer.json's "model" object, whose "type" (when present) must be `type` and which must
+/// have a "vocab". ConfigError "<file>: field 'model...': ...".
+const nlohmann::json& tokenizer_json_model(const nlohmann::json& tokenizer_json,
+                                           const std::string& file, const std::string& type);
+
+/// Adds tokenizer.json's "added_tokens" (objects with "content" and "id"; the special tokens
+/// again, or more) to `added`. ConfigError "<file>: field 'added_tokens': ...".
+void add_json_added_tokens(const nlohmann::json& tokenizer_json, const std::string& file,
+                           AddedTokens& added);
 
 }  // namespace libreyolo::models::text

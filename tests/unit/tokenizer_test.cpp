@@ -253,6 +253,20 @@ TEST(Tokenizer, VocabJsonNotAnObject) {
             dir.path + "/vocab.json: unk_token '<|endoftext|>' is not in the vocabulary");
 }
 
+TEST(Tokenizer, TokenizerJsonOfAnotherModel) {
+  TempDir bert_dir, clip_dir;
+  bert_dir.copy(kDir + "/clip_tiny", "tokenizer.json");
+  EXPECT_EQ(config_error([&] { BertTokenizer::from_folder(bert_dir.path); }),
+            bert_dir.path +
+                "/tokenizer.json: field 'model.type': expected \"WordPiece\", found "
+                "\"BPE\"");
+  clip_dir.copy(kDir + "/bert_tiny", "tokenizer.json");
+  EXPECT_EQ(config_error([&] { ClipTokenizer::from_folder(clip_dir.path); }),
+            clip_dir.path +
+                "/tokenizer.json: field 'model.type': expected \"BPE\", found "
+                "\"WordPiece\"");
+}
+
 TEST(Tokenizer, InvalidUtf8NamesTheByteOffset) {
   // transformers' tokenizers take Python str (Rust &str), which cannot hold invalid UTF-8: the
   // C++ API refuses it, naming the first bad byte, rather than guess replacement characters.
