@@ -150,8 +150,8 @@ TEST(DeformableDetrCuda, CudaGraphReplayEqualsEager) {
 
 // DETR (DetrForObjectDetection: dense attention only, no ms_deform_attn) and the families that
 // share its stem and encoder (ConditionalDetrForObjectDetection, DabDetrForObjectDetection) on
-// CUDA: the fixture's padded batch with its pixel_mask equals the transformers CPU fixture (TF32 off), and a CUDA graph of
-// the forward replays what eager computes.
+// CUDA: the fixture's padded batch with its pixel_mask equals the transformers CPU fixture (TF32
+// off), and a CUDA graph of the forward replays what eager computes.
 class DetrCuda : public ::testing::TestWithParam<const char*> {};
 
 TEST_P(DetrCuda, PaddedBatchEqualsFixtureAndGraphReplayEqualsEager) {

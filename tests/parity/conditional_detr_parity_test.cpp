@@ -62,7 +62,8 @@ TEST(ConditionalDetr, RejectsBadInput) {
 }
 
 TEST(ConditionalDetr, HalfPrecisionLoadsAndStaysClose) {
-  test::expect_lineage_half_precision_close(kConditional, 0.25, 0.03);
+  // bfloat16 measured 0.28 of logits up to 36.8 (0.75 %), boxes 5.5e-3.
+  test::expect_lineage_half_precision_close(kConditional, 0.02, 0.02);
 }
 
 TEST(ConditionalDetrLoading, MissingAndUnexpectedKeysAreNamed) {

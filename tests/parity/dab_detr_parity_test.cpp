@@ -58,7 +58,9 @@ TEST(DabDetr, MaskDefaultsToAllValidAndAttentionModulesToggle) {
 }
 
 TEST(DabDetr, HalfPrecisionLoadsAndStaysClose) {
-  test::expect_lineage_half_precision_close(kDab, 0.5, 0.05);
+  // bfloat16 measured 0.90 of logits up to 51.4 (1.75 %: the anchors refined through 3 layers),
+  // boxes 1.0e-2.
+  test::expect_lineage_half_precision_close(kDab, 0.03, 0.03);
 }
 
 TEST(DabDetrLoading, MissingAndUnexpectedKeysAreNamed) {
