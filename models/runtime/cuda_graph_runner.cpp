@@ -117,6 +117,8 @@ ModelOutput CudaGraphRunner::run(const at::Tensor& pv) {
   out.logits = c.output.logits.narrow(0, 0, n).clone();
   if (c.output.pred_boxes.defined()) out.pred_boxes = c.output.pred_boxes.narrow(0, 0, n).clone();
   if (c.output.pred_masks.defined()) out.pred_masks = c.output.pred_masks.narrow(0, 0, n).clone();
+  if (c.output.order_logits.defined())
+    out.order_logits = c.output.order_logits.narrow(0, 0, n).clone();
   return out;
 }
 

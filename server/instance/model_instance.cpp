@@ -167,6 +167,9 @@ std::unique_ptr<ModelInstance::InFlight> ModelInstance::launch(Batch& batch) {
       f->boxes = out.pred_boxes.to(at::kCPU, at::kFloat, /*non_blocking=*/cuda);
     if (model.task->uses_masks())
       f->masks = out.pred_masks.to(at::kCPU, at::kFloat, /*non_blocking=*/cuda);
+    // Reading-order logits (PP-DocLayoutV3): the task needs them whenever the model has them.
+    if (out.order_logits.defined())
+      f->order = out.order_logits.to(at::kCPU, at::kFloat, /*non_blocking=*/cuda);
     f->done.record();
   } catch (const std::invalid_argument& e) {
     fail_all(batch, api::Code::invalid_argument, "model '" + name_ + "': " + e.what());
@@ -211,6 +214,7 @@ void ModelInstance::finish(std::unique_ptr<InFlight> f) {
       rows.logits = f->logits.narrow(0, offset, n);
       if (f->boxes.defined()) rows.pred_boxes = f->boxes.narrow(0, offset, n);
       if (f->masks.defined()) rows.pred_masks = f->masks.narrow(0, offset, n);
+      if (f->order.defined()) rows.order_logits = f->order.narrow(0, offset, n);
       offset += n;
       try {
         r.outputs = model.task->respond(rows, *j->request);

@@ -84,6 +84,7 @@ class ModelInstance {
     explicit InFlight(const at::Device& device) : done(device) {}
     Batch batch;
     at::Tensor logits, boxes, masks;  ///< host float32 (boxes, masks when the task uses them)
+    at::Tensor order;  ///< host float32 order_logits (document-layout models), else undefined
     models::StreamEvent done;
     int64_t images = 0;
     Clock::time_point start, t_input;

@@ -4,6 +4,7 @@
 
 #include "server/tasks/classifier_io.h"
 #include "server/tasks/detector_io.h"
+#include "server/tasks/document_layout_io.h"
 #include "server/tasks/segmentation_io.h"
 
 namespace libreyolo::server {
@@ -152,6 +153,9 @@ std::unique_ptr<TaskAdapter> make_task_adapter(const models::Model& model,
   const auto& d = model.description();
   switch (d.task) {
     case models::Task::object_detection:
+      // Document layout (PP-DocLayoutV3): detections in reading order, masks on request.
+      if (d.head == image::DetectionHead::pp_doclayout)
+        return make_document_layout_task(d, model.id2label(), serving);
       return std::make_unique<DetectionTask>(d, model.id2label(), serving);
     case models::Task::instance_segmentation:
       return std::make_unique<SegmentationTask>(d, model.id2label(), serving);
