@@ -190,7 +190,8 @@ TEST_P(DetrCuda, PaddedBatchEqualsFixtureAndGraphReplayEqualsEager) {
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, DetrCuda,
                          ::testing::Values("detr_tiny", "detr_tiny_timm", "detr_tiny_timm_basic",
-                                           "conditional_detr_tiny", "dab_detr_tiny"),
+                                           "conditional_detr_tiny", "dab_detr_tiny",
+                                           "table_transformer_tiny"),
                          [](const auto& info) { return std::string(info.param); });
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, DetrFamilyCuda,

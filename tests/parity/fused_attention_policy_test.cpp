@@ -126,6 +126,7 @@ INSTANTIATE_TEST_SUITE_P(
                       Row{"detr_tiny_timm", registered_default("detr")},
                       Row{"conditional_detr_tiny", registered_default("conditional_detr")},
                       Row{"dab_detr_tiny", registered_default("dab-detr")},
+                      Row{"table_transformer_tiny", registered_default("table-transformer")},
                       Row{"dfine_tiny", registered_default("d_fine")},
                       Row{"deimv2_tiny_dinov3", registered_default("deimv2")},
                       Row{"lw_detr_tiny", registered_default("lw_detr")},

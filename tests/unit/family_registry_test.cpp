@@ -70,19 +70,28 @@ TEST(FamilyRegistry, EveryFamilyFolderRegistersExactlyOnce) {
   for (const Family* f : FamilyRegistry::builtin().all()) registered.push_back(f->name);
   std::sort(registered.begin(), registered.end());
   EXPECT_EQ(registered, folders);  // a record's name is its folder
-  EXPECT_EQ(folders, (std::vector<std::string>{"conditional_detr", "dab_detr", "deformable_detr",
-                                               "deimv2", "deit", "detr", "dfine", "lw_detr",
-                                               "rf_detr", "rtdetr", "swin", "vit"}));
+  EXPECT_EQ(folders,
+            (std::vector<std::string>{"conditional_detr", "dab_detr", "deformable_detr", "deimv2",
+                                      "deit", "detr", "dfine", "lw_detr", "rf_detr", "rtdetr",
+                                      "swin", "table_transformer", "vit"}));
 }
 
 TEST(FamilyRegistry, ModelTypesAndRecords) {
   const auto& registry = FamilyRegistry::builtin();
-  const std::map<std::string, std::string> family_of{
-      {"rt_detr", "rtdetr"},  {"rt_detr_v2", "rtdetr"}, {"deformable_detr", "deformable_detr"},
-      {"d_fine", "dfine"},    {"deimv2", "deimv2"},     {"lw_detr", "lw_detr"},
-      {"rf_detr", "rf_detr"}, {"vit", "vit"},           {"deit", "deit"},
-      {"swin", "swin"},       {"detr", "detr"},         {"conditional_detr", "conditional_detr"},
-      {"dab-detr", "dab_detr"}};
+  const std::map<std::string, std::string> family_of{{"rt_detr", "rtdetr"},
+                                                     {"rt_detr_v2", "rtdetr"},
+                                                     {"deformable_detr", "deformable_detr"},
+                                                     {"d_fine", "dfine"},
+                                                     {"deimv2", "deimv2"},
+                                                     {"lw_detr", "lw_detr"},
+                                                     {"rf_detr", "rf_detr"},
+                                                     {"vit", "vit"},
+                                                     {"deit", "deit"},
+                                                     {"swin", "swin"},
+                                                     {"detr", "detr"},
+                                                     {"conditional_detr", "conditional_detr"},
+                                                     {"dab-detr", "dab_detr"},
+                                                     {"table-transformer", "table_transformer"}};
   size_t types = 0;
   for (const Family* f : registry.all()) {
     types += f->model_types.size();
@@ -113,13 +122,15 @@ TEST(FamilyRegistry, ModelTypesAndRecords) {
   EXPECT_EQ(*registry.find("detr")->head, image::DetectionHead::detr);
   EXPECT_EQ(*registry.find("conditional_detr")->head, image::DetectionHead::deformable_detr);
   EXPECT_EQ(*registry.find("dab-detr")->head, image::DetectionHead::deformable_detr);
+  EXPECT_EQ(*registry.find("table-transformer")->head, image::DetectionHead::detr);
   EXPECT_EQ(registry.find("yolo_nas"), nullptr);
   // The order of all(): Family::order, then name.
   std::vector<std::string> order;
   for (const Family* f : registry.all()) order.push_back(f->name);
-  EXPECT_EQ(order, (std::vector<std::string>{"rtdetr", "detr", "conditional_detr", "dab_detr",
-                                             "deformable_detr", "dfine", "deimv2", "lw_detr",
-                                             "rf_detr", "vit", "deit", "swin"}));
+  EXPECT_EQ(order,
+            (std::vector<std::string>{"rtdetr", "detr", "conditional_detr", "dab_detr",
+                                      "table_transformer", "deformable_detr", "dfine", "deimv2",
+                                      "lw_detr", "rf_detr", "vit", "deit", "swin"}));
 }
 
 TEST(FamilyRegistry, TakenModelTypeAndIncompleteRecordsAreRefused) {
@@ -164,8 +175,14 @@ TEST(FamilyRegistry, LayoutCatalogListsTheRecordsClasses) {
             std::vector<std::string>{"Conv2d"});
   EXPECT_EQ(layouts::find_layout_info("batchnorm_fold")->replaces.size(), 11u);
   // + DETR's, Conditional DETR's (its encoder's ConditionalDetrSelfAttention), DAB-DETR's
-  // (its encoder's DetrAttention)
-  EXPECT_EQ(layouts::find_layout_info("qkv_concat")->replaces.size(), 19u);
+  // (its encoder's DetrAttention), Table Transformer's (TableTransformerAttention)
+  EXPECT_EQ(layouts::find_layout_info("qkv_concat")->replaces.size(), 20u);
+  EXPECT_EQ(layouts::upstream_classes("table-transformer", layouts::ModuleKind::attention,
+                                      "model.encoder.layers.0.self_attn"),
+            std::vector<std::string>{"TableTransformerAttention"});
+  EXPECT_TRUE(layouts::upstream_classes("table-transformer", layouts::ModuleKind::attention,
+                                        "model.decoder.layers.0.encoder_attn")
+                  .empty());
   // DETR: its self-attentions (q and k share their input), never the cross-attention.
   EXPECT_EQ(layouts::upstream_classes("detr", layouts::ModuleKind::attention,
                                       "model.decoder.layers.1.self_attn"),
