@@ -126,11 +126,13 @@ at::Tensor mask_to_box_coordinate(const at::Tensor& mask, at::ScalarType dtype) 
   const auto [y_min, y_max] = extent(ys);
   const at::Tensor non_empty = mask.any(-1).any(-1).unsqueeze(-1);
   const at::Tensor box = at::stack({x_min, y_min, x_max, y_max}, -1) * non_empty;
-  const at::Tensor norm = at::tensor({static_cast<double>(w), static_cast<double>(h),
-                                      static_cast<double>(w), static_cast<double>(h)},
-                                     opts);
-  const at::Tensor n = box / norm;
-  const auto parts = n.unbind(-1);
+  // / [w, h, w, h] as scalars: equal to upstream's division by a tensor of those values (exact
+  // in float), without a host-to-device copy (which a CUDA graph capture refuses).
+  auto parts = box.unbind(-1);
+  parts[0] = parts[0] / static_cast<double>(w);
+  parts[1] = parts[1] / static_cast<double>(h);
+  parts[2] = parts[2] / static_cast<double>(w);
+  parts[3] = parts[3] / static_cast<double>(h);
   return at::stack({(parts[0] + parts[2]) / 2, (parts[1] + parts[3]) / 2, parts[2] - parts[0],
                     parts[3] - parts[1]},
                    -1);

@@ -2,6 +2,8 @@
 // (tests/fixtures/models/pp_doclayout_v3_tiny, made on CPU in float32 by its make_fixtures.py: a
 // rendered document page and a photograph): the processor's pixels, logits, boxes, masks, the
 // reading order, PPDocLayoutV3ImageProcessor.post_process_object_detection, and strict loading.
+#include <ATen/Parallel.h>
+#include <c10/core/InferenceMode.h>
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -16,6 +18,7 @@
 #include "models/image/decode.h"
 #include "models/image/document_layout.h"
 #include "models/image/processor.h"
+#include "models/layouts/layouts.h"
 #include "models/model.h"
 #include "models/pp_doclayout_v3/modules.h"
 #include "models/registry/family.h"
@@ -202,6 +205,43 @@ TEST(PPDocLayoutV3Parity, ConfigErrorsNameTheField) {
   const auto c = pp_doclayout_v3::Config::parse(core::ConfigView(config, "config.json"));
   EXPECT_EQ(c.backbone.out_channels(), (std::vector<int64_t>{16, 16, 24, 32}));
   EXPECT_EQ(c.num_prototypes, 8);
+}
+
+TEST(PPDocLayoutV3Parity, LayoutsOnStayWithinToleranceOffIsByteIdentical) {
+  // The layouts gate of tests/parity/layouts_parity_test.cpp for this family (its fixture has
+  // its own post-processing keys): every layout on stays within the bars on every output.
+  c10::InferenceMode guard;
+  at::set_num_threads(1);
+  const auto expected = core::SafetensorsFile::open(kDir + "/expected.safetensors");
+  auto with_mode = [](libreyolo::kernels::LayoutMode mode) {
+    libreyolo::models::LoadOptions o;
+    o.layouts.mode.value = mode;
+    o.layouts.mode.source = libreyolo::kernels::Source::flag;
+    return o;
+  };
+  const auto on = load_model(kDir, with_mode(libreyolo::kernels::LayoutMode::on));
+  const auto off = load_model(kDir, with_mode(libreyolo::kernels::LayoutMode::off));
+  EXPECT_TRUE(off->layouts().empty());
+  std::vector<std::string> applied;
+  for (const auto& r : on->layouts()) applied.push_back(r.layout);
+  std::cout << "[layouts] pp_doclayout_v3_tiny (on):\n"
+            << libreyolo::models::layouts::describe(on->layouts());
+  EXPECT_EQ(applied, (std::vector<std::string>{"repvgg", "batchnorm_fold", "qkv_concat"}));
+  const auto pixels = pixel_values(*expected);
+  const auto a = on->forward(pixels), b = off->forward(pixels),
+             c = load_model(kDir)->forward(pixels);
+  EXPECT_TRUE(at::equal(b.logits, c.logits));
+  const double dl = max_abs_diff(a.logits, expected->view("logits"));
+  const double db = max_abs_diff(a.pred_boxes, expected->view("pred_boxes"));
+  const double dm = max_abs_diff(a.pred_masks, expected->view("out_masks"));
+  const double dord = max_abs_diff(a.order_logits, expected->view("order_logits"));
+  std::cout << "[layouts] pp_doclayout_v3_tiny on: logits " << dl << ", boxes " << db << ", masks "
+            << dm << ", order_logits " << dord << std::endl;
+  EXPECT_LE(dl, 1e-4);
+  EXPECT_LE(db, 1e-5);
+  EXPECT_LE(dm, 2e-4);
+  EXPECT_LE(dord, 1e-4);
+  EXPECT_TRUE(at::equal(image::reading_order(a.order_logits), expected->view("order_seq")));
 }
 
 }  // namespace

@@ -72,8 +72,8 @@ TEST(FamilyRegistry, EveryFamilyFolderRegistersExactlyOnce) {
   EXPECT_EQ(registered, folders);  // a record's name is its folder
   EXPECT_EQ(folders,
             (std::vector<std::string>{"conditional_detr", "dab_detr", "deformable_detr", "deimv2",
-                                      "deit", "detr", "dfine", "lw_detr", "rf_detr", "rtdetr",
-                                      "swin", "table_transformer", "vit"}));
+                                      "deit", "detr", "dfine", "lw_detr", "pp_doclayout_v3",
+                                      "rf_detr", "rtdetr", "swin", "table_transformer", "vit"}));
 }
 
 TEST(FamilyRegistry, ModelTypesAndRecords) {
@@ -91,7 +91,8 @@ TEST(FamilyRegistry, ModelTypesAndRecords) {
                                                      {"detr", "detr"},
                                                      {"conditional_detr", "conditional_detr"},
                                                      {"dab-detr", "dab_detr"},
-                                                     {"table-transformer", "table_transformer"}};
+                                                     {"table-transformer", "table_transformer"},
+                                                     {"pp_doclayout_v3", "pp_doclayout_v3"}};
   size_t types = 0;
   for (const Family* f : registry.all()) {
     types += f->model_types.size();
@@ -123,14 +124,15 @@ TEST(FamilyRegistry, ModelTypesAndRecords) {
   EXPECT_EQ(*registry.find("conditional_detr")->head, image::DetectionHead::deformable_detr);
   EXPECT_EQ(*registry.find("dab-detr")->head, image::DetectionHead::deformable_detr);
   EXPECT_EQ(*registry.find("table-transformer")->head, image::DetectionHead::detr);
+  EXPECT_EQ(*registry.find("pp_doclayout_v3")->head, image::DetectionHead::pp_doclayout);
   EXPECT_EQ(registry.find("yolo_nas"), nullptr);
   // The order of all(): Family::order, then name.
   std::vector<std::string> order;
   for (const Family* f : registry.all()) order.push_back(f->name);
-  EXPECT_EQ(order,
-            (std::vector<std::string>{"rtdetr", "detr", "conditional_detr", "dab_detr",
-                                      "table_transformer", "deformable_detr", "dfine", "deimv2",
-                                      "lw_detr", "rf_detr", "vit", "deit", "swin"}));
+  EXPECT_EQ(order, (std::vector<std::string>{"rtdetr", "detr", "conditional_detr", "dab_detr",
+                                             "table_transformer", "deformable_detr", "dfine",
+                                             "pp_doclayout_v3", "deimv2", "lw_detr", "rf_detr",
+                                             "vit", "deit", "swin"}));
 }
 
 TEST(FamilyRegistry, TakenModelTypeAndIncompleteRecordsAreRefused) {
@@ -166,17 +168,19 @@ TEST(FamilyRegistry, UnknownModelTypeIsTheConfigErrorOfLoadModel) {
 
 TEST(FamilyRegistry, LayoutCatalogListsTheRecordsClasses) {
   // The order of a layout's classes follows FamilyRegistry::all(); serving.yaml errors quote it.
-  EXPECT_EQ(layouts::find_layout_info("repvgg")->replaces,
-            (std::vector<std::string>{"RTDetrRepVggBlock", "RTDetrV2RepVggBlock",
-                                      "DFineRepVggBlock", "Deimv2RepVggBlock"}));
+  EXPECT_EQ(
+      layouts::find_layout_info("repvgg")->replaces,
+      (std::vector<std::string>{"RTDetrRepVggBlock", "RTDetrV2RepVggBlock", "DFineRepVggBlock",
+                                "PPDocLayoutV3RepVggBlock", "Deimv2RepVggBlock"}));
   EXPECT_EQ(layouts::find_layout_info("avgpool_fold")->replaces,
             std::vector<std::string>{"AvgPool2d"});
   EXPECT_EQ(layouts::find_layout_info("channels_last")->replaces,
             std::vector<std::string>{"Conv2d"});
-  EXPECT_EQ(layouts::find_layout_info("batchnorm_fold")->replaces.size(), 11u);
-  // + DETR's, Conditional DETR's (its encoder's ConditionalDetrSelfAttention), DAB-DETR's
-  // (its encoder's DetrAttention), Table Transformer's (TableTransformerAttention)
-  EXPECT_EQ(layouts::find_layout_info("qkv_concat")->replaces.size(), 20u);
+  EXPECT_EQ(layouts::find_layout_info("batchnorm_fold")->replaces.size(),
+            13u);  // + PP-DocLayoutV3's 2
+  // + DETR's, PP-DocLayoutV3's, Conditional DETR's (its encoder's ConditionalDetrSelfAttention),
+  // DAB-DETR's (its encoder's DetrAttention), Table Transformer's (TableTransformerAttention)
+  EXPECT_EQ(layouts::find_layout_info("qkv_concat")->replaces.size(), 21u);
   EXPECT_EQ(layouts::upstream_classes("table-transformer", layouts::ModuleKind::attention,
                                       "model.encoder.layers.0.self_attn"),
             std::vector<std::string>{"TableTransformerAttention"});
