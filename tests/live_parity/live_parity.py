@@ -156,6 +156,22 @@ def dv2_dinov3(nq, vit=None, **extra):
     return tr.Deimv2Config(**base)
 
 
+def ppv3_cfg(variant, lab, nq, **extra):
+    """Tiny PP-DocLayoutV3 (HGNetV2 returning stage1..stage4: the stride-4 map feeds the masks)."""
+    bb = hgnet_backbone(variant, lab).to_dict()
+    bb.update(out_features=["stage1", "stage2", "stage3", "stage4"], out_indices=[1, 2, 3, 4])
+    for k in ("model_type", "transformers_version", "stage_names"):
+        bb.pop(k, None)
+    bb = tr.HGNetV2Config(**bb)
+    base = dict(backbone_config=bb, encoder_hidden_dim=32, encoder_in_channels=list(bb.stage_out_channels[1:]),
+                encoder_ffn_dim=64, encoder_attention_heads=2, d_model=32, num_queries=nq,
+                decoder_in_channels=[32, 32, 32], decoder_ffn_dim=64, decoder_layers=2, decoder_attention_heads=2,
+                x4_feat_dim=bb.stage_out_channels[0], mask_feature_channels=[16, 16], num_prototypes=8,
+                global_pointer_head_size=16, num_denoising=0, num_labels=7)
+    base.update(extra)
+    return tr.PPDocLayoutV3Config(**base)
+
+
 def dd_cfg(**kw):
     bb = tr.ResNetConfig(embedding_size=16, hidden_sizes=[16, 24, 40, 56], depths=[1, 2, 1, 1],
                          hidden_act="relu", out_features=["stage2", "stage3", "stage4"], out_indices=[2, 3, 4])
@@ -275,6 +291,12 @@ def cases():
     # top-k ties, so extra levels are exercised with d_model != decoder_in_channels only.)
     yield "dfine_unfrozen_bn_288x384", DF, df_cfg(hgnet_backbone("b", True), 30, decoder_n_points=[2, 3, 4], freeze_backbone_batch_norms=False), RTP, (1, 288, 384), False
     yield "dfine_discrete_256x320", DF, df_cfg(hgnet_backbone("a", False), 20, decoder_method="discrete"), RTP, (1, 256, 320), False
+    PPV3 = tr.PPDocLayoutV3ForObjectDetection
+    PPV3P = {"image_processor_type": "PPDocLayoutV3ImageProcessor", "do_resize": True,
+             "size": {"height": 800, "width": 800}, "resample": 3, "do_rescale": True, "rescale_factor": 1 / 255,
+             "do_normalize": True, "image_mean": [0, 0, 0], "image_std": [1, 1, 1]}
+    yield "pp_doclayout_v3_lab_256x320", PPV3, ppv3_cfg("a", True, 30), PPV3P, (2, 256, 320), False
+    yield "pp_doclayout_v3_widths_dmodel64_288x224", PPV3, ppv3_cfg("b", False, 20, d_model=64, decoder_layers=3, decoder_attention_heads=4, mask_enhanced=False), PPV3P, (1, 288, 224), False
     DV2 = tr.Deimv2ForObjectDetection
     yield "deimv2_hybrid_lab_320x480", DV2, dv2_cfg(hgnet_backbone("a", True), 40), RTP, (2, 320, 480), False
     # (Not share_bbox_head: transformers 5.17 re-initialises the shared box head at random on
@@ -394,6 +416,11 @@ def main():
                     db = float((ours["pred_boxes"] - ref.pred_boxes).abs().max())
                     line += f", pred_boxes {db:.3g}"
                     ok = ok and db <= BOXES_BAR
+                if getattr(ref, "order_logits", None) is not None:  # PP-DocLayoutV3
+                    dm = float((ours["out_masks"] - ref.out_masks).abs().max())
+                    do = float((ours["order_logits"] - ref.order_logits).abs().max())
+                    line += f", out_masks {dm:.3g}, order_logits {do:.3g}"
+                    ok = ok and dm <= 2e-4 and do <= LOGITS_BAR
                 if getattr(ref, "pred_masks", None) is not None:
                     dm = float((ours["pred_masks"] - ref.pred_masks).abs().max())
                     line += f", pred_masks {dm:.3g}"

@@ -293,6 +293,11 @@ int run(Args a) {
     const at::Tensor boxes = raw.pred_boxes.to(at::kCPU, at::kFloat);
     dump["pred_boxes"] = boxes;
     if (segmentation) dump["pred_masks"] = raw.pred_masks.to(at::kCPU, at::kFloat);
+    // Document layout (PP-DocLayoutV3): its mask logits and reading-order logits.
+    if (raw.order_logits.defined()) {
+      dump["out_masks"] = raw.pred_masks.to(at::kCPU, at::kFloat);
+      dump["order_logits"] = raw.order_logits.to(at::kCPU, at::kFloat);
+    }
     image::PostProcessOptions post;
     post.threshold = a.threshold;
     post.top_k = a.top_k;
