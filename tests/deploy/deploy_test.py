@@ -227,7 +227,8 @@ def served_model_types():
         for f in os.listdir(d):
             if f.endswith(".cpp"):
                 for listed in re.findall(r'Family\{"[a-z0-9_]+",\s*\{([^}]*)\}', read(os.path.join(d, f))):
-                    types |= set(re.findall(r'"([a-z0-9_]+)"', listed))
+                    # model_types may hold hyphens (DabDetrConfig's "dab-detr").
+                    types |= set(re.findall(r'"([a-z0-9_-]+)"', listed))
     assert types, "no Family{...} registration found under models/"
     return types
 
