@@ -24,6 +24,8 @@ namespace libreyolo::image {
 /// Largest image side a preprocessor_config.json may ask for (size.*, max_size), pixels.
 constexpr int64_t kMaxProcessorSize = 65536;
 
+/// PPDocLayoutV2/V3ImageProcessor (800x800 bicubic without antialias, mean 0, std 1) are among
+/// the classes below.
 /// The settings of one processor. Keys missing from the file take the class defaults of
 /// `image_processor_type` (RTDetr: 640x640, rescale only; DeformableDetr and RfDetr: shortest
 /// 800 / longest 1333, ImageNet mean/std, pad; ViT: 224x224, mean = std = 0.5; DeiT: 256x256
