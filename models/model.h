@@ -24,8 +24,15 @@ namespace libreyolo::models {
 using LayoutOptions = layouts::LayoutOptions;
 using LayoutReport = layouts::LayoutReport;
 
-/// What the model predicts (Hugging Face pipeline task names).
-enum class Task { object_detection, image_classification, instance_segmentation };
+/// What the model predicts (Hugging Face pipeline task names). panoptic_segmentation:
+/// DetrForSegmentation (logits, pred_boxes, pred_masks; DetrImageProcessor.
+/// post_process_panoptic_segmentation, models/image/panoptic.h).
+enum class Task {
+  object_detection,
+  image_classification,
+  instance_segmentation,
+  panoptic_segmentation
+};
 
 /// How to load a checkpoint.
 struct LoadOptions {

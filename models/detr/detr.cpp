@@ -6,6 +6,7 @@
 
 #include "models/core/safetensors.h"
 #include "models/detr/detr.h"
+#include "models/detr/detr_segmentation.h"
 #include "models/layers/layers.h"
 #include "models/registry/family.h"
 
@@ -26,6 +27,8 @@ std::unique_ptr<Model> load_detr(const std::string& dir, const nlohmann::json& c
                                  const LoadOptions& options) {
   const core::ConfigView view(config, dir + "/config.json");
   const auto file = core::SafetensorsFile::open(dir + "/model.safetensors");
+  if (detr::is_segmentation_checkpoint(config, *file))
+    return detr::load_segmentation(dir, view, *file, options, kFusedAttentionDefault);
   auto c = detr::parse_config(view);
   detr::read_backbone(c, *file);
   auto net = std::make_shared<detr::DetrImpl>(c, "detr");
@@ -46,9 +49,13 @@ std::unique_ptr<Model> load_detr(const std::string& dir, const nlohmann::json& c
 // (B, 3, H, W) and an optional pixel_mask (B, H, W); it returns logits (B, num_queries,
 // num_labels + 1: the last class is "no object") and pred_boxes (B, num_queries, 4), float32.
 // Post-processing: DetrImageProcessor.post_process_object_detection (image::DetectionHead::detr).
+// DetrForSegmentation checkpoints (config.json architectures, else keys under "detr.model.",
+// as facebook/detr-resnet-50-panoptic) load as Task::panoptic_segmentation
+// (models/detr/detr_segmentation.h): pred_masks (B, num_queries, H/4, W/4) too, post-processed
+// by DetrImageProcessor.post_process_panoptic_segmentation (models/image/panoptic.h).
 const FamilyRegistrar registered{
     Family{"detr", {"detr"}, /*order=*/15, load_detr}
-        .predicts({Task::object_detection}, image::DetectionHead::detr)
+        .predicts({Task::object_detection, Task::panoptic_segmentation}, image::DetectionHead::detr)
         .fused_attention(kFusedAttentionDefault)
         .layouts({{"batchnorm_fold", {"ResNetShortCut"}, "", path_with("shortcut")},
                   {"batchnorm_fold", {"ResNetConvLayer"}},

@@ -138,10 +138,17 @@ TimmResNetImpl::TimmResNetImpl(const TimmResNetConfig& c) : config(c) {
 }
 
 at::Tensor TimmResNetImpl::forward(const at::Tensor& pixel_values) const {
+  return forward_stages(pixel_values).back();
+}
+
+std::vector<at::Tensor> TimmResNetImpl::forward_stages(const at::Tensor& pixel_values) const {
   auto h = maxpool->forward(at::relu(bn1->forward(conv1->forward(pixel_values))));
-  for (const auto& stage : stages)
+  std::vector<at::Tensor> maps;
+  for (const auto& stage : stages) {
     for (const auto& block : stage) h = block->forward(h);
-  return h;
+    maps.push_back(h);
+  }
+  return maps;
 }
 
 }  // namespace libreyolo::models::detr

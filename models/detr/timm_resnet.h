@@ -68,6 +68,9 @@ class TimmResNetImpl : public torch::nn::Module {
  public:
   explicit TimmResNetImpl(const TimmResNetConfig& c);
   at::Tensor forward(const at::Tensor& pixel_values) const;
+  /// Every stage's map, stage 1 first (TimmBackbone features_only, out_indices 1..last): the
+  /// segmentation head's FPN reads stages 1-3.
+  std::vector<at::Tensor> forward_stages(const at::Tensor& pixel_values) const;
   int64_t channels() const { return config.outs.back(); }
 
   TimmResNetConfig config;

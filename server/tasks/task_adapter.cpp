@@ -5,6 +5,7 @@
 #include "server/tasks/classifier_io.h"
 #include "server/tasks/detector_io.h"
 #include "server/tasks/document_layout_io.h"
+#include "server/tasks/panoptic_io.h"
 #include "server/tasks/segmentation_io.h"
 
 namespace libreyolo::server {
@@ -105,6 +106,47 @@ class SegmentationTask final : public DetectionTask {
   }
 };
 
+/// Panoptic segmentation: DetrImageProcessor.post_process_panoptic_segmentation at the target
+/// sizes (panoptic_io.h), the detector's outputs on request.
+class PanopticTask final : public DetectionTask {
+ public:
+  using DetectionTask::DetectionTask;
+
+  const char* name() const override { return "panoptic_segmentation"; }
+  bool uses_masks() const override { return true; }
+
+  TaskRequest parse(const api::InferRequest& request, const RequestLimits& limits) const override {
+    auto p = parse_panoptic_request(request, limits, serving_.threshold, serving_.top_k);
+    const auto panoptic = p.panoptic;
+    TaskRequest r = from_detector(std::move(p));
+    r.panoptic = panoptic;
+    return r;
+  }
+
+  std::vector<api::OutputTensor> respond(const models::ModelOutput& out,
+                                         const TaskRequest& r) const override {
+    const auto results = image::post_process_panoptic_segmentation(out.logits, out.pred_masks,
+                                                                   r.target_sizes, r.panoptic);
+    std::vector<image::Detections> detections;
+    if (panoptic_wants_detections(r.outputs))
+      detections = image::post_process_object_detection(out.logits, out.pred_boxes, r.target_sizes,
+                                                        description_.head, r.post);
+    const bool raw = r.outputs.count("logits") || r.outputs.count("pred_boxes");
+    return panoptic_outputs(results, detections, raw ? out.logits.contiguous() : at::Tensor(),
+                            raw ? out.pred_boxes.contiguous() : at::Tensor(), labels_, r.outputs);
+  }
+
+  std::vector<api::TensorMetadata> output_metadata() const override {
+    return panoptic_output_metadata(description_.num_queries, description_.num_labels);
+  }
+  std::map<std::string, std::string> config_parameters() const override {
+    return {{"threshold", std::to_string(serving_.threshold)},
+            {"top_k", std::to_string(serving_.top_k)},
+            {"mask_threshold", "0.5"},
+            {"overlap_mask_area_threshold", "0.8"}};
+  }
+};
+
 /// Image classification: softmax top-k (classifier_io.h).
 class ClassificationTask final : public TaskAdapter {
  public:
@@ -159,6 +201,8 @@ std::unique_ptr<TaskAdapter> make_task_adapter(const models::Model& model,
       return std::make_unique<DetectionTask>(d, model.id2label(), serving);
     case models::Task::instance_segmentation:
       return std::make_unique<SegmentationTask>(d, model.id2label(), serving);
+    case models::Task::panoptic_segmentation:
+      return std::make_unique<PanopticTask>(d, model.id2label(), serving);
     case models::Task::image_classification: {
       auto c = d;
       if (c.num_labels < 0 && !model.id2label().empty())

@@ -14,6 +14,7 @@
 #include <utility>
 #include <vector>
 
+#include "models/image/panoptic.h"
 #include "models/image/postprocess.h"
 #include "models/model.h"
 #include "server/api/types.h"
@@ -32,6 +33,9 @@ struct TaskRequest : ImageInputs {
   image::PostProcessOptions post;
   /// Instance segmentation: request parameter `mask_threshold` (mask logits > it; default 0).
   double mask_threshold = 0.0;
+  /// Panoptic segmentation: threshold, mask_threshold, overlap_mask_area_threshold,
+  /// label_ids_to_fuse (panoptic_io.h).
+  image::PanopticOptions panoptic;
   std::set<std::string> outputs;  ///< the requested outputs, defaults filled in
 };
 
@@ -42,7 +46,7 @@ class TaskAdapter {
   virtual ~TaskAdapter() = default;
 
   /// The Hugging Face pipeline name: "object_detection", "image_classification",
-  /// "instance_segmentation".
+  /// "instance_segmentation", "panoptic_segmentation".
   virtual const char* name() const = 0;
 
   /// Validates the request against `limits`. Throws api::Error INVALID_ARGUMENT naming the

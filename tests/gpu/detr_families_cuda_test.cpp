@@ -188,6 +188,30 @@ TEST_P(DetrCuda, PaddedBatchEqualsFixtureAndGraphReplayEqualsEager) {
   EXPECT_LE(gb, 1e-5);
 }
 
+// DetrForSegmentation on CUDA: the padded batch's logits, boxes and pred_masks (the bbox
+// attention and the FPN mask head) equal the transformers CPU fixture (TF32 off).
+TEST(DetrPanopticCuda, PaddedBatchEqualsFixture) {
+  if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device";
+  at::globalContext().setAllowTF32CuDNN(false);
+  at::globalContext().setAllowTF32CuBLAS(false);
+  c10::InferenceMode inference_mode;
+  const auto dir = test::model_fixture("detr_panoptic_tiny");
+  models::LoadOptions options;
+  options.device = at::Device(at::kCUDA, 0);
+  const auto model = models::load_model(dir, options);
+  ASSERT_EQ(model->task(), models::Task::panoptic_segmentation);
+  const auto out = model->forward(test::normalized_pixels(dir).cuda(),
+                                  test::expected_tensor(dir, "pixel_mask").cuda());
+  const double dl = test::max_abs_diff(out.logits, test::expected_tensor(dir, "logits"));
+  const double db = test::max_abs_diff(out.pred_boxes, test::expected_tensor(dir, "pred_boxes"));
+  const double dm = test::max_abs_diff(out.pred_masks, test::expected_tensor(dir, "pred_masks"));
+  std::cout << "[gpu] detr_panoptic_tiny cuda vs transformers CPU: max|logits diff| = " << dl
+            << ", max|pred_boxes diff| = " << db << ", max|pred_masks diff| = " << dm << "\n";
+  EXPECT_LE(dl, 1e-4);
+  EXPECT_LE(db, 1e-5);
+  EXPECT_LE(dm, 2e-4);
+}
+
 INSTANTIATE_TEST_SUITE_P(Fixtures, DetrCuda,
                          ::testing::Values("detr_tiny", "detr_tiny_timm", "detr_tiny_timm_basic",
                                            "conditional_detr_tiny", "dab_detr_tiny",

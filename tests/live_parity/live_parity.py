@@ -321,10 +321,16 @@ def cases():
     yield "detr_timm_bottleneck_dc5_masked", DT, detr_cfg(backbone="resnet_live_bottleneck", dilation=True), DTRP, [(192, 256), (256, 224)], True
     yield "detr_timm_basic_dc5_160x224", DT, detr_cfg(backbone="resnet_live_basic", dilation=True), DTRP, (1, 160, 224), False
     yield "detr_timm_basic_learned_256x320", DT, detr_cfg(backbone="resnet_live_basic", position_embedding_type="learned", activation_function="gelu"), DTRP, (2, 256, 320), False
+    # DetrForSegmentation (panoptic): d_model + encoder heads a multiple of 8 for the mask head;
+    # pred_masks compared too.
+    DS = tr.DetrForSegmentation
+    yield "detr_panoptic_timm_bottleneck_masked", DS, detr_cfg(backbone="resnet_live_bottleneck", encoder_attention_heads=8), DTRP, [(224, 288), (288, 160)], True
+    yield "detr_panoptic_timm_basic_learned_160x224", DS, detr_cfg(backbone="resnet_live_basic", encoder_attention_heads=8, position_embedding_type="learned"), DTRP, (1, 160, 224), False
     TT, TTC = tr.TableTransformerForObjectDetection, tr.TableTransformerConfig  # DETR's fields, pre-norm
     yield "table_transformer_hf_basic_masked", TT, detr_cfg(TTC), DTRP, [(200, 320), (256, 192)], True
     yield "table_transformer_timm_basic_160x224", TT, detr_cfg(TTC, backbone="resnet_live_basic"), DTRP, (2, 160, 224), False
-    yield "table_transformer_timm_bottleneck_learned_masked", TT, detr_cfg(TTC, backbone="resnet_live_bottleneck", position_embedding_type="learned"), DTRP, [(224, 288), (288, 160)], True
+    # (position_embedding_type "learned" fails upstream: IndexError in the learned embedding.)
+    yield "table_transformer_timm_bottleneck_masked", TT, detr_cfg(TTC, backbone="resnet_live_bottleneck"), DTRP, [(224, 288), (288, 160)], True
     CD, CDC = tr.ConditionalDetrForObjectDetection, tr.ConditionalDetrConfig
     CDP = dict(DDP, image_processor_type="ConditionalDetrImageProcessor")
     yield "conditional_detr_hf_basic_masked", CD, detr_cfg(CDC), CDP, [(200, 320), (256, 192)], True

@@ -1,7 +1,8 @@
 // libreyolo-client: talks to libreyolo-server over gRPC (inference.GRPCInferenceService).
 //   libreyolo-client detect --image FILE [--image FILE ...] [--server HOST:PORT] [--model NAME]
 //                           [--threshold T] [--timeout SECONDS] [--out PNG]
-//                           (--out: the first image with its boxes drawn on)
+//                           (--out: the first image with its boxes drawn on, or its panoptic
+//                           segments painted on when the model is a panoptic segmenter)
 //   libreyolo-client classify --image FILE [--image FILE ...] [--server HOST:PORT] [--model NAME]
 //                             [--top-k K] [--timeout SECONDS]
 //   libreyolo-client segment --model NAME --image FILE [--image FILE ...] [--out PNG]
@@ -251,7 +252,14 @@ int main(int argc, char** argv) {
   else
     text << " outputs { name: \"boxes\" } outputs { name: \"num_detections\" }";
   if (segment) text << " outputs { name: \"masks\" }";
-  auto r = client.infer(text.str(), {rpc::pack_bytes(data)}, timeout);
+  // detect --out: a panoptic segmenter (DetrForSegmentation) also answers its segmentation map,
+  // painted instead of the boxes; any other detector refuses that output and is asked again.
+  const bool try_panoptic = command == "detect" && !out_png.empty();
+  auto r = client.infer(text.str() + (try_panoptic ? " outputs { name: \"segmentation\" }" : ""),
+                        {rpc::pack_bytes(data)}, timeout);
+  if (try_panoptic && r.code == api::Code::invalid_argument &&
+      r.message.find("unknown output 'segmentation'") != std::string::npos)
+    r = client.infer(text.str(), {rpc::pack_bytes(data)}, timeout);
   if (!r.ok()) {
     // The outputs asked for name the model's kind: point at the command that fits it.
     std::string hint;
@@ -294,7 +302,28 @@ int main(int argc, char** argv) {
       std::cout << "\n";
     }
   }
-  if (!out_png.empty() && !segment) {
+  const api::OutputTensor* panoptic = nullptr;
+  for (const auto& o : r.outputs)
+    if (o.name == "segmentation") panoptic = &o;
+  if (!out_png.empty() && panoptic) {
+    const auto& m = *panoptic;
+    if (m.datatype != "INT32" || m.shape.size() != 3 || m.shape[0] < 1 ||
+        static_cast<std::int64_t>(m.data.size()) != m.shape[0] * m.shape[1] * m.shape[2] * 4)
+      return fail(api::Code::internal, "the server's 'segmentation' output is not INT32 [N,H,W]");
+    try {
+      const auto map = as<std::int32_t>(m.data);
+      const auto png = libreyolo::client::panoptic_overlay_png(data[0], map.data(), m.shape[1],
+                                                               m.shape[2], m.shape[2]);
+      std::ofstream f(out_png, std::ios::binary);
+      f.write(reinterpret_cast<const char*>(png.data()), static_cast<std::streamsize>(png.size()));
+      if (!f) throw std::runtime_error("cannot write " + out_png);
+    } catch (const std::exception& e) {
+      std::cerr << e.what() << "\n";
+      return 1;
+    }
+    std::cout << "wrote " << out_png << " (panoptic segments over " << images[0] << ")\n";
+  }
+  if (!out_png.empty() && !segment && !panoptic) {
     const std::int32_t n0 = counts.empty() ? 0 : counts[0];
     if (n0 < 0 || boxes.size() < static_cast<std::size_t>(n0) * 4 ||
         labels.size() < static_cast<std::size_t>(n0))

@@ -47,6 +47,24 @@ std::vector<uint8_t> mask_overlay_png(const std::string& image, const uint8_t* m
   return to_png(rgb);
 }
 
+std::vector<uint8_t> panoptic_overlay_png(const std::string& image, const int32_t* segmentation,
+                                          int64_t h, int64_t w, int64_t stride) {
+  auto rgb = image::decode_rgb(reinterpret_cast<const uint8_t*>(image.data()), image.size());
+  if (h > rgb.height || w > rgb.width)
+    throw std::runtime_error("a segmentation map of " + std::to_string(h) + "x" +
+                             std::to_string(w) + " does not fit the " + std::to_string(rgb.height) +
+                             "x" + std::to_string(rgb.width) + " image");
+  for (int64_t y = 0; y < h; ++y)
+    for (int64_t x = 0; x < w; ++x) {
+      const int32_t id = segmentation[y * stride + x];
+      if (id <= 0) continue;
+      const uint8_t* c = kPalette[id % 10];
+      uint8_t* p = rgb.rgb.data() + (y * rgb.width + x) * 3;
+      for (int ch = 0; ch < 3; ++ch) p[ch] = static_cast<uint8_t>((p[ch] + c[ch] + 1) / 2);
+    }
+  return to_png(rgb);
+}
+
 std::vector<uint8_t> box_overlay_png(const std::string& image, const float* boxes,
                                      const int64_t* labels, int64_t k) {
   auto rgb = image::decode_rgb(reinterpret_cast<const uint8_t*>(image.data()), image.size());

@@ -27,4 +27,13 @@ std::vector<uint8_t> mask_overlay_png(const std::string& image, const uint8_t* m
 std::vector<uint8_t> box_overlay_png(const std::string& image, const float* boxes,
                                      const int64_t* labels, int64_t k);
 
+/// `image` (decoded as mask_overlay_png does) with a panoptic segmentation map painted over it:
+/// `segmentation` holds h x w segment ids (row stride `stride` >= w values: the daemon's padded
+/// `segmentation` INT32 [N,H,W]); each id > 0 is blended at 50% in palette colour id mod 10,
+/// 0 (no segment) and -1 (none found, padding) are left as they are, as are pixels outside
+/// h x w. Returns PNG bytes. Throws std::runtime_error (image::ImageError for an unreadable
+/// image) when the image cannot be decoded or the map is larger than it.
+std::vector<uint8_t> panoptic_overlay_png(const std::string& image, const int32_t* segmentation,
+                                          int64_t h, int64_t w, int64_t stride);
+
 }  // namespace libreyolo::client

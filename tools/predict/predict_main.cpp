@@ -285,11 +285,15 @@ int run(Args a) {
   if (in.pixel_mask.defined()) dump["pixel_mask"] = in.pixel_mask;
 
   if (model->task() == models::Task::object_detection ||
-      model->task() == models::Task::instance_segmentation) {
-    // Instance segmentation: its detections (the same queries' boxes), and the raw pred_masks
-    // in the --out dump.
-    const bool segmentation = model->task() == models::Task::instance_segmentation;
-    result["task"] = segmentation ? "instance-segmentation" : "object-detection";
+      model->task() == models::Task::instance_segmentation ||
+      model->task() == models::Task::panoptic_segmentation) {
+    // Instance and panoptic segmentation: their detections (the same queries' boxes), and the
+    // raw pred_masks in the --out dump.
+    const bool panoptic = model->task() == models::Task::panoptic_segmentation;
+    const bool segmentation = panoptic || model->task() == models::Task::instance_segmentation;
+    result["task"] = panoptic       ? "panoptic-segmentation"
+                     : segmentation ? "instance-segmentation"
+                                    : "object-detection";
     const at::Tensor boxes = raw.pred_boxes.to(at::kCPU, at::kFloat);
     dump["pred_boxes"] = boxes;
     if (segmentation) dump["pred_masks"] = raw.pred_masks.to(at::kCPU, at::kFloat);
