@@ -49,7 +49,9 @@ ProcessorConfig class_defaults(const std::string& type, const std::string& sourc
     c.image_mean = imagenet_mean;
     c.image_std = imagenet_std;
   } else if (base == "DeformableDetrImageProcessor" || base == "DetrImageProcessor" ||
-             base == "ConditionalDetrImageProcessor" || base == "RfDetrImageProcessor") {
+             base == "ConditionalDetrImageProcessor" || base == "RfDetrImageProcessor" ||
+             base == "YolosImageProcessor") {
+    c.yolos_resize = base == "YolosImageProcessor";
     c.shortest_edge = 800;
     c.longest_edge = 1333;
     c.do_normalize = true;
@@ -83,7 +85,7 @@ ProcessorConfig class_defaults(const std::string& type, const std::string& sourc
                              "\" is not supported (RTDetrImageProcessor, "
                              "DeformableDetrImageProcessor, RfDetrImageProcessor, "
                              "ViTImageProcessor, "
-                             "DeiTImageProcessor)");
+                             "DeiTImageProcessor, YolosImageProcessor)");
   }
   return c;
 }
@@ -192,6 +194,8 @@ void parse_crop_size(const json& size, ProcessorConfig& c, const std::string& so
 std::pair<int64_t, int64_t> resized_size(const ProcessorConfig& c, int64_t height, int64_t width) {
   if (!c.do_resize) return {height, width};
   if (c.height > 0) return {c.height, c.width};
+  if (c.yolos_resize)
+    return size_with_aspect_ratio_yolos(height, width, c.shortest_edge, c.longest_edge);
   return size_with_aspect_ratio(height, width, c.shortest_edge, c.longest_edge);
 }
 
@@ -210,10 +214,21 @@ ProcessorConfig ProcessorConfig::from_json(const std::string& text, const std::s
                              models::core::clip_json_error(e.what()) + ")");
   }
   if (!j.is_object()) throw std::runtime_error(source + ": not a JSON object");
-  if (!j.contains("image_processor_type"))
+  std::string type;
+  if (j.contains("image_processor_type")) {
+    type = get_as<std::string>(j, "image_processor_type", source);
+  } else if (j.contains("feature_extractor_type")) {
+    // transformers' AutoImageProcessor: "<X>FeatureExtractor" names "<X>ImageProcessor"
+    // (hustvl/yolos-*'s files carry only feature_extractor_type "YolosFeatureExtractor").
+    type = get_as<std::string>(j, "feature_extractor_type", source);
+    const std::string legacy = "FeatureExtractor";
+    if (type.size() > legacy.size() &&
+        type.compare(type.size() - legacy.size(), legacy.size(), legacy) == 0)
+      type = type.substr(0, type.size() - legacy.size()) + "ImageProcessor";
+  } else {
     throw std::runtime_error(source + ": key \"image_processor_type\" is missing");
-  ProcessorConfig c =
-      class_defaults(get_as<std::string>(j, "image_processor_type", source), source);
+  }
+  ProcessorConfig c = class_defaults(type, source);
   if (j.contains("do_resize")) c.do_resize = get_as<bool>(j, "do_resize", source);
   if (j.contains("size") && !j["size"].is_null()) parse_size(j["size"], c, source);
   if (j.contains("max_size") && j["max_size"].is_number_integer() && c.shortest_edge > 0)
@@ -246,6 +261,10 @@ ProcessorConfig ProcessorConfig::from_json(const std::string& text, const std::s
     throw std::runtime_error(source + ": pad_size is not supported (padding to the batch maximum)");
   if (c.do_resize && c.height <= 0 && c.shortest_edge <= 0)
     throw std::runtime_error(source + ": do_resize without a size");
+  // YolosImageProcessor.resize takes {shortest_edge, longest_edge} or {height, width} only.
+  if (c.yolos_resize && c.do_resize && c.height <= 0 && c.longest_edge <= 0)
+    throw std::runtime_error(source + ": " + c.image_processor_type +
+                             " needs size.longest_edge with size.shortest_edge");
   if (c.do_rescale && !(c.rescale_factor > 0))
     throw std::runtime_error(source + ": rescale_factor must be positive");
   for (float s : c.image_std)
@@ -283,6 +302,45 @@ std::pair<int64_t, int64_t> size_with_aspect_ratio(int64_t height, int64_t width
   const int64_t ow = have_raw ? py_int(raw_size * static_cast<double>(width) / height)
                               : py_int(static_cast<double>(size) * width / height);
   return {size, ow};
+}
+
+std::pair<int64_t, int64_t> size_with_aspect_ratio_yolos(int64_t height, int64_t width,
+                                                         int64_t shortest_edge,
+                                                         int64_t longest_edge) {
+  int64_t size = shortest_edge;
+  double raw_size = 0;
+  bool have_raw = false;
+  if (longest_edge > 0) {
+    const double min_original = static_cast<double>(std::min(height, width));
+    const double max_original = static_cast<double>(std::max(height, width));
+    if (max_original / min_original * static_cast<double>(size) >
+        static_cast<double>(longest_edge)) {
+      raw_size = static_cast<double>(longest_edge) * min_original / max_original;
+      size = py_round(raw_size);
+      have_raw = true;
+    }
+  }
+  int64_t oh = 0, ow = 0;
+  if (width < height) {
+    ow = size;
+    oh = have_raw ? py_int(raw_size * static_cast<double>(height) / width)
+                  : py_int(static_cast<double>(size) * height / width);
+  } else if ((height <= width && height == size) || (width <= height && width == size)) {
+    oh = height;
+    ow = width;
+  } else {
+    oh = size;
+    ow = have_raw ? py_int(raw_size * static_cast<double>(width) / height)
+                  : py_int(static_cast<double>(size) * width / height);
+  }
+  constexpr int64_t kMod = 16;  // mod_size
+  oh -= oh % kMod;
+  ow -= ow % kMod;
+  // c10::ValueError: the server answers an image's own size as INVALID_ARGUMENT
+  // (server/core/infer_pipeline.cpp).
+  TORCH_CHECK_VALUE(oh > 0 && ow > 0, "YolosImageProcessor: a ", height, "x", width,
+                    " image resizes to ", oh, "x", ow, " (sides floored to multiples of 16)");
+  return {oh, ow};
 }
 
 ImageProcessor::ImageProcessor(ProcessorConfig config) : config_(std::move(config)) {}

@@ -1,5 +1,6 @@
 // Image processors driven by preprocessor_config.json: RTDetrImageProcessor,
-// DeformableDetrImageProcessor, RfDetrImageProcessor, ViTImageProcessor and DeiTImageProcessor
+// DeformableDetrImageProcessor, RfDetrImageProcessor, ViTImageProcessor, DeiTImageProcessor and
+// YolosImageProcessor (DETR's, but its aspect-ratio resize floors both sides to multiples of 16)
 // (transformers 5.17, torchvision backend: resize on uint8, center crop, fused rescale/normalize,
 // bottom/right padding with a pixel mask; RfDetrImageProcessor instead rescales, resizes the
 // float32 image, then normalises: modular_rf_detr.py RfDetrImageProcessor._preprocess).
@@ -29,14 +30,20 @@ constexpr int64_t kMaxProcessorSize = 65536;
 /// The settings of one processor. Keys missing from the file take the class defaults of
 /// `image_processor_type` (RTDetr: 640x640, rescale only; DeformableDetr and RfDetr: shortest
 /// 800 / longest 1333, ImageNet mean/std, pad; ViT: 224x224, mean = std = 0.5; DeiT: 256x256
-/// bicubic, center crop 224x224, mean = std = 0.5). RfDetrImageProcessor rejects
-/// do_center_crop.
+/// bicubic, center crop 224x224, mean = std = 0.5; Yolos: DeformableDetr's). RfDetrImageProcessor
+/// rejects do_center_crop. A file without image_processor_type but with a legacy
+/// feature_extractor_type ("YolosFeatureExtractor", hustvl/yolos-*) names the matching
+/// ImageProcessor, as transformers' AutoImageProcessor reads it.
 struct ProcessorConfig {
   std::string image_processor_type;  ///< e.g. "RTDetrImageProcessor"
   bool do_resize = true;
   int64_t height = 0, width = 0;                ///< size {height, width}: exact resize
   int64_t shortest_edge = 0, longest_edge = 0;  ///< size {shortest_edge[, longest_edge]}
-  int resample = 2;                             ///< PIL enum: 0 nearest, 2 bilinear, 3 bicubic
+  /// YolosImageProcessor: {shortest_edge, longest_edge} resizes with
+  /// size_with_aspect_ratio_yolos (both sides floored to multiples of 16), not
+  /// size_with_aspect_ratio. Set from image_processor_type, not a JSON key.
+  bool yolos_resize = false;
+  int resample = 2;  ///< PIL enum: 0 nearest, 2 bilinear, 3 bicubic
   bool do_rescale = true;
   double rescale_factor = 1.0 / 255.0;
   bool do_normalize = false;
@@ -74,6 +81,15 @@ struct ProcessorConfig {
 /// longest_edge <= 0 means none. Returns (out_height, out_width).
 std::pair<int64_t, int64_t> size_with_aspect_ratio(int64_t height, int64_t width,
                                                    int64_t shortest_edge, int64_t longest_edge);
+
+/// transformers' get_size_with_aspect_ratio_yolos((height, width), shortest_edge, longest_edge,
+/// mod_size=16) (models/yolos/image_processing_yolos.py): the width < height branch is taken
+/// before the "already the size" one (unlike size_with_aspect_ratio), then each side is floored
+/// to a multiple of 16. Throws c10::ValueError when a side floors to 0 (an image over 16 times
+/// longer than wide: transformers fails to resize it too). Returns (out_height, out_width).
+std::pair<int64_t, int64_t> size_with_aspect_ratio_yolos(int64_t height, int64_t width,
+                                                         int64_t shortest_edge,
+                                                         int64_t longest_edge);
 
 /// The processed batch.
 struct ProcessorOutput {

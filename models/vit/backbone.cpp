@@ -11,12 +11,19 @@
 namespace libreyolo::models::vit {
 
 Config parse_config(const core::ConfigView& v) {
+  Config c = parse_encoder_config(v);
+  c.image_size = v.get_int("image_size", 224);
+  if (c.image_size < c.patch_size)
+    v.fail("patch_size", "must be positive and not larger than image_size");
+  return c;
+}
+
+Config parse_encoder_config(const core::ConfigView& v) {
   Config c;
   c.hidden_size = v.get_int("hidden_size", 768);
   c.num_layers = v.get_int("num_hidden_layers", 12);
   c.num_heads = v.get_int("num_attention_heads", 12);
   c.intermediate_size = v.get_int("intermediate_size", 3072);
-  c.image_size = v.get_int("image_size", 224);
   c.patch_size = v.get_int("patch_size", 16);
   c.num_channels = v.get_int("num_channels", 3);
   c.layer_norm_eps = v.get_double("layer_norm_eps", 1e-12);
@@ -31,9 +38,17 @@ Config parse_config(const core::ConfigView& v) {
       c.id2label.empty() ? v.get_int("num_labels", 2) : static_cast<int64_t>(c.id2label.size());
   if (c.hidden_size <= 0 || c.num_heads <= 0 || c.hidden_size % c.num_heads != 0)
     v.fail("num_attention_heads", "hidden_size must be a positive multiple of it");
-  if (c.patch_size <= 0 || c.image_size < c.patch_size)
-    v.fail("patch_size", "must be positive and not larger than image_size");
+  // (the message parse_config gives when image_size < patch_size too)
+  if (c.patch_size <= 0) v.fail("patch_size", "must be positive and not larger than image_size");
   return c;
+}
+
+at::Tensor interpolate_patch_positions(const at::Tensor& patch_positions, int64_t grid_height,
+                                       int64_t grid_width, int64_t out_height, int64_t out_width) {
+  const int64_t n = patch_positions.size(0), dim = patch_positions.size(2);
+  auto grid = patch_positions.reshape({n, grid_height, grid_width, dim}).permute({0, 3, 1, 2});
+  grid = at::upsample_bicubic2d(grid, {out_height, out_width}, /*align_corners=*/false);
+  return grid.permute({0, 2, 3, 1}).reshape({n, -1, dim});
 }
 
 std::string architecture(const core::ConfigView& v, const std::vector<std::string>& supported) {
@@ -115,15 +130,11 @@ at::Tensor BackboneImpl::position_embedding(int64_t height, int64_t width,
   const int64_t prefix = num_prefix_tokens();
   const int64_t num_positions = position_embeddings.size(1) - prefix;
   if (num_patches == num_positions && height == width) return position_embeddings;
-  const int64_t dim = position_embeddings.size(2);
   const auto side = static_cast<int64_t>(std::sqrt(static_cast<double>(num_positions)));
   auto prefix_pos = position_embeddings.slice(1, 0, prefix);
   auto patch_pos =
-      position_embeddings.slice(1, prefix).reshape({1, side, side, dim}).permute({0, 3, 1, 2});
-  patch_pos =
-      at::upsample_bicubic2d(patch_pos, {height / config.patch_size, width / config.patch_size},
-                             /*align_corners=*/false);
-  patch_pos = patch_pos.permute({0, 2, 3, 1}).reshape({1, -1, dim});
+      interpolate_patch_positions(position_embeddings.slice(1, prefix), side, side,
+                                  height / config.patch_size, width / config.patch_size);
   return at::cat({prefix_pos, patch_pos}, 1);
 }
 

@@ -37,6 +37,19 @@ struct Config {
 /// positive multiple of num_attention_heads, patch_size not in 1..image_size).
 Config parse_config(const core::ConfigView& v);
 
+/// parse_config without image_size (left at its default; YolosConfig's is a [height, width]
+/// pair, its family reads it): the encoder's fields, patch_size and the labels. Throws
+/// core::ConfigError as parse_config (patch_size must be positive).
+Config parse_encoder_config(const core::ConfigView& v);
+
+/// transformers' bicubic resampling of a grid of patch position embeddings
+/// (interpolate_pos_encoding, YOLOS' InterpolateInitialPositionEmbeddings and
+/// InterpolateMidPositionEmbeddings): `patch_positions` (N, grid_height * grid_width, D), row
+/// major, -> (N, out_height * out_width, D) through nn.functional.interpolate(mode="bicubic",
+/// align_corners=False) on (N, D, grid_height, grid_width).
+at::Tensor interpolate_patch_positions(const at::Tensor& patch_positions, int64_t grid_height,
+                                       int64_t grid_width, int64_t out_height, int64_t out_width);
+
 /// Checks config.json `architectures[0]` (when present) is one of `supported` and returns it;
 /// absent: `supported[0]` (what AutoModelForImageClassification builds). Throws
 /// core::ConfigError naming the field otherwise.

@@ -361,6 +361,14 @@ def cases():
     yield "deit_64_3layers", tr.DeiTForImageClassification, tr.DeiTConfig(image_size=224, patch_size=16, hidden_size=64, num_hidden_layers=3, num_attention_heads=4, intermediate_size=96, num_labels=6), DTP, (2, 224, 224), False
     yield "deit_distilled_96px_patch8", tr.DeiTForImageClassificationWithTeacher, tr.DeiTConfig(image_size=96, patch_size=8, hidden_size=48, num_hidden_layers=2, num_attention_heads=3, intermediate_size=40, num_labels=4), dict(DTP, size={"height": 110, "width": 110}, crop_size={"height": 96, "width": 96}), (3, 96, 96), False
     yield "swin_window6_padding", tr.SwinForImageClassification, tr.SwinConfig(image_size=224, patch_size=4, embed_dim=16, depths=[2, 2, 2], num_heads=[2, 2, 4], window_size=6, num_labels=5), VP, (1, 224, 224), False
+    # YOLOS: no pixel_mask (the model takes none); the position embeddings of image_size are
+    # resampled to the input, sides not multiples of the patch included (the convolution and the
+    # resampling both floor); mid-position embeddings on and off.
+    YO, YOC = tr.YolosForObjectDetection, tr.YolosConfig
+    YOP = dict(DDP, image_processor_type="YolosImageProcessor")
+    yield "yolos_mid_3layers_176x240", YO, YOC(hidden_size=48, num_hidden_layers=3, num_attention_heads=4, intermediate_size=64, image_size=[128, 160], patch_size=16, num_detection_tokens=12, num_labels=7, use_mid_position_embeddings=True), YOP, (2, 176, 240), False
+    yield "yolos_patch8_no_mid_100x132", YO, YOC(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=40, image_size=[64, 96], patch_size=8, num_detection_tokens=8, num_labels=5, use_mid_position_embeddings=False), YOP, (1, 100, 132), False
+    yield "yolos_native_size_no_qkv_bias_128x160", YO, YOC(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=40, image_size=[128, 160], patch_size=16, num_detection_tokens=10, num_labels=4, qkv_bias=False), YOP, (2, 128, 160), False
 
 
 def make_inputs(shape, masked, g):

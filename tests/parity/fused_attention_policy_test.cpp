@@ -118,6 +118,8 @@ TEST_P(FusedAttentionPolicy, DefaultFollowsMeasuredByteExactness) {
 INSTANTIATE_TEST_SUITE_P(
     Families, FusedAttentionPolicy,
     ::testing::Values(Row{"vit_tiny", registered_default("vit")},
+                      Row{"yolos_tiny", registered_default("yolos")},
+                      Row{"yolos_tiny_mid", registered_default("yolos")},
                       Row{"deit_tiny", registered_default("deit")},
                       Row{"deit_tiny_distilled", registered_default("deit")},
                       Row{"swin_tiny", registered_default("swin")},

@@ -49,6 +49,8 @@ const std::vector<std::string> kFixtures{"rtdetr_tiny",
                                          "deit_tiny",
                                          "deit_tiny_distilled",
                                          "swin_tiny",
+                                         "yolos_tiny",
+                                         "yolos_tiny_mid",
                                          "deimv2_tiny",
                                          "deimv2_tiny_lite",
                                          "deimv2_tiny_dinov3",
@@ -441,6 +443,8 @@ const std::vector<std::pair<std::string, std::vector<ExpectedLayout>>> kNewFamil
       {"qkv_concat", 6, {"LwDetrAttention", "LwDetrViTAttention"}}}},
     {"rf_detr_tiny", {{"qkv_concat", 4, {"RfDetrDinov2SelfAttention"}}}},
     {"rf_detr_seg_tiny", {{"qkv_concat", 4, {"RfDetrDinov2SelfAttention"}}}},
+    {"yolos_tiny", {{"qkv_concat", 2, {"YolosAttention"}}}},
+    {"yolos_tiny_mid", {{"qkv_concat", 2, {"YolosAttention"}}}},
 };
 
 TEST(LayoutsReport, Deimv2LwDetrRfDetrExactCounts) {

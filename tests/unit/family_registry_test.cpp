@@ -70,10 +70,10 @@ TEST(FamilyRegistry, EveryFamilyFolderRegistersExactlyOnce) {
   for (const Family* f : FamilyRegistry::builtin().all()) registered.push_back(f->name);
   std::sort(registered.begin(), registered.end());
   EXPECT_EQ(registered, folders);  // a record's name is its folder
-  EXPECT_EQ(folders,
-            (std::vector<std::string>{"conditional_detr", "dab_detr", "deformable_detr", "deimv2",
-                                      "deit", "detr", "dfine", "lw_detr", "pp_doclayout_v3",
-                                      "rf_detr", "rtdetr", "swin", "table_transformer", "vit"}));
+  EXPECT_EQ(folders, (std::vector<std::string>{"conditional_detr", "dab_detr", "deformable_detr",
+                                               "deimv2", "deit", "detr", "dfine", "lw_detr",
+                                               "pp_doclayout_v3", "rf_detr", "rtdetr", "swin",
+                                               "table_transformer", "vit", "yolos"}));
 }
 
 TEST(FamilyRegistry, ModelTypesAndRecords) {
@@ -92,6 +92,7 @@ TEST(FamilyRegistry, ModelTypesAndRecords) {
                                                      {"conditional_detr", "conditional_detr"},
                                                      {"dab-detr", "dab_detr"},
                                                      {"table-transformer", "table_transformer"},
+                                                     {"yolos", "yolos"},
                                                      {"pp_doclayout_v3", "pp_doclayout_v3"}};
   size_t types = 0;
   for (const Family* f : registry.all()) {
@@ -124,6 +125,7 @@ TEST(FamilyRegistry, ModelTypesAndRecords) {
   EXPECT_EQ(*registry.find("conditional_detr")->head, image::DetectionHead::deformable_detr);
   EXPECT_EQ(*registry.find("dab-detr")->head, image::DetectionHead::deformable_detr);
   EXPECT_EQ(*registry.find("table-transformer")->head, image::DetectionHead::detr);
+  EXPECT_EQ(*registry.find("yolos")->head, image::DetectionHead::detr);
   EXPECT_EQ(*registry.find("pp_doclayout_v3")->head, image::DetectionHead::pp_doclayout);
   EXPECT_EQ(registry.find("yolo_nas"), nullptr);
   // The order of all(): Family::order, then name.
@@ -132,7 +134,7 @@ TEST(FamilyRegistry, ModelTypesAndRecords) {
   EXPECT_EQ(order, (std::vector<std::string>{"rtdetr", "detr", "conditional_detr", "dab_detr",
                                              "table_transformer", "deformable_detr", "dfine",
                                              "pp_doclayout_v3", "deimv2", "lw_detr", "rf_detr",
-                                             "vit", "deit", "swin"}));
+                                             "yolos", "vit", "deit", "swin"}));
 }
 
 TEST(FamilyRegistry, TakenModelTypeAndIncompleteRecordsAreRefused) {

@@ -65,13 +65,13 @@ TEST(ImageProcessor, ConfigErrorsNameFileAndKey) {
   EXPECT_EQ(error_of(R"({"image_processor_type": "CLIPImageProcessor"})"),
             "dir/preprocessor_config.json: image_processor_type \"CLIPImageProcessor\" is not "
             "supported (RTDetrImageProcessor, DeformableDetrImageProcessor, RfDetrImageProcessor, "
-            "ViTImageProcessor, DeiTImageProcessor)");
+            "ViTImageProcessor, DeiTImageProcessor, YolosImageProcessor)");
   // Fuzzing finding (model_config_fuzz's campaign, docs/FUZZING.md): a JSON-escaped newline in the
   // type made a two-line error; control characters are written as \xNN.
   EXPECT_EQ(error_of(R"({"image_processor_type": "A\nB"})"),
             "dir/preprocessor_config.json: image_processor_type \"A\\x0aB\" is not "
             "supported (RTDetrImageProcessor, DeformableDetrImageProcessor, RfDetrImageProcessor, "
-            "ViTImageProcessor, DeiTImageProcessor)");
+            "ViTImageProcessor, DeiTImageProcessor, YolosImageProcessor)");
   EXPECT_EQ(
       error_of(R"({"image_processor_type": "DeiTImageProcessor", "crop_size": {"height": 4}})"),
       "dir/preprocessor_config.json: crop_size must be an integer or {height, width}");
