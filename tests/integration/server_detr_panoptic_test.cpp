@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "models/core/safetensors.h"
+#include "models/image/decode.h"
 #include "models/image/panoptic.h"
 #include "models/model.h"
 #include "server/app/daemon.h"
@@ -149,6 +150,46 @@ TEST(ServerDetrPanoptic, ServesTheSegmentationMapAndSegmentsInfo) {
               "unknown output 'masks' (available: scores, labels, boxes, num_detections, "
               "label_names, logits, pred_boxes, segmentation, segments_info, num_segments, "
               "segment_ids, segment_labels, segment_scores)");
+    // libreyolo-client detect --out: a panoptic model's segments painted over the photo; the
+    // pixels it changed are exactly those of a segment (id > 0) in the served map.
+    const std::string photo = kFixtures + "/images/coffee.jpg";
+    const auto one =
+        c.infer("model_name: \"panoptic\" inputs { name: \"images\" datatype: \"BYTES\" shape: 1 }",
+                {rpc::pack_bytes({read_file(photo)})});
+    ASSERT_TRUE(one.ok()) << one.message;
+    const auto served = values<int32_t>(one.output("segmentation").data);
+    const auto dir = temp_dir("panoptic_overlay");
+    const std::string png = (dir / "overlay.png").string(), log = (dir / "log.txt").string();
+    const std::string cmd =
+        std::string(LIBREYOLO_BINARY_DIR) +
+        "/bin/libreyolo-client detect --model panoptic --image " + photo + " --out " + png +
+        " --server 127.0.0.1:" + std::to_string(daemon.grpc_port()) + " > " + log + " 2>&1";
+    ASSERT_EQ(std::system(cmd.c_str()), 0) << read_file(log);
+    const std::string printed = read_file(log);
+    EXPECT_NE(printed.find("wrote " + png + " (panoptic segments over " + photo + ")"),
+              std::string::npos)
+        << printed;
+    const std::string jpg = read_file(photo), painted = read_file(png);
+    const auto before = image::decode_rgb(reinterpret_cast<const uint8_t*>(jpg.data()), jpg.size());
+    const auto after =
+        image::decode_rgb(reinterpret_cast<const uint8_t*>(painted.data()), painted.size());
+    ASSERT_EQ(after.height * after.width, static_cast<int64_t>(served.size()));
+    int64_t changed_outside = 0, unchanged_inside = 0, inside = 0;
+    for (int64_t p = 0; p < after.height * after.width; ++p) {
+      const bool differs = before.rgb[p * 3] != after.rgb[p * 3] ||
+                           before.rgb[p * 3 + 1] != after.rgb[p * 3 + 1] ||
+                           before.rgb[p * 3 + 2] != after.rgb[p * 3 + 2];
+      inside += served[p] > 0;
+      changed_outside += differs && served[p] <= 0;
+      unchanged_inside += !differs && served[p] > 0;
+    }
+    EXPECT_GT(inside, 0);
+    EXPECT_EQ(changed_outside, 0);
+    EXPECT_LT(unchanged_inside, inside / 10) << unchanged_inside << " of " << inside;
+    remove_tree(dir);
+    const auto active =
+        nlohmann::json::parse(http_get(daemon.http_port(), "/active").body).at("models")[0];
+    EXPECT_EQ(active.at("task"), "panoptic_segmentation");
     daemon.stop(1.0);
   }
   remove_tree(repo);
