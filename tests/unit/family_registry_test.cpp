@@ -182,7 +182,7 @@ TEST(FamilyRegistry, LayoutCatalogListsTheRecordsClasses) {
             13u);  // + PP-DocLayoutV3's 2
   // + DETR's, PP-DocLayoutV3's, Conditional DETR's (its encoder's ConditionalDetrSelfAttention),
   // DAB-DETR's (its encoder's DetrAttention), Table Transformer's (TableTransformerAttention)
-  EXPECT_EQ(layouts::find_layout_info("qkv_concat")->replaces.size(), 21u);
+  EXPECT_EQ(layouts::find_layout_info("qkv_concat")->replaces.size(), 23u);  // + YOLOS's 2
   EXPECT_EQ(layouts::upstream_classes("table-transformer", layouts::ModuleKind::attention,
                                       "model.encoder.layers.0.self_attn"),
             std::vector<std::string>{"TableTransformerAttention"});
