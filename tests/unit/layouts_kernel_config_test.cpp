@@ -77,7 +77,7 @@ TEST(KernelConfig, ExactErrors) {
   EXPECT_EQ(error_of("RTDetrConvNormLayer: repvgg\n"),
             "s.yaml:1:22: kernel_config: RTDetrConvNormLayer: layout repvgg does not replace "
             "RTDetrConvNormLayer (it replaces RTDetrRepVggBlock, RTDetrV2RepVggBlock, "
-            "DFineRepVggBlock, Deimv2RepVggBlock)");
+            "DFineRepVggBlock, PPDocLayoutV3RepVggBlock, Deimv2RepVggBlock)");
   EXPECT_EQ(error_of("ViTAttention: fused\n"),
             "s.yaml:1:15: kernel_config: ViTAttention: unknown layout 'fused' (expected off, "
             "repvgg, batchnorm_fold, avgpool_fold, qkv_concat, channels_last, or "
