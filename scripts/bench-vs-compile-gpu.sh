@@ -17,6 +17,8 @@
 #   deformable Deformable DETR (ResNet-50) 800x1333, batch 1 and 8; anchors at 8 and 1
 #   detr       DETR-R50 (facebook/detr-resnet-50's configuration, timm ResNet-50) 800x1333, batch 1
 #              and 8 (+ profile), anchors at 8 (transformers eager too) and 1
+#   doclayout  PP-DocLayoutV3 (PPDocLayoutV3Config()'s defaults, 25 classes) 800x800, batch 1 and 8
+#              (+ profile), anchors at 8 (transformers eager too) and 1
 #   vit        ViT-B/16 224, batch 32; anchors at 32
 #   swin       Swin-T 224, batch 32; anchors at 32
 #   fp32       RT-DETR-R50 fp32 (TF32 off) batch 32, layouts off and default, profile by op class
@@ -49,9 +51,9 @@ status=0
 export LIBREYOLO_HUB_KERNELS=0
 
 for r in ${rows//,/ }; do
-  case $r in r50 | r18 | dfine | deformable | detr | vit | swin | fp32 | rf_detr | rf_detr_nano | rf_detr_small | rf_detr_medium | lw_detr | deimv2) ;;
+  case $r in r50 | r18 | dfine | deformable | detr | doclayout | vit | swin | fp32 | rf_detr | rf_detr_nano | rf_detr_small | rf_detr_medium | lw_detr | deimv2) ;;
   *)
-    echo "FAIL: ROWS: unknown row '$r' (expected r50, r18, dfine, deformable, detr, vit, swin, fp32," \
+    echo "FAIL: ROWS: unknown row '$r' (expected r50, r18, dfine, deformable, detr, doclayout, vit, swin, fp32," \
       "rf_detr, rf_detr_nano, rf_detr_small, rf_detr_medium, lw_detr, deimv2)" >&2
     exit 2
     ;;
@@ -153,6 +155,12 @@ for r in ${rows//,/ }; do
     ours "DETR-R50 bf16 graphs (defaults)" detr_resnet50 bfloat16 800x1333 1,8 "--cuda-graph"
     ours "DETR-R50 bf16 eager profile (defaults)" detr_resnet50 bfloat16 800x1333 8 "--profile"
     EAGER=1 anchors detr_resnet50 800x1333 8 _cl
+    ;;
+  doclayout)
+    checkpoint pp_doclayout_v3 doclayout || continue
+    ours "PP-DocLayoutV3 bf16 graphs (defaults)" pp_doclayout_v3 bfloat16 800 1,8 "--cuda-graph"
+    ours "PP-DocLayoutV3 bf16 eager profile (defaults)" pp_doclayout_v3 bfloat16 800 8 "--profile"
+    EAGER=1 anchors pp_doclayout_v3 800 8 _cl
     ;;
   vit | swin)
     m=$([ "$r" = vit ] && echo vit_base || echo swin_tiny)

@@ -136,6 +136,18 @@ def save_detr(out, tiny):
          DEFORMABLE_PROCESSOR.replace("DeformableDetrImageProcessor", "DetrImageProcessor"))
 
 
+def save_doclayout(out, tiny):
+    """OUT_DIR/pp_doclayout_v3: PPDocLayoutV3Config()'s defaults (HGNetV2 backbone, d_model 256,
+    300 queries) with the 25 layout classes of PaddlePaddle/PP-DocLayoutV3 and its 800x800
+    PPDocLayoutV3ImageProcessor (bicubic, rescale only); tiny: one encoder/decoder layer."""
+    extra = dict(decoder_layers=1, encoder_layers=1, num_queries=20) if tiny else {}
+    save(tr.PPDocLayoutV3ForObjectDetection(tr.PPDocLayoutV3Config(**extra, **coco_labels(25))), out,
+         "pp_doclayout_v3",
+         '{"image_processor_type": "PPDocLayoutV3ImageProcessor", "do_resize": true, "size": '
+         '{"height": 800, "width": 800}, "resample": 3, "do_rescale": true, "rescale_factor": '
+         '0.00392156862745098, "do_normalize": true, "image_mean": [0, 0, 0], "image_std": [1, 1, 1]}\n')
+
+
 def save(model, out, name, processor):
     d = os.path.join(out, name)
     model.eval().save_pretrained(d, safe_serialization=True)
@@ -167,10 +179,11 @@ def main():
     sets = (args[1] if len(args) > 1 else "detectors").split(",")
     if "all" in sets:
         sets = ["detectors", "classifiers", "dfine", "deformable", "families"]
-    unknown = set(sets) - {"detectors", "classifiers", "dfine", "deformable", "families", "detr"}
+    unknown = set(sets) - {"detectors", "classifiers", "dfine", "deformable", "families", "detr",
+                           "doclayout"}
     if unknown:
         print(f"make_random_checkpoint.py: unknown set(s) {sorted(unknown)} (expected detectors, "
-              "classifiers, dfine, deformable, families, detr, all)", file=sys.stderr)
+              "classifiers, dfine, deformable, families, detr, doclayout, all)", file=sys.stderr)
         return 2
     torch.manual_seed(0)
     for s in sets:
@@ -206,6 +219,8 @@ def main():
             save_detr(out, tiny)
         elif s == "detr":
             save_detr(out, tiny)
+        elif s == "doclayout":
+            save_doclayout(out, tiny)
     return 0
 
 
