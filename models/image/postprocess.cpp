@@ -54,6 +54,10 @@ std::vector<Detections> post_process_object_detection(
                                          " target sizes for a batch of ", b));
   }
   if (q == 0 || c == 0) throw std::invalid_argument("post_process_object_detection: no queries");
+  if (head == DetectionHead::prompted)
+    throw std::invalid_argument(
+        "post_process_object_detection: a text-prompted detector's post-processing needs its "
+        "prompts (PromptedDetector::post_process)");
   const at::Tensor logits = logits_in.to(at::kFloat);
   at::Tensor boxes = center_to_corners(pred_boxes_in.to(at::kFloat));
   at::Tensor scale;

@@ -33,6 +33,10 @@ enum class DetectionHead {
   /// kept where score >= threshold, in reading order). post_process_object_detection treats it
   /// as rt_detr's (no reading order: that needs the order logits).
   pp_doclayout,
+  /// Open-vocabulary (text-prompted) detectors (OWL-ViT, OWLv2: models/prompted.h): their
+  /// PromptedDetector::post_process, which needs the prompts; post_process_object_detection
+  /// refuses it (std::invalid_argument).
+  prompted,
 };
 
 struct PostProcessOptions {

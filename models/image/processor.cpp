@@ -70,6 +70,16 @@ ProcessorConfig class_defaults(const std::string& type, const std::string& sourc
     c.resample = 3;
     c.do_normalize = true;
     c.antialias = false;
+  } else if (base == "OwlViTImageProcessor" || base == "Owlv2ImageProcessor") {
+    // image_processing_owlvit.py / image_processing_owlv2.py: OPENAI_CLIP_MEAN / _STD.
+    c.owlv2 = base == "Owlv2ImageProcessor";
+    c.height = c.width = c.owlv2 ? 960 : 768;
+    c.resample = c.owlv2 ? 2 : 3;
+    c.crop_height = c.crop_width = c.owlv2 ? 0 : 768;
+    c.do_pad = c.owlv2;  // OWLv2: pad to a square (not to the batch's largest image)
+    c.do_normalize = true;
+    c.image_mean = {0.48145466f, 0.4578275f, 0.40821073f};
+    c.image_std = {0.26862954f, 0.26130258f, 0.27577711f};
   } else if (base == "DeiTImageProcessor") {
     c.height = c.width = 256;
     c.resample = 3;  // PILImageResampling.BICUBIC
@@ -85,7 +95,8 @@ ProcessorConfig class_defaults(const std::string& type, const std::string& sourc
                              "\" is not supported (RTDetrImageProcessor, "
                              "DeformableDetrImageProcessor, RfDetrImageProcessor, "
                              "ViTImageProcessor, "
-                             "DeiTImageProcessor, YolosImageProcessor)");
+                             "DeiTImageProcessor, YolosImageProcessor, OwlViTImageProcessor, "
+                             "Owlv2ImageProcessor)");
   }
   return c;
 }
@@ -241,6 +252,9 @@ ProcessorConfig ProcessorConfig::from_json(const std::string& text, const std::s
     c.resample = static_cast<int>(resample);
   }
   if (j.contains("do_rescale")) c.do_rescale = get_as<bool>(j, "do_rescale", source);
+  // Early OWL-ViT files on the Hub name do_rescale "rescale" (OwlViTImageProcessor.__init__).
+  if (!j.contains("do_rescale") && j.contains("rescale") && j["rescale"].is_boolean())
+    c.do_rescale = j["rescale"].get<bool>();
   if (j.contains("rescale_factor")) c.rescale_factor = get_as<double>(j, "rescale_factor", source);
   if (j.contains("do_normalize")) c.do_normalize = get_as<bool>(j, "do_normalize", source);
   if (j.contains("image_mean") && !j["image_mean"].is_null())
@@ -252,6 +266,11 @@ ProcessorConfig ProcessorConfig::from_json(const std::string& text, const std::s
     c.do_center_crop = get_as<bool>(j, "do_center_crop", source);
   if (j.contains("crop_size") && !j["crop_size"].is_null())
     parse_crop_size(j["crop_size"], c, source);
+  if (c.owlv2 && c.do_resize && c.height <= 0)
+    throw std::runtime_error(source + ": Owlv2ImageProcessor needs size {height, width}");
+  if (c.owlv2 && c.do_center_crop)
+    throw std::runtime_error(source + ": do_center_crop is not supported for " +
+                             c.image_processor_type);
   if (c.do_center_crop && rescale_before_resize(c))
     throw std::runtime_error(source + ": do_center_crop is not supported for " +
                              c.image_processor_type);
@@ -479,6 +498,7 @@ at::Tensor rescale_resize_normalize(const ProcessorConfig& c, const at::Tensor& 
 
 ProcessorOutput ImageProcessor::preprocess(const std::vector<at::Tensor>& images) const {
   if (images.empty()) throw std::invalid_argument("preprocess: empty batch");
+  if (config_.owlv2) return preprocess_owlv2(images);
   ProcessorOutput out;
   std::vector<at::Tensor> resized;
   resized.reserve(images.size());
@@ -532,6 +552,39 @@ ProcessorOutput ImageProcessor::preprocess(const std::vector<at::Tensor>& images
                                               : rescale_normalize(r));
     out.pixel_mask[i].index({Slice(0, h), Slice(0, w)}).fill_(1);
   }
+  return out;
+}
+
+ProcessorOutput ImageProcessor::preprocess_owlv2(const std::vector<at::Tensor>& images) const {
+  ProcessorOutput out;
+  std::vector<at::Tensor> values;
+  for (size_t i = 0; i < images.size(); ++i) {
+    const at::Tensor& im = images[i];
+    if (!im.defined() || im.dim() != 3 || im.size(0) != 3 || im.scalar_type() != at::kByte ||
+        im.size(1) == 0 || im.size(2) == 0)
+      throw std::invalid_argument(
+          c10::str("preprocess: image ", i, " must be a non-empty (3, H, W) uint8 tensor, got ",
+                   im.defined() ? c10::str(im.sizes(), " ", im.scalar_type()) : "undefined"));
+    out.original_sizes.emplace_back(im.size(1), im.size(2));
+    values.push_back(owlv2_pixel_values(config_, im));
+    if (values.back().sizes() != values.front().sizes())
+      throw std::invalid_argument(c10::str("preprocess: image ", i, " processes to ",
+                                           values.back().sizes(), " but image 0 to ",
+                                           values.front().sizes(), " (do_resize is off)"));
+  }
+  out.pixel_values = at::stack(values);
+  // For display only: the normalisation undone, rounded to uint8.
+  const auto mean =
+      at::tensor(std::vector<float>(config_.image_mean.begin(), config_.image_mean.end()))
+          .view({1, 3, 1, 1})
+          .to(out.pixel_values.device());
+  const auto std_ =
+      at::tensor(std::vector<float>(config_.image_std.begin(), config_.image_std.end()))
+          .view({1, 3, 1, 1})
+          .to(out.pixel_values.device());
+  auto unit = config_.do_normalize ? out.pixel_values * std_ + mean : out.pixel_values;
+  if (!config_.do_rescale) unit = unit / 255.0;
+  out.pixel_u8 = (unit * 255.0).round().clamp(0, 255).to(at::kByte);
   return out;
 }
 

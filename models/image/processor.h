@@ -27,6 +27,8 @@ constexpr int64_t kMaxProcessorSize = 65536;
 
 /// PPDocLayoutV2/V3ImageProcessor (800x800 bicubic without antialias, mean 0, std 1) are among
 /// the classes below.
+/// OwlViTImageProcessor (768x768 bicubic, CLIP mean/std) and Owlv2ImageProcessor (960x960, its
+/// own pipeline: owlv2_pixel_values) too.
 /// The settings of one processor. Keys missing from the file take the class defaults of
 /// `image_processor_type` (RTDetr: 640x640, rescale only; DeformableDetr and RfDetr: shortest
 /// 800 / longest 1333, ImageNet mean/std, pad; ViT: 224x224, mean = std = 0.5; DeiT: 256x256
@@ -57,6 +59,9 @@ struct ProcessorConfig {
   /// Not a JSON key: the class's resize kernel. PPDocLayoutV2/V3ImageProcessor resize with
   /// antialias=False ("to approximate the output of cv2.resize"), the others antialiased.
   bool antialias = true;
+  /// Not a JSON key: Owlv2ImageProcessor's own pipeline (owlv2_pixel_values): rescale, pad to a
+  /// square (do_pad), Gaussian anti-aliasing, bilinear resize without antialias, normalise.
+  bool owlv2 = false;
 
   /// How bilinear resizes uint8 (not a JSON key). `automatic`: ATen's native uint8
   /// antialiased kernel on CPU tensors (what torchvision runs on CPUs whose ATen capability is
@@ -90,6 +95,16 @@ std::pair<int64_t, int64_t> size_with_aspect_ratio(int64_t height, int64_t width
 std::pair<int64_t, int64_t> size_with_aspect_ratio_yolos(int64_t height, int64_t width,
                                                          int64_t shortest_edge,
                                                          int64_t longest_edge);
+
+/// Owlv2ImageProcessor._preprocess of one (3, H, W) uint8 image (transformers 5.17
+/// models/owlv2/image_processing_owlv2.py): x = u8 * rescale_factor (do_rescale); padded
+/// bottom/right with zeros to a max(H, W) square (do_pad); then, resizing (do_resize) to
+/// (height, width), the `resize` there: with factors = side / size (float32) and sigma =
+/// max((factors - 1) / 2, 0), when both sigmas are positive a torchvision gaussian_blur (kernel
+/// 2 * ceil(3 * sigma) + 1, reflect padding, kernel1d = softmax(-(linspace(-lim, lim, k) /
+/// sigma)^2), lim = (k - 1) / (2 sqrt 2)), then bilinear interpolation without antialias; then
+/// (x - mean) / std (do_normalize). Returns (3, height, width) float32 on the image's device.
+at::Tensor owlv2_pixel_values(const ProcessorConfig& config, const at::Tensor& image_u8);
 
 /// The processed batch.
 struct ProcessorOutput {
@@ -137,6 +152,10 @@ class ImageProcessor {
   ProcessorOutput preprocess(const std::vector<at::Tensor>& images) const;
 
  private:
+  /// preprocess() of Owlv2ImageProcessor: owlv2_pixel_values per image, no pixel_mask;
+  /// pixel_u8 = round(clamp(unnormalised * 255)), for display.
+  ProcessorOutput preprocess_owlv2(const std::vector<at::Tensor>& images) const;
+
   ProcessorConfig config_;
 };
 

@@ -65,13 +65,15 @@ TEST(ImageProcessor, ConfigErrorsNameFileAndKey) {
   EXPECT_EQ(error_of(R"({"image_processor_type": "CLIPImageProcessor"})"),
             "dir/preprocessor_config.json: image_processor_type \"CLIPImageProcessor\" is not "
             "supported (RTDetrImageProcessor, DeformableDetrImageProcessor, RfDetrImageProcessor, "
-            "ViTImageProcessor, DeiTImageProcessor, YolosImageProcessor)");
+            "ViTImageProcessor, DeiTImageProcessor, YolosImageProcessor, OwlViTImageProcessor, "
+            "Owlv2ImageProcessor)");
   // Fuzzing finding (model_config_fuzz's campaign, docs/FUZZING.md): a JSON-escaped newline in the
   // type made a two-line error; control characters are written as \xNN.
   EXPECT_EQ(error_of(R"({"image_processor_type": "A\nB"})"),
             "dir/preprocessor_config.json: image_processor_type \"A\\x0aB\" is not "
             "supported (RTDetrImageProcessor, DeformableDetrImageProcessor, RfDetrImageProcessor, "
-            "ViTImageProcessor, DeiTImageProcessor, YolosImageProcessor)");
+            "ViTImageProcessor, DeiTImageProcessor, YolosImageProcessor, OwlViTImageProcessor, "
+            "Owlv2ImageProcessor)");
   EXPECT_EQ(
       error_of(R"({"image_processor_type": "DeiTImageProcessor", "crop_size": {"height": 4}})"),
       "dir/preprocessor_config.json: crop_size must be an integer or {height, width}");
@@ -113,6 +115,33 @@ TEST(ImageProcessor, ConfigErrorsNameFileAndKey) {
   EXPECT_NE(error_of(R"({"image_processor_type": "ViTImageProcessor", "do_pad": "yes"})")
                 .find("\"do_pad\" has a wrong type"),
             std::string::npos);
+}
+
+TEST(ImageProcessor, OwlViTAndOwlv2ClassDefaults) {
+  // image_processing_owlvit.py: 768x768 bicubic, CLIP mean/std, no crop; image_processing_owlv2.py:
+  // 960x960 bilinear, pad to a square, its own pipeline (owlv2_pixel_values).
+  const auto v1 =
+      ProcessorConfig::from_json(R"({"image_processor_type": "OwlViTImageProcessor"})", "x");
+  EXPECT_EQ(v1.height, 768);
+  EXPECT_EQ(v1.resample, 3);
+  EXPECT_FALSE(v1.owlv2);
+  EXPECT_FALSE(v1.do_pad);
+  EXPECT_FLOAT_EQ(v1.image_mean[0], 0.48145466f);
+  EXPECT_FLOAT_EQ(v1.image_std[2], 0.27577711f);
+  const auto v2 =
+      ProcessorConfig::from_json(R"({"image_processor_type": "Owlv2ImageProcessor"})", "x");
+  EXPECT_EQ(v2.width, 960);
+  EXPECT_EQ(v2.resample, 2);
+  EXPECT_TRUE(v2.owlv2);
+  EXPECT_TRUE(v2.do_pad);
+  // The Hub's early OWL-ViT files name do_rescale "rescale".
+  EXPECT_FALSE(ProcessorConfig::from_json(
+                   R"({"feature_extractor_type": "OwlViTFeatureExtractor", "rescale": false})", "x")
+                   .do_rescale);
+  EXPECT_EQ(error_of(R"({"image_processor_type": "Owlv2ImageProcessor", "do_center_crop": true,
+                         "crop_size": 4})"),
+            "dir/preprocessor_config.json: do_center_crop is not supported for "
+            "Owlv2ImageProcessor");
 }
 
 TEST(ImageProcessor, DeiTDefaultsResizeThenCenterCrop) {

@@ -1,0 +1,108 @@
+// Open-vocabulary (text-prompted) detectors: a Model whose forward also takes text. The families
+// that implement PromptedDetector (models/owlvit/: OWL-ViT, OWLv2) tokenize the labels of each
+// image as their transformers processor does and return one logit per box and label; their users
+// (the server's prompted-detection task, the tests) find the interface with dynamic_cast from the
+// Model that load_model returns (prompted_detector()).
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "models/model.h"
+
+namespace libreyolo::models {
+
+/// The text side of one batch, as the family's processor makes it: what encode_labels returns
+/// and forward_prompted reads, opaque to the callers (the server never looks inside). The
+/// shapes are the family's: OWL-ViT / OWLv2 as below; a family with one caption per image
+/// (Grounding DINO: the labels joined as "a cat. a dog.") uses input_ids / attention_mask /
+/// token_type_ids (B, L).
+struct TextQueries {
+  /// OWL: (B, Qmax, L) int64 token ids, one row per label of each image, padded to max_length (L,
+  /// the tokenizer's model_max_length or else the text tower's max_position_embeddings). An
+  /// image with fewer than Qmax labels has rows of zeros after its own: the model masks them
+  /// (their logits are float32's lowest), as transformers does for queries whose first id is 0.
+  at::Tensor input_ids;
+  at::Tensor attention_mask;  ///< input_ids' shape, int64, 1 on tokens, 0 on padding
+  at::Tensor token_type_ids;  ///< BERT families: input_ids' shape, zeros; undefined for CLIP
+  /// Per image, per label: the label had more than L - 2 tokens and was cut to them (its end
+  /// token kept). transformers' OwlViTProcessor pads to max_length without truncating, so it
+  /// fails on such a label where this truncates and says so.
+  std::vector<std::vector<bool>> truncated;
+};
+
+/// What a prompted forward returns: `logits` (B, Q, Qmax) float32, one per box and label
+/// (padding labels at float32's lowest), `pred_boxes` (B, Q, 4) (cx, cy, w, h) in [0, 1] of the
+/// model's input (for OWLv2: of the padded square), float32; `objectness_logits` (B, Q) float32
+/// for the families that predict it (OWLv2), undefined otherwise.
+struct PromptedOutput : ModelOutput {
+  at::Tensor objectness_logits;
+};
+
+/// The thresholds of a prompted post-processing. OWL-ViT / OWLv2 read box_threshold only
+/// (post_process_object_detection's `threshold`: a box is kept where its best label's sigmoid
+/// score is > it); Grounding DINO's post_process_grounded_object_detection reads both.
+struct PromptThresholds {
+  double box_threshold = 0.1;
+  double text_threshold = 0.25;
+};
+
+/// The detections of one image: image::Detections (scores (K) float32, labels (K) int64 = the
+/// index of the label in that image's list, or -1 where the family names boxes with free
+/// phrases (Grounding DINO: the prompt's tokens above text_threshold), boxes (K, 4) x0 y0 x1 y1
+/// in original-image pixels), and `phrases`, the text of each box's label (K strings).
+struct PromptedDetections : image::Detections {
+  std::vector<std::string> phrases;
+};
+
+/// The prompted half of an open-vocabulary detector (implemented next to Model by the family).
+class PromptedDetector {
+ public:
+  virtual ~PromptedDetector() = default;
+
+  /// The most labels one image may carry (a request with more is refused before tokenizing).
+  virtual int64_t max_labels() const = 0;
+  /// L, the token length of one label after padding (and the truncation limit).
+  virtual int64_t max_text_length() const = 0;
+
+  /// Tokenizes `labels[b]` (the labels of image b, at least one each) with the checkpoint's
+  /// tokenizer. Tensors on the model's device. Throws std::invalid_argument for an image without
+  /// labels, more than max_labels() labels, or a label that is not UTF-8 ("labels[b][i]: invalid
+  /// UTF-8 at byte k").
+  virtual TextQueries encode_labels(const std::vector<std::vector<std::string>>& labels) const = 0;
+
+  /// pixel_values (B, 3, H, W) as the family's image processor makes them, `queries` from
+  /// encode_labels for the same B images. Throws std::invalid_argument for mismatched shapes.
+  virtual PromptedOutput forward_prompted(const at::Tensor& pixel_values,
+                                          const TextQueries& queries) const = 0;
+
+  /// Which of `labels` encode_labels would cut to the token limit (the same shape as labels),
+  /// without building tensors. Throws as encode_labels does for a label that is not UTF-8.
+  virtual std::vector<std::vector<bool>> truncation(
+      const std::vector<std::vector<std::string>>& labels) const = 0;
+
+  /// The family's defaults (its processor's post-processing arguments).
+  virtual PromptThresholds default_thresholds() const = 0;
+  /// Whether post_process reads PromptThresholds::text_threshold (Grounding DINO) or not
+  /// (OWL-ViT, OWLv2: a request that sets it is refused).
+  virtual bool uses_text_threshold() const = 0;
+
+  /// The family's transformers post-processing of `out` for images of `target_sizes` (height,
+  /// width) pixels (the originals, before the processor), `labels` as given to encode_labels.
+  /// Works on out's device. Throws std::invalid_argument for mismatched batch sizes.
+  virtual std::vector<PromptedDetections> post_process(
+      const PromptedOutput& out, const std::vector<std::pair<int64_t, int64_t>>& target_sizes,
+      const std::vector<std::vector<std::string>>& labels,
+      const PromptThresholds& thresholds) const = 0;
+};
+
+/// `model` as a PromptedDetector, or nullptr for a closed-set model.
+inline const PromptedDetector* prompted_detector(const Model& model) {
+  return dynamic_cast<const PromptedDetector*>(&model);
+}
+
+}  // namespace libreyolo::models
