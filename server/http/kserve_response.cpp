@@ -148,8 +148,15 @@ RenderedBody render_infer_response(const api::InferResponse& response, const Out
       const auto u = static_cast<std::uint64_t>(d < 0 ? 0 : d);
       count = u != 0 && count > UINT64_MAX / u ? UINT64_MAX : count * u;
     }
+    // The task's own output parameters (prompted detection: truncated_labels on `labels`).
+    if (!t.parameters.empty()) {
+      json params = json::object();
+      for (const auto& [key, value] : t.parameters)
+        std::visit([&, k = key](const auto& v) { params[k] = v; }, value);
+      o["parameters"] = std::move(params);
+    }
     if (format.is_binary(t.name)) {
-      o["parameters"] = {{"binary_data_size", t.data.size()}};
+      o["parameters"]["binary_data_size"] = t.data.size();
       binary += t.data;
       any_binary = true;
       outputs += dump(o);

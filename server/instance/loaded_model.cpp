@@ -8,6 +8,7 @@
 #include "kernels/registry.h"
 #include "log/log.h"
 #include "models/layers/attention.h"
+#include "models/prompted.h"
 
 namespace libreyolo::server {
 namespace {
@@ -153,7 +154,10 @@ void warm_up(const LoadedModel& model) {
   at::Tensor mask;
   if (c.do_pad)
     mask = at::ones({1, h, w}, at::TensorOptions().dtype(at::kLong).device(model.device));
-  auto out = model.model->forward(pixels, mask);
+  // An open-vocabulary detector needs text: one label.
+  const auto* prompted = models::prompted_detector(*model.model);
+  auto out = prompted ? prompted->forward_prompted(pixels, prompted->encode_labels({{"a photo"}}))
+                      : model.model->forward(pixels, mask);
   (void)out.logits.sum().item<float>();  // synchronise (CUDA)
 }
 
@@ -165,6 +169,8 @@ void capture_cuda_graphs(LoadedModel& m) {
   const int64_t w = c.do_center_crop ? c.crop_width : c.width;
   if (!m.device.is_cuda())
     why = "the model runs on " + m.device.str();
+  else if (models::prompted_detector(*m.model))
+    why = "a text-prompted model (its forward takes the request's labels)";
   else if (h <= 0 || w <= 0 || c.do_pad)
     why = "the processor has no fixed input size";
   if (!why.empty()) {

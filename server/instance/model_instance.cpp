@@ -9,6 +9,7 @@
 
 #include "kernels/out_of_memory.h"
 #include "log/log.h"
+#include "models/prompted.h"
 #include "server/api/types.h"
 
 namespace libreyolo::server {
@@ -157,9 +158,19 @@ std::unique_ptr<ModelInstance::InFlight> ModelInstance::launch(Batch& batch) {
     const bool cuda = model.device.is_cuda();
     auto [pv, mask] = assemble(batch, batch.front()->padded, model.device, model.dtype);
     f->t_input = Clock::now();
-    auto out = (model.graphs && !mask.defined() && model.graphs->accepts(pv))
-                   ? model.graphs->run(pv)
-                   : model.model->forward(pv, mask);
+    models::ModelOutput out;
+    if (const auto* prompted = models::prompted_detector(*model.model)) {
+      // Open-vocabulary: every image's labels, request by request (each request's TaskRequest
+      // holds one list per image), tokenized for the whole batch.
+      std::vector<std::vector<std::string>> labels;
+      for (const auto& j : batch)
+        labels.insert(labels.end(), j->request->prompts.begin(), j->request->prompts.end());
+      out = prompted->forward_prompted(pv, prompted->encode_labels(labels));
+    } else {
+      out = (model.graphs && !mask.defined() && model.graphs->accepts(pv))
+                ? model.graphs->run(pv)
+                : model.model->forward(pv, mask);
+    }
     // Outputs are float32 by the Model contract; on CUDA they land in pinned host memory
     // behind the forward, and `done` marks when they are there.
     f->logits = out.logits.to(at::kCPU, at::kFloat, /*non_blocking=*/cuda);

@@ -15,7 +15,8 @@ const std::vector<std::string>& detector_default_outputs() {
 DetectorRequest parse_detector_request(const api::InferRequest& request,
                                        const RequestLimits& limits, double default_threshold,
                                        int64_t default_top_k,
-                                       const std::vector<std::string>& extra_outputs) {
+                                       const std::vector<std::string>& extra_outputs,
+                                       const std::vector<std::string>& extra_inputs) {
   DetectorRequest r;
   r.post.threshold = default_threshold;
   r.post.top_k = default_top_k;
@@ -31,6 +32,7 @@ DetectorRequest parse_detector_request(const api::InferRequest& request,
   const api::InputTensor* pixels = nullptr;
   const api::InputTensor* sizes = nullptr;
   for (const auto& t : request.inputs) {
+    if (std::find(extra_inputs.begin(), extra_inputs.end(), t.name) != extra_inputs.end()) continue;
     const api::InputTensor** slot = t.name == "images"         ? &images
                                     : t.name == "pixel_values" ? &pixels
                                     : t.name == "target_sizes" ? &sizes

@@ -35,11 +35,13 @@ struct DetectorRequest : ImageInputs {
 /// `target_sizes` row that is not positive or whose height * width exceeds limits.max_pixels:
 /// "input 'target_sizes': row I (height H, width W) exceeds the limit of P pixels per image
 /// (server.max_pixels_per_image)").
-/// `extra_outputs` are further outputs a task built on detection renders (segmentation_io.h).
+/// `extra_outputs` are further outputs a task built on detection renders (segmentation_io.h);
+/// `extra_inputs` further inputs it reads itself (prompted_detection_io.h: `text`), skipped here.
 DetectorRequest parse_detector_request(const api::InferRequest& request,
                                        const RequestLimits& limits, double default_threshold,
                                        int64_t default_top_k,
-                                       const std::vector<std::string>& extra_outputs = {});
+                                       const std::vector<std::string>& extra_outputs = {},
+                                       const std::vector<std::string>& extra_inputs = {});
 
 /// Output tensors for `detections` (one per image). `logits`/`pred_boxes` are used when
 /// requested. `id2label` names the labels.

@@ -16,29 +16,6 @@ int64_t element_size(const std::string& dt) {
   return 0;
 }
 
-std::vector<std::string_view> split_bytes(const api::InputTensor& t) {
-  std::vector<std::string_view> out;
-  std::string_view d = t.data();
-  std::size_t at = 0;
-  while (at < d.size()) {
-    if (d.size() - at < 4) {
-      invalid_argument(c10::str("input '", t.name, "': BYTES data is malformed: ", d.size() - at,
-                                " trailing bytes are too short for an element length"));
-    }
-    std::uint32_t n = 0;
-    std::memcpy(&n, d.data() + at, 4);
-    at += 4;
-    if (n > d.size() - at) {
-      invalid_argument(c10::str("input '", t.name, "': BYTES data is malformed: element ",
-                                out.size(), " claims ", n, " bytes but only ", d.size() - at,
-                                " remain"));
-    }
-    out.push_back(d.substr(at, n));
-    at += n;
-  }
-  return out;
-}
-
 void check_batch(const api::InputTensor& t, int64_t n, const RequestLimits& limits) {
   if (n == 0) invalid_argument("input '" + t.name + "': empty batch (N = 0)");
   if (n > limits.max_images) {
@@ -114,6 +91,29 @@ void parse_pixels(const api::InputTensor& t, const RequestLimits& limits, ImageI
 }
 
 }  // namespace
+
+std::vector<std::string_view> split_bytes(const api::InputTensor& t) {
+  std::vector<std::string_view> out;
+  std::string_view d = t.data();
+  std::size_t at = 0;
+  while (at < d.size()) {
+    if (d.size() - at < 4) {
+      invalid_argument(c10::str("input '", t.name, "': BYTES data is malformed: ", d.size() - at,
+                                " trailing bytes are too short for an element length"));
+    }
+    std::uint32_t n = 0;
+    std::memcpy(&n, d.data() + at, 4);
+    at += 4;
+    if (n > d.size() - at) {
+      invalid_argument(c10::str("input '", t.name, "': BYTES data is malformed: element ",
+                                out.size(), " claims ", n, " bytes but only ", d.size() - at,
+                                " remain"));
+    }
+    out.push_back(d.substr(at, n));
+    at += n;
+  }
+  return out;
+}
 
 std::pair<int64_t, std::string> model_pixel_limit(int64_t height, int64_t width,
                                                   int64_t shortest_edge, int64_t longest_edge,

@@ -91,6 +91,10 @@ double finite_param(const std::string& key, const api::Parameter& p);
 ImageInputs parse_image_inputs(const api::InputTensor* images, const api::InputTensor* pixels,
                                const RequestLimits& limits);
 
+/// The elements of a BYTES input (each a 4-byte little-endian length, then the bytes), as views
+/// into its data. Throws INVALID_ARGUMENT naming the input for malformed data.
+std::vector<std::string_view> split_bytes(const api::InputTensor& t);
+
 /// Appends the raw bytes of `n` values (little-endian hosts: the OIP raw output layout).
 template <class T>
 void append_raw(std::string& out, const T* data, std::size_t n) {

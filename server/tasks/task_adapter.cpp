@@ -6,6 +6,7 @@
 #include "server/tasks/detector_io.h"
 #include "server/tasks/document_layout_io.h"
 #include "server/tasks/panoptic_io.h"
+#include "server/tasks/prompted_detection_io.h"
 #include "server/tasks/segmentation_io.h"
 
 namespace libreyolo::server {
@@ -193,6 +194,9 @@ class ClassificationTask final : public TaskAdapter {
 std::unique_ptr<TaskAdapter> make_task_adapter(const models::Model& model,
                                                const ServingConfig& serving) {
   const auto& d = model.description();
+  // Open-vocabulary detectors (models/prompted.h): text in, label texts out.
+  if (const auto* prompted = models::prompted_detector(model))
+    return make_prompted_detection_task(model, *prompted, serving);
   switch (d.task) {
     case models::Task::object_detection:
       // Document layout (PP-DocLayoutV3): detections in reading order, masks on request.

@@ -17,6 +17,7 @@
 #include "models/image/panoptic.h"
 #include "models/image/postprocess.h"
 #include "models/model.h"
+#include "models/prompted.h"
 #include "server/api/types.h"
 #include "server/config/serving_config.h"
 #include "server/tasks/image_inputs.h"
@@ -36,6 +37,11 @@ struct TaskRequest : ImageInputs {
   /// Panoptic segmentation: threshold, mask_threshold, overlap_mask_area_threshold,
   /// label_ids_to_fuse (panoptic_io.h).
   image::PanopticOptions panoptic;
+  /// Open-vocabulary detection (prompted_detection_io.h): the labels of each image (N lists),
+  /// the thresholds, and the labels cut to the token limit ("image:label" pairs, "," separated).
+  std::vector<std::vector<std::string>> prompts;
+  models::PromptThresholds prompt_thresholds;
+  std::string truncated_labels;
   std::set<std::string> outputs;  ///< the requested outputs, defaults filled in
 };
 
@@ -46,7 +52,7 @@ class TaskAdapter {
   virtual ~TaskAdapter() = default;
 
   /// The Hugging Face pipeline name: "object_detection", "image_classification",
-  /// "instance_segmentation", "panoptic_segmentation".
+  /// "instance_segmentation", "panoptic_segmentation", "zero_shot_object_detection".
   virtual const char* name() const = 0;
 
   /// Validates the request against `limits`. Throws api::Error INVALID_ARGUMENT naming the

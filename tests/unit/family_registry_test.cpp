@@ -72,8 +72,8 @@ TEST(FamilyRegistry, EveryFamilyFolderRegistersExactlyOnce) {
   EXPECT_EQ(registered, folders);  // a record's name is its folder
   EXPECT_EQ(folders, (std::vector<std::string>{"conditional_detr", "dab_detr", "deformable_detr",
                                                "deimv2", "deit", "detr", "dfine", "lw_detr",
-                                               "pp_doclayout_v3", "rf_detr", "rtdetr", "swin",
-                                               "table_transformer", "vit", "yolos"}));
+                                               "owlvit", "pp_doclayout_v3", "rf_detr", "rtdetr",
+                                               "swin", "table_transformer", "vit", "yolos"}));
 }
 
 TEST(FamilyRegistry, ModelTypesAndRecords) {
@@ -93,6 +93,8 @@ TEST(FamilyRegistry, ModelTypesAndRecords) {
                                                      {"dab-detr", "dab_detr"},
                                                      {"table-transformer", "table_transformer"},
                                                      {"yolos", "yolos"},
+                                                     {"owlvit", "owlvit"},
+                                                     {"owlv2", "owlvit"},
                                                      {"pp_doclayout_v3", "pp_doclayout_v3"}};
   size_t types = 0;
   for (const Family* f : registry.all()) {
@@ -127,6 +129,7 @@ TEST(FamilyRegistry, ModelTypesAndRecords) {
   EXPECT_EQ(*registry.find("table-transformer")->head, image::DetectionHead::detr);
   EXPECT_EQ(*registry.find("yolos")->head, image::DetectionHead::detr);
   EXPECT_EQ(*registry.find("pp_doclayout_v3")->head, image::DetectionHead::pp_doclayout);
+  EXPECT_EQ(*registry.find("owlv2")->head, image::DetectionHead::prompted);
   EXPECT_EQ(registry.find("yolo_nas"), nullptr);
   // The order of all(): Family::order, then name.
   std::vector<std::string> order;
@@ -134,7 +137,7 @@ TEST(FamilyRegistry, ModelTypesAndRecords) {
   EXPECT_EQ(order, (std::vector<std::string>{"rtdetr", "detr", "conditional_detr", "dab_detr",
                                              "table_transformer", "deformable_detr", "dfine",
                                              "pp_doclayout_v3", "deimv2", "lw_detr", "rf_detr",
-                                             "yolos", "vit", "deit", "swin"}));
+                                             "yolos", "owlvit", "vit", "deit", "swin"}));
 }
 
 TEST(FamilyRegistry, TakenModelTypeAndIncompleteRecordsAreRefused) {

@@ -1,8 +1,11 @@
 // libreyolo-client: talks to libreyolo-server over gRPC (inference.GRPCInferenceService).
 //   libreyolo-client detect --image FILE [--image FILE ...] [--server HOST:PORT] [--model NAME]
 //                           [--threshold T] [--timeout SECONDS] [--out PNG]
+//                           [--prompt "a cat. a dog."]
 //                           (--out: the first image with its boxes drawn on, or its panoptic
-//                           segments painted on when the model is a panoptic segmenter)
+//                           segments painted on when the model is a panoptic segmenter;
+//                           --prompt: an open-vocabulary detector's labels, one prompt shared by
+//                           the images; the boxes are captioned with their phrases)
 //   libreyolo-client classify --image FILE [--image FILE ...] [--server HOST:PORT] [--model NAME]
 //                             [--top-k K] [--timeout SECONDS]
 //   libreyolo-client segment --model NAME --image FILE [--image FILE ...] [--out PNG]
@@ -37,6 +40,8 @@ int usage(bool asked = false) {
       << "usage: libreyolo-client detect --image FILE [--image FILE ...] [--server "
          "HOST:PORT] [--model NAME]\n"
          "                              [--threshold T] [--timeout SECONDS] [--out PNG]\n"
+         "                              [--prompt \"a cat. a dog.\"] (open-vocabulary "
+         "detectors)\n"
          "       libreyolo-client classify --image FILE [--image FILE ...] [--server "
          "HOST:PORT] [--model NAME]\n"
          "                                [--top-k K] [--timeout SECONDS]\n"
@@ -117,6 +122,81 @@ int print_classes(const rpc::InferResult& r, const std::vector<std::string>& ima
   return 0;
 }
 
+/// Writes `png` to `path`; std::runtime_error "cannot write <path>" when that fails.
+void write_png(const std::string& path, const std::vector<std::uint8_t>& png) {
+  std::ofstream f(path, std::ios::binary);
+  f.write(reinterpret_cast<const char*>(png.data()), static_cast<std::streamsize>(png.size()));
+  if (!f) throw std::runtime_error("cannot write " + path);
+}
+
+/// detect --prompt: an open-vocabulary detector (server/README.md "Open-vocabulary detection
+/// I/O") with `prompt` shared by the images; prints each image's boxes with their phrases and,
+/// with `out_png`, draws the first image's boxes captioned with them.
+int detect_prompted(rpc::Client& client, const std::string& model,
+                    const std::vector<std::string>& images, const std::vector<std::string>& data,
+                    const std::string& prompt, double threshold, double timeout,
+                    const std::string& out_png) {
+  std::ostringstream text;
+  text << "model_name: \"" << rpc::text_escape(model)
+       << "\" inputs { name: \"images\" datatype: \"BYTES\" shape: " << data.size()
+       << " } inputs { name: \"text\" datatype: \"BYTES\" shape: 1 }";
+  if (threshold >= 0)
+    text << " parameters { key: \"box_threshold\" value { double_param: " << threshold << " } }";
+  text << " outputs { name: \"scores\" } outputs { name: \"labels\" } outputs { name: "
+          "\"label_ids\" } outputs { name: \"boxes\" } outputs { name: \"num_detections\" }";
+  const auto r =
+      client.infer(text.str(), {rpc::pack_bytes(data), rpc::pack_bytes({prompt})}, timeout);
+  if (!r.ok()) return fail(r.code, r.message);
+  std::vector<std::int32_t> counts;
+  std::vector<float> scores, boxes;
+  std::vector<std::int64_t> ids;
+  std::vector<std::string> phrases;
+  std::int64_t k = 0;
+  try {
+    counts = as<std::int32_t>(r.output("num_detections").data);
+    k = r.output("scores").shape.size() > 1 ? r.output("scores").shape[1] : 0;
+    scores = as<float>(r.output("scores").data);
+    boxes = as<float>(r.output("boxes").data);
+    ids = as<std::int64_t>(r.output("label_ids").data);
+    phrases = unpack_bytes(r.output("labels").data);
+    const auto& params = r.output("labels").parameters;
+    if (const auto it = params.find("truncated_labels"); it != params.end())
+      if (const auto* cut = std::get_if<std::string>(&it->second))
+        std::cerr << "note: labels cut to the model's token limit (image:label): " << *cut << "\n";
+  } catch (const std::out_of_range& e) {
+    return fail(api::Code::internal, e.what());
+  }
+  const std::size_t expected = counts.size() * static_cast<std::size_t>(k);
+  if (counts.size() != images.size() || scores.size() != expected || ids.size() != expected ||
+      phrases.size() != expected || boxes.size() != expected * 4)
+    return fail(api::Code::internal, "the server's detection outputs disagree in size");
+  std::cout << std::fixed << std::setprecision(4);
+  for (std::size_t i = 0; i < counts.size(); ++i) {
+    std::cout << images[i] << ": " << counts[i] << " detections (model " << r.model_name
+              << " version " << r.model_version << ")\n";
+    for (std::int32_t j = 0; j < counts[i]; ++j) {
+      const std::size_t at = i * k + j;
+      std::cout << "  " << std::setw(24) << std::left << phrases[at] << std::right << " score "
+                << scores[at] << " box [" << std::setprecision(1) << boxes[at * 4] << ", "
+                << boxes[at * 4 + 1] << ", " << boxes[at * 4 + 2] << ", " << boxes[at * 4 + 3]
+                << "]" << std::setprecision(4) << "\n";
+    }
+  }
+  if (out_png.empty()) return 0;
+  const std::int32_t n0 = counts.empty() ? 0 : std::max(0, counts[0]);
+  try {
+    const std::vector<std::string> captions(phrases.begin(), phrases.begin() + n0);
+    const auto png =
+        libreyolo::client::box_overlay_png(data[0], boxes.data(), ids.data(), n0, captions);
+    write_png(out_png, png);
+  } catch (const std::exception& e) {
+    std::cerr << e.what() << "\n";
+    return 1;
+  }
+  std::cout << "wrote " << out_png << " (" << n0 << " captioned boxes over " << images[0] << ")\n";
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -126,7 +206,7 @@ int main(int argc, char** argv) {
   }
   if (argc < 2) return usage();
   const std::string command = argv[1];
-  std::string server = "localhost:8001", model, service, out_png;
+  std::string server = "localhost:8001", model, service, out_png, prompt;
   std::vector<std::string> images, positional;
   double threshold = -1, timeout = 30;
   long long top_k = 0;
@@ -158,6 +238,8 @@ int main(int argc, char** argv) {
         service = value();
       else if (a == "--out")
         out_png = value();
+      else if (a == "--prompt")
+        prompt = value();
       else if (a == "--tls-ca")
         tls_ca = value();
       else if (a == "--tls-cert")
@@ -237,6 +319,10 @@ int main(int argc, char** argv) {
     }
     data.emplace_back(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
   }
+  if (!prompt.empty()) {
+    if (command != "detect") return usage();
+    return detect_prompted(client, model, images, data, prompt, threshold, timeout, out_png);
+  }
   std::ostringstream text;
   text << "model_name: \"" << rpc::text_escape(model)
        << "\" inputs { name: \"images\" datatype: \"BYTES\" shape: " << data.size() << " }";
@@ -314,9 +400,7 @@ int main(int argc, char** argv) {
       const auto map = as<std::int32_t>(m.data);
       const auto png = libreyolo::client::panoptic_overlay_png(data[0], map.data(), m.shape[1],
                                                                m.shape[2], m.shape[2]);
-      std::ofstream f(out_png, std::ios::binary);
-      f.write(reinterpret_cast<const char*>(png.data()), static_cast<std::streamsize>(png.size()));
-      if (!f) throw std::runtime_error("cannot write " + out_png);
+      write_png(out_png, png);
     } catch (const std::exception& e) {
       std::cerr << e.what() << "\n";
       return 1;
@@ -330,9 +414,7 @@ int main(int argc, char** argv) {
       return fail(api::Code::internal, "the server's 'boxes'/'labels' outputs are too short");
     try {
       const auto png = libreyolo::client::box_overlay_png(data[0], boxes.data(), labels.data(), n0);
-      std::ofstream f(out_png, std::ios::binary);
-      f.write(reinterpret_cast<const char*>(png.data()), static_cast<std::streamsize>(png.size()));
-      if (!f) throw std::runtime_error("cannot write " + out_png);
+      write_png(out_png, png);
     } catch (const std::exception& e) {
       std::cerr << e.what() << "\n";
       return 1;
@@ -350,9 +432,7 @@ int main(int argc, char** argv) {
       const auto png = libreyolo::client::mask_overlay_png(
           data[0], reinterpret_cast<const std::uint8_t*>(m.data.data()), counts[0], m.shape[2],
           m.shape[3], m.shape[3], m.shape[2] * m.shape[3]);
-      std::ofstream f(out_png, std::ios::binary);
-      f.write(reinterpret_cast<const char*>(png.data()), static_cast<std::streamsize>(png.size()));
-      if (!f) throw std::runtime_error("cannot write " + out_png);
+      write_png(out_png, png);
     } catch (const std::exception& e) {
       std::cerr << e.what() << "\n";
       return 1;

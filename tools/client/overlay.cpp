@@ -6,6 +6,7 @@
 
 #include "models/image/decode.h"
 #include "models/image/encode.h"
+#include "tools/client/font6x10.h"
 
 namespace libreyolo::client {
 
@@ -23,6 +24,31 @@ std::vector<uint8_t> to_png(image::RgbImage& rgb) {
   png.color_type = image::PngSpec::ColorType::rgb;
   png.samples = std::move(rgb.rgb);
   return image::encode_png(png);
+}
+
+/// Draws `text` (ASCII; other bytes as '?', at most 40 characters) in white on a bar of colour
+/// `c` whose bottom-left is (x, y) - 1, or whose top-left is (x, y) when there is no room above.
+void caption(image::RgbImage& rgb, const std::string& text, int64_t x, int64_t y,
+             const uint8_t* c) {
+  constexpr size_t kMaxChars = 40;
+  constexpr int64_t kPad = 1;
+  const int64_t n = static_cast<int64_t>(std::min(text.size(), kMaxChars));
+  const int64_t bar_w = n * kGlyphWidth + 2 * kPad, bar_h = kGlyphHeight + 2 * kPad;
+  const int64_t top = y - bar_h >= 0 ? y - bar_h : y;
+  for (int64_t by = 0; by < bar_h; ++by)
+    for (int64_t bx = 0; bx < bar_w; ++bx) {
+      const int64_t px = x + bx, py = top + by;
+      if (px < 0 || py < 0 || px >= rgb.width || py >= rgb.height) continue;
+      bool ink = false;
+      const int64_t gx = bx - kPad, gy = by - kPad;
+      if (gx >= 0 && gy >= 0 && gx < n * kGlyphWidth && gy < kGlyphHeight) {
+        const auto ch = static_cast<unsigned char>(text[static_cast<size_t>(gx / kGlyphWidth)]);
+        const int glyph = ch >= 32 && ch < 127 ? ch - 32 : '?' - 32;
+        ink = (kFont6x10[glyph][gy] >> (kGlyphWidth - 1 - gx % kGlyphWidth)) & 1;
+      }
+      uint8_t* p = rgb.rgb.data() + (py * rgb.width + px) * 3;
+      for (int i = 0; i < 3; ++i) p[i] = ink ? 255 : c[i];
+    }
 }
 
 }  // namespace
@@ -67,6 +93,12 @@ std::vector<uint8_t> panoptic_overlay_png(const std::string& image, const int32_
 
 std::vector<uint8_t> box_overlay_png(const std::string& image, const float* boxes,
                                      const int64_t* labels, int64_t k) {
+  return box_overlay_png(image, boxes, labels, k, {});
+}
+
+std::vector<uint8_t> box_overlay_png(const std::string& image, const float* boxes,
+                                     const int64_t* labels, int64_t k,
+                                     const std::vector<std::string>& captions) {
   auto rgb = image::decode_rgb(reinterpret_cast<const uint8_t*>(image.data()), image.size());
   const int64_t w = rgb.width, h = rgb.height;
   constexpr int64_t kThickness = 3;
@@ -95,6 +127,7 @@ std::vector<uint8_t> box_overlay_png(const std::string& image, const float* boxe
         p[1] = c[1];
         p[2] = c[2];
       }
+    if (static_cast<size_t>(j) < captions.size()) caption(rgb, captions[j], x0, y0, c);
   }
   return to_png(rgb);
 }

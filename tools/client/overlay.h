@@ -27,6 +27,14 @@ std::vector<uint8_t> mask_overlay_png(const std::string& image, const uint8_t* m
 std::vector<uint8_t> box_overlay_png(const std::string& image, const float* boxes,
                                      const int64_t* labels, int64_t k);
 
+/// box_overlay_png, each box j also captioned with `captions[j]` (an open-vocabulary detector's
+/// phrase; k captions): white 6x10 ASCII text (font6x10.h; other bytes drawn as '?', at most 40
+/// characters) on a bar of the box's colour, above the box's top-left corner (inside it when the
+/// box touches the image's top), clipped to the image. Throws as box_overlay_png.
+std::vector<uint8_t> box_overlay_png(const std::string& image, const float* boxes,
+                                     const int64_t* labels, int64_t k,
+                                     const std::vector<std::string>& captions);
+
 /// `image` (decoded as mask_overlay_png does) with a panoptic segmentation map painted over it:
 /// `segmentation` holds h x w segment ids (row stride `stride` >= w values: the daemon's padded
 /// `segmentation` INT32 [N,H,W]); each id > 0 is blended at 50% in palette colour id mod 10,
