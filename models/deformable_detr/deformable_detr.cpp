@@ -14,6 +14,7 @@
 #include "models/core/safetensors.h"
 #include "models/core/state_dict.h"
 #include "models/deformable_detr/geometry.h"
+#include "models/deformable_detr/input_proj.h"
 #include "models/deformable_detr/ms_deform_attention.h"
 #include "models/deformable_detr/resnet.h"
 #include "models/layers/attention.h"
@@ -155,25 +156,6 @@ class DecoderLayerImpl : public torch::nn::Module {
   layers::LayerNorm self_attn_layer_norm, encoder_attn_layer_norm, final_layer_norm;
   layers::Linear fc1, fc2;
   Activation act;
-};
-
-/// nn.Sequential(Conv2d, GroupNorm(32, d)) of input_proj.
-class InputProjImpl : public torch::nn::Module {
- public:
-  InputProjImpl(int64_t in, int64_t d, bool extra) {
-    layers::Conv2dOptions o;
-    o.in = in;
-    o.out = d;
-    o.kernel = extra ? 3 : 1;
-    o.stride = extra ? 2 : 1;
-    o.padding = extra ? 1 : 0;
-    o.bias = true;
-    conv = register_module("0", make<layers::Conv2dImpl>(o));
-    norm = register_module("1", make<layers::GroupNormImpl>(32, d, 1e-5));
-  }
-  at::Tensor forward(const at::Tensor& x) const { return norm->forward(conv->forward(x)); }
-  layers::Conv2d conv;
-  layers::GroupNorm norm;
 };
 
 /// inverse_sigmoid(ref) added to the first 2 (2-d refs) or all 4 coordinates of `delta`.

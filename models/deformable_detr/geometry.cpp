@@ -10,10 +10,11 @@ namespace {
 
 constexpr double kTwoPi = 2 * M_PI;
 
-/// 10000 ** (2 * floor(i / 2) / n) for i in [0, n), in `dtype`.
-at::Tensor dim_t(int64_t n, at::ScalarType dtype, const at::Device& device) {
+/// temperature ** (2 * floor(i / 2) / n) for i in [0, n), in `dtype`.
+at::Tensor dim_t(int64_t n, at::ScalarType dtype, const at::Device& device,
+                 double temperature = 10000) {
   auto d = at::arange(n, at::TensorOptions().dtype(at::kLong).device(device)).to(dtype);
-  return at::pow(10000, 2 * at::div(d, 2, "floor") / n);
+  return at::pow(temperature, 2 * at::div(d, 2, "floor") / n);
 }
 
 /// stack(sin(x[..., 0::2]), cos(x[..., 1::2]), dim=-1).flatten(-2) on the last dimension.
@@ -28,7 +29,7 @@ at::Tensor interleave_sin_cos(const at::Tensor& x) {
 }  // namespace
 
 at::Tensor sine_position_embedding(const at::Tensor& mask, int64_t num_features,
-                                   at::ScalarType dtype, double offset) {
+                                   at::ScalarType dtype, double offset, double temperature) {
   const auto m = mask.to(dtype);
   auto y = m.cumsum(1);
   auto x = m.cumsum(2);
@@ -40,7 +41,7 @@ at::Tensor sine_position_embedding(const at::Tensor& mask, int64_t num_features,
     y = y / (y.slice(1, -1) + eps) * kTwoPi;
     x = x / (x.slice(2, -1) + eps) * kTwoPi;
   }
-  const auto d = dim_t(num_features, dtype, mask.device());
+  const auto d = dim_t(num_features, dtype, mask.device(), temperature);
   const auto pos_x = interleave_sin_cos(x.unsqueeze(-1) / d);
   const auto pos_y = interleave_sin_cos(y.unsqueeze(-1) / d);
   return at::cat({pos_y, pos_x}, 3).permute({0, 3, 1, 2});

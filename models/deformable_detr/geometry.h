@@ -19,9 +19,11 @@ namespace libreyolo::models::deformable_detr {
 /// interleaving sin (even) / cos (odd) of cumsum(mask) - offset over (last cumsum + 1e-6) * 2*pi
 /// divided by 10000^(2*floor(i/2)/num_features). offset 0.5: Deformable DETR's
 /// DeformableDetrSinePositionEmbedding; 0: DETR's DetrSinePositionEmbedding (models/detr/, no
-/// subtraction at all, as upstream).
+/// subtraction at all, as upstream). temperature 20 (config positional_embedding_temperature):
+/// Grounding DINO's GroundingDinoSinePositionEmbedding (offset 0).
 at::Tensor sine_position_embedding(const at::Tensor& mask, int64_t num_features,
-                                   at::ScalarType dtype, double offset = 0.5);
+                                   at::ScalarType dtype, double offset = 0.5,
+                                   double temperature = 10000);
 
 /// (B, 2) float (valid_w / w, valid_h / h) of one level's mask (B, h, w), valid counts taken on
 /// the first row / column.

@@ -50,7 +50,7 @@ ProcessorConfig class_defaults(const std::string& type, const std::string& sourc
     c.image_std = imagenet_std;
   } else if (base == "DeformableDetrImageProcessor" || base == "DetrImageProcessor" ||
              base == "ConditionalDetrImageProcessor" || base == "RfDetrImageProcessor" ||
-             base == "YolosImageProcessor") {
+             base == "YolosImageProcessor" || base == "GroundingDinoImageProcessor") {
     c.yolos_resize = base == "YolosImageProcessor";
     c.shortest_edge = 800;
     c.longest_edge = 1333;

@@ -1,5 +1,6 @@
 // Image processors driven by preprocessor_config.json: RTDetrImageProcessor,
-// DeformableDetrImageProcessor, RfDetrImageProcessor, ViTImageProcessor, DeiTImageProcessor and
+// DeformableDetrImageProcessor (and GroundingDinoImageProcessor, the same class defaults and
+// steps), RfDetrImageProcessor, ViTImageProcessor, DeiTImageProcessor and
 // YolosImageProcessor (DETR's, but its aspect-ratio resize floors both sides to multiples of 16)
 // (transformers 5.17, torchvision backend: resize on uint8, center crop, fused rescale/normalize,
 // bottom/right padding with a pixel mask; RfDetrImageProcessor instead rescales, resizes the

@@ -79,7 +79,54 @@ BertTokenizer BertTokenizer::from_folder(const std::string& dir) {
     t.max_token_chars_ = std::max(t.max_token_chars_, chars);
   }
   t.vocab_size_ = max_id + 1;
+  t.clean_up_spaces_ = config_bool(config, config_file, "clean_up_tokenization_spaces", false);
+  t.id_to_token_.resize(static_cast<std::size_t>(t.vocab_size_));
+  for (const auto& [token, id] : t.vocab_) t.id_to_token_[static_cast<std::size_t>(id)] = token;
+  for (const auto& [token, id] : t.added_.tokens())
+    t.id_to_token_[static_cast<std::size_t>(id)] = token;
   return t;
+}
+
+namespace {
+
+/// Replaces every occurrence of `from` in `s` by `to`, left to right (Python str.replace).
+void replace_all(std::string& s, const std::string& from, const std::string& to) {
+  std::string out;
+  std::size_t start = 0, at = 0;
+  while ((at = s.find(from, start)) != std::string::npos) {
+    out.append(s, start, at - start).append(to);
+    start = at + from.size();
+  }
+  s = out.append(s, start, std::string::npos);
+}
+
+}  // namespace
+
+std::string BertTokenizer::decode(const std::vector<std::int64_t>& ids) const {
+  std::string out;
+  bool first = true;
+  for (const auto id : ids) {
+    if (id < 0 || id >= static_cast<std::int64_t>(id_to_token_.size())) continue;
+    std::string token = id_to_token_[static_cast<std::size_t>(id)];
+    // tokenizers decoders/wordpiece.rs: prefix stripped or a space added, then its cleanup
+    // (decoders/wordpiece.rs `cleanup`) on the token.
+    if (!first) token = token.rfind("##", 0) == 0 ? token.substr(2) : " " + token;
+    first = false;
+    static const std::pair<const char*, const char*> kTokenRules[] = {
+        {" .", "."},   {" ?", "?"},     {" !", "!"},    {" ,", ","},
+        {" ' ", "'"},  {" n't", "n't"}, {" 'm", "'m"},  {" do not", " don't"},
+        {" 's", "'s"}, {" 've", "'ve"}, {" 're", "'re"}};
+    for (const auto& [from, to] : kTokenRules) replace_all(token, from, to);
+    out += token;
+  }
+  if (clean_up_spaces_) {
+    // transformers PreTrainedTokenizerBase.clean_up_tokenization, on the whole text.
+    static const std::pair<const char*, const char*> kTextRules[] = {
+        {" .", "."},     {" ?", "?"},   {" !", "!"},   {" ,", ","},     {" ' ", "'"},
+        {" n't", "n't"}, {" 'm", "'m"}, {" 's", "'s"}, {" 've", "'ve"}, {" 're", "'re"}};
+    for (const auto& [from, to] : kTextRules) replace_all(out, from, to);
+  }
+  return out;
 }
 
 std::u32string BertTokenizer::normalize(std::u32string_view text) const {

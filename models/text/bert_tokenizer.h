@@ -28,6 +28,14 @@ class BertTokenizer : public Tokenizer {
   /// The word pieces of `text` (no [CLS]/[SEP]), for inspection and tests.
   std::vector<std::string> tokenize(std::string_view text) const;
 
+  /// The text of `ids` as transformers' decode(ids) (skip_special_tokens false): the
+  /// `tokenizers` WordPiece decoder (tokens joined by spaces, a '##' piece glued to the one
+  /// before it except at the start; its per-token cleanup " ." " ?" " !" " ," -> "." "?" "!" ","),
+  /// then clean_up_tokenization when tokenizer_config.json's clean_up_tokenization_spaces is
+  /// true. Grounding DINO's phrase labels (processing_grounding_dino.py). An id without a token
+  /// decodes to nothing.
+  std::string decode(const std::vector<std::int64_t>& ids) const;
+
  protected:
   void append_ids(std::u32string_view text, std::vector<std::int64_t>& ids) const override;
 
@@ -43,6 +51,8 @@ class BertTokenizer : public Tokenizer {
            std::vector<std::string>* pieces) const;
 
   Vocabulary vocab_;
+  std::vector<std::string> id_to_token_;  ///< the vocabulary and added tokens by id
+  bool clean_up_spaces_ = false;
   std::int64_t unk_id_ = 0;
   std::string unk_token_;
   bool lowercase_ = true, strip_accents_ = true, chinese_chars_ = true;

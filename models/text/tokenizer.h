@@ -30,6 +30,8 @@ class AddedTokens {
   /// The text cut into pieces: (text, -1) for a run to tokenize, (token, id) for an added token.
   std::vector<std::pair<std::string_view, std::int64_t>> split(std::string_view text) const;
   std::int64_t max_id() const;
+  /// (content, id) of every added token, in the order added.
+  const std::vector<std::pair<std::string, std::int64_t>>& tokens() const { return tokens_; }
 
  private:
   std::vector<std::pair<std::string, std::int64_t>> tokens_;

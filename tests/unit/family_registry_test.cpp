@@ -70,10 +70,10 @@ TEST(FamilyRegistry, EveryFamilyFolderRegistersExactlyOnce) {
   for (const Family* f : FamilyRegistry::builtin().all()) registered.push_back(f->name);
   std::sort(registered.begin(), registered.end());
   EXPECT_EQ(registered, folders);  // a record's name is its folder
-  EXPECT_EQ(folders, (std::vector<std::string>{"conditional_detr", "dab_detr", "deformable_detr",
-                                               "deimv2", "deit", "detr", "dfine", "lw_detr",
-                                               "owlvit", "pp_doclayout_v3", "rf_detr", "rtdetr",
-                                               "swin", "table_transformer", "vit", "yolos"}));
+  EXPECT_EQ(folders, (std::vector<std::string>{
+                         "conditional_detr", "dab_detr", "deformable_detr", "deimv2", "deit",
+                         "detr", "dfine", "grounding_dino", "lw_detr", "owlvit", "pp_doclayout_v3",
+                         "rf_detr", "rtdetr", "swin", "table_transformer", "vit", "yolos"}));
 }
 
 TEST(FamilyRegistry, ModelTypesAndRecords) {
@@ -93,6 +93,8 @@ TEST(FamilyRegistry, ModelTypesAndRecords) {
                                                      {"dab-detr", "dab_detr"},
                                                      {"table-transformer", "table_transformer"},
                                                      {"yolos", "yolos"},
+                                                     {"grounding-dino", "grounding_dino"},
+                                                     {"mm-grounding-dino", "grounding_dino"},
                                                      {"owlvit", "owlvit"},
                                                      {"owlv2", "owlvit"},
                                                      {"pp_doclayout_v3", "pp_doclayout_v3"}};
@@ -134,10 +136,10 @@ TEST(FamilyRegistry, ModelTypesAndRecords) {
   // The order of all(): Family::order, then name.
   std::vector<std::string> order;
   for (const Family* f : registry.all()) order.push_back(f->name);
-  EXPECT_EQ(order, (std::vector<std::string>{"rtdetr", "detr", "conditional_detr", "dab_detr",
-                                             "table_transformer", "deformable_detr", "dfine",
-                                             "pp_doclayout_v3", "deimv2", "lw_detr", "rf_detr",
-                                             "yolos", "owlvit", "vit", "deit", "swin"}));
+  EXPECT_EQ(order, (std::vector<std::string>{
+                       "rtdetr", "detr", "conditional_detr", "dab_detr", "table_transformer",
+                       "deformable_detr", "grounding_dino", "dfine", "pp_doclayout_v3", "deimv2",
+                       "lw_detr", "rf_detr", "yolos", "owlvit", "vit", "deit", "swin"}));
 }
 
 TEST(FamilyRegistry, TakenModelTypeAndIncompleteRecordsAreRefused) {

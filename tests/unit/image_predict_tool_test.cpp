@@ -108,6 +108,38 @@ TEST_F(PredictTool, RtDetrOnFixtureJpegMatchesTransformers) {
   EXPECT_LE(db, 1e-2);
 }
 
+TEST_F(PredictTool, GroundingDinoPromptMatchesTransformers) {
+  // --prompt drives a text-conditioned detector: chelsea.jpg with the fixture's merged label list
+  // at its box/text thresholds gives post_process_grounded_object_detection's boxes and phrases
+  // (tests/fixtures/models/grounding_dino_tiny, case "labels"); a prompt is required.
+  const fs::path model = kFixtures / "models" / "grounding_dino_tiny";
+  const std::string image = (kFixtures / "images" / "chelsea.jpg").string();
+  const ToolRun missing = run_tool("--model '" + model.string() + "' --image '" + image + "'");
+  EXPECT_EQ(missing.rc, 1);
+  EXPECT_NE(missing.err.find("grounding-dino is text-conditioned: give --prompt"),
+            std::string::npos)
+      << missing.err;
+  const fs::path out = fs::temp_directory_path() / "image_predict_grounding_dino.safetensors";
+  const ToolRun r = run_tool("--model '" + model.string() + "' --image '" + image +
+                             "' --prompt 'a cat. a dog. remote control.' --threshold 0.261001"
+                             " --text-threshold 0.197509 --out '" +
+                             out.string() + "'");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_NE(r.out.find("chelsea.jpg (451x300): 6 detections with score > 0.261001"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("  a cat a. remote control [SEP] 0.8215"), std::string::npos) << r.out;
+  auto got = libreyolo::models::core::SafetensorsFile::open(out.string());
+  auto want =
+      libreyolo::models::core::SafetensorsFile::open((model / "expected.safetensors").string());
+  const at::Tensor s = want->view("labels_img0_scores");
+  ASSERT_EQ(got->view("img0_scores").numel(), s.numel());
+  EXPECT_LE((got->view("img0_scores") - s).abs().max().item<double>(), 1e-4);
+  EXPECT_LE((got->view("img0_boxes") - want->view("labels_img0_boxes")).abs().max().item<double>(),
+            1e-2);
+  EXPECT_TRUE(at::equal(got->view("input_ids"), want->view("labels_input_ids")));
+}
+
 TEST_F(PredictTool, ModelFolderRunsItsHighestNumericVersion) {
   // <dir>/9 is empty (not a checkpoint) and <dir>/10 the fixture: the highest version is 10
   // numerically (9 as text); "010" and "x" are not versions.

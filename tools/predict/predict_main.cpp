@@ -6,6 +6,7 @@
 //                     [--threshold T] [--top-k K] [--device cpu|cuda[:N]]
 //                     [--dtype float32|float16|bfloat16] [--layouts default|on|off]
 //                     [--out FILE.json|FILE.safetensors]
+//                     [--prompt TEXT [--text-threshold T]]   (text-conditioned detectors)
 // Exit codes: 0 ok, 1 runtime error (bad image, bad checkpoint, ...), 2 usage error.
 #include <ATen/ATen.h>
 #include <c10/core/InferenceMode.h>
@@ -24,6 +25,8 @@
 #include "kernels/policy.h"
 #include "log/log.h"
 #include "models/core/safetensors.h"
+#include "models/grounding_dino/grounding_dino.h"
+#include "models/grounding_dino/postprocess.h"
 #include "models/image/postprocess.h"
 #include "models/image/processor.h"
 #include "models/model.h"
@@ -40,6 +43,7 @@ const char* kUsage =
     "                         [--threshold T] [--top-k K] [--device cpu|cuda[:N]]\n"
     "                         [--dtype float32|float16|bfloat16] [--layouts default|on|off]\n"
     "                         [--out FILE.json|FILE.safetensors]\n"
+    "                         [--prompt TEXT [--text-threshold T]]\n"
     "  --model DIR       checkpoint folder (config.json, model.safetensors, "
     "preprocessor_config.json),\n"
     "                    or a model folder of a model repository (DIR/<version>/...): its\n"
@@ -58,6 +62,11 @@ const char* kUsage =
     "                    (models/layouts/) rewrite the loaded model; printed on stderr\n"
     "  --out FILE        .json: the printed results; .safetensors: raw logits/pred_boxes,\n"
     "                    pixel_values and per-image img{i}_{scores,labels,boxes}\n"
+    "  --prompt TEXT     text-conditioned detectors (Grounding DINO, MM Grounding DINO): the\n"
+    "                    prompt of every image, \"a cat. a remote control.\"; --threshold is\n"
+    "                    then the box threshold (a box is kept when its best token's\n"
+    "                    probability is > T) and each box is named by its phrase\n"
+    "  --text-threshold T  tokens of a box's phrase: probability > T (default 0.25)\n"
     "Image sizes are printed width x height (WxH), as in error messages; boxes are\n"
     "[x0, y0, x1, y1] in pixels of the image as displayed (EXIF orientation applied).\n";
 
@@ -75,6 +84,9 @@ struct Args {
   std::string dtype = "float32";
   std::string layouts;  ///< "" = not given (LIBREYOLO_LAYOUTS, else default)
   std::string out;
+  std::string prompt;  ///< "" = none
+  double text_threshold = 0.25;
+  bool has_text_threshold = false;
 };
 
 bool ends_with(const std::string& s, const std::string& suffix) {
@@ -117,6 +129,15 @@ Args parse_args(int argc, char** argv) {
           throw UsageError("--layouts must be default, on or off");
       } else if (f == "--out") {
         a.out = value(i, f);
+      } else if (f == "--prompt") {
+        a.prompt = value(i, f);
+        if (a.prompt.empty()) throw UsageError("--prompt must not be empty");
+      } else if (f == "--text-threshold") {
+        size_t pos = 0;
+        const std::string v = value(i, f);
+        a.text_threshold = std::stod(v, &pos);
+        a.has_text_threshold = true;
+        if (pos != v.size()) throw std::invalid_argument(v);
       } else {
         throw UsageError("unknown argument '" + f + "'");
       }
@@ -133,6 +154,7 @@ Args parse_args(int argc, char** argv) {
     throw UsageError("--dtype must be float32, float16 or bfloat16");
   if (a.device != "cpu" && a.device != "cuda" && a.device.rfind("cuda:", 0) != 0)
     throw UsageError("--device must be cpu, cuda or cuda:N");
+  if (a.has_text_threshold && a.prompt.empty()) throw UsageError("--text-threshold needs --prompt");
   if (!a.out.empty() && !ends_with(a.out, ".json") && !ends_with(a.out, ".safetensors"))
     throw UsageError("--out must end in .json or .safetensors");
   return a;
@@ -229,6 +251,27 @@ std::string fmt(double v, int precision) {
   return s.str();
 }
 
+/// Prints "<source> (WxH): N detections with score > T" (WxH, the convention of every size in
+/// messages; target_sizes themselves are (H, W)) and returns image i's JSON without detections.
+json image_result(const Inputs& in, size_t i, int64_t count, double threshold) {
+  std::cout << in.sources[i] << " (" << in.target_sizes[i].second << "x" << in.target_sizes[i].first
+            << "): " << count << " detections with score > " << threshold << "\n";
+  return {{"source", in.sources[i]},
+          {"height", in.target_sizes[i].first},
+          {"width", in.target_sizes[i].second},
+          {"detections", json::array()}};
+}
+
+/// Prints one detection line (name, score, [x0, y0, x1, y1]); returns the box as floats.
+std::vector<float> print_detection(const std::string& name, float score, const at::Tensor& box) {
+  std::vector<float> b(4);
+  for (int j = 0; j < 4; ++j) b[j] = box[j].item<float>();
+  std::cout << "  " << std::left << std::setw(16) << name << std::right << " " << fmt(score, 4)
+            << "  [" << fmt(b[0], 1) << ", " << fmt(b[1], 1) << ", " << fmt(b[2], 1) << ", "
+            << fmt(b[3], 1) << "]\n";
+  return b;
+}
+
 int run(Args a) {
   if (const std::string folder = checkpoint_folder(a.model); folder != a.model) {
     std::cout << "model " << a.model << ": highest version " << folder << "\n";
@@ -257,12 +300,26 @@ int run(Args a) {
             << models::layouts::describe(model->layouts());
 
   const Inputs in = a.images.empty() ? inputs_from_pixels(a) : inputs_from_images(a);
+  const auto* text_model =
+      dynamic_cast<const models::grounding_dino::TextConditioned*>(model.get());
+  if (text_model != nullptr && a.prompt.empty())
+    throw std::runtime_error(model->model_type() + " is text-conditioned: give --prompt");
+  if (text_model == nullptr && !a.prompt.empty())
+    throw std::runtime_error(model->model_type() + " takes no --prompt");
   models::ModelOutput raw;
+  models::grounding_dino::TextTensors text;
   {
     c10::InferenceMode guard;
     const at::Tensor pv = in.pixel_values.to(options.device, options.dtype);
     const at::Tensor pm = in.pixel_mask.defined() ? in.pixel_mask.to(options.device) : at::Tensor();
-    raw = model->forward(pv, pm);
+    if (text_model != nullptr) {
+      text = models::grounding_dino::encode_prompts(
+          text_model->tokenizer(),
+          std::vector<std::string>(static_cast<size_t>(pv.size(0)), a.prompt));
+      raw = text_model->forward_text(pv, pm, text);
+    } else {
+      raw = model->forward(pv, pm);
+    }
   }
   const at::Tensor logits = raw.logits.to(at::kCPU, at::kFloat);
 
@@ -284,9 +341,33 @@ int run(Args a) {
   std::map<std::string, at::Tensor> dump = {{"logits", logits}, {"pixel_values", in.pixel_values}};
   if (in.pixel_mask.defined()) dump["pixel_mask"] = in.pixel_mask;
 
-  if (model->task() == models::Task::object_detection ||
-      model->task() == models::Task::instance_segmentation ||
-      model->task() == models::Task::panoptic_segmentation) {
+  if (text_model != nullptr) {
+    // post_process_grounded_object_detection: boxes named by the phrase of their tokens.
+    result["task"] = "zero-shot-object-detection";
+    result["prompt"] = a.prompt;
+    const at::Tensor boxes = raw.pred_boxes.to(at::kCPU, at::kFloat);
+    dump["pred_boxes"] = boxes;
+    dump["input_ids"] = text.input_ids;
+    const auto dets = models::grounding_dino::post_process_grounded_object_detection(
+        logits, boxes, text.input_ids, a.threshold, a.text_threshold, in.target_sizes,
+        text_model->tokenizer());
+    for (size_t i = 0; i < dets.size(); ++i) {
+      const auto& d = dets[i];
+      json ji = image_result(in, i, d.scores.numel(), a.threshold);
+      for (int64_t k = 0; k < d.scores.numel(); ++k) {
+        const float score = d.scores[k].item<float>();
+        const std::string& phrase = d.phrases[static_cast<size_t>(k)];
+        const auto box = print_detection(phrase, score, d.boxes[k]);
+        ji["detections"].push_back({{"phrase", phrase}, {"score", score}, {"box", box}});
+      }
+      result["images"].push_back(ji);
+      const std::string key = "img" + std::to_string(i) + "_";
+      dump[key + "scores"] = d.scores;
+      dump[key + "boxes"] = d.boxes;
+    }
+  } else if (model->task() == models::Task::object_detection ||
+             model->task() == models::Task::instance_segmentation ||
+             model->task() == models::Task::panoptic_segmentation) {
     // Instance and panoptic segmentation: their detections (the same queries' boxes), and the
     // raw pred_masks in the --out dump.
     const bool panoptic = model->task() == models::Task::panoptic_segmentation;
@@ -297,9 +378,9 @@ int run(Args a) {
     const at::Tensor boxes = raw.pred_boxes.to(at::kCPU, at::kFloat);
     dump["pred_boxes"] = boxes;
     if (segmentation) dump["pred_masks"] = raw.pred_masks.to(at::kCPU, at::kFloat);
-    // Document layout (PP-DocLayoutV3): its mask logits and reading-order logits.
+    // Document layout: the reading-order logits (PP-DocLayoutV2, V3) and V3's mask logits.
     if (raw.order_logits.defined()) {
-      dump["out_masks"] = raw.pred_masks.to(at::kCPU, at::kFloat);
+      if (raw.pred_masks.defined()) dump["out_masks"] = raw.pred_masks.to(at::kCPU, at::kFloat);
       dump["order_logits"] = raw.order_logits.to(at::kCPU, at::kFloat);
     }
     image::PostProcessOptions post;
@@ -310,23 +391,12 @@ int run(Args a) {
                                                            model->description().head, post);
     for (size_t i = 0; i < dets.size(); ++i) {
       const auto& d = dets[i];
-      // WxH, the convention of every size in messages (target_sizes themselves are (H, W)).
-      std::cout << in.sources[i] << " (" << in.target_sizes[i].second << "x"
-                << in.target_sizes[i].first << "): " << d.scores.numel()
-                << " detections with score > " << a.threshold << "\n";
-      json ji = {{"source", in.sources[i]},
-                 {"height", in.target_sizes[i].first},
-                 {"width", in.target_sizes[i].second},
-                 {"detections", json::array()}};
+      json ji = image_result(in, i, d.scores.numel(), a.threshold);
       for (int64_t k = 0; k < d.scores.numel(); ++k) {
         const int64_t label = d.labels[k].item<int64_t>();
         const std::string name = image::label_name(model->id2label(), label);
         const float score = d.scores[k].item<float>();
-        std::vector<float> box(4);
-        for (int j = 0; j < 4; ++j) box[j] = d.boxes[k][j].item<float>();
-        std::cout << "  " << std::left << std::setw(16) << name << std::right << " "
-                  << fmt(score, 4) << "  [" << fmt(box[0], 1) << ", " << fmt(box[1], 1) << ", "
-                  << fmt(box[2], 1) << ", " << fmt(box[3], 1) << "]\n";
+        const auto box = print_detection(name, score, d.boxes[k]);
         ji["detections"].push_back(
             {{"label", label}, {"name", name}, {"score", score}, {"box", box}});
       }
