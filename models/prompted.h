@@ -8,6 +8,7 @@
 #include <ATen/ATen.h>
 
 #include <cstdint>
+#include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
@@ -85,6 +86,23 @@ class PromptedDetector {
   virtual std::vector<std::vector<bool>> truncation(
       const std::vector<std::vector<std::string>>& labels) const = 0;
 
+  /// Whether the family encodes each label alone, independently of the image and of the other
+  /// labels (OWL-ViT / OWLv2: CLIP's text tower per label), so that label_embeddings and
+  /// forward_embedded compute forward_prompted in two steps and a label's embedding can be
+  /// cached across requests. Grounding DINO (one caption per image, fused with the image) cannot.
+  virtual bool embeds_labels() const { return false; }
+  /// One embedding per label, (n, D) in the model's dtype and on its device (OWL: the projected
+  /// end token of the label's tokens, L2-normalised: the queries the class head compares).
+  /// Throws std::invalid_argument as encode_labels does; std::logic_error unless embeds_labels().
+  virtual at::Tensor label_embeddings(const std::vector<std::string>& labels) const;
+  /// forward_prompted with the labels already embedded: pixel_values as there, embeddings
+  /// (B, Qmax, D) (label_embeddings' rows, padded), query_mask (B, Qmax) bool (false: a padding
+  /// label, masked to float32's lowest). Throws std::invalid_argument for mismatched shapes;
+  /// std::logic_error unless embeds_labels().
+  virtual PromptedOutput forward_embedded(const at::Tensor& pixel_values,
+                                          const at::Tensor& embeddings,
+                                          const at::Tensor& query_mask) const;
+
   /// The family's defaults (its processor's post-processing arguments).
   virtual PromptThresholds default_thresholds() const = 0;
   /// Whether post_process reads PromptThresholds::text_threshold (Grounding DINO) or not
@@ -99,6 +117,15 @@ class PromptedDetector {
       const std::vector<std::vector<std::string>>& labels,
       const PromptThresholds& thresholds) const = 0;
 };
+
+inline at::Tensor PromptedDetector::label_embeddings(const std::vector<std::string>&) const {
+  throw std::logic_error("label_embeddings: this family does not embed labels one by one");
+}
+
+inline PromptedOutput PromptedDetector::forward_embedded(const at::Tensor&, const at::Tensor&,
+                                                         const at::Tensor&) const {
+  throw std::logic_error("forward_embedded: this family does not embed labels one by one");
+}
 
 /// `model` as a PromptedDetector, or nullptr for a closed-set model.
 inline const PromptedDetector* prompted_detector(const Model& model) {

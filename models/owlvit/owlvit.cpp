@@ -282,6 +282,30 @@ class OwlModel : public ModuleModel<OwlImpl>, public PromptedDetector {
     return cut;
   }
 
+  bool embeds_labels() const override { return true; }
+
+  at::Tensor label_embeddings(const std::vector<std::string>& labels) const override {
+    const auto q = encode_labels({labels});
+    return net_->query_embeddings(q.input_ids[0]);
+  }
+
+  PromptedOutput forward_embedded(const at::Tensor& pixel_values, const at::Tensor& embeddings,
+                                  const at::Tensor& query_mask) const override {
+    const auto& c = net_->config;
+    const at::Tensor x = checked_input(pixel_values, c.vision.num_channels, c.vision.patch_size);
+    if (!embeddings.defined() || embeddings.dim() != 3 || embeddings.size(0) != x.size(0) ||
+        embeddings.size(2) != c.projection_dim || !query_mask.defined() ||
+        query_mask.sizes() != embeddings.sizes().slice(0, 2))
+      throw std::invalid_argument(
+          c10::str(model_type_, ": embeddings must be (B, Q, ", c.projection_dim,
+                   ") with B = ", x.size(0), " and query_mask (B, Q), got ",
+                   embeddings.defined() ? c10::str(embeddings.sizes()) : "undefined", " and ",
+                   query_mask.defined() ? c10::str(query_mask.sizes()) : "undefined"));
+    return net_->heads(
+        net_->image_features(x), x.size(2) / c.vision.patch_size, x.size(3) / c.vision.patch_size,
+        embeddings.to(options_.device, options_.dtype), query_mask.to(options_.device, at::kBool));
+  }
+
   /// post_process_object_detection's default threshold (0.1); no text threshold.
   PromptThresholds default_thresholds() const override { return {0.1, 0.0}; }
   bool uses_text_threshold() const override { return false; }

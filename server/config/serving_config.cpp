@@ -174,6 +174,10 @@ ServingConfig parse_serving_config(const std::string& yaml_text, const std::stri
       c.fused_attention_origin = where(file, v);
     } else if (key == "cuda_graphs") {
       c.cuda_graphs = as<bool>(file, v, key, "on or off");
+    } else if (key == "prompt_cache_mb") {
+      c.prompt_cache_mb = as<std::int64_t>(file, v, key, "an integer");
+      if (c.prompt_cache_mb < 0 || c.prompt_cache_mb > (1 << 20))
+        fail(file, v, "prompt_cache_mb must be from 0 to 1048576");
     } else if (key == "kernels") {
       c.kernels = kernels::parse_model_kernels(v, file);
     } else if (key == "kernel_config") {
@@ -185,7 +189,8 @@ ServingConfig parse_serving_config(const std::string& yaml_text, const std::stri
            "unknown key " + clip(key) +
                " (expected device, dtype, max_batch_size, max_queue_delay_microseconds, "
                "max_queue_size, default_timeout_microseconds, threshold, top_k, warmup, "
-               "fused_attention, cuda_graphs, kernels, kernel_config, instance_group)");
+               "fused_attention, cuda_graphs, prompt_cache_mb, kernels, kernel_config, "
+               "instance_group)");
     }
   }
   return c;

@@ -73,7 +73,11 @@ ModelInstance::ModelInstance(std::size_t index, std::size_t group_size,
       model_(std::move(model)),
       name_(model_->name),
       scheduler_(scheduler),
-      hooks_(hooks) {}
+      hooks_(hooks) {
+  const auto* prompted = models::prompted_detector(*model_->model);
+  if (prompted && prompted->embeds_labels() && model_->serving.prompt_cache_mb > 0)
+    prompt_cache_ = std::make_unique<PromptCache>(model_->serving.prompt_cache_mb << 20);
+}
 
 ModelInstance::~ModelInstance() { join(); }
 
@@ -165,7 +169,14 @@ std::unique_ptr<ModelInstance::InFlight> ModelInstance::launch(Batch& batch) {
       std::vector<std::vector<std::string>> labels;
       for (const auto& j : batch)
         labels.insert(labels.end(), j->request->prompts.begin(), j->request->prompts.end());
-      out = prompted->forward_prompted(pv, prompted->encode_labels(labels));
+      if (prompt_cache_) {  // each distinct label's text forward once, then from the cache
+        auto e = prompt_cache_->embed(*prompted, labels);
+        f->cache_hits = e.hits;
+        f->cache_misses = e.misses;
+        out = prompted->forward_embedded(pv, e.embeddings, e.query_mask);
+      } else {
+        out = prompted->forward_prompted(pv, prompted->encode_labels(labels));
+      }
     } else {
       out = (model.graphs && !mask.defined() && model.graphs->accepts(pv))
                 ? model.graphs->run(pv)
@@ -252,6 +263,8 @@ void ModelInstance::finish(std::unique_ptr<InFlight> f) {
       x.output_seconds = output_total;
       for (const auto& r : results) x.queue_seconds += r.queue_seconds;
       x.instance = index_;
+      x.prompt_cache_hits = f->cache_hits;
+      x.prompt_cache_misses = f->cache_misses;
       hooks_.executed(x);
     }
     for (std::size_t i = 0; i < batch.size(); ++i) {

@@ -20,6 +20,7 @@
 
 #include "models/runtime/stream_guard.h"
 #include "server/instance/loaded_model.h"
+#include "server/instance/prompt_cache.h"
 #include "server/metrics/statistics.h"
 #include "server/scheduler/batch_job.h"
 #include "server/scheduler/scheduler.h"
@@ -45,6 +46,8 @@ struct ExecutedBatch {
   double output_seconds = 0;  ///< post-processing of every request
   double queue_seconds = 0;   ///< sum over the requests of enqueue -> batch start
   std::size_t instance = 0;   ///< the instance that ran it (instance_group order)
+  /// Open-vocabulary models with a prompt cache: the batch's distinct labels found / embedded.
+  int64_t prompt_cache_hits = 0, prompt_cache_misses = 0;
 };
 
 /// Called from an instance's worker after each executed batch, and once when the instance is
@@ -87,6 +90,7 @@ class ModelInstance {
     at::Tensor order;  ///< host float32 order_logits (document-layout models), else undefined
     models::StreamEvent done;
     int64_t images = 0;
+    int64_t cache_hits = 0, cache_misses = 0;  ///< the prompt cache's, for ExecutedBatch
     Clock::time_point start, t_input;
   };
 
@@ -108,6 +112,9 @@ class ModelInstance {
   std::thread worker_;
   std::atomic<bool> healthy_{true};
   std::atomic<std::uint64_t> batches_{0}, images_{0};
+  /// The label-embedding cache (serving.yaml prompt_cache_mb) of a model whose family embeds
+  /// labels one by one; null otherwise. The worker's alone.
+  std::unique_ptr<PromptCache> prompt_cache_;
   mutable std::mutex mu_;
   std::string error_;  ///< guarded by mu_
 };

@@ -134,6 +134,9 @@ void ModelLifecycle::bring_up(const std::shared_ptr<ModelEntry>& e, const ModelS
     metrics.instance_batch(entry->name, instance, device, x.images,
                            x.input_seconds + x.infer_seconds + x.output_seconds);
     metrics.instance_queue(entry->name, instance, device, x.requests, x.queue_seconds);
+    if (x.prompt_cache_hits + x.prompt_cache_misses > 0)
+      metrics.prompt_cache(entry->name, instance, device, x.prompt_cache_hits,
+                           x.prompt_cache_misses);
     std::lock_guard<std::mutex> ek(entry->mu);
     entry->stats.execution_count += 1;
     auto& b = entry->batch_stats[static_cast<std::uint64_t>(x.images)];

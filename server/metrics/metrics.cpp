@@ -97,6 +97,16 @@ struct Metrics::Impl {
           .Name("libreyolo_instance_compute_seconds_total")
           .Help("Seconds a model instance spent on its batches (input, forward, output)")
           .Register(*registry);
+  prometheus::Family<prometheus::Counter>& prompt_cache_hits =
+      prometheus::BuildCounter()
+          .Name("libreyolo_prompt_cache_hits_total")
+          .Help("Distinct labels of a batch found in an instance's label-embedding cache")
+          .Register(*registry);
+  prometheus::Family<prometheus::Counter>& prompt_cache_misses =
+      prometheus::BuildCounter()
+          .Name("libreyolo_prompt_cache_misses_total")
+          .Help("Distinct labels of a batch embedded by the text tower (not in the cache)")
+          .Register(*registry);
   prometheus::Family<prometheus::Counter>& instance_requests =
       prometheus::BuildCounter()
           .Name("libreyolo_instance_requests_total")
@@ -165,6 +175,14 @@ void Metrics::instance_batch(const std::string& model, const std::string& instan
   impl_->instance_batches.Add(labels).Increment();
   impl_->instance_images.Add(labels).Increment(static_cast<double>(images));
   impl_->instance_compute.Add(labels).Increment(compute_seconds);
+}
+
+void Metrics::prompt_cache(const std::string& model, const std::string& instance,
+                           const std::string& device, std::int64_t hits, std::int64_t misses) {
+  const std::map<std::string, std::string> labels{
+      {"model", model}, {"instance", instance}, {"device", device}};
+  impl_->prompt_cache_hits.Add(labels).Increment(static_cast<double>(hits));
+  impl_->prompt_cache_misses.Add(labels).Increment(static_cast<double>(misses));
 }
 
 void Metrics::instance_queue(const std::string& model, const std::string& instance,

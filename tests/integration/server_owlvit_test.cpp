@@ -36,8 +36,11 @@ std::vector<std::string> strings(const std::string& raw) {
   return out;
 }
 
+/// owlvit_tiny with the label-embedding cache (the default 64 MiB), owlv2_tiny without.
 void add_owl_model(const fs::path& repo, const std::string& fixture) {
-  add_fixture_model(repo, fixture, fixture, "device: cpu\nwarmup: true\nmax_batch_size: 4\n");
+  add_fixture_model(repo, fixture, fixture,
+                    std::string("device: cpu\nwarmup: true\nmax_batch_size: 4\n") +
+                        (fixture == "owlv2_tiny" ? "prompt_cache_mb: 0\n" : ""));
   const fs::path src = fs::path(kFixtures) / "models" / fixture;
   // owlvit_tiny's tokenizer is tokenizer.json, owlv2_tiny's vocab.json + merges.txt.
   for (const char* f : {"tokenizer.json", "vocab.json", "merges.txt", "tokenizer_config.json"})
@@ -106,6 +109,29 @@ TEST_P(ServerOwl, PromptedJpegsMatchTheFixturesPostProcessing) {
                 << ", max |box - expected| = " << db << " px\n";
       EXPECT_LE(ds, 1e-4);
       EXPECT_LE(db, 1e-2);  // our JPEG decode + processor against PIL + transformers'
+    }
+    // The same request again: owlvit_tiny's six labels come from its cache (the vision forward
+    // only), the answer is the same; owlv2_tiny has no cache (prompt_cache_mb: 0).
+    const auto again = c.infer(infer_text(fixture, 2, "2",
+                                          "parameters { key: \"box_threshold\" value { "
+                                          "double_param: 0.1 } }"),
+                               {jpegs, text});
+    ASSERT_TRUE(again.ok()) << again.message;
+    EXPECT_EQ(again.output("scores").data, r.output("scores").data);
+    EXPECT_EQ(again.output("boxes").data, r.output("boxes").data);
+    EXPECT_EQ(again.output("labels").data, r.output("labels").data);
+    const std::string metrics = http_get(daemon.http_port(), "/metrics").body;
+    const std::string series =
+        "{device=\"cpu\",instance=\"" + fixture + "_0\",model=\"" + fixture + "\"} ";
+    if (fixture == "owlvit_tiny") {
+      EXPECT_NE(metrics.find("libreyolo_prompt_cache_hits_total" + series + "6\n"),
+                std::string::npos)
+          << metrics;
+      EXPECT_NE(metrics.find("libreyolo_prompt_cache_misses_total" + series + "6\n"),
+                std::string::npos)
+          << metrics;
+    } else {
+      EXPECT_EQ(metrics.find("libreyolo_prompt_cache_hits_total{"), std::string::npos);
     }
     // One prompt shared by the batch, and a label past the 14 tokens cut and reported.
     std::string long_label;

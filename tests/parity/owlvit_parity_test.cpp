@@ -211,6 +211,41 @@ TEST_P(OwlParity, ImagesWithDifferentLabelCountsBatchTogether) {
   for (const auto& p : dets[1].phrases) EXPECT_EQ(p, "a spoon");
 }
 
+TEST_P(OwlParity, EmbeddedLabelsEqualThePromptedForward) {
+  // label_embeddings + forward_embedded (the server's prompt cache path) against forward_prompted:
+  // the labels embedded in another grouping (one call for all six, the padding query included as
+  // a masked row) give the same logits and the same boxes.
+  c10::InferenceMode inference_mode;
+  const auto dir = test::model_fixture(GetParam().name);
+  auto model = models::load_model(dir);
+  const auto* owl = models::prompted_detector(*model);
+  ASSERT_TRUE(owl->embeds_labels());
+  const auto pixels = test::expected_tensor(dir, "pixel_values");
+  const auto prompts = fixture_prompts(dir);
+  auto all = prompts[0];
+  all.insert(all.end(), prompts[1].begin(), prompts[1].end());
+  const auto rows = owl->label_embeddings(all);
+  ASSERT_EQ(rows.sizes(), (at::IntArrayRef{6, 32}));
+  const auto embedded = owl->forward_embedded(pixels, rows.view({2, 3, 32}),
+                                              at::ones({2, 3}, at::TensorOptions(at::kBool)));
+  const auto direct = owl->forward_prompted(pixels, owl->encode_labels(prompts));
+  const double dl = test::max_abs_diff(embedded.logits, direct.logits);
+  std::cout << "[" << GetParam().name << "] embedded vs prompted: max|logits diff| = " << dl
+            << "\n";
+  EXPECT_LE(dl, 1e-5);
+  EXPECT_TRUE(at::equal(embedded.pred_boxes, direct.pred_boxes));
+  EXPECT_LE(test::max_abs_diff(embedded.logits, test::expected_tensor(dir, "logits")), 1e-4);
+  try {
+    owl->forward_embedded(pixels, rows.view({2, 3, 32}), at::ones({2, 2}, at::kBool));
+    ADD_FAILURE() << "a mismatched query_mask ran";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_EQ(std::string(e.what()),
+              std::string(GetParam().model_type) +
+                  ": embeddings must be (B, Q, 32) with B = 2 and query_mask (B, Q), got [2, 3, "
+                  "32] and [2, 2]");
+  }
+}
+
 TEST_P(OwlParity, StrictLoadingNamesTheKeyAndTheTokenizer) {
   const auto src = test::model_fixture(GetParam().name);
   const std::string base = GetParam().v2 ? "owlv2" : "owlvit";
