@@ -17,6 +17,7 @@
 #include "models/image/processor.h"
 #include "models/model.h"
 #include "models/registry/family.h"
+#include "tests/support/tensor_diff.h"
 
 namespace {
 
@@ -78,7 +79,7 @@ libreyolo::image::ProcessorOutput preprocess_fixture(const fs::path& dir,
 TEST(ImagePreprocessParity, PixelU8MatchesTransformersFixtures) {
   const auto dirs = model_dirs();
   ASSERT_GE(dirs.size(), 4u) << "copy the model fixtures into " << kFixtures;
-  int rf_detr = 0;
+  int rf_detr = 0, owl = 0;
   for (const auto& dir : dirs) {
     SCOPED_TRACE(dir.filename().string());
     auto expected = SafetensorsFile::open((dir / "expected.safetensors").string());
@@ -89,6 +90,18 @@ TEST(ImagePreprocessParity, PixelU8MatchesTransformersFixtures) {
             .image_processor_type == "RfDetrImageProcessor") {
       EXPECT_FALSE(expected->contains("pixel_u8"));
       ++rf_detr;
+      continue;
+    }
+    // OWL-ViT / OWLv2: the fixtures store pixel_values (Owlv2ImageProcessor blurs and resizes
+    // float32: no uint8 image); ours against them (owlvit_parity_test.cpp checks them too).
+    const std::string type = ProcessorConfig::from_file((dir / "preprocessor_config.json").string())
+                                 .image_processor_type;
+    if (type == "OwlViTImageProcessor" || type == "Owlv2ImageProcessor") {
+      EXPECT_FALSE(expected->contains("pixel_u8"));
+      const auto out = preprocess_fixture(dir, ProcessorConfig::Uint8Resize::automatic);
+      EXPECT_LE(libreyolo::test::max_abs_diff(out.pixel_values, expected->view("pixel_values")),
+                1e-5);
+      ++owl;
       continue;
     }
     const at::Tensor ref = expected->view("pixel_u8");
@@ -114,6 +127,7 @@ TEST(ImagePreprocessParity, PixelU8MatchesTransformersFixtures) {
     EXPECT_TRUE(at::equal(out.pixel_values, want));
   }
   EXPECT_EQ(rf_detr, 2);  // rf_detr_tiny, rf_detr_seg_tiny
+  EXPECT_EQ(owl, 2);      // owlvit_tiny, owlv2_tiny
 }
 
 // torchvision's float32 -> round path (its choice on AVX512 CPUs) is NOT what the fixtures
@@ -165,6 +179,9 @@ TEST(PostprocessParity, DetectorsMatchTransformersFixtures) {
     // Document layout: detections in reading order from the order logits too
     // (image::post_process_document_layout; tests/parity/pp_doclayout_v3_parity_test.cpp).
     if (head == DetectionHead::pp_doclayout) continue;
+    // Open-vocabulary detectors: their post-processing needs the prompts
+    // (PromptedDetector::post_process; tests/parity/owlvit_parity_test.cpp).
+    if (head == DetectionHead::prompted) continue;
     auto expected = SafetensorsFile::open((dir / "expected.safetensors").string());
     std::vector<std::pair<int64_t, int64_t>> sizes;
     for (const auto& hw : meta.at("target_sizes_hw")) sizes.emplace_back(hw[0], hw[1]);
