@@ -284,9 +284,16 @@ class OwlModel : public ModuleModel<OwlImpl>, public PromptedDetector {
 
   bool embeds_labels() const override { return true; }
 
+  /// Any number of labels (a batch's distinct ones may exceed max_labels): tokenized
+  /// max_labels at a time, one text forward over all of them.
   at::Tensor label_embeddings(const std::vector<std::string>& labels) const override {
-    const auto q = encode_labels({labels});
-    return net_->query_embeddings(q.input_ids[0]);
+    std::vector<at::Tensor> ids;
+    for (size_t from = 0; from < labels.size(); from += kMaxLabels) {
+      const auto end = std::min(labels.size(), from + static_cast<size_t>(kMaxLabels));
+      ids.push_back(encode_labels({{labels.begin() + from, labels.begin() + end}}).input_ids[0]);
+    }
+    if (ids.empty()) throw std::invalid_argument("labels: none to embed");
+    return net_->query_embeddings(at::cat(ids));
   }
 
   PromptedOutput forward_embedded(const at::Tensor& pixel_values, const at::Tensor& embeddings,

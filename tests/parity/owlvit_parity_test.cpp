@@ -235,6 +235,14 @@ TEST_P(OwlParity, EmbeddedLabelsEqualThePromptedForward) {
   EXPECT_LE(dl, 1e-5);
   EXPECT_TRUE(at::equal(embedded.pred_boxes, direct.pred_boxes));
   EXPECT_LE(test::max_abs_diff(embedded.logits, test::expected_tensor(dir, "logits")), 1e-4);
+  // More distinct labels than one image may carry (a batch's, for the server's cache): embedded
+  // all the same, row i the embedding of label i.
+  std::vector<std::string> many(300, "a flag");
+  many[299] = prompts[0][0];
+  const auto more = owl->label_embeddings(many);
+  ASSERT_EQ(more.sizes(), (at::IntArrayRef{300, 32}));
+  EXPECT_LE(test::max_abs_diff(more[299], rows[0]), 1e-6);
+  EXPECT_LE(test::max_abs_diff(more[0], rows[1]), 1e-6);
   try {
     owl->forward_embedded(pixels, rows.view({2, 3, 32}), at::ones({2, 2}, at::kBool));
     ADD_FAILURE() << "a mismatched query_mask ran";
