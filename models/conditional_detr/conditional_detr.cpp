@@ -186,6 +186,7 @@ std::unique_ptr<Model> load_conditional_detr(const std::string& dir, const nlohm
 const FamilyRegistrar registered{
     Family{"conditional_detr", {"conditional_detr"}, /*order=*/16, load_conditional_detr}
         .predicts({Task::object_detection}, image::DetectionHead::deformable_detr)
+        .takes_pixel_mask()
         .fused_attention(kFusedAttentionDefault)
         .layouts({{"batchnorm_fold", {"ResNetShortCut"}, "", path_with("shortcut")},
                   {"batchnorm_fold", {"ResNetConvLayer"}},

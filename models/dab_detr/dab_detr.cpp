@@ -318,6 +318,7 @@ std::unique_ptr<Model> load_dab_detr(const std::string& dir, const nlohmann::jso
 const FamilyRegistrar registered{
     Family{"dab_detr", {"dab-detr"}, /*order=*/17, load_dab_detr}
         .predicts({Task::object_detection}, image::DetectionHead::deformable_detr)
+        .takes_pixel_mask()
         .fused_attention(kFusedAttentionDefault)
         .layouts({{"batchnorm_fold", {"ResNetShortCut"}, "", path_with("shortcut")},
                   {"batchnorm_fold", {"ResNetConvLayer"}},

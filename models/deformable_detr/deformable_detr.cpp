@@ -394,6 +394,7 @@ std::unique_ptr<Model> load_deformable_detr(const std::string& dir, const nlohma
 const FamilyRegistrar registered{
     Family{"deformable_detr", {"deformable_detr"}, /*order=*/20, load_deformable_detr}
         .predicts({Task::object_detection}, image::DetectionHead::deformable_detr)
+        .takes_pixel_mask()
         .fused_attention(kFusedAttentionDefault)
         .layouts({{"batchnorm_fold", {"ResNetShortCut"}, "", path_with("shortcut")},
                   {"batchnorm_fold", {"ResNetConvLayer"}},

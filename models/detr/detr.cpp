@@ -56,6 +56,7 @@ std::unique_ptr<Model> load_detr(const std::string& dir, const nlohmann::json& c
 const FamilyRegistrar registered{
     Family{"detr", {"detr"}, /*order=*/15, load_detr}
         .predicts({Task::object_detection, Task::panoptic_segmentation}, image::DetectionHead::detr)
+        .takes_pixel_mask()
         .fused_attention(kFusedAttentionDefault)
         .layouts({{"batchnorm_fold", {"ResNetShortCut"}, "", path_with("shortcut")},
                   {"batchnorm_fold", {"ResNetConvLayer"}},

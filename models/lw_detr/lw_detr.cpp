@@ -152,6 +152,7 @@ std::unique_ptr<Model> load_lw_detr(const std::string& dir, const nlohmann::json
 const FamilyRegistrar registered{
     Family{"lw_detr", {"lw_detr"}, /*order=*/50, load_lw_detr}
         .predicts({Task::object_detection}, image::DetectionHead::deformable_detr)
+        .takes_pixel_mask()
         .fused_attention(kFusedAttentionDefault)
         .layouts({{"batchnorm_fold", {"LwDetrConvNormLayer"}},
                   {"qkv_concat", {"LwDetrViTAttention"}, "", path_with("backbone")},

@@ -45,6 +45,11 @@ Family&& Family::layouts(std::vector<LayoutClassRule> classes,
   return std::move(*this);
 }
 
+Family&& Family::takes_pixel_mask() && {
+  pixel_mask = true;
+  return std::move(*this);
+}
+
 FamilyRegistry& FamilyRegistry::builtin() {
   static FamilyRegistry registry;
   return registry;

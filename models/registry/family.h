@@ -71,6 +71,8 @@ struct Family {
   Family&& fused_attention(bool by_default) &&;
   /// Sets `layout_classes` and `default_layouts`.
   Family&& layouts(std::vector<LayoutClassRule> classes, std::vector<std::string> defaults) &&;
+  /// Sets `pixel_mask`: the family's forward reads pixel_mask.
+  Family&& takes_pixel_mask() &&;
 
   std::string name;                      ///< the family's folder under models/ ("rtdetr")
   std::vector<std::string> model_types;  ///< the config.json model_types it loads
@@ -89,6 +91,13 @@ struct Family {
   /// The layouts on under `kernels.layouts: default` (layouts::on_by_default), decided by the
   /// parity gate (tests/parity/layouts_parity_test.cpp).
   std::vector<std::string> default_layouts;
+  /// Its forward reads pixel_mask (B, H, W) and keeps the padding out of what the image's
+  /// features attend to (transformers' forward takes `pixel_mask`: DETR and its lineage,
+  /// Deformable DETR, LW-DETR, RF-DETR). An image padded into a larger batch then keeps its
+  /// outputs, so the server batches requests of any size together (server/scheduler). False: the
+  /// padding is encoded like pixels (YOLOS, whose forward has no pixel_mask), or the processor
+  /// never pads; requests share a forward only with requests of their own preprocessed size.
+  bool pixel_mask = false;
 };
 
 /// The families by model_type.

@@ -219,6 +219,7 @@ const FamilyRegistrar registered{
     Family{"rf_detr", {"rf_detr"}, /*order=*/60, load_rf_detr}
         .predicts({Task::object_detection, Task::instance_segmentation},
                   image::DetectionHead::rt_detr)
+        .takes_pixel_mask()
         .fused_attention(rf_detr::kFusedAttentionDefault)
         .layouts({{"qkv_concat",
                    {"RfDetrDinov2SelfAttention", "RfDetrDinov2Attention"},

@@ -50,6 +50,7 @@ std::unique_ptr<Model> load_table_transformer(const std::string& dir, const nloh
 const FamilyRegistrar registered{
     Family{"table_transformer", {"table-transformer"}, /*order=*/18, load_table_transformer}
         .predicts({Task::object_detection}, image::DetectionHead::detr)
+        .takes_pixel_mask()
         .fused_attention(kFusedAttentionDefault)
         .layouts({{"batchnorm_fold", {"ResNetShortCut"}, "", path_with("shortcut")},
                   {"batchnorm_fold", {"ResNetConvLayer"}},

@@ -11,6 +11,7 @@
 #include "log/log.h"
 #include "models/image/decode.h"
 #include "models/image/decode_slot.h"
+#include "models/registry/family.h"
 #include "models/runtime/stream_guard.h"
 #include "server/instance/model_instances.h"
 #include "server/metrics/statistics.h"
@@ -113,6 +114,16 @@ void preprocess(ThreadPool& pool, const LoadedModel& m, int64_t max_pixels, Task
     for (const auto& p : parts) req.target_sizes.push_back(p.original_sizes.at(0));
 }
 
+/// Whether `m`'s requests of different sizes may share a forward: its processor pads (do_pad)
+/// and its family reads pixel_mask (models::Family::pixel_mask), so that an image padded into a
+/// larger batch keeps the outputs it has alone. A model of no registered family (a test's fake)
+/// does not.
+bool batches_any_size(const LoadedModel& m) {
+  if (!m.processor->config().do_pad) return false;
+  const auto* family = models::FamilyRegistry::builtin().find(m.model->model_type());
+  return family != nullptr && family->pixel_mask;
+}
+
 }  // namespace
 
 InferPipeline::InferPipeline(const ServerConfig& config, Metrics& metrics, ThreadPool& pool)
@@ -169,6 +180,7 @@ api::InferResponse InferPipeline::run_on(ModelLease& lease, api::InferRequest& r
   const auto t_pre = Clock::now();
   auto job = std::make_shared<BatchJob>();
   job->padded = pc.do_pad;
+  job->any_size = batches_any_size(m);
   if (!req->images.empty()) {
     preprocess(pool_, m, limits.max_pixels, *req, request, job->pixels);
   } else {

@@ -4,12 +4,15 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <future>
 #include <memory>
 #include <optional>
+#include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "server/api/types.h"
@@ -35,9 +38,13 @@ struct BatchJob {
   /// output), or the request's `pixel_values` (n, 3, H, W) as one tensor. The instance pads and
   /// converts them once, into the batch.
   std::vector<at::Tensor> pixels;
-  /// The processor pads (do_pad): requests of any size share a batch, padded bottom/right to
-  /// the largest with a pixel_mask. Otherwise every image of the job has one size.
+  /// The processor pads (do_pad): the batch is zero padded bottom/right to its largest image,
+  /// with a pixel_mask. Otherwise every image of the job has one size.
   bool padded = false;
+  /// `padded` and the model's family reads pixel_mask (models::Family::pixel_mask): requests of
+  /// any size share a batch. Otherwise a request shares one only with requests of its extent(),
+  /// so that padding never enters a forward the request would not have run alone.
+  bool any_size = false;
   /// What the task adapter's respond() needs (target sizes, post-processing, outputs).
   std::shared_ptr<const TaskRequest> request;
   std::optional<Clock::time_point> deadline;
@@ -45,6 +52,17 @@ struct BatchJob {
   std::function<bool()> cancelled;
   Clock::time_point enqueued;
   std::promise<BatchResult> promise;
+  /// (H, W) of the job's largest image: what it pads to alone (every image's size when not
+  /// `padded`). Throws std::out_of_range for a job without pixels.
+  std::pair<int64_t, int64_t> extent() const {
+    if (pixels.empty()) throw std::out_of_range("BatchJob::extent: a job without pixels");
+    int64_t h = 0, w = 0;
+    for (const auto& p : pixels) {
+      h = std::max(h, p.size(2));
+      w = std::max(w, p.size(3));
+    }
+    return {h, w};
+  }
   /// Images of the job (the batch rows it takes).
   int64_t size() const {
     int64_t n = 0;

@@ -12,15 +12,15 @@ namespace {
 
 double seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
 
-/// Requests that can share a forward: any sizes when the processor pads (padded families such
-/// as Deformable DETR: padded to the batch's largest size, as transformers' processor pads a
-/// batch), else the same pixel size.
+/// Requests that can share a forward: any sizes when both may (BatchJob::any_size: the
+/// processor pads and the model reads pixel_mask, as Deformable DETR: padded to the batch's
+/// largest size, as transformers' processor pads a batch), else the same extent (a family
+/// without a pixel mask, YOLOS, encodes padding like pixels: a larger batch would change its
+/// detections).
 bool same_shape(const BatchJob& a, const BatchJob& b) {
   if (a.padded != b.padded) return false;
-  if (a.padded) return true;
-  const auto& x = a.pixels.front();
-  const auto& y = b.pixels.front();
-  return x.size(2) == y.size(2) && x.size(3) == y.size(3);
+  if (a.any_size && b.any_size) return true;
+  return a.extent() == b.extent();
 }
 
 }  // namespace

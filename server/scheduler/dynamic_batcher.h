@@ -1,8 +1,8 @@
 // Triton's dynamic batcher as a Scheduler: requests of one model queue in arrival order; a batch
 // starts from the oldest request and takes the queued requests of the same pixel size (any size
-// for padded families, which are padded to the largest with pixel_mask) up to max_batch_size
-// images, waiting at most max_queue_delay_microseconds for the oldest; requests whose deadline
-// passed or whose call was cancelled while queued are answered without running.
+// for padded families whose model reads pixel_mask, which are padded to the largest with it) up to
+// max_batch_size images, waiting at most max_queue_delay_microseconds for the oldest; requests
+// whose deadline passed or whose call was cancelled while queued are answered without running.
 #pragma once
 
 #include <chrono>

@@ -133,6 +133,14 @@ TEST(FamilyRegistry, ModelTypesAndRecords) {
   EXPECT_EQ(*registry.find("pp_doclayout_v3")->head, image::DetectionHead::pp_doclayout);
   EXPECT_EQ(*registry.find("owlv2")->head, image::DetectionHead::prompted);
   EXPECT_EQ(registry.find("yolo_nas"), nullptr);
+  // The families whose forward reads pixel_mask (the server batches their requests of any size
+  // together); YOLOS, the RT-DETR lineage, PP-DocLayoutV3 and the classifiers take none.
+  std::vector<std::string> masked;
+  for (const Family* f : registry.all())
+    if (f->pixel_mask) masked.push_back(f->name);
+  EXPECT_EQ(masked,
+            (std::vector<std::string>{"detr", "conditional_detr", "dab_detr", "table_transformer",
+                                      "deformable_detr", "lw_detr", "rf_detr"}));
   // The order of all(): Family::order, then name.
   std::vector<std::string> order;
   for (const Family* f : registry.all()) order.push_back(f->name);
