@@ -188,10 +188,10 @@ const FamilyRegistrar registered{
         .predicts({Task::object_detection}, image::DetectionHead::deformable_detr)
         .takes_pixel_mask()
         .fused_attention(kFusedAttentionDefault)
-        .layouts({{"batchnorm_fold", {"ResNetShortCut"}, "", path_with("shortcut")},
-                  {"batchnorm_fold", {"ResNetConvLayer"}},
-                  {"qkv_concat", {"ConditionalDetrSelfAttention"}, "", path_with("self_attn")}},
-                 {"batchnorm_fold", "qkv_concat"})};
+        .layouts(
+            detr::with_resnet_backbone_rules(
+                {{"qkv_concat", {"ConditionalDetrSelfAttention"}, "", path_with("self_attn")}}),
+            {"batchnorm_fold", "qkv_concat"})};
 
 }  // namespace
 }  // namespace libreyolo::models

@@ -320,9 +320,8 @@ const FamilyRegistrar registered{
         .predicts({Task::object_detection}, image::DetectionHead::deformable_detr)
         .takes_pixel_mask()
         .fused_attention(kFusedAttentionDefault)
-        .layouts({{"batchnorm_fold", {"ResNetShortCut"}, "", path_with("shortcut")},
-                  {"batchnorm_fold", {"ResNetConvLayer"}},
-                  {"qkv_concat", {"DetrAttention"}, "", path_with("encoder")}},
+        .layouts(detr::with_resnet_backbone_rules(
+                     {{"qkv_concat", {"DetrAttention"}, "", path_with("encoder")}}),
                  {"batchnorm_fold", "qkv_concat"})};
 
 }  // namespace

@@ -58,9 +58,8 @@ const FamilyRegistrar registered{
         .predicts({Task::object_detection, Task::panoptic_segmentation}, image::DetectionHead::detr)
         .takes_pixel_mask()
         .fused_attention(kFusedAttentionDefault)
-        .layouts({{"batchnorm_fold", {"ResNetShortCut"}, "", path_with("shortcut")},
-                  {"batchnorm_fold", {"ResNetConvLayer"}},
-                  {"qkv_concat", {"DetrSelfAttention"}, "", path_with("self_attn")}},
+        .layouts(detr::with_resnet_backbone_rules(
+                     {{"qkv_concat", {"DetrSelfAttention"}, "", path_with("self_attn")}}),
                  {"batchnorm_fold", "qkv_concat"})};
 
 }  // namespace

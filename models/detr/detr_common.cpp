@@ -5,6 +5,7 @@
 #include <c10/util/StringUtil.h>
 
 #include <limits>
+#include <regex>
 #include <stdexcept>
 
 #include "models/deformable_detr/geometry.h"
@@ -183,6 +184,27 @@ at::Tensor ConvStem::position_embedding(const at::Tensor& mask, at::ScalarType d
               .repeat({B, 1, 1, 1});
   }
   return pos.flatten(2).transpose(1, 2);
+}
+
+std::vector<LayoutClassRule> with_resnet_backbone_rules(std::vector<LayoutClassRule> rules) {
+  // timm's module paths end in "conv_encoder.model" (the stem) and "layer<s>.<i>" (a block);
+  // transformers' ResNet has "...layers.<i>.layer.<j>" (no digit after "layer") and "shortcut".
+  auto timm_stem = [](const std::string& path) {
+    static const std::string tail = "conv_encoder.model";
+    return path.size() >= tail.size() &&
+           path.compare(path.size() - tail.size(), tail.size(), tail) == 0;
+  };
+  auto timm_block = [](const std::string& path) {
+    static const std::regex block(R"((^|.*\.)layer[0-9]+\.[0-9]+)");
+    return std::regex_match(path, block);
+  };
+  std::vector<LayoutClassRule> out{
+      {"batchnorm_fold", {"ResNet"}, "", timm_stem},
+      {"batchnorm_fold", {"Bottleneck", "BasicBlock"}, "", timm_block},
+      {"batchnorm_fold", {"ResNetShortCut"}, "", path_with("shortcut")},
+      {"batchnorm_fold", {"ResNetConvLayer"}}};
+  for (auto& r : rules) out.push_back(std::move(r));
+  return out;
 }
 
 core::LoadRules position_embedding_load_rules() {

@@ -21,6 +21,7 @@
 #include "models/detr/timm_resnet.h"
 #include "models/layers/attention.h"
 #include "models/layers/layers.h"
+#include "models/registry/family.h"
 
 namespace libreyolo::models::detr {
 
@@ -79,6 +80,14 @@ Config parse_config(const core::ConfigView& v, const ConfigSchema& schema = {});
 /// "_backbone." level: c.timm_wrapped) when c.timm (timm's architecture is not in config.json).
 /// Throws core::CheckpointError naming the file and key.
 void read_backbone(Config& c, const core::SafetensorsFile& file);
+
+/// The batchnorm_fold rules of a DETR-lineage ResNet backbone, for whichever form the checkpoint
+/// holds: timm's (the stem "ResNet" at conv_encoder.model, "Bottleneck" / "BasicBlock" at
+/// layer{s}.{i}: TimmResNetImpl / TimmBlockImpl, whose conv/bn pairs are siblings) and
+/// transformers' ResNetBackbone ("ResNetShortCut", "ResNetConvLayer"). Shared by DETR,
+/// Conditional DETR, DAB-DETR and Table Transformer: returns those rules, then `rules` (the
+/// family's own, e.g. its qkv_concat class).
+std::vector<LayoutClassRule> with_resnet_backbone_rules(std::vector<LayoutClassRule> rules);
 
 template <class T, class... Args>
 std::shared_ptr<T> make(Args&&... args) {

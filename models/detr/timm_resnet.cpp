@@ -77,7 +77,8 @@ TimmResNetConfig read_timm_resnet_config(const core::SafetensorsFile& file,
 }
 
 TimmBlockImpl::TimmBlockImpl(bool bottleneck, int64_t in, int64_t width, int64_t out,
-                             int64_t stride, int64_t first_dilation, int64_t dilation) {
+                             int64_t stride, int64_t first_dilation, int64_t dilation)
+    : bottleneck(bottleneck) {
   if (bottleneck) {
     convs = {conv(in, width, 1, 1), conv(width, width, 3, stride, first_dilation),
              conv(width, out, 1, 1)};
@@ -95,9 +96,29 @@ TimmBlockImpl::TimmBlockImpl(bool bottleneck, int64_t in, int64_t width, int64_t
   }
 }
 
+std::vector<layers::SiblingConvNorms::Pair> TimmBlockImpl::conv_norm_pairs() {
+  std::vector<Pair> out;
+  for (size_t i = 0; i < convs.size(); ++i) out.push_back({&convs[i], &norms[i], this});
+  if (down_conv) out.push_back({&down_conv, &down_norm, named_children()["downsample"].get()});
+  return out;
+}
+
 at::Tensor TimmBlockImpl::forward(const at::Tensor& x) const {
   // timm BasicBlock / Bottleneck.forward: conv -> bn -> act for all but the last pair, then
   // x += shortcut, act.
+  if (folded) {
+    auto run = [&](const layers::Conv2d& c, const at::Tensor& in, const at::Tensor& residual,
+                   layers::Activation act) {
+      return kernels::conv2d_bias_act(conv_kernel, in, c->weight, c->bias, residual,
+                                      layers::conv_geometry(*c), act);
+    };
+    at::Tensor h = x;
+    for (size_t i = 0; i + 1 < convs.size(); ++i)
+      h = run(convs[i], h, at::Tensor(), layers::Activation::relu);
+    const at::Tensor shortcut =
+        down_conv ? run(down_conv, x, at::Tensor(), layers::Activation::none) : x;
+    return run(convs.back(), h, shortcut, layers::Activation::relu);
+  }
   at::Tensor h = x;
   for (size_t i = 0; i < convs.size(); ++i) {
     h = norms[i]->forward(convs[i]->forward(h));
@@ -137,12 +158,21 @@ TimmResNetImpl::TimmResNetImpl(const TimmResNetConfig& c) : config(c) {
   }
 }
 
+std::vector<layers::SiblingConvNorms::Pair> TimmResNetImpl::conv_norm_pairs() {
+  return {{&conv1, &bn1, this}};
+}
+
 at::Tensor TimmResNetImpl::forward(const at::Tensor& pixel_values) const {
   return forward_stages(pixel_values).back();
 }
 
 std::vector<at::Tensor> TimmResNetImpl::forward_stages(const at::Tensor& pixel_values) const {
-  auto h = maxpool->forward(at::relu(bn1->forward(conv1->forward(pixel_values))));
+  const at::Tensor stem =
+      folded ? kernels::conv2d_bias_act(conv_kernel, pixel_values, conv1->weight, conv1->bias,
+                                        at::Tensor(), layers::conv_geometry(*conv1),
+                                        layers::Activation::relu)
+             : at::relu(bn1->forward(conv1->forward(pixel_values)));
+  auto h = maxpool->forward(stem);
   std::vector<at::Tensor> maps;
   for (const auto& stage : stages) {
     for (const auto& block : stage) h = block->forward(h);

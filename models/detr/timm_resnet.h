@@ -20,6 +20,7 @@
 
 #include "models/core/safetensors.h"
 #include "models/layers/layers.h"
+#include "models/layers/layout_targets.h"
 #include "models/layers/max_pool.h"
 
 namespace libreyolo::models::detr {
@@ -50,13 +51,19 @@ TimmResNetConfig read_timm_resnet_config(const core::SafetensorsFile& file,
                                          const std::string& prefix, int64_t num_channels,
                                          int64_t last_stage, const std::string& name = "");
 
-/// One timm BasicBlock / Bottleneck with frozen norms: act(body(x) + shortcut(x)).
-class TimmBlockImpl : public torch::nn::Module {
+/// One timm BasicBlock / Bottleneck with frozen norms: act(body(x) + shortcut(x)). Its conv/bn
+/// pairs are siblings (conv1 + bn1, ..., downsample.0 + downsample.1): batchnorm_fold folds them
+/// (layers::SiblingConvNorms), after which each convolution is one conv2d_bias_act call and the
+/// residual add and ReLU run in the last one.
+class TimmBlockImpl : public torch::nn::Module, public layers::SiblingConvNorms {
  public:
   /// first_dilation: the dilation of the first 3x3 (the strided one); dilation: the others'.
   TimmBlockImpl(bool bottleneck, int64_t in, int64_t width, int64_t out, int64_t stride,
                 int64_t first_dilation = 1, int64_t dilation = 1);
   at::Tensor forward(const at::Tensor& x) const;
+  std::vector<Pair> conv_norm_pairs() override;
+  std::string upstream_class() const override { return bottleneck ? "Bottleneck" : "BasicBlock"; }
+  bool bottleneck;
   std::vector<layers::Conv2d> convs;
   std::vector<layers::FrozenBatchNorm2d> norms;
   layers::Conv2d down_conv;  ///< downsample.0, null = identity shortcut
@@ -64,9 +71,12 @@ class TimmBlockImpl : public torch::nn::Module {
 };
 
 /// The backbone: forward returns the last stage's map (B, outs.back(), H/32, W/32 for 4 stages).
-class TimmResNetImpl : public torch::nn::Module {
+/// Its own sibling pair is the stem's conv1 + bn1.
+class TimmResNetImpl : public torch::nn::Module, public layers::SiblingConvNorms {
  public:
   explicit TimmResNetImpl(const TimmResNetConfig& c);
+  std::vector<Pair> conv_norm_pairs() override;
+  std::string upstream_class() const override { return "ResNet"; }
   at::Tensor forward(const at::Tensor& pixel_values) const;
   /// Every stage's map, stage 1 first (TimmBackbone features_only, out_indices 1..last): the
   /// segmentation head's FPN reads stages 1-3.

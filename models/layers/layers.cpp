@@ -119,8 +119,8 @@ ConvNormImpl::ConvNormImpl(const ConvNormOptions& o) : act(o.act) {
     norm = register_module(o.norm_name, std::make_shared<BatchNorm2dImpl>(o.out, o.eps));
 }
 
-kernels::ConvGeometry ConvNormImpl::geometry() const {
-  const auto& o = conv->options;
+kernels::ConvGeometry conv_geometry(const Conv2dImpl& conv) {
+  const auto& o = conv.options;
   kernels::ConvGeometry g;
   g.stride_h = g.stride_w = o.stride;
   g.pad_h = g.pad_w = o.padding;
@@ -128,6 +128,8 @@ kernels::ConvGeometry ConvNormImpl::geometry() const {
   g.groups = o.groups;
   return g;
 }
+
+kernels::ConvGeometry ConvNormImpl::geometry() const { return conv_geometry(*conv); }
 
 at::Tensor ConvNormImpl::forward_residual(const at::Tensor& x, const at::Tensor& residual,
                                           Activation block_act) const {

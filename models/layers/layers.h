@@ -128,6 +128,9 @@ class Conv2dImpl : public torch::nn::Module {
 };
 using Conv2d = std::shared_ptr<Conv2dImpl>;
 
+/// The stride / padding / dilation / groups of `conv` (square), for conv2d_bias_act.
+kernels::ConvGeometry conv_geometry(const Conv2dImpl& conv);
+
 /// nn.BatchNorm2d in eval mode: parameters weight, bias; buffers running_mean, running_var
 /// (the on-disk `num_batches_tracked` is ignored by load_state_dict). at::batch_norm.
 class BatchNorm2dImpl : public torch::nn::Module {

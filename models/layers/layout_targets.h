@@ -3,6 +3,11 @@
 // own classes (ConvNormImpl, AttentionImpl, Conv2dImpl), never a family's classes.
 #pragma once
 
+#include <torch/nn/module.h>
+
+#include <string>
+#include <vector>
+
 #include "models/layers/layers.h"
 
 namespace libreyolo::models::layers {
@@ -28,6 +33,30 @@ class PooledShortcut {
   virtual ~PooledShortcut() = default;
   /// The 1x1 projection behind the pool, or null when this layer's shortcut is not pooled.
   virtual ConvNorm pooled_shortcut() const = 0;
+};
+
+/// Convolutions whose frozen norm is registered beside them instead of inside a ConvNorm:
+/// timm's ResNet (timm/models/resnet.py), conv1 + bn1 in the stem and in every BasicBlock /
+/// Bottleneck, downsample.0 + downsample.1. The batchnorm_fold layout folds each pair as it folds a
+/// ConvNorm (the conv takes the folded weight and a bias; the norm is unregistered from `owner`
+/// and nulled) and sets `folded`: from then on the module must run its convolutions through
+/// conv2d_bias_act (`conv_kernel`, bound at load like a ConvNorm's).
+class SiblingConvNorms : public UsesKernels {
+ public:
+  /// One convolution and the norm after it; `owner` is the module both are registered in.
+  struct Pair {
+    Conv2d* conv;
+    FrozenBatchNorm2d* norm;
+    torch::nn::Module* owner;
+  };
+  /// This module's own pairs (not its children's), in forward order.
+  virtual std::vector<Pair> conv_norm_pairs() = 0;
+  /// The upstream class this module is (timm: "ResNet", "Bottleneck", "BasicBlock"): of the
+  /// classes the family's layout rule lists for its path, the one it is reported and matched as.
+  virtual std::string upstream_class() const = 0;
+  void bind_kernels(const BoundKernels& k) override { conv_kernel = k.conv2d_bias_act; }
+  bool folded = false;
+  kernels::Conv2dBiasActHandle conv_kernel;
 };
 
 }  // namespace libreyolo::models::layers

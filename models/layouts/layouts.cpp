@@ -1,5 +1,6 @@
 #include "models/layouts/layouts.h"
 
+#include <algorithm>
 #include <map>
 #include <memory>
 #include <set>
@@ -28,7 +29,8 @@ std::vector<Candidate> find_candidates(torch::nn::Module& root, const std::strin
     torch::nn::Module* m = item.value().get();
     ModuleKind kind;
     std::string path = item.key();
-    if (layout == "batchnorm_fold" && dynamic_cast<layers::ConvNormImpl*>(m))
+    if (layout == "batchnorm_fold" &&
+        (dynamic_cast<layers::ConvNormImpl*>(m) || dynamic_cast<layers::SiblingConvNorms*>(m)))
       kind = ModuleKind::conv_norm;
     else if (layout == "avgpool_fold" && dynamic_cast<layers::PooledShortcut*>(m) &&
              dynamic_cast<layers::PooledShortcut*>(m)->pooled_shortcut())
@@ -42,6 +44,12 @@ std::vector<Candidate> find_candidates(torch::nn::Module& root, const std::strin
     else
       continue;
     auto classes = upstream_classes(model_type, kind, path);
+    // A rule may list several classes for one path pattern (timm's Bottleneck and BasicBlock);
+    // a module that knows its own class is that one alone.
+    if (const auto* siblings = dynamic_cast<layers::SiblingConvNorms*>(m)) {
+      const auto own = siblings->upstream_class();
+      if (std::find(classes.begin(), classes.end(), own) != classes.end()) classes = {own};
+    }
     if (!classes.empty()) out.push_back({path, std::move(classes), item.value()});
   }
   return out;
@@ -84,29 +92,33 @@ struct FoldedConv {
   at::Tensor weight, bias;
 };
 
-FoldedConv folded_weights(const layers::ConvNormImpl& m) {
-  const auto w = m.conv->weight.to(at::kDouble);
+/// `conv` followed by `frozen` or `norm` (one of them set; neither: `conv` as it is).
+FoldedConv folded_weights(const layers::Conv2dImpl& conv,
+                          const layers::FrozenBatchNorm2dImpl* frozen,
+                          const layers::BatchNorm2dImpl* norm) {
+  const auto w = conv.weight.to(at::kDouble);
   at::Tensor b =
-      m.conv->bias.defined() ? m.conv->bias.to(at::kDouble) : at::zeros({w.size(0)}, w.options());
-  if (m.folded) return {w, b};
+      conv.bias.defined() ? conv.bias.to(at::kDouble) : at::zeros({w.size(0)}, w.options());
+  if (!frozen && !norm) return {w, b};
   at::Tensor scale, shift;
-  if (m.frozen_norm) {
-    const auto& n = *m.frozen_norm;
-    scale = n.weight.to(at::kDouble) * (n.running_var.to(at::kDouble) + 1e-5).rsqrt();
-    shift = n.bias.to(at::kDouble) - n.running_mean.to(at::kDouble) * scale;
+  if (frozen) {
+    scale = frozen->weight.to(at::kDouble) * (frozen->running_var.to(at::kDouble) + 1e-5).rsqrt();
+    shift = frozen->bias.to(at::kDouble) - frozen->running_mean.to(at::kDouble) * scale;
   } else {
-    const auto& n = *m.norm;
-    scale = n.weight.to(at::kDouble) * (n.running_var.to(at::kDouble) + n.eps).rsqrt();
-    shift = n.bias.to(at::kDouble) - n.running_mean.to(at::kDouble) * scale;
+    scale = norm->weight.to(at::kDouble) * (norm->running_var.to(at::kDouble) + norm->eps).rsqrt();
+    shift = norm->bias.to(at::kDouble) - norm->running_mean.to(at::kDouble) * scale;
   }
   return {w * scale.view({-1, 1, 1, 1}), b * scale + shift};
 }
 
-/// Installs folded weights into `m` (cast to its dtype), removes its norm child and switches
-/// it to the conv2d_bias_act forward with activation `act`.
-void install_folded(layers::ConvNormImpl& m, const FoldedConv& f, layers::Activation act) {
+FoldedConv folded_weights(const layers::ConvNormImpl& m) {
+  if (m.folded) return folded_weights(*m.conv, nullptr, nullptr);
+  return folded_weights(*m.conv, m.frozen_norm.get(), m.norm.get());
+}
+
+/// Writes folded weights into `conv` (cast to its dtype), giving it a bias parameter.
+void install_weights(layers::Conv2dImpl& conv, const FoldedConv& f) {
   at::NoGradGuard no_grad;
-  auto& conv = *m.conv;
   conv.weight.copy_(f.weight);
   const auto bias = f.bias.to(conv.weight.options());
   if (conv.bias.defined())
@@ -114,18 +126,39 @@ void install_folded(layers::ConvNormImpl& m, const FoldedConv& f, layers::Activa
   else
     conv.bias = conv.register_parameter("bias", bias, /*requires_grad=*/false);
   conv.options.bias = true;
-  for (const auto& child : m.named_children()) {
-    const auto* ptr = child.value().get();
-    if (ptr == m.norm.get() || ptr == m.frozen_norm.get()) m.unregister_module(child.key());
-  }
+}
+
+/// Unregisters the child of `owner` that is `child`, if any.
+void unregister_child(torch::nn::Module& owner, const torch::nn::Module* child) {
+  for (const auto& c : owner.named_children())
+    if (c.value().get() == child) owner.unregister_module(c.key());
+}
+
+/// Installs folded weights into `m`, removes its norm child and switches it to the
+/// conv2d_bias_act forward with activation `act`.
+void install_folded(layers::ConvNormImpl& m, const FoldedConv& f, layers::Activation act) {
+  install_weights(*m.conv, f);
+  unregister_child(m, m.norm.get());
+  unregister_child(m, m.frozen_norm.get());
   m.norm = nullptr;
   m.frozen_norm = nullptr;
   m.act = act;
   m.folded = true;
 }
 
-/// batchnorm_fold on one ConvNorm. False when already folded.
+/// batchnorm_fold on one ConvNorm, or on every pair of a SiblingConvNorms module. False when
+/// already folded.
 bool fold(torch::nn::Module& module) {
+  if (auto* siblings = dynamic_cast<layers::SiblingConvNorms*>(&module)) {
+    if (siblings->folded) return false;
+    for (const auto& p : siblings->conv_norm_pairs()) {
+      install_weights(**p.conv, folded_weights(**p.conv, p.norm->get(), nullptr));
+      unregister_child(*p.owner, p.norm->get());
+      *p.norm = nullptr;
+    }
+    siblings->folded = true;
+    return true;
+  }
   auto& m = dynamic_cast<layers::ConvNormImpl&>(module);
   // No BatchNorm: RF-DETR's ConvNorms normalise with LayerNorm (lw_detr::ConvNormLayerImpl).
   if (m.folded || (!m.norm && !m.frozen_norm)) return false;

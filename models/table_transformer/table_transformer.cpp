@@ -52,9 +52,8 @@ const FamilyRegistrar registered{
         .predicts({Task::object_detection}, image::DetectionHead::detr)
         .takes_pixel_mask()
         .fused_attention(kFusedAttentionDefault)
-        .layouts({{"batchnorm_fold", {"ResNetShortCut"}, "", path_with("shortcut")},
-                  {"batchnorm_fold", {"ResNetConvLayer"}},
-                  {"qkv_concat", {"TableTransformerAttention"}, "", path_with("self_attn")}},
+        .layouts(detr::with_resnet_backbone_rules(
+                     {{"qkv_concat", {"TableTransformerAttention"}, "", path_with("self_attn")}}),
                  {"batchnorm_fold", "qkv_concat"})};
 
 }  // namespace

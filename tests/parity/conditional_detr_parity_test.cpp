@@ -117,16 +117,21 @@ TEST(ConditionalDetrLoading, UnsupportedConfigsAreNamedErrors) {
   EXPECT_NE(probe.error_of(c).find("expected [300, 16], found [30, 16]"), std::string::npos);
 }
 
-TEST(ConditionalDetrLayouts, DefaultsConcatenateTheEncoderSelfAttentions) {
-  // kernels.layouts default on CPU: qkv_concat on the 2 encoder self-attentions (the decoder's
-  // conditional attentions have their own projections); timm's ResNet is not folded.
+TEST(ConditionalDetrLayouts, DefaultsFoldTheResNetAndConcatenateTheEncoderSelfAttentions) {
+  // kernels.layouts default on CPU: batchnorm_fold on timm's ResNet (the stem and the 4
+  // BasicBlocks of the fixture's resnet18 layout, every conv/bn pair of each) and qkv_concat on the
+  // 2 encoder self-attentions (the decoder's conditional attentions have their own projections).
   const auto model = models::load_model(test::model_fixture(kConditional.name));
   const auto& r = model->layouts();
-  ASSERT_EQ(r.size(), 1u);
-  EXPECT_EQ(r[0].layout, "qkv_concat");
-  EXPECT_EQ(r[0].modules, 2);
-  EXPECT_EQ(r[0].classes, std::vector<std::string>{"ConditionalDetrSelfAttention"});
+  ASSERT_EQ(r.size(), 2u);
+  EXPECT_EQ(r[0].layout, "batchnorm_fold");
+  EXPECT_EQ(r[0].modules, 5);
+  EXPECT_EQ(r[0].classes, (std::vector<std::string>{"BasicBlock", "ResNet"}));
   EXPECT_EQ(r[0].source, "default (conditional_detr)");
+  EXPECT_EQ(r[1].layout, "qkv_concat");
+  EXPECT_EQ(r[1].modules, 2);
+  EXPECT_EQ(r[1].classes, std::vector<std::string>{"ConditionalDetrSelfAttention"});
+  EXPECT_EQ(r[1].source, "default (conditional_detr)");
 }
 
 }  // namespace

@@ -307,21 +307,26 @@ namespace libreyolo {
 namespace {
 
 TEST(DetrLayouts, DefaultsFoldTheResNetAndConcatenateTheSelfAttentions) {
-  // kernels.layouts default on CPU: batchnorm_fold on transformers' ResNet (1 stem + 5
-  // bottlenecks x 3 convolutions + 3 projection shortcuts = 19 ResNetConvLayer /
-  // ResNetShortCut; timm's ResNet is not folded) and qkv_concat on the 4 DetrSelfAttentions
-  // (2 encoder, 2 decoder; the cross-attentions keep their projections).
-  for (const char* name : {"detr_tiny", "detr_tiny_timm"}) {
-    SCOPED_TRACE(name);
-    const auto model = models::load_model(test::model_fixture(name));
+  // kernels.layouts default on CPU: batchnorm_fold on the ResNet and qkv_concat on the 4
+  // DetrSelfAttentions (2 encoder, 2 decoder; the cross-attentions keep their projections).
+  // transformers' ResNet: 1 stem + 5 bottlenecks x 3 convolutions + 3 projection shortcuts = 19
+  // ResNetConvLayer / ResNetShortCut modules. timm's: the stem (ResNet: conv1 + bn1) and the 5
+  // blocks, each folding all its conv/bn pairs (layers::SiblingConvNorms) = 6 modules.
+  struct Case {
+    const char* name;
+    int64_t modules;
+    std::vector<std::string> classes;
+  };
+  for (const auto& c : {Case{"detr_tiny", 19, {"ResNetConvLayer", "ResNetShortCut"}},
+                        Case{"detr_tiny_timm", 6, {"Bottleneck", "ResNet"}},
+                        Case{"detr_tiny_timm_basic", 6, {"BasicBlock", "ResNet"}}}) {
+    SCOPED_TRACE(c.name);
+    const auto model = models::load_model(test::model_fixture(c.name));
     const auto& r = model->layouts();
-    const bool hf = std::string(name) == "detr_tiny";
-    ASSERT_EQ(r.size(), hf ? 2u : 1u);
-    if (hf) {
-      EXPECT_EQ(r[0].layout, "batchnorm_fold");
-      EXPECT_EQ(r[0].modules, 19);
-      EXPECT_EQ(r[0].classes, (std::vector<std::string>{"ResNetConvLayer", "ResNetShortCut"}));
-    }
+    ASSERT_EQ(r.size(), 2u);
+    EXPECT_EQ(r[0].layout, "batchnorm_fold");
+    EXPECT_EQ(r[0].modules, c.modules);
+    EXPECT_EQ(r[0].classes, c.classes);
     EXPECT_EQ(r.back().layout, "qkv_concat");
     EXPECT_EQ(r.back().modules, 4);
     EXPECT_EQ(r.back().classes, std::vector<std::string>{"DetrSelfAttention"});

@@ -164,16 +164,19 @@ TEST(TableTransformerLoading, ADetrCheckpointIsNotATableTransformer) {
   test::remove_copy(dir);
 }
 
-TEST(TableTransformerLayouts, DefaultsConcatenateTheSelfAttentions) {
-  // kernels.layouts default on CPU: qkv_concat on the 4 self-attentions (2 encoder, 2 decoder);
-  // timm's ResNet is not folded.
+TEST(TableTransformerLayouts, DefaultsFoldTheResNetAndConcatenateTheSelfAttentions) {
+  // kernels.layouts default on CPU: batchnorm_fold on timm's ResNet (the stem and the 4 blocks)
+  // and qkv_concat on the 4 self-attentions (2 encoder, 2 decoder).
   const auto model = models::load_model(test::model_fixture(kFixture));
   const auto& r = model->layouts();
-  ASSERT_EQ(r.size(), 1u);
-  EXPECT_EQ(r[0].layout, "qkv_concat");
-  EXPECT_EQ(r[0].modules, 4);
-  EXPECT_EQ(r[0].classes, std::vector<std::string>{"TableTransformerAttention"});
+  ASSERT_EQ(r.size(), 2u);
+  EXPECT_EQ(r[0].layout, "batchnorm_fold");
+  EXPECT_EQ(r[0].modules, 5);
   EXPECT_EQ(r[0].source, "default (table-transformer)");
+  EXPECT_EQ(r[1].layout, "qkv_concat");
+  EXPECT_EQ(r[1].modules, 4);
+  EXPECT_EQ(r[1].classes, std::vector<std::string>{"TableTransformerAttention"});
+  EXPECT_EQ(r[1].source, "default (table-transformer)");
 }
 
 }  // namespace
