@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The main job: builds, starts libreyolo-server on config/server.yaml (the bundled example
-# repository: a tiny RT-DETR, D-FINE, ViT and Swin with RANDOM weights), waits until it is ready, sends
+# repository: tiny detectors, segmenters and classifiers with RANDOM weights), waits until it is ready, sends
 # real photographs with the bundled client (detect, classify), shows the resolved kernel slots (/active), then keeps
 # serving in the foreground until Ctrl-C (SIGINT drains and exits 0).
 #   LIBREYOLO_RUN_ONCE=1 scripts/run.sh   stops the daemon after the demo (for scripted checks)
