@@ -86,8 +86,11 @@ std::vector<Detections> post_process_object_detection(
     std::tie(scores, query) = at::topk(best, k, -1);
     labels = at::gather(best_label, 1, query);
   } else {
-    const int64_t family_k =
-        head == DetectionHead::rt_detr || head == DetectionHead::pp_doclayout ? q : 100;
+    const int64_t family_k = head == DetectionHead::rt_detr ||
+                                     head == DetectionHead::pp_doclayout ||
+                                     head == DetectionHead::pp_doclayout_v2
+                                 ? q
+                                 : 100;
     const int64_t k = std::min(options.top_k > 0 ? options.top_k : family_k, q * c);
     auto selection = sigmoid_topk(logits, k);
     scores = std::move(selection.scores);

@@ -33,6 +33,8 @@ enum class DetectionHead {
   /// kept where score >= threshold, in reading order). post_process_object_detection treats it
   /// as rt_detr's (no reading order: that needs the order logits).
   pp_doclayout,
+  /// PPDocLayoutV2ImageProcessor's: pp_doclayout's without masks (the model returns none).
+  pp_doclayout_v2,
   /// Open-vocabulary (text-prompted) detectors (OWL-ViT, OWLv2: models/prompted.h): their
   /// PromptedDetector::post_process, which needs the prompts; post_process_object_detection
   /// refuses it (std::invalid_argument).

@@ -55,19 +55,22 @@ DecoderOutput DecoderImpl::forward(const at::Tensor& target, const at::Tensor& r
   out.pred_boxes = ref;
   out.masks = masks(h, mask_feat);
   const at::Tensor query = norm_->forward(h);
-  const int64_t B = query.size(0), Q = query.size(1);
   out.logits = class_embed_->forward(query);
-  // PPDocLayoutV3GlobalPointer: dense -> (B, Q, 2, head) -> queries @ keys^T / sqrt(head), the
-  // lower triangle (diagonal included) filled with -1e4.
-  const at::Tensor qk =
-      global_pointer_->forward(order_head_.back()->forward(query)).reshape({B, Q, 2, head_size_});
+  out.order_logits = global_pointer_logits(
+      global_pointer_->forward(order_head_.back()->forward(query)), head_size_);
+  return out;
+}
+
+at::Tensor global_pointer_logits(const at::Tensor& projection, int64_t head_size) {
+  // dense -> (B, Q, 2, head) -> queries @ keys^T / sqrt(head), the lower triangle masked.
+  const int64_t B = projection.size(0), Q = projection.size(1);
+  const at::Tensor qk = projection.reshape({B, Q, 2, head_size});
   const at::Tensor q = qk.select(2, 0), k = qk.select(2, 1);
-  at::Tensor logits =
-      at::matmul(q, k.transpose(-2, -1)) / std::sqrt(static_cast<double>(head_size_));
+  const at::Tensor logits =
+      at::matmul(q, k.transpose(-2, -1)) / std::sqrt(static_cast<double>(head_size));
   const at::Tensor lower =
       at::ones({Q, Q}, at::TensorOptions().device(logits.device()).dtype(at::kBool)).tril();
-  out.order_logits = logits.masked_fill(lower.unsqueeze(0), -1e4);
-  return out;
+  return logits.masked_fill(lower.unsqueeze(0), -1e4);
 }
 
 }  // namespace libreyolo::models::pp_doclayout_v3

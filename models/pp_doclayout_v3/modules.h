@@ -11,6 +11,7 @@
 #include <torch/nn/module.h>
 
 #include <memory>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -21,11 +22,25 @@ namespace libreyolo::models::pp_doclayout_v3 {
 
 using layers::Activation;
 
-/// config.json of model_type pp_doclayout_v3: RT-DETR's fields (rtdetr::Config::parse_shared,
-/// PPDocLayoutV3Config's defaults are RTDetrConfig's) with an hgnet_v2 backbone_config returning
-/// stage1..stage4, plus the mask and reading-order heads' sizes.
-struct Config : rtdetr::Config {
+/// The detector both PP-DocLayout versions build (PPDocLayoutV2Config, PPDocLayoutV3Config):
+/// RT-DETR's fields (rtdetr::Config::parse_shared; their defaults are RTDetrConfig's) with an
+/// hgnet_v2 backbone_config.
+struct HGNetV2DetectorConfig : rtdetr::Config {
   dfine::HGNetV2Config backbone;
+
+  /// Reads config.json `model_type` (must be `model_type`), backbone_config (required: the
+  /// class default `config_class` names is HGNetV2 arch "L") and RT-DETR's fields into `c`,
+  /// and checks encoder_in_channels / feat_strides against the backbone's outputs after the
+  /// first `skip` (PP-DocLayoutV3's stride-4 map: 1; V2: 0) and decoder_in_channels against
+  /// encoder_hidden_dim. Throws core::ConfigError naming the file and field.
+  static void parse_detector(const core::ConfigView& cfg, HGNetV2DetectorConfig& c,
+                             const std::string& model_type, const std::string& config_class,
+                             size_t skip);
+};
+
+/// config.json of model_type pp_doclayout_v3: HGNetV2DetectorConfig with a backbone returning
+/// stage1..stage4, plus the mask and reading-order heads' sizes.
+struct Config : HGNetV2DetectorConfig {
   int64_t x4_feat_dim = 128;    ///< channels of the stride-4 map (backbone stage1)
   int64_t num_prototypes = 32;  ///< mask prototypes (mask_query_head's output)
   std::vector<int64_t> mask_feature_channels{64, 64};
@@ -74,6 +89,11 @@ MaskBranch register_mask_branch(torch::nn::Module& encoder, const Config& c);
 /// transformers mask_to_box_coordinate(mask, dtype): mask (B, Q, h, w) bool -> the tight box of
 /// each mask as (cx, cy, w, h) normalised by (w, h) (B, Q, 4) in `dtype`; an empty mask gives 0.
 at::Tensor mask_to_box_coordinate(const at::Tensor& mask, at::ScalarType dtype);
+
+/// PPDocLayoutV3GlobalPointer / PPDocLayoutV2GlobalPointer after their `dense` layer:
+/// projection (B, Q, 2 * head_size) -> queries @ keys^T / sqrt(head_size), (B, Q, Q), with the
+/// lower triangle (diagonal included) filled with -1e4 (modeling_pp_doclayout_v3.py).
+at::Tensor global_pointer_logits(const at::Tensor& projection, int64_t head_size);
 
 /// The decoder's outputs of its last layer (PPDocLayoutV3ForObjectDetection keeps [:, -1]).
 struct DecoderOutput {

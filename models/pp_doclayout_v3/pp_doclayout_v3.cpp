@@ -16,24 +16,53 @@
 namespace libreyolo::models {
 namespace pp_doclayout_v3 {
 
-Config Config::parse(const core::ConfigView& cfg) {
-  Config c;
-  cfg.get_enum("model_type", "", {"pp_doclayout_v3"});
+void HGNetV2DetectorConfig::parse_detector(const core::ConfigView& cfg, HGNetV2DetectorConfig& c,
+                                           const std::string& model_type,
+                                           const std::string& config_class, size_t skip) {
+  cfg.get_enum("model_type", "", {model_type});
   if (cfg.get_bool("use_timm_backbone", false))
     cfg.fail("use_timm_backbone", "timm backbones are not supported (use hgnet_v2)");
   if (!cfg.has("backbone_config"))
     cfg.fail("backbone_config",
-             "is required (PPDocLayoutV3Config's default is HGNetV2 arch \"L\"; write it out)");
-  // stage1 (x4 feature) feeds encoder_mask_lateral by x4_feat_dim, not by hidden_sizes: the
-  // Hub's arch "L" config has hidden_sizes[0] 256 against its 128 channels, as transformers
+             "is required (" + config_class + "'s default is HGNetV2 arch \"L\"; write it out)");
+  // V3's stage1 (x4 feature) feeds encoder_mask_lateral by x4_feat_dim, not by hidden_sizes:
+  // the Hub's arch "L" config has hidden_sizes[0] 256 against its 128 channels, as transformers
   // accepts.
-  c.backbone = dfine::HGNetV2Config::parse(cfg.child("backbone_config"), /*unchecked_outputs=*/1);
+  c.backbone = dfine::HGNetV2Config::parse(cfg.child("backbone_config"), skip);
   rtdetr::Config::parse_shared(cfg, c);
   c.backbone.frozen_batch_norm = c.freeze_backbone_batch_norms;
   c.num_channels = c.backbone.num_channels;
   c.out_indices = c.backbone.out_indices;
   c.decoder_n_points = cfg.get_int("decoder_n_points", c.decoder_n_points);
   if (c.decoder_n_points <= 0) cfg.fail("decoder_n_points", "must be positive");
+
+  const std::string after = skip ? " after the first (stride-4) one" : "";
+  const auto channels = c.backbone.out_channels();
+  if (channels.size() != c.encoder_in_channels.size() + skip)
+    cfg.fail("encoder_in_channels", "needs one entry per backbone output" + after +
+                                        ": backbone out_indices " +
+                                        core::shape_string(c.backbone.out_indices));
+  for (size_t i = 0; i < c.encoder_in_channels.size(); ++i)
+    if (c.encoder_in_channels[i] != channels[i + skip])
+      cfg.fail("encoder_in_channels", "entry " + std::to_string(i) +
+                                          " must equal the backbone's output channels " +
+                                          core::shape_string(channels));
+  const auto strides = c.backbone.out_strides();
+  for (size_t i = 0; i < c.feat_strides.size(); ++i)
+    if (c.feat_strides.size() != c.encoder_in_channels.size() ||
+        c.feat_strides[i] != strides[i + skip])
+      cfg.fail("feat_strides", std::string("must equal the backbone's output strides") +
+                                   (skip ? " after the first " : " ") +
+                                   core::shape_string(strides));
+  for (auto d : c.decoder_in_channels)
+    if (d != c.encoder_hidden_dim)
+      cfg.fail("decoder_in_channels", "entries must equal encoder_hidden_dim (" +
+                                          std::to_string(c.encoder_hidden_dim) + ")");
+}
+
+Config Config::parse(const core::ConfigView& cfg) {
+  Config c;
+  parse_detector(cfg, c, "pp_doclayout_v3", "PPDocLayoutV3Config", 1);
   c.x4_feat_dim = cfg.get_int("x4_feat_dim", c.x4_feat_dim);
   c.num_prototypes = cfg.get_int("num_prototypes", c.num_prototypes);
   c.mask_feature_channels = cfg.get_int_list("mask_feature_channels", c.mask_feature_channels);
@@ -41,25 +70,10 @@ Config Config::parse(const core::ConfigView& cfg) {
   c.mask_enhanced = cfg.get_bool("mask_enhanced", c.mask_enhanced);
 
   const auto channels = c.backbone.out_channels();
-  if (channels.size() != c.encoder_in_channels.size() + 1)
-    cfg.fail("encoder_in_channels",
-             "needs one entry per backbone output after the first (stride-4) one: backbone "
-             "out_indices " +
-                 core::shape_string(c.backbone.out_indices));
   if (channels[0] != c.x4_feat_dim)
     cfg.fail("x4_feat_dim", "must equal the channels of the first backbone output (" +
                                 std::to_string(channels[0]) + ")");
-  for (size_t i = 0; i < c.encoder_in_channels.size(); ++i)
-    if (c.encoder_in_channels[i] != channels[i + 1])
-      cfg.fail("encoder_in_channels", "entry " + std::to_string(i) +
-                                          " must equal the backbone's output channels " +
-                                          core::shape_string(channels));
   const auto strides = c.backbone.out_strides();
-  for (size_t i = 0; i < c.feat_strides.size(); ++i)
-    if (c.feat_strides.size() != c.encoder_in_channels.size() ||
-        c.feat_strides[i] != strides[i + 1])
-      cfg.fail("feat_strides", "must equal the backbone's output strides after the first " +
-                                   core::shape_string(strides));
   if (strides[0] * 2 != strides[1])
     cfg.fail("backbone_config", "the first output must have half the stride of the second");
   for (auto s : c.feat_strides)
@@ -71,10 +85,6 @@ Config Config::parse(const core::ConfigView& cfg) {
     cfg.fail("mask_feature_channels", "expected two positive channel counts");
   if (c.num_prototypes <= 0) cfg.fail("num_prototypes", "must be positive");
   if (c.global_pointer_head_size <= 0) cfg.fail("global_pointer_head_size", "must be positive");
-  for (auto d : c.decoder_in_channels)
-    if (d != c.encoder_hidden_dim)
-      cfg.fail("decoder_in_channels", "entries must equal encoder_hidden_dim (" +
-                                          std::to_string(c.encoder_hidden_dim) + ")");
   if (c.num_feature_levels != static_cast<int64_t>(c.decoder_in_channels.size()))
     cfg.fail("num_feature_levels",
              "must equal len(decoder_in_channels) (upstream builds extra levels from an undefined "

@@ -10,6 +10,7 @@
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <utility>
 
 #include "models/layers/attention.h"
@@ -28,7 +29,9 @@ struct DetectorGeometry {
 };
 
 /// `Net` has `std::pair<at::Tensor, at::Tensor> forward(const at::Tensor&) const` returning
-/// logits (B, Q, num_labels) and pred_boxes (B, Q, 4) (cx, cy, w, h in [0, 1]).
+/// logits (B, Q, num_labels) and pred_boxes (B, Q, 4) (cx, cy, w, h in [0, 1]), or a
+/// `ModelOutput forward(const at::Tensor&) const` with more outputs (PP-DocLayoutV2: also
+/// order_logits); every defined output is returned as float32.
 template <class Net>
 class DetectorModel final : public Model {
  public:
@@ -60,8 +63,15 @@ class DetectorModel final : public Model {
                                            geometry_.num_queries));
     at::NoGradGuard no_grad;
     const auto x = pixel_values.to(options_.device, options_.dtype);
-    auto [logits, boxes] = net_->forward(x);
-    return {logits.to(at::kFloat), boxes.to(at::kFloat)};
+    auto out = net_->forward(x);
+    if constexpr (std::is_same_v<decltype(out), ModelOutput>) {
+      for (at::Tensor* t : {&out.logits, &out.pred_boxes, &out.pred_masks, &out.order_logits})
+        if (t->defined()) *t = t->to(at::kFloat);
+      return out;
+    } else {
+      auto& [logits, boxes] = out;
+      return {logits.to(at::kFloat), boxes.to(at::kFloat)};
+    }
   }
 
   const std::map<int64_t, std::string>& id2label() const override { return labels_; }

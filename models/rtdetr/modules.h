@@ -285,18 +285,30 @@ std::pair<at::Tensor, at::Tensor> select_queries(const Config& c, const QuerySel
 
 // ---- the whole detector ----------------------------------------------------------------------
 
+/// The backbone a DetectorImpl runs, registered as "model.backbone": RT-DETR's ResNet-vd
+/// (ResNetBackboneImpl) or PP-DocLayoutV2's HGNetV2 (below "model.backbone.model").
+struct Backbone {
+  std::shared_ptr<torch::nn::Module> module;
+  /// pixel_values (B, C, H, W) -> one map per encoder level, (B, out_channels[l], H_l, W_l).
+  std::function<std::vector<at::Tensor>(const at::Tensor&)> forward;
+  std::vector<int64_t> out_channels;
+};
+
 /// Root module: "model.{backbone.model, encoder_input_proj, encoder, enc_output, enc_score_head,
 /// enc_bbox_head, decoder_input_proj, decoder}".
 class DetectorImpl : public torch::nn::Module {
  public:
+  /// RTDetrModel with the ResNet-vd backbone of `c`.
   explicit DetectorImpl(const Config& c);
+  /// RTDetrModel's code around another backbone (PPDocLayoutV2Model: load_backbone(config)).
+  DetectorImpl(const Config& c, Backbone backbone);
   /// pixel_values (B, 3, H, W) in the parameters' dtype/device -> (logits, pred_boxes) in that
   /// dtype. Throws std::invalid_argument for unacceptable shapes.
   std::pair<at::Tensor, at::Tensor> forward(const at::Tensor& pixel_values) const;
 
  private:
   Config config_;
-  std::shared_ptr<ResNetBackboneImpl> backbone_;
+  Backbone backbone_;
   std::vector<layers::ConvNorm> encoder_input_proj_, decoder_input_proj_;
   std::shared_ptr<HybridEncoderImpl> encoder_;
   QuerySelectionHeads heads_;

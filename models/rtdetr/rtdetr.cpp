@@ -268,17 +268,30 @@ std::function<std::vector<std::string>(const std::string&)> head_aliases(bool ti
   };
 }
 
-DetectorImpl::DetectorImpl(const Config& c) : config_(c) {
+namespace {
+
+Backbone resnet_backbone(const Config& c) {
+  auto resnet = std::make_shared<ResNetBackboneImpl>(c);
+  return {resnet, [resnet](const at::Tensor& x) { return resnet->forward(x); },
+          resnet->out_channels};
+}
+
+}  // namespace
+
+DetectorImpl::DetectorImpl(const Config& c) : DetectorImpl(c, resnet_backbone(c)) {}
+
+DetectorImpl::DetectorImpl(const Config& c, Backbone backbone)
+    : config_(c), backbone_(std::move(backbone)) {
   auto model = register_module("model", std::make_shared<torch::nn::Module>());
-  backbone_ = model->register_module("backbone", std::make_shared<ResNetBackboneImpl>(c));
+  model->register_module("backbone", backbone_.module);
   const int64_t e = c.encoder_hidden_dim, d = c.d_model;
 
   auto in_proj =
       model->register_module("encoder_input_proj", std::make_shared<torch::nn::Module>());
-  for (size_t i = 0; i < backbone_->out_channels.size(); ++i) {
+  for (size_t i = 0; i < backbone_.out_channels.size(); ++i) {
     encoder_input_proj_.push_back(in_proj->register_module(
         std::to_string(i),
-        layers::sequential_conv_bn(backbone_->out_channels[i], e, 1, 1, 0, 1e-5)));
+        layers::sequential_conv_bn(backbone_.out_channels[i], e, 1, 1, 0, 1e-5)));
   }
   encoder_ = model->register_module("encoder", std::make_shared<HybridEncoderImpl>(c));
 
@@ -302,7 +315,7 @@ DetectorImpl::DetectorImpl(const Config& c) : config_(c) {
 std::pair<at::Tensor, at::Tensor> DetectorImpl::forward(const at::Tensor& pixel_values) const {
   // Backbone -> encoder_input_proj -> hybrid encoder.
   std::vector<at::Tensor> proj;
-  const auto feats = backbone_->forward(pixel_values);
+  const auto feats = backbone_.forward(pixel_values);
   for (size_t i = 0; i < feats.size(); ++i)
     proj.push_back(encoder_input_proj_[i]->forward(feats[i]));
   const auto pan = encoder_->forward(std::move(proj));

@@ -13,16 +13,21 @@ class DocumentLayoutTask final : public TaskAdapter {
  public:
   DocumentLayoutTask(const models::ModelDescription& d, std::map<int64_t, std::string> labels,
                      const ServingConfig& serving)
-      : description_(d), labels_(std::move(labels)), serving_(serving) {}
+      : description_(d),
+        labels_(std::move(labels)),
+        serving_(serving),
+        masks_(d.head == image::DetectionHead::pp_doclayout) {}
 
   const char* name() const override { return "object_detection"; }
   bool uses_boxes() const override { return true; }
-  bool uses_masks() const override { return true; }
+  bool uses_masks() const override { return masks_; }
 
   TaskRequest parse(const api::InferRequest& request, const RequestLimits& limits) const override {
-    static const std::vector<std::string> extra = {"reading_order", "masks", "rle_counts",
-                                                   "rle_size"};
-    auto d = parse_detector_request(request, limits, serving_.threshold, serving_.top_k, extra);
+    static const std::vector<std::string> with_masks = {"reading_order", "masks", "rle_counts",
+                                                        "rle_size"};
+    static const std::vector<std::string> boxes_only = {"reading_order"};
+    auto d = parse_detector_request(request, limits, serving_.threshold, serving_.top_k,
+                                    masks_ ? with_masks : boxes_only);
     TaskRequest r;
     static_cast<ImageInputs&>(r) = std::move(d);
     r.target_sizes = std::move(d.target_sizes);
@@ -74,7 +79,9 @@ class DocumentLayoutTask final : public TaskAdapter {
     return detector_input_metadata();
   }
   std::vector<api::TensorMetadata> output_metadata() const override {
-    auto m = segmentation_output_metadata(description_.num_queries, description_.num_labels);
+    auto m = masks_
+                 ? segmentation_output_metadata(description_.num_queries, description_.num_labels)
+                 : detector_output_metadata(description_.num_queries, description_.num_labels);
     m.push_back({"reading_order", "INT64", {-1, -1}});
     return m;
   }
@@ -86,6 +93,7 @@ class DocumentLayoutTask final : public TaskAdapter {
   models::ModelDescription description_;
   std::map<int64_t, std::string> labels_;
   ServingConfig serving_;
+  bool masks_;  ///< PP-DocLayoutV3 (its processor returns masks); V2 has none
 };
 
 }  // namespace

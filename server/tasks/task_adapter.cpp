@@ -199,8 +199,9 @@ std::unique_ptr<TaskAdapter> make_task_adapter(const models::Model& model,
     return make_prompted_detection_task(model, *prompted, serving);
   switch (d.task) {
     case models::Task::object_detection:
-      // Document layout (PP-DocLayoutV3): detections in reading order, masks on request.
-      if (d.head == image::DetectionHead::pp_doclayout)
+      // Document layout (PP-DocLayoutV2/V3): detections in reading order, V3's masks on request.
+      if (d.head == image::DetectionHead::pp_doclayout ||
+          d.head == image::DetectionHead::pp_doclayout_v2)
         return make_document_layout_task(d, model.id2label(), serving);
       return std::make_unique<DetectionTask>(d, model.id2label(), serving);
     case models::Task::instance_segmentation:

@@ -85,11 +85,11 @@ TEST(ServerLayouts, ServingYamlKernelConfigErrorMakesTheModelUnavailable) {
     parse_serving_config("kernel_config:\n  RTDetrConvNormLayer: repvgg\n", "m/serving.yaml");
     FAIL() << "no error";
   } catch (const std::runtime_error& e) {
-    EXPECT_STREQ(
-        e.what(),
-        "m/serving.yaml:2:24: kernel_config: RTDetrConvNormLayer: layout repvgg does not "
-        "replace RTDetrConvNormLayer (it replaces RTDetrRepVggBlock, "
-        "RTDetrV2RepVggBlock, DFineRepVggBlock, PPDocLayoutV3RepVggBlock, Deimv2RepVggBlock)");
+    EXPECT_STREQ(e.what(),
+                 "m/serving.yaml:2:24: kernel_config: RTDetrConvNormLayer: layout repvgg does not "
+                 "replace RTDetrConvNormLayer (it replaces RTDetrRepVggBlock, "
+                 "RTDetrV2RepVggBlock, DFineRepVggBlock, PPDocLayoutV2RepVggBlock, "
+                 "PPDocLayoutV3RepVggBlock, Deimv2RepVggBlock)");
   }
   const auto s = parse_serving_config("kernel_config:\n  ViTAttention: off\n", "m/serving.yaml");
   ASSERT_EQ(s.kernel_config.size(), 1u);

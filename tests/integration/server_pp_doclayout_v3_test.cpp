@@ -6,8 +6,7 @@
 // order_seq; `masks` on request at the model's mask resolution; ModelMetadata's outputs.
 #include <gtest/gtest.h>
 
-#include <nlohmann/json.hpp>
-
+#include "document_layout_serving.h"
 #include "models/core/config.h"
 #include "models/core/safetensors.h"
 #include "models/image/document_layout.h"
@@ -23,13 +22,6 @@ using namespace testing;
 const std::string kFixtures = LIBREYOLO_TEST_FIXTURES;
 const std::string kName = "pp_doclayout_v3_tiny";
 
-std::string images_request(const std::string& threshold, const std::string& extra = "") {
-  return "model_name: \"" + kName +
-         "\" inputs { name: \"images\" datatype: \"BYTES\" shape: 2 } "
-         "parameters { key: \"threshold\" value { double_param: " +
-         threshold + " } } " + extra;
-}
-
 TEST(ServerPPDocLayoutV3, ImagesAnsweredInReadingOrderAsTransformers) {
   const auto repo = temp_dir("pp_doclayout_v3_serving");
   add_fixture_model(repo, kName, kName, "device: cpu\nwarmup: false\n");
@@ -38,49 +30,15 @@ TEST(ServerPPDocLayoutV3, ImagesAnsweredInReadingOrderAsTransformers) {
     daemon.start();
     ASSERT_TRUE(daemon.core().ready());
     rpc::Client c("127.0.0.1:" + std::to_string(daemon.grpc_port()), 64 << 20);
-    const auto expected = models::core::SafetensorsFile::open(kFixtures + "/models/" + kName +
-                                                              "/expected.safetensors");
-    const auto meta = models::core::read_json_file(kFixtures + "/models/" + kName + "/meta.json");
-    const auto images = rpc::pack_bytes({read_file(kFixtures + "/images/document_page.png"),
-                                         read_file(kFixtures + "/images/coffee.jpg")});
-    int thresholds = 0;
-    for (const auto& [key, entry] : meta.at("postprocess").items()) {
-      if (key.substr(key.size() - 5) != "_img0") continue;
-      ++thresholds;
-      const std::string th = key.substr(2, key.size() - 7);  // "th<threshold>_img0"
-      const auto r = c.infer(images_request(th), {images});
-      ASSERT_TRUE(r.ok()) << r.message;
-      const auto counts = values<int32_t>(r.output("num_detections").data);
-      const int64_t k = r.output("scores").shape.at(1);
-      EXPECT_EQ(r.output("reading_order").shape, (std::vector<int64_t>{2, k}));
-      const auto scores = values<float>(r.output("scores").data);
-      const auto labels = values<int64_t>(r.output("labels").data);
-      const auto boxes = values<float>(r.output("boxes").data);
-      const auto order = values<int64_t>(r.output("reading_order").data);
-      for (int i = 0; i < 2; ++i) {
-        const std::string p = "th" + th + "_img" + std::to_string(i) + "_";
-        const auto es = expected->get(p + "scores", at::kFloat, at::kCPU);
-        const auto el = expected->get(p + "labels", at::kLong, at::kCPU);
-        const auto eb = expected->get(p + "boxes", at::kFloat, at::kCPU);
-        const auto eo = expected->get(p + "order_seq", at::kLong, at::kCPU);
-        ASSERT_EQ(counts.at(i), es.size(0)) << p;
-        for (int64_t j = 0; j < es.size(0); ++j) {
-          const int64_t row = i * k + j;
-          EXPECT_EQ(order[row], eo[j].item<int64_t>()) << p << j;
-          EXPECT_EQ(labels[row], el[j].item<int64_t>()) << p << j;
-          EXPECT_NEAR(scores[row], es[j].item<float>(), 1e-4) << p << j;
-          for (int q = 0; q < 4; ++q) EXPECT_NEAR(boxes[row * 4 + q], eb[j][q].item<float>(), 1e-2);
-        }
-        for (int64_t j = es.size(0); j < k; ++j) EXPECT_EQ(order[i * k + j], -1);
-      }
-    }
-    EXPECT_EQ(thresholds, 2);
+    expect_served_layouts_match(c, kName);
     // masks on request: [2, K, 32, 32] (the 128x128 input's stride-4 masks), as the library's
     // post-processing of the fixture's outputs.
-    const auto m = c.infer(images_request("0.5",
-                                          "outputs { name: \"masks\" } "
-                                          "outputs { name: \"reading_order\" }"),
-                           {images});
+    const auto expected = models::core::SafetensorsFile::open(kFixtures + "/models/" + kName +
+                                                              "/expected.safetensors");
+    const auto m = c.infer(layout_images_request(kName, "0.5",
+                                                 "outputs { name: \"masks\" } "
+                                                 "outputs { name: \"reading_order\" }"),
+                           {layout_images()});
     ASSERT_TRUE(m.ok()) << m.message;
     const auto& masks = m.output("masks");
     EXPECT_EQ(masks.datatype, "UINT8");

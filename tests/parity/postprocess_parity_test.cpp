@@ -178,7 +178,7 @@ TEST(PostprocessParity, DetectorsMatchTransformersFixtures) {
                                     ->head;
     // Document layout: detections in reading order from the order logits too
     // (image::post_process_document_layout; tests/parity/pp_doclayout_v3_parity_test.cpp).
-    if (head == DetectionHead::pp_doclayout) continue;
+    if (head == DetectionHead::pp_doclayout || head == DetectionHead::pp_doclayout_v2) continue;
     // Open-vocabulary detectors: their post-processing needs the prompts
     // (PromptedDetector::post_process; tests/parity/owlvit_parity_test.cpp).
     if (head == DetectionHead::prompted) continue;

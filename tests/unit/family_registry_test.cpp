@@ -70,10 +70,11 @@ TEST(FamilyRegistry, EveryFamilyFolderRegistersExactlyOnce) {
   for (const Family* f : FamilyRegistry::builtin().all()) registered.push_back(f->name);
   std::sort(registered.begin(), registered.end());
   EXPECT_EQ(registered, folders);  // a record's name is its folder
-  EXPECT_EQ(folders, (std::vector<std::string>{
-                         "conditional_detr", "dab_detr", "deformable_detr", "deimv2", "deit",
-                         "detr", "dfine", "grounding_dino", "lw_detr", "owlvit", "pp_doclayout_v3",
-                         "rf_detr", "rtdetr", "swin", "table_transformer", "vit", "yolos"}));
+  EXPECT_EQ(folders,
+            (std::vector<std::string>{"conditional_detr", "dab_detr", "deformable_detr", "deimv2",
+                                      "deit", "detr", "dfine", "grounding_dino", "lw_detr",
+                                      "owlvit", "pp_doclayout_v2", "pp_doclayout_v3", "rf_detr",
+                                      "rtdetr", "swin", "table_transformer", "vit", "yolos"}));
 }
 
 TEST(FamilyRegistry, ModelTypesAndRecords) {
@@ -97,6 +98,7 @@ TEST(FamilyRegistry, ModelTypesAndRecords) {
                                                      {"mm-grounding-dino", "grounding_dino"},
                                                      {"owlvit", "owlvit"},
                                                      {"owlv2", "owlvit"},
+                                                     {"pp_doclayout_v2", "pp_doclayout_v2"},
                                                      {"pp_doclayout_v3", "pp_doclayout_v3"}};
   size_t types = 0;
   for (const Family* f : registry.all()) {
@@ -131,6 +133,7 @@ TEST(FamilyRegistry, ModelTypesAndRecords) {
   EXPECT_EQ(*registry.find("table-transformer")->head, image::DetectionHead::detr);
   EXPECT_EQ(*registry.find("yolos")->head, image::DetectionHead::detr);
   EXPECT_EQ(*registry.find("pp_doclayout_v3")->head, image::DetectionHead::pp_doclayout);
+  EXPECT_EQ(*registry.find("pp_doclayout_v2")->head, image::DetectionHead::pp_doclayout_v2);
   EXPECT_EQ(*registry.find("owlv2")->head, image::DetectionHead::prompted);
   EXPECT_EQ(registry.find("yolo_nas"), nullptr);
   // The families whose forward reads pixel_mask (the server batches their requests of any size
@@ -144,10 +147,11 @@ TEST(FamilyRegistry, ModelTypesAndRecords) {
   // The order of all(): Family::order, then name.
   std::vector<std::string> order;
   for (const Family* f : registry.all()) order.push_back(f->name);
-  EXPECT_EQ(order, (std::vector<std::string>{
-                       "rtdetr", "detr", "conditional_detr", "dab_detr", "table_transformer",
-                       "deformable_detr", "grounding_dino", "dfine", "pp_doclayout_v3", "deimv2",
-                       "lw_detr", "rf_detr", "yolos", "owlvit", "vit", "deit", "swin"}));
+  EXPECT_EQ(order,
+            (std::vector<std::string>{
+                "rtdetr", "detr", "conditional_detr", "dab_detr", "table_transformer",
+                "deformable_detr", "grounding_dino", "dfine", "pp_doclayout_v2", "pp_doclayout_v3",
+                "deimv2", "lw_detr", "rf_detr", "yolos", "owlvit", "vit", "deit", "swin"}));
 }
 
 TEST(FamilyRegistry, TakenModelTypeAndIncompleteRecordsAreRefused) {
@@ -183,19 +187,22 @@ TEST(FamilyRegistry, UnknownModelTypeIsTheConfigErrorOfLoadModel) {
 
 TEST(FamilyRegistry, LayoutCatalogListsTheRecordsClasses) {
   // The order of a layout's classes follows FamilyRegistry::all(); serving.yaml errors quote it.
-  EXPECT_EQ(
-      layouts::find_layout_info("repvgg")->replaces,
-      (std::vector<std::string>{"RTDetrRepVggBlock", "RTDetrV2RepVggBlock", "DFineRepVggBlock",
-                                "PPDocLayoutV3RepVggBlock", "Deimv2RepVggBlock"}));
+  EXPECT_EQ(layouts::find_layout_info("repvgg")->replaces,
+            (std::vector<std::string>{"RTDetrRepVggBlock", "RTDetrV2RepVggBlock",
+                                      "DFineRepVggBlock", "PPDocLayoutV2RepVggBlock",
+                                      "PPDocLayoutV3RepVggBlock", "Deimv2RepVggBlock"}));
   EXPECT_EQ(layouts::find_layout_info("avgpool_fold")->replaces,
             std::vector<std::string>{"AvgPool2d"});
   EXPECT_EQ(layouts::find_layout_info("channels_last")->replaces,
             std::vector<std::string>{"Conv2d"});
   EXPECT_EQ(layouts::find_layout_info("batchnorm_fold")->replaces.size(),
-            13u);  // + PP-DocLayoutV3's 2
+            17u);  // + PP-DocLayoutV3's 2, PP-DocLayoutV2's PPDocLayoutV2ConvNormLayer, timm's
+                   // ResNet, Bottleneck and BasicBlock (DETR's backbone)
   // + DETR's, PP-DocLayoutV3's, Conditional DETR's (its encoder's ConditionalDetrSelfAttention),
   // DAB-DETR's (its encoder's DetrAttention), Table Transformer's (TableTransformerAttention)
-  EXPECT_EQ(layouts::find_layout_info("qkv_concat")->replaces.size(), 23u);  // + YOLOS's 2
+  // + YOLOS's 2, PP-DocLayoutV2's 2 (PPDocLayoutV2ReadingOrderSelfAttention,
+  // PPDocLayoutV2SelfAttention)
+  EXPECT_EQ(layouts::find_layout_info("qkv_concat")->replaces.size(), 25u);
   EXPECT_EQ(layouts::upstream_classes("table-transformer", layouts::ModuleKind::attention,
                                       "model.encoder.layers.0.self_attn"),
             std::vector<std::string>{"TableTransformerAttention"});

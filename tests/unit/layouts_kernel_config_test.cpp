@@ -74,10 +74,11 @@ TEST(KernelConfig, ExactErrors) {
       "model.encoder.lateral_convs.*], [RTDetrConvNormLayer, "
       "model.encoder.downsample_convs.0]]: path patterns 'model.encoder.lateral_convs.*' "
       "and 'model.encoder.downsample_convs.0' do not share one parent");
-  EXPECT_EQ(error_of("RTDetrConvNormLayer: repvgg\n"),
-            "s.yaml:1:22: kernel_config: RTDetrConvNormLayer: layout repvgg does not replace "
-            "RTDetrConvNormLayer (it replaces RTDetrRepVggBlock, RTDetrV2RepVggBlock, "
-            "DFineRepVggBlock, PPDocLayoutV3RepVggBlock, Deimv2RepVggBlock)");
+  EXPECT_EQ(
+      error_of("RTDetrConvNormLayer: repvgg\n"),
+      "s.yaml:1:22: kernel_config: RTDetrConvNormLayer: layout repvgg does not replace "
+      "RTDetrConvNormLayer (it replaces RTDetrRepVggBlock, RTDetrV2RepVggBlock, "
+      "DFineRepVggBlock, PPDocLayoutV2RepVggBlock, PPDocLayoutV3RepVggBlock, Deimv2RepVggBlock)");
   EXPECT_EQ(error_of("ViTAttention: fused\n"),
             "s.yaml:1:15: kernel_config: ViTAttention: unknown layout 'fused' (expected off, "
             "repvgg, batchnorm_fold, avgpool_fold, qkv_concat, channels_last, or "
