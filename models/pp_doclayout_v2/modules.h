@@ -20,6 +20,7 @@
 #include "models/model.h"
 #include "models/pp_doclayout_v3/modules.h"
 #include "models/rtdetr/modules.h"
+#include "models/text/bert_model.h"
 
 namespace libreyolo::models::pp_doclayout_v2 {
 
@@ -57,26 +58,12 @@ struct Config : pp_doclayout_v3::HGNetV2DetectorConfig {
   static Config parse(const core::ConfigView& cfg);
 };
 
-/// PPDocLayoutV2ReadingOrderLayer (LayoutLMv3Layer with "norm" for "LayerNorm"):
-/// "attention.self.{query,key,value}" (layers::AttentionImpl, no output projection),
-/// "attention.output.{dense,norm}", "intermediate.dense", "output.{dense,norm}"; post-norm.
-class ReadingOrderLayerImpl : public torch::nn::Module {
- public:
-  explicit ReadingOrderLayerImpl(const ReadingOrderConfig& c);
-  /// x (B, L, H), bias additive (B, heads or 1, L or 1, L) or undefined -> (B, L, H).
-  at::Tensor forward(const at::Tensor& x, const at::Tensor& bias) const;
-
- private:
-  layers::Attention self_;
-  layers::Linear attention_dense_, intermediate_, output_dense_;
-  layers::LayerNorm attention_norm_, output_norm_;
-  layers::Activation act_;
-};
-
 /// PPDocLayoutV2ReadingOrder: "embeddings.{word,token_type,position,x_position,y_position,
 /// h_position,w_position}_embeddings", "embeddings.{norm,spatial_proj}", "label_embeddings",
 /// "label_features_projection", "encoder.layer.{i}", "encoder.rel_bias_module.pos_proj",
-/// "relative_head.dense". The file's "encoder.rel_pos_{x,y}_bias" are never used upstream.
+/// "relative_head.dense". The file's "encoder.rel_pos_{x,y}_bias" are never used upstream. The
+/// layers (PPDocLayoutV2ReadingOrderLayer = LayoutLMv3Layer with "norm" for "LayerNorm") are
+/// BERT's: text::BertLayerImpl.
 class ReadingOrderImpl : public torch::nn::Module {
  public:
   explicit ReadingOrderImpl(const ReadingOrderConfig& c);
@@ -96,7 +83,7 @@ class ReadingOrderImpl : public torch::nn::Module {
   layers::LayerNorm norm_;
   layers::Linear spatial_proj_, label_projection_, pointer_;
   layers::Conv2d pos_proj_;
-  std::vector<std::shared_ptr<ReadingOrderLayerImpl>> layers_;
+  std::vector<std::shared_ptr<text::BertLayerImpl>> layers_;
 };
 
 /// Root module: RT-DETR's "model.*" with the HGNetV2 backbone, and "reading_order.*".

@@ -2,7 +2,6 @@
 // PPDocLayoutV2ReadingOrder, PPDocLayoutV2TextEmbeddings, PPDocLayoutV2ReadingOrderEncoder /
 // Layer / SelfAttention, PPDocLayoutV2PositionRelationEmbedding, PPDocLayoutV2GlobalPointer).
 
-#include <limits>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <utility>
@@ -16,20 +15,6 @@ at::Tensor embedding_table(torch::nn::Module& parent, const std::string& name, i
                            int64_t width) {
   auto m = parent.register_module(name, std::make_shared<torch::nn::Module>());
   return m->register_parameter("weight", at::empty({rows, width}));
-}
-
-/// torch.finfo(dtype).min: the masked keys' additive bias (create_bidirectional_mask, eager).
-double lowest(at::ScalarType dtype) {
-  switch (dtype) {
-    case at::kHalf:
-      return -65504.0;
-    case at::kBFloat16:
-      return -3.3895313892515355e38;
-    case at::kDouble:
-      return std::numeric_limits<double>::lowest();
-    default:
-      return std::numeric_limits<float>::lowest();
-  }
 }
 
 }  // namespace
@@ -87,37 +72,6 @@ ReadingOrderConfig ReadingOrderConfig::parse(const core::ConfigView& r) {
   return c;
 }
 
-ReadingOrderLayerImpl::ReadingOrderLayerImpl(const ReadingOrderConfig& c) : act_(c.hidden_act) {
-  const int64_t h = c.hidden_size;
-  auto attention = register_module("attention", std::make_shared<torch::nn::Module>());
-  layers::AttentionOptions o;
-  o.embed_dim = h;
-  o.num_heads = c.num_attention_heads;
-  o.q_name = "query", o.k_name = "key", o.v_name = "value", o.o_name = "";
-  self_ = attention->register_module("self", std::make_shared<layers::AttentionImpl>(o));
-  auto output = attention->register_module("output", std::make_shared<torch::nn::Module>());
-  attention_dense_ = output->register_module("dense", std::make_shared<layers::LinearImpl>(h, h));
-  attention_norm_ =
-      output->register_module("norm", std::make_shared<layers::LayerNormImpl>(h, c.layer_norm_eps));
-  auto intermediate = register_module("intermediate", std::make_shared<torch::nn::Module>());
-  intermediate_ = intermediate->register_module(
-      "dense", std::make_shared<layers::LinearImpl>(h, c.intermediate_size));
-  auto out = register_module("output", std::make_shared<torch::nn::Module>());
-  output_dense_ =
-      out->register_module("dense", std::make_shared<layers::LinearImpl>(c.intermediate_size, h));
-  output_norm_ =
-      out->register_module("norm", std::make_shared<layers::LayerNormImpl>(h, c.layer_norm_eps));
-}
-
-at::Tensor ReadingOrderLayerImpl::forward(const at::Tensor& x, const at::Tensor& bias) const {
-  // Upstream: softmax(q / sqrt(d) @ k^T + bias) with CogView's PB-Relax rescaling, which is
-  // the same softmax up to rounding (1e-7 on the fixture).
-  const at::Tensor attended = self_->forward(x, x, x, bias);
-  const at::Tensor h = attention_norm_->forward(attention_dense_->forward(attended) + x);
-  const at::Tensor inner = layers::apply(act_, intermediate_->forward(h));
-  return output_norm_->forward(output_dense_->forward(inner) + h);
-}
-
 ReadingOrderImpl::ReadingOrderImpl(const ReadingOrderConfig& c) : config_(c) {
   const int64_t h = c.hidden_size;
   auto embeddings = register_module("embeddings", std::make_shared<torch::nn::Module>());
@@ -139,9 +93,15 @@ ReadingOrderImpl::ReadingOrderImpl(const ReadingOrderConfig& c) : config_(c) {
       register_module("label_features_projection", std::make_shared<layers::LinearImpl>(h, h));
 
   auto encoder = register_module("encoder", std::make_shared<torch::nn::Module>());
-  std::vector<std::shared_ptr<ReadingOrderLayerImpl>> ls;
+  // Upstream's attention is softmax(q / sqrt(d) @ k^T + bias) with CogView's PB-Relax
+  // rescaling: the same softmax up to rounding (8e-7 on the fixture's order logits).
+  text::BertConfig bert;
+  bert.hidden_size = h, bert.num_attention_heads = c.num_attention_heads;
+  bert.intermediate_size = c.intermediate_size, bert.layer_norm_eps = c.layer_norm_eps;
+  bert.act = c.hidden_act;
+  std::vector<std::shared_ptr<text::BertLayerImpl>> ls;
   for (int64_t i = 0; i < c.num_hidden_layers; ++i)
-    ls.push_back(std::make_shared<ReadingOrderLayerImpl>(c));
+    ls.push_back(std::make_shared<text::BertLayerImpl>(bert, "norm"));
   layers_ = layers::register_list(*encoder, "layer", ls);
   // Built whether or not has_spatial_attention_bias (upstream's module exists either way).
   auto relation =
@@ -217,7 +177,7 @@ at::Tensor ReadingOrderImpl::forward(const at::Tensor& boxes, const at::Tensor& 
   // Additive key mask: start, the kept detections and end attend; finfo.min elsewhere.
   const at::Tensor valid = (col < kept + 2).view({B, 1, 1, L});
   at::Tensor bias = at::where(valid, at::zeros({}, e.options()),
-                              at::full({}, lowest(e.scalar_type()), e.options()));
+                              at::full({}, text::finfo_min(e.scalar_type()), e.options()));
   if (config_.has_spatial_attention_bias) bias = relation_bias(padded) + bias;
   for (const auto& layer : layers_) x = layer->forward(x, bias);
   return pp_doclayout_v3::global_pointer_logits(pointer_->forward(x.narrow(1, 1, N)),

@@ -42,7 +42,7 @@ BertConfig parse_bert_config(const core::ConfigView& v) {
   return c;
 }
 
-BertLayerImpl::BertLayerImpl(const BertConfig& c) : act(c.act) {
+BertLayerImpl::BertLayerImpl(const BertConfig& c, const std::string& norm_name) : act(c.act) {
   const int64_t d = c.hidden_size;
   auto attention_parent = register_module("attention", std::make_shared<torch::nn::Module>());
   layers::AttentionOptions o;
@@ -58,15 +58,15 @@ BertLayerImpl::BertLayerImpl(const BertConfig& c) : act(c.act) {
   attention_out =
       attention_output->register_module("dense", std::make_shared<layers::LinearImpl>(d, d));
   attention_norm = attention_output->register_module(
-      "LayerNorm", std::make_shared<layers::LayerNormImpl>(d, c.layer_norm_eps));
+      norm_name, std::make_shared<layers::LayerNormImpl>(d, c.layer_norm_eps));
   auto inter = register_module("intermediate", std::make_shared<torch::nn::Module>());
   intermediate =
       inter->register_module("dense", std::make_shared<layers::LinearImpl>(d, c.intermediate_size));
   auto out = register_module("output", std::make_shared<torch::nn::Module>());
   output =
       out->register_module("dense", std::make_shared<layers::LinearImpl>(c.intermediate_size, d));
-  output_norm = out->register_module("LayerNorm",
-                                     std::make_shared<layers::LayerNormImpl>(d, c.layer_norm_eps));
+  output_norm =
+      out->register_module(norm_name, std::make_shared<layers::LayerNormImpl>(d, c.layer_norm_eps));
 }
 
 at::Tensor BertLayerImpl::forward(const at::Tensor& x, const at::Tensor& bias) const {

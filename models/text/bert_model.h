@@ -7,6 +7,7 @@
 #include <torch/nn/module.h>
 
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "models/core/config.h"
@@ -36,7 +37,9 @@ BertConfig parse_bert_config(const core::ConfigView& v);
 /// LayerNorm), intermediate.dense + act, output.dense + LayerNorm; post-norm residuals.
 class BertLayerImpl : public torch::nn::Module {
  public:
-  explicit BertLayerImpl(const BertConfig& c);
+  /// `norm_name`: the two LayerNorms' child name (PP-DocLayoutV2's reading-order layers, which
+  /// are LayoutLMv3's = BERT's, call them "norm").
+  explicit BertLayerImpl(const BertConfig& c, const std::string& norm_name = "LayerNorm");
   /// x (B, L, D), bias additive (B, 1, L, L) or undefined -> (B, L, D).
   at::Tensor forward(const at::Tensor& x, const at::Tensor& bias) const;
 
