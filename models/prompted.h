@@ -80,6 +80,15 @@ class PromptedDetector {
   /// encode_labels for the same B images. Throws std::invalid_argument for mismatched shapes.
   virtual PromptedOutput forward_prompted(const at::Tensor& pixel_values,
                                           const TextQueries& queries) const = 0;
+  /// forward_prompted with the batch's pixel_mask (B, H, W) (1 = real pixel; undefined: all
+  /// real), for the families whose model reads it (Grounding DINO: images of different sizes
+  /// padded into one batch). The default ignores the mask (OWL-ViT / OWLv2 take none).
+  virtual PromptedOutput forward_prompted_masked(const at::Tensor& pixel_values,
+                                                 const at::Tensor& pixel_mask,
+                                                 const TextQueries& queries) const {
+    (void)pixel_mask;
+    return forward_prompted(pixel_values, queries);
+  }
 
   /// Which of `labels` encode_labels would cut to the token limit (the same shape as labels),
   /// without building tensors. Throws as encode_labels does for a label that is not UTF-8.

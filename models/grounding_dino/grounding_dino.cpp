@@ -25,9 +25,11 @@
 #include "models/grounding_dino/config.h"
 #include "models/grounding_dino/decoder_layer.h"
 #include "models/grounding_dino/encoder_layer.h"
+#include "models/grounding_dino/postprocess.h"
 #include "models/layers/attention.h"
 #include "models/layers/layers.h"
 #include "models/module_model.h"
+#include "models/prompted.h"
 #include "models/registry/family.h"
 #include "models/swin/backbone.h"
 #include "models/text/bert_model.h"
@@ -256,7 +258,15 @@ class GroundingDinoImpl : public torch::nn::Module {
   std::vector<at::Tensor> class_bias;
 };
 
-class GroundingDinoModel : public ModuleModel<GroundingDinoImpl>, public TextConditioned {
+/// The most labels of one image (the server's cap before tokenizing, as OWL-ViT's).
+constexpr int64_t kMaxLabels = 256;
+
+/// The prompt of one image: its labels merged as the processor merges a candidate-label list.
+std::string image_prompt(const std::vector<std::string>& labels) { return merge_labels(labels); }
+
+class GroundingDinoModel : public ModuleModel<GroundingDinoImpl>,
+                           public TextConditioned,
+                           public PromptedDetector {
  public:
   GroundingDinoModel(std::string model_type, std::shared_ptr<GroundingDinoImpl> net,
                      text::BertTokenizer tokenizer, const LoadOptions& options)
@@ -299,6 +309,96 @@ class GroundingDinoModel : public ModuleModel<GroundingDinoImpl>, public TextCon
 
   const text::BertTokenizer& tokenizer() const override { return tokenizer_; }
   int64_t max_text_len() const override { return net_->config.max_text_len; }
+
+  // PromptedDetector (models/prompted.h): one caption per image, "a cat. a dog." from its labels.
+
+  int64_t max_labels() const override { return kMaxLabels; }
+  /// The caption's token limit: the model keeps the first max_text_len ids (upstream slices
+  /// input_ids[:, :max_text_len]; its processor does not truncate).
+  int64_t max_text_length() const override { return net_->config.max_text_len; }
+
+  TextQueries encode_labels(const std::vector<std::vector<std::string>>& labels) const override {
+    std::vector<std::string> prompts;
+    for (const auto& l : labels) prompts.push_back(image_prompt(l));
+    auto t = encode_prompts(tokenizer_, prompts);
+    TextQueries q;
+    q.input_ids = t.input_ids.to(options_.device);
+    q.attention_mask = t.attention_mask.to(options_.device);
+    q.token_type_ids = t.token_type_ids.to(options_.device);
+    q.truncated = truncation(labels);
+    return q;
+  }
+
+  PromptedOutput forward_prompted(const at::Tensor& pixel_values,
+                                  const TextQueries& queries) const override {
+    return forward_prompted_masked(pixel_values, at::Tensor(), queries);
+  }
+
+  PromptedOutput forward_prompted_masked(const at::Tensor& pixel_values,
+                                         const at::Tensor& pixel_mask,
+                                         const TextQueries& queries) const override {
+    PromptedOutput out;
+    static_cast<ModelOutput&>(out) =
+        forward_text(pixel_values, pixel_mask,
+                     {queries.input_ids, queries.attention_mask, queries.token_type_ids});
+    return out;
+  }
+
+  /// A label is cut when its tokens or its '.' fall past max_text_len - 1 in the caption
+  /// ([CLS] label0 . label1 . ... [SEP]; BERT splits at '.', so label j starts after the
+  /// tokens and periods of the labels before it).
+  std::vector<std::vector<bool>> truncation(
+      const std::vector<std::vector<std::string>>& labels) const override {
+    std::vector<std::vector<bool>> cut;
+    for (size_t b = 0; b < labels.size(); ++b) {
+      std::vector<bool> row;
+      int64_t end = 0;  // index of the last token so far: [CLS] = 0, then each label's '.'
+      for (size_t i = 0; i < labels[b].size(); ++i) {
+        std::string label = labels[b][i];
+        try {
+          label = image_prompt({label});  // "label." stripped, lower-cased ('.' inside refused)
+          end += static_cast<int64_t>(tokenizer_.content_ids(label).size());
+        } catch (const std::invalid_argument& e) {
+          throw std::invalid_argument(c10::str("labels[", b, "][", i, "]: ", e.what()));
+        }
+        row.push_back(end >= net_->config.max_text_len);
+      }
+      cut.push_back(std::move(row));
+    }
+    return cut;
+  }
+
+  /// post_process_grounded_object_detection's defaults (threshold 0.25, text_threshold 0.25).
+  PromptThresholds default_thresholds() const override { return {0.25, 0.25}; }
+  bool uses_text_threshold() const override { return true; }
+
+  /// Boxes named by their phrase (labels -1: free phrases, not an index into the list).
+  std::vector<PromptedDetections> post_process(
+      const PromptedOutput& out, const std::vector<std::pair<int64_t, int64_t>>& target_sizes,
+      const std::vector<std::vector<std::string>>& labels,
+      const PromptThresholds& thresholds) const override {
+    if (labels.size() != target_sizes.size() ||
+        static_cast<int64_t>(labels.size()) != out.logits.size(0))
+      throw std::invalid_argument(c10::str(model_type_, ": ", labels.size(), " label lists and ",
+                                           target_sizes.size(), " target sizes for a batch of ",
+                                           out.logits.size(0)));
+    std::vector<std::string> prompts;
+    for (const auto& l : labels) prompts.push_back(image_prompt(l));
+    const auto ids = encode_prompts(tokenizer_, prompts).input_ids;
+    const auto dets = post_process_grounded_object_detection(
+        out.logits, out.pred_boxes, ids, thresholds.box_threshold, thresholds.text_threshold,
+        target_sizes, tokenizer_);
+    std::vector<PromptedDetections> result;
+    for (const auto& d : dets) {
+      PromptedDetections p;
+      p.scores = d.scores;
+      p.boxes = d.boxes;
+      p.labels = at::full({d.scores.numel()}, -1, at::kLong);
+      p.phrases = d.phrases;
+      result.push_back(std::move(p));
+    }
+    return result;
+  }
 
  private:
   text::BertTokenizer tokenizer_;
@@ -357,8 +457,8 @@ namespace {
 /// "mm-grounding-dino" (MMGroundingDinoForObjectDetection): config.json, model.safetensors
 /// (strict; tied heads as load_rules), the BERT tokenizer files. Throws core::ConfigError /
 /// core::CheckpointError naming the file and the field or tensor key.
-std::unique_ptr<Model> load_grounding_dino(const std::string& dir, const nlohmann::json& config,
-                                           const LoadOptions& options) {
+std::unique_ptr<Model> load_family(const std::string& dir, const nlohmann::json& config,
+                                   const LoadOptions& options) {
   const bool mm = config.is_object() && config.value("model_type", "") == "mm-grounding-dino";
   return grounding_dino::load(dir, config, options, mm);
 }
@@ -368,11 +468,10 @@ std::unique_ptr<Model> load_grounding_dino(const std::string& dir, const nlohman
 // two-stage query selection by text similarity, decoder with text cross-attention, contrastive
 // class head over the prompt's tokens. forward_text() (grounding_dino.h) takes the prompt;
 // Model::forward without one throws.
-const FamilyRegistrar registered{Family{
-    "grounding_dino", {"grounding-dino", "mm-grounding-dino"}, /*order=*/25, load_grounding_dino}
-                                     .predicts({Task::object_detection},
-                                               image::DetectionHead::deformable_detr)
-                                     .fused_attention(grounding_dino::kFusedAttentionDefault)};
+const FamilyRegistrar registered{
+    Family{"grounding_dino", {"grounding-dino", "mm-grounding-dino"}, /*order=*/25, load_family}
+        .predicts({Task::object_detection}, image::DetectionHead::prompted)
+        .fused_attention(grounding_dino::kFusedAttentionDefault)};
 
 }  // namespace
 }  // namespace libreyolo::models

@@ -175,7 +175,7 @@ std::unique_ptr<ModelInstance::InFlight> ModelInstance::launch(Batch& batch) {
         f->cache_misses = e.misses;
         out = prompted->forward_embedded(pv, e.embeddings, e.query_mask);
       } else {
-        out = prompted->forward_prompted(pv, prompted->encode_labels(labels));
+        out = prompted->forward_prompted_masked(pv, mask, prompted->encode_labels(labels));
       }
     } else {
       out = (model.graphs && !mask.defined() && model.graphs->accepts(pv))

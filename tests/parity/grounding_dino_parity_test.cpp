@@ -7,6 +7,7 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <iostream>
 #include <limits>
 #include <nlohmann/json.hpp>
@@ -21,6 +22,7 @@
 #include "models/image/decode.h"
 #include "models/image/processor.h"
 #include "models/model.h"
+#include "models/prompted.h"
 #include "tests/parity/fused_attention_fixtures.h"
 
 namespace libreyolo {
@@ -169,6 +171,62 @@ TEST_P(GroundingDinoParity, PostProcessingMatchesTransformers) {
       std::cout << "[" << GetParam().name << " " << key << "] " << phrases.size()
                 << " boxes, first phrase '" << phrases[0] << "'\n";
     }
+  }
+}
+
+TEST_P(GroundingDinoParity, PromptedDetectorMatchesTransformers) {
+  // The open-vocabulary contract (models/prompted.h) as the server drives it: per-image label
+  // lists merged into captions, the padded batch's pixel_mask, the phrases as label texts.
+  c10::InferenceMode inference_mode;
+  const auto dir = test::model_fixture(GetParam().name);
+  auto model = models::load_model(dir);
+  const auto* p = models::prompted_detector(*model);
+  ASSERT_NE(p, nullptr);
+  EXPECT_EQ(model->description().head, image::DetectionHead::prompted);
+  EXPECT_TRUE(p->uses_text_threshold());
+  EXPECT_EQ(p->default_thresholds().box_threshold, 0.25);
+  EXPECT_EQ(p->default_thresholds().text_threshold, 0.25);
+  EXPECT_EQ(p->max_text_length(), 256);
+  const auto meta = test::read_json(dir + "/meta.json");
+  const std::vector<std::vector<std::vector<std::string>>> labels = {
+      {{"a person", "a flag"}, {"a coffee cup", "a spoon? table"}},
+      {{"a cat", "A Dog", "remote control"}}};
+  for (size_t k = 0; k < 2; ++k) {
+    const std::string c = kCases[k];
+    const auto& cm = meta.at("cases").at(c);
+    const auto q = p->encode_labels(labels[k]);
+    EXPECT_TRUE(at::equal(q.input_ids, case_text(dir, c).input_ids)) << c;
+    const auto [pixels, mask] = case_pixels(dir, c);
+    const auto out = p->forward_prompted_masked(pixels, mask, q);
+    std::vector<std::pair<int64_t, int64_t>> sizes;
+    for (const auto& hw : cm.at("target_sizes_hw")) sizes.emplace_back(hw[0], hw[1]);
+    const auto dets =
+        p->post_process(out, sizes, labels[k], {cm.at("box_threshold"), cm.at("text_threshold")});
+    for (size_t i = 0; i < dets.size(); ++i) {
+      const auto key = c + "_img" + std::to_string(i) + "_scores";
+      EXPECT_EQ(dets[i].phrases,
+                cm.at("results")[i].at("text_labels").get<std::vector<std::string>>())
+          << key;
+      EXPECT_LE(test::max_abs_diff(dets[i].scores, test::expected_tensor(dir, key)), 1e-5) << key;
+      EXPECT_TRUE(at::equal(dets[i].labels, at::full({dets[i].scores.numel()}, -1, at::kLong)));
+    }
+  }
+  // The caption holds max_text_len tokens: a label past it is cut; a label with '.' refused.
+  std::string long_label;
+  for (int i = 0; i < 300; ++i) long_label += "cat ";
+  EXPECT_EQ(p->truncation({{"a dog", long_label, "a cat"}}),
+            (std::vector<std::vector<bool>>{{false, true, true}}));
+  // 130 labels "cat": [CLS] then "cat ." pairs; label j's '.' at 2 (j + 1), past 255 from 127 on.
+  const auto cut = p->truncation({std::vector<std::string>(130, "cat")});
+  EXPECT_EQ(std::find(cut[0].begin(), cut[0].end(), true) - cut[0].begin(), 127);
+  EXPECT_TRUE(cut[0].back());
+  try {
+    p->truncation({{"st. bernard"}});
+    FAIL() << "a label with '.'";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "labels[0][0]: text: label 'st. bernard' contains '.' (send one prompt \"a. b.\" "
+              "instead)");
   }
 }
 
