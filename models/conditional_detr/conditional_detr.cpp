@@ -191,7 +191,7 @@ const FamilyRegistrar registered{
         .layouts(
             detr::with_resnet_backbone_rules(
                 {{"qkv_concat", {"ConditionalDetrSelfAttention"}, "", path_with("self_attn")}}),
-            {"batchnorm_fold", "qkv_concat"})};
+            {"batchnorm_fold", "qkv_concat", "channels_last"})};
 
 }  // namespace
 }  // namespace libreyolo::models

@@ -60,7 +60,7 @@ const FamilyRegistrar registered{
         .fused_attention(kFusedAttentionDefault)
         .layouts(detr::with_resnet_backbone_rules(
                      {{"qkv_concat", {"DetrSelfAttention"}, "", path_with("self_attn")}}),
-                 {"batchnorm_fold", "qkv_concat"})};
+                 {"batchnorm_fold", "qkv_concat", "channels_last"})};
 
 }  // namespace
 }  // namespace libreyolo::models

@@ -72,8 +72,8 @@ const LayoutInfo* find_layout_info(const std::string& name) {
   return nullptr;
 }
 
-bool on_by_default(const std::string& layout, const std::string& model_type,
-                   bool fma_convolutions) {
+bool on_by_default(const std::string& layout, const std::string& model_type, bool fma_convolutions,
+                   bool reduced_precision) {
   // CUDA float32 without TF32 runs cuDNN's FMA convolutions (no tensor cores), whose fast kernels
   // are NCHW: channels_last measured slower there, and avgpool_fold's 2x2 convolution, 4x the
   // FLOPs of the 1x1 shortcut it replaces, costs more at FMA rate than the avg_pool2d pass it
@@ -81,8 +81,11 @@ bool on_by_default(const std::string& layout, const std::string& model_type,
   if (fma_convolutions && (layout == "channels_last" || layout == "avgpool_fold")) return false;
   const Family* family = FamilyRegistry::builtin().find(model_type);
   if (!family) return false;
-  const auto& on = family->default_layouts;
-  return std::find(on.begin(), on.end(), layout) != on.end();
+  auto listed = [&](const std::vector<std::string>& on) {
+    return std::find(on.begin(), on.end(), layout) != on.end();
+  };
+  return listed(family->default_layouts) ||
+         (reduced_precision && listed(family->reduced_precision_layouts));
 }
 
 namespace {

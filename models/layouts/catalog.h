@@ -30,9 +30,11 @@ const LayoutInfo* find_layout_info(const std::string& name);
 /// family's Family::default_layouts (decided by the parity gate,
 /// tests/parity/layouts_parity_test.cpp; DESIGN.md "Layouts"), except that with
 /// `fma_convolutions`, a CUDA float32 model without TF32 (cuDNN's FMA kernels), channels_last and
-/// avgpool_fold are off (measured slower: docs/BENCHMARKS.md "fifth run"). False for a model_type
+/// avgpool_fold are off (measured slower: docs/BENCHMARKS.md "fifth run"); a `reduced_precision`
+/// model (bfloat16 / float16) also takes Family::reduced_precision_layouts. False for a model_type
 /// no family registers.
-bool on_by_default(const std::string& layout, const std::string& model_type, bool fma_convolutions);
+bool on_by_default(const std::string& layout, const std::string& model_type, bool fma_convolutions,
+                   bool reduced_precision = false);
 
 /// Module kinds of our tree a layout looks at.
 /// pooled_shortcut: a ResNet-vd layer whose shortcut is AvgPool2d + 1x1 conv-BN (its path is

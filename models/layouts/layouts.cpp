@@ -78,7 +78,8 @@ std::string decide(const std::string& layout, const Candidate& c, const LayoutCo
            (mode.origin.empty() ? "" : " (" + mode.origin + ")");
   const bool fma_convolutions = ctx.device.is_cuda() && ctx.dtype == at::kFloat && !ctx.tf32;
   if (mode.value == kernels::LayoutMode::family_default &&
-      on_by_default(layout, ctx.model_type, fma_convolutions))
+      on_by_default(layout, ctx.model_type, fma_convolutions,
+                    ctx.dtype == at::kBFloat16 || ctx.dtype == at::kHalf))
     return "default (" + ctx.model_type + ")";
   return "";
 }

@@ -169,7 +169,10 @@ const FamilyRegistrar registered{
                    "",
                    path_with("reading_order")},
                   {"qkv_concat", {"PPDocLayoutV2SelfAttention"}}},
-                 {})};
+                 {},
+                 // bfloat16 / float16 only: folded, the float32 reading-order logits move by
+                 // ~1e-4 (DESIGN.md "Layouts"); measured on the H200, docs/BENCHMARKS.md.
+                 {"repvgg", "batchnorm_fold", "avgpool_fold", "qkv_concat", "channels_last"})};
 
 }  // namespace
 }  // namespace libreyolo::models

@@ -260,7 +260,10 @@ const FamilyRegistrar registered{
                   {"batchnorm_fold", {"PPDocLayoutV3ConvNormLayer"}},
                   {"repvgg", {"PPDocLayoutV3RepVggBlock"}},
                   {"qkv_concat", {"PPDocLayoutV3SelfAttention"}}},
-                 {})};
+                 {},
+                 // bfloat16 / float16 only: folded, the float32 reading-order logits move by
+                 // ~1e-4 (DESIGN.md "Layouts"); measured on the H200, docs/BENCHMARKS.md.
+                 {"repvgg", "batchnorm_fold", "avgpool_fold", "qkv_concat", "channels_last"})};
 
 }  // namespace
 }  // namespace libreyolo::models

@@ -38,10 +38,11 @@ Family&& Family::fused_attention(bool by_default) && {
   return std::move(*this);
 }
 
-Family&& Family::layouts(std::vector<LayoutClassRule> classes,
-                         std::vector<std::string> defaults) && {
+Family&& Family::layouts(std::vector<LayoutClassRule> classes, std::vector<std::string> defaults,
+                         std::vector<std::string> reduced_precision_defaults) && {
   layout_classes = std::move(classes);
   default_layouts = std::move(defaults);
+  reduced_precision_layouts = std::move(reduced_precision_defaults);
   return std::move(*this);
 }
 

@@ -69,8 +69,9 @@ struct Family {
                     std::optional<image::DetectionHead> post_processing = std::nullopt) &&;
   /// Sets `fused_attention_default`.
   Family&& fused_attention(bool by_default) &&;
-  /// Sets `layout_classes` and `default_layouts`.
-  Family&& layouts(std::vector<LayoutClassRule> classes, std::vector<std::string> defaults) &&;
+  /// Sets `layout_classes`, `default_layouts` and `reduced_precision_layouts`.
+  Family&& layouts(std::vector<LayoutClassRule> classes, std::vector<std::string> defaults,
+                   std::vector<std::string> reduced_precision_defaults = {}) &&;
   /// Sets `pixel_mask`: the family's forward reads pixel_mask.
   Family&& takes_pixel_mask() &&;
 
@@ -91,6 +92,10 @@ struct Family {
   /// The layouts on under `kernels.layouts: default` (layouts::on_by_default), decided by the
   /// parity gate (tests/parity/layouts_parity_test.cpp).
   std::vector<std::string> default_layouts;
+  /// Layouts on under `kernels.layouts: default` only in bfloat16 / float16, where no float32
+  /// parity bar applies: those whose float32 drift the parity gate does not take for every dtype
+  /// (PP-DocLayout: folding moves the reading-order logits by ~1e-4, the bar itself).
+  std::vector<std::string> reduced_precision_layouts;
   /// Its forward reads pixel_mask (B, H, W) and keeps the padding out of what the image's
   /// features attend to (transformers' forward takes `pixel_mask`: DETR and its lineage,
   /// Deformable DETR, LW-DETR, RF-DETR). An image padded into a larger batch then keeps its

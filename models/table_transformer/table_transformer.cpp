@@ -54,7 +54,7 @@ const FamilyRegistrar registered{
         .fused_attention(kFusedAttentionDefault)
         .layouts(detr::with_resnet_backbone_rules(
                      {{"qkv_concat", {"TableTransformerAttention"}, "", path_with("self_attn")}}),
-                 {"batchnorm_fold", "qkv_concat"})};
+                 {"batchnorm_fold", "qkv_concat", "channels_last"})};
 
 }  // namespace
 }  // namespace libreyolo::models

@@ -32,7 +32,8 @@ TEST_P(OwlCuda, PromptedBatchEqualsFixture) {
   const auto* owl = models::prompted_detector(*model);
   ASSERT_NE(owl, nullptr);
   std::vector<std::vector<std::string>> prompts;
-  for (const auto& image : test::read_json(dir + "/meta.json").at("prompts")) {
+  const auto meta = test::read_json(dir + "/meta.json");  // outlives the loop
+  for (const auto& image : meta.at("prompts")) {
     prompts.emplace_back();
     for (const auto& p : image) prompts.back().push_back(p.get<std::string>());
   }

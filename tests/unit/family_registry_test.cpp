@@ -94,10 +94,10 @@ TEST(FamilyRegistry, ModelTypesAndRecords) {
                                                      {"dab-detr", "dab_detr"},
                                                      {"table-transformer", "table_transformer"},
                                                      {"yolos", "yolos"},
-                                                     {"grounding-dino", "grounding_dino"},
-                                                     {"mm-grounding-dino", "grounding_dino"},
                                                      {"owlvit", "owlvit"},
                                                      {"owlv2", "owlvit"},
+                                                     {"grounding-dino", "grounding_dino"},
+                                                     {"mm-grounding-dino", "grounding_dino"},
                                                      {"pp_doclayout_v2", "pp_doclayout_v2"},
                                                      {"pp_doclayout_v3", "pp_doclayout_v3"}};
   size_t types = 0;
@@ -218,7 +218,28 @@ TEST(FamilyRegistry, LayoutCatalogListsTheRecordsClasses) {
                   .empty());
   EXPECT_TRUE(layouts::on_by_default("qkv_concat", "detr", false));
   EXPECT_TRUE(layouts::on_by_default("batchnorm_fold", "detr", false));
-  EXPECT_FALSE(layouts::on_by_default("channels_last", "detr", false));
+  // channels_last: measured on the H200 (DETR-R50 bf16 batch 8, docs/BENCHMARKS.md); off for
+  // float32 without TF32 (cuDNN's FMA kernels).
+  EXPECT_TRUE(layouts::on_by_default("channels_last", "detr", false));
+  EXPECT_FALSE(layouts::on_by_default("channels_last", "detr", true));
+  // PP-DocLayout: every layout in bfloat16 / float16 only.
+  for (const char* type : {"pp_doclayout_v2", "pp_doclayout_v3"}) {
+    EXPECT_FALSE(layouts::on_by_default("batchnorm_fold", type, false, false)) << type;
+    EXPECT_TRUE(layouts::on_by_default("batchnorm_fold", type, false, true)) << type;
+    EXPECT_TRUE(layouts::on_by_default("repvgg", type, false, true)) << type;
+    EXPECT_FALSE(layouts::on_by_default("channels_last", type, true, true)) << type;
+  }
+  // timm's ResNet: the stem and the blocks by path; transformers' ResNet is not taken for them.
+  EXPECT_EQ(layouts::upstream_classes("detr", layouts::ModuleKind::conv_norm,
+                                      "model.backbone.conv_encoder.model"),
+            std::vector<std::string>{"ResNet"});
+  EXPECT_EQ(layouts::upstream_classes("detr", layouts::ModuleKind::conv_norm,
+                                      "model.backbone.conv_encoder.model.layer3.1"),
+            (std::vector<std::string>{"Bottleneck", "BasicBlock"}));
+  EXPECT_EQ(layouts::upstream_classes(
+                "detr", layouts::ModuleKind::conv_norm,
+                "model.backbone.conv_encoder.model.encoder.stages.0.layers.0.layer.0"),
+            std::vector<std::string>{"ResNetConvLayer"});
   // No family: no class, except the layouts' own torch.nn ones.
   EXPECT_TRUE(layouts::upstream_classes("yolo_nas", layouts::ModuleKind::attention, "x").empty());
   EXPECT_EQ(layouts::upstream_classes("yolo_nas", layouts::ModuleKind::conv2d, "x"),
