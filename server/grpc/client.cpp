@@ -371,6 +371,19 @@ std::string pack_bytes(const std::vector<std::string>& elements) {
   return out;
 }
 
+std::vector<std::string> unpack_bytes(const std::string& raw) {
+  std::vector<std::string> out;
+  std::size_t at = 0;
+  while (at + 4 <= raw.size()) {
+    std::uint32_t n = 0;
+    std::memcpy(&n, raw.data() + at, 4);
+    at += 4;
+    out.push_back(raw.substr(at, n));
+    at += n;
+  }
+  return out;
+}
+
 std::string text_escape(const std::string& bytes) {
   static const char* hex = "0123456789abcdef";
   std::string out;

@@ -130,6 +130,11 @@ class Client {
 /// Packs elements into the OIP BYTES layout (4-byte little-endian length before each).
 std::string pack_bytes(const std::vector<std::string>& elements);
 
+/// The elements of an OIP BYTES tensor's raw data (pack_bytes' inverse, e.g. the `labels` of a
+/// prompted detector). A truncated last length prefix ends the list; a length past the data
+/// keeps what is there.
+std::vector<std::string> unpack_bytes(const std::string& raw);
+
 /// Escapes `bytes` for a protobuf text-format string literal ("..." contents).
 std::string text_escape(const std::string& bytes);
 

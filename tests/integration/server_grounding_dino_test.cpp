@@ -11,7 +11,6 @@
 #include <c10/util/StringUtil.h>
 
 #include <algorithm>
-#include <cstring>
 #include <nlohmann/json.hpp>
 
 #include "models/core/safetensors.h"
@@ -26,18 +25,6 @@ namespace {
 using namespace testing;
 
 const std::string kFixtures = LIBREYOLO_TEST_FIXTURES;
-
-/// The strings of a BYTES output.
-std::vector<std::string> strings(const std::string& raw) {
-  std::vector<std::string> out;
-  for (size_t at = 0; at + 4 <= raw.size();) {
-    uint32_t n = 0;
-    std::memcpy(&n, raw.data() + at, 4);
-    out.push_back(raw.substr(at + 4, n));
-    at += 4 + n;
-  }
-  return out;
-}
 
 std::string thresholds(double box, double text) {
   return c10::str("parameters { key: \"box_threshold\" value { double_param: ", box,
@@ -93,7 +80,7 @@ TEST_P(ServerGroundingDino, PromptedJpegsMatchTheFixturesPostProcessing) {
       const int64_t k = r.output("scores").shape.at(1);
       const auto scores = values<float>(r.output("scores").data);
       const auto boxes = values<float>(r.output("boxes").data);
-      const auto labels = strings(r.output("labels").data);
+      const auto labels = rpc::unpack_bytes(r.output("labels").data);
       ASSERT_EQ(labels.size(), static_cast<size_t>(n * k));
       for (int64_t i = 0; i < n; ++i) {
         const std::string p = std::string(cs.name) + "_img" + std::to_string(i) + "_";

@@ -24,18 +24,6 @@ using namespace testing;
 
 const std::string kFixtures = LIBREYOLO_TEST_FIXTURES;
 
-/// The strings of a BYTES output.
-std::vector<std::string> strings(const std::string& raw) {
-  std::vector<std::string> out;
-  for (size_t at = 0; at + 4 <= raw.size();) {
-    uint32_t n = 0;
-    std::memcpy(&n, raw.data() + at, 4);
-    out.push_back(raw.substr(at + 4, n));
-    at += 4 + n;
-  }
-  return out;
-}
-
 /// owlvit_tiny with the label-embedding cache (the default 64 MiB), owlv2_tiny without.
 void add_owl_model(const fs::path& repo, const std::string& fixture) {
   add_fixture_model(repo, fixture, fixture,
@@ -86,7 +74,7 @@ TEST_P(ServerOwl, PromptedJpegsMatchTheFixturesPostProcessing) {
     const int64_t k = r.output("scores").shape.at(1);
     const auto scores = values<float>(r.output("scores").data);
     const auto boxes = values<float>(r.output("boxes").data);
-    const auto labels = strings(r.output("labels").data);
+    const auto labels = rpc::unpack_bytes(r.output("labels").data);
     ASSERT_EQ(r.output("labels").datatype, "BYTES");
     ASSERT_EQ(labels.size(), static_cast<size_t>(2 * k));
     EXPECT_EQ(r.output("labels").parameters.count("truncated_labels"), 0u);

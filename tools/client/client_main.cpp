@@ -67,19 +67,6 @@ std::vector<T> as(const std::string& raw) {
   return v;
 }
 
-std::vector<std::string> unpack_bytes(const std::string& raw) {
-  std::vector<std::string> out;
-  std::size_t at = 0;
-  while (at + 4 <= raw.size()) {
-    std::uint32_t n = 0;
-    std::memcpy(&n, raw.data() + at, 4);
-    at += 4;
-    out.push_back(raw.substr(at, n));
-    at += n;
-  }
-  return out;
-}
-
 /// Pixels of mask j of image i in a `masks` UINT8 [N,K,H,W] output.
 std::int64_t mask_pixels(const api::OutputTensor& masks, std::size_t i, std::int32_t j) {
   if (masks.shape.size() != 4) return 0;
@@ -105,7 +92,7 @@ int print_classes(const rpc::InferResult& r, const std::vector<std::string>& ima
   const std::int64_t k = scores_t.shape[1];
   const auto scores = as<float>(scores_t.data);
   const auto labels = as<std::int64_t>(r.output("labels").data);
-  const auto names = unpack_bytes(r.output("label_names").data);
+  const auto names = rpc::unpack_bytes(r.output("label_names").data);
   const std::size_t expected = images.size() * static_cast<std::size_t>(k);
   if (scores.size() != expected || labels.size() != expected || names.size() != expected)
     return fail(api::Code::internal, "the server's top-k outputs disagree in size");
@@ -158,7 +145,7 @@ int detect_prompted(rpc::Client& client, const std::string& model,
     scores = as<float>(r.output("scores").data);
     boxes = as<float>(r.output("boxes").data);
     ids = as<std::int64_t>(r.output("label_ids").data);
-    phrases = unpack_bytes(r.output("labels").data);
+    phrases = rpc::unpack_bytes(r.output("labels").data);
     const auto& params = r.output("labels").parameters;
     if (const auto it = params.find("truncated_labels"); it != params.end())
       if (const auto* cut = std::get_if<std::string>(&it->second))
@@ -373,7 +360,7 @@ int main(int argc, char** argv) {
   const auto scores = as<float>(scores_t.data);
   const auto labels = as<std::int64_t>(r.output("labels").data);
   const auto boxes = as<float>(r.output("boxes").data);
-  const auto names = unpack_bytes(r.output("label_names").data);
+  const auto names = rpc::unpack_bytes(r.output("label_names").data);
   std::cout << std::fixed << std::setprecision(4);
   for (std::size_t i = 0; i < counts.size(); ++i) {
     std::cout << images[i] << ": " << counts[i] << " detections (model " << r.model_name
