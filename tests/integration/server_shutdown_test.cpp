@@ -8,6 +8,7 @@
 #include <sys/stat.h>
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -243,7 +244,10 @@ TEST(ServerShutdown, SigtermWith32InFlightDrainsCompletesAllAndExitsZero) {
 
   for (auto& t : waiters) t.join();
   const auto d = during->wait();
-  const int code = wait_exit(pid, drain_seconds + 10.0);
+  // The daemon's grace for in-flight calls is 30 s (server/main.cpp): on a loaded 2-core machine
+  // the 32 CPU forwards alone can take 10 s, so the exit is bounded by the last completion, not
+  // by the clock (CI failed the old `drain + 10 s` bound once).
+  const int code = wait_exit(pid, drain_seconds + 30.0 + 5.0);
   const double exit_s = since(t_signal);
 
   int ok = 0, after_signal = 0, after_drain = 0;
@@ -273,7 +277,7 @@ TEST(ServerShutdown, SigtermWith32InFlightDrainsCompletesAllAndExitsZero) {
   EXPECT_TRUE(d.ok()) << "a request during the drain window: " << api::code_name(d.code) << " "
                       << d.message;
   EXPECT_EQ(code, 0) << read_file(log_file);
-  EXPECT_LT(exit_s, drain_seconds + 10.0);
+  EXPECT_LT(exit_s, std::max(last, drain_seconds) + 5.0) << "exit long after the last call ended";
   const auto log = read_file(log_file);
   EXPECT_NE(log.find("signal 15: draining for 1"), std::string::npos) << log;
   EXPECT_NE(log.find("exit 0"), std::string::npos) << log;
