@@ -43,7 +43,7 @@ for spec in ${PROFILES:-}; do   # model:set:size
   [ -f /tmp/ckpt/$m/model.safetensors ] || timeout $(left) python3 tools/bench_models/make_random_checkpoint.py /tmp/ckpt $set_ > $L/ckpt-$set_.log 2>&1
   timeout $(left) build-gpu/bin/libreyolo-bench-models --model /tmp/ckpt/$m --device cuda --dtype bfloat16 --size $size --batch 32 --iters 30 --warmup 5 --layouts default --profile > $L/profile-$m.log 2>&1
   el "profile $m rc=$?"
-  grep -E "batch=|^profile class|^profile total|^profile kernel" $L/profile-$m.log | head -22 | cut -c1-200
+  grep -E "batch=|^profile class|^profile total|^profile kernel|^profile op_chain" $L/profile-$m.log | head -40 | cut -c1-330
 done
 if [ -n "${EXTRA:-}" ]; then timeout $(left) bash -c "$EXTRA" > $L/extra.log 2>&1; el "extra rc=$?"; tail -${EXTRA_LINES:-40} $L/extra.log; fi
 tar czf $OUT/logs.tgz -C $OUT l && rm -rf $L

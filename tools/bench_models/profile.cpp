@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cstdint>
 #include <map>
 #include <set>
 #include <sstream>
@@ -38,6 +39,30 @@ std::string op_class(std::string name) {
   return "other";
 }
 
+/// One CPU-side op of the trace (an aten op or a record_function range).
+struct CpuOp {
+  std::string name;
+  uint64_t start = 0, end = 0, thread = 0;
+};
+
+/// The chain of ops that launched a kernel, outermost first ("aten::linear>aten::matmul>
+/// aten::reshape>aten::clone>aten::copy_"): Kineto links each kernel to the innermost op on the
+/// CPU (its external correlation id); the ops around it are those on the same thread whose time
+/// range contains it. At most `depth` names, the innermost kept.
+std::string op_chain(const CpuOp& inner, const std::vector<const CpuOp*>& ops_of_thread,
+                     std::size_t depth) {
+  std::vector<const CpuOp*> chain;
+  for (const CpuOp* o : ops_of_thread) {
+    if (o->start > inner.start) break;
+    if (o->end >= inner.end) chain.push_back(o);
+  }
+  std::string out;
+  const std::size_t from = chain.size() > depth ? chain.size() - depth : 0;
+  for (std::size_t i = from; i < chain.size(); ++i)
+    out += (out.empty() ? "" : ">") + chain[i]->name;
+  return out;
+}
+
 }  // namespace
 
 std::string profile_by_op_class(const std::function<void()>& forward, int iters) {
@@ -54,6 +79,19 @@ std::string profile_by_op_class(const std::function<void()>& forward, int iters)
   std::map<std::string, std::pair<double, int>> by_class;   // ms, kernels
   std::map<std::string, std::pair<double, int>> by_kernel;  // ms, launches
   double total = 0;
+  // CPU ops by correlation id, and per thread by start time, for the launching op chains.
+  std::map<uint64_t, CpuOp> cpu_ops;
+  std::map<uint64_t, std::vector<const CpuOp*>> ops_by_thread;
+  for (const auto& e : result->events()) {
+    if (e.deviceType() != c10::DeviceType::CPU || e.correlationId() == 0) continue;
+    cpu_ops[e.correlationId()] = {e.name(), e.startNs(), e.endNs(), e.startThreadId()};
+  }
+  for (const auto& [id, op] : cpu_ops) ops_by_thread[op.thread].push_back(&op);
+  for (auto& [thread, ops] : ops_by_thread)
+    std::sort(ops.begin(), ops.end(), [](const CpuOp* a, const CpuOp* b) {
+      return a->start != b->start ? a->start < b->start : a->end > b->end;
+    });
+  std::map<std::string, std::pair<double, int>> by_chain;  // "class kernel <- chain": ms, launches
   for (const auto& e : result->events()) {
     if (e.deviceType() != c10::DeviceType::CUDA) continue;
     const double ms = static_cast<double>(e.durationNs()) / 1e6;
@@ -64,6 +102,15 @@ std::string profile_by_op_class(const std::function<void()>& forward, int iters)
     by_kernel[name].first += ms;
     by_kernel[name].second += 1;
     total += ms;
+    const std::string cls = op_class(name);
+    if (cls == "copy" || cls == "elementwise") {
+      auto it = cpu_ops.find(e.linkedCorrelationId());
+      const std::string chain =
+          it == cpu_ops.end() ? "?" : op_chain(it->second, ops_by_thread[it->second.thread], 6);
+      auto& b = by_chain[cls + " " + chain];
+      b.first += ms;
+      b.second += 1;
+    }
   }
   std::vector<std::pair<std::string, std::pair<double, int>>> classes(by_class.begin(),
                                                                       by_class.end());
@@ -96,6 +143,18 @@ std::string profile_by_op_class(const std::function<void()>& forward, int iters)
          << " name=" << name.substr(0, 160) << "\n";
       if (++shown == 8) break;
     }
+  }
+  // Which ops launched the copies and elementwise kernels (the launching op chains above).
+  std::vector<std::pair<std::string, std::pair<double, int>>> chains(by_chain.begin(),
+                                                                     by_chain.end());
+  std::sort(chains.begin(), chains.end(),
+            [](const auto& a, const auto& b) { return a.second.first > b.second.first; });
+  for (size_t i = 0; i < chains.size() && i < 16; ++i) {
+    const auto space = chains[i].first.find(' ');
+    os << "profile op_chain class=" << chains[i].first.substr(0, space)
+       << " ms_per_forward=" << chains[i].second.first / iters
+       << " launches_per_forward=" << static_cast<double>(chains[i].second.second) / iters
+       << " ops=" << chains[i].first.substr(space + 1, 300) << "\n";
   }
   return os.str();
 }

@@ -13,7 +13,9 @@ namespace libreyolo::bench {
 /// conv, gemm, elementwise, norm_softmax_reduce, ms_deform_attn, attention, copy, other, sorted by
 /// time, then `profile total_gpu_ms_per_forward=<x>`, the 12 slowest kernel names, and the 8
 /// slowest of each of the classes copy, elementwise and other (`profile class_kernel class=<c>
-/// ms_per_forward=<x> launches_per_forward=<n> name=<kernel>`). GPU time
+/// ms_per_forward=<x> launches_per_forward=<n> name=<kernel>`), then the 16 costliest op chains
+/// that launched copy and elementwise kernels (`profile op_chain class=<c> ms_per_forward=<x>
+/// launches_per_forward=<n> ops=<outer>>...><inner>`, from Kineto's kernel-to-op links). GPU time
 /// is the sum of kernel durations (no overlap correction: one stream). Throws std::runtime_error
 /// when the profiler cannot start.
 std::string profile_by_op_class(const std::function<void()>& forward, int iters);
