@@ -4,7 +4,8 @@
 //                          [--dtype float32|float16|bfloat16] [--iters N] [--warmup N] [--tf32]
 //                          [--cuda-graph] [--fused-attention default|on|off]
 //                          [--layouts default|on|off] [--out FILE.json] [--profile]
-//                          [--no-cudnn-benchmark]
+//                          [--no-cudnn-benchmark] [--prompt "a cat. a dog."]
+//                          [--prompt-cache on|off|off,on]
 // Prints one line per batch size: ms per forward (median of --iters, after --warmup), images/s,
 // and the kernel calls counted per implementation of ms_deform_attn, so that a run under
 // LIBREYOLO_KERNELS=reference (portable path) and one without can be compared; then one
@@ -28,6 +29,19 @@
 // was applied goes to stderr and, with --out, into the JSON file with every timed line.
 // cuDNN benchmark mode is on, as in the daemon (server.yaml `cudnn_benchmark`) and the anchors
 // (tools/bench_models/anchors.py); --no-cudnn-benchmark uses cuDNN's heuristics instead.
+// Open-vocabulary models (models/prompted.h: OWL-ViT, OWLv2, Grounding DINO) take text with
+// every forward: --prompt gives the labels of every image of the batch, separated by '.' and
+// stripped ("a cat. a dog." = {"a cat", "a dog"}; Grounding DINO's processor joins them back
+// into that caption); default "a cat. a dog.". --prompt-cache picks how the text side is timed
+// (a comma list times each in turn; default on): `off` is the daemon without its label cache
+// (serving.yaml prompt_cache_mb 0, and every Grounding DINO request): encode_labels and
+// forward_prompted inside each timed forward, so the text encoder runs every time; `on` is
+// the daemon's prompt cache after its first request (server/instance/prompt_cache.h: every
+// label a hit): label_embeddings once before timing, then forward_embedded (vision tower and
+// heads only). `on` exists for the families that embed labels one by one
+// (PromptedDetector::embeds_labels: OWL); for the others it prints `prompt_cache=n/a` and times
+// nothing. Prompted forwards are not captured in CUDA graphs (the daemon runs them eagerly):
+// --cuda-graph with a prompted model is a usage error.
 // Exit codes: 0 ok, 1 runtime error, 2 usage error.
 #include <ATen/ATen.h>
 #include <ATen/Context.h>
@@ -35,6 +49,7 @@
 #include <algorithm>
 #include <chrono>
 #include <fstream>
+#include <functional>
 #include <iostream>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -49,6 +64,7 @@
 #include "kernels/policy.h"
 #include "models/layers/attention.h"
 #include "models/model.h"
+#include "models/prompted.h"
 #include "models/runtime/cuda_graph_runner.h"
 #include "tools/bench_models/profile.h"
 
@@ -58,7 +74,8 @@ int usage() {
   std::cerr << "usage: libreyolo-bench-models --model DIR [--size 640|HxW] [--batch 1,8] "
                "[--device cpu|cuda] [--dtype float32|float16|bfloat16] [--iters N] [--warmup N] "
                "[--tf32] [--cuda-graph] [--fused-attention default|on|off] "
-               "[--layouts default|on|off] [--out FILE.json] [--profile] [--no-cudnn-benchmark]\n";
+               "[--layouts default|on|off] [--out FILE.json] [--profile] [--no-cudnn-benchmark] "
+               "[--prompt \"a cat. a dog.\"] [--prompt-cache on|off|off,on]\n";
   return 2;
 }
 
@@ -116,6 +133,19 @@ std::string binding_lines(nlohmann::json* out) {
   return os.str();
 }
 
+/// "a cat. a dog." -> {"a cat", "a dog"}: split at '.', stripped of spaces, empty parts dropped.
+std::vector<std::string> parse_labels(const std::string& text) {
+  std::vector<std::string> labels;
+  std::stringstream list(text);
+  std::string item;
+  while (std::getline(list, item, '.')) {
+    const auto first = item.find_first_not_of(" \t");
+    if (first == std::string::npos) continue;
+    labels.push_back(item.substr(first, item.find_last_not_of(" \t") - first + 1));
+  }
+  return labels;
+}
+
 /// "640" -> {640, 640}; "800x1333" -> {800, 1333}. Throws std::invalid_argument otherwise.
 std::pair<int64_t, int64_t> parse_size(const std::string& text) {
   const auto x = text.find('x');
@@ -133,7 +163,7 @@ std::pair<int64_t, int64_t> parse_size(const std::string& text) {
 
 int main(int argc, char** argv) {
   std::string model_dir, device_name = "cpu", dtype_name = "float32", batches = "1,8";
-  std::string fused = "default", layouts, out;
+  std::string fused = "default", layouts, out, prompt = "a cat. a dog.", cache_modes = "on";
   int64_t height = 640, width = 640;
   int iters = 10, warmup = 3;
   bool tf32 = false, cuda_graph = false, profile = false, cudnn_benchmark = true;
@@ -169,6 +199,10 @@ int main(int argc, char** argv) {
         layouts = next();
       else if (a == "--out")
         out = next();
+      else if (a == "--prompt")
+        prompt = next();
+      else if (a == "--prompt-cache")
+        cache_modes = next();
       else
         return usage();
     } catch (const std::exception&) {
@@ -180,6 +214,17 @@ int main(int argc, char** argv) {
   if (fused != "default" && fused != "on" && fused != "off") return usage();
   if (!layouts.empty() && layouts != "default" && layouts != "on" && layouts != "off")
     return usage();
+  const std::vector<std::string> labels = parse_labels(prompt);
+  std::vector<std::string> caches;
+  {
+    std::stringstream list(cache_modes);
+    std::string item;
+    while (std::getline(list, item, ',')) {
+      if (item != "on" && item != "off") return usage();
+      caches.push_back(item);
+    }
+  }
+  if (labels.empty() || caches.empty()) return usage();
   if (!out.empty() && (out.size() < 5 || out.substr(out.size() - 5) != ".json")) return usage();
   namespace kernels = libreyolo::kernels;
   try {
@@ -229,6 +274,14 @@ int main(int argc, char** argv) {
                                       ? std::to_string(height)
                                       : std::to_string(height) + "x" + std::to_string(width);
     at::InferenceMode guard;
+    const auto* prompted = libreyolo::models::prompted_detector(*model);
+    if (prompted && cuda_graph) {
+      std::cerr << "libreyolo-bench-models: --cuda-graph: " << model->model_type()
+                << " is open-vocabulary (prompted forwards run eagerly, as in the daemon)\n";
+      return 2;
+    }
+    // A closed-set model runs once per batch size, whatever --prompt-cache says.
+    if (!prompted) caches = {"-"};
     std::stringstream list(batches);
     std::string item;
     while (std::getline(list, item, ',')) {
@@ -236,61 +289,92 @@ int main(int argc, char** argv) {
       const at::Tensor pixels =
           at::rand({b, 3, height, width}, at::TensorOptions().device(options.device))
               .to(options.dtype);
-      for (int w = 0; w < warmup; ++w) model->forward(pixels);
-      synchronize(options.device);
-      std::unique_ptr<libreyolo::models::CudaGraphRunner> graph;
-      if (cuda_graph) {
-        try {
-          graph = std::make_unique<libreyolo::models::CudaGraphRunner>(
-              *model, std::vector<int64_t>{b}, height, width, options.dtype, options.device);
-        } catch (const std::exception& e) {
-          std::cout << "model=" << model->model_type() << " batch=" << b
-                    << " cuda_graph=failed: " << e.what() << std::endl;
-          continue;
+      for (const auto& cache : caches) {
+        // The forward timed: the closed-set one, or the prompted one with the text side as
+        // --prompt-cache says (see the header).
+        std::function<void()> forward = [&] { model->forward(pixels); };
+        const std::vector<std::vector<std::string>> prompts(static_cast<size_t>(b), labels);
+        at::Tensor embeddings, query_mask;
+        if (prompted && cache == "off") {
+          forward = [&] { prompted->forward_prompted(pixels, prompted->encode_labels(prompts)); };
+        } else if (prompted) {
+          if (!prompted->embeds_labels()) {
+            std::cout << "model=" << model->model_type() << " batch=" << b
+                      << " prompt_cache=n/a (the family fuses the caption with the image: no "
+                         "label cache in the daemon)"
+                      << std::endl;
+            continue;
+          }
+          // What the daemon's PromptCache hands forward_embedded when every label is a hit.
+          const at::Tensor rows = prompted->label_embeddings(labels);
+          embeddings = rows.unsqueeze(0).expand({b, rows.size(0), rows.size(1)}).contiguous();
+          query_mask = at::ones({b, rows.size(0)},
+                                at::TensorOptions().dtype(at::kBool).device(rows.device()));
+          forward = [&] { prompted->forward_embedded(pixels, embeddings, query_mask); };
         }
-      }
-      std::vector<double> ms;
-      for (int it = 0; it < iters; ++it) {
-        const auto t0 = std::chrono::steady_clock::now();
-        if (graph)
-          graph->run(pixels);
-        else
-          model->forward(pixels);
+        for (int w = 0; w < warmup; ++w) forward();
         synchronize(options.device);
-        ms.push_back(
-            std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
-                .count());
+        std::unique_ptr<libreyolo::models::CudaGraphRunner> graph;
+        if (cuda_graph) {
+          try {
+            graph = std::make_unique<libreyolo::models::CudaGraphRunner>(
+                *model, std::vector<int64_t>{b}, height, width, options.dtype, options.device);
+          } catch (const std::exception& e) {
+            std::cout << "model=" << model->model_type() << " batch=" << b
+                      << " cuda_graph=failed: " << e.what() << std::endl;
+            continue;
+          }
+        }
+        std::vector<double> ms;
+        for (int it = 0; it < iters; ++it) {
+          const auto t0 = std::chrono::steady_clock::now();
+          if (graph)
+            graph->run(pixels);
+          else
+            forward();
+          synchronize(options.device);
+          ms.push_back(
+              std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
+                  .count());
+        }
+        std::sort(ms.begin(), ms.end());
+        const double median = ms[ms.size() / 2];
+        std::cout << "model=" << model->model_type() << " dir=" << model_dir
+                  << " device=" << device_name << " dtype=" << dtype_name
+                  << " tf32=" << (tf32 ? "on" : "off")
+                  << " cudnn_benchmark=" << (cudnn_benchmark ? "on" : "off")
+                  << " cuda_graph=" << (cuda_graph ? "on" : "off") << " fused_attention=" << fused
+                  << " layouts=" << kernels::layout_mode_name(mode.value) << " size=" << size_text
+                  << " batch=" << b;
+        if (prompted) std::cout << " prompt_cache=" << cache << " labels=" << labels.size();
+        std::cout << " median_ms=" << median << " min_ms=" << ms.front()
+                  << " images_per_s=" << (1000.0 * b / median) << " " << msda_calls() << std::endl;
+        nlohmann::json bindings = nlohmann::json::array();
+        std::cout << binding_lines(&bindings) << std::flush;
+        if (profile) {
+          std::cout << libreyolo::bench::profile_by_op_class(
+                           [&] {
+                             forward();
+                             synchronize(options.device);
+                           },
+                           5)
+                    << std::flush;
+        }
+        nlohmann::json run = {
+            {"batch", b},
+            {"size", height == width ? nlohmann::json(height) : nlohmann::json(size_text)},
+            {"bindings", bindings},
+            {"device", device_name},
+            {"dtype", dtype_name},
+            {"median_ms", median},
+            {"min_ms", ms.front()},
+            {"images_per_s", 1000.0 * b / median}};
+        if (prompted) {
+          run["prompt_cache"] = cache;
+          run["labels"] = labels;
+        }
+        report["runs"].push_back(run);
       }
-      std::sort(ms.begin(), ms.end());
-      const double median = ms[ms.size() / 2];
-      std::cout << "model=" << model->model_type() << " dir=" << model_dir
-                << " device=" << device_name << " dtype=" << dtype_name
-                << " tf32=" << (tf32 ? "on" : "off")
-                << " cudnn_benchmark=" << (cudnn_benchmark ? "on" : "off")
-                << " cuda_graph=" << (cuda_graph ? "on" : "off") << " fused_attention=" << fused
-                << " layouts=" << kernels::layout_mode_name(mode.value) << " size=" << size_text
-                << " batch=" << b << " median_ms=" << median << " min_ms=" << ms.front()
-                << " images_per_s=" << (1000.0 * b / median) << " " << msda_calls() << std::endl;
-      nlohmann::json bindings = nlohmann::json::array();
-      std::cout << binding_lines(&bindings) << std::flush;
-      if (profile) {
-        std::cout << libreyolo::bench::profile_by_op_class(
-                         [&] {
-                           model->forward(pixels);
-                           synchronize(options.device);
-                         },
-                         5)
-                  << std::flush;
-      }
-      report["runs"].push_back(
-          {{"batch", b},
-           {"size", height == width ? nlohmann::json(height) : nlohmann::json(size_text)},
-           {"bindings", bindings},
-           {"device", device_name},
-           {"dtype", dtype_name},
-           {"median_ms", median},
-           {"min_ms", ms.front()},
-           {"images_per_s", 1000.0 * b / median}});
     }
     if (!out.empty()) {
       std::ofstream f(out);

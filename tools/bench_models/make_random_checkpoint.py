@@ -26,12 +26,30 @@ Usage: make_random_checkpoint.py OUT_DIR [SET[,SET...]] [--tiny]
       timm's resnet50 backbone (needs timm), 100 queries, 91 labels, 800x1333 processor);
       --tiny is ignored for this set except by detr_resnet50
   detr -> OUT_DIR/detr_resnet50 alone (the DETR-R50 benchmark row)
-  all -> every set above.
+  owl -> the open-vocabulary OWL checkpoints: OUT_DIR/owlvit_base_patch32
+      (google/owlvit-base-patch32: OwlViTConfig's defaults, ViT-B/32 at 768x768, CLIP text tower
+      of 16 positions) and OUT_DIR/owlv2_base_patch16 (google/owlv2-base-patch16-ensemble:
+      ViT-B/16 at 960x960, 3600 patches), with their processors
+  grounding_dino -> OUT_DIR/grounding_dino_tiny (IDEA-Research/grounding-dino-tiny:
+      GroundingDinoConfig's defaults = Swin-T backbone, BERT-base text tower, 900 queries,
+      max_text_len 256, two-stage; GroundingDinoProcessor's 800 / 1333 resize)
+  prompted -> owl and grounding_dino.
+  all -> every set above but doclayout and prompted.
+The prompted folders' tokenizers are NOT the published ones (the Hub is not reachable here):
+they are the repository's tokenizer fixtures, copied (PROMPTED_TOKENIZERS): the tiny CLIP BPE of
+tests/fixtures/tokenizers/clip_tiny (2,110 entries, its end token the largest id, so CLIP's
+argmax pooling finds it) as the owlvit_tiny / owlv2_tiny fixtures lay it out, and the
+grounding_dino_tiny fixture's WordPiece vocabulary (1,099 entries with bert-base-uncased's ids
+where the model reads them: [CLS] 101, [SEP] 102, '.' 1012). Each is loaded by libreyolo and by
+transformers' processors alike. What the benchmark times does not depend on the vocabulary: OWL
+pads every label to 16 tokens, and "a cat. a dog." has the same 8 WordPiece tokens
+([CLS] a cat . a dog . [SEP]) in both vocabularies.
 --tiny writes the same folders with small widths and depths (for testing the scripts on a CPU;
 the names are the same, so point the tools at another OUT_DIR).
 Only the weights are random. Needs transformers 5.17 and torch.
 """
 import os
+import shutil
 import sys
 
 import torch
@@ -58,6 +76,65 @@ def fixed_processor(kind, side, normalize=True):
     return ('{"image_processor_type": "%s", "do_resize": true, "size": {"height": %d, "width": %d}, '
             '"do_rescale": true, "rescale_factor": 0.00392156862745098, %s, "do_pad": false}\n'
             % (kind, side, side, IMAGENET_NORM if normalize else '"do_normalize": false'))
+
+
+CLIP_NORM = ('"do_normalize": true, "image_mean": [0.48145466, 0.4578275, 0.40821073], '
+             '"image_std": [0.26862954, 0.26130258, 0.27577711]')
+# google/owlvit-base-patch32's and google/owlv2-base-patch16-ensemble's preprocessor_config.json.
+OWLVIT_PROCESSOR = ('{"image_processor_type": "OwlViTImageProcessor", "processor_class": "OwlViTProcessor", '
+                    '"do_resize": true, "size": {"height": 768, "width": 768}, "resample": 3, '
+                    '"do_center_crop": false, "crop_size": {"height": 768, "width": 768}, '
+                    '"do_rescale": true, "rescale_factor": 0.00392156862745098, %s}\n' % CLIP_NORM)
+OWLV2_PROCESSOR = ('{"image_processor_type": "Owlv2ImageProcessor", "processor_class": "Owlv2Processor", '
+                   '"do_resize": true, "size": {"height": 960, "width": 960}, "resample": 2, '
+                   '"do_rescale": true, "rescale_factor": 0.00392156862745098, "do_pad": true, %s}\n'
+                   % CLIP_NORM)
+GROUNDING_DINO_PROCESSOR = ('{"image_processor_type": "GroundingDinoImageProcessor", '
+                            '"processor_class": "GroundingDinoProcessor", "do_resize": true, '
+                            '"size": {"shortest_edge": 800, "longest_edge": 1333}, "resample": 2, '
+                            '"do_rescale": true, "rescale_factor": 0.00392156862745098, %s, '
+                            '"do_pad": true, "format": "coco_detection"}\n' % IMAGENET_NORM)
+FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tests", "fixtures",
+                        "models")
+# Folder written -> (fixture folder, its tokenizer files); see the module's docstring.
+PROMPTED_TOKENIZERS = {
+    "owlvit_base_patch32": ("owlvit_tiny", ("tokenizer.json", "tokenizer_config.json",
+                                            "special_tokens_map.json")),
+    "owlv2_base_patch16": ("owlv2_tiny", ("vocab.json", "merges.txt", "tokenizer_config.json",
+                                          "special_tokens_map.json")),
+    "grounding_dino_tiny": ("grounding_dino_tiny", ("vocab.txt", "tokenizer.json", "tokenizer_config.json")),
+}
+
+
+def save_prompted(model, out, name, processor):
+    """save() plus the tokenizer files of PROMPTED_TOKENIZERS[name]."""
+    save(model, out, name, processor)
+    fixture, files = PROMPTED_TOKENIZERS[name]
+    for f in files:
+        shutil.copy(os.path.join(FIXTURES, fixture, f), os.path.join(out, name, f))
+
+
+def owl(v2, tiny):
+    """The published OWL configurations (see the docstring); tiny: 2 + 2 narrow layers, 64x64."""
+    if tiny:
+        text = dict(hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=2)
+        vision = dict(hidden_size=48, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+                      image_size=64, patch_size=16 if v2 else 32)
+        extra = dict(projection_dim=32)
+    else:
+        text, vision, extra = {}, dict(image_size=960, patch_size=16) if v2 else {}, {}
+    return (tr.Owlv2Config if v2 else tr.OwlViTConfig)(text_config=text, vision_config=vision, **extra)
+
+
+def grounding_dino(tiny):
+    if not tiny:
+        return tr.GroundingDinoConfig()  # the defaults are grounding-dino-tiny's
+    swin = tr.SwinConfig(embed_dim=16, depths=[1, 1, 2, 1], num_heads=[1, 2, 2, 4], window_size=7,
+                         out_indices=[2, 3, 4], out_features=["stage2", "stage3", "stage4"])
+    bert = tr.BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=48)
+    return tr.GroundingDinoConfig(backbone_config=swin, text_config=bert, d_model=32, encoder_layers=1,
+                                  decoder_layers=2, encoder_attention_heads=4, decoder_attention_heads=4,
+                                  encoder_ffn_dim=64, decoder_ffn_dim=64, num_queries=30)
 
 
 def coco_labels(n):
@@ -179,11 +256,14 @@ def main():
     sets = (args[1] if len(args) > 1 else "detectors").split(",")
     if "all" in sets:
         sets = ["detectors", "classifiers", "dfine", "deformable", "families"]
+    if "prompted" in sets:
+        sets = [s for s in sets if s != "prompted"] + ["owl", "grounding_dino"]
     unknown = set(sets) - {"detectors", "classifiers", "dfine", "deformable", "families", "detr",
-                           "doclayout"}
+                           "doclayout", "owl", "grounding_dino"}
     if unknown:
         print(f"make_random_checkpoint.py: unknown set(s) {sorted(unknown)} (expected detectors, "
-              "classifiers, dfine, deformable, families, detr, doclayout, all)", file=sys.stderr)
+              "classifiers, dfine, deformable, families, detr, doclayout, owl, grounding_dino, "
+              "prompted, all)", file=sys.stderr)
         return 2
     torch.manual_seed(0)
     for s in sets:
@@ -221,6 +301,14 @@ def main():
             save_detr(out, tiny)
         elif s == "doclayout":
             save_doclayout(out, tiny)
+        elif s == "owl":
+            save_prompted(tr.OwlViTForObjectDetection(owl(False, tiny)), out, "owlvit_base_patch32",
+                          OWLVIT_PROCESSOR.replace("768", "64") if tiny else OWLVIT_PROCESSOR)
+            save_prompted(tr.Owlv2ForObjectDetection(owl(True, tiny)), out, "owlv2_base_patch16",
+                          OWLV2_PROCESSOR.replace("960", "64") if tiny else OWLV2_PROCESSOR)
+        elif s == "grounding_dino":
+            save_prompted(tr.GroundingDinoForObjectDetection(grounding_dino(tiny)), out,
+                          "grounding_dino_tiny", GROUNDING_DINO_PROCESSOR)
     return 0
 
 
