@@ -31,6 +31,17 @@
 #   deimv2     `deimv2_default`: Deimv2Config()'s defaults (HGNetV2, 29.9 M parameters,
 #              92.6 GFLOPs at 640; NOT the published DEIMv2-N of about 3.6 M), the same, channels_last
 #              anchors
+#   owlvit     OWL-ViT B/32 (google/owlvit-base-patch32's configuration) 768, text "a cat. a dog."
+#              (two labels), batch 1 and 8, ours with the prompt cache off (text tower every
+#              forward) and on (the daemon's cache hit: vision + heads), + profile (cache on);
+#              anchors transformers eager and torch.compile + freezing (bf16, the text given
+#              every call) at 8 and at 1
+#   owlv2      OWLv2 B/16 (google/owlv2-base-patch16-ensemble) 960, the same
+#   grounding_dino  Grounding DINO tiny (IDEA-Research/grounding-dino-tiny: Swin-T, BERT-base)
+#              800x1333, caption "a cat. a dog.", the same (the prompt cache: libreyolo-bench-models
+#              prints prompt_cache=n/a where the family has none; the profile with the cache off)
+# The prompted checkpoints' tokenizers are the repository's fixtures (make_random_checkpoint.py
+# says why): the token counts, hence the times, are the published tokenizers'.
 # Each row prints `== row <name> done in <s> s`. A row with its anchors takes 2-5 minutes (the
 # compiles); plan device calls of two or three rows.
 #
@@ -51,10 +62,10 @@ status=0
 export LIBREYOLO_HUB_KERNELS=0
 
 for r in ${rows//,/ }; do
-  case $r in r50 | r18 | dfine | deformable | detr | doclayout | vit | swin | fp32 | rf_detr | rf_detr_nano | rf_detr_small | rf_detr_medium | lw_detr | deimv2) ;;
+  case $r in r50 | r18 | dfine | deformable | detr | doclayout | vit | swin | fp32 | rf_detr | rf_detr_nano | rf_detr_small | rf_detr_medium | lw_detr | deimv2 | owlvit | owlv2 | grounding_dino) ;;
   *)
     echo "FAIL: ROWS: unknown row '$r' (expected r50, r18, dfine, deformable, detr, doclayout, vit, swin, fp32," \
-      "rf_detr, rf_detr_nano, rf_detr_small, rf_detr_medium, lw_detr, deimv2)" >&2
+      "rf_detr, rf_detr_nano, rf_detr_small, rf_detr_medium, lw_detr, deimv2, owlvit, owlv2, grounding_dino)" >&2
     exit 2
     ;;
   esac
@@ -182,6 +193,20 @@ for r in ${rows//,/ }; do
     ours "$m bf16 eager profile (defaults)" "$m" bfloat16 "$size" 32 "--profile"
     [ "${FP32:-0}" = 1 ] && ours "$m fp32 (TF32 off)" "$m" float32 "$size" 1,32 ""
     anchors "$m" "$size" 32 "$cl"
+    ;;
+  owlvit | owlv2 | grounding_dino)
+    case $r in
+    owlvit) m=owlvit_base_patch32 size=768 set=owl pc=on ;;
+    owlv2) m=owlv2_base_patch16 size=960 set=owl pc=on ;;
+    grounding_dino) m=grounding_dino_tiny size=800x1333 set=grounding_dino pc=off ;;
+    esac
+    checkpoint "$m" "$set" || continue
+    ours "$m bf16 prompt cache off and on (defaults)" "$m" bfloat16 "$size" 1,8 "--prompt-cache off,on"
+    ours "$m bf16 eager profile, prompt cache $pc (defaults)" "$m" bfloat16 "$size" 8 "--prompt-cache $pc --profile"
+    if [ "${SKIP_ANCHORS:-0}" != 1 ]; then
+      anchor "$m" "$size" 8 eager_bf16,freeze_bf16
+      anchor "$m" "$size" 1 eager_bf16,freeze_bf16
+    fi
     ;;
   fp32)
     checkpoint rtdetr_r50vd detectors || continue

@@ -3,19 +3,27 @@ torch.compile on the same checkpoint folders, input sizes and batches as libreyo
 
 Usage: anchors.py CKPT_DIR [--batch 1,32] [--size 640|HxW] [--iters 20] [--warmup 5]
                   [--modes eager_fp32,eager_bf16_cl,compile_bf16_cl] [--device cuda|cpu]
-                  [--compile-backend inductor|eager]
+                  [--compile-backend inductor|eager] [--prompt "a cat. a dog."] [--threads N]
 Modes: KIND_DTYPE[_cl]: KIND is eager (transformers as loaded), compile (torch.compile, default
 mode), freeze (torch.compile with torch._inductor.config.freezing = True: weights folded as
 constants, BatchNorm folded into convolutions; what a PyTorch deployer runs) or freezero (freeze
 plus mode="reduce-overhead", i.e. CUDA graphs: the batch-1 anchor); DTYPE fp32|bf16|fp16; _cl
 converts model and input to channels_last.
-The model class follows config.json: AutoModelForImageClassification for vit / swin, else
-AutoModelForObjectDetection (RT-DETR, D-FINE, Deformable DETR).
-Prints one line per (mode, batch): `anchor model=M mode=M batch=B size=S ms=X img_s=Y tf32=off`.
+The model class follows config.json: AutoModelForImageClassification for vit / swin,
+AutoModelForZeroShotObjectDetection for the open-vocabulary families (owlvit, owlv2,
+grounding-dino, mm-grounding-dino), else AutoModelForObjectDetection (RT-DETR, D-FINE, ...).
+Open-vocabulary models take the text with every call, as transformers users run them: the
+folder's processor (AutoProcessor) makes input_ids / attention_mask (/ token_type_ids) of
+--prompt for each of the batch's images (OWL: the labels split at '.', one query each, padded
+to 16 tokens; Grounding DINO: the caption as given), once before timing; every timed forward
+(eager or compiled, whole model) runs the text encoder on them. transformers has no prompt
+cache: these are the anchors of libreyolo-bench-models' --prompt-cache on and off alike.
+Prints one line per (mode, batch): `anchor model=M mode=M batch=B size=S ms=X img_s=Y tf32=off`
+(+ `threads=N` on the CPU, `text=SHAPE` of input_ids for the open-vocabulary models).
 Times are CUDA-event medians of --iters forwards after --warmup (the compile time is in the
 warm-up and printed separately as `compile_s`). TF32 is off for the fp32 mode (what parity runs)
-and irrelevant for bf16. --device cpu (wall-clock medians) exists to test this script on a
-machine without a GPU; its numbers mean nothing.
+and irrelevant for bf16. --device cpu times wall-clock medians (the CPU rows of
+docs/BENCHMARKS.md: fp32, --threads as libreyolo's OMP_NUM_THREADS; else torch's default).
 """
 import argparse
 import statistics
@@ -26,6 +34,7 @@ import torch
 import transformers as tr
 
 CLASSIFIERS = {"vit", "swin"}
+PROMPTED = {"owlvit", "owlv2", "grounding-dino", "mm-grounding-dino"}
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 KINDS = ("eager", "compile", "freeze", "freezero")
 
@@ -67,6 +76,17 @@ def timed(fn, x, iters, warmup, cuda):
     return statistics.median(times)
 
 
+def prompt_inputs(processor, model_type, prompt, batch, device):
+    """The processor's text tensors of `prompt` for `batch` images: OWL one query per label
+    ((batch * labels, 16) ids), Grounding DINO one caption per image ((batch, T) ids)."""
+    if model_type in ("owlvit", "owlv2"):
+        labels = [x.strip() for x in prompt.split(".") if x.strip()]
+        enc = processor(text=[labels] * batch, return_tensors="pt")
+    else:
+        enc = processor(text=[prompt] * batch, return_tensors="pt")
+    return {k: v.to(device) for k, v in enc.items() if k in ("input_ids", "attention_mask", "token_type_ids")}
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("ckpt")
@@ -76,6 +96,9 @@ def main():
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--modes", default="eager_fp32,eager_bf16_cl,compile_bf16_cl")
     p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    p.add_argument("--prompt", default="a cat. a dog.",
+                   help="open-vocabulary models: the text of every image (labels separated by '.')")
+    p.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (0: torch's default)")
     p.add_argument("--compile-backend", default="inductor",
                    help="torch.compile backend (inductor = the default mode; eager: dynamo's trace "
                         "only, to test this script quickly on a CPU)")
@@ -86,9 +109,13 @@ def main():
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     torch.backends.cudnn.benchmark = True
+    if a.threads > 0:
+        torch.set_num_threads(a.threads)
     config = tr.AutoConfig.from_pretrained(a.ckpt)
+    prompted = config.model_type in PROMPTED
     auto = tr.AutoModelForImageClassification if config.model_type in CLASSIFIERS \
-        else tr.AutoModelForObjectDetection
+        else tr.AutoModelForZeroShotObjectDetection if prompted else tr.AutoModelForObjectDetection
+    processor = tr.AutoProcessor.from_pretrained(a.ckpt) if prompted else None
     model = auto.from_pretrained(a.ckpt).eval().to(a.device)
     name = a.ckpt.rstrip("/").split("/")[-1]
     size = a.size if height != width else str(height)
@@ -110,9 +137,10 @@ def main():
                 fn = torch.compile(m, **opts)
             x = torch.randn(b, 3, height, width, device=a.device, dtype=dtype)
             x = x.contiguous(memory_format=fmt)
+            text = prompt_inputs(processor, config.model_type, a.prompt, b, a.device) if prompted else {}
             with torch.inference_mode():
                 t0 = time.time()
-                run = lambda t: fn(pixel_values=t)
+                run = lambda t: fn(pixel_values=t, **text)
                 if kind != "eager":
                     run(x)
                     if cuda:
@@ -121,7 +149,9 @@ def main():
                           f"compile_s={time.time() - t0:.1f}", flush=True)
                 ms = timed(run, x, a.iters, a.warmup, cuda)
             print(f"anchor model={name} mode={mode} batch={b} size={size} "
-                  f"ms={ms:.3f} img_s={b * 1000.0 / ms:.1f} tf32=off", flush=True)
+                  f"ms={ms:.3f} img_s={b * 1000.0 / ms:.1f} tf32=off"
+                  f"{' threads=%d' % torch.get_num_threads() if not cuda else ''}"
+                  f"{' text=' + 'x'.join(map(str, text['input_ids'].shape)) if prompted else ''}", flush=True)
     return 0
 
 
