@@ -17,8 +17,9 @@
 # Rows (ROWS=comma list): r18 (RT-DETR-R18vd), r50 (RT-DETR-R50vd), dfine (D-FINE L), all 640x640.
 # BATCHES (default 1; 8 takes about 10x as long), THREADS (2), ROUNDS (3), ITERS (3 forwards per
 # round and runtime), WARMUP (1 per round and runtime), RUNTIMES (ort,openvino,eager,compile),
-# WAIT_QUIET (seconds to wait before each round for other builds, pgrep cc1plus|ninja, to end;
-# default 600; every round prints the load average and the builds it saw at its start and end).
+# WAIT_QUIET (seconds to wait before each measurement until other processes take < 0.1 of the
+# CPU; default 30), QUIET (0.15: the results use only the measurements during which others took
+# less than that, where there are any; every measurement prints its others_cpu).
 # Needs: build/bin/libreyolo-bench-models (BUILD_DIR), the venv of scripts/requirements.txt plus
 # tools/bench_models/requirements-cpu-anchors.txt (PYTHON). Writes the checkpoints to CKPT_DIR
 # (default /tmp/libreyolo-cpu-ckpt; kept between runs), the ONNX files to $CKPT_DIR/onnx, the log
@@ -84,8 +85,8 @@ for r in ${rows//,/ }; do
   "$python" "$here/tools/bench_models/cpu_anchors.py" "$dir" --batch "${BATCHES:-1}" --size 640 \
     --threads "$threads" --rounds "${ROUNDS:-3}" --iters "${ITERS:-3}" --warmup "${WARMUP:-1}" \
     --runtimes "${RUNTIMES:-ort,openvino,eager,compile}" --work "$ckpt/onnx" \
-    --wait-quiet "${WAIT_QUIET:-600}" "${variants[@]}" 2>&1 |
-    grep -E '^(setup|export|check|noise|round|result|ours_binding|Traceback|[A-Za-z]*Error)' | tee -a "$log"
+    --wait-quiet "${WAIT_QUIET:-30}" --quiet "${QUIET:-0.15}" "${variants[@]}" 2>&1 |
+    grep --line-buffered -E '^(setup|export|check|noise|round|result|ours_binding|Traceback|[A-Za-z]*Error)' | tee -a "$log"
   [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
   echo "== row $r done in $((SECONDS - start)) s" | tee -a "$log"
 done

@@ -29,11 +29,15 @@ query selection (random weights make the encoder's scores nearly equal, so top-k
 break differently per runtime and the boxes would not be comparable); then logits and
 pred_boxes of every anchor are compared with eager on the same random input (max abs diff).
 The model class follows config.json (AutoModelForObjectDetection: RT-DETR, D-FINE, ...).
-Prints `export ...`, `check ...`, `round ...` lines, `noise ...` lines at the start and end of
-every round (1-minute load average, how many cc1plus / ninja processes ran: other builds on a
-shared machine) and, per (batch, runtime),
-`result model=M batch=B runtime=R median_ms_per_image=X min_ms_per_image=Y rounds=N iters=I`:
-the median over rounds of each round's median, and the least single forward, divided by B.
+On a shared machine (other builds, other benchmarks), --wait-quiet S waits up to S seconds before
+each measurement until the other processes take less than 0.1 of the CPU, and every measurement
+records `others_cpu`: the fraction of all cores that other processes used while it ran
+(/proc/stat less this process and its children). Prints `export ...`, `check ...`, `round ...`
+lines, `noise ...` lines at the start and end of every round (1-minute load average, running
+compilers) and, per (batch, runtime), `result model=M batch=B runtime=R median_ms_per_image=X
+min_ms_per_image=Y rounds=N of=M iters=I`: over the N of M measurements that were quiet
+(others_cpu < --quiet, default 0.15; all M where none was), the median of their medians and the
+least single forward, divided by B.
 Needs tools/bench_models/requirements-cpu-anchors.txt (not CI's requirements). Exit codes: 0 ok,
 1 a runtime failed, 2 usage error.
 """
@@ -163,16 +167,44 @@ def run_ours(cmd, batch, iters, warmup, threads):
 
 
 def machine_noise():
-    """(1-min load average, how many cc1plus/ninja processes run): printed with every round."""
-    builds = subprocess.run(["pgrep", "-f", "cc1plus|ninja"], capture_output=True, text=True)
+    """(1-min load average, how many compilers run): printed with every round."""
+    builds = subprocess.run(["pgrep", "-x", "cc1plus"], capture_output=True, text=True)
     return os.getloadavg()[0], len(builds.stdout.split())
 
 
-def wait_quiet(limit_s):
-    """Waits up to limit_s for no cc1plus/ninja (other builds on a shared machine)."""
+class OthersCpu:
+    """The CPU time other processes took while a measurement ran, as a fraction of every core
+    over its wall time: the machine's busy time (/proc/stat) less this process's and its
+    children's (os.times). 0 on a quiet machine; 0.5 on 2 cores = one core's worth taken."""
+
+    def __init__(self):
+        self.start = self._sample()
+
+    @staticmethod
+    def _sample():
+        with open("/proc/stat") as f:
+            fields = [int(v) for v in f.readline().split()[1:]]
+        busy = sum(fields) - fields[3] - fields[4]  # all but idle and iowait, in jiffies
+        t = os.times()
+        ours = t.user + t.system + t.children_user + t.children_system
+        return time.monotonic(), busy / os.sysconf("SC_CLK_TCK"), ours
+
+    def fraction(self):
+        wall0, busy0, ours0 = self.start
+        wall1, busy1, ours1 = self._sample()
+        if wall1 - wall0 <= 0:
+            return 0.0
+        return max(0.0, (busy1 - busy0) - (ours1 - ours0)) / ((wall1 - wall0) * os.cpu_count())
+
+
+def wait_quiet(limit_s, below=0.1):
+    """Waits up to limit_s until others took less than `below` of the CPU over one second."""
     end = time.time() + limit_s
-    while time.time() < end and machine_noise()[1] > 0:
-        time.sleep(5)
+    while time.time() < end:
+        probe = OthersCpu()
+        time.sleep(1)
+        if probe.fraction() < below:
+            return
 
 
 def main():
@@ -188,7 +220,10 @@ def main():
     p.add_argument("--work", default="/tmp/libreyolo-cpu-anchors")
     p.add_argument("--ours", action="append", default=[],
                    help="[LABEL=]CMD, repeatable: each is timed in every round as runtime LABEL")
-    p.add_argument("--wait-quiet", type=float, default=0.0)
+    p.add_argument("--wait-quiet", type=float, default=0.0,
+                   help="seconds to wait before each measurement for others' CPU < 0.1")
+    p.add_argument("--quiet", type=float, default=0.15,
+                   help="a measurement is quiet when others took less than this of the CPU")
     a = p.parse_args()
     runtimes = a.runtimes.split(",")
     if set(runtimes) - set(RUNTIMES) or a.threads < 1 or a.rounds < 1 or a.iters < 1 or a.warmup < 0:
@@ -237,11 +272,12 @@ def main():
         order = list(ours) + runtimes
         per = {rt: [] for rt in order}
         for r in range(a.rounds):
-            if a.wait_quiet > 0:
-                wait_quiet(a.wait_quiet)
             load, builds = machine_noise()
-            print(f"noise round={r} at=start loadavg_1m={load:.2f} builds={builds}", flush=True)
+            print(f"noise round={r} at=start loadavg_1m={load:.2f} compilers={builds}", flush=True)
             for rt in order:
+                if a.wait_quiet > 0:
+                    wait_quiet(a.wait_quiet)
+                others = OthersCpu()
                 try:
                     if rt in ours:
                         med, low, bindings = run_ours(ours[rt], batch, a.iters, a.warmup, a.threads)
@@ -253,17 +289,21 @@ def main():
                     print(f"round model={name} batch={batch} round={r} runtime={rt} failed: {e}", flush=True)
                     failed = True
                     continue
-                per[rt].append((med, low))
+                busy = others.fraction()
+                per[rt].append((med, low, busy))
                 print(f"round model={name} batch={batch} round={r} runtime={rt} median_ms={med:.1f} "
-                      f"min_ms={low:.1f}", flush=True)
+                      f"min_ms={low:.1f} others_cpu={busy:.2f}", flush=True)
             load, builds = machine_noise()
-            print(f"noise round={r} at=end loadavg_1m={load:.2f} builds={builds}", flush=True)
+            print(f"noise round={r} at=end loadavg_1m={load:.2f} compilers={builds}", flush=True)
         for rt in order:
-            if per[rt]:
-                med = statistics.median(m for m, _ in per[rt]) / batch
-                low = min(lo for _, lo in per[rt]) / batch
+            # The quiet measurements (others took < --quiet of the CPU) where there are any.
+            quiet = [m for m in per[rt] if m[2] < a.quiet] or per[rt]
+            if quiet:
+                med = statistics.median(m for m, _, _ in quiet) / batch
+                low = min(lo for _, lo, _ in quiet) / batch
                 print(f"result model={name} batch={batch} runtime={rt} median_ms_per_image={med:.1f} "
-                      f"min_ms_per_image={low:.1f} rounds={len(per[rt])} iters={a.iters}", flush=True)
+                      f"min_ms_per_image={low:.1f} rounds={len(quiet)} of={len(per[rt])} "
+                      f"iters={a.iters}", flush=True)
         runners.clear()
     return 1 if failed else 0
 
