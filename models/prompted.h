@@ -1,6 +1,7 @@
 // Open-vocabulary (text-prompted) detectors: a Model whose forward also takes text. The families
-// that implement PromptedDetector (models/owlvit/: OWL-ViT, OWLv2) tokenize the labels of each
-// image as their transformers processor does and return one logit per box and label; their users
+// that implement PromptedDetector (models/owlvit/: OWL-ViT, OWLv2; models/grounding_dino/)
+// tokenize the labels of each image as their transformers processor does and return one logit
+// per box and label (Grounding DINO: per box and caption token); their users
 // (the server's prompted-detection task, the tests) find the interface with dynamic_cast from the
 // Model that load_model returns (prompted_detector()).
 #pragma once
@@ -42,6 +43,20 @@ struct TextQueries {
 /// for the families that predict it (OWLv2), undefined otherwise.
 struct PromptedOutput : ModelOutput {
   at::Tensor objectness_logits;
+};
+
+/// The encoding of one cacheable piece of a prompt (PromptedDetector::encode_text: one label for
+/// OWL-ViT / OWLv2, one image's caption for Grounding DINO): the family's tensors, opaque to the
+/// callers, which keep it by its key and hand it back to forward_encoded.
+struct EncodedText {
+  std::vector<at::Tensor> tensors;
+  /// What the tensors hold (numel x element size, summed): the cache's budget unit.
+  std::int64_t bytes() const {
+    std::int64_t n = 0;
+    for (const auto& t : tensors)
+      n += t.defined() ? t.numel() * static_cast<std::int64_t>(t.element_size()) : 0;
+    return n;
+  }
 };
 
 /// The thresholds of a prompted post-processing. OWL-ViT / OWLv2 read box_threshold only
@@ -95,22 +110,36 @@ class PromptedDetector {
   virtual std::vector<std::vector<bool>> truncation(
       const std::vector<std::vector<std::string>>& labels) const = 0;
 
-  /// Whether the family encodes each label alone, independently of the image and of the other
-  /// labels (OWL-ViT / OWLv2: CLIP's text tower per label), so that label_embeddings and
-  /// forward_embedded compute forward_prompted in two steps and a label's embedding can be
-  /// cached across requests. Grounding DINO (one caption per image, fused with the image) cannot.
-  virtual bool embeds_labels() const { return false; }
-  /// One embedding per label, (n, D) in the model's dtype and on its device (OWL: the projected
-  /// end token of the label's tokens, L2-normalised: the queries the class head compares).
-  /// Throws std::invalid_argument as encode_labels does; std::logic_error unless embeds_labels().
-  virtual at::Tensor label_embeddings(const std::vector<std::string>& labels) const;
-  /// forward_prompted with the labels already embedded: pixel_values as there, embeddings
-  /// (B, Qmax, D) (label_embeddings' rows, padded), query_mask (B, Qmax) bool (false: a padding
-  /// label, masked to float32's lowest). Throws std::invalid_argument for mismatched shapes;
-  /// std::logic_error unless embeds_labels().
-  virtual PromptedOutput forward_embedded(const at::Tensor& pixel_values,
-                                          const at::Tensor& embeddings,
-                                          const at::Tensor& query_mask) const;
+  /// Whether the family's text side splits into pieces encoded independently of the image and
+  /// of each other, so that a piece's encoding can be cached across requests (the server's
+  /// PromptCache, server/instance/prompt_cache.h) and forward_encoded computes forward_prompted
+  /// from the pieces. OWL-ViT / OWLv2: one piece per label (CLIP's text tower reads each label
+  /// alone); Grounding DINO: one piece per image, its caption (BERT reads the whole caption,
+  /// before the fusion layers mix it with the image).
+  virtual bool caches_text() const { return false; }
+  /// Per image of `labels` (as for encode_labels), the cache keys of its pieces, in the order
+  /// forward_encoded reads them: OWL: its labels; Grounding DINO: one key, the exact token ids
+  /// of its caption (int64 bytes). Throws std::invalid_argument as encode_labels does;
+  /// std::logic_error unless caches_text().
+  virtual std::vector<std::vector<std::string>> text_keys(
+      const std::vector<std::vector<std::string>>& labels) const;
+  /// The pieces named by `keys` (text_keys' strings, any number), one EncodedText each, in one
+  /// text forward: OWL: {the label's query embedding (D) in the model's dtype}; Grounding DINO:
+  /// {text features after BERT and text_projection (T, d_model) in the model's dtype, the
+  /// phrase self-attention mask (T, T) bool, position_ids (T) int64, token mask (T) bool}, T the
+  /// caption's tokens cut at max_text_len. Tensors on the model's device, owning their memory
+  /// (no views of the batch). Throws std::invalid_argument for a key text_keys cannot have made
+  /// or a caption the text encoder refuses; std::logic_error unless caches_text().
+  virtual std::vector<EncodedText> encode_text(const std::vector<std::string>& keys) const;
+  /// forward_prompted_masked with the text already encoded: pieces[b] the encode_text results
+  /// of text_keys(labels)[b], in that order (images with different pieces are padded and
+  /// batched: OWL pads the labels with masked queries, Grounding DINO the captions to the
+  /// longest with its padding token's features). pixel_values and pixel_mask as there. Throws
+  /// std::invalid_argument for a pieces count other than B or pieces of another shape;
+  /// std::logic_error unless caches_text().
+  virtual PromptedOutput forward_encoded(const at::Tensor& pixel_values,
+                                         const at::Tensor& pixel_mask,
+                                         const std::vector<std::vector<EncodedText>>& pieces) const;
 
   /// The family's defaults (its processor's post-processing arguments).
   virtual PromptThresholds default_thresholds() const = 0;
@@ -127,13 +156,19 @@ class PromptedDetector {
       const PromptThresholds& thresholds) const = 0;
 };
 
-inline at::Tensor PromptedDetector::label_embeddings(const std::vector<std::string>&) const {
-  throw std::logic_error("label_embeddings: this family does not embed labels one by one");
+inline std::vector<std::vector<std::string>> PromptedDetector::text_keys(
+    const std::vector<std::vector<std::string>>&) const {
+  throw std::logic_error("text_keys: this family does not cache its text encoding");
 }
 
-inline PromptedOutput PromptedDetector::forward_embedded(const at::Tensor&, const at::Tensor&,
-                                                         const at::Tensor&) const {
-  throw std::logic_error("forward_embedded: this family does not embed labels one by one");
+inline std::vector<EncodedText> PromptedDetector::encode_text(
+    const std::vector<std::string>&) const {
+  throw std::logic_error("encode_text: this family does not cache its text encoding");
+}
+
+inline PromptedOutput PromptedDetector::forward_encoded(
+    const at::Tensor&, const at::Tensor&, const std::vector<std::vector<EncodedText>>&) const {
+  throw std::logic_error("forward_encoded: this family does not cache its text encoding");
 }
 
 /// `model` as a PromptedDetector, or nullptr for a closed-set model.

@@ -6,13 +6,16 @@
 
 #include <torch/nn/module.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <regex>
 #include <stdexcept>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -49,6 +52,15 @@ constexpr bool kFusedAttentionDefault = false;
 namespace {
 
 using deformable_detr::InputProjImpl;
+
+/// A batch's captions through the text encoder: what the feature enhancer reads of the text
+/// (and what the prompt cache keeps per caption, PromptedDetector::encode_text).
+struct Captions {
+  at::Tensor features;      ///< (B, T, d_model) model dtype: BERT + text_projection
+  at::Tensor phrase_mask;   ///< (B, T, T) bool: tokens attend within their phrase
+  at::Tensor position_ids;  ///< (B, T) int64: the index within the phrase
+  at::Tensor token_mask;    ///< (B, T) bool: true on tokens, false on padding
+};
 
 /// The module tree with the on-disk names ("model.*", "bbox_embed.*", "class_embed.*").
 class GroundingDinoImpl : public torch::nn::Module {
@@ -132,24 +144,43 @@ class GroundingDinoImpl : public torch::nn::Module {
     return full;
   }
 
-  /// See TextConditioned::forward_text; inputs already checked and on the model's device.
-  std::pair<at::Tensor, at::Tensor> forward(const at::Tensor& pixel_values,
-                                            const at::Tensor& pixel_mask, at::Tensor input_ids,
-                                            at::Tensor attention_mask,
-                                            at::Tensor token_type_ids) const {
-    const int64_t d = config.d_model;
-    auto [text_mask, position_ids] = phrase_masks(input_ids);
-    auto token_mask = attention_mask.to(at::kBool);
+  /// BERT then text_projection: input_ids, token_type_ids, position_ids (B, T) int64 and the
+  /// phrase self-attention mask (B, T, T) bool -> (B, T, d_model) in the model's dtype.
+  at::Tensor text_features(const at::Tensor& input_ids, const at::Tensor& token_type_ids,
+                           const at::Tensor& position_ids, const at::Tensor& phrase_mask) const {
+    return text_projection->forward(
+        text_backbone->forward(input_ids, token_type_ids, position_ids, phrase_mask));
+  }
+
+  /// The text side of forward_text (inputs checked and on the model's device): phrase masks
+  /// over the padded batch, everything cut at max_text_len as upstream, then text_features.
+  Captions encode_captions(at::Tensor input_ids, const at::Tensor& attention_mask,
+                           at::Tensor token_type_ids) const {
+    Captions t;
+    std::tie(t.phrase_mask, t.position_ids) = phrase_masks(input_ids);
+    t.token_mask = attention_mask.to(at::kBool);
     if (input_ids.size(1) > config.max_text_len) {
       const int64_t n = config.max_text_len;
-      text_mask = text_mask.slice(1, 0, n).slice(2, 0, n);
-      position_ids = position_ids.slice(1, 0, n);
+      t.phrase_mask = t.phrase_mask.slice(1, 0, n).slice(2, 0, n);
+      t.position_ids = t.position_ids.slice(1, 0, n);
       input_ids = input_ids.slice(1, 0, n);
       token_type_ids = token_type_ids.slice(1, 0, n);
-      token_mask = token_mask.slice(1, 0, n);
+      t.token_mask = t.token_mask.slice(1, 0, n);
     }
-    const auto text_features = text_projection->forward(
-        text_backbone->forward(input_ids, token_type_ids, position_ids, text_mask));
+    t.features = text_features(input_ids, token_type_ids, t.position_ids, t.phrase_mask);
+    return t;
+  }
+
+  /// Everything after the text encoder (see TextConditioned::forward_text): pixel inputs
+  /// checked and on the model's device, `captions` for the same B images.
+  std::pair<at::Tensor, at::Tensor> forward(const at::Tensor& pixel_values,
+                                            const at::Tensor& pixel_mask,
+                                            const Captions& captions) const {
+    const int64_t d = config.d_model;
+    const auto& text_mask = captions.phrase_mask;
+    const auto& position_ids = captions.position_ids;
+    const auto& token_mask = captions.token_mask;
+    const auto& text_features = captions.features;
 
     // Multi-scale maps, masks and position embeddings.
     const auto features = backbone->forward(pixel_values);
@@ -300,11 +331,8 @@ class GroundingDinoModel : public ModuleModel<GroundingDinoImpl>,
     auto types = same_shape(text.token_type_ids, "token_type_ids");
     if (!attention.defined()) attention = at::ones_like(device_ids);
     if (!types.defined()) types = at::zeros_like(device_ids);
-    auto [logits, boxes] = net_->forward(x, mask, device_ids, attention, types);
-    ModelOutput out;
-    out.logits = logits.to(at::kFloat);
-    out.pred_boxes = boxes.to(at::kFloat);
-    return out;
+    return prompted_output(
+        net_->forward(x, mask, net_->encode_captions(device_ids, attention, types)));
   }
 
   const text::BertTokenizer& tokenizer() const override { return tokenizer_; }
@@ -342,6 +370,124 @@ class GroundingDinoModel : public ModuleModel<GroundingDinoImpl>,
         forward_text(pixel_values, pixel_mask,
                      {queries.input_ids, queries.attention_mask, queries.token_type_ids});
     return out;
+  }
+
+  // The prompt cache's pieces (PromptedDetector::encode_text) are whole captions: BERT reads the
+  // caption before the fusion layers mix it with the image, so one caption's Captions row is
+  // the same whatever the image and the batch.
+
+  bool caches_text() const override { return true; }
+
+  /// One key per image: its caption's token ids as encode_labels makes them (int64 bytes).
+  std::vector<std::vector<std::string>> text_keys(
+      const std::vector<std::vector<std::string>>& labels) const override {
+    std::vector<std::string> prompts;
+    for (const auto& l : labels) prompts.push_back(image_prompt(l));
+    const auto t = encode_prompts(tokenizer_, prompts);
+    std::vector<std::vector<std::string>> keys;
+    for (int64_t b = 0; b < t.input_ids.size(0); ++b) {
+      const auto ids = t.input_ids[b].masked_select(t.attention_mask[b].to(at::kBool)).contiguous();
+      keys.push_back({std::string(reinterpret_cast<const char*>(ids.data_ptr<int64_t>()),
+                                  static_cast<size_t>(ids.numel()) * sizeof(int64_t))});
+    }
+    return keys;
+  }
+
+  /// Each caption's phrase masks on its own ids (as a batch of one: what upstream computes for
+  /// an unpadded caption), cut at max_text_len, then one text forward over the keys padded.
+  std::vector<EncodedText> encode_text(const std::vector<std::string>& keys) const override {
+    if (keys.empty()) throw std::invalid_argument(model_type_ + ": no caption to encode");
+    const auto device = at::TensorOptions().device(options_.device);
+    std::vector<Captions> own;  // (1, T) each, T cut at max_text_len
+    std::vector<at::Tensor> own_ids;
+    int64_t longest = 0;
+    for (const auto& key : keys) {
+      if (key.empty() || key.size() % sizeof(int64_t) != 0)
+        throw std::invalid_argument(
+            c10::str(model_type_, ": a caption key of ", key.size(), " bytes is not token ids"));
+      const auto n = static_cast<int64_t>(key.size() / sizeof(int64_t));
+      auto ids = at::empty({1, n}, at::kLong);
+      std::memcpy(ids.data_ptr<int64_t>(), key.data(), key.size());
+      ids = ids.to(options_.device);
+      Captions c;
+      std::tie(c.phrase_mask, c.position_ids) = phrase_masks(ids);
+      const int64_t t = std::min(n, net_->config.max_text_len);
+      c.phrase_mask = c.phrase_mask.slice(1, 0, t).slice(2, 0, t);
+      c.position_ids = c.position_ids.slice(1, 0, t);
+      own_ids.push_back(ids.slice(1, 0, t));
+      own.push_back(std::move(c));
+      longest = std::max(longest, t);
+    }
+    const auto b = static_cast<int64_t>(keys.size());
+    auto ids = at::full({b, longest}, tokenizer_.pad_id(), device.dtype(at::kLong));
+    auto positions = at::zeros({b, longest}, device.dtype(at::kLong));
+    auto masks = eye_masks(b, longest);
+    for (int64_t i = 0; i < b; ++i) {
+      const auto& c = own[static_cast<size_t>(i)];
+      const int64_t t = c.position_ids.size(1);
+      ids[i].slice(0, 0, t).copy_(own_ids[static_cast<size_t>(i)][0]);
+      positions[i].slice(0, 0, t).copy_(c.position_ids[0]);
+      masks[i].slice(0, 0, t).slice(1, 0, t).copy_(c.phrase_mask[0]);
+    }
+    const auto features = net_->text_features(ids, at::zeros_like(ids), positions, masks);
+    std::vector<EncodedText> out;
+    for (int64_t i = 0; i < b; ++i) {
+      const auto& c = own[static_cast<size_t>(i)];
+      const int64_t t = c.position_ids.size(1);
+      out.push_back({{features[i].slice(0, 0, t).clone(), c.phrase_mask[0].clone(),
+                      c.position_ids[0].clone(), at::ones({t}, device.dtype(at::kBool))}});
+    }
+    return out;
+  }
+
+  /// The captions padded (right) to the longest as the processor pads them: padding tokens
+  /// attend to themselves only, position 0, and carry the text encoder's features of the
+  /// padding token alone (what BERT computes for them in a padded batch; the fusion layers'
+  /// max over all scores sees them).
+  PromptedOutput forward_encoded(
+      const at::Tensor& pixel_values, const at::Tensor& pixel_mask,
+      const std::vector<std::vector<EncodedText>>& pieces) const override {
+    const at::Tensor x = checked_input(pixel_values, net_->config.backbone.swin.num_channels);
+    const at::Tensor mask = core::checked_pixel_mask(model_type_, x, pixel_mask, options_.device);
+    const int64_t b = x.size(0), d = net_->config.d_model;
+    if (static_cast<int64_t>(pieces.size()) != b)
+      throw std::invalid_argument(
+          c10::str(model_type_, ": ", pieces.size(), " encoded captions for ", b, " images"));
+    int64_t longest = 0;
+    for (const auto& image : pieces) {
+      const auto* t = image.size() == 1 ? &image[0].tensors : nullptr;
+      if (!t || t->size() != 4 || (*t)[0].dim() != 2 || (*t)[0].size(1) != d ||
+          (*t)[1].sizes() != at::IntArrayRef{(*t)[0].size(0), (*t)[0].size(0)} ||
+          (*t)[2].numel() != (*t)[0].size(0) || (*t)[3].numel() != (*t)[0].size(0))
+        throw std::invalid_argument(c10::str(
+            model_type_, ": each image takes one caption encoded by encode_text (features (T, ", d,
+            "), phrase mask (T, T), position ids (T), token mask (T))"));
+      longest = std::max(longest, (*t)[0].size(0));
+    }
+    const auto device = at::TensorOptions().device(options_.device);
+    Captions c;
+    c.features = at::empty({b, longest, d}, device.dtype(options_.dtype));
+    c.phrase_mask = eye_masks(b, longest);
+    c.position_ids = at::zeros({b, longest}, device.dtype(at::kLong));
+    c.token_mask = at::zeros({b, longest}, device.dtype(at::kBool));
+    at::Tensor pad;  // the padding token's features, computed when a caption is shorter
+    for (int64_t i = 0; i < b; ++i) {
+      const auto& t = pieces[static_cast<size_t>(i)][0].tensors;
+      const int64_t n = t[0].size(0);
+      if (n < longest) {
+        if (!pad.defined()) {
+          const auto one = at::ones({1, 1}, device.dtype(at::kLong));
+          pad = net_->text_features(one * tokenizer_.pad_id(), one * 0, one * 0,
+                                    one.to(at::kBool).unsqueeze(0))[0][0];
+        }
+        c.features[i].slice(0, n).copy_(pad.expand({longest - n, d}));
+      }
+      c.features[i].slice(0, 0, n).copy_(t[0]);
+      c.phrase_mask[i].slice(0, 0, n).slice(1, 0, n).copy_(t[1]);
+      c.position_ids[i].slice(0, 0, n).copy_(t[2]);
+      c.token_mask[i].slice(0, 0, n).copy_(t[3]);
+    }
+    return prompted_output(net_->forward(x, mask, c));
   }
 
   /// A label is cut when its tokens or its '.' fall past max_text_len - 1 in the caption
@@ -401,6 +547,21 @@ class GroundingDinoModel : public ModuleModel<GroundingDinoImpl>,
   }
 
  private:
+  /// (logits, boxes) of GroundingDinoImpl::forward as float32 outputs.
+  static PromptedOutput prompted_output(std::pair<at::Tensor, at::Tensor> forward) {
+    PromptedOutput out;
+    out.logits = forward.first.to(at::kFloat);
+    out.pred_boxes = forward.second.to(at::kFloat);
+    return out;
+  }
+
+  /// (n, t, t) bool identity masks on the model's device (a token attends to itself), writable.
+  at::Tensor eye_masks(int64_t n, int64_t t) const {
+    return at::eye(t, at::TensorOptions().dtype(at::kBool).device(options_.device))
+        .unsqueeze(0)
+        .repeat({n, 1, 1});
+  }
+
   text::BertTokenizer tokenizer_;
 };
 

@@ -282,35 +282,53 @@ class OwlModel : public ModuleModel<OwlImpl>, public PromptedDetector {
     return cut;
   }
 
-  bool embeds_labels() const override { return true; }
+  // The cache's pieces are the labels: each one's query embedding.
 
-  /// Any number of labels (a batch's distinct ones may exceed max_labels): tokenized
-  /// max_labels at a time, one text forward over all of them.
-  at::Tensor label_embeddings(const std::vector<std::string>& labels) const override {
-    std::vector<at::Tensor> ids;
-    for (size_t from = 0; from < labels.size(); from += kMaxLabels) {
-      const auto end = std::min(labels.size(), from + static_cast<size_t>(kMaxLabels));
-      ids.push_back(encode_labels({{labels.begin() + from, labels.begin() + end}}).input_ids[0]);
-    }
-    if (ids.empty()) throw std::invalid_argument("labels: none to embed");
-    return net_->query_embeddings(at::cat(ids));
+  bool caches_text() const override { return true; }
+
+  std::vector<std::vector<std::string>> text_keys(
+      const std::vector<std::vector<std::string>>& labels) const override {
+    truncation(labels);  // encode_labels' checks: UTF-8, label counts
+    return labels;
   }
 
-  PromptedOutput forward_embedded(const at::Tensor& pixel_values, const at::Tensor& embeddings,
-                                  const at::Tensor& query_mask) const override {
-    const auto& c = net_->config;
-    const at::Tensor x = checked_input(pixel_values, c.vision.num_channels, c.vision.patch_size);
-    if (!embeddings.defined() || embeddings.dim() != 3 || embeddings.size(0) != x.size(0) ||
-        embeddings.size(2) != c.projection_dim || !query_mask.defined() ||
-        query_mask.sizes() != embeddings.sizes().slice(0, 2))
-      throw std::invalid_argument(
-          c10::str(model_type_, ": embeddings must be (B, Q, ", c.projection_dim,
-                   ") with B = ", x.size(0), " and query_mask (B, Q), got ",
-                   embeddings.defined() ? c10::str(embeddings.sizes()) : "undefined", " and ",
-                   query_mask.defined() ? c10::str(query_mask.sizes()) : "undefined"));
-    return net_->heads(
-        net_->image_features(x), x.size(2) / c.vision.patch_size, x.size(3) / c.vision.patch_size,
-        embeddings.to(options_.device, options_.dtype), query_mask.to(options_.device, at::kBool));
+  std::vector<EncodedText> encode_text(const std::vector<std::string>& keys) const override {
+    const auto rows = label_embeddings(keys);
+    std::vector<EncodedText> out;
+    // Each row cloned so that it owns its memory (a view would keep the whole batch's storage
+    // alive in the cache).
+    for (int64_t i = 0; i < rows.size(0); ++i) out.push_back({{rows[i].clone()}});
+    return out;
+  }
+
+  /// The labels' rows stacked per image and padded to the most labels with masked queries.
+  PromptedOutput forward_encoded(
+      const at::Tensor& pixel_values, const at::Tensor& pixel_mask,
+      const std::vector<std::vector<EncodedText>>& pieces) const override {
+    (void)pixel_mask;  // OWL takes none
+    const auto b = static_cast<int64_t>(pieces.size());
+    int64_t q = 0;
+    for (const auto& image : pieces) {
+      if (image.empty()) throw std::invalid_argument(model_type_ + ": an image without labels");
+      for (const auto& p : image)
+        if (p.tensors.size() != 1 || p.tensors[0].dim() != 1 ||
+            p.tensors[0].size(0) != net_->config.projection_dim)
+          throw std::invalid_argument(c10::str(model_type_, ": a label's encoding must be (",
+                                               net_->config.projection_dim, ")"));
+      q = std::max<int64_t>(q, static_cast<int64_t>(image.size()));
+    }
+    const auto options = at::TensorOptions().dtype(options_.dtype).device(options_.device);
+    auto embeddings = at::zeros({b, q, net_->config.projection_dim}, options);
+    auto query_mask = at::zeros({b, q}, options.dtype(at::kBool));
+    for (int64_t i = 0; i < b; ++i) {
+      const auto& image = pieces[static_cast<size_t>(i)];
+      std::vector<at::Tensor> rows;
+      for (const auto& p : image) rows.push_back(p.tensors[0]);
+      const auto n = static_cast<int64_t>(image.size());
+      embeddings[i].slice(0, 0, n).copy_(at::stack(rows));
+      query_mask[i].slice(0, 0, n).fill_(true);
+    }
+    return forward_embedded(pixel_values, embeddings, query_mask);
   }
 
   /// post_process_object_detection's default threshold (0.1); no text threshold.
@@ -363,6 +381,39 @@ class OwlModel : public ModuleModel<OwlImpl>, public PromptedDetector {
   }
 
  private:
+  /// One query embedding per label, (n, D) in the model's dtype (the projected end token of the
+  /// label's tokens, L2-normalised: what the class head compares). Any number of labels (a
+  /// batch's distinct ones may exceed max_labels): tokenized max_labels at a time, one text
+  /// forward over all of them.
+  at::Tensor label_embeddings(const std::vector<std::string>& labels) const {
+    std::vector<at::Tensor> ids;
+    for (size_t from = 0; from < labels.size(); from += kMaxLabels) {
+      const auto end = std::min(labels.size(), from + static_cast<size_t>(kMaxLabels));
+      ids.push_back(encode_labels({{labels.begin() + from, labels.begin() + end}}).input_ids[0]);
+    }
+    if (ids.empty()) throw std::invalid_argument("labels: none to embed");
+    return net_->query_embeddings(at::cat(ids));
+  }
+
+  /// forward_prompted with the labels embedded: embeddings (B, Q, D) (label_embeddings' rows,
+  /// padded), query_mask (B, Q) bool (false: a padding label, masked to float32's lowest).
+  PromptedOutput forward_embedded(const at::Tensor& pixel_values, const at::Tensor& embeddings,
+                                  const at::Tensor& query_mask) const {
+    const auto& c = net_->config;
+    const at::Tensor x = checked_input(pixel_values, c.vision.num_channels, c.vision.patch_size);
+    if (!embeddings.defined() || embeddings.dim() != 3 || embeddings.size(0) != x.size(0) ||
+        embeddings.size(2) != c.projection_dim || !query_mask.defined() ||
+        query_mask.sizes() != embeddings.sizes().slice(0, 2))
+      throw std::invalid_argument(
+          c10::str(model_type_, ": embeddings must be (B, Q, ", c.projection_dim,
+                   ") with B = ", x.size(0), " and query_mask (B, Q), got ",
+                   embeddings.defined() ? c10::str(embeddings.sizes()) : "undefined", " and ",
+                   query_mask.defined() ? c10::str(query_mask.sizes()) : "undefined"));
+    return net_->heads(
+        net_->image_features(x), x.size(2) / c.vision.patch_size, x.size(3) / c.vision.patch_size,
+        embeddings.to(options_.device, options_.dtype), query_mask.to(options_.device, at::kBool));
+  }
+
   /// The content ids of labels[i][j]; std::invalid_argument "labels[i][j]: text: invalid UTF-8
   /// at byte k" for text that is not UTF-8.
   std::vector<int64_t> content_ids(const std::vector<std::vector<std::string>>& labels, size_t i,

@@ -75,7 +75,7 @@ ModelInstance::ModelInstance(std::size_t index, std::size_t group_size,
       scheduler_(scheduler),
       hooks_(hooks) {
   const auto* prompted = models::prompted_detector(*model_->model);
-  if (prompted && prompted->embeds_labels() && model_->serving.prompt_cache_mb > 0)
+  if (prompted && prompted->caches_text() && model_->serving.prompt_cache_mb > 0)
     prompt_cache_ = std::make_unique<PromptCache>(model_->serving.prompt_cache_mb << 20);
 }
 
@@ -169,11 +169,11 @@ std::unique_ptr<ModelInstance::InFlight> ModelInstance::launch(Batch& batch) {
       std::vector<std::vector<std::string>> labels;
       for (const auto& j : batch)
         labels.insert(labels.end(), j->request->prompts.begin(), j->request->prompts.end());
-      if (prompt_cache_) {  // each distinct label's text forward once, then from the cache
-        auto e = prompt_cache_->embed(*prompted, labels);
+      if (prompt_cache_) {  // each distinct piece's text forward once, then from the cache
+        auto e = prompt_cache_->encode(*prompted, labels);
         f->cache_hits = e.hits;
         f->cache_misses = e.misses;
-        out = prompted->forward_embedded(pv, e.embeddings, e.query_mask);
+        out = prompted->forward_encoded(pv, mask, e.pieces);
       } else {
         out = prompted->forward_prompted_masked(pv, mask, prompted->encode_labels(labels));
       }

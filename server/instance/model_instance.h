@@ -46,7 +46,8 @@ struct ExecutedBatch {
   double output_seconds = 0;  ///< post-processing of every request
   double queue_seconds = 0;   ///< sum over the requests of enqueue -> batch start
   std::size_t instance = 0;   ///< the instance that ran it (instance_group order)
-  /// Open-vocabulary models with a prompt cache: the batch's distinct labels found / embedded.
+  /// Open-vocabulary models with a prompt cache: the batch's distinct pieces (OWL: labels,
+  /// Grounding DINO: captions) found / encoded.
   int64_t prompt_cache_hits = 0, prompt_cache_misses = 0;
 };
 
@@ -112,8 +113,8 @@ class ModelInstance {
   std::thread worker_;
   std::atomic<bool> healthy_{true};
   std::atomic<std::uint64_t> batches_{0}, images_{0};
-  /// The label-embedding cache (serving.yaml prompt_cache_mb) of a model whose family embeds
-  /// labels one by one; null otherwise. The worker's alone.
+  /// The text-encoding cache (serving.yaml prompt_cache_mb) of a model whose family caches its
+  /// text (PromptedDetector::caches_text); null otherwise. The worker's alone.
   std::unique_ptr<PromptCache> prompt_cache_;
   mutable std::mutex mu_;
   std::string error_;  ///< guarded by mu_

@@ -100,12 +100,14 @@ struct Metrics::Impl {
   prometheus::Family<prometheus::Counter>& prompt_cache_hits =
       prometheus::BuildCounter()
           .Name("libreyolo_prompt_cache_hits_total")
-          .Help("Distinct labels of a batch found in an instance's label-embedding cache")
+          .Help(
+              "Distinct prompt pieces (OWL: labels, Grounding DINO: captions) of a batch "
+              "found in an instance's prompt cache")
           .Register(*registry);
   prometheus::Family<prometheus::Counter>& prompt_cache_misses =
       prometheus::BuildCounter()
           .Name("libreyolo_prompt_cache_misses_total")
-          .Help("Distinct labels of a batch embedded by the text tower (not in the cache)")
+          .Help("Distinct prompt pieces of a batch encoded by the text encoder (not in the cache)")
           .Register(*registry);
   prometheus::Family<prometheus::Counter>& instance_requests =
       prometheus::BuildCounter()

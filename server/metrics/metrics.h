@@ -51,9 +51,10 @@ class Metrics {
   /// failed); libreyolo_instance_failures_total{model,instance,device} counts the take-outs.
   void instance_ready(const std::string& model, const std::string& instance,
                       const std::string& device, bool ready);
-  /// An open-vocabulary model's label-embedding cache over one batch (serving.yaml
-  /// prompt_cache_mb): libreyolo_prompt_cache_hits_total / libreyolo_prompt_cache_misses_total
-  /// {model,instance,device}, distinct labels found in / embedded into the cache.
+  /// An open-vocabulary model's prompt cache over one batch (serving.yaml prompt_cache_mb):
+  /// libreyolo_prompt_cache_hits_total / libreyolo_prompt_cache_misses_total
+  /// {model,instance,device}, distinct pieces (OWL: labels, Grounding DINO: captions) found in /
+  /// encoded into the cache.
   void prompt_cache(const std::string& model, const std::string& instance,
                     const std::string& device, std::int64_t hits, std::int64_t misses);
   /// libreyolo_model_load_seconds{model,version} (gauge, seconds).

@@ -4,8 +4,9 @@
 // photographs as JPEGs over gRPC with their prompts, against transformers'
 // post_process_grounded_object_detection of the same images at the fixture's box and text
 // thresholds: counts, phrases (the `labels` output), scores and boxes in original pixels. Then
-// labels cut at max_text_len, and the refusals of a phrase past the text encoder's positions and
-// of a listed label the caption cannot hold.
+// the prompt cache (a repeated request's bytes equal to the first answer's and to a model
+// without a cache; its hits and misses in /metrics), labels cut at max_text_len, and the refusals
+// of a phrase past the text encoder's positions and of a listed label the caption cannot hold.
 #include <gtest/gtest.h>
 
 #include <c10/util/StringUtil.h>
@@ -43,10 +44,16 @@ class ServerGroundingDino : public ::testing::TestWithParam<const char*> {};
 TEST_P(ServerGroundingDino, PromptedJpegsMatchTheFixturesPostProcessing) {
   const std::string fixture = GetParam();
   const auto repo = temp_dir("grounding_dino_serving");
-  add_fixture_model(repo, fixture, fixture, "device: cpu\nwarmup: true\nmax_batch_size: 4\n");
+  // The model with its prompt cache (the default 64 MiB) and the same checkpoint without.
+  const std::string uncached = fixture + "_uncached";
   const fs::path src = fs::path(kFixtures) / "models" / fixture;
-  for (const char* f : {"tokenizer.json", "vocab.txt", "tokenizer_config.json"})
-    fs::copy_file(src / f, repo / fixture / "1" / f, fs::copy_options::overwrite_existing);
+  for (const auto& [name, cache] :
+       {std::pair{fixture, ""}, std::pair{uncached, "prompt_cache_mb: 0\n"}}) {
+    add_fixture_model(repo, name, fixture,
+                      std::string("device: cpu\nwarmup: true\nmax_batch_size: 4\n") + cache);
+    for (const char* f : {"tokenizer.json", "vocab.txt", "tokenizer_config.json"})
+      fs::copy_file(src / f, repo / name / "1" / f, fs::copy_options::overwrite_existing);
+  }
   {
     Daemon daemon(loopback_config(repo));
     daemon.start();
@@ -66,16 +73,22 @@ TEST_P(ServerGroundingDino, PromptedJpegsMatchTheFixturesPostProcessing) {
                            {"astronaut.jpg", "coffee.jpg"},
                            {"a person. a flag.", "a coffee cup. a spoon? table."}},
                           {"labels", {"chelsea.jpg"}, {R"(["a cat", "A Dog", "remote control"])"}}};
-    for (const auto& cs : cases) {
+    std::vector<rpc::InferResult> first;  // each case's answer
+    auto send = [&](const Case& cs, const std::string& model) {
       std::vector<std::string> raw;
       for (const char* im : cs.images) raw.push_back(read_file(kFixtures + "/images/" + im));
       const auto& cm = meta.at("cases").at(cs.name);
       const auto n = static_cast<int64_t>(cs.images.size());
-      const auto r =
-          c.infer(infer_text(fixture, n, std::to_string(n),
-                             thresholds(cm.at("box_threshold"), cm.at("text_threshold"))),
-                  {rpc::pack_bytes(raw), rpc::pack_bytes(cs.text)});
+      return c.infer(infer_text(model, n, std::to_string(n),
+                                thresholds(cm.at("box_threshold"), cm.at("text_threshold"))),
+                     {rpc::pack_bytes(raw), rpc::pack_bytes(cs.text)});
+    };
+    for (const auto& cs : cases) {
+      const auto& cm = meta.at("cases").at(cs.name);
+      const auto n = static_cast<int64_t>(cs.images.size());
+      const auto r = send(cs, fixture);
       ASSERT_TRUE(r.ok()) << r.message;
+      first.push_back(r);
       const auto counts = values<int32_t>(r.output("num_detections").data);
       const int64_t k = r.output("scores").shape.at(1);
       const auto scores = values<float>(r.output("scores").data);
@@ -102,6 +115,14 @@ TEST_P(ServerGroundingDino, PromptedJpegsMatchTheFixturesPostProcessing) {
         EXPECT_LE(ds, 1e-4);
         EXPECT_LE(db, 1e-2);
       }
+    }
+    // The cache: case "batch" again (its two captions hit, the vision forward only) answers the
+    // bytes of its first answer (two misses) and of the model without a cache.
+    for (const auto& model : {fixture, uncached}) {
+      const auto again = send(cases[0], model);
+      ASSERT_TRUE(again.ok()) << again.message;
+      for (const char* out : {"num_detections", "scores", "boxes", "labels"})
+        EXPECT_EQ(again.output(out).data, first[0].output(out).data) << model << " " << out;
     }
     // 130 labels "cat": [CLS] then "cat ." pairs, so labels 127.. end past max_text_len (256):
     // cut (the model drops those ids, as upstream) and reported.
@@ -132,6 +153,21 @@ TEST_P(ServerGroundingDino, PromptedJpegsMatchTheFixturesPostProcessing) {
         dot.message.find("input 'text': labels[0][0]: text: label 'st. bernard' contains '.'"),
         std::string::npos)
         << dot.message;
+    // Misses: the three captions of the two cases, then the 130 labels' (the refused requests
+    // fail before the cache or in its text forward: not counted); hits: the repeated two.
+    const std::string metrics = http_get(daemon.http_port(), "/metrics").body;
+    const std::string series =
+        "{device=\"cpu\",instance=\"" + fixture + "_0\",model=\"" + fixture + "\"} ";
+    EXPECT_NE(metrics.find("libreyolo_prompt_cache_hits_total" + series + "2\n"), std::string::npos)
+        << metrics;
+    EXPECT_NE(metrics.find("libreyolo_prompt_cache_misses_total" + series + "4\n"),
+              std::string::npos)
+        << metrics;
+    for (const char* counter : {"hits", "misses"})  // prompt_cache_mb: 0: no cache, no series
+      EXPECT_EQ(metrics.find(std::string("libreyolo_prompt_cache_") + counter +
+                             "_total{device=\"cpu\",instance=\"" + uncached + "_0\""),
+                std::string::npos)
+          << metrics;
     daemon.stop(1.0);
   }
   remove_tree(repo);

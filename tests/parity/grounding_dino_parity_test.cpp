@@ -230,6 +230,74 @@ TEST_P(GroundingDinoParity, PromptedDetectorMatchesTransformers) {
   }
 }
 
+TEST_P(GroundingDinoParity, EncodedCaptionsEqualThePromptedForward) {
+  // The server's prompt-cache path (text_keys, encode_text once, forward_encoded): one key per
+  // image, its caption's exact ids; a single caption gives the uncached forward's bytes, two
+  // captions of 8 and 11 tokens encoded apart and padded again give the padded batch's outputs.
+  c10::InferenceMode inference_mode;
+  const auto dir = test::model_fixture(GetParam().name);
+  auto model = models::load_model(dir);
+  const auto* p = models::prompted_detector(*model);
+  ASSERT_TRUE(p->caches_text());
+  const std::vector<std::vector<std::string>> batch = {{"a person", "a flag"},
+                                                       {"a coffee cup", "a spoon? table"}};
+  const auto keys = p->text_keys(batch);
+  ASSERT_EQ(keys.size(), 2u);
+  const auto ids = case_text(dir, "batch").input_ids;
+  for (int64_t b = 0; b < 2; ++b) {
+    ASSERT_EQ(keys[b].size(), 1u);
+    const auto n = static_cast<int64_t>(keys[b][0].size() / sizeof(int64_t));
+    EXPECT_EQ(n, b == 0 ? 8 : 11);
+    const auto key_ids = at::from_blob(const_cast<char*>(keys[b][0].data()), {n}, at::kLong);
+    EXPECT_TRUE(at::equal(key_ids, ids[b].slice(0, 0, n))) << b;
+  }
+  // Encoded in one call (padded to 11 inside), each piece keeps its own 8 or 11 tokens.
+  const auto both = p->encode_text({keys[0][0], keys[1][0]});
+  ASSERT_EQ(both.size(), 2u);
+  EXPECT_EQ(both[0].tensors[0].sizes(), (at::IntArrayRef{8, 32}));
+  EXPECT_EQ(both[1].tensors[1].sizes(), (at::IntArrayRef{11, 11}));
+  EXPECT_EQ(both[0].bytes(), 8 * 32 * 4 + 8 * 8 + 8 * 8 + 8);
+  {
+    const auto [pixels, mask] = case_pixels(dir, "batch");
+    const auto encoded = p->forward_encoded(pixels, mask, {{both[0]}, {both[1]}});
+    const auto direct = p->forward_prompted_masked(pixels, mask, p->encode_labels(batch));
+    const std::string label = std::string(GetParam().name) + " batch";
+    const double dl = finite_diff(encoded.logits, direct.logits, label);
+    const double db = test::max_abs_diff(encoded.pred_boxes, direct.pred_boxes);
+    std::cout << "[" << label << "] encoded vs prompted: max|logits diff| = " << dl
+              << ", max|pred_boxes diff| = " << db << "\n";
+    EXPECT_LE(dl, 1e-5);
+    EXPECT_LE(db, 1e-6);
+    EXPECT_LE(finite_diff(encoded.logits, test::expected_tensor(dir, "batch_logits"), label), 1e-4);
+  }
+  {
+    const std::vector<std::vector<std::string>> one = {{"a cat", "A Dog", "remote control"}};
+    const auto [pixels, mask] = case_pixels(dir, "labels");
+    const auto encoded = p->forward_encoded(pixels, mask, {p->encode_text(p->text_keys(one)[0])});
+    const auto direct = p->forward_prompted_masked(pixels, mask, p->encode_labels(one));
+    EXPECT_TRUE(at::equal(encoded.logits, direct.logits));
+    EXPECT_TRUE(at::equal(encoded.pred_boxes, direct.pred_boxes));
+    try {
+      p->forward_encoded(pixels, mask, {{both[0]}, {both[1]}});
+      FAIL() << "two captions for one image";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_EQ(std::string(e.what()),
+                std::string(GetParam().model_type) + ": 2 encoded captions for 1 images");
+    }
+  }
+  // 130 labels: 262 ids, the piece cut at max_text_len as the model cuts them.
+  const auto cut = p->text_keys({std::vector<std::string>(130, "cat")});
+  EXPECT_EQ(cut[0][0].size(), 262 * sizeof(int64_t));
+  EXPECT_EQ(p->encode_text(cut[0])[0].tensors[0].sizes(), (at::IntArrayRef{256, 32}));
+  try {
+    p->encode_text({"abc"});
+    FAIL() << "a key of 3 bytes";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_EQ(std::string(e.what()),
+              std::string(GetParam().model_type) + ": a caption key of 3 bytes is not token ids");
+  }
+}
+
 TEST_P(GroundingDinoParity, ProcessorMatchesTransformersPixels) {
   // GroundingDinoImageProcessor is DETR's (shortest/longest edge 96/160 here, bilinear,
   // normalised, zero-padded bottom/right with a pixel mask): the uint8 pixels and masks equal.

@@ -9,6 +9,7 @@
 
 #include <fstream>
 #include <iostream>
+#include <limits>
 #include <nlohmann/json.hpp>
 
 #include <stdlib.h>
@@ -211,46 +212,55 @@ TEST_P(OwlParity, ImagesWithDifferentLabelCountsBatchTogether) {
   for (const auto& p : dets[1].phrases) EXPECT_EQ(p, "a spoon");
 }
 
-TEST_P(OwlParity, EmbeddedLabelsEqualThePromptedForward) {
-  // label_embeddings + forward_embedded (the server's prompt cache path) against forward_prompted:
-  // the labels embedded in another grouping (one call for all six, the padding query included as
-  // a masked row) give the same logits and the same boxes.
+TEST_P(OwlParity, EncodedLabelsEqualThePromptedForward) {
+  // text_keys + encode_text + forward_encoded (the server's prompt cache path) against
+  // forward_prompted: the keys are the labels, the labels embedded in another grouping (one call
+  // for all six) and stacked per image give the same logits and the same boxes.
   c10::InferenceMode inference_mode;
   const auto dir = test::model_fixture(GetParam().name);
   auto model = models::load_model(dir);
   const auto* owl = models::prompted_detector(*model);
-  ASSERT_TRUE(owl->embeds_labels());
+  ASSERT_TRUE(owl->caches_text());
   const auto pixels = test::expected_tensor(dir, "pixel_values");
   const auto prompts = fixture_prompts(dir);
+  EXPECT_EQ(owl->text_keys(prompts), prompts);
   auto all = prompts[0];
   all.insert(all.end(), prompts[1].begin(), prompts[1].end());
-  const auto rows = owl->label_embeddings(all);
-  ASSERT_EQ(rows.sizes(), (at::IntArrayRef{6, 32}));
-  const auto embedded = owl->forward_embedded(pixels, rows.view({2, 3, 32}),
-                                              at::ones({2, 3}, at::TensorOptions(at::kBool)));
+  const auto pieces = owl->encode_text(all);
+  ASSERT_EQ(pieces.size(), 6u);
+  ASSERT_EQ(pieces[0].tensors.size(), 1u);
+  EXPECT_EQ(pieces[0].tensors[0].sizes(), (at::IntArrayRef{32}));
+  EXPECT_EQ(pieces[0].bytes(), 32 * 4);
+  const std::vector<std::vector<models::EncodedText>> per_image = {
+      {pieces.begin(), pieces.begin() + 3}, {pieces.begin() + 3, pieces.end()}};
+  const auto encoded = owl->forward_encoded(pixels, at::Tensor(), per_image);
   const auto direct = owl->forward_prompted(pixels, owl->encode_labels(prompts));
-  const double dl = test::max_abs_diff(embedded.logits, direct.logits);
-  std::cout << "[" << GetParam().name << "] embedded vs prompted: max|logits diff| = " << dl
-            << "\n";
+  const double dl = test::max_abs_diff(encoded.logits, direct.logits);
+  std::cout << "[" << GetParam().name << "] encoded vs prompted: max|logits diff| = " << dl << "\n";
   EXPECT_LE(dl, 1e-5);
-  EXPECT_TRUE(at::equal(embedded.pred_boxes, direct.pred_boxes));
-  EXPECT_LE(test::max_abs_diff(embedded.logits, test::expected_tensor(dir, "logits")), 1e-4);
-  // More distinct labels than one image may carry (a batch's, for the server's cache): embedded
-  // all the same, row i the embedding of label i.
+  EXPECT_TRUE(at::equal(encoded.pred_boxes, direct.pred_boxes));
+  EXPECT_LE(test::max_abs_diff(encoded.logits, test::expected_tensor(dir, "logits")), 1e-4);
+  // Images with fewer labels: padded with masked queries (float32's lowest).
+  const auto fewer = owl->forward_encoded(pixels, at::Tensor(), {per_image[0], {pieces[5]}});
+  EXPECT_LE(test::max_abs_diff(fewer.logits[0], encoded.logits[0]), 1e-6);
+  EXPECT_TRUE(
+      fewer.logits[1].slice(1, 1).eq(std::numeric_limits<float>::lowest()).all().item<bool>());
+  // More distinct labels than one image may carry (a batch's, for the server's cache): encoded
+  // all the same, piece i the embedding of label i.
   std::vector<std::string> many(300, "a flag");
   many[299] = prompts[0][0];
-  const auto more = owl->label_embeddings(many);
-  ASSERT_EQ(more.sizes(), (at::IntArrayRef{300, 32}));
-  EXPECT_LE(test::max_abs_diff(more[299], rows[0]), 1e-6);
-  EXPECT_LE(test::max_abs_diff(more[0], rows[1]), 1e-6);
+  const auto more = owl->encode_text(many);
+  ASSERT_EQ(more.size(), 300u);
+  EXPECT_LE(test::max_abs_diff(more[299].tensors[0], pieces[0].tensors[0]), 1e-6);
+  EXPECT_LE(test::max_abs_diff(more[0].tensors[0], pieces[1].tensors[0]), 1e-6);
   try {
-    owl->forward_embedded(pixels, rows.view({2, 3, 32}), at::ones({2, 2}, at::kBool));
-    ADD_FAILURE() << "a mismatched query_mask ran";
+    owl->forward_encoded(pixels, at::Tensor(), {per_image[0]});
+    ADD_FAILURE() << "one image's labels for two images ran";
   } catch (const std::invalid_argument& e) {
     EXPECT_EQ(std::string(e.what()),
               std::string(GetParam().model_type) +
-                  ": embeddings must be (B, Q, 32) with B = 2 and query_mask (B, Q), got [2, 3, "
-                  "32] and [2, 2]");
+                  ": embeddings must be (B, Q, 32) with B = 2 and query_mask (B, Q), got [1, 3, "
+                  "32] and [1, 3]");
   }
 }
 

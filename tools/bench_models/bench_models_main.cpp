@@ -33,14 +33,14 @@
 // every forward: --prompt gives the labels of every image of the batch, separated by '.' and
 // stripped ("a cat. a dog." = {"a cat", "a dog"}; Grounding DINO's processor joins them back
 // into that caption); default "a cat. a dog.". --prompt-cache picks how the text side is timed
-// (a comma list times each in turn; default on): `off` is the daemon without its label cache
-// (serving.yaml prompt_cache_mb 0, and every Grounding DINO request): encode_labels and
-// forward_prompted inside each timed forward, so the text encoder runs every time; `on` is
-// the daemon's prompt cache after its first request (server/instance/prompt_cache.h: every
-// label a hit): label_embeddings once before timing, then forward_embedded (vision tower and
-// heads only). `on` exists for the families that embed labels one by one
-// (PromptedDetector::embeds_labels: OWL); for the others it prints `prompt_cache=n/a` and times
-// nothing. Prompted forwards are not captured in CUDA graphs (the daemon runs them eagerly):
+// (a comma list times each in turn; default on): `off` is the daemon without its prompt cache
+// (serving.yaml prompt_cache_mb 0): encode_labels and forward_prompted inside each timed
+// forward, so the text encoder runs every time; `on` is the daemon's prompt cache after its
+// first request (server/instance/prompt_cache.h: every piece a hit): text_keys and encode_text
+// once before timing, then forward_encoded (OWL: vision tower and heads; Grounding DINO:
+// everything after BERT). A family that does not cache its text
+// (PromptedDetector::caches_text false) prints `prompt_cache=n/a` and times nothing under `on`.
+// Prompted forwards are not captured in CUDA graphs (the daemon runs them eagerly):
 // --cuda-graph with a prompted model is a usage error.
 // Exit codes: 0 ok, 1 runtime error, 2 usage error.
 #include <ATen/ATen.h>
@@ -294,23 +294,21 @@ int main(int argc, char** argv) {
         // --prompt-cache says (see the header).
         std::function<void()> forward = [&] { model->forward(pixels); };
         const std::vector<std::vector<std::string>> prompts(static_cast<size_t>(b), labels);
-        at::Tensor embeddings, query_mask;
+        std::vector<std::vector<libreyolo::models::EncodedText>> pieces;
         if (prompted && cache == "off") {
           forward = [&] { prompted->forward_prompted(pixels, prompted->encode_labels(prompts)); };
         } else if (prompted) {
-          if (!prompted->embeds_labels()) {
+          if (!prompted->caches_text()) {
             std::cout << "model=" << model->model_type() << " batch=" << b
-                      << " prompt_cache=n/a (the family fuses the caption with the image: no "
-                         "label cache in the daemon)"
+                      << " prompt_cache=n/a (the family does not cache its text encoding)"
                       << std::endl;
             continue;
           }
-          // What the daemon's PromptCache hands forward_embedded when every label is a hit.
-          const at::Tensor rows = prompted->label_embeddings(labels);
-          embeddings = rows.unsqueeze(0).expand({b, rows.size(0), rows.size(1)}).contiguous();
-          query_mask = at::ones({b, rows.size(0)},
-                                at::TensorOptions().dtype(at::kBool).device(rows.device()));
-          forward = [&] { prompted->forward_embedded(pixels, embeddings, query_mask); };
+          // What the daemon's PromptCache hands forward_encoded when every piece is a hit (every
+          // image has the same labels: image 0's pieces encoded once, shared).
+          pieces.assign(static_cast<size_t>(b),
+                        prompted->encode_text(prompted->text_keys({labels})[0]));
+          forward = [&] { prompted->forward_encoded(pixels, at::Tensor(), pieces); };
         }
         for (int w = 0; w < warmup; ++w) forward();
         synchronize(options.device);
