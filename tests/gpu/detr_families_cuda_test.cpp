@@ -165,7 +165,7 @@ TEST_P(DetrCuda, PaddedBatchEqualsFixtureAndGraphReplayEqualsEager) {
   options.device = at::Device(at::kCUDA, 0);
   const auto model = models::load_model(dir, options);
   const auto pixels = test::normalized_pixels(dir).cuda();
-  const auto mask = test::expected_tensor(dir, "pixel_mask").cuda();
+  const auto mask = test::expected_mask(dir).cuda();
   const auto out = model->forward(pixels, mask);
   const double dl = test::max_abs_diff(out.logits, test::expected_tensor(dir, "logits"));
   const double db = test::max_abs_diff(out.pred_boxes, test::expected_tensor(dir, "pred_boxes"));
@@ -200,8 +200,8 @@ TEST(DetrPanopticCuda, PaddedBatchEqualsFixture) {
   options.device = at::Device(at::kCUDA, 0);
   const auto model = models::load_model(dir, options);
   ASSERT_EQ(model->task(), models::Task::panoptic_segmentation);
-  const auto out = model->forward(test::normalized_pixels(dir).cuda(),
-                                  test::expected_tensor(dir, "pixel_mask").cuda());
+  const auto out =
+      model->forward(test::normalized_pixels(dir).cuda(), test::expected_mask(dir).cuda());
   const double dl = test::max_abs_diff(out.logits, test::expected_tensor(dir, "logits"));
   const double db = test::max_abs_diff(out.pred_boxes, test::expected_tensor(dir, "pred_boxes"));
   const double dm = test::max_abs_diff(out.pred_masks, test::expected_tensor(dir, "pred_masks"));

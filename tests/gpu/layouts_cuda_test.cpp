@@ -49,7 +49,8 @@ TEST_P(LayoutsCuda, OnStaysWithinToleranceOfTransformers) {
                  ? test::normalized_pixels(dir)
                  : file->view("pixel_u8").to(at::kFloat) *
                        static_cast<float>(pre.at("rescale_factor").get<double>());
-    mask = file->contains("pixel_mask") ? file->view("pixel_mask").clone() : at::Tensor();
+    mask = file->contains("pixel_mask") ? file->view("pixel_mask").clone().to(at::kLong)
+                                        : at::Tensor();
   }
   pixels = pixels.to(at::kCUDA);
   if (mask.defined()) mask = mask.to(at::kCUDA);

@@ -92,7 +92,7 @@ TEST(DabDetrLoading, TheDecoderCopyOfTheTiedBoxHeadLoadsTheSame) {
   c10::InferenceMode inference_mode;
   const auto src = test::model_fixture(kDab.name);
   const auto pixels = test::normalized_pixels(src);
-  const auto mask = test::lineage_mask(src);
+  const auto mask = test::expected_mask(src);
   const auto ref = models::load_model(src)->forward(pixels, mask);
   const std::string prefix = "bbox_predictor.";
   for (bool keep_original : {false, true}) {

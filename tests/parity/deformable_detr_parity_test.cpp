@@ -39,7 +39,7 @@ TEST_P(DeformableDetrParity, LogitsAndBoxesMatchTransformers) {
   EXPECT_EQ(model->task(), models::Task::object_detection);
   EXPECT_EQ(model->id2label().size(), 10u);
   const auto pixels = test::normalized_pixels(dir);
-  const auto mask = test::expected_tensor(dir, "pixel_mask");
+  const auto mask = test::expected_mask(dir);
   const auto logits_ref = test::expected_tensor(dir, "logits");
   const auto boxes_ref = test::expected_tensor(dir, "pred_boxes");
   for (bool fused : {false, true}) {
@@ -120,11 +120,8 @@ TEST(DeformableDetr, HalfPrecisionLoadsAndStaysClose) {
   // Image 1 (the padded one), cropped to 160x240 to keep float16 CPU convolutions fast.
   const auto pixels =
       test::normalized_pixels(dir).slice(0, 1, 2).slice(2, 0, 160).slice(3, 0, 240).contiguous();
-  const auto mask = test::expected_tensor(dir, "pixel_mask")
-                        .slice(0, 1, 2)
-                        .slice(1, 0, 160)
-                        .slice(2, 0, 240)
-                        .contiguous();
+  const auto mask =
+      test::expected_mask(dir).slice(0, 1, 2).slice(1, 0, 160).slice(2, 0, 240).contiguous();
   const auto ref = models::load_model(dir)->forward(pixels, mask);
   for (auto dtype : {at::kHalf, at::kBFloat16}) {
     models::LoadOptions options;

@@ -46,11 +46,6 @@ inline std::vector<std::pair<int64_t, int64_t>> lineage_target_sizes(const std::
   return sizes;
 }
 
-/// The stored pixel_mask (uint8) as the processor returns it (int64).
-inline at::Tensor lineage_mask(const std::string& dir) {
-  return expected_tensor(dir, "pixel_mask").to(at::kLong);
-}
-
 /// Both attention paths against transformers' SDPA outputs and, when the fixture stores them,
 /// its eager outputs: logits <= 1e-4, boxes <= 1e-5.
 inline void expect_lineage_logits_and_boxes_match(const DetrLineageFixture& f) {
@@ -62,7 +57,7 @@ inline void expect_lineage_logits_and_boxes_match(const DetrLineageFixture& f) {
   EXPECT_EQ(model->id2label().size(), static_cast<size_t>(f.labels));
   EXPECT_EQ(model->description().head, image::DetectionHead::deformable_detr);
   const auto pixels = normalized_pixels(dir);
-  const auto mask = lineage_mask(dir);
+  const auto mask = expected_mask(dir);
   ASSERT_EQ(pixels.sizes(), (at::IntArrayRef{2, 3, 96, 144}));
   ASSERT_EQ(mask.select(0, 0).sum().item<int64_t>(), 96 * 96);  // image 0 is padded
   const auto file = models::core::SafetensorsFile::open(dir + "/expected.safetensors");
@@ -88,7 +83,7 @@ inline void expect_lineage_detections_match(const DetrLineageFixture& f) {
   c10::InferenceMode inference_mode;
   const auto dir = model_fixture(f.name);
   auto model = models::load_model(dir);
-  const auto out = model->forward(normalized_pixels(dir), lineage_mask(dir));
+  const auto out = model->forward(normalized_pixels(dir), expected_mask(dir));
   const auto sizes = lineage_target_sizes(dir);
   const auto meta = read_json(dir + "/meta.json");
   const double calibrated = meta.at("threshold").get<double>();
@@ -139,7 +134,7 @@ inline void expect_lineage_processor_matches(const DetrLineageFixture& f) {
   EXPECT_GE(equal, 0.99);
   EXPECT_LE(d.max().item<int>(), 1);
   ASSERT_TRUE(out.pixel_mask.defined());
-  EXPECT_TRUE(at::equal(out.pixel_mask, lineage_mask(dir)));
+  EXPECT_TRUE(at::equal(out.pixel_mask, expected_mask(dir)));
 }
 
 /// float16 / bfloat16 on CPU: float32 outputs close to the float32 model's: logits within
@@ -150,7 +145,7 @@ inline void expect_lineage_half_precision_close(const DetrLineageFixture& f, dou
   c10::InferenceMode inference_mode;
   const auto dir = model_fixture(f.name);
   const auto pixels = normalized_pixels(dir);
-  const auto mask = lineage_mask(dir);
+  const auto mask = expected_mask(dir);
   const auto ref = models::load_model(dir)->forward(pixels, mask);
   const double logits_tol = logits_rel_tol * ref.logits.abs().max().item<double>();
   for (auto dtype : {at::kHalf, at::kBFloat16}) {

@@ -25,7 +25,7 @@ const char* const kFixture = "detr_panoptic_tiny";
 const std::vector<std::pair<int64_t, int64_t>> kTargets{{48, 48}, {40, 60}};
 
 at::Tensor batch_mask(const std::string& dir) {
-  return test::expected_tensor(dir, "pixel_mask").to(at::kLong);  // stored as uint8
+  return test::expected_mask(dir);  // stored as uint8
 }
 
 image::PanopticOptions options_of(const std::string& setting) {

@@ -47,7 +47,7 @@ TEST_P(DetrParity, LogitsAndBoxesMatchTransformers) {
   EXPECT_EQ(model->id2label().size(), 5u);
   EXPECT_EQ(model->description().head, image::DetectionHead::detr);
   const auto pixels = test::normalized_pixels(dir);
-  const auto mask = test::expected_tensor(dir, "pixel_mask");
+  const auto mask = test::expected_mask(dir);
   ASSERT_EQ(pixels.sizes(), (at::IntArrayRef{2, 3, 160, 240}));
   ASSERT_EQ(mask.select(0, 0).sum().item<int64_t>(), 160 * 160);  // image 0 is padded
   for (bool fused : {false, true}) {
@@ -70,8 +70,7 @@ TEST_P(DetrParity, PostProcessingMatchesTransformers) {
   c10::InferenceMode inference_mode;
   const auto dir = test::model_fixture(GetParam());
   auto model = models::load_model(dir);
-  const auto out =
-      model->forward(test::normalized_pixels(dir), test::expected_tensor(dir, "pixel_mask"));
+  const auto out = model->forward(test::normalized_pixels(dir), test::expected_mask(dir));
   const auto sizes = target_sizes(dir);
   int64_t kept_at_03 = 0;
   for (const char* th : {"0.0", "0.3"}) {
@@ -162,7 +161,7 @@ TEST(DetrParity, ProcessorMatchesPixelU8AndMask) {
   EXPECT_GE(equal, 0.99);
   EXPECT_LE(d.max().item<int>(), 1);
   ASSERT_TRUE(out.pixel_mask.defined());
-  EXPECT_TRUE(at::equal(out.pixel_mask, test::expected_tensor(dir, "pixel_mask")));
+  EXPECT_TRUE(at::equal(out.pixel_mask, test::expected_mask(dir)));
 }
 
 TEST(Detr, MaskDefaultsToAllValidAndAttentionModulesToggle) {
@@ -191,7 +190,7 @@ TEST(Detr, HalfPrecisionLoadsAndStaysClose) {
   c10::InferenceMode inference_mode;
   const auto dir = test::model_fixture("detr_tiny_timm");
   const auto pixels = test::normalized_pixels(dir);
-  const auto mask = test::expected_tensor(dir, "pixel_mask");
+  const auto mask = test::expected_mask(dir);
   const auto ref = models::load_model(dir)->forward(pixels, mask);
   for (auto dtype : {at::kHalf, at::kBFloat16}) {
     models::LoadOptions options;

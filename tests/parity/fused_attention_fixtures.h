@@ -33,6 +33,12 @@ inline at::Tensor expected_tensor(const std::string& dir, const std::string& key
   return file->view(key).clone();
 }
 
+/// A stored mask of <dir>/expected.safetensors (`pixel_mask` unless named; stored uint8, as
+/// the fixtures keep masks to stay small) as the processors return it: int64.
+inline at::Tensor expected_mask(const std::string& dir, const std::string& key = "pixel_mask") {
+  return expected_tensor(dir, key).to(at::kLong);
+}
+
 inline nlohmann::json read_json(const std::string& path) {
   std::ifstream in(path);
   std::stringstream ss;

@@ -39,7 +39,7 @@ std::pair<at::Tensor, at::Tensor> fixture_input(const std::string& dir) {
   const auto pre = test::read_json(dir + "/preprocessor_config.json");
   at::Tensor mask;
   const auto file = models::core::SafetensorsFile::open(dir + "/expected.safetensors");
-  if (file->contains("pixel_mask")) mask = file->view("pixel_mask").clone();
+  if (file->contains("pixel_mask")) mask = file->view("pixel_mask").clone().to(at::kLong);
   if (file->contains("pixel_values")) return {file->view("pixel_values").clone(), mask};
   if (pre.value("do_normalize", false)) return {test::normalized_pixels(dir), mask};
   const float rescale = pre.value("rescale_factor", 1.0f / 255.0f);

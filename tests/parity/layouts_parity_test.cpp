@@ -82,7 +82,8 @@ std::pair<at::Tensor, at::Tensor> inputs(const std::string& dir) {
     auto out = proc.preprocess(images);
     return {out.pixel_values, out.pixel_mask};
   }
-  at::Tensor mask = file->contains("pixel_mask") ? file->view("pixel_mask").clone() : at::Tensor();
+  at::Tensor mask =
+      file->contains("pixel_mask") ? file->view("pixel_mask").clone().to(at::kLong) : at::Tensor();
   if (pre.value("do_normalize", true)) return {test::normalized_pixels(dir), mask};
   const float rescale = static_cast<float>(pre.at("rescale_factor").get<double>());
   return {file->view("pixel_u8").to(at::kFloat) * rescale, mask};

@@ -41,7 +41,7 @@ TEST(LwDetrParity, LogitsAndBoxesMatchTransformers) {
   EXPECT_EQ(model->id2label().size(), 6u);
   EXPECT_EQ(model->description().head, image::DetectionHead::deformable_detr);
   const auto pixels = test::normalized_pixels(dir);
-  const auto mask = test::expected_tensor(dir, "pixel_mask");
+  const auto mask = test::expected_mask(dir);
   const auto logits_ref = test::expected_tensor(dir, "logits");
   const auto boxes_ref = test::expected_tensor(dir, "pred_boxes");
   for (bool fused : {false, true}) {
@@ -89,7 +89,7 @@ TEST(LwDetrParity, ProcessorMatchesPixelU8) {
   EXPECT_GE(equal, 0.99);
   EXPECT_LE(d.max().item<int>(), 1);
   ASSERT_TRUE(out.pixel_mask.defined());
-  EXPECT_TRUE(at::equal(out.pixel_mask, test::expected_tensor(dir, "pixel_mask")));
+  EXPECT_TRUE(at::equal(out.pixel_mask, test::expected_mask(dir)));
 }
 
 TEST(LwDetr, RejectsBadInput) {

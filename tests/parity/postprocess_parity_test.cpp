@@ -115,7 +115,9 @@ TEST(ImagePreprocessParity, PixelU8MatchesTransformersFixtures) {
     EXPECT_LE(s.max_diff, 1);
     if (expected->contains("pixel_mask")) {
       ASSERT_TRUE(out.pixel_mask.defined());
-      EXPECT_TRUE(at::equal(out.pixel_mask, expected->view("pixel_mask"))) << "pixel_mask differs";
+      EXPECT_TRUE(
+          at::equal(out.pixel_mask.to(at::kLong), expected->view("pixel_mask").to(at::kLong)))
+          << "pixel_mask differs";
     } else {
       EXPECT_FALSE(out.pixel_mask.defined());
     }

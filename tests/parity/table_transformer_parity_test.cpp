@@ -32,7 +32,7 @@ at::Tensor pixels_of(const std::string& dir, const std::string& key, const at::T
 }
 
 at::Tensor batch_mask(const std::string& dir) {
-  return test::expected_tensor(dir, "pixel_mask").to(at::kLong);  // stored as uint8
+  return test::expected_mask(dir);  // stored as uint8
 }
 
 std::vector<std::pair<int64_t, int64_t>> target_sizes(const std::string& dir) {

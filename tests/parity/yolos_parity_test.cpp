@@ -118,7 +118,7 @@ TEST_P(YolosParity, ProcessorMatchesTransformersPixelValues) {
   EXPECT_EQ(d.max().item<int>(), 0);
   EXPECT_LE(dv, 1e-6);
   ASSERT_TRUE(out.pixel_mask.defined());
-  EXPECT_TRUE(at::equal(out.pixel_mask, test::expected_tensor(dir, "pixel_mask").to(at::kLong)));
+  EXPECT_TRUE(at::equal(out.pixel_mask, test::expected_mask(dir)));
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, YolosParity, ::testing::ValuesIn(kFixtures),
