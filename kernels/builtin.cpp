@@ -43,6 +43,7 @@ void register_builtin_slots(Registry& registry) {
   // The reference (libjpeg-turbo / libpng) is registered by libreyolo_models, where that
   // decoder lives (models/image/decode_slot.cpp); the `nvjpeg` provider adds the GPU decoder.
   registry.declare(kImageDecode);
+  registry.declare(kImageDecodeBatch);  // no reference: image_decode one image at a time
   register_fake_quant_fp8_reference(registry);
   register_attention_implementations(registry);
 }

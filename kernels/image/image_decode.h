@@ -9,6 +9,8 @@
 //              default (hybrid) backend; decodes straight into device memory. Declines (to the
 //              reference) what kernels/image/jpeg_header.h's baseline_decline_reason refuses
 //              and what nvJPEG itself rejects.
+// `image_decode_batch` (below) is its batch variant: `nvjpeg` there decodes the JPEGs it takes
+// with one nvjpegDecodeBatched call on the hardware backend.
 // An implementation never throws for bad input: the reference returns the CPU path's error
 // text in DecodedImage::error (the entry point, models/image/decode_slot.h, throws it as
 // image::ImageError, INVALID_ARGUMENT for the server) and the accelerated ones decline, so a
@@ -24,6 +26,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "kernels/slot.h"
 
@@ -56,6 +59,23 @@ inline constexpr SlotDef<DecodedImage(const EncodedImage& image, const ImageDeco
     kImageDecode{"image_decode"};
 using ImageDecodeHandle = Handle<decltype(kImageDecode)::Signature>;
 using ImageDecodeImpl = decltype(kImageDecode)::Fn;
+
+/// The `image_decode_batch` slot: several images of one call decoded together, where a decoder
+/// does better with a batch (nvJPEG's hardware backend: nvjpegDecodeBatched keeps every JPEG
+/// engine busy). No reference: the batch variant of `image_decode`, not a second way to decode
+/// one image. An implementation returns one DecodedImage per input, in order; an image it does
+/// not take (what `image_decode`'s same implementation would decline, or whatever nvJPEG
+/// refuses in the batch) comes back empty (pixels undefined, error "") and the entry point
+/// (models/image/decode_slot.h decode_images) decodes it through `image_decode`, where the
+/// decline is counted with its reason and the reference answers. A whole-call Decline (e.g. host
+/// output, no hardware backend) sends every image that way. `orientations` (one per image, 1-8)
+/// replaces options.orientation; the pixels of each image are as `image_decode` gives them.
+inline constexpr SlotDef<std::vector<DecodedImage>(const std::vector<EncodedImage>& images,
+                                                   const std::vector<int>& orientations,
+                                                   const ImageDecodeOptions& options)>
+    kImageDecodeBatch{"image_decode_batch"};
+using ImageDecodeBatchHandle = Handle<decltype(kImageDecodeBatch)::Signature>;
+using ImageDecodeBatchImpl = decltype(kImageDecodeBatch)::Fn;
 
 /// The `nvjpeg` provider (kernels/image/cuda/nvjpeg_decode.cpp), or null in a build without
 /// CUDA. Unavailable (not loaded; the reason in /active `providers`) when no CUDA device is

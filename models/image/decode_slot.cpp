@@ -52,4 +52,31 @@ at::Tensor decode_image(const kernels::ImageDecodeHandle& handle, const uint8_t*
   return decode_image(data, size, options);
 }
 
+std::vector<kernels::DecodedImage> decode_images(const kernels::ImageDecodeBatchHandle& batch,
+                                                 const kernels::ImageDecodeHandle& single,
+                                                 const std::vector<kernels::EncodedImage>& images,
+                                                 const DecodeOptions& options, int device_index) {
+  std::vector<kernels::DecodedImage> out;
+  if (!batch.empty() && !images.empty()) {
+    kernels::ImageDecodeOptions o;
+    o.max_pixels = options.max_pixels;
+    o.strict_jpeg = options.strict_jpeg;
+    o.device_index = device_index;
+    std::vector<int> orientations;
+    for (const auto& im : images)
+      orientations.push_back(options.apply_orientation ? image_orientation(im.data, im.size) : 1);
+    if (auto decoded = batch(images, orientations, o)) out = std::move(*decoded);
+  }
+  out.resize(images.size());
+  for (std::size_t i = 0; i < images.size(); ++i) {
+    if (out[i].pixels.defined() || !out[i].error.empty()) continue;
+    try {
+      out[i].pixels = decode_image(single, images[i].data, images[i].size, options, device_index);
+    } catch (const ImageError& e) {
+      out[i].error = e.what();
+    }
+  }
+  return out;
+}
+
 }  // namespace libreyolo::image

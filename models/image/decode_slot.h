@@ -8,6 +8,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "kernels/image/image_decode.h"
 #include "kernels/registry.h"
@@ -32,5 +33,17 @@ void register_image_decode_reference(kernels::Registry& registry);
 /// unknown, corrupt, truncated or too large input.
 at::Tensor decode_image(const kernels::ImageDecodeHandle& handle, const uint8_t* data,
                         std::size_t size, const DecodeOptions& options, int device_index);
+
+/// Decodes several encoded images through `batch` (bound with kernels::kImageDecodeBatch for the
+/// same device as `single`), then each image the batch left (declined) through decode_image
+/// above with `single`. An empty `batch` decodes every image through `single`.
+/// Returns one DecodedImage per input, in order: its pixels as decode_image returns them, or
+/// the ImageError text decode_image would throw for it in `error` (the other images still
+/// decode: the caller names the bad one). Exceptions other than ImageError (the device's out of
+/// memory: kernels::OutOfMemory) propagate.
+std::vector<kernels::DecodedImage> decode_images(const kernels::ImageDecodeBatchHandle& batch,
+                                                 const kernels::ImageDecodeHandle& single,
+                                                 const std::vector<kernels::EncodedImage>& images,
+                                                 const DecodeOptions& options, int device_index);
 
 }  // namespace libreyolo::image

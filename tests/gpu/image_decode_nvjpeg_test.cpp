@@ -24,8 +24,6 @@
 // values off by more than 16 levels, <= 2 %.
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
-#include <c10/cuda/CUDACachingAllocator.h>
-#include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -42,56 +40,16 @@
 #include "models/image/decode.h"
 #include "models/image/decode_slot.h"
 #include "models/image/processor.h"
+#include "tests/gpu/nvjpeg_test_util.h"
 
 namespace libreyolo::kernels {
 namespace {
 
+using nvjpeg_test::NvjpegSetup;
+
 std::vector<uint8_t> read(const std::string& relative) {
-  return libreyolo::image::read_file_bytes(std::string(LIBREYOLO_TEST_FIXTURES) + "/images/" +
-                                           relative);
+  return nvjpeg_test::read_image_fixture(relative);
 }
-
-/// A registry with the slot's reference and the nvjpeg provider, resolved; the handle bound for
-/// cuda:0. Empty `why` when nvjpeg is a candidate.
-struct NvjpegSetup {
-  Registry reg;
-  ImageDecodeHandle handle;
-  std::string why;
-  NvjpegSetup() {
-    if (!at::cuda::is_available()) {
-      why = "no CUDA device";
-      return;
-    }
-    auto provider = make_nvjpeg_provider();
-    if (!provider) {
-      why = "built without CUDA";
-      return;
-    }
-    register_builtin_slots(reg);
-    libreyolo::image::register_image_decode_reference(reg);
-    reg.add_provider(provider);
-    reg.resolve();
-    for (const auto& p : reg.providers())
-      if (p.name == "nvjpeg" && p.state != "loaded") why = "nvjpeg " + p.state + ": " + p.detail;
-    if (!why.empty()) return;
-    BindContext ctx;
-    ctx.device = BindContext::Device::cuda;
-    ctx.device_index = 0;
-    ctx.model = "m";
-    handle = reg.bind(kImageDecode, ctx);
-  }
-  /// The binding's nvjpeg candidate: its calls and declines per reason (empty when unbound).
-  std::optional<CandidateReport> nvjpeg() const {
-    for (const auto& b : reg.bindings())
-      if (b.model == "m" && b.slot == "image_decode")
-        for (const auto& c : b.candidates)
-          if (c.name == "nvjpeg") return c;
-    return std::nullopt;
-  }
-};
-
-#define REQUIRE_NVJPEG(s) \
-  if (!(s).why.empty()) GTEST_SKIP() << (s).why
 
 at::Tensor decode(const ImageDecodeHandle& h, const std::vector<uint8_t>& bytes) {
   return libreyolo::image::decode_image(h, bytes.data(), bytes.size(), {}, /*device_index=*/0);
@@ -280,25 +238,7 @@ TEST(NvjpegDecode, NoDeviceMemoryGrowthOverRepeatedDecodes) {
     }
     at::cuda::getCurrentCUDAStream().synchronize();
   };
-  round();  // nvJPEG's buffers grow to the largest image once
-  round();
-  // allocated_bytes[0]: the AGGREGATE statistic (every pool).
-  const auto torch_before =
-      c10::cuda::CUDACachingAllocator::getDeviceStats(0).allocated_bytes[0].current;
-  size_t free_before = 0, total = 0;
-  ASSERT_EQ(cudaMemGetInfo(&free_before, &total), cudaSuccess);
-  for (int i = 0; i < 30; ++i) round();
-  const auto torch_after =
-      c10::cuda::CUDACachingAllocator::getDeviceStats(0).allocated_bytes[0].current;
-  size_t free_after = 0;
-  ASSERT_EQ(cudaMemGetInfo(&free_after, &total), cudaSuccess);
-  std::printf("nvjpeg: torch allocated %lld -> %lld bytes, device free %zu -> %zu bytes\n",
-              static_cast<long long>(torch_before), static_cast<long long>(torch_after),
-              free_before, free_after);
-  EXPECT_EQ(torch_after, torch_before);  // every output tensor released
-  // nvJPEG's own buffers (cudaMalloc) were grown in the first rounds; 30 more allocate nothing
-  // lasting (a 2 MiB slack for the driver's own bookkeeping).
-  EXPECT_LE(free_before, free_after + (size_t{2} << 20));
+  nvjpeg_test::expect_no_device_memory_growth(round, 30, "nvjpeg");
 }
 
 TEST(NvjpegDecode, ConcurrentCallersGetTheSamePixels) {

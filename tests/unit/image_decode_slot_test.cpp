@@ -12,6 +12,8 @@
 
 #include <map>
 #include <string>
+#include <utility>
+#include <variant>
 #include <vector>
 
 #include "kernels/image/image_decode.h"
@@ -221,6 +223,92 @@ TEST(ImageDecodeSlot, DeclinesFallBackToTheReferenceCountedPerReason) {
       if (c.name == "nvjpeg") EXPECT_EQ(c.declined, expected);
   }
   EXPECT_FALSE(nv->disabled);
+}
+
+/// A stand-in for `nvjpeg`'s batch variant: header_checked on each image, what it would decline
+/// left empty (for image_decode), counted per call.
+int batch_calls = 0;
+Outcome<std::vector<DecodedImage>> header_checked_batch(const std::vector<EncodedImage>& in,
+                                                        const std::vector<int>& orientations,
+                                                        const ImageDecodeOptions& o) {
+  ++batch_calls;
+  std::vector<DecodedImage> out(in.size());
+  for (std::size_t i = 0; i < in.size(); ++i) {
+    ImageDecodeOptions one = o;
+    one.orientation = orientations.at(i);
+    if (auto r = header_checked(in[i], one); std::holds_alternative<DecodedImage>(r))
+      out[i] = std::get<DecodedImage>(std::move(r));
+  }
+  return out;
+}
+
+Outcome<std::vector<DecodedImage>> declines_every_batch(const std::vector<EncodedImage>&,
+                                                        const std::vector<int>&,
+                                                        const ImageDecodeOptions&) {
+  return Decline{"test: batch declined"};
+}
+
+TEST(ImageDecodeSlot, BatchEntryPointSendsWhatTheBatchLeavesThroughImageDecode) {
+  // What the server's request of several images runs (server/core/infer_pipeline.cpp): one
+  // image_decode_batch call, then image_decode for each image it left; each image answers as
+  // decode_image answers it alone (pixels, or the CPU path's exact text in `error`).
+  const std::vector<std::string> names = {
+      "jpeg_set/q90_420_161x97.jpg", "jpeg_set/progressive_q90_420_161x97.jpg",
+      "exif/orientation_6.png",      "jpeg_set/truncated_q90_420_161x97.jpg",
+      "exif/orientation_6.jpg",
+  };
+  std::vector<std::vector<uint8_t>> files;
+  std::vector<EncodedImage> encoded;
+  for (const auto& n : names) files.push_back(read(n));
+  for (const auto& f : files) encoded.push_back({f.data(), f.size()});
+  for (const char* variant : {"takes", "declines", "unbound"}) {
+    SCOPED_TRACE(variant);
+    Registry reg;
+    register_builtin_slots(reg);
+    libreyolo::image::register_image_decode_reference(reg);
+    reg.register_impl(kImageDecode, "nvjpeg", ImageDecodeImpl(&header_checked));
+    if (std::string(variant) == "takes")
+      reg.register_impl(kImageDecodeBatch, "nvjpeg", ImageDecodeBatchImpl(&header_checked_batch));
+    if (std::string(variant) == "declines")
+      reg.register_impl(kImageDecodeBatch, "nvjpeg", ImageDecodeBatchImpl(&declines_every_batch));
+    BindContext ctx;
+    ctx.model = "m";
+    const auto single = reg.bind(kImageDecode, ctx);
+    const auto batch = reg.bind(kImageDecodeBatch, ctx);
+    EXPECT_EQ(batch.empty(), std::string(variant) == "unbound");
+    batch_calls = 0;
+    const auto out = libreyolo::image::decode_images(batch, single, encoded, {}, -1);
+    ASSERT_EQ(out.size(), files.size());
+    for (std::size_t i = 0; i < files.size(); ++i) {
+      SCOPED_TRACE(names[i]);
+      EXPECT_EQ(out[i].error, cpu_error_of(files[i]));
+      if (out[i].error.empty())
+        EXPECT_TRUE(at::equal(out[i].pixels,
+                              libreyolo::image::decode_image(files[i].data(), files[i].size())));
+      else
+        EXPECT_FALSE(out[i].pixels.defined());
+    }
+    EXPECT_EQ(out[3].error, "truncated JPEG: Premature end of JPEG file");
+    // The batch took the two baseline JPEGs (EXIF orientation 6 applied); image_decode counted
+    // the three others' declines, once each. A declined or unbound batch: image_decode took all.
+    const bool takes = std::string(variant) == "takes";
+    EXPECT_EQ(batch_calls, takes ? 1 : 0);
+    const auto bindings = reg.bindings();
+    const auto* nv = candidate(bindings, "m", "nvjpeg");
+    ASSERT_NE(nv, nullptr);
+    EXPECT_EQ(nv->calls, takes ? 0u : 2u);
+    const std::map<std::string, std::uint64_t> expected = {{image::kDeclineProgressive, 1},
+                                                           {image::kDeclineNotJpeg, 1},
+                                                           {image::kDeclineTruncated, 1}};
+    EXPECT_EQ(nv->declined, expected);
+    for (const auto& b : bindings) {
+      if (b.slot != kImageDecodeBatch.name || b.candidates.empty()) continue;
+      EXPECT_EQ(b.candidates[0].calls, takes ? 1u : 0u);
+      if (!takes)
+        EXPECT_EQ(b.candidates[0].declined,
+                  (std::map<std::string, std::uint64_t>{{"test: batch declined", 1}}));
+    }
+  }
 }
 
 }  // namespace

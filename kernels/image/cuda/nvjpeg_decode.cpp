@@ -11,6 +11,9 @@
 // nvjpegDecode (hybrid: Huffman on the CPU, IDCT and colour conversion on the GPU). One library
 // handle per device, created at the first decode on it; decoding states in a pool per device
 // (one per concurrent caller, reused: their buffers grow to the largest image and stay).
+// `image_decode_batch` decodes a call's images with one nvjpegDecodeBatched (hardware backend
+// only: its engines decode the batch's images in parallel); a state is initialised for one batch
+// size at a time, so the pool hands out a state of the asked size first.
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAException.h>
@@ -23,7 +26,9 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kernels/image/image_decode.h"
@@ -135,11 +140,16 @@ inline constexpr const char* kDeclineRejected = "nvjpeg: rejected by nvJPEG (bad
 inline constexpr const char* kDeclineHardware = "nvjpeg: not supported by the hardware decoder";
 inline constexpr const char* kDeclineHost = "nvjpeg: host output requested";
 
+inline constexpr const char* kDeclineBatchHybrid =
+    "nvjpeg: batched decode without the hardware backend";
+
 /// One decoding state (with its parsed-stream object for the hardware support check).
 struct DecodeState {
   State_t state = nullptr;
   Stream_t stream = nullptr;
-  bool batched_ready = false;  ///< nvjpegDecodeBatchedInitialize done (and no failure since)
+  /// The batch size of the last nvjpegDecodeBatchedInitialize (nvjpegDecodeBatched decodes
+  /// exactly that many images: it takes no count); 0: not initialised, or a failure since.
+  int batch_size = 0;
 };
 
 /// One device's library handle and its pool of states. Never destroyed (the process's lifetime:
@@ -151,12 +161,17 @@ struct DeviceDecoder {
   std::mutex mu;
   std::vector<DecodeState*> free_states;
 
-  DecodeState* acquire() {
+  /// A free state, preferably one initialised for `batch` images (a state re-initialised for
+  /// every other size would reallocate its buffers), else a new one.
+  DecodeState* acquire(int batch) {
     {
       std::lock_guard<std::mutex> lock(mu);
       if (!free_states.empty()) {
-        DecodeState* s = free_states.back();
-        free_states.pop_back();
+        auto it = free_states.end() - 1;
+        for (auto j = free_states.begin(); j != free_states.end(); ++j)
+          if ((*j)->batch_size == batch) it = j;
+        DecodeState* s = *it;
+        free_states.erase(it);
         return s;
       }
     }
@@ -169,6 +184,23 @@ struct DeviceDecoder {
     std::lock_guard<std::mutex> lock(mu);
     free_states.push_back(s);
   }
+  /// nvjpegDecodeBatchedInitialize for `batch` images, unless `s` is already.
+  void initialise_batch(DecodeState* s, int batch) const {
+    if (s->batch_size == batch) return;
+    s->batch_size = 0;
+    check(api().DecodeBatchedInitialize(handle, s->state, batch, 1, kOutputRgb),
+          "nvjpegDecodeBatchedInitialize");
+    s->batch_size = batch;
+  }
+  /// Borrows a state for one call, returned to the pool when it goes out of scope.
+  struct Lease {
+    DeviceDecoder& d;
+    DecodeState* s;
+    Lease(DeviceDecoder& dec, int batch) : d(dec), s(dec.acquire(batch)) {}
+    ~Lease() { d.release(s); }
+    Lease(const Lease&) = delete;
+    Lease& operator=(const Lease&) = delete;
+  };
   static void check(nvjpegStatus_t status, const char* what) {
     if (status == kSuccess) return;
     if (status == kAllocatorFailure)  // kernels/out_of_memory.h: "out of memory" in the message
@@ -234,57 +266,71 @@ at::Tensor orient(const at::Tensor& image, int o) {
   }
 }
 
+/// What `dec` cannot decode of `header`'s image (kernels/image/jpeg_header.h), or nullptr.
+const char* decline_reason(const DeviceDecoder& dec, const image::JpegHeader& header,
+                           const ImageDecodeOptions& options) {
+  image::BaselineSupport support;
+  support.s411_s410 = !dec.hardware;  // the hardware backend does not take 4:1:1 / 4:1:0
+  support.max_pixels = options.max_pixels;
+  return image::baseline_decline_reason(header, support);
+}
+
+bool rejected_by_nvjpeg(nvjpegStatus_t status) {
+  return status == kBadJpeg || status == kJpegNotSupported || status == kIncompleteBitstream ||
+         status == kImplementationNotSupported;
+}
+
+/// On the hardware backend: nullptr when nvJPEG parses `in` and its batched decoder takes it,
+/// else the reason (parsed into `st`'s stream object).
+const char* hardware_decline_reason(const DeviceDecoder& dec, DecodeState* st,
+                                    const EncodedImage& in) {
+  const auto& a = api();
+  const nvjpegStatus_t status = a.JpegStreamParse(dec.handle, in.data, in.size, 0, 0, st->stream);
+  if (rejected_by_nvjpeg(status)) return kDeclineRejected;
+  DeviceDecoder::check(status, "nvjpegJpegStreamParse");
+  int unsupported = 1;  // nvJPEG: 0 means supported
+  DeviceDecoder::check(a.DecodeBatchedSupported(dec.handle, st->stream, &unsupported),
+                       "nvjpegDecodeBatchedSupported");
+  return unsupported != 0 ? kDeclineHardware : nullptr;
+}
+
+/// A (3, h, w) planar RGB destination for nvJPEG at `p`.
+nvjpegImage_t planar_rgb(uint8_t* p, int64_t h, int64_t w) {
+  nvjpegImage_t dst{};
+  for (int c = 0; c < 3; ++c) {
+    dst.channel[c] = p + c * h * w;
+    dst.pitch[c] = static_cast<size_t>(w);
+  }
+  return dst;
+}
+
 Outcome<DecodedImage> nvjpeg_decode(const EncodedImage& in, const ImageDecodeOptions& options) {
   const image::JpegHeader header = image::parse_jpeg_header(in.data, in.size);
   if (options.device_index < 0) return Decline{kDeclineHost};
   DeviceDecoder& dec = decoder_for(options.device_index);
-  image::BaselineSupport support;
-  support.s411_s410 = !dec.hardware;  // the hardware backend does not take 4:1:1 / 4:1:0
-  support.max_pixels = options.max_pixels;
-  if (const char* why = image::baseline_decline_reason(header, support)) return Decline{why};
+  if (const char* why = decline_reason(dec, header, options)) return Decline{why};
 
   c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(options.device_index));
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream(options.device_index).stream();
   const int64_t h = header.height, w = header.width;
   at::Tensor out = at::empty(
       {3, h, w}, at::TensorOptions().dtype(at::kByte).device(at::kCUDA, options.device_index));
-  nvjpegImage_t dst{};
-  for (int c = 0; c < 3; ++c) {
-    dst.channel[c] = out.data_ptr<uint8_t>() + c * h * w;
-    dst.pitch[c] = static_cast<size_t>(w);
-  }
+  nvjpegImage_t dst = planar_rgb(out.data_ptr<uint8_t>(), h, w);
   const auto& a = api();
-  DecodeState* st = dec.acquire();
-  struct Release {
-    DeviceDecoder& d;
-    DecodeState* s;
-    ~Release() { d.release(s); }
-  } release{dec, st};
+  const DeviceDecoder::Lease lease(dec, 1);
+  DecodeState* st = lease.s;
   nvjpegStatus_t status = kSuccess;
   if (dec.hardware) {
-    status = a.JpegStreamParse(dec.handle, in.data, in.size, 0, 0, st->stream);
-    if (status == kBadJpeg || status == kJpegNotSupported || status == kIncompleteBitstream)
-      return Decline{kDeclineRejected};
-    DeviceDecoder::check(status, "nvjpegJpegStreamParse");
-    int unsupported = 1;  // nvJPEG: 0 means supported
-    DeviceDecoder::check(a.DecodeBatchedSupported(dec.handle, st->stream, &unsupported),
-                         "nvjpegDecodeBatchedSupported");
-    if (unsupported != 0) return Decline{kDeclineHardware};
-    if (!st->batched_ready) {
-      DeviceDecoder::check(a.DecodeBatchedInitialize(dec.handle, st->state, 1, 1, kOutputRgb),
-                           "nvjpegDecodeBatchedInitialize");
-      st->batched_ready = true;
-    }
+    if (const char* why = hardware_decline_reason(dec, st, in)) return Decline{why};
+    dec.initialise_batch(st, 1);
     const unsigned char* data = in.data;
     const size_t length = in.size;
     status = a.DecodeBatched(dec.handle, st->state, &data, &length, &dst, stream);
-    if (status != kSuccess) st->batched_ready = false;  // nvJPEG: re-initialise after a failure
+    if (status != kSuccess) st->batch_size = 0;  // nvJPEG: re-initialise after a failure
   } else {
     status = a.Decode(dec.handle, st->state, in.data, in.size, kOutputRgb, &dst, stream);
   }
-  if (status == kBadJpeg || status == kJpegNotSupported || status == kIncompleteBitstream ||
-      status == kImplementationNotSupported)
-    return Decline{kDeclineRejected};
+  if (rejected_by_nvjpeg(status)) return Decline{kDeclineRejected};
   DeviceDecoder::check(status, dec.hardware ? "nvjpegDecodeBatched" : "nvjpegDecode");
   // The caller's bytes and the state's buffers are reused once this returns: wait for the
   // decode (and surface an asynchronous error here, where it disables this implementation).
@@ -292,6 +338,68 @@ Outcome<DecodedImage> nvjpeg_decode(const EncodedImage& in, const ImageDecodeOpt
   DecodedImage result;
   result.pixels = orient(out, options.orientation).contiguous();
   return result;
+}
+
+/// `image_decode_batch`: the images nvjpeg_decode would take, checked as it checks them, then
+/// one nvjpegDecodeBatched call on the hardware backend into one device buffer (each image a
+/// (3, H, W) view of it, or its oriented copy). The others come back empty (decode_images sends
+/// them through `image_decode`, where their decline is counted); so does the whole batch when
+/// nvJPEG refuses it as a whole (a stream that passed the checks but fails to decode).
+Outcome<std::vector<DecodedImage>> nvjpeg_decode_batch(const std::vector<EncodedImage>& in,
+                                                       const std::vector<int>& orientations,
+                                                       const ImageDecodeOptions& options) {
+  if (orientations.size() != in.size())
+    throw std::invalid_argument("nvjpeg: " + std::to_string(orientations.size()) +
+                                " orientations for " + std::to_string(in.size()) + " images");
+  if (options.device_index < 0) return Decline{kDeclineHost};
+  DeviceDecoder& dec = decoder_for(options.device_index);
+  if (!dec.hardware) return Decline{kDeclineBatchHybrid};
+  std::vector<DecodedImage> out(in.size());
+  if (in.empty()) return out;
+
+  c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(options.device_index));
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream(options.device_index).stream();
+  const DeviceDecoder::Lease lease(dec, static_cast<int>(in.size()));
+  DecodeState* st = lease.s;
+  std::vector<std::size_t> taken;  // indices into `in`
+  std::vector<int64_t> offsets;    // of each taken image in the buffer, bytes
+  int64_t total = 0;
+  std::vector<std::pair<int64_t, int64_t>> sizes;  // (h, w) of each taken image
+  for (std::size_t i = 0; i < in.size(); ++i) {
+    const image::JpegHeader header = image::parse_jpeg_header(in[i].data, in[i].size);
+    if (decline_reason(dec, header, options) || hardware_decline_reason(dec, st, in[i])) continue;
+    taken.push_back(i);
+    offsets.push_back(total);
+    sizes.emplace_back(header.height, header.width);
+    total += int64_t{3} * header.height * header.width;
+  }
+  if (taken.empty()) return out;
+
+  const at::Tensor buffer = at::empty(
+      {total}, at::TensorOptions().dtype(at::kByte).device(at::kCUDA, options.device_index));
+  std::vector<const unsigned char*> data;
+  std::vector<size_t> lengths;
+  std::vector<nvjpegImage_t> dst;
+  for (std::size_t k = 0; k < taken.size(); ++k) {
+    data.push_back(in[taken[k]].data);
+    lengths.push_back(in[taken[k]].size);
+    dst.push_back(
+        planar_rgb(buffer.data_ptr<uint8_t>() + offsets[k], sizes[k].first, sizes[k].second));
+  }
+  dec.initialise_batch(st, static_cast<int>(taken.size()));
+  const nvjpegStatus_t status =
+      api().DecodeBatched(dec.handle, st->state, data.data(), lengths.data(), dst.data(), stream);
+  if (status != kSuccess) st->batch_size = 0;  // nvJPEG: re-initialise after a failure
+  if (rejected_by_nvjpeg(status)) return out;  // one by one through image_decode
+  DeviceDecoder::check(status, "nvjpegDecodeBatched");
+  // As nvjpeg_decode: the caller's bytes and the state's buffers are reused once this returns.
+  C10_CUDA_CHECK(cudaStreamSynchronize(stream));
+  for (std::size_t k = 0; k < taken.size(); ++k) {
+    const auto [h, w] = sizes[k];
+    const at::Tensor image = buffer.narrow(0, offsets[k], 3 * h * w).view({3, h, w});
+    out[taken[k]].pixels = orient(image, orientations[taken[k]]).contiguous();
+  }
+  return out;
 }
 
 class NvjpegProvider : public Provider {
@@ -305,6 +413,9 @@ class NvjpegProvider : public Provider {
   void load(Registry& registry) override {
     registry.register_impl(
         kImageDecode, "nvjpeg", ImageDecodeImpl(&nvjpeg_decode),
+        [] { return at::cuda::is_available() && api().error.empty(); }, cuda_models_only);
+    registry.register_impl(
+        kImageDecodeBatch, "nvjpeg", ImageDecodeBatchImpl(&nvjpeg_decode_batch),
         [] { return at::cuda::is_available() && api().error.empty(); }, cuda_models_only);
   }
 };
