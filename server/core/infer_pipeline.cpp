@@ -35,15 +35,32 @@ void preprocess(ThreadPool& pool, const LoadedModel& m, int64_t max_pixels, Task
   std::vector<std::future<image::ProcessorOutput>> futures;
   const auto token = call.cancel;
   const auto deadline = call.deadline;
+  auto check_call = [token, deadline] {
+    if (token && token->cancelled())
+      throw Error(token->reason() == Code::ok ? Code::cancelled : token->reason(),
+                  "the call ended before its images were decoded");
+    if (deadline && Clock::now() >= *deadline)
+      throw Error(Code::deadline_exceeded, "deadline exceeded before the images were decoded");
+  };
+  image::DecodeOptions options;
+  options.max_pixels = max_pixels;
+  // server.gpu_image_decode with several images: the `image_decode_batch` slot decodes them in
+  // one call here (nvJPEG's engines in parallel), on a stream of PyTorch's pool; it waits for
+  // its decode, so the tasks below read finished pixels on their own streams. What it declines
+  // reaches image_decode inside decode_images, as a single image does in its task.
+  std::vector<kernels::DecodedImage> decoded;
+  if (req.images.size() > 1 && !m.image_decode_batch.empty()) {
+    check_call();
+    std::vector<kernels::EncodedImage> encoded;
+    for (const auto& im : req.images)
+      encoded.push_back({reinterpret_cast<const std::uint8_t*>(im.data()), im.size()});
+    const models::StreamGuard stream(m.device);
+    decoded = image::decode_images(m.image_decode_batch, m.image_decode, encoded, options,
+                                   m.device.index());
+  }
   for (std::size_t i = 0; i < req.images.size(); ++i) {
-    futures.push_back(pool.submit([&req, &m, max_pixels, i, token, deadline] {
-      if (token && token->cancelled())
-        throw Error(token->reason() == Code::ok ? Code::cancelled : token->reason(),
-                    "the call ended before its images were decoded");
-      if (deadline && Clock::now() >= *deadline)
-        throw Error(Code::deadline_exceeded, "deadline exceeded before the images were decoded");
-      image::DecodeOptions options;
-      options.max_pixels = max_pixels;
+    futures.push_back(pool.submit([&req, &m, &options, &decoded, i, check_call] {
+      check_call();
       const auto* data = reinterpret_cast<const std::uint8_t*>(req.images[i].data());
       at::Tensor img;
       // server.gpu_image_decode: this task's device work (decode, resize, normalise) on a
@@ -54,10 +71,15 @@ void preprocess(ThreadPool& pool, const LoadedModel& m, int64_t max_pixels, Task
       try {
         // server.gpu_image_decode: the `image_decode` slot (nvJPEG onto the model's device;
         // what it declines comes back from the CPU reference, on the CPU).
-        img = m.image_decode.empty()
-                  ? image::decode_image(data, req.images[i].size(), options)
-                  : image::decode_image(m.image_decode, data, req.images[i].size(), options,
-                                        m.device.index());
+        if (!decoded.empty()) {
+          if (!decoded[i].error.empty()) throw image::ImageError(decoded[i].error);
+          img = decoded[i].pixels;
+        } else {
+          img = m.image_decode.empty()
+                    ? image::decode_image(data, req.images[i].size(), options)
+                    : image::decode_image(m.image_decode, data, req.images[i].size(), options,
+                                          m.device.index());
+        }
       } catch (const kernels::OutOfMemory&) {
         throw;  // the device's, not the client's: RESOURCE_EXHAUSTED (InferPipeline::run)
       } catch (const std::exception& ex) {

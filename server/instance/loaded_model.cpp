@@ -76,6 +76,7 @@ std::shared_ptr<LoadedModel> load_model_version(const InstanceOptions& in,
     context.instance = in.instance;
     const kernels::Filter filter = registry.filter().overridden(options.kernel_slots);
     m->image_decode = registry.bind(kernels::kImageDecode, context, &filter);
+    m->image_decode_batch = registry.bind(kernels::kImageDecodeBatch, context, &filter);
   }
   for (const auto& r : m->model->layouts())
     log::info(c10::str("model '", name, "': layout ", r.layout, " (", r.source, "): ", r.modules,

@@ -35,6 +35,9 @@ struct LoadedModel {
   /// The `image_decode` slot bound for this model's device (server.gpu_image_decode on and the
   /// model on CUDA); empty otherwise: images are decoded on the CPU pool as before.
   kernels::ImageDecodeHandle image_decode;
+  /// Its batch variant, bound with it: a request's images decoded in one call
+  /// (image::decode_images; what it leaves goes through image_decode).
+  kernels::ImageDecodeBatchHandle image_decode_batch;
   /// The task's request/response rules (chosen from model->description().task).
   std::unique_ptr<TaskAdapter> task;
   at::Device device = at::kCPU;

@@ -1,7 +1,8 @@
 // The daemon with server.gpu_image_decode on (the `image_decode` slot's nvjpeg, issue 32): the
-// random-weight RT-DETR on CUDA answers the fixture JPEGs with transformers' detections within
-// the CPU path's tolerance plus the decoders' difference; /active shows the model's binding with
-// nvjpeg's calls and its declines per reason (a progressive JPEG, a truncated one); the
+// random-weight RT-DETR on CUDA answers the fixture JPEGs (two in one request: the
+// `image_decode_batch` slot) with transformers' detections within the CPU path's tolerance plus
+// the decoders' difference; /active shows the model's bindings with nvjpeg's calls and its
+// declines per reason (a progressive JPEG, a truncated one); the
 // truncated JPEG gets the CPU path's exact INVALID_ARGUMENT text. Skips without a GPU; the
 // nvjpeg assertions are skipped (with the provider's reason printed) where libnvjpeg is absent.
 #include <gtest/gtest.h>
@@ -102,13 +103,24 @@ TEST(ServerGpuImageDecode, FixtureJpegsDecodedOnTheDeviceAndDeclinesCounted) {
     const json& declined = nv.at("declined");
     EXPECT_GE(declined.value("nvjpeg: progressive JPEG", 0), 1) << declined.dump();
     EXPECT_EQ(declined.value("nvjpeg: truncated JPEG (no EOI marker)", 0), 1) << declined.dump();
-    // Four images reached the slot: each was decoded by nvjpeg or declined (the fixture
-    // photographs, if one is not a baseline JPEG, are among the declines printed above).
+    // The two-image request went through image_decode_batch in one call, which took both
+    // baseline photographs; the two single-image requests reached image_decode, each decoded by
+    // nvjpeg or declined.
+    const auto& batch = active.at("bindings").at("rtdetr_tiny").at("image_decode_batch");
+    std::cout << "[gpu decode] batch binding: " << batch.dump() << std::endl;
+    EXPECT_EQ(batch.at("selected"), "nvjpeg");
+    json nv_batch;
+    for (const auto& cand : batch.at("candidates"))
+      if (cand.at("name") == "nvjpeg") nv_batch = cand;
+    ASSERT_FALSE(nv_batch.is_null());
+    EXPECT_EQ(nv_batch.at("calls").get<uint64_t>(), 1u) << batch.dump();
+    EXPECT_FALSE(nv_batch.at("disabled").get<bool>());
     uint64_t declines = 0;
     for (const auto& [why, n] : declined.items()) declines += n.get<uint64_t>();
-    EXPECT_EQ(nv.at("calls").get<uint64_t>() + declines, 4u) << declined.dump();
+    EXPECT_EQ(nv.at("calls").get<uint64_t>() + declines, 2u) << declined.dump();
     for (const auto& ev : active.at("fallback_events"))
-      EXPECT_NE(ev.at("slot"), "image_decode") << ev.dump();
+      EXPECT_EQ(ev.at("slot").get<std::string>().rfind("image_decode", 0), std::string::npos)
+          << ev.dump();
     daemon.stop(1.0);
   }
   remove_tree(repo);
