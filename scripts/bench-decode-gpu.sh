@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# JPEG decode + preprocess on the GPU (issue 32): bench_preprocess's GPU row (the
+# `image_decode_batch` slot's nvjpeg, nvjpegDecodeBatched on the hardware decoder, then the image
+# processor's resize / rescale / normalise on the GPU into a (B, 3, 640, 640) bfloat16 batch) and
+# its anchor, torchvision.io.decode_jpeg(list, device="cuda") + torchvision.transforms.v2 Resize /
+# ToDtype / Normalize on the GPU (tools/bench_preprocess/decode_anchor.py), on the same files
+# (36 baseline 4:2:0 640x480 JPEGs of the fixture photographs at qualities 75 / 85 / 95) and batch
+# sizes, in one call. Targets: >= 10,000 images/s, and >= 1.5x the anchor.
+#
+# Run ON the GPU machine from the repository root, after `source .device-kit/env.sh` and a build
+# in build-gpu (scripts/test-gpu.sh, or `ninja -C build-gpu bench_preprocess`):
+#   scripts/bench-decode-gpu.sh
+# Environment: BUILD_DIR (build-gpu), OUT (./gpu-out), BATCHES (32,128), JPEG_DIR (where the files
+# are made; default $OUT/decode-jpegs), MIN_TIME (Google Benchmark --benchmark_min_time, seconds: 3).
+# Writes to $OUT: bench_decode.txt (both sides and the ratios), bench_preprocess_gpu.json,
+# decode_anchor.json.
+# Exit status 0 when both sides ran (whether or not the targets are met; bench_decode.txt says).
+set -uo pipefail
+cd "$(dirname "$0")/.." || exit 1
+OUT=${OUT:-$PWD/gpu-out}
+mkdir -p "$OUT"
+build=${BUILD_DIR:-build-gpu}
+bin=$build/bin/bench_preprocess
+batches=${BATCHES:-32,128}
+jpegs=${JPEG_DIR:-$OUT/decode-jpegs}
+txt=$OUT/bench_decode.txt
+python=$(command -v python3 || true)
+: >"$txt"
+note() { echo "bench-decode-gpu: $*" | tee -a "$txt"; }
+[ -x "$bin" ] || { note "FAIL: $bin not built (ninja -C $build bench_preprocess)"; exit 1; }
+[ -n "$python" ] || { note "FAIL: no python3 (the anchor and the files need torch, torchvision, PIL)"; exit 1; }
+note "date $(date -u +%FT%TZ), gpu: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1)"
+"$python" tools/bench_preprocess/decode_anchor.py --make "$jpegs" 2>&1 | tee -a "$txt"
+[ "${PIPESTATUS[0]}" -eq 0 ] || { note "FAIL: making the JPEGs"; exit 1; }
+
+filter="BM_GpuDecodePreprocess/batch:($(echo "$batches" | tr ',' '|'))/"
+JPEG_DIR=$jpegs timeout 300 "$bin" --benchmark_filter="$filter" \
+  --benchmark_min_time="${MIN_TIME:-3}" --benchmark_out="$OUT/bench_preprocess_gpu.json" \
+  --benchmark_out_format=json 2>&1 | tee -a "$txt"
+[ "${PIPESTATUS[0]}" -eq 0 ] || { note "FAIL: bench_preprocess"; exit 1; }
+timeout 300 "$python" tools/bench_preprocess/decode_anchor.py --dir "$jpegs" --batch "$batches" \
+  --json "$OUT/decode_anchor.json" 2>&1 | tee -a "$txt"
+[ "${PIPESTATUS[0]}" -eq 0 ] || { note "FAIL: decode_anchor.py"; exit 1; }
+
+"$python" - "$OUT/bench_preprocess_gpu.json" "$OUT/decode_anchor.json" <<'PY' | tee -a "$txt"
+import json, re, sys
+ours = {}
+for b in json.load(open(sys.argv[1]))["benchmarks"]:
+    m = re.search(r"batch:(\d+)", b["name"])
+    if m and "items_per_second" in b:
+        ours[int(m.group(1))] = b["items_per_second"]
+for row in json.load(open(sys.argv[2])):
+    b, theirs = row["batch"], row["images_per_s"]
+    if b not in ours:
+        print(f"batch {b}: no bench_preprocess row")
+        continue
+    ratio = ours[b] / theirs
+    verdict = "MET" if ours[b] >= 10000 and ratio >= 1.5 else "not met"
+    print(f"batch {b}: libreyolo {ours[b]:.0f} images/s, torchvision {theirs:.0f} images/s, "
+          f"{ratio:.2f}x (target >= 10000 images/s and >= 1.5x: {verdict})")
+PY
+exit 0
