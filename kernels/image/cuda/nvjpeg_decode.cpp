@@ -394,11 +394,17 @@ Outcome<std::vector<DecodedImage>> nvjpeg_decode_batch(const std::vector<Encoded
   DeviceDecoder::check(status, "nvjpegDecodeBatched");
   // As nvjpeg_decode: the caller's bytes and the state's buffers are reused once this returns.
   C10_CUDA_CHECK(cudaStreamSynchronize(stream));
+  bool copied = false;
   for (std::size_t k = 0; k < taken.size(); ++k) {
     const auto [h, w] = sizes[k];
     const at::Tensor image = buffer.narrow(0, offsets[k], 3 * h * w).view({3, h, w});
-    out[taken[k]].pixels = orient(image, orientations[taken[k]]).contiguous();
+    const int o = orientations[taken[k]];
+    out[taken[k]].pixels = orient(image, o).contiguous();
+    copied = copied || (o >= 2 && o <= 8);
   }
+  // The server reads a batch's images on other streams (its pool's tasks): the oriented copies
+  // must be finished when this returns, as the decode is.
+  if (copied) C10_CUDA_CHECK(cudaStreamSynchronize(stream));
   return out;
 }
 
