@@ -119,20 +119,24 @@ TextTransformerImpl::TextTransformerImpl(const TowerConfig& c) : config(c) {
 }
 
 at::Tensor TextTransformerImpl::pooled(const at::Tensor& input_ids) const {
+  const auto x = forward(input_ids);
+  // input_ids.to(torch.int).argmax(dim=-1): the first position of the row's largest id.
+  const auto end = input_ids.to(at::kInt).argmax(-1);
+  return x.index({at::arange(input_ids.size(0), end.options().dtype(at::kLong)), end});
+}
+
+at::Tensor TextTransformerImpl::forward(const at::Tensor& input_ids) const {
   if (input_ids.dim() != 2 || input_ids.size(1) < 1 ||
       input_ids.size(1) > config.max_position_embeddings)
     throw std::invalid_argument(
         c10::str("text: input_ids must be (N, L) with 1 <= L <= ", config.max_position_embeddings,
                  ", got ", input_ids.sizes()));
-  const int64_t n = input_ids.size(0), len = input_ids.size(1);
+  const int64_t len = input_ids.size(1);
   auto x = at::embedding(token_embedding, input_ids) + position_embedding.slice(0, 0, len);
   // create_causal_mask: 0 on and below the diagonal, the dtype's lowest above it.
   const auto bias = at::full({len, len}, lowest(x.scalar_type()), x.options()).triu(1);
   for (const auto& l : layers) x = l->forward(x, bias.view({1, 1, len, len}));
-  x = final_layer_norm->forward(x);
-  // input_ids.to(torch.int).argmax(dim=-1): the first position of the row's largest id.
-  const auto end = input_ids.to(at::kInt).argmax(-1);
-  return x.index({at::arange(n, end.options().dtype(at::kLong)), end});
+  return final_layer_norm->forward(x);
 }
 
 VisionTransformerImpl::VisionTransformerImpl(const TowerConfig& c, const std::string& pre_norm_name)

@@ -68,6 +68,10 @@ class TextTransformerImpl : public torch::nn::Module {
   /// padding follows the end token on the right and the causal mask already hides it from the
   /// pooled position. Throws std::invalid_argument for L past max_position_embeddings.
   at::Tensor pooled(const at::Tensor& input_ids) const;
+  /// input_ids (N, L) as pooled -> the final LayerNorm's output at every position (N, L, D)
+  /// (CLIPTextModel's last_hidden_state without an attention mask: causal attention only, as
+  /// OmDet-Turbo's language backbone calls it). Throws as pooled.
+  at::Tensor forward(const at::Tensor& input_ids) const;
 
   TowerConfig config;
   at::Tensor token_embedding, position_embedding;

@@ -10,17 +10,10 @@
 #include <tuple>
 #include <utility>
 
+#include "models/layers/activation_field.h"
+
 namespace libreyolo::models::lw_detr {
 namespace {
-
-layers::Activation activation(const core::ConfigView& v, const std::string& field,
-                              const std::string& fallback) {
-  try {
-    return layers::activation_from_name(v.get_string(field, fallback));
-  } catch (const std::invalid_argument& e) {
-    v.fail(field, e.what());
-  }
-}
 
 /// An int or a list of two ints (patch_size, pretrain_image_size) as (height, width).
 std::pair<int64_t, int64_t> int_or_pair(const core::ConfigView& v, const std::string& field,
@@ -76,7 +69,7 @@ ViTConfig parse_vit_config(const core::ConfigView& v) {
   c.layer_norm_eps = v.get_double("layer_norm_eps", 1e-6);
   c.qkv_bias = v.get_bool("qkv_bias", true);
   c.absolute_position_embeddings = v.get_bool("use_absolute_position_embeddings", true);
-  c.act = activation(v, "hidden_act", "gelu");
+  c.act = layers::activation_field(v, "hidden_act", "gelu");
   const auto [ph, pw] = int_or_pair(v, "patch_size", 16);
   if (ph != pw) v.fail("patch_size", "only square patches are supported");
   c.patch_size = ph;
@@ -114,8 +107,8 @@ DetrConfig parse_detr_config(const core::ConfigView& v, bool rf_detr) {
   c.hidden_expansion = v.get_double("hidden_expansion", 0.5);
   c.conv_norm_eps = v.get_double(rf_detr ? "layer_norm_eps" : "batch_norm_eps", 1e-5);
   c.attention_bias = v.get_bool("attention_bias", true);
-  c.projector_act = activation(v, "activation_function", "silu");
-  c.decoder_act = activation(v, "decoder_activation_function", "relu");
+  c.projector_act = layers::activation_field(v, "activation_function", "silu");
+  c.decoder_act = layers::activation_field(v, "decoder_activation_function", "relu");
   if (rf_detr) {
     c.model_type = "rf_detr";
     // RfDetrConfig: a single projector scale (RfDetrScaleProjector), num_feature_levels 1.

@@ -7,17 +7,10 @@
 #include <stdexcept>
 #include <string>
 
+#include "models/layers/activation_field.h"
+
 namespace libreyolo::models::rf_detr {
 namespace {
-
-layers::Activation activation(const core::ConfigView& v, const std::string& field,
-                              const std::string& fallback) {
-  try {
-    return layers::activation_from_name(v.get_string(field, fallback));
-  } catch (const std::invalid_argument& e) {
-    v.fail(field, e.what());
-  }
-}
 
 /// An int, or a list of two equal ints (RfDetrDinov2Config image_size / patch_size).
 int64_t square_side(const core::ConfigView& v, const std::string& field, int64_t fallback) {
@@ -47,7 +40,7 @@ Dinov2Config parse_dinov2_config(const core::ConfigView& v) {
   c.apply_layernorm = v.get_bool("apply_layernorm", true);
   if (!v.get_bool("reshape_hidden_states", true))
     v.fail("reshape_hidden_states", "must be true (the projector takes 2-D feature maps)");
-  c.act = activation(v, "hidden_act", "gelu");
+  c.act = layers::activation_field(v, "hidden_act", "gelu");
   c.patch_size = square_side(v, "patch_size", 14);
   c.image_size = square_side(v, "image_size", 224);
   c.num_windows = v.get_int("num_windows", 4);
@@ -86,7 +79,7 @@ Config parse_config(const core::ConfigView& v) {
   c.detr = lw_detr::parse_detr_config(v, /*rf_detr=*/true);
   c.mask_downsample_ratio = v.get_int("mask_downsample_ratio", 4);
   c.intermediate_size = v.get_int("intermediate_size", 1024);
-  c.segmentation_act = activation(v, "segmentation_head_activation_function", "gelu");
+  c.segmentation_act = layers::activation_field(v, "segmentation_head_activation_function", "gelu");
   positive(v, "mask_downsample_ratio", c.mask_downsample_ratio);
   positive(v, "intermediate_size", c.intermediate_size);
   c.id2label = v.id2label();

@@ -118,7 +118,9 @@ HybridEncoderImpl::HybridEncoderImpl(const Config& c, const CCFMFactories& block
       hidden_dim_(c.encoder_hidden_dim),
       temperature_(c.positional_encoding_temperature),
       use_pos_(!c.eval_size_set),
-      fuse_sum_(blocks.fuse_sum) {
+      fuse_sum_(blocks.fuse_sum),
+      position_embedding_(blocks.position_embedding ? blocks.position_embedding
+                                                    : sincos_position_embedding_2d) {
   // On disk "encoder.{i}.layers.{j}" (transformers v5 in memory: aifi.{i}; DEIMv2 on disk too).
   auto aifi =
       register_module(blocks.v5_names ? "aifi" : "encoder", std::make_shared<torch::nn::Module>());
@@ -155,8 +157,7 @@ std::vector<at::Tensor> HybridEncoderImpl::forward(std::vector<at::Tensor> fm) c
     at::Tensor pos;
     if (use_pos_)
       pos = positions_.get({H, W, static_cast<int64_t>(h.scalar_type())}, h.device(), [&] {
-        return sincos_position_embedding_2d(H, W, hidden_dim_, temperature_, h.scalar_type(),
-                                            h.device());
+        return position_embedding_(H, W, hidden_dim_, temperature_, h.scalar_type(), h.device());
       });
     for (const auto& layer : aifi_[i]) h = layer->forward(h, pos);
     // Back to (B, C, H, W) in the memory format the map came in: with channels_last (the

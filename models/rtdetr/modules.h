@@ -165,6 +165,11 @@ struct CCFMFactories {
   /// AIFI as "aifi.{i}.layers.{j}" with EncoderLayerImpl's v5 names (DEIMv2) instead of
   /// "encoder.{i}.layers.{j}".
   bool v5_names = false;
+  /// The AIFI position embedding (1, h*w, dim) for an h x w map in `dtype` on `device`; null =
+  /// sincos_position_embedding_2d (OmDet-Turbo has its own, computed in the map's dtype).
+  std::function<at::Tensor(int64_t h, int64_t w, int64_t dim, double temperature,
+                           at::ScalarType dtype, const at::Device& device)>
+      position_embedding;
 };
 /// RT-DETR's: lateral 1x1 ConvNorm (activation), CSPRepLayer(2E -> E), 3x3 stride-2 ConvNorm.
 CCFMFactories rtdetr_ccfm(const Config& c);
@@ -185,6 +190,7 @@ class HybridEncoderImpl : public torch::nn::Module {
   int64_t hidden_dim_;
   double temperature_;
   bool use_pos_, fuse_sum_;
+  decltype(CCFMFactories::position_embedding) position_embedding_;
   /// The AIFI position embedding per (H, W, dtype): about ten float64 kernels per forward
   /// otherwise, for a constant.
   ConstantCache positions_;

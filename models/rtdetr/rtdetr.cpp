@@ -9,6 +9,7 @@
 
 #include "log/log.h"
 #include "models/core/state_dict.h"
+#include "models/layers/activation_field.h"
 #include "models/registry/family.h"
 #include "models/rtdetr/detector_model.h"
 #include "models/rtdetr/modules.h"
@@ -16,16 +17,6 @@
 namespace libreyolo::models {
 namespace rtdetr {
 namespace {
-
-Activation activation_field(const core::ConfigView& cfg, const std::string& field,
-                            const std::string& fallback) {
-  const std::string name = cfg.get_string(field, fallback);
-  try {
-    return layers::activation_from_name(name);
-  } catch (const std::invalid_argument& e) {
-    cfg.fail(field, e.what());
-  }
-}
 
 std::string list_string(const std::vector<int64_t>& v) { return core::shape_string(v); }
 
@@ -47,8 +38,8 @@ void Config::parse_shared(const core::ConfigView& cfg, Config& c, bool hybrid_le
   c.encode_proj_layers = cfg.get_int_list("encode_proj_layers", c.encode_proj_layers);
   c.positional_encoding_temperature =
       cfg.get_double("positional_encoding_temperature", c.positional_encoding_temperature);
-  c.encoder_activation = activation_field(cfg, "encoder_activation_function", "gelu");
-  c.activation = activation_field(cfg, "activation_function", "silu");
+  c.encoder_activation = layers::activation_field(cfg, "encoder_activation_function", "gelu");
+  c.activation = layers::activation_field(cfg, "activation_function", "silu");
   c.normalize_before = cfg.get_bool("normalize_before", false);
   c.eval_size_set = cfg.has("eval_size");
   c.hidden_expansion = cfg.get_double("hidden_expansion", c.hidden_expansion);
@@ -62,7 +53,7 @@ void Config::parse_shared(const core::ConfigView& cfg, Config& c, bool hybrid_le
   c.num_feature_levels = cfg.get_int("num_feature_levels", c.num_feature_levels);
   c.decoder_layers = cfg.get_int("decoder_layers", c.decoder_layers);
   c.decoder_attention_heads = cfg.get_int("decoder_attention_heads", c.decoder_attention_heads);
-  c.decoder_activation = activation_field(cfg, "decoder_activation_function", "relu");
+  c.decoder_activation = layers::activation_field(cfg, "decoder_activation_function", "relu");
   const auto labels = cfg.id2label();
   c.num_labels = !labels.empty() ? static_cast<int64_t>(labels.size())
                                  : cfg.get_int("num_labels", c.num_labels);
@@ -111,7 +102,7 @@ Config Config::parse(const core::ConfigView& cfg) {
     c.hidden_sizes = b.get_int_list("hidden_sizes", c.hidden_sizes);
     c.depths = b.get_int_list("depths", c.depths);
     c.bottleneck = b.get_enum("layer_type", "bottleneck", {"bottleneck", "basic"}) == "bottleneck";
-    c.hidden_act = activation_field(b, "hidden_act", "relu");
+    c.hidden_act = layers::activation_field(b, "hidden_act", "relu");
     c.downsample_in_first_stage = b.get_bool("downsample_in_first_stage", false);
     c.downsample_in_bottleneck = b.get_bool("downsample_in_bottleneck", false);
     c.out_indices = b.get_int_list("out_indices", c.out_indices);
