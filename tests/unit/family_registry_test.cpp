@@ -70,11 +70,11 @@ TEST(FamilyRegistry, EveryFamilyFolderRegistersExactlyOnce) {
   for (const Family* f : FamilyRegistry::builtin().all()) registered.push_back(f->name);
   std::sort(registered.begin(), registered.end());
   EXPECT_EQ(registered, folders);  // a record's name is its folder
-  EXPECT_EQ(folders,
-            (std::vector<std::string>{"conditional_detr", "dab_detr", "deformable_detr", "deimv2",
-                                      "deit", "detr", "dfine", "grounding_dino", "lw_detr",
-                                      "owlvit", "pp_doclayout_v2", "pp_doclayout_v3", "rf_detr",
-                                      "rtdetr", "swin", "table_transformer", "vit", "yolos"}));
+  EXPECT_EQ(folders, (std::vector<std::string>{
+                         "conditional_detr", "dab_detr", "deformable_detr", "deimv2", "deit",
+                         "detr", "dfine", "grounding_dino", "lw_detr", "omdet_turbo", "owlvit",
+                         "pp_doclayout_v2", "pp_doclayout_v3", "rf_detr", "rtdetr", "swin",
+                         "table_transformer", "vit", "yolos"}));
 }
 
 TEST(FamilyRegistry, ModelTypesAndRecords) {
@@ -98,6 +98,7 @@ TEST(FamilyRegistry, ModelTypesAndRecords) {
                                                      {"owlv2", "owlvit"},
                                                      {"grounding-dino", "grounding_dino"},
                                                      {"mm-grounding-dino", "grounding_dino"},
+                                                     {"omdet-turbo", "omdet_turbo"},
                                                      {"pp_doclayout_v2", "pp_doclayout_v2"},
                                                      {"pp_doclayout_v3", "pp_doclayout_v3"}};
   size_t types = 0;
@@ -135,6 +136,7 @@ TEST(FamilyRegistry, ModelTypesAndRecords) {
   EXPECT_EQ(*registry.find("pp_doclayout_v3")->head, image::DetectionHead::pp_doclayout);
   EXPECT_EQ(*registry.find("pp_doclayout_v2")->head, image::DetectionHead::pp_doclayout_v2);
   EXPECT_EQ(*registry.find("owlv2")->head, image::DetectionHead::prompted);
+  EXPECT_EQ(*registry.find("omdet-turbo")->head, image::DetectionHead::prompted);
   EXPECT_EQ(registry.find("yolo_nas"), nullptr);
   // The families whose forward reads pixel_mask (the server batches their requests of any size
   // together); YOLOS, the RT-DETR lineage, PP-DocLayoutV3 and the classifiers take none.
@@ -147,11 +149,11 @@ TEST(FamilyRegistry, ModelTypesAndRecords) {
   // The order of all(): Family::order, then name.
   std::vector<std::string> order;
   for (const Family* f : registry.all()) order.push_back(f->name);
-  EXPECT_EQ(order,
-            (std::vector<std::string>{
-                "rtdetr", "detr", "conditional_detr", "dab_detr", "table_transformer",
-                "deformable_detr", "grounding_dino", "dfine", "pp_doclayout_v2", "pp_doclayout_v3",
-                "deimv2", "lw_detr", "rf_detr", "yolos", "owlvit", "vit", "deit", "swin"}));
+  EXPECT_EQ(order, (std::vector<std::string>{
+                       "rtdetr", "detr", "conditional_detr", "dab_detr", "table_transformer",
+                       "deformable_detr", "grounding_dino", "omdet_turbo", "dfine",
+                       "pp_doclayout_v2", "pp_doclayout_v3", "deimv2", "lw_detr", "rf_detr",
+                       "yolos", "owlvit", "vit", "deit", "swin"}));
 }
 
 TEST(FamilyRegistry, TakenModelTypeAndIncompleteRecordsAreRefused) {

@@ -1,0 +1,69 @@
+// OmDet-Turbo on CUDA: both fixture cases ("batch": two images, 3 and 4 classes, default tasks;
+// "task": one image with a task of its own) equal the transformers CPU fixture with TF32 off
+// (logits <= 1e-4, boxes <= 1e-5), and post-processing of the device outputs keeps the fixture's
+// labels. Skips without a GPU.
+#include <ATen/Context.h>
+#include <gtest/gtest.h>
+
+#include <iostream>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "models/model.h"
+#include "models/omdet_turbo/omdet_turbo.h"
+#include "models/omdet_turbo/postprocess.h"
+#include "tests/parity/fused_attention_fixtures.h"
+
+namespace libreyolo {
+namespace {
+
+TEST(OmDetTurboCuda, CasesEqualTransformersCpuFixture) {
+  if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device";
+  at::globalContext().setAllowTF32CuDNN(false);
+  at::globalContext().setAllowTF32CuBLAS(false);
+  c10::InferenceMode inference_mode;
+  const auto dir = test::model_fixture("omdet_turbo_tiny");
+  models::LoadOptions options;
+  options.device = at::Device(at::kCUDA, 0);
+  const auto model = models::load_model(dir, options);
+  const auto* tm = dynamic_cast<const models::omdet_turbo::TaskConditioned*>(model.get());
+  ASSERT_NE(tm, nullptr);
+  const auto meta = test::read_json(dir + "/meta.json");
+  for (const std::string c : {"batch", "task"}) {
+    const auto u8 = test::expected_tensor(dir, c + "_pixel_u8");
+    const auto m = at::tensor({0.485f, 0.456f, 0.406f}).view({1, -1, 1, 1}) * 255.0f;
+    const auto s = at::tensor({0.229f, 0.224f, 0.225f}).view({1, -1, 1, 1}) * 255.0f;
+    const auto pixels = (u8.to(at::kFloat) - m) / s;
+    const models::omdet_turbo::TextInputs text{
+        test::expected_tensor(dir, c + "_classes_input_ids"),
+        test::expected_tensor(dir, c + "_classes_structure"),
+        test::expected_tensor(dir, c + "_tasks_input_ids"),
+        test::expected_tensor(dir, c + "_tasks_attention_mask")};
+    const auto out = tm->forward_text(pixels.cuda(), text);
+    ASSERT_TRUE(out.logits.is_cuda());
+    const double dl =
+        test::max_abs_diff(out.logits.cpu(), test::expected_tensor(dir, c + "_logits"));
+    const double db =
+        test::max_abs_diff(out.pred_boxes.cpu(), test::expected_tensor(dir, c + "_pred_boxes"));
+    std::cout << "[gpu] omdet_turbo_tiny " << c
+              << " cuda vs transformers CPU: max|logits diff| = " << dl
+              << ", max|pred_boxes diff| = " << db << "\n";
+    EXPECT_LE(dl, 1e-4) << c;
+    EXPECT_LE(db, 1e-5) << c;
+    const auto& cm = meta.at("cases").at(c);
+    std::vector<std::pair<int64_t, int64_t>> sizes;
+    std::vector<int64_t> counts;
+    for (const auto& hw : cm.at("target_sizes_hw")) sizes.emplace_back(hw[0], hw[1]);
+    for (const auto& l : cm.at("classes")) counts.push_back(static_cast<int64_t>(l.size()));
+    const auto dets = models::omdet_turbo::post_process_grounded_object_detection(
+        out.logits, out.pred_boxes, counts, sizes, cm.at("threshold"), meta.at("nms_threshold"));
+    for (size_t i = 0; i < dets.size(); ++i)
+      EXPECT_TRUE(at::equal(dets[i].labels,
+                            test::expected_tensor(dir, c + "_img" + std::to_string(i) + "_labels")))
+          << c << " image " << i;
+  }
+}
+
+}  // namespace
+}  // namespace libreyolo
