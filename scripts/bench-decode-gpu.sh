@@ -7,8 +7,8 @@
 # (36 baseline 4:2:0 640x480 JPEGs of the fixture photographs at qualities 75 / 85 / 95) and batch
 # sizes, in one call. Targets: >= 10,000 images/s, and >= 1.5x the anchor.
 #
-# Run ON the GPU machine from the repository root, after `source .device-kit/env.sh` and a build
-# in build-gpu (scripts/test-gpu.sh, or `ninja -C build-gpu bench_preprocess`):
+# Run ON the GPU machine from the repository root (it sources .device-kit/env.sh when present), after
+# a build in build-gpu (scripts/test-gpu.sh, or `ninja -C build-gpu bench_preprocess`):
 #   scripts/bench-decode-gpu.sh
 # Environment: BUILD_DIR (build-gpu), OUT (./gpu-out), BATCHES (32,128), JPEG_DIR (where the files
 # are made; default $OUT/decode-jpegs), MIN_TIME (Google Benchmark --benchmark_min_time, seconds: 3).
@@ -24,9 +24,17 @@ bin=$build/bin/bench_preprocess
 batches=${BATCHES:-32,128}
 jpegs=${JPEG_DIR:-$OUT/decode-jpegs}
 txt=$OUT/bench_decode.txt
+if [ -f .device-kit/env.sh ]; then
+  # shellcheck disable=SC1091
+  source .device-kit/env.sh >/dev/null 2>&1 || echo "bench-decode-gpu: warning: sourcing .device-kit/env.sh failed"
+fi
 python=$(command -v python3 || true)
 : >"$txt"
 note() { echo "bench-decode-gpu: $*" | tee -a "$txt"; }
+if [ -f "$build/build.ninja" ]; then  # (re)build: the GPU row is new
+  timeout 1200 ninja -C "$build" bench_preprocess >"$OUT/bench_decode_build.log" 2>&1 ||
+    { note "FAIL: ninja -C $build bench_preprocess (tail of $OUT/bench_decode_build.log: $(tail -3 "$OUT/bench_decode_build.log" | tr '\n' ' '))"; exit 1; }
+fi
 [ -x "$bin" ] || { note "FAIL: $bin not built (ninja -C $build bench_preprocess)"; exit 1; }
 [ -n "$python" ] || { note "FAIL: no python3 (the anchor and the files need torch, torchvision, PIL)"; exit 1; }
 note "date $(date -u +%FT%TZ), gpu: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1)"
