@@ -48,9 +48,10 @@ struct ServingConfig {
   /// Only for CUDA models with a fixed input size (RT-DETR, ViT, Swin); elsewhere ignored with a
   /// log line. A capture failure logs a warning and keeps eager execution.
   bool cuda_graphs = false;
-  /// `prompt_cache_mb`: the budget of each instance's cache of label embeddings (open-vocabulary
-  /// families that embed labels one by one: models::PromptedDetector::embeds_labels; an LRU by
-  /// label text, server/instance/prompt_cache.h), MiB; 0 turns it off.
+  /// `prompt_cache_mb`: the budget of each instance's prompt cache (open-vocabulary families
+  /// whose text is encoded apart from the image, models::PromptedDetector::caches_text: OWL's
+  /// labels, Grounding DINO's captions; an LRU by piece, server/instance/prompt_cache.h), MiB; 0
+  /// turns it off.
   std::int64_t prompt_cache_mb = 64;
   /// `kernels: {slots: {ms_deform_attn: {allow: [reference]}}, layouts: off}`: this model's
   /// kernel policy, overriding the server's for the slots it names (the names are checked
