@@ -63,6 +63,93 @@ std::string op_chain(const CpuOp& inner, const std::vector<const CpuOp*>& ops_of
   return out;
 }
 
+/// The op class of an ATen operator on the CPU, from its name (aten::mkldnn_convolution, ...).
+std::string cpu_op_class(const std::string& name) {
+  if (has(name, "deform")) return "ms_deform_attn";
+  if (has(name, "attention") || has(name, "sdpa") || has(name, "_flash")) return "attention";
+  if (has(name, "conv")) return "conv";
+  if (has(name, "mm") || has(name, "linear") || has(name, "matmul") || has(name, "baddbmm"))
+    return "gemm";
+  if (has(name, "pool")) return "pool";
+  if (has(name, "norm") || has(name, "softmax") || has(name, "topk") || has(name, "sort") ||
+      has(name, "aten::sum") || has(name, "aten::mean") || has(name, "aten::max") ||
+      has(name, "aten::min") || has(name, "argmax") || has(name, "cumsum"))
+    return "norm_softmax_reduce";
+  if (has(name, "copy") || has(name, "cat") || has(name, "contiguous") || has(name, "clone") ||
+      has(name, "index") || has(name, "gather") || has(name, "stack") || has(name, "pad") ||
+      has(name, "grid_sampler") || has(name, "upsample") || has(name, "fill_") ||
+      has(name, "zero_"))
+    return "copy";
+  if (has(name, "add") || has(name, "sub") || has(name, "mul") || has(name, "div") ||
+      has(name, "relu") || has(name, "silu") || has(name, "gelu") || has(name, "sigmoid") ||
+      has(name, "tanh") || has(name, "exp") || has(name, "log") || has(name, "clamp") ||
+      has(name, "where") || has(name, "sqrt") || has(name, "pow") || has(name, "sin") ||
+      has(name, "cos") || has(name, "neg") || has(name, "masked"))
+    return "elementwise";
+  return "other";
+}
+
+/// The CPU report of profile_by_op_class (profile.h) from the profiler's events.
+std::string cpu_report(const torch::autograd::profiler::ProfilerResult& result, int iters) {
+  // Self time: on each thread, ops nest (an op's children start and end inside it), so a stack
+  // of the open ops gives each op its parent, whose self time loses the child's wall time.
+  struct Op {
+    std::string name;
+    uint64_t start, end, thread;
+    double child_ns = 0;
+  };
+  std::vector<Op> ops;
+  for (const auto& e : result.events()) {
+    if (e.deviceType() != c10::DeviceType::CPU || e.isAsync() || e.endNs() < e.startNs()) continue;
+    ops.push_back({e.name(), e.startNs(), e.endNs(), e.startThreadId()});
+  }
+  std::sort(ops.begin(), ops.end(), [](const Op& a, const Op& b) {
+    if (a.thread != b.thread) return a.thread < b.thread;
+    if (a.start != b.start) return a.start < b.start;
+    return a.end > b.end;  // the enclosing op first
+  });
+  std::vector<Op*> open;
+  for (auto& op : ops) {
+    while (!open.empty() && (open.back()->thread != op.thread || open.back()->end <= op.start))
+      open.pop_back();
+    if (!open.empty()) open.back()->child_ns += static_cast<double>(op.end - op.start);
+    open.push_back(&op);
+  }
+  std::map<std::string, std::pair<double, int>> by_class;  // ms, ops
+  std::map<std::string, std::pair<double, int>> by_op;     // ms, calls
+  double total = 0;
+  for (const auto& op : ops) {
+    const double ms = (static_cast<double>(op.end - op.start) - op.child_ns) / 1e6;
+    auto& c = by_class[cpu_op_class(op.name)];
+    c.first += ms;
+    c.second += 1;
+    by_op[op.name].first += ms;
+    by_op[op.name].second += 1;
+    total += ms;
+  }
+  auto sorted = [](const std::map<std::string, std::pair<double, int>>& m) {
+    std::vector<std::pair<std::string, std::pair<double, int>>> v(m.begin(), m.end());
+    std::sort(v.begin(), v.end(),
+              [](const auto& a, const auto& b) { return a.second.first > b.second.first; });
+    return v;
+  };
+  std::ostringstream os;
+  for (const auto& [name, v] : sorted(by_class)) {
+    os << "profile class=" << name << " ms_per_forward=" << v.first / iters
+       << " share=" << (total > 0 ? 100.0 * v.first / total : 0.0)
+       << "% ops_per_forward=" << v.second / iters << "\n";
+  }
+  os << "profile total_cpu_ms_per_forward=" << total / iters << "\n";
+  const auto top = sorted(by_op);
+  for (size_t i = 0; i < top.size() && i < 16; ++i) {
+    os << "profile op ms_per_forward=" << top[i].second.first / iters
+       << " calls_per_forward=" << static_cast<double>(top[i].second.second) / iters
+       << " class=" << cpu_op_class(top[i].first) << " name=" << top[i].first.substr(0, 140)
+       << "\n";
+  }
+  return os.str();
+}
+
 }  // namespace
 
 std::string profile_by_op_class(const std::function<void()>& forward, int iters) {
@@ -112,6 +199,7 @@ std::string profile_by_op_class(const std::function<void()>& forward, int iters)
       b.second += 1;
     }
   }
+  if (by_kernel.empty()) return cpu_report(*result, iters);
   std::vector<std::pair<std::string, std::pair<double, int>>> classes(by_class.begin(),
                                                                       by_class.end());
   std::sort(classes.begin(), classes.end(),

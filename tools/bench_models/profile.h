@@ -16,8 +16,15 @@ namespace libreyolo::bench {
 /// ms_per_forward=<x> launches_per_forward=<n> name=<kernel>`), then the 16 costliest op chains
 /// that launched copy and elementwise kernels (`profile op_chain class=<c> ms_per_forward=<x>
 /// launches_per_forward=<n> ops=<outer>>...><inner>`, from Kineto's kernel-to-op links). GPU time
-/// is the sum of kernel durations (no overlap correction: one stream). Throws std::runtime_error
-/// when the profiler cannot start.
+/// is the sum of kernel durations (no overlap correction: one stream).
+/// A forward that launched no CUDA kernel (a CPU model) is reported by its ATen ops instead:
+/// `profile class=<c> ms_per_forward=<x> share=<p>% ops_per_forward=<n>` for the classes above
+/// plus pool, then `profile total_cpu_ms_per_forward=<x>` and the 16 ops with the most self time
+/// (`profile op ms_per_forward=<x> calls_per_forward=<n> class=<c> name=<op>`). An op's time is
+/// its self time on the thread that called it (its wall time less that of the ops it called), so
+/// oneDNN's and ATen's worker threads count inside the op that used them and the classes add up
+/// to the forward's wall time less what ran outside ATen ops. Throws std::runtime_error when the
+/// profiler cannot start.
 std::string profile_by_op_class(const std::function<void()>& forward, int iters);
 
 }  // namespace libreyolo::bench
