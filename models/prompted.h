@@ -8,6 +8,7 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <stdexcept>
 #include <string>
@@ -169,6 +170,23 @@ inline std::vector<EncodedText> PromptedDetector::encode_text(
 inline PromptedOutput PromptedDetector::forward_encoded(
     const at::Tensor&, const at::Tensor&, const std::vector<std::vector<EncodedText>>&) const {
   throw std::logic_error("forward_encoded: this family does not cache its text encoding");
+}
+
+/// A prompt in Grounding DINO's form as labels, for the command-line tools (libreyolo-predict,
+/// libreyolo-bench-models): "a cat. a dog." -> {"a cat", "a dog"} (split at '.', each label
+/// trimmed of spaces and tabs, empty ones dropped). The server's parser also reads JSON lists
+/// (server/tasks/prompted_detection_io.h prompt_labels).
+inline std::vector<std::string> split_labels(const std::string& prompt) {
+  std::vector<std::string> labels;
+  for (size_t from = 0; from <= prompt.size();) {
+    const size_t dot = std::min(prompt.find('.', from), prompt.size());
+    const std::string item = prompt.substr(from, dot - from);
+    const auto first = item.find_first_not_of(" \t");
+    if (first != std::string::npos)
+      labels.push_back(item.substr(first, item.find_last_not_of(" \t") - first + 1));
+    from = dot + 1;
+  }
+  return labels;
 }
 
 /// `model` as a PromptedDetector, or nullptr for a closed-set model.

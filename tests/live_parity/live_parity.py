@@ -9,6 +9,7 @@ Usage: live_parity.py PREDICT_BINARY [WORKDIR]. Exit code 0 when every case is w
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -279,6 +280,59 @@ def rf_cfg(layers, out_features, nq, windows=2, image_size=128, seg=False, vit=N
     return tr.RfDetrConfig(**base)
 
 
+# Text-conditioned cases: the prompt of every image of the case (libreyolo-predict --prompt) and
+# the fixture whose tokenizer files the checkpoint takes. Grounding DINO: one caption, the
+# grounding_dino_tiny BERT vocabulary (bert-base-uncased's ids where the model reads them);
+# OWLv2: the labels between the '.', each tokenized alone as Owlv2Processor does (padded to the
+# 16 tokens of owlv2_tiny's CLIP tokenizer).
+FIXTURES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "fixtures", "models")
+PROMPTS = {"grounding_dino_swin3lvl_masked": ("a person. a flag. a cat.", "grounding_dino_tiny"),
+           "mm_grounding_dino_dmodel64_128x96": ("remote control. a red car? the dog.", "grounding_dino_tiny"),
+           "owlv2_patch16_96px": ("a photo of an astronaut. a flag. a cup of coffee.", "owlv2_tiny"),
+           "owlv2_patch8_3layers_64px": ("a spoon. coffee.", "owlv2_tiny")}
+TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "vocab.json", "merges.txt", "tokenizer_config.json",
+                   "special_tokens_map.json")
+
+
+def owl2_cfg(vision):
+    """Tiny OWLv2 over owlv2_tiny's 2,110-token CLIP vocabulary; `vision` sets the image tower."""
+    text = dict(vocab_size=2110, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=2,
+                max_position_embeddings=16, bos_token_id=2108, eos_token_id=2109, pad_token_id=0)
+    return tr.Owlv2Config(text_config=text, vision_config=dict(dict(hidden_size=48, intermediate_size=64,
+                                                                    num_hidden_layers=2, num_attention_heads=2),
+                                                               **vision), projection_dim=32)
+
+
+def text_inputs(name, d, batch):
+    """The case's tokens as its processor makes them (copying the fixture's tokenizer files into
+    `d`): {} for a closed-set case."""
+    if name not in PROMPTS:
+        return {}
+    prompt, fixture = PROMPTS[name]
+    for f in TOKENIZER_FILES:
+        if os.path.exists(os.path.join(FIXTURES, fixture, f)):
+            shutil.copy(os.path.join(FIXTURES, fixture, f), d)
+    tok = tr.AutoTokenizer.from_pretrained(d)
+    if fixture == "grounding_dino_tiny":
+        return dict(tok([prompt] * batch, padding="longest", return_tensors="pt"))
+    labels = [x.strip() for x in prompt.split(".") if x.strip()]
+    return dict(tok(labels * batch, padding="max_length", max_length=16, return_tensors="pt"))
+
+
+def gd_cfg(C, **kw):
+    """Tiny Grounding DINO / MM Grounding DINO: Swin stages 1..3 plus one extra level (the
+    fixtures take 2..4), window 5, a 2-layer BERT over the fixture's 1,099-entry vocabulary."""
+    swin = tr.SwinConfig(embed_dim=16, depths=[2, 1, 1], num_heads=[1, 2, 4], window_size=5,
+                         out_indices=[1, 2, 3], out_features=["stage1", "stage2", "stage3"])
+    bert = tr.BertConfig(vocab_size=1099, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                         intermediate_size=48, max_position_embeddings=64)
+    base = dict(backbone_config=swin, text_config=bert, d_model=32, encoder_layers=2, decoder_layers=2,
+                encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64,
+                num_queries=10, num_feature_levels=4, encoder_n_points=2, decoder_n_points=2)
+    base.update(kw)
+    return C(**base)
+
+
 def cases():
     """(name, model class, config, processor, input shape (B,H,W) or per-image sizes, masked)."""
     RT, RT2, DD = tr.RTDetrForObjectDetection, tr.RTDetrV2ForObjectDetection, tr.DeformableDetrForObjectDetection
@@ -379,6 +433,21 @@ def cases():
     yield "rf_detr_seg_masked", RFS, rf_cfg(3, ["stage2", "stage3"], 10, segmentation_head_activation_function="relu"), RFP, [(192, 224), (160, 224)], True
     yield "rf_detr_seg_windows4_128x128", RFS, rf_cfg(3, ["stage1", "stage2"], 12, windows=4, mask_downsample_ratio=2), RFP, (1, 128, 128), False
     yield "rf_detr_swiglu_nowindows_224x160", RF, rf_cfg(2, ["stage1", "stage2"], 10, windows=1, activation_function="gelu", vit=dict(use_swiglu_ffn=True, qkv_bias=False)), RFP, (1, 224, 160), False
+    # Grounding DINO (text-conditioned: PROMPTS): logits compared where transformers' are finite
+    # (-inf past each caption's tokens, where ours must be -inf too).
+    GDP = {"image_processor_type": "GroundingDinoImageProcessor", "do_resize": True,
+           "size": {"shortest_edge": 800, "longest_edge": 1333}, "do_rescale": True, "rescale_factor": 1 / 255,
+           "do_normalize": True, "image_mean": [0.485, 0.456, 0.406], "image_std": [0.229, 0.224, 0.225],
+           "do_pad": True}
+    yield "grounding_dino_swin3lvl_masked", tr.GroundingDinoForObjectDetection, gd_cfg(tr.GroundingDinoConfig), GDP, [(96, 144), (128, 112)], True
+    yield "mm_grounding_dino_dmodel64_128x96", tr.MMGroundingDinoForObjectDetection, gd_cfg(tr.MMGroundingDinoConfig, d_model=64, encoder_ffn_dim=96, decoder_ffn_dim=96, num_queries=12), GDP, (1, 128, 96), False
+    # OWLv2: images padded square by its processor (fed directly here), logits (B, patches, labels),
+    # pred_boxes and objectness_logits compared.
+    OWP = {"image_processor_type": "Owlv2ImageProcessor", "do_resize": True, "size": {"height": 96, "width": 96},
+           "resample": 2, "do_rescale": True, "rescale_factor": 1 / 255, "do_pad": True, "do_normalize": True,
+           "image_mean": [0.48145466, 0.4578275, 0.40821073], "image_std": [0.26862954, 0.26130258, 0.27577711]}
+    yield "owlv2_patch16_96px", tr.Owlv2ForObjectDetection, owl2_cfg(dict(image_size=96, patch_size=16)), OWP, (2, 96, 96), False
+    yield "owlv2_patch8_3layers_64px", tr.Owlv2ForObjectDetection, owl2_cfg(dict(image_size=64, patch_size=8, num_hidden_layers=3, hidden_act="gelu")), dict(OWP, size={"height": 64, "width": 64}), (1, 64, 64), False
     yield "vit_48_3layers", tr.ViTForImageClassification, tr.ViTConfig(image_size=224, patch_size=16, hidden_size=48, num_hidden_layers=3, num_attention_heads=4, intermediate_size=64, num_labels=7), VP, (2, 224, 224), False
     yield "deit_64_3layers", tr.DeiTForImageClassification, tr.DeiTConfig(image_size=224, patch_size=16, hidden_size=64, num_hidden_layers=3, num_attention_heads=4, intermediate_size=96, num_labels=6), DTP, (2, 224, 224), False
     yield "deit_distilled_96px_patch8", tr.DeiTForImageClassificationWithTeacher, tr.DeiTConfig(image_size=96, patch_size=8, hidden_size=48, num_hidden_layers=2, num_attention_heads=3, intermediate_size=40, num_labels=4), dict(DTP, size={"height": 110, "width": 110}, crop_size={"height": 96, "width": 96}), (3, 96, 96), False
@@ -429,33 +498,41 @@ def main():
             m.save_pretrained(d, safe_serialization=True)
             with open(os.path.join(d, "preprocessor_config.json"), "w") as f:
                 json.dump(proc, f, indent=1)
+            prompt = PROMPTS[name][0] if name in PROMPTS else None
+            text = text_inputs(name, d, kw["pixel_values"].shape[0])
             # PP-DocLayoutV2 against eager attention, the manual math ours runs: SDPA's boxes
             # differ by float32 rounding, which its box-relation bias amplifies in the order
             # logits (tests/fixtures/models/pp_doclayout_v2_tiny/meta.json).
             eager = {"attn_implementation": "eager"} if Model is tr.PPDocLayoutV2ForObjectDetection else {}
             m = Model.from_pretrained(d, **eager).eval()
             with torch.no_grad():
-                ref = m(**kw)
+                ref = m(**kw, **text)
             save_file({k: v.contiguous() for k, v in kw.items()}, os.path.join(d, "pixels.safetensors"))
             # Both with the layouts off (the modules as loaded) and on (every layout whose
             # predicate holds: models/layouts/), against the same transformers outputs.
             for layouts in ("off", "on"):
                 out_path = os.path.join(d, f"out_{layouts}.safetensors")
                 r = subprocess.run([predict, "--model", d, "--pixels", os.path.join(d, "pixels.safetensors"),
-                                    "--layouts", layouts, "--out", out_path], capture_output=True, text=True)
+                                    "--layouts", layouts, "--out", out_path]
+                                   + (["--prompt", prompt] if prompt else []), capture_output=True, text=True)
                 if r.returncode != 0:
                     print(f"FAIL {tag} layouts={layouts}: libreyolo-predict exited {r.returncode}: "
                           f"{r.stderr.strip()[-400:]}")
                     failed += 1
                     continue
                 ours = load_file(out_path)
-                dl = float((ours["logits"] - ref.logits).abs().max())
+                finite = torch.isfinite(ref.logits)  # Grounding DINO: -inf past the caption
+                dl = float((ours["logits"] - ref.logits)[finite].abs().max())
                 line = f"{tag} layouts={layouts}: logits max abs diff {dl:.3g}"
-                ok = dl <= LOGITS_BAR
+                ok = dl <= LOGITS_BAR and torch.equal(torch.isfinite(ours["logits"]), finite)
                 if hasattr(ref, "pred_boxes") and ref.pred_boxes is not None:
                     db = float((ours["pred_boxes"] - ref.pred_boxes).abs().max())
                     line += f", pred_boxes {db:.3g}"
                     ok = ok and db <= BOXES_BAR
+                if getattr(ref, "objectness_logits", None) is not None:  # OWLv2
+                    dj = float((ours["objectness_logits"] - ref.objectness_logits).abs().max())
+                    line += f", objectness_logits {dj:.3g}"
+                    ok = ok and dj <= LOGITS_BAR
                 if getattr(ref, "order_logits", None) is not None:  # PP-DocLayoutV2, V3
                     do = float((ours["order_logits"] - ref.order_logits).abs().max())
                     line += f", order_logits {do:.3g}"

@@ -140,6 +140,36 @@ TEST_F(PredictTool, GroundingDinoPromptMatchesTransformers) {
   EXPECT_TRUE(at::equal(got->view("input_ids"), want->view("labels_input_ids")));
 }
 
+TEST_F(PredictTool, OwlPromptMatchesTransformers) {
+  // --prompt gives OWLv2 its labels (split at '.'): astronaut.jpg with the fixture's first
+  // image's labels at threshold 0.1 gives post_process_grounded_object_detection's boxes, labels
+  // and scores (tests/fixtures/models/owlv2_tiny, th0.1_img0), and the raw objectness logits.
+  const fs::path model = kFixtures / "models" / "owlv2_tiny";
+  const std::string image = (kFixtures / "images" / "astronaut.jpg").string();
+  const fs::path out = fs::temp_directory_path() / "image_predict_owlv2.safetensors";
+  const ToolRun r = run_tool("--model '" + model.string() + "' --image '" + image +
+                             "' --prompt 'a photo of an astronaut. a flag. a cup of coffee.'"
+                             " --threshold 0.1 --out '" +
+                             out.string() + "'");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  auto got = libreyolo::models::core::SafetensorsFile::open(out.string());
+  auto want =
+      libreyolo::models::core::SafetensorsFile::open((model / "expected.safetensors").string());
+  const at::Tensor s = want->view("th0.1_img0_scores");
+  ASSERT_EQ(got->view("img0_scores").numel(), s.numel());
+  EXPECT_NE(r.out.find("astronaut.jpg (512x512): " + std::to_string(s.numel()) +
+                       " detections with score > 0.1"),
+            std::string::npos)
+      << r.out;
+  EXPECT_TRUE(at::equal(got->view("img0_labels"), want->view("th0.1_img0_labels")));
+  EXPECT_LE((got->view("img0_scores") - s).abs().max().item<double>(), 1e-4);
+  EXPECT_LE((got->view("img0_boxes") - want->view("th0.1_img0_boxes")).abs().max().item<double>(),
+            1e-2);
+  EXPECT_EQ(got->view("objectness_logits").sizes(), (at::IntArrayRef{1, 16}));
+  // (B, Q, L): the image's three labels, the fixture's first three rows.
+  EXPECT_TRUE(at::equal(got->view("input_ids")[0], want->view("input_ids").slice(0, 0, 3)));
+}
+
 TEST_F(PredictTool, ModelFolderRunsItsHighestNumericVersion) {
   // <dir>/9 is empty (not a checkpoint) and <dir>/10 the fixture: the highest version is 10
   // numerically (9 as text); "010" and "x" are not versions.

@@ -133,19 +133,6 @@ std::string binding_lines(nlohmann::json* out) {
   return os.str();
 }
 
-/// "a cat. a dog." -> {"a cat", "a dog"}: split at '.', stripped of spaces, empty parts dropped.
-std::vector<std::string> parse_labels(const std::string& text) {
-  std::vector<std::string> labels;
-  std::stringstream list(text);
-  std::string item;
-  while (std::getline(list, item, '.')) {
-    const auto first = item.find_first_not_of(" \t");
-    if (first == std::string::npos) continue;
-    labels.push_back(item.substr(first, item.find_last_not_of(" \t") - first + 1));
-  }
-  return labels;
-}
-
 /// "640" -> {640, 640}; "800x1333" -> {800, 1333}. Throws std::invalid_argument otherwise.
 std::pair<int64_t, int64_t> parse_size(const std::string& text) {
   const auto x = text.find('x');
@@ -214,7 +201,7 @@ int main(int argc, char** argv) {
   if (fused != "default" && fused != "on" && fused != "off") return usage();
   if (!layouts.empty() && layouts != "default" && layouts != "on" && layouts != "off")
     return usage();
-  const std::vector<std::string> labels = parse_labels(prompt);
+  const std::vector<std::string> labels = libreyolo::models::split_labels(prompt);
   std::vector<std::string> caches;
   {
     std::stringstream list(cache_modes);

@@ -30,6 +30,7 @@
 #include "models/image/postprocess.h"
 #include "models/image/processor.h"
 #include "models/model.h"
+#include "models/prompted.h"
 #include "tools/predict/safetensors_write.h"
 
 namespace {
@@ -66,6 +67,9 @@ const char* kUsage =
     "                    prompt of every image, \"a cat. a remote control.\"; --threshold is\n"
     "                    then the box threshold (a box is kept when its best token's\n"
     "                    probability is > T) and each box is named by its phrase\n"
+    "                    OWL-ViT / OWLv2: the labels of every image, separated by '.'\n"
+    "                    (\"a cat. a remote control.\" = two labels); each box is named by\n"
+    "                    its best label (--threshold: its score > T)\n"
     "  --text-threshold T  tokens of a box's phrase: probability > T (default 0.25)\n"
     "Image sizes are printed width x height (WxH), as in error messages; boxes are\n"
     "[x0, y0, x1, y1] in pixels of the image as displayed (EXIF orientation applied).\n";
@@ -302,12 +306,15 @@ int run(Args a) {
   const Inputs in = a.images.empty() ? inputs_from_pixels(a) : inputs_from_images(a);
   const auto* text_model =
       dynamic_cast<const models::grounding_dino::TextConditioned*>(model.get());
-  if (text_model != nullptr && a.prompt.empty())
+  // The other open-vocabulary families (OWL-ViT, OWLv2): labels, one list for every image.
+  const auto* labelled = text_model == nullptr ? models::prompted_detector(*model) : nullptr;
+  if ((text_model != nullptr || labelled != nullptr) && a.prompt.empty())
     throw std::runtime_error(model->model_type() + " is text-conditioned: give --prompt");
-  if (text_model == nullptr && !a.prompt.empty())
+  if (text_model == nullptr && labelled == nullptr && !a.prompt.empty())
     throw std::runtime_error(model->model_type() + " takes no --prompt");
-  models::ModelOutput raw;
+  models::PromptedOutput raw;
   models::grounding_dino::TextTensors text;
+  std::vector<std::vector<std::string>> labels;  // OWL: each image's labels
   {
     c10::InferenceMode guard;
     const at::Tensor pv = in.pixel_values.to(options.device, options.dtype);
@@ -316,9 +323,14 @@ int run(Args a) {
       text = models::grounding_dino::encode_prompts(
           text_model->tokenizer(),
           std::vector<std::string>(static_cast<size_t>(pv.size(0)), a.prompt));
-      raw = text_model->forward_text(pv, pm, text);
+      static_cast<models::ModelOutput&>(raw) = text_model->forward_text(pv, pm, text);
+    } else if (labelled != nullptr) {
+      labels.assign(static_cast<size_t>(pv.size(0)), models::split_labels(a.prompt));
+      const auto queries = labelled->encode_labels(labels);
+      text.input_ids = queries.input_ids.to(at::kCPU);
+      raw = labelled->forward_prompted_masked(pv, pm, queries);
     } else {
-      raw = model->forward(pv, pm);
+      static_cast<models::ModelOutput&>(raw) = model->forward(pv, pm);
     }
   }
   const at::Tensor logits = raw.logits.to(at::kCPU, at::kFloat);
@@ -341,7 +353,34 @@ int run(Args a) {
   std::map<std::string, at::Tensor> dump = {{"logits", logits}, {"pixel_values", in.pixel_values}};
   if (in.pixel_mask.defined()) dump["pixel_mask"] = in.pixel_mask;
 
-  if (text_model != nullptr) {
+  if (labelled != nullptr) {
+    // The family's post-processing: boxes named by their best label.
+    result["task"] = "zero-shot-object-detection";
+    result["prompt"] = a.prompt;
+    dump["pred_boxes"] = raw.pred_boxes.to(at::kCPU, at::kFloat);
+    dump["input_ids"] = text.input_ids;
+    if (raw.objectness_logits.defined())
+      dump["objectness_logits"] = raw.objectness_logits.to(at::kCPU, at::kFloat);
+    const auto dets = labelled->post_process(raw, in.target_sizes, labels, {a.threshold, 0.0});
+    for (size_t i = 0; i < dets.size(); ++i) {
+      const auto& d = dets[i];
+      json ji = image_result(in, i, d.scores.numel(), a.threshold);
+      for (int64_t k = 0; k < d.scores.numel(); ++k) {
+        const float score = d.scores[k].item<float>();
+        const std::string& label = d.phrases[static_cast<size_t>(k)];
+        const auto box = print_detection(label, score, d.boxes[k]);
+        ji["detections"].push_back({{"label", d.labels[k].item<int64_t>()},
+                                    {"name", label},
+                                    {"score", score},
+                                    {"box", box}});
+      }
+      result["images"].push_back(ji);
+      const std::string key = "img" + std::to_string(i) + "_";
+      dump[key + "scores"] = d.scores;
+      dump[key + "labels"] = d.labels;
+      dump[key + "boxes"] = d.boxes;
+    }
+  } else if (text_model != nullptr) {
     // post_process_grounded_object_detection: boxes named by the phrase of their tokens.
     result["task"] = "zero-shot-object-detection";
     result["prompt"] = a.prompt;
