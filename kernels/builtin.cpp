@@ -23,6 +23,7 @@ bool cuda_device_usable();
 // Defined next to each op.
 void register_fake_quant_fp8_reference(Registry& registry);
 void register_attention_implementations(Registry& registry);
+void register_conv2d_bias_act_onednn(Registry& registry);  // conv/cpu/conv2d_bias_act_onednn.cpp
 
 Registry& Registry::process_default() {
   static Registry* registry = [] {
@@ -38,6 +39,7 @@ Registry& Registry::process_default() {
 void register_builtin_slots(Registry& registry) {
   registry.declare(kMsDeformAttn);   // no reference: callers keep the portable path
   registry.declare(kConv2dBiasAct);  // no reference: conv2d_bias_act_portable
+  register_conv2d_bias_act_onednn(registry);
   registry.declare(kMaxPool2d);      // no reference: max_pool2d_portable
   registry.declare(kAddLayerNorm);   // no reference: add_layer_norm_portable
   // The reference (libjpeg-turbo / libpng) is registered by libreyolo_models, where that

@@ -7,7 +7,9 @@
 // (aten/src/ATen/native/cudnn/ConvShared.cpp), which fuse ReLU only, and for other activations
 // cuDNN's convolution plus one epilogue kernel; `cuda_depthwise` (tried first): depthwise
 // convolutions of channels_last maps in one kernel with bias, residual and activation
-// (kernels/conv/cuda/depthwise_conv2d_cuda.h).
+// (kernels/conv/cuda/depthwise_conv2d_cuda.h); `onednn` (CPU float32 models): oneDNN's
+// convolution with bias, residual add and activation as post-ops on weights reordered once into
+// its blocked format, activations channels_last (kernels/conv/cpu/conv2d_bias_act_onednn.cpp).
 //
 // Shapes and dtypes:
 //   input     (B, C_in, H, W)        float32 / float16 / bfloat16, any memory format

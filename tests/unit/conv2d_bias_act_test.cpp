@@ -106,6 +106,7 @@ TEST(Conv2dBiasAct, TheCudaImplementationIsNoCandidateOfACpuModel) {
   Registry& r = Registry::process_default();
   BindContext cpu;
   cpu.model = "cpu_conv_model";
+  cpu.dtype = "bfloat16";  // float32 would bind `onednn` (conv2d_bias_act_onednn_test.cpp)
   const auto h = r.bind(kConv2dBiasAct, cpu);
   EXPECT_TRUE(h.empty());  // no reference: the portable path is the caller's
   for (const auto& b : r.bindings()) {

@@ -1,0 +1,233 @@
+// The `onednn` implementation of conv2d_bias_act (CPU, float32): oneDNN's convolution with the
+// bias, the residual add and the activation as post-ops, on weights reordered once into oneDNN's
+// blocked format, through the ops PyTorch's Inductor emits for CPU freezing
+// (torch/_inductor/fx_passes/mkldnn_fusion.py): mkldnn::_reorder_convolution_weight and
+// mkldnn::_convolution_pointwise (+ its .binary overload for the residual add;
+// aten/src/ATen/native/mkldnn/Conv.cpp). They are registered in the `mkldnn` namespace of
+// LibTorch's dispatcher (no at:: function), so they are called through it.
+//
+// Why: ATen's at::conv2d on the CPU reorders the weight into the blocked format on every call,
+// and an NCHW activation into and out of nChw8c around every convolution; the bias add, residual
+// add and activation are further passes over the map. Here activations stay channels_last (nhwc,
+// which oneDNN's kernels read and write directly) from the first convolution on, and each
+// convolution is one oneDNN primitive. The results equal ATen's at::conv2d on channels_last
+// inputs (the same oneDNN kernels; the post-ops are exact for none, relu and the add, and within
+// a float32 ulp of ATen's for SiLU, GELU (erf) and tanh).
+//
+// Packed weights are kept in a process-wide table keyed by the weight tensor (a weak reference,
+// its data pointer and version): made on a weight's first call (the daemon's warm-up forward),
+// made again when the weight was replaced or written in place (a layout applied after a forward),
+// and dropped when the weight is freed (swept on the next insertion). Memory: one blocked copy of
+// every convolution weight (the dense one stays for the portable path).
+#include <ATen/ATen.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/grad_mode.h>
+#include <c10/util/intrusive_ptr.h>
+
+#include <mutex>
+#include <optional>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "kernels/conv/conv2d_bias_act.h"
+#include "kernels/registry.h"
+
+namespace libreyolo::kernels {
+namespace {
+
+constexpr const char* kPointwise = "mkldnn::_convolution_pointwise";
+constexpr const char* kReorder = "mkldnn::_reorder_convolution_weight";
+
+/// oneDNN's post-op name for `act` (aten/src/ATen/native/mkldnn/Utils.cpp fusion_unary_attr_map):
+/// ours but for SiLU, which it calls "swish" (x * sigmoid(x)); "gelu" with algorithm "none" is the
+/// erf form.
+const char* unary_attr(Activation act) {
+  return act == Activation::silu ? "swish" : activation_name(act);
+}
+
+/// mkldnn::_convolution_pointwise(X, W, B?, padding, stride, dilation, groups, attr, scalars,
+/// algorithm): act(conv(X, W) + B), the output in X's memory format.
+at::Tensor convolution_pointwise(const at::Tensor& x, const at::Tensor& w,
+                                 const std::optional<at::Tensor>& b, const ConvGeometry& g,
+                                 Activation act) {
+  static const auto op =
+      c10::Dispatcher::singleton()
+          .findSchemaOrThrow(kPointwise, "")
+          .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&,
+                            at::IntArrayRef, at::IntArrayRef, at::IntArrayRef, int64_t,
+                            std::string_view, c10::List<std::optional<at::Scalar>>,
+                            std::optional<std::string_view>)>();
+  const std::optional<std::string_view> algorithm =
+      act == Activation::gelu ? std::optional<std::string_view>("none") : std::nullopt;
+  return op.call(x, w, b, {g.pad_h, g.pad_w}, {g.stride_h, g.stride_w},
+                 {g.dilation_h, g.dilation_w}, g.groups, unary_attr(act),
+                 c10::List<std::optional<at::Scalar>>(), algorithm);
+}
+
+/// mkldnn::_convolution_pointwise.binary(X, other, W, B?, ..., "add", alpha, unary): the residual
+/// add as a oneDNN binary post-op, then ReLU or nothing (the only unary it fuses after a binary).
+at::Tensor convolution_add(const at::Tensor& x, const at::Tensor& residual, const at::Tensor& w,
+                           const std::optional<at::Tensor>& b, const ConvGeometry& g,
+                           Activation act) {
+  static const auto op =
+      c10::Dispatcher::singleton()
+          .findSchemaOrThrow(kPointwise, "binary")
+          .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                            const std::optional<at::Tensor>&, at::IntArrayRef, at::IntArrayRef,
+                            at::IntArrayRef, int64_t, std::string_view, std::optional<at::Scalar>,
+                            std::optional<std::string_view>, c10::List<std::optional<at::Scalar>>,
+                            std::optional<std::string_view>)>();
+  const std::optional<std::string_view> unary =
+      act == Activation::relu ? std::optional<std::string_view>("relu") : std::nullopt;
+  return op.call(x, residual, w, b, {g.pad_h, g.pad_w}, {g.stride_h, g.stride_w},
+                 {g.dilation_h, g.dilation_w}, g.groups, "add", std::nullopt, unary,
+                 c10::List<std::optional<at::Scalar>>(), std::nullopt);
+}
+
+/// mkldnn::_reorder_convolution_weight: `w` in the blocked format oneDNN's convolution picks for
+/// this geometry and an input of `input_sizes` (an opaque mkldnn tensor).
+at::Tensor reorder_weight(const at::Tensor& w, const ConvGeometry& g, at::IntArrayRef input_sizes) {
+  static const auto op =
+      c10::Dispatcher::singleton()
+          .findSchemaOrThrow(kReorder, "")
+          .typed<at::Tensor(const at::Tensor&, at::IntArrayRef, at::IntArrayRef, at::IntArrayRef,
+                            int64_t, at::OptionalIntArrayRef)>();
+  return op.call(w.contiguous(), {g.pad_h, g.pad_w}, {g.stride_h, g.stride_w},
+                 {g.dilation_h, g.dilation_w}, g.groups, input_sizes);
+}
+
+/// The packed-weight table (see the header comment).
+class PackedWeights {
+ public:
+  /// The packed form of `w` for geometry `g`, made now if absent or stale.
+  at::Tensor get(const at::Tensor& w, const ConvGeometry& g, at::IntArrayRef input_sizes) {
+    auto* impl = w.unsafeGetTensorImpl();
+    // Inference tensors (a model loaded under InferenceMode) have no version counter; they can
+    // only be written inside InferenceMode, which no layout does after loading.
+    const int64_t version = w.is_inference() ? -1 : static_cast<int64_t>(w._version());
+    {
+      const std::lock_guard<std::mutex> lock(mutex_);
+      auto it = table_.find(impl);
+      if (it != table_.end() && fresh(it->second, impl, w, version, g)) return it->second.packed;
+    }
+    // Reordered outside the lock (other convolutions go on); a concurrent first call of the
+    // same weight packs it twice, and the later insertion wins (both are equal).
+    Entry e{c10::weak_intrusive_ptr<c10::TensorImpl>(w.getIntrusivePtr()), w.data_ptr(), version, g,
+            reorder_weight(w, g, input_sizes)};
+    const std::lock_guard<std::mutex> lock(mutex_);
+    for (auto it = table_.begin(); it != table_.end();) {
+      if (it->second.source.expired())
+        it = table_.erase(it);
+      else
+        ++it;
+    }
+    auto packed = e.packed;
+    table_.insert_or_assign(impl, std::move(e));
+    return packed;
+  }
+
+ private:
+  struct Entry {
+    c10::weak_intrusive_ptr<c10::TensorImpl> source;
+    const void* data;
+    int64_t version;
+    ConvGeometry geometry;
+    at::Tensor packed;
+  };
+
+  static bool same(const ConvGeometry& a, const ConvGeometry& b) {
+    return a.stride_h == b.stride_h && a.stride_w == b.stride_w && a.pad_h == b.pad_h &&
+           a.pad_w == b.pad_w && a.dilation_h == b.dilation_h && a.dilation_w == b.dilation_w &&
+           a.groups == b.groups;
+  }
+
+  /// The entry still describes `w`: the same live tensor (not a new one at a freed address),
+  /// the same storage, not written since, the same geometry.
+  static bool fresh(const Entry& e, const c10::TensorImpl* impl, const at::Tensor& w,
+                    int64_t version, const ConvGeometry& g) {
+    auto alive = e.source.lock();
+    return alive.get() == impl && e.data == w.data_ptr() && e.version == version &&
+           same(e.geometry, g);
+  }
+
+  std::mutex mutex_;
+  std::unordered_map<const c10::TensorImpl*, Entry> table_;
+};
+
+PackedWeights& packed_weights() {
+  static auto* table = new PackedWeights();  // never destroyed: forwards may run at exit
+  return *table;
+}
+
+/// The oneDNN call itself (the checks are the caller's).
+at::Tensor run(const at::Tensor& input, const at::Tensor& weight, const at::Tensor& bias,
+               const at::Tensor& residual, const ConvGeometry& g, Activation act) {
+  // channels_last from here on: oneDNN reads and writes nhwc directly, and the output follows
+  // the input's format, so a backbone converts its first input once.
+  const auto x = input.contiguous(at::MemoryFormat::ChannelsLast);
+  const auto packed = packed_weights().get(weight, g, x.sizes());
+  const std::optional<at::Tensor> b =
+      bias.defined() ? std::optional<at::Tensor>(bias.contiguous()) : std::nullopt;
+  if (!residual.defined()) return convolution_pointwise(x, packed, b, g, act);
+  const auto r = residual.contiguous(at::MemoryFormat::ChannelsLast);
+  // The binary post-op is fused for ungrouped convolutions (ATen runs grouped ones unfused with
+  // the weight made dense again) and takes ReLU only after the add. A residual whose
+  // channels_last strides are also NCHW strides (one channel, or 1x1 maps) is refused by
+  // oneDNN's memory descriptor ("could not create a memory"): the add runs in ATen.
+  const bool unambiguous = r.size(1) > 1 && r.size(2) * r.size(3) > 1;
+  if (g.groups == 1 && unambiguous && (act == Activation::none || act == Activation::relu))
+    return convolution_add(x, r, packed, b, g, act);
+  auto y = convolution_pointwise(x, packed, b, g, Activation::none);
+  y.add_(r);
+  return apply_activation_(act, y);
+}
+
+Outcome<at::Tensor> conv2d_bias_act_onednn(const at::Tensor& input, const at::Tensor& weight,
+                                           const at::Tensor& bias, const at::Tensor& residual,
+                                           const ConvGeometry& g, Activation act) {
+  if (!input.device().is_cpu() || !weight.device().is_cpu())
+    return Decline{"onednn: not a CPU tensor"};
+  if (input.scalar_type() != at::kFloat) return Decline{"onednn: dtype (float32 only)"};
+  if (input.layout() != at::kStrided || weight.layout() != at::kStrided)
+    return Decline{"onednn: not a strided tensor"};
+  if (at::GradMode::is_enabled() && (input.requires_grad() || weight.requires_grad()))
+    return Decline{"onednn: autograd (the fused op has no backward)"};
+  if (bias.defined() && bias.scalar_type() != at::kFloat)
+    return Decline{"onednn: bias dtype differs"};
+  if (residual.defined() && residual.scalar_type() != at::kFloat)
+    return Decline{"onednn: residual dtype differs"};
+  try {
+    return run(input, weight, bias, residual, g, act);
+  } catch (const c10::OutOfMemoryError&) {
+    throw;  // the registry's out-of-memory handling (kernels/out_of_memory.h)
+  } catch (const c10::Error&) {
+    // oneDNN refusing one shape (a request's odd size) must not disable the implementation for
+    // the process, as a throw would: ATen runs this call, the next one tries again.
+    return Decline{"onednn: oneDNN refused this convolution"};
+  }
+}
+
+/// The mkldnn ops are in this LibTorch (a build without oneDNN has neither).
+bool onednn_available() {
+  if (!at::hasMKLDNN()) return false;
+  auto& d = c10::Dispatcher::singleton();
+  return d.findSchema({kPointwise, ""}).has_value() &&
+         d.findSchema({kPointwise, "binary"}).has_value() &&
+         d.findSchema({kReorder, ""}).has_value();
+}
+
+const char* cpu_float32_models_only(const BindContext& c) {
+  if (c.device != BindContext::Device::cpu) return "the model is not on the CPU";
+  if (c.dtype != "float32") return "the model is not float32";
+  return nullptr;
+}
+
+}  // namespace
+
+void register_conv2d_bias_act_onednn(Registry& registry) {
+  registry.register_impl(kConv2dBiasAct, "onednn", &conv2d_bias_act_onednn, &onednn_available,
+                         &cpu_float32_models_only);
+}
+
+}  // namespace libreyolo::kernels
