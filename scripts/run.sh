@@ -73,8 +73,10 @@ fetch_real_model() {
   real_name=$(basename "$real" | tr -c 'A-Za-z0-9_.\n-' '_')
   mkdir -p "$cache"
   run_repo=$(mktemp -d "$cache/run-repository.XXXXXX")
-  cp -al examples/model_repository/. "$run_repo/" 2>/dev/null ||
-    { rm -rf "${run_repo:?}"/*; cp -a examples/model_repository/. "$run_repo/"; }
+  # The examples' weights are links into tests/fixtures (one copy in the tree): -L follows them,
+  # hard-linking the files they name where the file system allows it.
+  cp -RlL examples/model_repository/. "$run_repo/" 2>/dev/null ||
+    { rm -rf "${run_repo:?}"/*; cp -RL examples/model_repository/. "$run_repo/"; }
   mkdir -p "$run_repo/$real_name/1"
   for f in "${real_files[@]}"; do
     ln "$dl/$f" "$run_repo/$real_name/1/$f" 2>/dev/null || cp "$dl/$f" "$run_repo/$real_name/1/$f"

@@ -139,8 +139,10 @@ EOF
 # image's default, so that the image's own ENTRYPOINT/CMD start it).
 write_config "$work/server.yaml" "$grpc" "$http" /models
 write_config "$work/host.yaml" "$host_grpc" "$host_http" "$root/examples/model_repository"
+# The examples' weights are relative links into tests/fixtures: mounted at /tests/fixtures, they
+# resolve from /models (docs/OPERATIONS.md's command).
 podman run -d --name "$cname" --network host \
-  -v "$root/examples/model_repository:/models:ro" -v "$work/server.yaml:/etc/libreyolo/server.yaml:ro" \
+  -v "$root/examples/model_repository:/models:ro" -v "$root/tests/fixtures:/tests/fixtures:ro" -v "$work/server.yaml:/etc/libreyolo/server.yaml:ro" \
   "$tag" >/dev/null
 LIBREYOLO_HUB_KERNELS=0 "$server" --config "$work/host.yaml" > "$work/host.log" 2>&1 &
 host_daemon=$!
