@@ -311,6 +311,11 @@ ServerConfig parse_root(const YAML::Node& root, const std::string& file, const O
         if (!valid_device(d))
           fail(file, v, "device must be auto, cpu, cuda or cuda:N, got '" + d + "'");
         set(c.device, d, file, v);
+      } else if (key == "dtype") {
+        const auto d = as<std::string>(file, v, key, "auto, float32, float16 or bfloat16");
+        if (d != "auto" && d != "float32" && d != "float16" && d != "bfloat16")
+          fail(file, v, "dtype must be auto, float32, float16 or bfloat16, got '" + d + "'");
+        set(c.dtype, d, file, v);
       } else if (key == "tf32") {
         // YAML 1.1 reads bare on/off as booleans.
         const auto t = kernels::normalize(as<std::string>(file, v, key, "default, on or off"));
@@ -325,7 +330,8 @@ ServerConfig parse_root(const YAML::Node& root, const std::string& file, const O
       } else {
         fail(file, kv.first,
              "unknown key " + key +
-                 " (expected server, model_repository, device, tf32, cudnn_benchmark, kernels)");
+                 " (expected server, model_repository, device, dtype, tf32, cudnn_benchmark, "
+                 "kernels)");
       }
     }
   }
@@ -504,6 +510,7 @@ std::string describe(const ServerConfig& c) {
   };
   row(out, "", "model_repository", absolute(c.model_repository));
   row(out, "", "device", c.device);
+  row(out, "", "dtype", c.dtype);
   row(out, "", "tf32", c.tf32);
   row(out, "", "cudnn_benchmark", c.cudnn_benchmark);
   const auto& k = c.kernels;

@@ -71,6 +71,10 @@ struct ServerConfig {
 
   Setting<std::string> model_repository{"./examples/model_repository"};
   Setting<std::string> device{"auto"};  ///< auto | cpu | cuda | cuda:N
+  /// auto | float32 | float16 | bfloat16: the dtype of every model whose serving.yaml leaves
+  /// `dtype` unset. auto: float32 on CUDA; on the CPU bfloat16 where it has AVX-512 BF16 or AMX,
+  /// else float32 (server/instance/dtype_policy.h).
+  Setting<std::string> dtype{"auto"};
   /// TensorFloat-32 on CUDA: `default` keeps PyTorch's defaults (cuDNN convolutions may use TF32,
   /// matrix multiplications do not), `on` allows both, `off` neither (float32 results equal to the
   /// CPU reference within 1e-4, and slower: docs/BENCHMARKS.md).

@@ -132,6 +132,7 @@ ServingConfig parse_serving_config(const std::string& yaml_text, const std::stri
       if (c.dtype != "float32" && c.dtype != "float16" && c.dtype != "bfloat16") {
         fail(file, v, "dtype must be float32, float16 or bfloat16, got '" + clip(c.dtype) + "'");
       }
+      c.dtype_origin = where(file, v);
     } else if (key == "max_batch_size") {
       c.max_batch_size = as<std::int64_t>(file, v, key, "an integer");
       if (c.max_batch_size < 1) fail(file, v, "max_batch_size must be >= 1");

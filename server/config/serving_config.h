@@ -28,8 +28,11 @@ const char* instance_kind_name(InstanceGroup::Kind kind);
 
 /// Every key optional. Batching knobs mirror Triton's ModelDynamicBatching / ModelQueuePolicy.
 struct ServingConfig {
-  std::string device;               ///< "" = the server's `device`; else cpu | cuda | cuda:N
-  std::string dtype = "float32";    ///< float32 | float16 | bfloat16
+  std::string device;  ///< "" = the server's `device`; else cpu | cuda | cuda:N
+  /// float32 | float16 | bfloat16; "" (unset): the server's `dtype`, else the device rule
+  /// (server/instance/dtype_policy.h: bfloat16 on a CPU with AVX-512 BF16 or AMX, else float32).
+  std::string dtype;
+  std::string dtype_origin;         ///< "FILE:LINE:COLUMN" of the key; "" when not set
   std::int64_t max_batch_size = 8;  ///< images per forward
   std::uint64_t max_queue_delay_microseconds = 0;  ///< how long a batch may wait to grow
   std::uint32_t max_queue_size = 64;               ///< queued requests; more -> RESOURCE_EXHAUSTED

@@ -214,6 +214,7 @@ api::ModelConfig ServerCore::model_config(const std::string& name,
     c.parameters = l.task->config_parameters();
     c.parameters["device"] = l.device.str();
     c.parameters["dtype"] = c10::toString(l.dtype);
+    c.parameters["dtype_source"] = l.dtype_choice.source;
     c.parameters["task"] = l.task->name();
     c.parameters["fused_attention"] = kernels::fused_attention_name(l.fused_attention);
     c.parameters["fused_attention_source"] = l.fused_attention_source;
@@ -302,6 +303,9 @@ std::string ServerCore::active_json() const {
       if (e->loaded) {
         const auto& l = *e->loaded;
         m["task"] = l.task->name();
+        // The compute dtype and why (server/instance/dtype_policy.h): serving.yaml, the
+        // server's dtype, or the device rule ("cpu has amx_bf16").
+        m["dtype"] = {{"value", l.dtype_choice.dtype}, {"source", l.dtype_choice.source}};
         // The effective per-model value: serving.yaml, else kernels.fused_attention above.
         m["fused_attention"] = {{"value", kernels::fused_attention_name(l.fused_attention)},
                                 {"source", l.fused_attention_source},
@@ -360,6 +364,7 @@ std::string ServerCore::active_json() const {
        setting(absolute_path(config_.model_repository.value), config_.model_repository.source,
                config_.model_repository.origin)},
       {"device", server_setting(config_.device)},
+      {"dtype", server_setting(config_.dtype)},
   };
   out["models"] = std::move(models);
   // GPU memory of the devices the instances use (models/runtime/device_memory.h), bytes.

@@ -3,9 +3,12 @@
 // libgomp, and so ATen's default intra-op thread count, sizes its team from the affinity mask
 // only: a pod limited to 2 CPUs on a 64-core node would run 64 threads and be throttled by the
 // kernel's CFS bandwidth control for most of each period. The same rule as Go's
-// uber-go/automaxprocs (internal/cgroups: floor(quota / period), at least 1) and the JDK's
-// container support (cgroup v2 cpu.max, v1 cpu.cfs_quota_us / cpu.cfs_period_us; the
-// effective limit of a nested cgroup is the smallest along its path). No torch.
+// uber-go/automaxprocs (internal/cgroups: floor(quota / period), at least 1), with the files of
+// the JDK's container support (cgroup v2 cpu.max, v1 cpu.cfs_quota_us / cpu.cfs_period_us; the
+// effective limit of a nested cgroup is the smallest along its path). Rounded down, not up as
+// the JDK's processor count is: with 2.5 CPUs a third busy thread would be throttled for the
+// last sixth of every period, and each OpenMP region waits at its barrier for the throttled
+// thread. No torch.
 #pragma once
 
 #include <string>

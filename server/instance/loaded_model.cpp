@@ -44,7 +44,10 @@ std::shared_ptr<LoadedModel> load_model_version(const InstanceOptions& in,
   m->dir = in.dir;
   m->serving = serving;
   m->device = resolve_device(serving.device.empty() ? in.server_device : serving.device);
-  m->dtype = resolve_dtype(serving.dtype);
+  m->dtype_choice =
+      choose_dtype(serving.dtype, serving.dtype_origin, in.server_dtype.value,
+                   in.server_dtype.origin, m->device.is_cuda(), host_cpu_bf16_flags());
+  m->dtype = resolve_dtype(m->dtype_choice.dtype);
   models::LoadOptions options;
   options.device = m->device;
   options.dtype = m->dtype;
@@ -69,9 +72,7 @@ std::shared_ptr<LoadedModel> load_model_version(const InstanceOptions& in,
     kernels::BindContext context;
     context.device = kernels::BindContext::Device::cuda;
     context.device_index = m->device.index();
-    context.dtype = m->dtype == at::kHalf       ? "float16"
-                    : m->dtype == at::kBFloat16 ? "bfloat16"
-                                                : "float32";
+    context.dtype = m->dtype_choice.dtype;
     context.model = name;
     context.instance = in.instance;
     const kernels::Filter filter = registry.filter().overridden(options.kernel_slots);

@@ -15,6 +15,7 @@
 #include "models/model.h"
 #include "models/runtime/cuda_graph_runner.h"
 #include "server/config/serving_config.h"
+#include "server/instance/dtype_policy.h"
 #include "server/tasks/task_adapter.h"
 
 namespace libreyolo::server {
@@ -42,6 +43,9 @@ struct LoadedModel {
   std::unique_ptr<TaskAdapter> task;
   at::Device device = at::kCPU;
   at::ScalarType dtype = at::kFloat;
+  /// `dtype` by name ("bfloat16") and why (server/instance/dtype_policy.h choose_dtype):
+  /// "serving.yaml FILE:L:C", "server dtype FILE:L:C", "cpu has amx_bf16", "default on cuda".
+  DtypeChoice dtype_choice;
   /// The effective fused-attention setting: serving.yaml `fused_attention` unless `default`,
   /// then the server's `kernels.fused_attention`, then the device rule
   /// (models::layers::fused_attention_by_default: on for CUDA float16/bfloat16);
@@ -77,10 +81,14 @@ struct InstanceOptions {
   /// "" for a model of one instance, else "<model>_<i>" (its kernel handles are bound and
   /// reported under that name).
   std::string instance;
+  /// The top-level `dtype`: auto | float32 | float16 | bfloat16 (serving.dtype wins when set;
+  /// auto: the device rule of server/instance/dtype_policy.h).
+  kernels::Setting<std::string> server_dtype{"auto"};
 };
 
 /// Loads options.dir (config.json, model.safetensors, preprocessor_config.json) with its
-/// serving.yaml on its device, then applies the effective fused-attention setting
+/// serving.yaml on its device in the dtype choose_dtype picks (serving.dtype, the server's
+/// dtype, the device rule), then applies the effective fused-attention setting
 /// (serving.fused_attention, else the server's, else the device rule of
 /// models::layers::fused_attention_by_default): on/off call
 /// models::Model::set_fused_attention(true/false) and log how many modules changed. Layouts:

@@ -353,6 +353,7 @@ def main():
           "model_repository: ../models\ndevice: cuda:1\ntf32: off\n"
           "server:\n  grpc_address: 127.0.0.1:9001\n  http_address: \"off\"\n  model_control: explicit\n"
           "  log_level: warn\n  max_concurrent_rpcs: 4\n")
+    write("server_yaml", "dtype.yaml", "device: cpu\ndtype: bfloat16\n")
 
     for p in sorted((ROOT / "examples/model_repository").glob("*/serving.yaml")):
         write("serving_yaml", p.parent.name + ".yaml", p.read_bytes())

@@ -112,16 +112,8 @@ TEST_F(CgroupTree, JunkAndMissingFilesMeanNoCap) {
 }
 
 TEST(IntraOpThreadsConfig, BoundedAndZeroMeansTheBudget) {
-  using libreyolo::server::ConfigError;
   using libreyolo::server::parse_config;
-  auto error = [](const std::string& yaml) {
-    try {
-      parse_config(yaml, "bad.yaml", {}, {});
-    } catch (const ConfigError& e) {
-      return std::string(e.what());
-    }
-    return std::string("no error");
-  };
+  const auto error = libreyolo::server::testing::config_error;
   EXPECT_EQ(error("server:\n  intra_op_threads: 2000\n"),
             "bad.yaml:2:21: server.intra_op_threads must be at most 1024");
   EXPECT_EQ(

@@ -175,6 +175,7 @@ void expect_same_values(const ServerConfig& a, const ServerConfig& b) {
   // to the file's folder, so the printed file reads back to that folder from anywhere).
   EXPECT_EQ(absolute_path(a.model_repository.value), absolute_path(b.model_repository.value));
   EXPECT_EQ(a.device.value, b.device.value);
+  EXPECT_EQ(a.dtype.value, b.dtype.value);
   EXPECT_EQ(a.tf32.value, b.tf32.value);
   EXPECT_EQ(a.cudnn_benchmark.value, b.cudnn_benchmark.value);
   const auto &k = a.kernels, &l = b.kernels;
@@ -225,7 +226,8 @@ TEST(ServerHardenConfig, PrintConfigIsYamlThatReadsBackToTheSameValues) {
       "  hub:\n"
       "    cache_dir: /var/cache/k\n"
       "    offline: true\n"
-      "    timeout_seconds: 2.5\n";
+      "    timeout_seconds: 2.5\n"
+      "dtype: bfloat16\n";
   for (const auto& [text, file] : std::vector<std::pair<std::string, std::string>>{
            {yaml, "/etc/libreyolo/server.yaml"}, {"", ""}}) {
     const auto original = parse_config(text, file, {}, env);

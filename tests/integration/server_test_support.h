@@ -269,10 +269,13 @@ inline bool wait_port(int port, double seconds) {
 
 /// A daemon configuration for the in-process tests: `yaml` parsed as the file (hub kernels off),
 /// gRPC on 127.0.0.1:0 (the daemon picks a port), the HTTP admin port on a free loopback port,
-/// `repo`, `device`, 2 preprocessing threads, 16 MiB messages.
+/// `repo`, `device`, 2 preprocessing threads, 16 MiB messages, and `dtype: float32` unless
+/// `yaml` sets it (the fixtures' numbers are float32 ones; `auto` would pick bfloat16 for CPU
+/// models on a host with AVX-512 BF16 or AMX, server/instance/dtype_policy.h).
 inline ServerConfig loopback_config(const fs::path& repo, const std::string& device = "cpu",
                                     const std::string& yaml = "") {
   ServerConfig c = parse_config(yaml, "test.yaml", {}, {{"LIBREYOLO_HUB_KERNELS", "0"}});
+  if (c.dtype.source == Source::default_value) c.dtype.value = "float32";
   c.grpc_address.value = "127.0.0.1:0";
   c.http_address.value = "127.0.0.1:" + std::to_string(free_port());
   c.model_repository.value = repo.string();
@@ -280,6 +283,17 @@ inline ServerConfig loopback_config(const fs::path& repo, const std::string& dev
   c.preprocess_threads.value = 2;
   c.max_message_bytes.value = 16 << 20;
   return c;
+}
+
+/// The ConfigError parse_config throws for `yaml` read as "bad.yaml" (no environment), or
+/// "no error".
+inline std::string config_error(const std::string& yaml) {
+  try {
+    parse_config(yaml, "bad.yaml", {}, {});
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  return "no error";
 }
 
 /// Loads folders whose path contains "fake" as a FakeDetector, the others with

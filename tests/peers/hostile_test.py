@@ -142,7 +142,7 @@ class AbsurdConfigurations(unittest.TestCase):
              "libreyolo-server: CONFIG:2:18: server.drain_seconds must be between 0 and 86400"),
             ("a: &a [x,x,x,x,x,x,x,x,x]\nb: &b [*a,*a,*a,*a,*a,*a,*a,*a,*a]\n",
              "libreyolo-server: CONFIG:1:1: unknown key a (expected server, model_repository, "
-             "device, tf32, cudnn_benchmark, kernels)"),
+             "device, dtype, tf32, cudnn_benchmark, kernels)"),
         ]
         for text, message in cases:
             code, err = self.run_config(text)
