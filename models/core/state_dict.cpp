@@ -19,9 +19,26 @@ std::string shape_string(at::IntArrayRef shape) {
 
 namespace {
 
+/// `key` with control characters written as \xNN: a checkpoint's keys are the file's bytes
+/// (JSON allows "\n" in a name) and an error message stays one line (the fuzz invariant).
+std::string visible(const std::string& key) {
+  std::string out;
+  for (const char ch : key) {
+    const auto c = static_cast<unsigned char>(ch);
+    if (c >= 0x20 && c != 0x7f) {
+      out += ch;
+    } else {
+      static const char* hex = "0123456789abcdef";
+      out += {'\\', 'x', hex[c >> 4], hex[c & 15]};
+    }
+  }
+  return out;
+}
+
+/// The first `limit` items, comma-separated (control characters escaped), then how many more.
 std::string join_limited(const std::vector<std::string>& items, size_t limit = 40) {
   std::ostringstream os;
-  for (size_t i = 0; i < items.size() && i < limit; ++i) os << (i ? ", " : "") << items[i];
+  for (size_t i = 0; i < items.size() && i < limit; ++i) os << (i ? ", " : "") << visible(items[i]);
   if (items.size() > limit) os << ", ... (" << items.size() - limit << " more)";
   return os.str();
 }

@@ -48,7 +48,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (c.max_batch_size < 1) fail("max_batch_size " + std::to_string(c.max_batch_size));
     if (!std::isfinite(c.threshold)) fail("threshold not finite");
     if (c.top_k < 0) fail("negative top_k");
-    if (c.dtype != "float32" && c.dtype != "float16" && c.dtype != "bfloat16")
+    // "" is unset: the server's `dtype` decides (server/instance/dtype_policy.h).
+    if (!c.dtype.empty() && c.dtype != "float32" && c.dtype != "float16" && c.dtype != "bfloat16")
       fail("dtype " + c.dtype);
     for (const auto& e : c.kernel_config)
       if (e.value.empty() || e.targets.empty())

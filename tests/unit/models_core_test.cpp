@@ -248,6 +248,20 @@ TEST(StateDict, WrongShapeNamesKeyAndShapes) {
   EXPECT_TRUE(linear.weight.sizes() == before.sizes());  // nothing modified
 }
 
+/// A checkpoint key with control characters (JSON's "\n" in a name; the safetensors_file fuzz
+/// target found one) is echoed with them escaped: the message stays one line.
+TEST(StateDict, ControlCharactersOfAFileKeyAreEscaped) {
+  TempDir dir;
+  libreyolo::test::NamedTensors t;
+  t.emplace_back("weight", at::zeros({3, 2}));
+  t.emplace_back("bias", at::zeros({3}));
+  t.emplace_back("sur\nplus\x01", at::tensor({9.0f}));
+  const auto path = dir.file("newline.safetensors", safetensors_bytes(t));
+  layers::LinearImpl linear(2, 3);
+  EXPECT_EQ(load_error(path, linear),
+            path + ": checkpoint does not match the model: unexpected keys (1): sur\\x0aplus\\x01");
+}
+
 TEST(StateDict, AliasesAndAllProblemsInOneMessage) {
   TempDir dir;
   const auto path = linear_file(dir, "alias.safetensors", false, 3, true);
