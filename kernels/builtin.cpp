@@ -40,8 +40,8 @@ void register_builtin_slots(Registry& registry) {
   registry.declare(kMsDeformAttn);   // no reference: callers keep the portable path
   registry.declare(kConv2dBiasAct);  // no reference: conv2d_bias_act_portable
   register_conv2d_bias_act_onednn(registry);
-  registry.declare(kMaxPool2d);      // no reference: max_pool2d_portable
-  registry.declare(kAddLayerNorm);   // no reference: add_layer_norm_portable
+  registry.declare(kMaxPool2d);     // no reference: max_pool2d_portable
+  registry.declare(kAddLayerNorm);  // no reference: add_layer_norm_portable
   // The reference (libjpeg-turbo / libpng) is registered by libreyolo_models, where that
   // decoder lives (models/image/decode_slot.cpp); the `nvjpeg` provider adds the GPU decoder.
   registry.declare(kImageDecode);
