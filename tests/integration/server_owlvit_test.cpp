@@ -24,7 +24,8 @@ using namespace testing;
 
 const std::string kFixtures = LIBREYOLO_TEST_FIXTURES;
 
-/// owlvit_tiny with the prompt cache (server/instance/prompt_cache.h; the default 64 MiB), owlv2_tiny without.
+/// owlvit_tiny with the prompt cache (server/instance/prompt_cache.h; the default 64 MiB),
+/// owlv2_tiny without.
 void add_owl_model(const fs::path& repo, const std::string& fixture) {
   add_fixture_model(repo, fixture, fixture,
                     std::string("device: cpu\nwarmup: true\nmax_batch_size: 4\n") +
