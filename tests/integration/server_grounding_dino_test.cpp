@@ -51,8 +51,6 @@ TEST_P(ServerGroundingDino, PromptedJpegsMatchTheFixturesPostProcessing) {
        {std::pair{fixture, ""}, std::pair{uncached, "prompt_cache_mb: 0\n"}}) {
     add_fixture_model(repo, name, fixture,
                       std::string("device: cpu\nwarmup: true\nmax_batch_size: 4\n") + cache);
-    for (const char* f : {"tokenizer.json", "vocab.txt", "tokenizer_config.json"})
-      fs::copy_file(src / f, repo / name / "1" / f, fs::copy_options::overwrite_existing);
   }
   {
     Daemon daemon(loopback_config(repo));

@@ -38,8 +38,6 @@ TEST(ServerOmDetTurbo, PromptedJpegsMatchTheFixturesPostProcessing) {
   const auto repo = temp_dir("omdet_turbo_serving");
   add_fixture_model(repo, fixture, fixture, "device: cpu\nwarmup: true\nmax_batch_size: 4\n");
   const fs::path src = fs::path(kFixtures) / "models" / fixture;
-  for (const char* f : {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"})
-    fs::copy_file(src / f, repo / fixture / "1" / f, fs::copy_options::overwrite_existing);
   {
     Daemon daemon(loopback_config(repo));
     daemon.start();

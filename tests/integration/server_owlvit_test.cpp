@@ -30,11 +30,6 @@ void add_owl_model(const fs::path& repo, const std::string& fixture) {
   add_fixture_model(repo, fixture, fixture,
                     std::string("device: cpu\nwarmup: true\nmax_batch_size: 4\n") +
                         (fixture == "owlv2_tiny" ? "prompt_cache_mb: 0\n" : ""));
-  const fs::path src = fs::path(kFixtures) / "models" / fixture;
-  // owlvit_tiny's tokenizer is tokenizer.json, owlv2_tiny's vocab.json + merges.txt.
-  for (const char* f : {"tokenizer.json", "vocab.json", "merges.txt", "tokenizer_config.json"})
-    if (fs::exists(src / f))
-      fs::copy_file(src / f, repo / fixture / "1" / f, fs::copy_options::overwrite_existing);
 }
 
 std::string infer_text(const std::string& model, int64_t images, const std::string& text_shape,

@@ -307,8 +307,9 @@ fake_or_real() {
       };
 }
 
-/// Copies the checkpoint files of tests/fixtures/models/<fixture> to <repo>/<name>/1 and writes
-/// <repo>/<name>/serving.yaml.
+/// Copies the checkpoint files of tests/fixtures/models/<fixture> to <repo>/<name>/1, with the
+/// tokenizer files a Hub folder carries where the fixture has them (BERT's vocab.txt, CLIP's
+/// vocab.json + merges.txt or tokenizer.json), and writes <repo>/<name>/serving.yaml.
 inline void add_fixture_model(const fs::path& repo, const std::string& name,
                               const std::string& fixture, const std::string& serving_yaml) {
   const fs::path src = fs::path(LIBREYOLO_TEST_FIXTURES) / "models" / fixture;
@@ -316,6 +317,9 @@ inline void add_fixture_model(const fs::path& repo, const std::string& name,
   fs::create_directories(dir);
   for (const char* f : {"config.json", "model.safetensors", "preprocessor_config.json"})
     fs::copy_file(src / f, dir / f, fs::copy_options::overwrite_existing);
+  for (const char* f : {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                        "vocab.txt", "vocab.json", "merges.txt"})
+    if (fs::exists(src / f)) fs::copy_file(src / f, dir / f, fs::copy_options::overwrite_existing);
   write_file(repo / name / "serving.yaml", serving_yaml);
 }
 
