@@ -11,7 +11,7 @@ plus mode="reduce-overhead", i.e. CUDA graphs: the batch-1 anchor); DTYPE fp32|b
 converts model and input to channels_last.
 The model class follows config.json: AutoModelForImageClassification for vit / swin,
 AutoModelForZeroShotObjectDetection for the open-vocabulary families (owlvit, owlv2,
-grounding-dino, mm-grounding-dino), else AutoModelForObjectDetection (RT-DETR, D-FINE, ...).
+grounding-dino, mm-grounding-dino, omdet-turbo), else AutoModelForObjectDetection (RT-DETR, D-FINE, ...).
 Open-vocabulary models take the text with every call, as transformers users run them: the
 folder's processor (AutoProcessor) makes input_ids / attention_mask (/ token_type_ids) of
 --prompt for each of the batch's images (OWL: the labels split at '.', one query each, padded
@@ -34,7 +34,7 @@ import torch
 import transformers as tr
 
 CLASSIFIERS = {"vit", "swin"}
-PROMPTED = {"owlvit", "owlv2", "grounding-dino", "mm-grounding-dino"}
+PROMPTED = {"owlvit", "owlv2", "grounding-dino", "mm-grounding-dino", "omdet-turbo"}
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 KINDS = ("eager", "compile", "freeze", "freezero")
 
@@ -78,10 +78,17 @@ def timed(fn, x, iters, warmup, cuda):
 
 def prompt_inputs(processor, model_type, prompt, batch, device):
     """The processor's text tensors of `prompt` for `batch` images: OWL one query per label
-    ((batch * labels, 16) ids), Grounding DINO one caption per image ((batch, T) ids)."""
+    ((batch * labels, 16) ids), Grounding DINO one caption per image ((batch, T) ids), OmDet-Turbo
+    the labels as classes and the default task per image."""
+    labels = [x.strip() for x in prompt.split(".") if x.strip()]
     if model_type in ("owlvit", "owlv2"):
-        labels = [x.strip() for x in prompt.split(".") if x.strip()]
         enc = processor(text=[labels] * batch, return_tensors="pt")
+    elif model_type == "omdet-turbo":
+        # OmDetTurboProcessor needs images with the text; only its text tensors are kept (the
+        # labels as classes, the default task "Detect a cat, a dog." per image).
+        images = [torch.zeros(3, 32, 32, dtype=torch.uint8)] * batch
+        enc = processor(images=images, text=[labels] * batch, return_tensors="pt")
+        return {k: v.to(device) for k, v in enc.items() if k.startswith(("classes_", "tasks_"))}
     else:
         enc = processor(text=[prompt] * batch, return_tensors="pt")
     return {k: v.to(device) for k, v in enc.items() if k in ("input_ids", "attention_mask", "token_type_ids")}
@@ -151,7 +158,7 @@ def main():
             print(f"anchor model={name} mode={mode} batch={b} size={size} "
                   f"ms={ms:.3f} img_s={b * 1000.0 / ms:.1f} tf32=off"
                   f"{' threads=%d' % torch.get_num_threads() if not cuda else ''}"
-                  f"{' text=' + 'x'.join(map(str, text['input_ids'].shape)) if prompted else ''}", flush=True)
+                  f"{' text=' + 'x'.join(map(str, next(iter(text.values())).shape)) if prompted else ''}", flush=True)
     return 0
 
 

@@ -33,7 +33,11 @@ Usage: make_random_checkpoint.py OUT_DIR [SET[,SET...]] [--tiny]
   grounding_dino -> OUT_DIR/grounding_dino_tiny (IDEA-Research/grounding-dino-tiny:
       GroundingDinoConfig's defaults = Swin-T backbone, BERT-base text tower, 900 queries,
       max_text_len 256, two-stage; GroundingDinoProcessor's 800 / 1333 resize)
-  prompted -> owl and grounding_dino.
+  omdet -> OUT_DIR/omdet_turbo_swin_tiny (omlab/omdet-turbo-swin-tiny-hf: OmDetTurboConfig's
+      defaults = CLIP text tower, 900 queries, 6 decoder layers, 640x640; with transformers' Swin-T
+      (SwinConfig: embed 96, depths 2/2/6/2, window 7, out_indices 2/3/4) in place of the
+      published folder's timm swin_tiny_patch4_window7_224: the same architecture and FLOPs)
+  prompted -> owl, grounding_dino and omdet.
   all -> every set above but doclayout and prompted.
 The prompted folders' tokenizers are NOT the published ones (the Hub is not reachable here):
 they are the repository's tokenizer fixtures, copied (PROMPTED_TOKENIZERS): the tiny CLIP BPE of
@@ -94,6 +98,11 @@ GROUNDING_DINO_PROCESSOR = ('{"image_processor_type": "GroundingDinoImageProcess
                             '"size": {"shortest_edge": 800, "longest_edge": 1333}, "resample": 2, '
                             '"do_rescale": true, "rescale_factor": 0.00392156862745098, %s, '
                             '"do_pad": true, "format": "coco_detection"}\n' % IMAGENET_NORM)
+# omlab/omdet-turbo-swin-tiny-hf's preprocessor_config.json: DetrImageProcessor, 640x640, no padding.
+OMDET_PROCESSOR = ('{"image_processor_type": "DetrImageProcessor", "processor_class": "OmDetTurboProcessor", '
+                   '"do_resize": true, "size": {"height": 640, "width": 640}, "resample": 2, '
+                   '"do_rescale": true, "rescale_factor": 0.00392156862745098, %s, '
+                   '"do_pad": false, "format": "coco_detection"}\n' % IMAGENET_NORM)
 FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tests", "fixtures",
                         "models")
 # Folder written -> (fixture folder, its tokenizer files); see the module's docstring.
@@ -103,6 +112,8 @@ PROMPTED_TOKENIZERS = {
     "owlv2_base_patch16": ("owlv2_tiny", ("vocab.json", "merges.txt", "tokenizer_config.json",
                                           "special_tokens_map.json")),
     "grounding_dino_tiny": ("grounding_dino_tiny", ("vocab.txt", "tokenizer.json", "tokenizer_config.json")),
+    "omdet_turbo_swin_tiny": ("omdet_turbo_tiny", ("tokenizer.json", "tokenizer_config.json",
+                                                   "special_tokens_map.json")),
 }
 
 
@@ -124,6 +135,29 @@ def owl(v2, tiny):
     else:
         text, vision, extra = {}, dict(image_size=960, patch_size=16) if v2 else {}, {}
     return (tr.Owlv2Config if v2 else tr.OwlViTConfig)(text_config=text, vision_config=vision, **extra)
+
+
+def omdet(tiny):
+    """OmDet-Turbo Swin-T as published (see the docstring); tiny: the test fixture's widths."""
+    if tiny:  # tests/fixtures/models/omdet_turbo_tiny/make_fixtures.py's widths, 64x64
+        swin = tr.SwinConfig(embed_dim=8, depths=[1, 1, 1, 1], num_heads=[1, 1, 2, 2], window_size=4,
+                             image_size=64, out_indices=[2, 3, 4])
+        return tr.OmDetTurboConfig(
+            backbone_config=swin, use_timm_backbone=False, backbone=None, image_size=64,
+            text_config=dict(model_type="clip_text_model", hidden_size=24, intermediate_size=32,
+                             num_hidden_layers=1, num_attention_heads=2),
+            apply_layernorm_after_vision_backbone=False, encoder_in_channels=[16, 32, 64],
+            text_projection_in_dim=24, text_projection_out_dim=24, class_embed_dim=24,
+            task_encoder_hidden_dim=32, encoder_hidden_dim=16, decoder_hidden_dim=16,
+            vision_features_channels=[16, 16, 16], encoder_attention_heads=2, encoder_dim_feedforward=24,
+            decoder_num_heads=2, decoder_num_layers=2, decoder_dim_feedforward=24, decoder_num_points=2,
+            num_queries=20)
+    swin = tr.SwinConfig(embed_dim=96, depths=[2, 2, 6, 2], num_heads=[3, 6, 12, 24], window_size=7,
+                         image_size=640, out_indices=[2, 3, 4], out_features=["stage2", "stage3", "stage4"])
+    # transformers' SwinBackbone normalises its maps itself (hidden_states_norms), so the extra
+    # layer norms of the timm variant are off, as in tests/fixtures/models/omdet_turbo_tiny.
+    return tr.OmDetTurboConfig(backbone_config=swin, use_timm_backbone=False, backbone=None,
+                               apply_layernorm_after_vision_backbone=False)
 
 
 def grounding_dino(tiny):
@@ -257,12 +291,12 @@ def main():
     if "all" in sets:
         sets = ["detectors", "classifiers", "dfine", "deformable", "families"]
     if "prompted" in sets:
-        sets = [s for s in sets if s != "prompted"] + ["owl", "grounding_dino"]
+        sets = [s for s in sets if s != "prompted"] + ["owl", "grounding_dino", "omdet"]
     unknown = set(sets) - {"detectors", "classifiers", "dfine", "deformable", "families", "detr",
-                           "doclayout", "owl", "grounding_dino"}
+                           "doclayout", "owl", "grounding_dino", "omdet"}
     if unknown:
         print(f"make_random_checkpoint.py: unknown set(s) {sorted(unknown)} (expected detectors, "
-              "classifiers, dfine, deformable, families, detr, doclayout, owl, grounding_dino, "
+              "classifiers, dfine, deformable, families, detr, doclayout, owl, grounding_dino, omdet, "
               "prompted, all)", file=sys.stderr)
         return 2
     torch.manual_seed(0)
@@ -309,6 +343,9 @@ def main():
         elif s == "grounding_dino":
             save_prompted(tr.GroundingDinoForObjectDetection(grounding_dino(tiny)), out,
                           "grounding_dino_tiny", GROUNDING_DINO_PROCESSOR)
+        elif s == "omdet":
+            save_prompted(tr.OmDetTurboForObjectDetection(omdet(tiny)), out, "omdet_turbo_swin_tiny",
+                          OMDET_PROCESSOR.replace("640", "64") if tiny else OMDET_PROCESSOR)
     return 0
 
 
