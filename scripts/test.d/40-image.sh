@@ -214,7 +214,7 @@ if active=$(curl -sf "http://127.0.0.1:$http/active") &&
 import json, sys
 a = json.load(sys.stdin)
 models = sorted((m["name"], m["state"], m["device"]) for m in a["models"])
-want = [(n, "READY", "cpu") for n in ("conditional_detr_tiny", "dab_detr_tiny", "deimv2_tiny", "deit_tiny", "detr_panoptic_tiny", "detr_tiny_timm", "dfine_tiny", "grounding_dino_tiny", "lw_detr_tiny", "owlv2_tiny", "pp_doclayout_v2_tiny", "pp_doclayout_v3_tiny", "rf_detr_seg_tiny", "rf_detr_tiny", "rtdetr_tiny", "swin_tiny", "table_transformer_tiny", "vit_tiny", "yolos_tiny")]
+want = [(n, "READY", "cpu") for n in ("conditional_detr_tiny", "dab_detr_tiny", "deimv2_tiny", "deit_tiny", "detr_panoptic_tiny", "detr_tiny_timm", "dfine_tiny", "grounding_dino_tiny", "lw_detr_tiny", "mm_grounding_dino_tiny", "omdet_turbo_tiny", "owlv2_tiny", "owlvit_tiny", "pp_doclayout_v2_tiny", "pp_doclayout_v3_tiny", "rf_detr_seg_tiny", "rf_detr_tiny", "rtdetr_tiny", "swin_tiny", "table_transformer_tiny", "vit_tiny", "yolos_tiny")]
 assert models == want, models
 assert a["ready"] is True and a["draining"] is False, (a["ready"], a["draining"])
 assert a["server"]["grpc_address"]["value"] == sys.argv[1], a["server"]["grpc_address"]
