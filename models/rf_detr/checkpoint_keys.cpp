@@ -94,25 +94,4 @@ std::string original_key(const std::string& module_key, bool segmentation) {
   return apply_first(model_rules(), k.substr(6));
 }
 
-void pack_projections(layers::AttentionImpl& a) {
-  const auto& q = a.q_proj->weight;
-  const int64_t D = q.size(0), in = q.size(1);
-  const bool biased = a.q_proj->bias.defined();
-  for (const char* name : {"q_proj", "k_proj", "v_proj"}) a.unregister_module(name);
-  a.in_proj_weight = a.register_parameter("in_proj_weight", at::empty({3 * D, in}));
-  if (biased) a.in_proj_bias = a.register_parameter("in_proj_bias", at::empty({3 * D}));
-}
-
-void bind_packed(layers::AttentionImpl& a) {
-  // The projections are out of the module tree: their weights become row views of the loaded
-  // (converted) packed tensors, whatever dtype and device those have.
-  const int64_t D = a.in_proj_weight.size(0) / 3;
-  layers::Linear projections[] = {a.q_proj, a.k_proj, a.v_proj};
-  for (int64_t i = 0; i < 3; ++i) {
-    projections[i]->weight = a.in_proj_weight.narrow(0, i * D, D);
-    if (a.in_proj_bias.defined()) projections[i]->bias = a.in_proj_bias.narrow(0, i * D, D);
-  }
-  a.concat_projections = 3;
-}
-
 }  // namespace libreyolo::models::rf_detr

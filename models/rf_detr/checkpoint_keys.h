@@ -4,13 +4,11 @@
 // backbone.0.projector.stages.0.*, transformer.decoder.layers.N.{norm1, linear1,
 // self_attn.in_proj_weight, ...}, refpoint_embed, segmentation_head.*. The native modules carry
 // transformers' module names; these helpers map them to the original names (tried by
-// core::load_state_dict when a module key is absent, so files with either naming load) and
-// handle the packed decoder self-attention projections.
+// core::load_state_dict when a module key is absent, so files with either naming load); the
+// packed decoder self-attention projections are layers::pack_projections'.
 #pragma once
 
 #include <string>
-
-#include "models/layers/attention.h"
 
 namespace libreyolo::models::rf_detr {
 
@@ -19,16 +17,5 @@ namespace libreyolo::models::rf_detr {
 /// (true: the detector under "model.", the head's "blocks.N.*", "segmentation_bias", ...);
 /// `module_key` itself when the name is the same in both layouts.
 std::string original_key(const std::string& module_key, bool segmentation);
-
-/// Replaces the q_proj / k_proj / v_proj children of `attention` by its own parameters
-/// in_proj_weight (3D, D) and in_proj_bias (3D) (nn.MultiheadAttention's packing, the original
-/// checkpoints' `self_attn.in_proj_*`), to be filled by load_state_dict. Call bind_packed after
-/// loading.
-void pack_projections(layers::AttentionImpl& attention);
-
-/// After loading: the q / k / v projection weights become row views of in_proj_weight /
-/// in_proj_bias and concat_projections = 3 (the qkv_concat layout's state: q and k, computed
-/// from the same input, in one GEMM).
-void bind_packed(layers::AttentionImpl& attention);
 
 }  // namespace libreyolo::models::rf_detr

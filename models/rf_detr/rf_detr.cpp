@@ -15,6 +15,7 @@
 #include "models/deformable_detr/geometry.h"
 #include "models/layers/attention.h"
 #include "models/layers/layers.h"
+#include "models/layers/packed_projections.h"
 #include "models/lw_detr/decoder.h"
 #include "models/lw_detr/projector.h"
 #include "models/lw_detr/two_stage.h"
@@ -155,7 +156,7 @@ void load_weights(torch::nn::Module& net, RfDetrImpl& detector, const core::Safe
                   bool segmentation, const LoadOptions& options) {
   const bool packed = file.contains("transformer.decoder.layers.0.self_attn.in_proj_weight");
   if (packed)
-    for (auto* a : detector.decoder_self_attention()) pack_projections(*a);
+    for (auto* a : detector.decoder_self_attention()) layers::pack_projections(*a);
   core::LoadRules rules;
   rules.aliases = [segmentation](const std::string& key) {
     std::vector<std::string> out;
@@ -165,7 +166,7 @@ void load_weights(torch::nn::Module& net, RfDetrImpl& detector, const core::Safe
   };
   core::load_state_dict(net, file, rules, options.dtype, options.device);
   if (packed)
-    for (auto* a : detector.decoder_self_attention()) bind_packed(*a);
+    for (auto* a : detector.decoder_self_attention()) layers::bind_packed_projections(*a);
   layers::set_fused_attention(net, kFusedAttentionDefault);
 }
 

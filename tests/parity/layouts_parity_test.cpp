@@ -418,7 +418,7 @@ TEST(LayoutsInputProjFold, SequentialConvBatchNormPairsFold) {
 // (k_proj without bias) and 2 LwDetrAttentions. RF-DETR's 6 RfDetrConvNormLayers normalise with
 // LayerNorm (not folded); 4 RfDetrDinov2SelfAttentions and 2 RfDetrAttentions, whose projections
 // the fixtures (original RF-DETR checkpoints) store packed: concatenated at load already
-// (rf_detr::bind_packed), so the layout takes the 4 backbone ones. The defaults (CPU:
+// (layers::bind_packed_projections), so the layout takes the 4 backbone ones. The defaults (CPU:
 // channels_last needs CUDA) are the same set.
 struct ExpectedLayout {
   std::string layout;
