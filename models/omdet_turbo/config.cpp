@@ -6,6 +6,7 @@
 
 #include "models/core/state_dict.h"
 #include "models/layers/activation_field.h"
+#include "models/swin/timm_config.h"
 
 namespace libreyolo::models::omdet_turbo {
 namespace {
@@ -14,19 +15,42 @@ void positive(const core::ConfigView& v, const char* field, int64_t value) {
   if (value <= 0) v.fail(field, "must be positive, found " + std::to_string(value));
 }
 
+/// The vision backbone as transformers 5.17 OmDetTurboConfig builds it
+/// (consolidate_backbone_kwargs_to_config): a backbone_config of model_type "swin" (SwinBackbone)
+/// or "timm_backbone" (what 5.17 saves for the timm form); without one, use_timm_backbone
+/// (default true) with the timm model `backbone` (default swin_tiny_patch4_window7_224) and
+/// backbone_kwargs (the Hub checkpoints' form), OmDet's timm defaults when those are empty.
+swin::BackboneConfig vision_backbone(const core::ConfigView& v) {
+  if (v.has("backbone_config")) {
+    const auto bc = v.child("backbone_config");
+    if (bc.get_enum("model_type", "", {"swin", "timm_backbone"}) == "swin")
+      return swin::parse_backbone_config(bc);
+    return swin::parse_timm_backbone(bc, nullptr, {});
+  }
+  if (!v.get_bool("use_timm_backbone", true))
+    v.fail("backbone_config",
+           "null with use_timm_backbone false (transformers' default SwinConfig) is not "
+           "supported; give the backbone_config");
+  if (v.has("backbone_kwargs") && !v.raw("backbone_kwargs").empty())
+    return swin::parse_timm_backbone(v, "backbone_kwargs", {"swin_tiny_patch4_window7_224"});
+  const auto size = v.get_int_or_list("image_size", 640);
+  if (size.empty() || size.front() != size.back())
+    v.fail("image_size", "must be square with a timm backbone (its img_size)");
+  return swin::parse_timm_backbone(v, "backbone_kwargs",
+                                   {"swin_tiny_patch4_window7_224", {1, 2, 3}, size.front(), true});
+}
+
 }  // namespace
 
 Config parse_config(const core::ConfigView& v) {
   Config c;
-  if (v.get_bool("use_timm_backbone", false) || !v.has("backbone_config") ||
-      v.raw("backbone_config").is_null())
-    v.fail("backbone_config",
-           "only a Hugging Face Swin backbone_config (use_timm_backbone false) is supported; "
-           "timm's Swin is not");
-  const auto bc = v.child("backbone_config");
-  bc.get_enum("model_type", "", {"swin"});
-  c.backbone = swin::parse_backbone_config(bc);
-  if (v.get_bool("apply_layernorm_after_vision_backbone", true))
+  c.backbone = vision_backbone(v);
+  const bool layer_norms = v.get_bool("apply_layernorm_after_vision_backbone", true);
+  if (c.backbone.swin.timm && !layer_norms)
+    v.fail("apply_layernorm_after_vision_backbone",
+           "must be true with a timm backbone (its maps are channels-last; upstream would feed "
+           "them to the encoder's convolutions as they are)");
+  if (!c.backbone.swin.timm && layer_norms)
     v.fail("apply_layernorm_after_vision_backbone",
            "must be false with a Swin backbone_config (upstream's layer_norms normalise the last "
            "axis of timm's channels-last maps; SwinBackbone returns channels-first ones)");
@@ -63,6 +87,7 @@ Config parse_config(const core::ConfigView& v) {
   c.conv_norm_activation = layers::activation_field(v, "conv_norm_activation", "gelu");
   c.decoder_activation = layers::activation_field(v, "decoder_activation", "relu");
   c.layer_norm_eps = h.layer_norm_eps;
+  if (c.backbone.swin.timm) c.backbone.norm_eps = c.layer_norm_eps;  // OmDet's layer_norms
 
   c.text_projection_in_dim = v.get_int("text_projection_in_dim", 512);
   c.text_projection_out_dim = v.get_int("text_projection_out_dim", 512);

@@ -41,11 +41,13 @@ struct Config {
   std::map<int64_t, std::string> id2label;  ///< unused by the model (classes are the prompt's)
 };
 
-/// Reads config.json of model_type "omdet-turbo". Supported: a Hugging Face Swin backbone_config
-/// (use_timm_backbone false; omlab/omdet-turbo-swin-tiny-hf's timm Swin is refused naming
-/// backbone_config) with apply_layernorm_after_vision_backbone false (upstream's layer_norms
-/// normalise the last axis of timm's channels-last maps; SwinBackbone's are channels-first), a
-/// CLIP text_config, eval_size null. Throws core::ConfigError naming the field otherwise (also:
+/// Reads config.json of model_type "omdet-turbo". Supported backbones: timm's Swin
+/// (omlab/omdet-turbo-swin-tiny-hf: use_timm_backbone true, `backbone` a timm Swin name,
+/// backbone_kwargs, backbone_config null; or 5.17's backbone_config of model_type
+/// "timm_backbone"; swin/timm_config.h) with apply_layernorm_after_vision_backbone true (its maps
+/// are channels-last), or a Hugging Face Swin backbone_config with it false (upstream's
+/// layer_norms normalise the last axis; SwinBackbone's maps are channels-first). A CLIP
+/// text_config, eval_size null. Throws core::ConfigError naming the field otherwise (also:
 /// widths that do not chain: text hidden_size != text_projection_in_dim or class_embed_dim,
 /// text_projection_out_dim != class_embed_dim, encoder_hidden_dim != decoder_hidden_dim or
 /// vision_features_channels, class_embed_dim == decoder_hidden_dim (upstream then has no

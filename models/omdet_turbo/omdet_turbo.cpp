@@ -94,6 +94,8 @@ class OmDetTurboImpl : public torch::nn::Module {
   explicit OmDetTurboImpl(const Config& c) : config(c) {
     auto vision = register_module("vision_backbone", make<torch::nn::Module>());
     backbone = vision->register_module("vision_backbone", make<swin::BackboneImpl>(c.backbone));
+    // A timm backbone's norms are OmDetTurboVisionBackbone's layer_norms on disk.
+    if (c.backbone.swin.timm) layers::register_list(*vision, "layer_norms", backbone->norms);
     auto language = register_module("language_backbone", make<torch::nn::Module>());
     text_model = language->register_module("model", make<clip::TextTransformerImpl>(c.text));
     text_projection = language->register_parameter(
@@ -427,9 +429,9 @@ std::unique_ptr<Model> load_omdet_turbo(const std::string& dir, const nlohmann::
                                                         options);
 }
 
-// OmDet-Turbo: Swin backbone (SwinBackbone), RT-DETR-style hybrid encoder (AIFI + FPN/PAN),
-// CLIP text encoder for the classes (end token, text_projection) and the task (every token),
-// query selection by cosine similarity with the classes, deformable decoder whose
+// OmDet-Turbo: Swin backbone (SwinBackbone or timm's SwinTransformer), RT-DETR-style hybrid encoder
+// (AIFI + FPN/PAN), CLIP text encoder for the classes (end token, text_projection) and the task
+// (every token), query selection by cosine similarity with the classes, deformable decoder whose
 // self-attention also attends over the task tokens. TaskConditioned::forward_text
 // (omdet_turbo.h) and PromptedDetector take the text; Model::forward without it throws.
 const FamilyRegistrar registered{

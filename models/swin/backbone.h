@@ -22,10 +22,22 @@ namespace libreyolo::models::swin {
 struct BackboneConfig {
   Config swin;
   std::vector<int64_t> out_indices;  ///< 1-based stage numbers, increasing
+  /// The only input size accepted (pixels; 0 = any): timm's PatchEmbed with strict_img_size,
+  /// its default, refuses every size but timm.create_model's img_size (timm_config.h).
+  int64_t required_height = 0, required_width = 0;
+  /// BlockImpl::forward's always_partition: true for SwinBackbone; timm's create_model argument.
+  bool always_partition = true;
+  /// The per-out-index LayerNorms' eps: SwinBackbone's hidden_states_norms 1e-5; with a timm
+  /// backbone its owner's norms (OmDet-Turbo's layer_norms: layer_norm_eps).
+  double norm_eps = 1e-5;
 };
 BackboneConfig parse_backbone_config(const core::ConfigView& v);
 
-/// On-disk children: embeddings.*, encoder.layers.*, hidden_states_norms.stage{i}.*.
+/// On-disk children: embeddings.*, encoder.layers.*, hidden_states_norms.stage{i}.*. With
+/// swin.timm (transformers' TimmBackbone): _backbone.{patch_embed, layers_N}.* only; the
+/// per-out-index norms (timm's maps are channels-last, its features_only net has none) are
+/// `norms`, left unregistered for the owner to register under its names (OmDet-Turbo's
+/// layer_norms.{k}).
 class BackboneImpl : public torch::nn::Module {
  public:
   explicit BackboneImpl(const BackboneConfig& c);
@@ -33,7 +45,9 @@ class BackboneImpl : public torch::nn::Module {
   void prepare(const at::Device& device) { encoder->prepare(device); }
   /// Channels of each returned map (embed_dim * 2^(i-1) for stage i).
   std::vector<int64_t> channels() const;
-  /// pixel_values (B, num_channels, H, W) -> one (B, C_i, h_i, w_i) map per out index.
+  /// pixel_values (B, num_channels, H, W) -> one (B, C_i, h_i, w_i) map per out index, each
+  /// stage's output through its norm. Throws std::invalid_argument "pixel_values: ..." for a
+  /// size other than required_height x required_width when those are set.
   std::vector<at::Tensor> forward(const at::Tensor& pixel_values) const;
 
   BackboneConfig config;

@@ -64,16 +64,20 @@ Config parse_config(const core::ConfigView& v, bool backbone) {
 }
 
 EncoderImpl::EncoderImpl(const Config& c) : config(c) {
-  auto embeddings = register_module("embeddings", std::make_shared<torch::nn::Module>());
-  auto patch =
-      embeddings->register_module("patch_embeddings", std::make_shared<torch::nn::Module>());
+  // timm: patch_embed.{proj, norm}; transformers: embeddings.{patch_embeddings.projection, norm}.
+  auto embeddings =
+      register_module(c.timm ? "patch_embed" : "embeddings", std::make_shared<torch::nn::Module>());
+  auto patch = c.timm ? embeddings
+                      : embeddings->register_module("patch_embeddings",
+                                                    std::make_shared<torch::nn::Module>());
   layers::Conv2dOptions po;
   po.in = c.num_channels;
   po.out = c.embed_dim;
   po.kernel = c.patch_size;
   po.stride = c.patch_size;
   po.bias = true;
-  projection = patch->register_module("projection", std::make_shared<layers::Conv2dImpl>(po));
+  projection = patch->register_module(c.timm ? "proj" : "projection",
+                                      std::make_shared<layers::Conv2dImpl>(po));
   embed_norm = embeddings->register_module(
       "norm", std::make_shared<layers::LayerNormImpl>(c.embed_dim, 1e-5));
   if (c.use_absolute_embeddings) {
@@ -81,10 +85,15 @@ EncoderImpl::EncoderImpl(const Config& c) : config(c) {
     position_embeddings = embeddings->register_parameter("position_embeddings",
                                                          at::empty({1, grid * grid, c.embed_dim}));
   }
-  auto encoder = register_module("encoder", std::make_shared<torch::nn::Module>());
   std::vector<std::shared_ptr<StageImpl>> ss;
   for (size_t s = 0; s < c.depths.size(); ++s) ss.push_back(std::make_shared<StageImpl>(c, s));
-  stages = layers::register_list(*encoder, "layers", ss);
+  if (c.timm) {  // features_only flattens the stages' nn.Sequential: layers_0, layers_1, ...
+    for (size_t s = 0; s < ss.size(); ++s) register_module("layers_" + std::to_string(s), ss[s]);
+    stages = ss;
+  } else {
+    auto encoder = register_module("encoder", std::make_shared<torch::nn::Module>());
+    stages = layers::register_list(*encoder, "layers", ss);
+  }
 }
 
 void EncoderImpl::prepare(const at::Device& device) {
@@ -117,14 +126,16 @@ std::vector<StageOutput> EncoderImpl::forward(const at::Tensor& pixel_values,
     x = x + pos;
   }
   std::vector<StageOutput> out;
+  const auto merge = [&](const StageImpl& s) {
+    x = s.downsample->forward(x, h, w);
+    h = (h + 1) / 2;
+    w = (w + 1) / 2;
+  };
   for (const auto& s : stages) {
+    if (s->downsample && s->merges_first) merge(*s);
     for (const auto& b : s->blocks) x = b->forward(x, h, w, always_partition);
     out.push_back({x, h, w});
-    if (s->downsample) {
-      x = s->downsample->forward(x, h, w);
-      h = (h + 1) / 2;
-      w = (w + 1) / 2;
-    }
+    if (s->downsample && !s->merges_first) merge(*s);
   }
   return out;
 }

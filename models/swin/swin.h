@@ -18,6 +18,7 @@
 #include "models/core/config.h"
 #include "models/layers/attention.h"
 #include "models/layers/layers.h"
+#include "models/layers/packed_projections.h"
 #include "models/runtime/stream_guard.h"
 #include "models/swin/windows.h"
 
@@ -30,6 +31,16 @@ struct Config {
   std::vector<int64_t> depths{2, 2, 6, 2}, num_heads{3, 6, 12, 24};
   double mlp_ratio = 4.0, layer_norm_eps = 1e-5;
   bool qkv_bias = true, use_absolute_embeddings = false;
+  /// timm's SwinTransformer (timm 1.0 models/swin_transformer.py) instead of transformers':
+  /// timm's module names (patch_embed.{proj, norm}, layers_{i}.blocks.{j}.{norm1,
+  /// attn.{qkv, proj, relative_position_bias_table}, norm2, mlp.{fc1, fc2}}, the patch merging
+  /// at the start of stages 1.. as layers_{i}.downsample (transformers': at the end of stages
+  /// 0..n-2), q/k/v packed in one `qkv` Linear (layers::pack_projections)), and one difference
+  /// in the computation: a shifted block rolls the unpadded map and pads it after
+  /// (SwinTransformerBlock._attn), transformers pads first and rolls the padded map; the two
+  /// differ where a map is not a multiple of the window (omlab/omdet-turbo-swin-tiny-hf: 160 /
+  /// 80 / 40 / 20 with window 7). No absolute position embeddings (timm's `ape`).
+  bool timm = false;
   Activation act = Activation::gelu;
   int64_t num_labels = 2;
   std::map<int64_t, std::string> id2label;
@@ -44,12 +55,13 @@ Config parse_config(const core::ConfigView& v, bool backbone = false);
 class BlockImpl : public torch::nn::Module {
  public:
   BlockImpl(const Config& c, int64_t dim, int64_t heads, int64_t shift)
-      : window(c.window_size), shift(shift), heads(heads), act(c.act) {
-    layernorm_before = register_module(
-        "layernorm_before", std::make_shared<layers::LayerNormImpl>(dim, c.layer_norm_eps));
-    layernorm_after = register_module(
-        "layernorm_after", std::make_shared<layers::LayerNormImpl>(dim, c.layer_norm_eps));
-    auto attention_parent = register_module("attention", std::make_shared<torch::nn::Module>());
+      : window(c.window_size), shift(shift), heads(heads), timm(c.timm), act(c.act) {
+    layernorm_before =
+        register_module(timm ? "norm1" : "layernorm_before",
+                        std::make_shared<layers::LayerNormImpl>(dim, c.layer_norm_eps));
+    layernorm_after =
+        register_module(timm ? "norm2" : "layernorm_after",
+                        std::make_shared<layers::LayerNormImpl>(dim, c.layer_norm_eps));
     layers::AttentionOptions o;
     o.embed_dim = dim;
     o.num_heads = heads;
@@ -59,25 +71,37 @@ class BlockImpl : public torch::nn::Module {
     o.v_name = "value";
     o.o_name = "";
     o.softmax_in_float32 = true;  // Swin eager softmax(dtype=float32)
-    attention =
-        attention_parent->register_module("self", std::make_shared<layers::AttentionImpl>(o));
-    // On-disk "attention.self.relative_position_bias_table" ((2ws-1)^2, heads).
+    const auto hidden = static_cast<int64_t>(c.mlp_ratio * static_cast<double>(dim));
+    const auto linear = [](int64_t in, int64_t out) {
+      return std::make_shared<layers::LinearImpl>(in, out);
+    };
+    std::shared_ptr<torch::nn::Module> output, intermediate, out;
+    if (timm) {  // attn.{qkv, proj, relative_position_bias_table}, mlp.{fc1, fc2}
+      attention = register_module("attn", std::make_shared<layers::AttentionImpl>(o));
+      layers::pack_projections(*attention, "qkv");
+      output = attention;
+      intermediate = out = register_module("mlp", std::make_shared<torch::nn::Module>());
+    } else {  // attention.{self, output.dense}, intermediate.dense, output.dense
+      auto attention_parent = register_module("attention", std::make_shared<torch::nn::Module>());
+      attention =
+          attention_parent->register_module("self", std::make_shared<layers::AttentionImpl>(o));
+      output = attention_parent->register_module("output", std::make_shared<torch::nn::Module>());
+      intermediate = register_module("intermediate", std::make_shared<torch::nn::Module>());
+      out = register_module("output", std::make_shared<torch::nn::Module>());
+    }
+    // On-disk "attention.self." / "attn." + "relative_position_bias_table" ((2ws-1)^2, heads).
     table = attention->register_parameter("relative_position_bias_table",
                                           at::empty({(2 * window - 1) * (2 * window - 1), heads}));
-    auto output =
-        attention_parent->register_module("output", std::make_shared<torch::nn::Module>());
-    attention_out =
-        output->register_module("dense", std::make_shared<layers::LinearImpl>(dim, dim));
-    const auto hidden = static_cast<int64_t>(c.mlp_ratio * static_cast<double>(dim));
-    auto intermediate = register_module("intermediate", std::make_shared<torch::nn::Module>());
-    fc1 = intermediate->register_module("dense", std::make_shared<layers::LinearImpl>(dim, hidden));
-    auto out = register_module("output", std::make_shared<torch::nn::Module>());
-    fc2 = out->register_module("dense", std::make_shared<layers::LinearImpl>(hidden, dim));
+    attention_out = output->register_module(timm ? "proj" : "dense", linear(dim, dim));
+    fc1 = intermediate->register_module(timm ? "fc1" : "dense", linear(dim, hidden));
+    fc2 = out->register_module(timm ? "fc2" : "dense", linear(hidden, dim));
   }
 
-  /// Sets the derived (never stored) index tensor on `device` once the weights are loaded.
+  /// Sets the derived (never stored) index tensor on `device` once the weights are loaded
+  /// (timm: the q / k / v views into the loaded qkv too).
   void prepare(const at::Device& device) {
     full_index = relative_position_index(window, window).view({-1}).to(device);
+    if (timm) layers::bind_packed_projections(*attention);
   }
 
   /// (1, heads, ws*ws, ws*ws) relative position bias of an effective window `ws` <= window.
@@ -143,9 +167,9 @@ class BlockImpl : public torch::nn::Module {
     return {bias.slice(0, 0, windows * images), windows * images};
   }
 
-  /// x (B, h*w, C) -> (B, h*w, C). always_partition (transformers' SwinBackbone): the
-  /// configured window and shift at every map size (the map padded to the window), never
-  /// set_shift_and_window_size's one-window clamp.
+  /// x (B, h*w, C) -> (B, h*w, C). always_partition (transformers' SwinBackbone, timm's
+  /// always_partition): the configured window and shift at every map size (the map padded to
+  /// the window), never set_shift_and_window_size's one-window clamp.
   at::Tensor forward(const at::Tensor& x, int64_t height, int64_t width,
                      bool always_partition = false) const {
     // transformers set_shift_and_window_size: small maps use one window and no shift.
@@ -157,16 +181,19 @@ class BlockImpl : public torch::nn::Module {
     const int64_t B = x.size(0), C = x.size(2);
     auto h = layernorm_before->forward(x).view({B, height, width, C});
     const int64_t pad_r = (ws - width % ws) % ws, pad_b = (ws - height % ws) % ws;
+    // timm rolls the unpadded map, transformers the padded one (Config::timm).
+    if (s > 0 && timm) h = at::roll(h, {-s, -s}, {1, 2});
     h = at::constant_pad_nd(h, {0, 0, 0, pad_r, 0, pad_b});
     const int64_t hp = height + pad_b, wp = width + pad_r;
-    if (s > 0) h = at::roll(h, {-s, -s}, {1, 2});
+    if (s > 0 && !timm) h = at::roll(h, {-s, -s}, {1, 2});
     auto windows = window_partition(h, ws).view({-1, ws * ws, C});
     const auto [bias, bias_windows] = attention_bias(hp, wp, ws, s, B, windows.scalar_type());
     auto a =
         attention_out->forward(attention->forward(windows, windows, windows, bias, bias_windows));
     a = window_reverse(a.view({-1, ws, ws, C}), ws, hp, wp);
-    if (s > 0) a = at::roll(a, {s, s}, {1, 2});
+    if (s > 0 && !timm) a = at::roll(a, {s, s}, {1, 2});
     if (pad_r > 0 || pad_b > 0) a = a.slice(1, 0, height).slice(2, 0, width).contiguous();
+    if (s > 0 && timm) a = at::roll(a, {s, s}, {1, 2});
     auto y = x + a.view({B, height * width, C});
     auto m = fc2->forward(layers::activate(act, fc1->forward(layernorm_after->forward(y))));
     return m + y;
@@ -183,6 +210,7 @@ class BlockImpl : public torch::nn::Module {
   };
 
   int64_t window, shift, heads;
+  bool timm;  ///< Config::timm
   std::unique_ptr<BiasCache> cache_ = std::make_unique<BiasCache>();
   Activation act;
   layers::LayerNorm layernorm_before, layernorm_after;
@@ -218,18 +246,23 @@ class PatchMergingImpl : public torch::nn::Module {
   layers::LayerNorm norm;
 };
 
+/// One stage: its blocks and a patch merging, at the end of stages 0..n-2 (transformers' Swin)
+/// or at the start of stages 1..n-1 (Config::timm: timm's SwinTransformerStage).
 class StageImpl : public torch::nn::Module {
  public:
-  StageImpl(const Config& c, size_t index) {
+  StageImpl(const Config& c, size_t index) : merges_first(c.timm) {
     const int64_t dim = c.embed_dim << index;
+    if (merges_first && index > 0)
+      downsample = register_module("downsample", std::make_shared<PatchMergingImpl>(dim / 2));
     std::vector<std::shared_ptr<BlockImpl>> bs;
     for (int64_t b = 0; b < c.depths[index]; ++b)
       bs.push_back(std::make_shared<BlockImpl>(c, dim, c.num_heads[index],
                                                b % 2 == 0 ? 0 : c.window_size / 2));
     blocks = layers::register_list(*this, "blocks", bs);
-    if (index + 1 < c.depths.size())
+    if (!merges_first && index + 1 < c.depths.size())
       downsample = register_module("downsample", std::make_shared<PatchMergingImpl>(dim));
   }
+  bool merges_first;  ///< the patch merging (when any) runs before the blocks
   std::vector<std::shared_ptr<BlockImpl>> blocks;
   std::shared_ptr<PatchMergingImpl> downsample;
 };
@@ -241,7 +274,9 @@ struct StageOutput {
 };
 
 /// SwinEmbeddings + SwinEncoder, on-disk children "embeddings.*" and "encoder.layers.*"
-/// (registered as "swin" by SwinForImageClassification, as "model" by SwinBackbone users).
+/// (registered as "swin" by SwinForImageClassification, as "model" by SwinBackbone users);
+/// with Config::timm timm's "patch_embed.*" and "layers_{i}.*" (features_only's flattened
+/// names: TimmBackbone "_backbone").
 class EncoderImpl : public torch::nn::Module {
  public:
   explicit EncoderImpl(const Config& c);

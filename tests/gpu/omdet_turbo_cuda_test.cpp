@@ -1,7 +1,8 @@
 // OmDet-Turbo on CUDA: both fixture cases ("batch": two images, 3 and 4 classes, default tasks;
 // "task": one image with a task of its own) equal the transformers CPU fixture with TF32 off
 // (logits <= 1e-4, boxes <= 1e-5), and post-processing of the device outputs keeps the fixture's
-// labels. Skips without a GPU.
+// labels; with transformers' SwinBackbone (omdet_turbo_tiny) and timm's Swin
+// (omdet_turbo_timm_tiny). Skips without a GPU.
 #include <ATen/Context.h>
 #include <gtest/gtest.h>
 
@@ -18,12 +19,11 @@
 namespace libreyolo {
 namespace {
 
-TEST(OmDetTurboCuda, CasesEqualTransformersCpuFixture) {
-  if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device";
+void expect_cases_equal_cpu_fixture(const std::string& fixture) {
   at::globalContext().setAllowTF32CuDNN(false);
   at::globalContext().setAllowTF32CuBLAS(false);
   c10::InferenceMode inference_mode;
-  const auto dir = test::model_fixture("omdet_turbo_tiny");
+  const auto dir = test::model_fixture(fixture);
   models::LoadOptions options;
   options.device = at::Device(at::kCUDA, 0);
   const auto model = models::load_model(dir, options);
@@ -46,7 +46,7 @@ TEST(OmDetTurboCuda, CasesEqualTransformersCpuFixture) {
         test::max_abs_diff(out.logits.cpu(), test::expected_tensor(dir, c + "_logits"));
     const double db =
         test::max_abs_diff(out.pred_boxes.cpu(), test::expected_tensor(dir, c + "_pred_boxes"));
-    std::cout << "[gpu] omdet_turbo_tiny " << c
+    std::cout << "[gpu] " << fixture << " " << c
               << " cuda vs transformers CPU: max|logits diff| = " << dl
               << ", max|pred_boxes diff| = " << db << "\n";
     EXPECT_LE(dl, 1e-4) << c;
@@ -63,6 +63,16 @@ TEST(OmDetTurboCuda, CasesEqualTransformersCpuFixture) {
                             test::expected_tensor(dir, c + "_img" + std::to_string(i) + "_labels")))
           << c << " image " << i;
   }
+}
+
+TEST(OmDetTurboCuda, CasesEqualTransformersCpuFixture) {
+  if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device";
+  expect_cases_equal_cpu_fixture("omdet_turbo_tiny");
+}
+
+TEST(OmDetTurboCuda, TimmSwinCasesEqualTransformersCpuFixture) {
+  if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device";
+  expect_cases_equal_cpu_fixture("omdet_turbo_timm_tiny");
 }
 
 }  // namespace
