@@ -6,6 +6,7 @@
 #include "kernels/conv/conv2d_bias_act.h"
 #include "kernels/hub/provider.h"
 #include "kernels/image/image_decode.h"
+#include "kernels/image/image_preprocess.h"
 #include "kernels/kernels.h"
 #include "kernels/norm/add_layer_norm.h"
 #include "kernels/pool/max_pool2d.h"
@@ -46,6 +47,8 @@ void register_builtin_slots(Registry& registry) {
   // decoder lives (models/image/decode_slot.cpp); the `nvjpeg` provider adds the GPU decoder.
   registry.declare(kImageDecode);
   registry.declare(kImageDecodeBatch);  // no reference: image_decode one image at a time
+  // No reference: the image processor's ATen ops (models/image/preprocess_slot.h).
+  registry.declare(kImagePreprocess);
   register_fake_quant_fp8_reference(registry);
   register_attention_implementations(registry);
 }

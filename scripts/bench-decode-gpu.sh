@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# JPEG decode + preprocess on the GPU (issue 32): bench_preprocess's GPU row (the
-# `image_decode_batch` slot's nvjpeg, nvjpegDecodeBatched on the hardware decoder, then the image
-# processor's resize / rescale / normalise on the GPU into a (B, 3, 640, 640) bfloat16 batch) and
-# its anchor, torchvision.io.decode_jpeg(list, device="cuda") + torchvision.transforms.v2 Resize /
+# JPEG decode + preprocess on the GPU (issue 32): bench_preprocess's GPU rows (the
+# `image_decode_batch` slot's nvjpeg, nvjpegDecodeBatched on the hardware decoder, then resize /
+# rescale / normalise into a (B, 3, 640, 640) bfloat16 batch by the image processor's ATen ops on
+# the GPU: BM_GpuDecodePreprocess, or by the `image_preprocess` slot's one kernel:
+# BM_GpuDecodePreprocessSlot; and the preprocessing alone, ATen ops against the slot:
+# BM_GpuPreprocess/path:0|1) and their anchor, torchvision.io.decode_jpeg(list, device="cuda") + torchvision.transforms.v2 Resize /
 # ToDtype / Normalize on the GPU (tools/bench_preprocess/decode_anchor.py), on the same files
 # (36 baseline 4:2:0 640x480 JPEGs of the fixture photographs at qualities 75 / 85 / 95) and batch
 # sizes, in one call. Targets: >= 10,000 images/s, and >= 1.5x the anchor.
@@ -41,7 +43,8 @@ note "date $(date -u +%FT%TZ), gpu: $(nvidia-smi --query-gpu=name,driver_version
 "$python" tools/bench_preprocess/decode_anchor.py --make "$jpegs" 2>&1 | tee -a "$txt"
 [ "${PIPESTATUS[0]}" -eq 0 ] || { note "FAIL: making the JPEGs"; exit 1; }
 
-filter="BM_GpuDecodePreprocess/batch:($(echo "$batches" | tr ',' '|'))/"
+sizes="$(echo "$batches" | tr ',' '|')"
+filter="BM_GpuDecodePreprocess(Slot)?/batch:($sizes)/|BM_GpuPreprocess/batch:($sizes)/"
 JPEG_DIR=$jpegs timeout 300 "$bin" --benchmark_filter="$filter" \
   --benchmark_min_time="${MIN_TIME:-3}" --benchmark_out="$OUT/bench_preprocess_gpu.json" \
   --benchmark_out_format=json 2>&1 | tee -a "$txt"
@@ -52,19 +55,27 @@ timeout 300 "$python" tools/bench_preprocess/decode_anchor.py --dir "$jpegs" --b
 
 "$python" - "$OUT/bench_preprocess_gpu.json" "$OUT/decode_anchor.json" <<'PY' | tee -a "$txt"
 import json, re, sys
-ours = {}
+rows = {}  # (row, batch) -> images/s
 for b in json.load(open(sys.argv[1]))["benchmarks"]:
-    m = re.search(r"batch:(\d+)", b["name"])
+    m = re.match(r"(BM_\w+)/batch:(\d+)(?:/path:(\d))?", b["name"])
     if m and "items_per_second" in b:
-        ours[int(m.group(1))] = b["items_per_second"]
+        row = m.group(1) + ("" if m.group(3) is None else ("/slot" if m.group(3) == "1" else "/aten"))
+        rows[(row, int(m.group(2)))] = b["items_per_second"]
 for row in json.load(open(sys.argv[2])):
     b, theirs = row["batch"], row["images_per_s"]
-    if b not in ours:
-        print(f"batch {b}: no bench_preprocess row")
-        continue
-    ratio = ours[b] / theirs
-    verdict = "MET" if ours[b] >= 10000 and ratio >= 1.5 else "not met"
-    print(f"batch {b}: libreyolo {ours[b]:.0f} images/s, torchvision {theirs:.0f} images/s, "
-          f"{ratio:.2f}x (target >= 10000 images/s and >= 1.5x: {verdict})")
+    for name, what in (("BM_GpuDecodePreprocess", "ATen preprocess"),
+                       ("BM_GpuDecodePreprocessSlot", "image_preprocess slot")):
+        ours = rows.get((name, b))
+        if ours is None:
+            print(f"batch {b}: no {name} row")
+            continue
+        ratio = ours / theirs
+        verdict = "MET" if ours >= 10000 and ratio >= 1.5 else "not met"
+        print(f"batch {b} ({what}): libreyolo {ours:.0f} images/s, torchvision {theirs:.0f} "
+              f"images/s, {ratio:.2f}x (target >= 10000 images/s and >= 1.5x: {verdict})")
+    aten, slot = rows.get(("BM_GpuPreprocess/aten", b)), rows.get(("BM_GpuPreprocess/slot", b))
+    if aten and slot:
+        print(f"batch {b} preprocess only: ATen ops {aten:.0f} images/s, image_preprocess slot "
+              f"{slot:.0f} images/s ({slot / aten:.2f}x)")
 PY
 exit 0

@@ -28,15 +28,6 @@ std::string strip_suffix(std::string name) {
   return name;
 }
 
-/// RfDetrImageProcessor (modular_rf_detr.py RfDetrImageProcessor._preprocess: "Rescale then
-/// resize like in the original RF-DETR implementation"): pixel_values are float32(u8) *
-/// rescale_factor, resized in float32 (antialiased), then normalised (tvF.normalize), instead of
-/// the uint8 resize and the fused rescale/normalize of the other DETR processors. pixel_u8 stays
-/// the uint8 resize (for display). do_center_crop is rejected with it.
-bool rescale_before_resize(const ProcessorConfig& c) {
-  return strip_suffix(c.image_processor_type) == "RfDetrImageProcessor";
-}
-
 // Class defaults (transformers 5.17 image_processing_*.py).
 ProcessorConfig class_defaults(const std::string& type, const std::string& source) {
   ProcessorConfig c;
@@ -215,6 +206,21 @@ int64_t py_round(double x) { return static_cast<int64_t>(std::nearbyint(x)); }
 int64_t py_int(double x) { return static_cast<int64_t>(std::trunc(x)); }
 
 }  // namespace
+
+bool rescale_before_resize(const ProcessorConfig& c) {
+  return strip_suffix(c.image_processor_type) == "RfDetrImageProcessor";
+}
+
+std::pair<std::array<float, 3>, std::array<float, 3>> fused_mean_std(const ProcessorConfig& c) {
+  // transformers _fuse_mean_std_and_rescale_factor: mean and std times 1 / rescale_factor.
+  const float inv = c.do_rescale ? static_cast<float>(1.0 / c.rescale_factor) : 1.0f;
+  std::array<float, 3> m{}, s{};
+  for (int i = 0; i < 3; ++i) {
+    m[i] = c.image_mean[i] * inv;
+    s[i] = c.image_std[i] * inv;
+  }
+  return {m, s};
+}
 
 ProcessorConfig ProcessorConfig::from_json(const std::string& text, const std::string& source) {
   json j;
@@ -444,14 +450,8 @@ at::Tensor ImageProcessor::rescale_normalize(const at::Tensor& pixel_u8) const {
   at::Tensor x = pixel_u8.to(at::kFloat);
   const auto& c = config_;
   if (c.do_normalize) {
-    // transformers _fuse_mean_std_and_rescale_factor: float32 tensors times 1/rescale_factor,
-    // then tvF.normalize: x.sub_(mean).div_(std).
-    const float inv = c.do_rescale ? static_cast<float>(1.0 / c.rescale_factor) : 1.0f;
-    std::array<float, 3> m{}, s{};
-    for (int i = 0; i < 3; ++i) {
-      m[i] = c.image_mean[i] * inv;
-      s[i] = c.image_std[i] * inv;
-    }
+    // The fused mean and std, then tvF.normalize: x.sub_(mean).div_(std).
+    const auto [m, s] = fused_mean_std(c);
     auto mean = at::tensor(std::vector<float>(m.begin(), m.end())).view({3, 1, 1});
     auto std_ = at::tensor(std::vector<float>(s.begin(), s.end())).view({3, 1, 1});
     x.sub_(mean.to(x.device())).div_(std_.to(x.device()));

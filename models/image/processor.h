@@ -107,6 +107,18 @@ std::pair<int64_t, int64_t> size_with_aspect_ratio_yolos(int64_t height, int64_t
 /// (x - mean) / std (do_normalize). Returns (3, height, width) float32 on the image's device.
 at::Tensor owlv2_pixel_values(const ProcessorConfig& config, const at::Tensor& image_u8);
 
+/// RfDetrImageProcessor (modular_rf_detr.py RfDetrImageProcessor._preprocess: "Rescale then
+/// resize like in the original RF-DETR implementation"): pixel_values are float32(u8) *
+/// rescale_factor, resized in float32 (antialiased), then normalised (tvF.normalize), instead of
+/// the uint8 resize and the fused rescale/normalize of the other DETR processors. pixel_u8 stays
+/// the uint8 resize (for display). do_center_crop is rejected with it.
+bool rescale_before_resize(const ProcessorConfig& config);
+
+/// The float32 (mean, std) per channel that ImageProcessor::rescale_normalize subtracts and
+/// divides by with do_normalize: image_mean and image_std times float32(1 / rescale_factor)
+/// (1 without do_rescale; transformers' _fuse_mean_std_and_rescale_factor).
+std::pair<std::array<float, 3>, std::array<float, 3>> fused_mean_std(const ProcessorConfig& config);
+
 /// The processed batch.
 struct ProcessorOutput {
   /// (B, 3, H, W) uint8 after resize, zero padded. RfDetrImageProcessor: the uint8 resize of

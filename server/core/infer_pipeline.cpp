@@ -11,6 +11,7 @@
 #include "log/log.h"
 #include "models/image/decode.h"
 #include "models/image/decode_slot.h"
+#include "models/image/preprocess_slot.h"
 #include "models/registry/family.h"
 #include "models/runtime/stream_guard.h"
 #include "server/instance/model_instances.h"
@@ -86,11 +87,15 @@ void preprocess(ThreadPool& pool, const LoadedModel& m, int64_t max_pixels, Task
         throw Error(Code::invalid_argument, c10::str("input 'images': image ", i, ": ", ex.what()));
       }
       try {
-        auto out = m.processor->preprocess({img});
+        // A CUDA image: the `image_preprocess` slot (one kernel into pixel_values in the model's
+        // dtype; what it declines, and an empty handle, take the processor's ATen ops).
+        auto out = img.is_cuda() && !m.image_preprocess.empty()
+                       ? image::preprocess(m.image_preprocess, *m.processor, {img}, m.dtype)
+                       : m.processor->preprocess({img});
         if (img.is_cuda()) {
-          // Resized and normalised on the device by the same ATen operators, on this pool
-          // thread's current stream: wait for it here, so that the instance, which copies the
-          // pixels into its batch on its own stream, reads finished work.
+          // Resized and normalised on the device, on this pool thread's current stream: wait
+          // for it here, so that the instance, which copies the pixels into its batch on its
+          // own stream, reads finished work.
           models::StreamEvent done(img.device());
           done.record();
           done.synchronize();

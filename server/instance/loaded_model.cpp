@@ -78,6 +78,7 @@ std::shared_ptr<LoadedModel> load_model_version(const InstanceOptions& in,
     const kernels::Filter filter = registry.filter().overridden(options.kernel_slots);
     m->image_decode = registry.bind(kernels::kImageDecode, context, &filter);
     m->image_decode_batch = registry.bind(kernels::kImageDecodeBatch, context, &filter);
+    m->image_preprocess = registry.bind(kernels::kImagePreprocess, context, &filter);
   }
   for (const auto& r : m->model->layouts())
     log::info(c10::str("model '", name, "': layout ", r.layout, " (", r.source, "): ", r.modules,

@@ -10,6 +10,7 @@
 #include <string>
 
 #include "kernels/image/image_decode.h"
+#include "kernels/image/image_preprocess.h"
 #include "kernels/policy.h"
 #include "models/image/processor.h"
 #include "models/model.h"
@@ -39,6 +40,10 @@ struct LoadedModel {
   /// Its batch variant, bound with it: a request's images decoded in one call
   /// (image::decode_images; what it leaves goes through image_decode).
   kernels::ImageDecodeBatchHandle image_decode_batch;
+  /// The `image_preprocess` slot, bound with them: a CUDA image resized, rescaled, normalised and
+  /// padded into its pixel_values in the model's dtype by one kernel
+  /// (models/image/preprocess_slot.h); empty: the image processor's ATen ops.
+  kernels::ImagePreprocessHandle image_preprocess;
   /// The task's request/response rules (chosen from model->description().task).
   std::unique_ptr<TaskAdapter> task;
   at::Device device = at::kCPU;

@@ -10,7 +10,8 @@ void register_fake_quant_fp8_cuda(Registry& registry);   // quant/cuda/fake_quan
 void register_conv2d_bias_act_cuda(Registry& registry);  // conv/cuda/conv2d_bias_act_cuda.cpp
 void register_conv2d_bias_act_cuda_depthwise(Registry& registry);  // conv/cuda/depthwise_*.cpp
 void register_max_pool2d_cuda(Registry& registry);                 // pool/cuda/max_pool2d_cuda.cpp
-void register_add_layer_norm_cuda(Registry& registry);  // norm/cuda/add_layer_norm_cuda.cpp
+void register_add_layer_norm_cuda(Registry& registry);    // norm/cuda/add_layer_norm_cuda.cpp
+void register_image_preprocess_cuda(Registry& registry);  // image/cuda/image_preprocess_cuda.cpp
 
 /// The provider's capability check: a CUDA device this process can use.
 bool cuda_device_usable() { return at::cuda::is_available(); }
@@ -25,6 +26,7 @@ void register_cuda_kernels(Registry& registry) {
   register_conv2d_bias_act_cuda_depthwise(registry);
   register_max_pool2d_cuda(registry);
   register_add_layer_norm_cuda(registry);
+  register_image_preprocess_cuda(registry);
 }
 
 }  // namespace libreyolo::kernels
