@@ -4,6 +4,7 @@
 #include "kernels/attention/dot_product_attention.h"
 #include "kernels/attention/ms_deform_attn.h"
 #include "kernels/conv/conv2d_bias_act.h"
+#include "kernels/gemm/linear_act.h"
 #include "kernels/hub/provider.h"
 #include "kernels/image/image_decode.h"
 #include "kernels/image/image_preprocess.h"
@@ -47,6 +48,7 @@ void register_builtin_slots(Registry& registry) {
   // decoder lives (models/image/decode_slot.cpp); the `nvjpeg` provider adds the GPU decoder.
   registry.declare(kImageDecode);
   registry.declare(kImageDecodeBatch);  // no reference: image_decode one image at a time
+  registry.declare(kLinearAct);         // no reference: linear_act_portable
   // No reference: the image processor's ATen ops (models/image/preprocess_slot.h).
   registry.declare(kImagePreprocess);
   register_fake_quant_fp8_reference(registry);

@@ -8,6 +8,7 @@
 #include "kernels/attention/dot_product_attention.h"
 #include "kernels/attention/ms_deform_attn.h"
 #include "kernels/conv/conv2d_bias_act.h"
+#include "kernels/gemm/linear_act.h"
 #include "kernels/norm/add_layer_norm.h"
 #include "kernels/pool/max_pool2d.h"
 #include "kernels/registry.h"
@@ -22,6 +23,7 @@ struct BoundKernels {
   kernels::Conv2dBiasActHandle conv2d_bias_act;
   kernels::MaxPool2dHandle max_pool2d;
   kernels::AddLayerNormHandle add_layer_norm;
+  kernels::LinearActHandle linear_act;
 };
 
 /// Implemented by every module that calls a slot: takes the handles it needs. Called once at

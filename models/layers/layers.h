@@ -38,11 +38,19 @@ std::vector<std::shared_ptr<T>> register_list(torch::nn::Module& parent, const s
 }
 
 /// nn.Linear: weight (out, in), bias (out) optional. y = x W^T + b.
-class LinearImpl : public torch::nn::Module {
+class LinearImpl : public torch::nn::Module, public UsesKernels {
  public:
   LinearImpl(int64_t in, int64_t out, bool bias = true);
+  void bind_kernels(const BoundKernels& k) override { act_kernel = k.linear_act; }
   at::Tensor forward(const at::Tensor& x) const { return at::linear(x, weight, bias); }
+  /// act(forward(x)) through the model's bound `linear_act` slot (kernels/gemm/linear_act.h:
+  /// on CUDA float16 / bfloat16 models GELU runs in the GEMM's epilogue; elsewhere the unfused
+  /// ops, bit for bit). x (..., in) -> (..., out), x's dtype.
+  at::Tensor forward_act(const at::Tensor& x, Activation act) const {
+    return kernels::linear_act(act_kernel, x, weight, bias, act);
+  }
   at::Tensor weight, bias;
+  kernels::LinearActHandle act_kernel;  ///< empty until bound: the portable path runs
 };
 using Linear = std::shared_ptr<LinearImpl>;
 

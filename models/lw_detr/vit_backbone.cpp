@@ -54,7 +54,7 @@ std::pair<at::Tensor, layers::PendingResidual> ViTLayerImpl::forward_pending(
   auto a = attention_output->forward(attention->forward(h, h, h));
   if (!window) a = a.reshape({n, L, C});
   auto [y, yn] = layernorm_after->forward_add(x, a, gamma_1);
-  auto m = fc2->forward(layers::activate(act, fc1->forward(yn)));
+  auto m = fc2->forward(fc1->forward_act(yn, act));
   return {std::move(x), {std::move(y), std::move(m), gamma_2}};
 }
 

@@ -63,12 +63,12 @@ std::pair<at::Tensor, layers::PendingResidual> Dinov2LayerImpl::forward_pending(
   auto a = output->forward(attention->forward(h, h, h));
   if (global) a = a.reshape({n, L, C});
   auto [y, yn] = norm2->forward_add(x, a, lambda1);
-  at::Tensor m = fc1->forward(yn);
+  at::Tensor m;
   if (swiglu) {
-    const auto parts = m.chunk(2, -1);
+    const auto parts = fc1->forward(yn).chunk(2, -1);
     m = at::silu(parts[0]) * parts[1];
   } else {
-    m = layers::activate(act, m);
+    m = fc1->forward_act(yn, act);
   }
   return {std::move(x), {std::move(y), fc2->forward(m), lambda2}};
 }

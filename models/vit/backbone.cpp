@@ -94,7 +94,7 @@ at::Tensor LayerImpl::forward(const at::Tensor& x) const {
   auto h = layernorm_before->forward(x);
   h = attention_out->forward(attention->forward(h, h, h));
   auto y = h + x;
-  auto m = fc2->forward(layers::activate(act, fc1->forward(layernorm_after->forward(y))));
+  auto m = fc2->forward(fc1->forward_act(layernorm_after->forward(y), act));
   return m + y;
 }
 

@@ -19,6 +19,7 @@
 #include "kernels/attention/dot_product_attention.h"
 #include "kernels/attention/ms_deform_attn.h"
 #include "kernels/conv/conv2d_bias_act.h"
+#include "kernels/gemm/linear_act.h"
 #include "kernels/image/image_preprocess.h"
 #include "kernels/kernels.h"
 #include "kernels/norm/add_layer_norm.h"
@@ -137,6 +138,7 @@ inline void declare_with_cuda_only(kernels::Registry& reg) {
   reg.declare(kernels::kMaxPool2d);
   reg.declare(kernels::kAddLayerNorm);
   reg.declare(kernels::kAttention);
+  reg.declare(kernels::kLinearAct);
   reg.declare(kernels::kImagePreprocess);
   kernels::register_cuda_kernels(reg);
 }

@@ -1,0 +1,45 @@
+// The `linear_act` slot: y = act(x W^T + b), a transformer MLP's first Linear and its activation
+// (fc1 + GELU in the ViT backbones of RF-DETR, LW-DETR and the ViT/DeiT classifiers).
+//
+// Implementations: the portable path (below: at::linear, then the activation, two kernels and
+// one extra pass over the (tokens, 4 D) activations), and `cublaslt`
+// (kernels/gemm/cuda/linear_act_cuda.cpp): the activation and bias in the GEMM's epilogue
+// (at::_addmm_activation, cuBLASLt's CUBLASLT_EPILOGUE_GELU_BIAS; aten/src/ATen/native/cuda/
+// Blas.cpp). That epilogue computes GELU's tanh form, which differs from the exact erf form by
+// at most 4.7e-4 (at |x| = 2.7, where the output is 2.69); `cublaslt` therefore takes float16 and
+// bfloat16 only, whose rounding there (half an ulp: 9.8e-4 and 7.8e-3) is larger, and declines
+// float32, which keeps transformers' exact numbers. GELU after the RF-DETR medium backbone's fc1
+// was 1.02 of 10.15 ms of a batch-32 forward on an H200 (docs/BENCHMARKS.md, 2026-12-04).
+//
+// Shapes and dtypes:
+//   x       (..., K)  float32 / float16 / bfloat16
+//   weight  (N, K), x's dtype and device
+//   bias    (N) or undefined
+//   output  (..., N) in x's dtype
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include "kernels/activation.h"
+#include "kernels/slot.h"
+
+namespace libreyolo::kernels {
+
+/// The slot's declaration.
+inline constexpr SlotDef<at::Tensor(const at::Tensor& x, const at::Tensor& weight,
+                                    const at::Tensor& bias, Activation act)>
+    kLinearAct{"linear_act"};
+using LinearActHandle = Handle<decltype(kLinearAct)::Signature>;
+
+/// The model-facing entry point: validates (c10::Error naming the tensor: x of no dimension,
+/// weight not (N, K), bias not (N)), calls `handle`, and runs linear_act_portable when the
+/// handle is empty or every candidate declined.
+at::Tensor linear_act(const LinearActHandle& handle, const at::Tensor& x, const at::Tensor& weight,
+                      const at::Tensor& bias, Activation act);
+
+/// at::linear, then apply_activation (kernels/conv/conv2d_bias_act.h; gelu: the erf form): the
+/// unfused modules' ops, bit for bit.
+at::Tensor linear_act_portable(const at::Tensor& x, const at::Tensor& weight,
+                               const at::Tensor& bias, Activation act);
+
+}  // namespace libreyolo::kernels
