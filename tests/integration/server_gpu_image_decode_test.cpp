@@ -2,7 +2,8 @@
 // random-weight RT-DETR on CUDA answers the fixture JPEGs (two in one request: the
 // `image_decode_batch` slot) with transformers' detections within the CPU path's tolerance plus
 // the decoders' difference; /active shows the model's bindings with nvjpeg's calls and its
-// declines per reason (a progressive JPEG, a truncated one); the
+// declines per reason (a progressive JPEG, a truncated one), and the `image_preprocess` slot's
+// `cuda` kernel preprocessing each image nvjpeg decoded; the
 // truncated JPEG gets the CPU path's exact INVALID_ARGUMENT text. Skips without a GPU; the
 // nvjpeg assertions are skipped (with the provider's reason printed) where libnvjpeg is absent.
 #include <gtest/gtest.h>
@@ -118,9 +119,24 @@ TEST(ServerGpuImageDecode, FixtureJpegsDecodedOnTheDeviceAndDeclinesCounted) {
     uint64_t declines = 0;
     for (const auto& [why, n] : declined.items()) declines += n.get<uint64_t>();
     EXPECT_EQ(nv.at("calls").get<uint64_t>() + declines, 2u) << declined.dump();
-    for (const auto& ev : active.at("fallback_events"))
+    // Each image nvjpeg decoded (the two photographs of the batch, and any single image its
+    // image_decode took) was resized and rescaled into its pixel_values by the
+    // `image_preprocess` kernel, one call each; the progressive JPEG, decoded on the CPU, took
+    // the processor's ATen ops without reaching it.
+    const auto& pre = active.at("bindings").at("rtdetr_tiny").at("image_preprocess");
+    std::cout << "[gpu decode] image_preprocess binding: " << pre.dump() << std::endl;
+    EXPECT_EQ(pre.at("selected"), "cuda");
+    json cu;
+    for (const auto& cand : pre.at("candidates"))
+      if (cand.at("name") == "cuda") cu = cand;
+    ASSERT_FALSE(cu.is_null());
+    EXPECT_EQ(cu.at("calls").get<uint64_t>(), 2 + nv.at("calls").get<uint64_t>()) << pre.dump();
+    EXPECT_TRUE(cu.at("declined").empty()) << pre.dump();
+    for (const auto& ev : active.at("fallback_events")) {
       EXPECT_EQ(ev.at("slot").get<std::string>().rfind("image_decode", 0), std::string::npos)
           << ev.dump();
+      EXPECT_NE(ev.at("slot").get<std::string>(), "image_preprocess") << ev.dump();
+    }
     daemon.stop(1.0);
   }
   remove_tree(repo);
