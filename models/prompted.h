@@ -66,6 +66,10 @@ struct EncodedText {
 struct PromptThresholds {
   double box_threshold = 0.1;
   double text_threshold = 0.25;
+  /// OmDet-Turbo's post_process_grounded_object_detection `nms_threshold`: the IoU in [0, 1]
+  /// above which a lower-scored box of the same label is dropped (torchvision batched_nms).
+  /// Unread by the families without uses_nms_threshold().
+  double nms_threshold = 0.5;
 };
 
 /// The detections of one image: image::Detections (scores (K) float32, labels (K) int64 = the
@@ -147,6 +151,26 @@ class PromptedDetector {
   /// Whether post_process reads PromptThresholds::text_threshold (Grounding DINO) or not
   /// (OWL-ViT, OWLv2: a request that sets it is refused).
   virtual bool uses_text_threshold() const = 0;
+  /// Whether post_process reads PromptThresholds::nms_threshold (OmDet-Turbo) or not (the
+  /// others: a request that sets it is refused).
+  virtual bool uses_nms_threshold() const { return false; }
+  /// Whether the family reads a task sentence per image besides its labels (OmDet-Turbo's
+  /// `task`, default "Detect <labels joined by ', '>."); the others: a request that sets one is
+  /// refused.
+  virtual bool uses_task() const { return false; }
+  /// encode_labels with tasks[b] the task sentence of image b ("" = the family's default, the
+  /// only value a family without uses_task() takes). Throws std::invalid_argument as
+  /// encode_labels does, and for a tasks count other than the images', a task that is not
+  /// UTF-8 ("tasks[b]: text: invalid UTF-8 at byte k") or a task where !uses_task().
+  virtual TextQueries encode_with_tasks(const std::vector<std::vector<std::string>>& labels,
+                                        const std::vector<std::string>& tasks) const;
+  /// Whether encode_with_tasks cuts `task` to max_text_length() tokens (as the family's processor
+  /// truncates it). Throws std::invalid_argument "task: text: invalid UTF-8 at byte k"; false
+  /// unless uses_task().
+  virtual bool task_truncated(const std::string& task) const {
+    (void)task;
+    return false;
+  }
 
   /// The family's transformers post-processing of `out` for images of `target_sizes` (height,
   /// width) pixels (the originals, before the processor), `labels` as given to encode_labels.
@@ -156,6 +180,19 @@ class PromptedDetector {
       const std::vector<std::vector<std::string>>& labels,
       const PromptThresholds& thresholds) const = 0;
 };
+
+inline TextQueries PromptedDetector::encode_with_tasks(
+    const std::vector<std::vector<std::string>>& labels,
+    const std::vector<std::string>& tasks) const {
+  if (tasks.size() != labels.size())
+    throw std::invalid_argument("tasks: " + std::to_string(tasks.size()) + " tasks for " +
+                                std::to_string(labels.size()) + " images");
+  for (size_t b = 0; b < tasks.size(); ++b)
+    if (!tasks[b].empty())
+      throw std::invalid_argument("tasks[" + std::to_string(b) +
+                                  "]: this family takes no task sentence");
+  return encode_labels(labels);
+}
 
 inline std::vector<std::vector<std::string>> PromptedDetector::text_keys(
     const std::vector<std::vector<std::string>>&) const {

@@ -254,14 +254,27 @@ class OmDetTurboModel : public ModuleModel<OmDetTurboImpl>,
   }
 
   // PromptedDetector (models/prompted.h): each image's labels are its classes, its task the
-  // processor's default one. TextQueries layout (the family's): input_ids / attention_mask
-  // (B, 1 + Cmax, 77), row 0 the task, rows 1.. the classes (all-zero mask rows: padding).
+  // request's (encode_with_tasks) or the processor's default one. TextQueries layout (the
+  // family's): input_ids / attention_mask (B, 1 + Cmax, 77), row 0 the task, rows 1.. the
+  // classes (all-zero mask rows: padding).
 
   int64_t max_labels() const override { return kMaxLabels; }
   int64_t max_text_length() const override { return kTextLength; }
 
   TextQueries encode_labels(const std::vector<std::vector<std::string>>& labels) const override {
-    const auto t = encode(labels, std::vector<std::string>(labels.size()));
+    return encode_with_tasks(labels, std::vector<std::string>(labels.size()));
+  }
+
+  bool uses_task() const override { return true; }
+
+  /// A task is cut, as every text, past 75 content tokens (77 with the start and end tokens).
+  bool task_truncated(const std::string& task) const override {
+    return static_cast<int64_t>(checked_ids(task, "task").size()) > kTextLength - 2;
+  }
+
+  TextQueries encode_with_tasks(const std::vector<std::vector<std::string>>& labels,
+                                const std::vector<std::string>& tasks) const override {
+    const auto t = encode(labels, tasks);
     const int64_t b = static_cast<int64_t>(labels.size());
     const int64_t most = t.classes_structure.max().item<int64_t>();
     TextQueries q;
@@ -322,20 +335,22 @@ class OmDetTurboModel : public ModuleModel<OmDetTurboImpl>,
     return cut;
   }
 
-  /// post_process_grounded_object_detection's default threshold (0.3; its nms_threshold 0.5).
-  PromptThresholds default_thresholds() const override { return {kThreshold, 0.0}; }
+  /// post_process_grounded_object_detection's defaults (threshold 0.3, nms_threshold 0.5).
+  PromptThresholds default_thresholds() const override { return {kThreshold, 0.0, kNmsThreshold}; }
   bool uses_text_threshold() const override { return false; }
+  bool uses_nms_threshold() const override { return true; }
 
-  /// post_process_grounded_object_detection (postprocess.h) at box_threshold and nms_threshold
-  /// 0.5; each box's label the class text.
+  /// post_process_grounded_object_detection (postprocess.h) at box_threshold and
+  /// nms_threshold; each box's label the class text.
   std::vector<PromptedDetections> post_process(
       const PromptedOutput& out, const std::vector<std::pair<int64_t, int64_t>>& target_sizes,
       const std::vector<std::vector<std::string>>& labels,
       const PromptThresholds& thresholds) const override {
     std::vector<int64_t> counts;
     for (const auto& l : labels) counts.push_back(static_cast<int64_t>(l.size()));
-    const auto dets = post_process_grounded_object_detection(
-        out.logits, out.pred_boxes, counts, target_sizes, thresholds.box_threshold, kNmsThreshold);
+    const auto dets =
+        post_process_grounded_object_detection(out.logits, out.pred_boxes, counts, target_sizes,
+                                               thresholds.box_threshold, thresholds.nms_threshold);
     std::vector<PromptedDetections> result;
     for (size_t b = 0; b < dets.size(); ++b) {
       PromptedDetections p;

@@ -98,11 +98,13 @@ void fill_response(api::InferResponse& response, CallRegions& regions,
     o->set_name(t.name);
     o->set_datatype(t.datatype);
     for (auto d : t.shape) o->add_shape(d);
-    // The task's own output parameters (prompted detection: truncated_labels on `labels`).
+    // The task's own output parameters (prompted detection: truncated_labels, truncated_task
+    // on `labels`).
     for (const auto& [key, value] : t.parameters) {
       auto& p = (*o->mutable_parameters())[key];
       if (const auto* text = std::get_if<std::string>(&value)) p.set_string_param(*text);
       if (const auto* i = std::get_if<std::int64_t>(&value)) p.set_int64_param(*i);
+      if (const auto* b = std::get_if<bool>(&value)) p.set_bool_param(*b);
     }
     out->add_raw_output_contents(std::move(t.data));
   }

@@ -167,15 +167,19 @@ std::unique_ptr<ModelInstance::InFlight> ModelInstance::launch(Batch& batch) {
       // Open-vocabulary: every image's labels, request by request (each request's TaskRequest
       // holds one list per image), tokenized for the whole batch.
       std::vector<std::vector<std::string>> labels;
-      for (const auto& j : batch)
+      std::vector<std::string> tasks;  // OmDet-Turbo's per image; "" = the default
+      for (const auto& j : batch) {
         labels.insert(labels.end(), j->request->prompts.begin(), j->request->prompts.end());
+        tasks.insert(tasks.end(), j->request->tasks.begin(), j->request->tasks.end());
+      }
       if (prompt_cache_) {  // each distinct piece's text forward once, then from the cache
         auto e = prompt_cache_->encode(*prompted, labels);
         f->cache_hits = e.hits;
         f->cache_misses = e.misses;
         out = prompted->forward_encoded(pv, mask, e.pieces);
       } else {
-        out = prompted->forward_prompted_masked(pv, mask, prompted->encode_labels(labels));
+        out =
+            prompted->forward_prompted_masked(pv, mask, prompted->encode_with_tasks(labels, tasks));
       }
     } else {
       out = (model.graphs && !mask.defined() && model.graphs->accepts(pv))

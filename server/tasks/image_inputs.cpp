@@ -227,6 +227,21 @@ double finite_param(const std::string& key, const api::Parameter& p) {
   return t;
 }
 
+const char* param_type_name(const api::Parameter& p) {
+  switch (p.index()) {
+    case 0:
+      return "bool";
+    case 1:
+      return "int64";
+    case 2:
+      return "string";
+    case 3:
+      return "double";
+    default:
+      return "uint64";
+  }
+}
+
 double threshold_param(const api::Parameter& p) { return finite_param("threshold", p); }
 
 ImageInputs parse_image_inputs(const api::InputTensor* images, const api::InputTensor* pixels,

@@ -83,6 +83,10 @@ double threshold_param(const api::Parameter& p);
 /// non-number as number_param does.
 double finite_param(const std::string& key, const api::Parameter& p);
 
+/// The name of a request parameter's type for error messages: "bool", "int64", "string",
+/// "double" or "uint64" (api::Parameter's alternatives).
+const char* param_type_name(const api::Parameter& p);
+
 /// Parses the one of `images` / `pixel_values` that is non-null (INVALID_ARGUMENT when neither
 /// or both are): BYTES elements split by their 4-byte little-endian lengths, non-empty; or
 /// FP32 pixels copied into a tensor. N must be >= 1 and within `limits` (max_images,

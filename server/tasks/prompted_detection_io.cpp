@@ -84,6 +84,7 @@ class PromptedDetectionTask final : public TaskAdapter {
     static_cast<ImageInputs&>(r) = std::move(d);
     r.target_sizes = std::move(d.target_sizes);
     r.prompt_thresholds = defaults_;
+    std::string task;  // "" = the family's default
     for (const auto& [key, value] : request.parameters) {
       if (key == "box_threshold" || key == "threshold") {
         r.prompt_thresholds.box_threshold = finite_param(key, value);
@@ -92,8 +93,22 @@ class PromptedDetectionTask final : public TaskAdapter {
           invalid_argument("parameter 'text_threshold': model_type " + description_.model_type +
                            " has no text threshold (box_threshold only)");
         r.prompt_thresholds.text_threshold = finite_param(key, value);
+      } else if (key == "nms_threshold") {
+        if (!detector_.uses_nms_threshold())
+          invalid_argument("parameter 'nms_threshold': model_type " + description_.model_type +
+                           " has no NMS threshold (omdet-turbo only)");
+        const double t = finite_param(key, value);
+        if (t < 0 || t > 1)
+          invalid_argument(c10::str("parameter 'nms_threshold' must be in [0, 1], got ", t));
+        r.prompt_thresholds.nms_threshold = t;
+      } else if (key == "task") {
+        if (!detector_.uses_task())
+          invalid_argument("parameter 'task': model_type " + description_.model_type +
+                           " takes no task sentence (omdet-turbo only)");
+        task = task_param(value, r.task_truncated);
       }
     }
+    r.tasks.assign(static_cast<size_t>(r.batch), task);
     const api::InputTensor* text = nullptr;
     for (const auto& t : request.inputs)
       if (t.name == "text") text = &t;
@@ -128,6 +143,29 @@ class PromptedDetectionTask final : public TaskAdapter {
     return r;
   }
 
+  /// The request parameter `task` (prompted_detection_io.h): UTF-8 text with a non-space
+  /// character, at most kMaxPromptBytes bytes; `truncated` set when the tokenizer cuts it.
+  /// Throws api::Error INVALID_ARGUMENT "parameter 'task' ..." naming the problem.
+  std::string task_param(const api::Parameter& value, bool& truncated) const {
+    const auto* s = std::get_if<std::string>(&value);
+    if (!s)
+      invalid_argument(std::string("parameter 'task' must be a string, got ") +
+                       param_type_name(value));
+    if (s->size() > kMaxPromptBytes)
+      invalid_argument(c10::str("parameter 'task' has ", s->size(), " bytes, more than the ",
+                                kMaxPromptBytes, " a prompt may have"));
+    if (trim(*s).empty())
+      invalid_argument(
+          "parameter 'task' is empty (leave it out for the default \"Detect <labels>.\")");
+    try {
+      (void)models::text::decode_utf8(*s);
+    } catch (const std::invalid_argument& err) {
+      invalid_argument(std::string("parameter 'task' is not UTF-8 (") + err.what() + ")");
+    }
+    truncated = detector_.task_truncated(*s);
+    return *s;
+  }
+
   std::vector<api::OutputTensor> respond(const models::ModelOutput& rows,
                                          const TaskRequest& r) const override {
     models::PromptedOutput out;
@@ -157,6 +195,7 @@ class PromptedDetectionTask final : public TaskAdapter {
         }
       }
       if (!r.truncated_labels.empty()) t.parameters["truncated_labels"] = r.truncated_labels;
+      if (r.task_truncated) t.parameters["truncated_task"] = true;
       t.parameters["max_text_tokens"] = std::int64_t{detector_.max_text_length()};
       outputs.push_back(std::move(t));
     }
@@ -183,6 +222,7 @@ class PromptedDetectionTask final : public TaskAdapter {
         {"max_labels", c10::str(detector_.max_labels())},
         {"max_text_tokens", c10::str(detector_.max_text_length())}};
     if (detector_.uses_text_threshold()) p["text_threshold"] = c10::str(defaults_.text_threshold);
+    if (detector_.uses_nms_threshold()) p["nms_threshold"] = c10::str(defaults_.nms_threshold);
     return p;
   }
 

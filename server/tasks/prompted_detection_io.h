@@ -1,6 +1,6 @@
 // Open-vocabulary (text-prompted) detection I/O of ModelInfer (DESIGN.md "Serving"; the
-// contract of every models::PromptedDetector family: OWL-ViT, OWLv2, and later Grounding DINO
-// and OmDet-Turbo). server/README.md "Open-vocabulary detection I/O" documents it for clients.
+// contract of every models::PromptedDetector family: OWL-ViT, OWLv2, Grounding DINO and
+// OmDet-Turbo). server/README.md "Open-vocabulary detection I/O" documents it for clients.
 //
 // Inputs: the detector's `images` BYTES [N] / `pixel_values` FP32 [N,3,H,W] and optional
 // `target_sizes` INT64 [N,2] (detector_io.h), plus `text` BYTES:
@@ -9,9 +9,14 @@
 //   control"; each trimmed, empty ones dropped), or a JSON array of label strings
 //   ('["a cat", "Dr. Pepper"]', for labels that hold a '.').
 // - [1,L] or [N,L]: the labels themselves, one per element ("" elements skipped).
-// Parameters: `box_threshold` (alias `threshold`; default: the family's processor's) and
+// Parameters: `box_threshold` (alias `threshold`; default: the family's processor's),
 // `text_threshold` (only for families that have one: Grounding DINO; INVALID_ARGUMENT
-// otherwise).
+// otherwise), and for OmDet-Turbo only (INVALID_ARGUMENT for the others, as text_threshold)
+// `nms_threshold` (a number in [0, 1], default 0.5) and `task` (a string, the task sentence of
+// every image of the request, default OmDetTurboProcessor's "Detect <labels joined by ', '>.";
+// non-empty, UTF-8, at most kMaxPromptBytes; cut to 77 tokens as the processor does, reported as
+// `truncated_task` true on the `labels` output). Each request keeps its own thresholds and task
+// when requests batch together (models::PromptedDetector::encode_with_tasks).
 // Outputs (K = the largest detection count among the request's images): `boxes` FP32 [N,K,4]
 // (x0, y0, x1, y1 pixels of target_sizes or the original image), `scores` FP32 [N,K], `labels`
 // BYTES [N,K] (the label text of each box, "" padding), `num_detections` INT32 [N]; on request

@@ -14,21 +14,6 @@ const std::vector<std::string>& mask_outputs() {
   return names;
 }
 
-const char* type_name(const api::Parameter& p) {
-  switch (p.index()) {
-    case 0:
-      return "bool";
-    case 1:
-      return "int64";
-    case 2:
-      return "string";
-    case 3:
-      return "double";
-    default:
-      return "uint64";
-  }
-}
-
 }  // namespace
 
 SegmentationRequest parse_segmentation_request(const api::InferRequest& request,
@@ -46,7 +31,7 @@ SegmentationRequest parse_segmentation_request(const api::InferRequest& request,
       if (!s)
         invalid_argument(
             std::string("parameter 'mask_format' must be \"binary\" or \"rle\", got a ") +
-            type_name(value));
+            param_type_name(value));
       if (*s != "binary" && *s != "rle")
         invalid_argument("parameter 'mask_format' must be \"binary\" or \"rle\", got \"" +
                          s->substr(0, 64) + "\"");

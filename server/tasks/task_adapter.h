@@ -42,6 +42,10 @@ struct TaskRequest : ImageInputs {
   std::vector<std::vector<std::string>> prompts;
   models::PromptThresholds prompt_thresholds;
   std::string truncated_labels;
+  /// Open-vocabulary detection: the task sentence of each image (N strings; "" = the family's
+  /// default: the request parameter `task` unset), and whether it is cut to the token limit.
+  std::vector<std::string> tasks;
+  bool task_truncated = false;
   std::set<std::string> outputs;  ///< the requested outputs, defaults filled in
 };
 

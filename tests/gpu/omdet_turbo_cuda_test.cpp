@@ -14,6 +14,7 @@
 #include "models/model.h"
 #include "models/omdet_turbo/omdet_turbo.h"
 #include "models/omdet_turbo/postprocess.h"
+#include "models/prompted.h"
 #include "tests/parity/fused_attention_fixtures.h"
 
 namespace libreyolo {
@@ -73,6 +74,55 @@ TEST(OmDetTurboCuda, CasesEqualTransformersCpuFixture) {
 TEST(OmDetTurboCuda, TimmSwinCasesEqualTransformersCpuFixture) {
   if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device";
   expect_cases_equal_cpu_fixture("omdet_turbo_timm_tiny");
+}
+
+// Case "mixed" through the PromptedDetector path the server batches requests with: the default
+// task on one row and a task of its own on the other (encode_with_tasks), on CUDA against the
+// transformers CPU batch; each row post-processed at its own threshold and nms_threshold keeps
+// the fixture's labels.
+TEST(OmDetTurboCuda, PerRowTasksEqualTransformersCpuFixture) {
+  if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device";
+  at::globalContext().setAllowTF32CuDNN(false);
+  at::globalContext().setAllowTF32CuBLAS(false);
+  c10::InferenceMode inference_mode;
+  const auto dir = test::model_fixture("omdet_turbo_tiny");
+  models::LoadOptions options;
+  options.device = at::Device(at::kCUDA, 0);
+  const auto model = models::load_model(dir, options);
+  const auto* p = models::prompted_detector(*model);
+  ASSERT_NE(p, nullptr);
+  const auto meta = test::read_json(dir + "/meta.json");
+  const auto& cm = meta.at("cases").at("mixed");
+  const auto classes = cm.at("classes").get<std::vector<std::vector<std::string>>>();
+  const auto m = at::tensor({0.485f, 0.456f, 0.406f}).view({1, -1, 1, 1}) * 255.0f;
+  const auto s = at::tensor({0.229f, 0.224f, 0.225f}).view({1, -1, 1, 1}) * 255.0f;
+  const auto u8 = at::cat({test::expected_tensor(dir, "batch_pixel_u8").slice(0, 0, 1),
+                           test::expected_tensor(dir, "task_pixel_u8")});
+  const auto out = p->forward_prompted(
+      ((u8.to(at::kFloat) - m) / s).cuda(),
+      p->encode_with_tasks(classes, {"", cm.at("tasks")[1].get<std::string>()}));
+  ASSERT_TRUE(out.logits.is_cuda());
+  const double dl =
+      test::max_abs_diff(out.logits.cpu(), test::expected_tensor(dir, "mixed_logits"));
+  const double db =
+      test::max_abs_diff(out.pred_boxes.cpu(), test::expected_tensor(dir, "mixed_pred_boxes"));
+  std::cout << "[gpu] omdet_turbo_tiny mixed cuda vs transformers CPU: max|logits diff| = " << dl
+            << ", max|pred_boxes diff| = " << db << "\n";
+  EXPECT_LE(dl, 1e-4);
+  EXPECT_LE(db, 1e-5);
+  for (int64_t i = 0; i < 2; ++i) {
+    models::PromptedOutput row;
+    row.logits = out.logits.slice(0, i, i + 1);
+    row.pred_boxes = out.pred_boxes.slice(0, i, i + 1);
+    const auto& hw = cm.at("target_sizes_hw")[i];
+    auto t = p->default_thresholds();
+    t.box_threshold = cm.at("thresholds")[i];
+    t.nms_threshold = cm.at("nms_thresholds")[i];
+    const auto dets = p->post_process(row, {{hw[0], hw[1]}}, {classes[i]}, t);
+    EXPECT_TRUE(at::equal(dets[0].labels.cpu(),
+                          test::expected_tensor(dir, "mixed_img" + std::to_string(i) + "_labels")))
+        << "image " << i;
+  }
 }
 
 }  // namespace

@@ -151,6 +151,18 @@ TEST_P(ServerOwl, PromptedJpegsMatchTheFixturesPostProcessing) {
     refused(infer_text(fixture, 1, "1",
                        "parameters { key: \"text_threshold\" value { double_param: 0.3 } }"),
             {one, rpc::pack_bytes({"a cat"})}, "parameter 'text_threshold': model_type");
+    // OmDet-Turbo's own parameters, refused as text_threshold is.
+    const std::string model_type = fixture == "owlv2_tiny" ? "owlv2" : "owlvit";
+    refused(infer_text(fixture, 1, "1",
+                       "parameters { key: \"task\" value { string_param: \"Find a cat.\" } }"),
+            {one, rpc::pack_bytes({"a cat"})},
+            "parameter 'task': model_type " + model_type +
+                " takes no task sentence (omdet-turbo only)");
+    refused(infer_text(fixture, 1, "1",
+                       "parameters { key: \"nms_threshold\" value { double_param: 0.3 } }"),
+            {one, rpc::pack_bytes({"a cat"})},
+            "parameter 'nms_threshold': model_type " + model_type +
+                " has no NMS threshold (omdet-turbo only)");
     if (fixture == "owlvit_tiny") {
       // libreyolo-client detect --prompt --out: the boxes printed with their phrases and drawn
       // captioned (white 6x10 text on the box colour: more pure-white pixels than the photo).

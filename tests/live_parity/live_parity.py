@@ -13,6 +13,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import types
 
 import torch
 import transformers as tr
@@ -284,12 +285,17 @@ def rf_cfg(layers, out_features, nq, windows=2, image_size=128, seg=False, vit=N
 # the fixture whose tokenizer files the checkpoint takes. Grounding DINO: one caption, the
 # grounding_dino_tiny BERT vocabulary (bert-base-uncased's ids where the model reads them);
 # OWLv2: the labels between the '.', each tokenized alone as Owlv2Processor does (padded to the
-# 16 tokens of owlv2_tiny's CLIP tokenizer).
+# 16 tokens of owlv2_tiny's CLIP tokenizer); OmDet-Turbo: the labels as classes and the task of
+# TASKS (libreyolo-predict --task), each padded to 77 tokens of omdet_turbo_tiny's CLIP tokenizer.
 FIXTURES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "fixtures", "models")
 PROMPTS = {"grounding_dino_swin3lvl_masked": ("a person. a flag. a cat.", "grounding_dino_tiny"),
            "mm_grounding_dino_dmodel64_128x96": ("remote control. a red car? the dog.", "grounding_dino_tiny"),
            "owlv2_patch16_96px": ("a photo of an astronaut. a flag. a cup of coffee.", "owlv2_tiny"),
-           "owlv2_patch8_3layers_64px": ("a spoon. coffee.", "owlv2_tiny")}
+           "owlv2_patch8_3layers_64px": ("a spoon. coffee.", "owlv2_tiny"),
+           "omdet_turbo_swin_128x160": ("a person. a flag. a cup of coffee.", "omdet_turbo_tiny"),
+           "omdet_turbo_3layers_96px": ("cat. remote control.", "omdet_turbo_tiny")}
+TASKS = {"omdet_turbo_swin_128x160": "Find the people, the flag and the cup on the table.",
+         "omdet_turbo_3layers_96px": "Detect the cat."}
 TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "vocab.json", "merges.txt", "tokenizer_config.json",
                    "special_tokens_map.json")
 
@@ -316,7 +322,31 @@ def text_inputs(name, d, batch):
     if fixture == "grounding_dino_tiny":
         return dict(tok([prompt] * batch, padding="longest", return_tensors="pt"))
     labels = [x.strip() for x in prompt.split(".") if x.strip()]
+    if fixture == "omdet_turbo_tiny":  # OmDetTurboProcessor's tensors
+        pad = dict(padding="max_length", max_length=77, truncation=True, return_tensors="pt")
+        c, t = tok(labels * batch, **pad), tok([TASKS[name]] * batch, **pad)
+        return {"classes_input_ids": c.input_ids, "classes_attention_mask": c.attention_mask,
+                "tasks_input_ids": t.input_ids, "tasks_attention_mask": t.attention_mask,
+                "classes_structure": torch.tensor([len(labels)] * batch)}
     return dict(tok(labels * batch, padding="max_length", max_length=16, return_tensors="pt"))
+
+
+def omdet_cfg(size, **kw):
+    """Tiny OmDet-Turbo as omdet_turbo_tiny's (transformers' SwinBackbone, window 4, stages 2..4;
+    the fixture's 2,110-token CLIP vocabulary); `kw` overrides the decoder / encoder."""
+    swin = tr.SwinConfig(embed_dim=8, depths=[1, 1, 1, 1], num_heads=[1, 1, 2, 2], window_size=4, image_size=size,
+                         out_indices=[2, 3, 4])
+    clip = dict(model_type="clip_text_model", vocab_size=2110, hidden_size=24, intermediate_size=32,
+                num_hidden_layers=1, num_attention_heads=2, max_position_embeddings=77, bos_token_id=2108,
+                eos_token_id=2109, pad_token_id=2109)
+    base = dict(backbone_config=swin, use_timm_backbone=False, text_config=clip, image_size=size,
+                apply_layernorm_after_vision_backbone=False, encoder_in_channels=[16, 32, 64],
+                text_projection_in_dim=24, text_projection_out_dim=24, class_embed_dim=24, task_encoder_hidden_dim=32,
+                encoder_hidden_dim=16, decoder_hidden_dim=16, vision_features_channels=[16, 16, 16],
+                encoder_attention_heads=2, encoder_dim_feedforward=24, decoder_num_heads=2, decoder_num_layers=2,
+                decoder_dim_feedforward=24, decoder_num_points=2, num_queries=20)
+    base.update(kw)
+    return tr.OmDetTurboConfig(**base)
 
 
 def gd_cfg(C, **kw):
@@ -448,6 +478,13 @@ def cases():
            "image_mean": [0.48145466, 0.4578275, 0.40821073], "image_std": [0.26862954, 0.26130258, 0.27577711]}
     yield "owlv2_patch16_96px", tr.Owlv2ForObjectDetection, owl2_cfg(dict(image_size=96, patch_size=16)), OWP, (2, 96, 96), False
     yield "owlv2_patch8_3layers_64px", tr.Owlv2ForObjectDetection, owl2_cfg(dict(image_size=64, patch_size=8, num_hidden_layers=3, hidden_act="gelu")), dict(OWP, size={"height": 64, "width": 64}), (1, 64, 64), False
+    # OmDet-Turbo: each case with a task of its own (TASKS); logits are decoder_class_logits
+    # (B, Q, classes), pred_boxes decoder_coord_logits.
+    ODP = {"image_processor_type": "DetrImageProcessor", "do_resize": True, "size": {"height": 128, "width": 160},
+           "resample": 2, "do_rescale": True, "rescale_factor": 1 / 255, "do_normalize": True,
+           "image_mean": [0.485, 0.456, 0.406], "image_std": [0.229, 0.224, 0.225], "do_pad": False}
+    yield "omdet_turbo_swin_128x160", tr.OmDetTurboForObjectDetection, omdet_cfg(128), ODP, (2, 128, 160), False
+    yield "omdet_turbo_3layers_96px", tr.OmDetTurboForObjectDetection, omdet_cfg(96, decoder_num_layers=3, num_queries=12), dict(ODP, size={"height": 96, "width": 96}), (1, 96, 96), False
     yield "vit_48_3layers", tr.ViTForImageClassification, tr.ViTConfig(image_size=224, patch_size=16, hidden_size=48, num_hidden_layers=3, num_attention_heads=4, intermediate_size=64, num_labels=7), VP, (2, 224, 224), False
     yield "deit_64_3layers", tr.DeiTForImageClassification, tr.DeiTConfig(image_size=224, patch_size=16, hidden_size=64, num_hidden_layers=3, num_attention_heads=4, intermediate_size=96, num_labels=6), DTP, (2, 224, 224), False
     yield "deit_distilled_96px_patch8", tr.DeiTForImageClassificationWithTeacher, tr.DeiTConfig(image_size=96, patch_size=8, hidden_size=48, num_hidden_layers=2, num_attention_heads=3, intermediate_size=40, num_labels=4), dict(DTP, size={"height": 110, "width": 110}, crop_size={"height": 96, "width": 96}), (3, 96, 96), False
@@ -507,6 +544,8 @@ def main():
             m = Model.from_pretrained(d, **eager).eval()
             with torch.no_grad():
                 ref = m(**kw, **text)
+            if hasattr(ref, "decoder_class_logits"):  # OmDet-Turbo's output names
+                ref = types.SimpleNamespace(logits=ref.decoder_class_logits, pred_boxes=ref.decoder_coord_logits)
             save_file({k: v.contiguous() for k, v in kw.items()}, os.path.join(d, "pixels.safetensors"))
             # Both with the layouts off (the modules as loaded) and on (every layout whose
             # predicate holds: models/layouts/), against the same transformers outputs.
@@ -514,7 +553,8 @@ def main():
                 out_path = os.path.join(d, f"out_{layouts}.safetensors")
                 r = subprocess.run([predict, "--model", d, "--pixels", os.path.join(d, "pixels.safetensors"),
                                     "--layouts", layouts, "--out", out_path]
-                                   + (["--prompt", prompt] if prompt else []), capture_output=True, text=True)
+                                   + (["--prompt", prompt] if prompt else [])
+                                   + (["--task", TASKS[name]] if name in TASKS else []), capture_output=True, text=True)
                 if r.returncode != 0:
                     print(f"FAIL {tag} layouts={layouts}: libreyolo-predict exited {r.returncode}: "
                           f"{r.stderr.strip()[-400:]}")

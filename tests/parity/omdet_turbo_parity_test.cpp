@@ -1,8 +1,11 @@
 // OmDet-Turbo (transformers 5.17 OmDetTurboForObjectDetection) against the fixture of
 // tests/fixtures/models/omdet_turbo_tiny/make_fixtures.py: cases "batch" (astronaut.jpg +
 // coffee.jpg, 3 and 4 classes, the processor's default tasks) and "task" (chelsea.jpg, 2 classes,
-// a task of its own). Inputs are the stored pixels recovered exactly and the processor's token
-// tensors; post-processing at the fixture's threshold and nms_threshold 0.5.
+// a task of its own; also post-processed at nms_threshold 0.05) and "mixed" (one image of each
+// in one batch, the default task and the other, each row post-processed at its own threshold and
+// nms_threshold: the server's per-request `task` and `nms_threshold` batched together). Inputs
+// are the stored pixels recovered exactly and the processor's token tensors; post-processing at
+// the fixture's thresholds and nms_threshold 0.5 unless said.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
@@ -159,6 +162,83 @@ TEST(OmDetTurboParity, PostProcessingMatchesTransformers) {
       std::cout << "[omdet_turbo_tiny " << key << "] " << scores.numel() << " boxes\n";
     }
   }
+  // The "task" case at its other nms_threshold (0.05: two boxes of IoU 0.1 go).
+  const auto& other = meta.at("cases").at("task").at("nms_results");
+  const auto k = read_case(meta, "task");
+  const auto out = tm.forward_text(case_pixels(dir, "task"), case_text(dir, "task"));
+  const auto dets = od::post_process_grounded_object_detection(
+      out.logits, out.pred_boxes, {2}, k.sizes, k.threshold, other.at("nms_threshold"));
+  const auto scores = test::expected_tensor(dir, "task_nms_img0_scores");
+  ASSERT_EQ(scores.numel(), 16);
+  ASSERT_EQ(dets[0].scores.sizes(), scores.sizes());
+  EXPECT_TRUE(at::equal(dets[0].labels, test::expected_tensor(dir, "task_nms_img0_labels")));
+  EXPECT_LE(test::max_abs_diff(dets[0].scores, scores), 1e-5);
+  EXPECT_LE(test::max_abs_diff(dets[0].boxes, test::expected_tensor(dir, "task_nms_img0_boxes")),
+            1e-2);
+}
+
+TEST(OmDetTurboParity, PerRowTasksAndThresholdsMatchTransformers) {
+  // Case "mixed": the PromptedDetector path the server batches requests through, with the
+  // default task ("") on one row and the "task" case's on the other; each row post-processed at
+  // its own threshold and nms_threshold.
+  c10::InferenceMode inference_mode;
+  const auto dir = fixture();
+  auto model = models::load_model(dir);
+  const auto* p = models::prompted_detector(*model);
+  ASSERT_NE(p, nullptr);
+  EXPECT_TRUE(p->uses_task());
+  EXPECT_TRUE(p->uses_nms_threshold());
+  EXPECT_EQ(p->default_thresholds().nms_threshold, 0.5);
+  const auto meta = test::read_json(dir + "/meta.json");
+  const auto& cm = meta.at("cases").at("mixed");
+  const auto classes = cm.at("classes").get<std::vector<std::vector<std::string>>>();
+  const std::vector<std::string> tasks = {"", cm.at("tasks")[1].get<std::string>()};
+  const auto q = p->encode_with_tasks(classes, tasks);
+  // Row 0 of input_ids is the task, then the classes (the family's TextQueries layout).
+  EXPECT_TRUE(
+      at::equal(q.input_ids.select(1, 0), test::expected_tensor(dir, "mixed_tasks_input_ids")));
+  EXPECT_TRUE(at::equal(q.attention_mask.select(1, 0),
+                        test::expected_tensor(dir, "mixed_tasks_attention_mask")));
+  const auto pixels = at::cat({case_pixels(dir, "batch").slice(0, 0, 1), case_pixels(dir, "task")});
+  const auto out = p->forward_prompted(pixels, q);
+  const double dl = test::max_abs_diff(out.logits, test::expected_tensor(dir, "mixed_logits"));
+  const double db =
+      test::max_abs_diff(out.pred_boxes, test::expected_tensor(dir, "mixed_pred_boxes"));
+  std::cout << "[omdet_turbo_tiny mixed] max|logits diff| = " << dl
+            << ", max|pred_boxes diff| = " << db << "\n";
+  EXPECT_LE(dl, 1e-4);
+  EXPECT_LE(db, 1e-5);
+  for (int64_t i = 0; i < 2; ++i) {
+    const auto key = "mixed_img" + std::to_string(i);
+    models::PromptedOutput row;
+    row.logits = out.logits.slice(0, i, i + 1);
+    row.pred_boxes = out.pred_boxes.slice(0, i, i + 1);
+    const auto& hw = cm.at("target_sizes_hw")[i];
+    models::PromptThresholds t = p->default_thresholds();
+    t.box_threshold = cm.at("thresholds")[i];
+    t.nms_threshold = cm.at("nms_thresholds")[i];
+    const auto dets = p->post_process(row, {{hw[0], hw[1]}}, {classes[i]}, t);
+    const auto scores = test::expected_tensor(dir, key + "_scores");
+    ASSERT_EQ(dets[0].scores.sizes(), scores.sizes()) << key;
+    EXPECT_EQ(dets[0].phrases,
+              cm.at("results")[i].at("text_labels").get<std::vector<std::string>>())
+        << key;
+    EXPECT_LE(test::max_abs_diff(dets[0].scores, scores), 1e-5) << key;
+    EXPECT_LE(test::max_abs_diff(dets[0].boxes, test::expected_tensor(dir, key + "_boxes")), 1e-2)
+        << key;
+  }
+  // A task is cut past 75 tokens as the processor truncates it; one that is not UTF-8 is named.
+  std::string long_task = "Detect";
+  for (int i = 0; i < 80; ++i) long_task += " cat";
+  EXPECT_TRUE(p->task_truncated(long_task));
+  EXPECT_FALSE(p->task_truncated(tasks[1]));
+  try {
+    p->task_truncated("Find \xff");
+    FAIL() << "a task that is not UTF-8";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_EQ(std::string(e.what()), "task: text: invalid UTF-8 at byte 5");
+  }
+  EXPECT_THROW(p->encode_with_tasks(classes, {""}), std::invalid_argument);
 }
 
 TEST(OmDetTurboParity, BatchedNmsAsTorchvision) {

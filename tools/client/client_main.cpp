@@ -1,11 +1,12 @@
 // libreyolo-client: talks to libreyolo-server over gRPC (inference.GRPCInferenceService).
 //   libreyolo-client detect --image FILE [--image FILE ...] [--server HOST:PORT] [--model NAME]
 //                           [--threshold T] [--timeout SECONDS] [--out PNG]
-//                           [--prompt "a cat. a dog."]
+//                           [--prompt "a cat. a dog." [--task TEXT]]
 //                           (--out: the first image with its boxes drawn on, or its panoptic
 //                           segments painted on when the model is a panoptic segmenter;
 //                           --prompt: an open-vocabulary detector's labels, one prompt shared by
-//                           the images; the boxes are captioned with their phrases)
+//                           the images; the boxes are captioned with their phrases; --task:
+//                           OmDet-Turbo's task sentence, the request parameter `task`)
 //   libreyolo-client classify --image FILE [--image FILE ...] [--server HOST:PORT] [--model NAME]
 //                             [--top-k K] [--timeout SECONDS]
 //   libreyolo-client segment --model NAME --image FILE [--image FILE ...] [--out PNG]
@@ -40,8 +41,8 @@ int usage(bool asked = false) {
       << "usage: libreyolo-client detect --image FILE [--image FILE ...] [--server "
          "HOST:PORT] [--model NAME]\n"
          "                              [--threshold T] [--timeout SECONDS] [--out PNG]\n"
-         "                              [--prompt \"a cat. a dog.\"] (open-vocabulary "
-         "detectors)\n"
+         "                              [--prompt \"a cat. a dog.\" [--task TEXT]] "
+         "(open-vocabulary detectors; --task: OmDet-Turbo's task sentence)\n"
          "       libreyolo-client classify --image FILE [--image FILE ...] [--server "
          "HOST:PORT] [--model NAME]\n"
          "                                [--top-k K] [--timeout SECONDS]\n"
@@ -118,17 +119,21 @@ void write_png(const std::string& path, const std::vector<std::uint8_t>& png) {
 
 /// detect --prompt: an open-vocabulary detector (server/README.md "Open-vocabulary detection
 /// I/O") with `prompt` shared by the images; prints each image's boxes with their phrases and,
-/// with `out_png`, draws the first image's boxes captioned with them.
+/// with `out_png`, draws the first image's boxes captioned with them. `task` ("" = none) is sent
+/// as the request parameter `task` (OmDet-Turbo's task sentence).
 int detect_prompted(rpc::Client& client, const std::string& model,
                     const std::vector<std::string>& images, const std::vector<std::string>& data,
-                    const std::string& prompt, double threshold, double timeout,
-                    const std::string& out_png) {
+                    const std::string& prompt, const std::string& task, double threshold,
+                    double timeout, const std::string& out_png) {
   std::ostringstream text;
   text << "model_name: \"" << rpc::text_escape(model)
        << "\" inputs { name: \"images\" datatype: \"BYTES\" shape: " << data.size()
        << " } inputs { name: \"text\" datatype: \"BYTES\" shape: 1 }";
   if (threshold >= 0)
     text << " parameters { key: \"box_threshold\" value { double_param: " << threshold << " } }";
+  if (!task.empty())
+    text << " parameters { key: \"task\" value { string_param: \"" << rpc::text_escape(task)
+         << "\" } }";
   text << " outputs { name: \"scores\" } outputs { name: \"labels\" } outputs { name: "
           "\"label_ids\" } outputs { name: \"boxes\" } outputs { name: \"num_detections\" }";
   const auto r =
@@ -193,7 +198,7 @@ int main(int argc, char** argv) {
   }
   if (argc < 2) return usage();
   const std::string command = argv[1];
-  std::string server = "localhost:8001", model, service, out_png, prompt;
+  std::string server = "localhost:8001", model, service, out_png, prompt, task;
   std::vector<std::string> images, positional;
   double threshold = -1, timeout = 30;
   long long top_k = 0;
@@ -227,6 +232,8 @@ int main(int argc, char** argv) {
         out_png = value();
       else if (a == "--prompt")
         prompt = value();
+      else if (a == "--task")
+        task = value();
       else if (a == "--tls-ca")
         tls_ca = value();
       else if (a == "--tls-cert")
@@ -306,9 +313,10 @@ int main(int argc, char** argv) {
     }
     data.emplace_back(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
   }
+  if (!task.empty() && prompt.empty()) return usage();  // --task needs --prompt
   if (!prompt.empty()) {
     if (command != "detect") return usage();
-    return detect_prompted(client, model, images, data, prompt, threshold, timeout, out_png);
+    return detect_prompted(client, model, images, data, prompt, task, threshold, timeout, out_png);
   }
   std::ostringstream text;
   text << "model_name: \"" << rpc::text_escape(model)

@@ -6,7 +6,8 @@
 //                     [--threshold T] [--top-k K] [--device cpu|cuda[:N]]
 //                     [--dtype float32|float16|bfloat16] [--layouts default|on|off]
 //                     [--out FILE.json|FILE.safetensors]
-//                     [--prompt TEXT [--text-threshold T]]   (text-conditioned detectors)
+//                     [--prompt TEXT [--text-threshold T] [--task TEXT]]   (text-conditioned
+//                     detectors; --task: OmDet-Turbo's task sentence)
 // Exit codes: 0 ok, 1 runtime error (bad image, bad checkpoint, ...), 2 usage error.
 #include <ATen/ATen.h>
 #include <c10/core/InferenceMode.h>
@@ -44,7 +45,7 @@ const char* kUsage =
     "                         [--threshold T] [--top-k K] [--device cpu|cuda[:N]]\n"
     "                         [--dtype float32|float16|bfloat16] [--layouts default|on|off]\n"
     "                         [--out FILE.json|FILE.safetensors]\n"
-    "                         [--prompt TEXT [--text-threshold T]]\n"
+    "                         [--prompt TEXT [--text-threshold T] [--task TEXT]]\n"
     "  --model DIR       checkpoint folder (config.json, model.safetensors, "
     "preprocessor_config.json),\n"
     "                    or a model folder of a model repository (DIR/<version>/...): its\n"
@@ -71,6 +72,8 @@ const char* kUsage =
     "                    (\"a cat. a remote control.\" = two labels); each box is named by\n"
     "                    its best label (--threshold: its score > T)\n"
     "  --text-threshold T  tokens of a box's phrase: probability > T (default 0.25)\n"
+    "  --task TEXT       OmDet-Turbo: the task sentence of every image (default \"Detect\n"
+    "                    <labels joined by ', '>.\", as OmDetTurboProcessor makes it)\n"
     "Image sizes are printed width x height (WxH), as in error messages; boxes are\n"
     "[x0, y0, x1, y1] in pixels of the image as displayed (EXIF orientation applied).\n";
 
@@ -91,6 +94,7 @@ struct Args {
   std::string prompt;  ///< "" = none
   double text_threshold = 0.25;
   bool has_text_threshold = false;
+  std::string task;  ///< "" = the family's default (OmDet-Turbo only)
 };
 
 bool ends_with(const std::string& s, const std::string& suffix) {
@@ -136,6 +140,9 @@ Args parse_args(int argc, char** argv) {
       } else if (f == "--prompt") {
         a.prompt = value(i, f);
         if (a.prompt.empty()) throw UsageError("--prompt must not be empty");
+      } else if (f == "--task") {
+        a.task = value(i, f);
+        if (a.task.empty()) throw UsageError("--task must not be empty");
       } else if (f == "--text-threshold") {
         size_t pos = 0;
         const std::string v = value(i, f);
@@ -159,6 +166,7 @@ Args parse_args(int argc, char** argv) {
   if (a.device != "cpu" && a.device != "cuda" && a.device.rfind("cuda:", 0) != 0)
     throw UsageError("--device must be cpu, cuda or cuda:N");
   if (a.has_text_threshold && a.prompt.empty()) throw UsageError("--text-threshold needs --prompt");
+  if (!a.task.empty() && a.prompt.empty()) throw UsageError("--task needs --prompt");
   if (!a.out.empty() && !ends_with(a.out, ".json") && !ends_with(a.out, ".safetensors"))
     throw UsageError("--out must end in .json or .safetensors");
   return a;
@@ -312,6 +320,8 @@ int run(Args a) {
     throw std::runtime_error(model->model_type() + " is text-conditioned: give --prompt");
   if (text_model == nullptr && labelled == nullptr && !a.prompt.empty())
     throw std::runtime_error(model->model_type() + " takes no --prompt");
+  if (!a.task.empty() && (labelled == nullptr || !labelled->uses_task()))
+    throw std::runtime_error(model->model_type() + " takes no --task");
   models::PromptedOutput raw;
   models::grounding_dino::TextTensors text;
   std::vector<std::vector<std::string>> labels;  // OWL: each image's labels
@@ -326,7 +336,8 @@ int run(Args a) {
       static_cast<models::ModelOutput&>(raw) = text_model->forward_text(pv, pm, text);
     } else if (labelled != nullptr) {
       labels.assign(static_cast<size_t>(pv.size(0)), models::split_labels(a.prompt));
-      const auto queries = labelled->encode_labels(labels);
+      const auto queries =
+          labelled->encode_with_tasks(labels, std::vector<std::string>(labels.size(), a.task));
       text.input_ids = queries.input_ids.to(at::kCPU);
       raw = labelled->forward_prompted_masked(pv, pm, queries);
     } else {
