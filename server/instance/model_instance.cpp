@@ -17,7 +17,8 @@ namespace {
 
 double seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
 
-/// The batch input, assembled once: every job's images in one (N, 3, H, W) float32 tensor,
+/// The batch input, assembled once: every job's images in one (N, 3, H, W) float32 tensor (the
+/// model's dtype when every image already has it on the device: the image_preprocess slot's),
 /// zero padded bottom/right to the largest (H, W) with a (N, H, W) int64 mask of 1 on real
 /// pixels when `padded` (the image processor's `do_pad` semantics), converted to the model's
 /// dtype. On CUDA it is assembled on the device: each image is copied straight into its rows
@@ -38,7 +39,14 @@ std::pair<at::Tensor, at::Tensor> assemble(const Batch& batch, bool padded,
   const bool cuda = device.is_cuda();
   if (!padded && !cuda && batch.size() == 1 && batch[0]->pixels.size() == 1)
     return {batch[0]->pixels[0].to(device, dtype), at::Tensor()};  // nothing to stack
-  const auto options = at::TensorOptions().dtype(at::kFloat).device(cuda ? device : at::kCPU);
+  // Pixels the image_preprocess slot wrote already have the model's dtype on its device: staged
+  // in that dtype, nothing is converted (the float32 staging and its .to(dtype) pass are for
+  // float32 pixels: the CPU path's, tensor inputs).
+  bool in_dtype = cuda;
+  for (const auto& j : batch)
+    for (const auto& p : j->pixels) in_dtype = in_dtype && p.is_cuda() && p.scalar_type() == dtype;
+  const auto options =
+      at::TensorOptions().dtype(in_dtype ? dtype : at::kFloat).device(cuda ? device : at::kCPU);
   at::Tensor staged = padded ? at::zeros({n, 3, H, W}, options) : at::empty({n, 3, H, W}, options);
   at::Tensor mask;
   if (padded) mask = at::zeros({n, H, W}, options.dtype(at::kLong));
