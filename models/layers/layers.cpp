@@ -39,6 +39,13 @@ kernels::SumAndNorm LayerNormImpl::forward_add(const at::Tensor& x, const at::Te
   return kernels::add_layer_norm(kernel, x, delta, scale, weight, bias, eps);
 }
 
+kernels::SumAndNorm LayerNormImpl::forward_rows(const at::Tensor& x, const at::Tensor& delta,
+                                                const at::Tensor& norm_rows,
+                                                const at::Tensor& delta_rows) const {
+  return kernels::add_layer_norm(kernel, x, delta, at::Tensor(), weight, bias, eps, norm_rows,
+                                 delta_rows);
+}
+
 GroupNormImpl::GroupNormImpl(int64_t groups_, int64_t channels, double eps_)
     : groups(groups_), eps(eps_) {
   weight = register_parameter("weight", at::ones({channels}));

@@ -67,6 +67,14 @@ class LayerNormImpl : public torch::nn::Module, public UsesKernels {
   /// {sum, layer_norm(sum)}. delta x's shape, scale (dim) (a layer scale); x's dtype.
   kernels::SumAndNorm forward_add(const at::Tensor& x, const at::Tensor& delta,
                                   const at::Tensor& scale = at::Tensor()) const;
+  /// forward_add (no layer scale) with the slot's row orders (kernels/norm/add_layer_norm.h,
+  /// "Row orders"; one image's indices for x (..., N, dim)): norm_rows (R) int64 gathers the
+  /// norm into a window order ((..., R, dim); -1 rows zero), delta_rows (N) int64 reads delta
+  /// (..., M, dim) from one. Either may be undefined. Throws c10::Error for indices of another
+  /// dtype, shape or device.
+  kernels::SumAndNorm forward_rows(const at::Tensor& x, const at::Tensor& delta,
+                                   const at::Tensor& norm_rows,
+                                   const at::Tensor& delta_rows = at::Tensor()) const;
   at::Tensor weight, bias;
   double eps;
   kernels::AddLayerNormHandle kernel;  ///< empty until bound: the portable ops run

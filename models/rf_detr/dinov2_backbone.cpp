@@ -143,16 +143,33 @@ std::vector<at::Tensor> Dinov2BackboneImpl::forward(const at::Tensor& pixel_valu
     e = at::cat({e.slice(1, 0, 1).repeat({nw * nw, 1, 1}), tokens}, 1);
   }
   const std::vector<at::Tensor> stages = layers::run_pending_blocks(blocks, e);
+  // Stripping [CLS] and window_unpartition are one row gather per image (its windows' rows ->
+  // its h * w patch rows), done by the final LayerNorm's own pass (add_layer_norm's row orders)
+  // instead of two copies.
+  const auto order =
+      unwindow_.get({h, w}, e.device(), [&] { return unwindow_rows(nw, hpw, wpw, e.device()); });
   std::vector<at::Tensor> out;
   for (const auto i : config.out_indices) {
-    at::Tensor s = stages[i];
-    if (config.apply_layernorm) s = layernorm->forward(s);
-    s = s.slice(1, 1);
-    if (nw > 1)  // window_unpartition
-      s = s.reshape({B, nw * nw * s.size(1), C}).view({B, nw, nw, hpw, wpw, C}).transpose(2, 3);
-    out.push_back(s.reshape({B, h, w, -1}).permute({0, 3, 1, 2}).contiguous());
+    const auto s = stages[i].reshape({B, -1, C});
+    const auto patches = config.apply_layernorm
+                             ? layernorm->forward_rows(s, at::Tensor(), order).second
+                             : s.index_select(1, order);
+    out.push_back(patches.view({B, h, w, C}).permute({0, 3, 1, 2}).contiguous());
   }
   return out;
+}
+
+at::Tensor unwindow_rows(int64_t windows, int64_t window_h, int64_t window_w,
+                         const at::Device& device) {
+  // Upstream's ops on row numbers: strip [CLS], window_unpartition, flatten.
+  const int64_t tokens = 1 + window_h * window_w, nw = windows;
+  auto rows = at::arange(nw * nw * tokens, at::TensorOptions().dtype(at::kLong).device(device))
+                  .view({nw * nw, tokens})
+                  .slice(1, 1);
+  if (nw > 1)
+    rows =
+        rows.reshape({nw * nw * (tokens - 1)}).view({nw, nw, window_h, window_w}).transpose(1, 2);
+  return rows.reshape({-1});
 }
 
 }  // namespace libreyolo::models::rf_detr

@@ -74,6 +74,15 @@ class Dinov2BackboneImpl : public torch::nn::Module {
                                 int64_t w) const;
   /// position_embedding per input geometry and dtype: a function of the weights alone, kept.
   ConstantCache positions_;
+  /// unwindow_rows per patch grid.
+  ConstantCache unwindow_;
 };
+
+/// One image's row gather from the windowed layout (num_windows^2 windows of 1 + window_h *
+/// window_w tokens, [CLS] first, window-major) to its (h, w) patch grid, row-major: (h * w)
+/// int64 (upstream's window_unpartition, transposed for non-square grids as upstream's view is;
+/// with one window, the rows after [CLS]). On `device`.
+at::Tensor unwindow_rows(int64_t windows, int64_t window_h, int64_t window_w,
+                         const at::Device& device);
 
 }  // namespace libreyolo::models::rf_detr

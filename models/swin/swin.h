@@ -19,6 +19,7 @@
 #include "models/layers/attention.h"
 #include "models/layers/layers.h"
 #include "models/layers/packed_projections.h"
+#include "models/runtime/constant_cache.h"
 #include "models/runtime/stream_guard.h"
 #include "models/swin/windows.h"
 
@@ -179,24 +180,30 @@ class BlockImpl : public torch::nn::Module {
       ws = std::min(height, width);
     }
     const int64_t B = x.size(0), C = x.size(2);
-    auto h = layernorm_before->forward(x).view({B, height, width, C});
-    const int64_t pad_r = (ws - width % ws) % ws, pad_b = (ws - height % ws) % ws;
-    // timm rolls the unpadded map, transformers the padded one (Config::timm).
-    if (s > 0 && timm) h = at::roll(h, {-s, -s}, {1, 2});
-    h = at::constant_pad_nd(h, {0, 0, 0, pad_r, 0, pad_b});
-    const int64_t hp = height + pad_b, wp = width + pad_r;
-    if (s > 0 && !timm) h = at::roll(h, {-s, -s}, {1, 2});
-    auto windows = window_partition(h, ws).view({-1, ws * ws, C});
+    const int64_t hp = height + (ws - height % ws) % ws, wp = width + (ws - width % ws) % ws;
+    // Pad, roll (timm rolls the unpadded map, transformers the padded one: Config::timm) and
+    // window partition are a row gather done by the LayerNorm's own pass, window reverse, roll
+    // back and crop one done by the residual add's (add_layer_norm's row orders): no copies.
+    const auto windows =
+        layernorm_before->forward_rows(x, at::Tensor(), window_order(height, width, ws, s, false))
+            .second.view({-1, ws * ws, C});
     const auto [bias, bias_windows] = attention_bias(hp, wp, ws, s, B, windows.scalar_type());
-    auto a =
+    const auto a =
         attention_out->forward(attention->forward(windows, windows, windows, bias, bias_windows));
-    a = window_reverse(a.view({-1, ws, ws, C}), ws, hp, wp);
-    if (s > 0 && !timm) a = at::roll(a, {s, s}, {1, 2});
-    if (pad_r > 0 || pad_b > 0) a = a.slice(1, 0, height).slice(2, 0, width).contiguous();
-    if (s > 0 && timm) a = at::roll(a, {s, s}, {1, 2});
-    auto y = x + a.view({B, height * width, C});
-    auto m = fc2->forward(layers::activate(act, fc1->forward(layernorm_after->forward(y))));
+    const auto [y, yn] = layernorm_after->forward_rows(x, a.view({B, -1, C}), at::Tensor(),
+                                                       window_order(height, width, ws, s, true));
+    auto m = fc2->forward(layers::activate(act, fc1->forward(yn)));
     return m + y;
+  }
+
+  /// window_rows(...).rows (inverse: .inverse) of this block's order (Config::timm), kept per
+  /// geometry.
+  at::Tensor window_order(int64_t height, int64_t width, int64_t ws, int64_t s,
+                          bool inverse) const {
+    return rows_.get({height, width, ws, s, inverse ? 1 : 0}, table.device(), [&] {
+      const auto order = window_rows(height, width, ws, s, timm, table.device());
+      return inverse ? order.inverse : order.rows;
+    });
   }
 
   /// What attention_bias() keeps, under its mutex.
@@ -212,6 +219,7 @@ class BlockImpl : public torch::nn::Module {
   int64_t window, shift, heads;
   bool timm;  ///< Config::timm
   std::unique_ptr<BiasCache> cache_ = std::make_unique<BiasCache>();
+  ConstantCache rows_;  ///< window_order()'s maps
   Activation act;
   layers::LayerNorm layernorm_before, layernorm_after;
   layers::Attention attention;

@@ -21,6 +21,29 @@ at::Tensor window_reverse(const at::Tensor& windows, int64_t window, int64_t hei
       .view({-1, height, width, C});
 }
 
+WindowRows window_rows(int64_t height, int64_t width, int64_t window, int64_t shift,
+                       bool roll_before_pad, const at::Device& device) {
+  TORCH_CHECK(window > 0, "swin window_rows: window ", window, " must be positive");
+  const auto opts = at::TensorOptions().dtype(at::kLong).device(device);
+  const int64_t pad_r = (window - width % window) % window;
+  const int64_t pad_b = (window - height % window) % window;
+  const int64_t hp = height + pad_b, wp = width + pad_r;
+  // The same ops as the unfused SwinLayer, on row numbers instead of features.
+  auto map = at::arange(height * width, opts).view({1, height, width, 1});
+  if (shift > 0 && roll_before_pad) map = at::roll(map, {-shift, -shift}, {1, 2});
+  map = at::constant_pad_nd(map, {0, 0, 0, pad_r, 0, pad_b}, -1);
+  if (shift > 0 && !roll_before_pad) map = at::roll(map, {-shift, -shift}, {1, 2});
+  WindowRows out;
+  out.rows = window_partition(map, window).view({-1});
+  auto back =
+      window_reverse(at::arange(hp * wp, opts).view({-1, window, window, 1}), window, hp, wp);
+  if (shift > 0 && !roll_before_pad) back = at::roll(back, {shift, shift}, {1, 2});
+  back = back.slice(1, 0, height).slice(2, 0, width);
+  if (shift > 0 && roll_before_pad) back = at::roll(back, {shift, shift}, {1, 2});
+  out.inverse = back.reshape({-1});
+  return out;
+}
+
 at::Tensor shifted_window_mask(int64_t height, int64_t width, int64_t window, int64_t shift,
                                at::ScalarType dtype, const at::Device& device) {
   // Same arithmetic as transformers SwinLayer.get_attn_mask (region ids, then differences).

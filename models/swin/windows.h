@@ -21,6 +21,27 @@ at::Tensor window_reverse(const at::Tensor& windows, int64_t window, int64_t hei
 at::Tensor shifted_window_mask(int64_t height, int64_t width, int64_t window, int64_t shift,
                                at::ScalarType dtype, const at::Device& device);
 
+/// The row maps of a (shifted) window attention over a height x width token map (row-major), for
+/// the add_layer_norm slot's row orders (kernels/norm/add_layer_norm.h; one image's, the same
+/// for every image): the LayerNorm before the attention writes the window order, the residual add
+/// after it reads the attention output from there.
+struct WindowRows {
+  /// (nW * ws*ws) int64: the map row at each window-order position (windows in
+  /// window_partition's order on the padded, rolled map), -1 at padding positions.
+  at::Tensor rows;
+  /// (height * width) int64: each map row's window-order position.
+  at::Tensor inverse;
+};
+
+/// WindowRows of the given geometry on `device`, built by running the modules' own ops on a
+/// map of row numbers (so the order is theirs by construction): transformers' SwinLayer pads the
+/// map right / bottom to a multiple of `window` (with -1 here), rolls it by -shift on both axes
+/// and partitions it, and reverses with window_reverse, roll(+shift) and a crop;
+/// roll_before_pad (timm's SwinTransformerBlock._attn) rolls the unpadded map first and crops
+/// before rolling back. shift 0: no roll. Throws c10::Error for a window < 1.
+WindowRows window_rows(int64_t height, int64_t width, int64_t window, int64_t shift,
+                       bool roll_before_pad, const at::Device& device);
+
 /// (ws*ws, ws*ws) int64 index into a relative-position table built for `table_window`
 /// ((2*tw-1)^2 rows): (dy + tw - 1) * (2*tw - 1) + (dx + tw - 1), dy/dx = coord_i - coord_j over
 /// the row-major positions of a `window` x `window` window (window <= table_window). Equals

@@ -3,15 +3,18 @@
 // float32 rounding (float32: 2e-6 absolute on O(1) rows; 16-bit: at most one unit in the last
 // place of the output, and at least 99% of the elements bit-identical), for the ViT widths
 // (384, 768, 1024), a DETR width (256), the smallest (8), with and without delta and scale, and
-// more rows than one grid launch covers. Declines (a width off the 16-byte vectors, wider than
-// 1,024, a non-contiguous x, CPU tensors) run nothing. Called through a registry binding, as
-// models call it. Skips without a GPU.
+// more rows than one grid launch covers. Row orders (Swin's windows, issue 27): the gathered
+// norm and the gathered residual equal the unpermuted kernel's rows bit for bit, and the portable
+// ops within the same bounds, on Swin-T stage-1 maps (padded, shifted, both orders). Declines (a
+// width off the 16-byte vectors, wider than 1,024, a non-contiguous x, CPU tensors) run nothing.
+// Called through a registry binding, as models call it. Skips without a GPU.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
 #include <iostream>
 
 #include "kernels/norm/add_layer_norm.h"
+#include "models/swin/windows.h"
 #include "tests/gpu/cuda_test_util.h"
 
 namespace libreyolo::kernels {
@@ -37,7 +40,7 @@ TEST(AddLayerNormCuda, MatchesTheUnfusedOps) {
           const auto delta = with > 0 ? at::randn({rows, d}, opts) : at::Tensor();
           const auto scale = with > 1 ? at::rand({d}, opts) * 2 - 0.5 : at::Tensor();
           const auto w = at::rand({d}, opts) + 0.5, b = at::randn({d}, opts) * 0.1;
-          auto got = handle(x, delta, scale, w, b, 1e-6);
+          auto got = handle(x, delta, scale, w, b, 1e-6, {}, {});
           ASSERT_TRUE(got.has_value()) << "declined d=" << d;
           const auto ref = add_layer_norm_portable(x, delta, scale, w, b, 1e-6);
           const std::string what = c10::str(dtype, " d=", d, " rows=", rows, " with=", with);
@@ -75,7 +78,7 @@ TEST(AddLayerNormCuda, ThreeDimensionalRowsAndManyBlocks) {
     const auto x = at::randn({rows / 401, 401, 8}, opts);
     const auto delta = at::randn({rows / 401, 401, 8}, opts);
     const auto scale = at::rand({8}, opts), w = at::rand({8}, opts), b = at::rand({8}, opts);
-    auto got = handle(x, delta, scale, w, b, 1e-5);
+    auto got = handle(x, delta, scale, w, b, 1e-5, {}, {});
     ASSERT_TRUE(got.has_value());
     const auto ref = add_layer_norm_portable(x, delta, scale, w, b, 1e-5);
     EXPECT_EQ(test::bit_mismatches(got->first.to(at::kFloat), ref.first.to(at::kFloat)), 0);
@@ -88,6 +91,78 @@ TEST(AddLayerNormCuda, ThreeDimensionalRowsAndManyBlocks) {
   }
 }
 
+/// norm's rows (B, N, D) gathered into a window order as the portable path gathers them (-1:
+/// zeros).
+at::Tensor gather_rows(const at::Tensor& norm, const at::Tensor& rows) {
+  auto out = norm.index_select(1, rows.clamp_min(0));
+  return out.masked_fill_((rows < 0).unsqueeze(1), 0);
+}
+
+TEST(AddLayerNormCuda, RowOrdersEqualTheUnpermutedKernel) {
+  REQUIRE_CUDA();
+  const auto handle = test::cuda_only().bind(kAddLayerNorm, test::cuda_context());
+  ASSERT_FALSE(handle.empty());
+  at::manual_seed(7);
+  struct Case {
+    int64_t images, height, width, channels, window, shift;
+    bool timm;
+  };
+  // Swin-T stage 1 of 800x1333 (200x334, 96 channels, padded to 203x336), shifted in both
+  // orders; stage 3 (50x84, 384); a map that needs no padding; OmDet-Turbo's 160x160 (timm).
+  const Case cases[] = {{2, 200, 334, 96, 7, 0, false}, {2, 200, 334, 96, 7, 3, false},
+                        {2, 200, 334, 96, 7, 3, true},  {3, 50, 84, 384, 7, 3, false},
+                        {2, 56, 56, 96, 7, 3, false},   {1, 160, 160, 96, 7, 3, true}};
+  int checked = 0;
+  for (auto dtype : {at::kFloat, at::kBFloat16}) {
+    const auto opts = at::TensorOptions().device(at::kCUDA).dtype(dtype);
+    for (const auto& c : cases) {
+      const std::string what = c10::str(dtype, " ", c.height, "x", c.width, "x", c.channels,
+                                        " shift ", c.shift, c.timm ? " timm" : "");
+      const auto order = models::swin::window_rows(c.height, c.width, c.window, c.shift, c.timm,
+                                                   at::Device(at::kCUDA));
+      const auto x = at::randn({c.images, c.height * c.width, c.channels}, opts) * 2 + 0.5;
+      const auto w = at::rand({c.channels}, opts) + 0.5, b = at::randn({c.channels}, opts) * 0.1;
+      // (1) LayerNorm into the window order (no delta: the Swin block's layernorm_before).
+      const auto plain = handle(x, {}, {}, w, b, 1e-5, {}, {});
+      const auto windowed = handle(x, {}, {}, w, b, 1e-5, order.rows, {});
+      ASSERT_TRUE(plain.has_value() && windowed.has_value()) << what;
+      EXPECT_EQ(windowed->second.sizes(),
+                (at::IntArrayRef{c.images, order.rows.numel(), c.channels}));
+      EXPECT_EQ(test::bit_mismatches(windowed->second.to(at::kFloat),
+                                     gather_rows(plain->second, order.rows).to(at::kFloat)),
+                0)
+          << what;
+      const auto ref = add_layer_norm_portable(x, {}, {}, w, b, 1e-5, order.rows, {});
+      const double bound = dtype == at::kFloat ? 2e-5 : unit(dtype) * 8;  // |norm| < 8 here
+      EXPECT_LE(test::max_abs_diff(windowed->second, ref.second), bound) << what;
+      // (2) The attention output back from the window order, added, normalised.
+      const auto a = at::randn({c.images, order.rows.numel(), c.channels}, opts);
+      const auto aligned = a.index_select(1, order.inverse);
+      const auto unpermuted = handle(x, aligned, {}, w, b, 1e-5, {}, {});
+      const auto back = handle(x, a, {}, w, b, 1e-5, {}, order.inverse);
+      ASSERT_TRUE(unpermuted.has_value() && back.has_value()) << what;
+      EXPECT_EQ(test::bit_mismatches(back->first.to(at::kFloat), (x + aligned).to(at::kFloat)), 0)
+          << what;
+      EXPECT_EQ(
+          test::bit_mismatches(back->second.to(at::kFloat), unpermuted->second.to(at::kFloat)), 0)
+          << what;
+      // (1) with a pending residual and a layer scale: the sum in the image order.
+      const auto delta = at::randn(x.sizes(), opts), scale = at::rand({c.channels}, opts);
+      const auto both = handle(x, delta, scale, w, b, 1e-5, order.rows, {});
+      const auto flat = handle(x, delta, scale, w, b, 1e-5, {}, {});
+      ASSERT_TRUE(both.has_value() && flat.has_value()) << what;
+      EXPECT_EQ(test::bit_mismatches(both->first.to(at::kFloat), flat->first.to(at::kFloat)), 0)
+          << what;
+      EXPECT_EQ(test::bit_mismatches(both->second.to(at::kFloat),
+                                     gather_rows(flat->second, order.rows).to(at::kFloat)),
+                0)
+          << what;
+      ++checked;
+    }
+  }
+  EXPECT_EQ(checked, 12);
+}
+
 TEST(AddLayerNormCuda, DeclinesWhatItDoesNotTake) {
   REQUIRE_CUDA();
   kernels::Registry reg;
@@ -97,7 +172,7 @@ TEST(AddLayerNormCuda, DeclinesWhatItDoesNotTake) {
   auto call = [&](const at::Tensor& x) {
     const int64_t d = x.size(-1);
     const auto w = at::ones({d}, x.options()), b = at::zeros({d}, x.options());
-    return h(x, at::Tensor(), at::Tensor(), w, b, 1e-5);
+    return h(x, at::Tensor(), at::Tensor(), w, b, 1e-5, {}, {});
   };
   EXPECT_FALSE(call(at::randn({4, 12}, opts)).has_value());      // 12 bf16: not whole vectors
   EXPECT_FALSE(call(at::randn({4, 1032}, opts)).has_value());    // wider than 1024

@@ -48,7 +48,8 @@ TEST(AddLayerNorm, InputsAreCheckedBeforeAnyImplementation) {
   int calls = 0;
   r.register_impl(kAddLayerNorm, "counting",
                   [&calls](const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                           const at::Tensor&, const at::Tensor&, double) -> Outcome<SumAndNorm> {
+                           const at::Tensor&, const at::Tensor&, double, const at::Tensor&,
+                           const at::Tensor&) -> Outcome<SumAndNorm> {
                     ++calls;
                     return Decline{"never"};
                   });
@@ -84,9 +85,10 @@ TEST(AddLayerNorm, LayerNormModuleCallsItsBoundHandle) {
   r.register_impl(
       kAddLayerNorm, "counting",
       [&calls](const at::Tensor& x, const at::Tensor& delta, const at::Tensor& scale,
-               const at::Tensor& w, const at::Tensor& b, double eps) -> Outcome<SumAndNorm> {
+               const at::Tensor& w, const at::Tensor& b, double eps, const at::Tensor& norm_rows,
+               const at::Tensor& delta_rows) -> Outcome<SumAndNorm> {
         ++calls;
-        return add_layer_norm_portable(x, delta, scale, w, b, eps);
+        return add_layer_norm_portable(x, delta, scale, w, b, eps, norm_rows, delta_rows);
       });
   auto norm = std::make_shared<models::layers::LayerNormImpl>(8, 1e-6);
   norm->weight.data().uniform_(0.5, 1.5);

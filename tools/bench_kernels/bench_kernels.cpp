@@ -11,7 +11,7 @@
 // flush's own time measured alone.
 //
 // Usage: bench_kernels [--json FILE]
-//   [--ops msda,fake_quant,bias_act,max_pool,depthwise,layer_norm]
+//   [--ops msda,fake_quant,bias_act,max_pool,depthwise,layer_norm,window_layer_norm]
 // (default: all)
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
@@ -38,6 +38,7 @@
 #include "kernels/pool/max_pool2d.h"
 #include "kernels/quant/cuda/fake_quant_fp8_cuda.h"
 #include "kernels/quant/fake_quant_fp8.h"
+#include "models/swin/windows.h"
 
 namespace lk = libreyolo::kernels;
 
@@ -340,6 +341,64 @@ void bench_add_layer_norm() {
   }
 }
 
+/// add_layer_norm's row orders on Swin-T stage 1 of Grounding DINO tiny at batch 8 and
+/// 800x1333 (bf16; 200 x 334 tokens of 96 per image, window 7, shift 3: the padded 203 x 336
+/// map, 29 x 48 windows): (1) the LayerNorm written straight into the rolled, padded window order
+/// against ATen's layer_norm, constant_pad_nd, roll and window_partition (the unfused block's
+/// ops), and (2) the attention output read back from the window order, added to the residual and
+/// normalised against window_reverse, roll, the crop's contiguous, add and layer_norm; a copy
+/// of the fused kernel's bytes is the bandwidth anchor.
+void bench_window_layer_norm() {
+  namespace swin = libreyolo::models::swin;
+  const auto opts = at::TensorOptions().device(at::kCUDA).dtype(at::kBFloat16);
+  const int64_t B = 8, H = 200, W = 334, C = 96, ws = 7, s = 3, hp = 203, wp = 336;
+  const char* shape = "8x200x334x96 w7 s3 (Swin-T)";
+  const auto order = swin::window_rows(H, W, ws, s, false, at::Device(at::kCUDA));
+  const auto x = at::randn({B, H * W, C}, opts), w = at::rand({C}, opts), b = at::rand({C}, opts);
+  const auto a = at::randn({B, order.rows.numel(), C}, opts);
+  const double image = mb(x), windowed = mb(a);
+  auto copy_row = [&](double bytes) {
+    auto src = at::empty({static_cast<int64_t>(bytes * 1e6 / 4)}, opts);
+    auto dst = at::empty_like(src);
+    rows.push_back({"d2d copy", shape, "aten", "bf16", "graph",
+                    time_graph([&] { dst.copy_(src); }, 10, 10), -1, bytes});
+  };
+  // (1) x read, the window order written.
+  copy_row(image + windowed);
+  rows.push_back(
+      {"ln+roll+pad+part", shape, "cuda", "bf16", "graph",
+       time_graph([&] { lk::cuda::add_layer_norm(x, {}, {}, w, b, 1e-5, order.rows); }, 10, 10), -1,
+       image + windowed});
+  rows.push_back(
+      {"ln+roll+pad+part", shape, "aten", "bf16", "graph",
+       time_graph(
+           [&] {
+             auto h = at::layer_norm(x, {C}, w, b, 1e-5).view({B, H, W, C});
+             h = at::roll(at::constant_pad_nd(h, {0, 0, 0, wp - W, 0, hp - H}), {-s, -s}, {1, 2});
+             swin::window_partition(h, ws);
+           },
+           10, 10),
+       -1, image + windowed});
+  // (2) x and the window-order output's image rows read, sum and norm written.
+  copy_row(4 * image);
+  rows.push_back(
+      {"rev+roll+crop+add+ln", shape, "cuda", "bf16", "graph",
+       time_graph([&] { lk::cuda::add_layer_norm(x, a, {}, w, b, 1e-5, {}, order.inverse); }, 10,
+                  10),
+       -1, 4 * image});
+  rows.push_back(
+      {"rev+roll+crop+add+ln", shape, "aten", "bf16", "graph",
+       time_graph(
+           [&] {
+             auto r = at::roll(swin::window_reverse(a.view({-1, ws, ws, C}), ws, hp, wp), {s, s},
+                               {1, 2});
+             const auto y = x + r.slice(1, 0, H).slice(2, 0, W).contiguous().view({B, H * W, C});
+             at::layer_norm(y, {C}, w, b, 1e-5);
+           },
+           10, 10),
+       -1, 4 * image});
+}
+
 /// The depthwise convolutions of D-FINE L (HGNetV2-B4 backbone, hybrid encoder of 256
 /// channels) at batch 32 and 640 x 640 input, bf16 channels_last: the stage downsamples (3x3
 /// stride 2 on the stride-4/8/16 maps of 160/80/40), the light blocks' 5x5 stride 1 (on the
@@ -403,7 +462,8 @@ std::string json_escape(const std::string& s) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string json_path, ops = "msda,fake_quant,bias_act,max_pool,depthwise,layer_norm";
+  std::string json_path,
+      ops = "msda,fake_quant,bias_act,max_pool,depthwise,layer_norm,window_layer_norm";
   for (int i = 1; i < argc; ++i) {
     if (std::string(argv[i]) == "--json" && i + 1 < argc) json_path = argv[++i];
     if (std::string(argv[i]) == "--ops" && i + 1 < argc) ops = argv[++i];
@@ -434,6 +494,7 @@ int main(int argc, char** argv) {
     if (wanted("bias_act")) bench_bias_act();
     if (wanted("max_pool")) bench_max_pool();
     if (wanted("layer_norm")) bench_add_layer_norm();
+    if (wanted("window_layer_norm")) bench_window_layer_norm();
     if (wanted("depthwise")) bench_depthwise();
   } catch (const std::exception& e) {
     std::cerr << "bench_kernels failed: " << e.what() << "\n";

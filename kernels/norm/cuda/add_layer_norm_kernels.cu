@@ -5,7 +5,9 @@
 // and round); the LayerNorm works on the rounded sum in float32, out = w * (rstd * (y - mean)) + b
 // (aten/src/ATen/native/cuda/layer_norm_kernel.cu vectorized_layer_norm_kernel_impl), with the
 // mean and the (biased) variance from two passes over the registers instead of Welford's update:
-// the same numbers to float32 rounding.
+// the same numbers to float32 rounding. Optional row gathers (add_layer_norm.h, "Row orders"):
+// a warp's row may read x / delta and write sum / norm at other rows, so a window partition or
+// reverse costs an int64 index load per row instead of a copy kernel over every element.
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
 #include <ATen/cuda/CUDAContext.h>
@@ -34,19 +36,51 @@ __device__ __forceinline__ float warp_sum(float v) {
 }
 
 // T the dtype, N elements per 16-byte vector, V the most vectors a lane holds (the row has
-// d / N vectors, lane l takes vectors l, l + 32, ...).
+// d / N vectors, lane l takes vectors l, l + 32, ...). `rows` counts norm rows. The rows are
+// grouped per image (add_layer_norm.h "Row orders"): n_x rows of x, n_norm of norm, n_delta of
+// delta per image. Norm row g * n_norm + j normalises sum row g * n_x + norm_rows[j] (the same
+// row without norm_rows; norm_rows[j] == -1: a zero row), which is x's row plus delta's row
+// g * n_delta + delta_rows[i] for x's row g * n_x + i (the same row without delta_rows).
 template <typename T, int N, int V>
 __global__ void __launch_bounds__(kWarps* kLanes)
     add_layer_norm_kernel(const T* __restrict__ x, const T* __restrict__ delta,
                           const T* __restrict__ scale, const T* __restrict__ weight,
                           const T* __restrict__ bias, T* __restrict__ sum_out,
-                          T* __restrict__ norm_out, int64_t rows, int d, float eps) {
+                          T* __restrict__ norm_out, const int64_t* __restrict__ norm_rows,
+                          const int64_t* __restrict__ delta_rows, int64_t rows, int64_t n_x,
+                          int64_t n_norm, int64_t n_delta, int d, float eps) {
   const int lane = threadIdx.x % kLanes;
   const int vectors = d / N;
   const float inv_d = 1.0f / static_cast<float>(d);
   for (int64_t row = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / kLanes; row < rows;
        row += static_cast<int64_t>(gridDim.x) * kWarps) {
-    const int64_t base = row * d;
+    int64_t src = row;
+    if (norm_rows != nullptr) {
+      // 32-bit division (the host checks the row counts fit): a 64-bit one is emulated in
+      // about 70 instructions, as long as the row's memory time at Swin's 96 channels.
+      const int64_t image = static_cast<uint32_t>(row) / static_cast<uint32_t>(n_norm);
+      const int64_t local = norm_rows[row - image * n_norm];
+      src = local < 0 ? -1 : image * n_x + local;
+    }
+    T* const norm_row = norm_out + row * d;
+    if (src < 0) {  // a padding position (warp-uniform: the whole warp owns the row)
+      Pack<T, N> zero;
+#pragma unroll
+      for (int k = 0; k < N; ++k) zero.v[k] = static_cast<T>(0.0f);
+      for (int vec = lane; vec < vectors; vec += kLanes)
+        *reinterpret_cast<Pack<T, N>*>(norm_row + static_cast<int64_t>(vec) * N) = zero;
+      continue;
+    }
+    const int64_t base = src * d;
+    const T* delta_row = nullptr;
+    if (delta != nullptr) {
+      int64_t at = src;
+      if (delta_rows != nullptr) {
+        const int64_t image = static_cast<uint32_t>(src) / static_cast<uint32_t>(n_x);
+        at = image * n_delta + delta_rows[src - image * n_x];
+      }
+      delta_row = delta + at * d;
+    }
     float y[V][N];
     float total = 0.0f;
 #pragma unroll
@@ -56,7 +90,7 @@ __global__ void __launch_bounds__(kWarps* kLanes)
         const int64_t at = base + static_cast<int64_t>(vec) * N;
         const auto xv = *reinterpret_cast<const Pack<T, N>*>(x + at);
         if (delta != nullptr) {
-          const auto dv = *reinterpret_cast<const Pack<T, N>*>(delta + at);
+          const auto dv = *reinterpret_cast<const Pack<T, N>*>(delta_row + vec * N);
           Pack<T, N> sv;
           if (scale != nullptr) sv = *reinterpret_cast<const Pack<T, N>*>(scale + vec * N);
           Pack<T, N> out;
@@ -105,18 +139,32 @@ __global__ void __launch_bounds__(kWarps* kLanes)
         for (int k = 0; k < N; ++k)
           out.v[k] = static_cast<T>(static_cast<float>(wv.v[k]) * (rstd * (y[i][k] - mean)) +
                                     static_cast<float>(bv.v[k]));
-        *reinterpret_cast<Pack<T, N>*>(norm_out + base + static_cast<int64_t>(vec) * N) = out;
+        *reinterpret_cast<Pack<T, N>*>(norm_row + static_cast<int64_t>(vec) * N) = out;
       }
     }
   }
 }
 
+/// The kernel's pointers (nullptr: absent).
+template <typename T>
+struct Args {
+  const T *x, *delta, *scale, *weight, *bias;
+  T *sum, *norm;
+  const int64_t *norm_rows, *delta_rows;
+};
+
+/// Rows per image of x, norm and delta (the kernel's n_x, n_norm, n_delta).
+struct Groups {
+  int64_t x, norm, delta;
+};
+
 template <typename T, int N, int V>
-void launch(const T* x, const T* delta, const T* scale, const T* weight, const T* bias, T* sum,
-            T* norm, int64_t rows, int d, float eps, cudaStream_t stream) {
+void launch(const Args<T>& a, int64_t rows, const Groups& g, int d, float eps,
+            cudaStream_t stream) {
   const int64_t blocks = std::min<int64_t>((rows + kWarps - 1) / kWarps, int64_t{1} << 20);
   add_layer_norm_kernel<T, N, V><<<static_cast<unsigned>(blocks), kWarps * kLanes, 0, stream>>>(
-      x, delta, scale, weight, bias, sum, norm, rows, d, eps);
+      a.x, a.delta, a.scale, a.weight, a.bias, a.sum, a.norm, a.norm_rows, a.delta_rows, rows, g.x,
+      g.norm, g.delta, d, eps);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
@@ -128,7 +176,8 @@ bool add_layer_norm_supports(int64_t d, at::ScalarType dtype) {
 }
 
 SumAndNorm add_layer_norm(const at::Tensor& x, const at::Tensor& delta, const at::Tensor& scale,
-                          const at::Tensor& weight, const at::Tensor& bias, double eps) {
+                          const at::Tensor& weight, const at::Tensor& bias, double eps,
+                          const at::Tensor& norm_rows, const at::Tensor& delta_rows) {
   const auto dtype = x.scalar_type();
   TORCH_CHECK(x.is_cuda() && x.dim() >= 1 && x.is_contiguous(),
               "add_layer_norm (cuda): x must be a contiguous CUDA tensor (..., D)");
@@ -145,35 +194,62 @@ SumAndNorm add_layer_norm(const at::Tensor& x, const at::Tensor& delta, const at
                   bias.defined() && same(weight) && same(bias),
               "add_layer_norm (cuda): every tensor must be contiguous, 16-byte aligned and of x's "
               "dtype and device");
-  TORCH_CHECK(!delta.defined() || delta.sizes() == x.sizes(),
+  const bool ordered = norm_rows.defined() || delta_rows.defined();
+  TORCH_CHECK(!ordered || x.dim() >= 2, "add_layer_norm (cuda): row orders need x (..., N, D)");
+  const int64_t x_rows = x.numel() / d, n_x = x.dim() >= 2 ? x.size(-2) : x_rows;
+  const int64_t images = n_x == 0 ? 0 : x_rows / n_x;
+  auto index = [&](const at::Tensor& t, int64_t n) {
+    return !t.defined() || (t.device() == x.device() && t.scalar_type() == at::kLong &&
+                            t.dim() == 1 && t.is_contiguous() && (n < 0 || t.size(0) == n));
+  };
+  TORCH_CHECK(index(norm_rows, -1) && index(delta_rows, n_x) &&
+                  (!delta_rows.defined() ||
+                   (delta.defined() && delta.dim() == x.dim() && delta.size(-1) == d &&
+                    delta.sizes().slice(0, x.dim() - 2) == x.sizes().slice(0, x.dim() - 2))),
+              "add_layer_norm (cuda): norm_rows must be contiguous int64 (R), delta_rows int64 "
+              "(N) with a delta (..., M, D) of x's leading dims, both on x's device");
+  TORCH_CHECK(!delta.defined() || delta_rows.defined() || delta.sizes() == x.sizes(),
               "add_layer_norm (cuda): delta must have x's shape");
-  auto norm = at::empty_like(x, at::MemoryFormat::Contiguous);
+  const Groups groups{n_x, norm_rows.defined() ? norm_rows.size(0) : n_x,
+                      delta_rows.defined() ? delta.size(-2) : n_x};
+  at::Tensor norm;
+  if (norm_rows.defined()) {
+    auto sizes = x.sizes().vec();
+    sizes[sizes.size() - 2] = groups.norm;
+    norm = at::empty(sizes, x.options());
+  } else {
+    norm = at::empty_like(x, at::MemoryFormat::Contiguous);
+  }
   auto sum = delta.defined() ? at::empty_like(x, at::MemoryFormat::Contiguous) : x;
-  const int64_t rows = d == 0 ? 0 : x.numel() / d;
+  const int64_t rows = images * groups.norm;
+  TORCH_CHECK(!ordered || (rows <= UINT32_MAX && x_rows <= UINT32_MAX),
+              "add_layer_norm (cuda): row orders take at most 2^32 - 1 rows");
   if (rows == 0) return {sum, norm};
   const c10::cuda::CUDAGuard guard(x.device());
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, dtype, "add_layer_norm", [&] {
     constexpr int N = 16 / sizeof(scalar_t);
-    const auto* px = x.data_ptr<scalar_t>();
-    const auto* pd = delta.defined() ? delta.data_ptr<scalar_t>() : nullptr;
-    const auto* ps = scale.defined() ? scale.data_ptr<scalar_t>() : nullptr;
-    const auto* pw = weight.data_ptr<scalar_t>();
-    const auto* pb = bias.data_ptr<scalar_t>();
-    auto* psum = delta.defined() ? sum.data_ptr<scalar_t>() : nullptr;
-    auto* pn = norm.data_ptr<scalar_t>();
+    const Args<scalar_t> a{x.data_ptr<scalar_t>(),
+                           delta.defined() ? delta.data_ptr<scalar_t>() : nullptr,
+                           scale.defined() ? scale.data_ptr<scalar_t>() : nullptr,
+                           weight.data_ptr<scalar_t>(),
+                           bias.data_ptr<scalar_t>(),
+                           delta.defined() ? sum.data_ptr<scalar_t>() : nullptr,
+                           norm.data_ptr<scalar_t>(),
+                           norm_rows.defined() ? norm_rows.data_ptr<int64_t>() : nullptr,
+                           delta_rows.defined() ? delta_rows.data_ptr<int64_t>() : nullptr};
     const int vectors_per_lane = static_cast<int>((d / N + kLanes - 1) / kLanes);
     const auto e = static_cast<float>(eps);
     const int di = static_cast<int>(d);
     // kMaxLayerNormWidth / N / 32: 4 vectors of 8 (16-bit) or 8 of 4 (float32).
     if (vectors_per_lane <= 1) {
-      launch<scalar_t, N, 1>(px, pd, ps, pw, pb, psum, pn, rows, di, e, stream);
+      launch<scalar_t, N, 1>(a, rows, groups, di, e, stream);
     } else if (vectors_per_lane <= 2) {
-      launch<scalar_t, N, 2>(px, pd, ps, pw, pb, psum, pn, rows, di, e, stream);
+      launch<scalar_t, N, 2>(a, rows, groups, di, e, stream);
     } else if (vectors_per_lane <= 4) {
-      launch<scalar_t, N, 4>(px, pd, ps, pw, pb, psum, pn, rows, di, e, stream);
+      launch<scalar_t, N, 4>(a, rows, groups, di, e, stream);
     } else {
-      launch<scalar_t, N, 8>(px, pd, ps, pw, pb, psum, pn, rows, di, e, stream);
+      launch<scalar_t, N, 8>(a, rows, groups, di, e, stream);
     }
   });
   return {sum, norm};
