@@ -120,26 +120,40 @@ class PromptedDetector {
   /// PromptCache, server/instance/prompt_cache.h) and forward_encoded computes forward_prompted
   /// from the pieces. OWL-ViT / OWLv2: one piece per label (CLIP's text tower reads each label
   /// alone); Grounding DINO: one piece per image, its caption (BERT reads the whole caption,
-  /// before the fusion layers mix it with the image).
+  /// before the fusion layers mix it with the image); OmDet-Turbo: one piece per class (CLIP
+  /// reads each class alone) and one per task sentence (upstream's get_cached_class_embeddings /
+  /// get_cached_task_embeddings).
   virtual bool caches_text() const { return false; }
   /// Per image of `labels` (as for encode_labels), the cache keys of its pieces, in the order
   /// forward_encoded reads them: OWL: its labels; Grounding DINO: one key, the exact token ids
-  /// of its caption (int64 bytes). Throws std::invalid_argument as encode_labels does;
+  /// of its caption (int64 bytes); OmDet-Turbo: its classes, then its default task's key (see
+  /// text_keys_with_tasks). Throws std::invalid_argument as encode_labels does;
   /// std::logic_error unless caches_text().
   virtual std::vector<std::vector<std::string>> text_keys(
       const std::vector<std::vector<std::string>>& labels) const;
+  /// text_keys with tasks[b] the task sentence of image b ("" = the family's default), for the
+  /// families that read one (uses_task()): OmDet-Turbo's keys of image b are its classes, then
+  /// one key for its task. The default checks `tasks` as encode_with_tasks does (every task "")
+  /// and returns text_keys(labels). Throws std::invalid_argument as encode_with_tasks does;
+  /// std::logic_error unless caches_text().
+  virtual std::vector<std::vector<std::string>> text_keys_with_tasks(
+      const std::vector<std::vector<std::string>>& labels,
+      const std::vector<std::string>& tasks) const;
   /// The pieces named by `keys` (text_keys' strings, any number), one EncodedText each, in one
   /// text forward: OWL: {the label's query embedding (D) in the model's dtype}; Grounding DINO:
   /// {text features after BERT and text_projection (T, d_model) in the model's dtype, the
   /// phrase self-attention mask (T, T) bool, position_ids (T) int64, token mask (T) bool}, T the
   /// caption's tokens cut at max_text_len. Tensors on the model's device, owning their memory
-  /// (no views of the batch). Throws std::invalid_argument for a key text_keys cannot have made
-  /// or a caption the text encoder refuses; std::logic_error unless caches_text().
+  /// (no views of the batch); OmDet-Turbo: a class {its end-token state through
+  /// text_projection (E)}, a task {its token states (T, D)}, T its tokens with the start and end
+  /// tokens, both in the model's dtype. Throws std::invalid_argument for a key text_keys cannot
+  /// have made or a caption the text encoder refuses; std::logic_error unless caches_text().
   virtual std::vector<EncodedText> encode_text(const std::vector<std::string>& keys) const;
   /// forward_prompted_masked with the text already encoded: pieces[b] the encode_text results
   /// of text_keys(labels)[b], in that order (images with different pieces are padded and
   /// batched: OWL pads the labels with masked queries, Grounding DINO the captions to the
-  /// longest with its padding token's features). pixel_values and pixel_mask as there. Throws
+  /// longest with its padding token's features, OmDet-Turbo the classes with zero classes and
+  /// the tasks with masked zero tokens, as upstream). pixel_values and pixel_mask as there. Throws
   /// std::invalid_argument for a pieces count other than B or pieces of another shape;
   /// std::logic_error unless caches_text().
   virtual PromptedOutput forward_encoded(const at::Tensor& pixel_values,
@@ -181,9 +195,13 @@ class PromptedDetector {
       const PromptThresholds& thresholds) const = 0;
 };
 
-inline TextQueries PromptedDetector::encode_with_tasks(
-    const std::vector<std::vector<std::string>>& labels,
-    const std::vector<std::string>& tasks) const {
+namespace detail {
+
+/// A family without a task sentence: `tasks` must hold one "" per image of `labels`. Throws
+/// std::invalid_argument "tasks: 1 tasks for 2 images" / "tasks[b]: this family takes no task
+/// sentence".
+inline void check_no_tasks(const std::vector<std::vector<std::string>>& labels,
+                           const std::vector<std::string>& tasks) {
   if (tasks.size() != labels.size())
     throw std::invalid_argument("tasks: " + std::to_string(tasks.size()) + " tasks for " +
                                 std::to_string(labels.size()) + " images");
@@ -191,7 +209,22 @@ inline TextQueries PromptedDetector::encode_with_tasks(
     if (!tasks[b].empty())
       throw std::invalid_argument("tasks[" + std::to_string(b) +
                                   "]: this family takes no task sentence");
+}
+
+}  // namespace detail
+
+inline TextQueries PromptedDetector::encode_with_tasks(
+    const std::vector<std::vector<std::string>>& labels,
+    const std::vector<std::string>& tasks) const {
+  detail::check_no_tasks(labels, tasks);
   return encode_labels(labels);
+}
+
+inline std::vector<std::vector<std::string>> PromptedDetector::text_keys_with_tasks(
+    const std::vector<std::vector<std::string>>& labels,
+    const std::vector<std::string>& tasks) const {
+  detail::check_no_tasks(labels, tasks);
+  return text_keys(labels);
 }
 
 inline std::vector<std::vector<std::string>> PromptedDetector::text_keys(

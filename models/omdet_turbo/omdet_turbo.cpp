@@ -119,21 +119,19 @@ class OmDetTurboImpl : public torch::nn::Module {
     return config.backbone.swin.patch_size << (config.backbone.out_indices.back() - 1);
   }
 
+  /// The language backbone's class side (encode_type "class"): ids (N, L) -> each class's
+  /// end-token state through text_projection (N, E). CLIP reads every row alone.
+  at::Tensor class_embeddings(const at::Tensor& ids) const {
+    return at::matmul(text_model->pooled(ids), text_projection);
+  }
+
   /// See TaskConditioned::forward_text; inputs checked and on the model's device.
   std::pair<at::Tensor, at::Tensor> forward(const at::Tensor& pixel_values,
                                             const TextInputs& text) const {
-    // OmDetTurboVisionBackbone (apply_layernorm_after_vision_backbone false) + hybrid encoder.
-    std::vector<at::Tensor> projected;
-    const auto features = backbone->forward(pixel_values);
-    for (size_t l = 0; l < features.size(); ++l)
-      projected.push_back(channel_projection_layers[l]->forward(features[l]));
-    const auto pan = encoder->forward(std::move(projected));
-
     // get_language_embedding: the classes' end-token states through text_projection, regrouped
     // per image with zero padding classes (C, B, E); the task's states cut to the batch's
     // longest task (T, B, E).
-    const auto class_embeddings =
-        at::matmul(text_model->pooled(text.classes_input_ids), text_projection);
+    const auto class_embeddings = this->class_embeddings(text.classes_input_ids);
     const auto structure = text.classes_structure.to(at::kCPU);
     const int64_t b = structure.size(0);
     const int64_t most = structure.max().item<int64_t>();
@@ -147,7 +145,23 @@ class OmDetTurboImpl : public torch::nn::Module {
     const auto mask = text.tasks_attention_mask;
     const int64_t len = mask.ne(0).sum(1).max().item<int64_t>();
     const auto task = text_model->forward(text.tasks_input_ids).slice(1, 0, len).transpose(0, 1);
-    return decoder->forward(pan, classes, task, mask.slice(1, 0, len));
+    return forward_embedded(pixel_values, classes, task, mask.slice(1, 0, len));
+  }
+
+  /// The model past its language backbone: classes (C, B, E) (zero rows: padding classes), task
+  /// (T, B, D) the task tokens' states, task_mask (B, T) nonzero on tokens (the decoder masks the
+  /// others' keys) -> decoder_class_logits, decoder_coord_logits.
+  std::pair<at::Tensor, at::Tensor> forward_embedded(const at::Tensor& pixel_values,
+                                                     const at::Tensor& classes,
+                                                     const at::Tensor& task,
+                                                     const at::Tensor& task_mask) const {
+    // OmDetTurboVisionBackbone (apply_layernorm_after_vision_backbone false) + hybrid encoder.
+    std::vector<at::Tensor> projected;
+    const auto features = backbone->forward(pixel_values);
+    for (size_t l = 0; l < features.size(); ++l)
+      projected.push_back(channel_projection_layers[l]->forward(features[l]));
+    const auto pan = encoder->forward(std::move(projected));
+    return decoder->forward(pan, classes, task, task_mask);
   }
 
   Config config;
@@ -180,26 +194,12 @@ class OmDetTurboModel : public ModuleModel<OmDetTurboImpl>,
 
   TextInputs encode(const std::vector<std::vector<std::string>>& classes,
                     const std::vector<std::string>& tasks) const override {
-    if (classes.empty()) throw std::invalid_argument("classes: no images");
-    if (tasks.size() != classes.size())
-      throw std::invalid_argument(
-          c10::str("tasks: ", tasks.size(), " tasks for ", classes.size(), " images"));
-    std::vector<std::string> flat, task_texts;
+    const auto task_texts = checked_tasks(classes, tasks);
+    std::vector<std::string> flat;
     std::vector<int64_t> structure;
-    for (size_t b = 0; b < classes.size(); ++b) {
-      if (classes[b].empty())
-        throw std::invalid_argument(c10::str("labels[", b, "]: an image needs at least one label"));
-      if (static_cast<int64_t>(classes[b].size()) > kMaxLabels)
-        throw std::invalid_argument(c10::str("labels[", b, "]: ", classes[b].size(),
-                                             " labels, more than the ", kMaxLabels,
-                                             " one image may have"));
-      for (size_t i = 0; i < classes[b].size(); ++i) {
-        checked_ids(classes[b][i], c10::str("labels[", b, "][", i, "]"));
-        flat.push_back(classes[b][i]);
-      }
-      structure.push_back(static_cast<int64_t>(classes[b].size()));
-      task_texts.push_back(tasks[b].empty() ? default_task(classes[b]) : tasks[b]);
-      checked_ids(task_texts.back(), c10::str("tasks[", b, "]"));
+    for (const auto& image : classes) {
+      flat.insert(flat.end(), image.begin(), image.end());
+      structure.push_back(static_cast<int64_t>(image.size()));
     }
     TextInputs t;
     std::tie(t.classes_input_ids, std::ignore) = tokenize(flat);
@@ -321,6 +321,102 @@ class OmDetTurboModel : public ModuleModel<OmDetTurboImpl>,
     return out;
   }
 
+  // The prompt cache (models/prompted.h caches_text): a piece per class, keyed by its text, and
+  // one per task sentence, keyed by kTaskKey + its text (the default task spelled out), as
+  // upstream's language_cache_class / language_cache_prompt keep them.
+
+  bool caches_text() const override { return true; }
+
+  std::vector<std::vector<std::string>> text_keys(
+      const std::vector<std::vector<std::string>>& labels) const override {
+    return text_keys_with_tasks(labels, std::vector<std::string>(labels.size()));
+  }
+
+  std::vector<std::vector<std::string>> text_keys_with_tasks(
+      const std::vector<std::vector<std::string>>& labels,
+      const std::vector<std::string>& tasks) const override {
+    const auto task_texts = checked_tasks(labels, tasks);
+    auto keys = labels;
+    for (size_t b = 0; b < keys.size(); ++b) keys[b].push_back(kTaskKey + task_texts[b]);
+    return keys;
+  }
+
+  /// Classes and tasks each in one text forward (77 tokens, as the processor pads them): a
+  /// class {(E)}, a task {(T, D)} with T its own tokens (the padding past them never reaches
+  /// the decoder: it masks their keys).
+  std::vector<EncodedText> encode_text(const std::vector<std::string>& keys) const override {
+    std::vector<std::string> texts[2];  // [0] classes, [1] tasks
+    std::vector<std::pair<int, size_t>> where;
+    for (size_t k = 0; k < keys.size(); ++k) {
+      const bool task = !keys[k].empty() && keys[k][0] == kTaskKey;
+      auto text = task ? keys[k].substr(1) : keys[k];
+      checked_ids(text, c10::str(model_type_, ": keys[", k, "]"));
+      where.emplace_back(task, texts[task].size());
+      texts[task].push_back(std::move(text));
+    }
+    const auto device = options_.device;
+    at::Tensor classes, tasks, lengths;
+    if (!texts[0].empty()) classes = net_->class_embeddings(tokenize(texts[0]).first.to(device));
+    if (!texts[1].empty()) {
+      auto [ids, mask] = tokenize(texts[1]);
+      tasks = net_->text_model->forward(ids.to(device));
+      lengths = mask.ne(0).sum(1);
+    }
+    std::vector<EncodedText> out;
+    for (const auto& [task, i] : where) {
+      const auto n = static_cast<int64_t>(i);
+      out.push_back(
+          {{task ? tasks[n].slice(0, 0, lengths[n].item<int64_t>()).clone() : classes[n].clone()}});
+    }
+    return out;
+  }
+
+  PromptedOutput forward_encoded(
+      const at::Tensor& pixel_values, const at::Tensor& pixel_mask,
+      const std::vector<std::vector<EncodedText>>& pieces) const override {
+    (void)pixel_mask;  // OmDet reads no pixel mask (one size per batch)
+    const at::Tensor x = check_input(pixel_values);
+    const int64_t b = x.size(0);
+    if (static_cast<int64_t>(pieces.size()) != b)
+      throw std::invalid_argument(
+          c10::str(model_type_, ": ", pieces.size(), " encoded prompts for ", b, " images"));
+    const auto& c = net_->config;
+    const int64_t e = c.text_projection_out_dim, d = c.text_projection_in_dim;
+    int64_t most = 0, longest = 0;
+    for (size_t i = 0; i < pieces.size(); ++i) {
+      const auto& p = pieces[i];
+      auto shaped = [](const EncodedText& t, int64_t dim, int64_t width) {
+        return t.tensors.size() == 1 && t.tensors[0].defined() && t.tensors[0].dim() == dim &&
+               t.tensors[0].size(-1) == width && t.tensors[0].size(0) >= 1;
+      };
+      bool ok = p.size() >= 2 && shaped(p.back(), 2, d);
+      for (size_t k = 0; ok && k + 1 < p.size(); ++k) ok = shaped(p[k], 1, e);
+      if (!ok)
+        throw std::invalid_argument(
+            c10::str(model_type_, ": pieces[", i, "] must be class embeddings (", e,
+                     ") then one task (T, ", d, "), from encode_text of text_keys' keys"));
+      most = std::max<int64_t>(most, static_cast<int64_t>(p.size()) - 1);
+      longest = std::max(longest, p.back().tensors[0].size(0));
+    }
+    const auto o = x.options();
+    auto classes = at::zeros({most, b, e}, o);
+    auto task = at::zeros({longest, b, d}, o);
+    auto mask = at::zeros({b, longest}, o.dtype(at::kLong));
+    for (int64_t i = 0; i < b; ++i) {
+      const auto& p = pieces[static_cast<size_t>(i)];
+      for (size_t k = 0; k + 1 < p.size(); ++k)
+        classes[static_cast<int64_t>(k)][i].copy_(p[k].tensors[0]);
+      const auto& t = p.back().tensors[0];
+      task.select(1, i).slice(0, 0, t.size(0)).copy_(t);
+      mask[i].slice(0, 0, t.size(0)).fill_(1);
+    }
+    auto [logits, boxes] = net_->forward_embedded(x, classes, task, mask);
+    PromptedOutput out;
+    out.logits = logits.to(at::kFloat);
+    out.pred_boxes = boxes.to(at::kFloat);
+    return out;
+  }
+
   /// A label is cut when its tokens pass 75 (the processor truncates every text to 77 with its
   /// start and end tokens).
   std::vector<std::vector<bool>> truncation(
@@ -368,6 +464,34 @@ class OmDetTurboModel : public ModuleModel<OmDetTurboImpl>,
     check_pixel_values(model_type_, pixel_values, net_->config.backbone.swin.num_channels, stride,
                        stride);
     return pixel_values.to(options_.device, options_.dtype);
+  }
+
+  /// The first byte of a task's cache key: 0xFF starts no UTF-8 text, so no class key (a
+  /// checked label) begins with it.
+  static constexpr char kTaskKey = '\xff';
+
+  /// Each image's task text (tasks[b], or default_task(classes[b]) for ""), after checking
+  /// classes and tasks as encode documents (TaskConditioned::encode).
+  std::vector<std::string> checked_tasks(const std::vector<std::vector<std::string>>& classes,
+                                         const std::vector<std::string>& tasks) const {
+    if (classes.empty()) throw std::invalid_argument("classes: no images");
+    if (tasks.size() != classes.size())
+      throw std::invalid_argument(
+          c10::str("tasks: ", tasks.size(), " tasks for ", classes.size(), " images"));
+    std::vector<std::string> task_texts;
+    for (size_t b = 0; b < classes.size(); ++b) {
+      if (classes[b].empty())
+        throw std::invalid_argument(c10::str("labels[", b, "]: an image needs at least one label"));
+      if (static_cast<int64_t>(classes[b].size()) > kMaxLabels)
+        throw std::invalid_argument(c10::str("labels[", b, "]: ", classes[b].size(),
+                                             " labels, more than the ", kMaxLabels,
+                                             " one image may have"));
+      for (size_t i = 0; i < classes[b].size(); ++i)
+        checked_ids(classes[b][i], c10::str("labels[", b, "][", i, "]"));
+      task_texts.push_back(tasks[b].empty() ? default_task(classes[b]) : tasks[b]);
+      checked_ids(task_texts.back(), c10::str("tasks[", b, "]"));
+    }
+    return task_texts;
   }
 
   /// The content ids of `text`; std::invalid_argument "<what>: text: invalid UTF-8 at byte k".

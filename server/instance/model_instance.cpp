@@ -181,7 +181,7 @@ std::unique_ptr<ModelInstance::InFlight> ModelInstance::launch(Batch& batch) {
         tasks.insert(tasks.end(), j->request->tasks.begin(), j->request->tasks.end());
       }
       if (prompt_cache_) {  // each distinct piece's text forward once, then from the cache
-        auto e = prompt_cache_->encode(*prompted, labels);
+        auto e = prompt_cache_->encode(*prompted, labels, tasks);
         f->cache_hits = e.hits;
         f->cache_misses = e.misses;
         out = prompted->forward_encoded(pv, mask, e.pieces);

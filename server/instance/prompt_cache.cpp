@@ -29,11 +29,13 @@ void PromptCache::insert(const std::string& key, models::EncodedText piece) {
 }
 
 PromptCache::Encoded PromptCache::encode(const models::PromptedDetector& detector,
-                                         const std::vector<std::vector<std::string>>& labels) {
+                                         const std::vector<std::vector<std::string>>& labels,
+                                         const std::vector<std::string>& tasks) {
   if (labels.empty() ||
       std::any_of(labels.begin(), labels.end(), [](const auto& image) { return image.empty(); }))
     throw std::invalid_argument("prompt cache: every image needs at least one label");
-  const auto keys = detector.text_keys(labels);
+  const auto keys =
+      tasks.empty() ? detector.text_keys(labels) : detector.text_keys_with_tasks(labels, tasks);
   Encoded out;
   std::unordered_map<std::string, models::EncodedText> pieces;  // the batch's distinct keys
   std::vector<std::string> missing;

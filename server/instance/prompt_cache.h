@@ -1,7 +1,8 @@
 // The text-encoding cache of one model instance (serving.yaml `prompt_cache_mb`): for the
 // open-vocabulary families whose text side splits into pieces encoded apart from the image
-// (models::PromptedDetector::caches_text: OWL-ViT / OWLv2 per label, Grounding DINO per caption),
-// a piece's encoding is kept by its key (the label's text; the caption's exact token ids), least
+// (models::PromptedDetector::caches_text: OWL-ViT / OWLv2 per label, Grounding DINO per caption,
+// OmDet-Turbo per class and per task sentence), a piece's encoding is kept by its key (the
+// label's text; the caption's exact token ids; OmDet's class text, 0xFF + its task), least
 // recently used evicted past the byte budget, so a repeated prompt costs the vision forward only.
 // Hits and misses go to /metrics (libreyolo_prompt_cache_{hits,misses}_total). One per instance:
 // its tensors live on the instance's device; used by the instance's worker only (not
@@ -35,12 +36,14 @@ class PromptCache {
   };
 
   /// Keys every image of `labels` (one list per image, each non-empty) with
-  /// detector.text_keys, looks every distinct key up, encodes the missing ones in one
+  /// detector.text_keys_with_tasks (`tasks` one per image, "" = the default; empty: no tasks,
+  /// detector.text_keys), looks every distinct key up, encodes the missing ones in one
   /// detector.encode_text call and keeps them (a piece whose encoding alone exceeds the budget
   /// is not kept). Throws std::invalid_argument for an image without labels, and what
   /// text_keys / encode_text throw.
   Encoded encode(const models::PromptedDetector& detector,
-                 const std::vector<std::vector<std::string>>& labels);
+                 const std::vector<std::vector<std::string>>& labels,
+                 const std::vector<std::string>& tasks = {});
 
   std::int64_t bytes() const { return bytes_; }  ///< held now: tensors plus keys
   std::size_t size() const { return index_.size(); }

@@ -154,18 +154,10 @@ TEST_P(ServerGroundingDino, PromptedJpegsMatchTheFixturesPostProcessing) {
     // Misses: the three captions of the two cases, then the 130 labels' (the refused requests
     // fail before the cache or in its text forward: not counted); hits: the repeated two.
     const std::string metrics = http_get(daemon.http_port(), "/metrics").body;
-    const std::string series =
-        "{device=\"cpu\",instance=\"" + fixture + "_0\",model=\"" + fixture + "\"} ";
-    EXPECT_NE(metrics.find("libreyolo_prompt_cache_hits_total" + series + "2\n"), std::string::npos)
-        << metrics;
-    EXPECT_NE(metrics.find("libreyolo_prompt_cache_misses_total" + series + "4\n"),
-              std::string::npos)
-        << metrics;
+    EXPECT_EQ(prompt_cache_count(metrics, fixture, "hits"), 2) << metrics;
+    EXPECT_EQ(prompt_cache_count(metrics, fixture, "misses"), 4) << metrics;
     for (const char* counter : {"hits", "misses"})  // prompt_cache_mb: 0: no cache, no series
-      EXPECT_EQ(metrics.find(std::string("libreyolo_prompt_cache_") + counter +
-                             "_total{device=\"cpu\",instance=\"" + uncached + "_0\""),
-                std::string::npos)
-          << metrics;
+      EXPECT_EQ(prompt_cache_count(metrics, uncached, counter), -1) << metrics;
     daemon.stop(1.0);
   }
   remove_tree(repo);

@@ -8,7 +8,9 @@
 // open-vocabulary families (an empty prompt, 10,000 labels, text that is not UTF-8). Then the
 // family's own parameters `task` and `nms_threshold` (the fixture's "task" case at nms_threshold
 // 0.5 and 0.05, over gRPC and REST, and their refusals), and two requests of different tasks,
-// thresholds and nms_thresholds batched into one forward (the fixture's "mixed" case).
+// thresholds and nms_thresholds batched into one forward (the fixture's "mixed" case). Then the
+// prompt cache: a repeated request's bytes equal to its first answer's and to a model without a
+// cache; its hits and misses in /metrics.
 #include <gtest/gtest.h>
 
 #include <c10/util/StringUtil.h>
@@ -16,6 +18,7 @@
 #include <algorithm>
 #include <future>
 #include <iomanip>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -75,6 +78,17 @@ void expect_fixture_detections(const rpc::InferResult& r, int64_t i,
             << " px\n";
   EXPECT_LE(ds, 1e-4) << key;
   EXPECT_LE(db, 1e-2) << key;
+}
+
+/// A fixture's expected.safetensors and meta.json.
+struct FixtureFiles {
+  std::shared_ptr<const models::core::SafetensorsFile> expected;
+  nlohmann::json meta;
+};
+
+FixtureFiles fixture_files(const fs::path& src) {
+  return {models::core::SafetensorsFile::open((src / "expected.safetensors").string()),
+          nlohmann::json::parse(read_file((src / "meta.json").string()))};
 }
 
 const char* const kOutputs =
@@ -324,6 +338,58 @@ TEST(ServerOmDetTurbo, RequestsOfDifferentTasksBatchTogether) {
         << metrics;
     EXPECT_NE(metrics.find("libreyolo_batch_size_sum{model=\"omdet_turbo_tiny\"} 2"),
               std::string::npos);
+    daemon.stop(1.0);
+  }
+  remove_tree(repo);
+}
+
+// The prompt cache (the default 64 MiB): a piece per class and per task sentence. The "task"
+// case twice answers the same bytes (the second: every piece a hit) as the model without a cache
+// (prompt_cache_mb: 0); its classes with the default task reuse the classes and miss the task.
+TEST(ServerOmDetTurbo, RepeatedPromptsComeFromTheCache) {
+  const std::string fixture = "omdet_turbo_tiny", uncached = "omdet_turbo_tiny_uncached";
+  const auto repo = temp_dir("omdet_turbo_cache");
+  add_fixture_model(repo, fixture, fixture, "device: cpu\nwarmup: false\n");
+  add_fixture_model(repo, uncached, fixture, "device: cpu\nwarmup: false\nprompt_cache_mb: 0\n");
+  const fs::path src = fs::path(kFixtures) / "models" / fixture;
+  {
+    Daemon daemon(loopback_config(repo));
+    daemon.start();
+    ASSERT_TRUE(daemon.core().ready());
+    rpc::Client c("127.0.0.1:" + std::to_string(daemon.grpc_port()), 64 << 20);
+    const auto files = fixture_files(src);
+    const auto& expected = files.expected;
+    const auto& tc = files.meta.at("cases").at("task");
+    const auto cat = rpc::pack_bytes({read_file(kFixtures + "/images/chelsea.jpg")});
+    const auto classes = rpc::pack_bytes({"cat. remote control."});
+    const std::string th = param("threshold", tc.at("threshold").get<double>());
+    auto send = [&](const std::string& model, const std::string& task) {
+      return c.infer(
+          infer_text(model, 1, "1", th + (task.empty() ? "" : param("task", task)) + kOutputs),
+          {cat, classes});
+    };
+    const std::string task = tc.at("task");
+    const auto first = send(fixture, task);  // misses: cat, remote control, the task
+    ASSERT_TRUE(first.ok()) << first.message;
+    expect_fixture_detections(
+        first, 0, *expected, "task_img0",
+        tc.at("results")[0].at("text_labels").get<std::vector<std::string>>());
+    for (const auto& model : {fixture, uncached}) {  // hits: the three
+      const auto again = send(model, task);
+      ASSERT_TRUE(again.ok()) << again.message;
+      for (const char* out : {"num_detections", "scores", "boxes", "labels"})
+        EXPECT_EQ(again.output(out).data, first.output(out).data) << model << " " << out;
+    }
+    const auto plain = send(fixture, "");  // hits: the classes; miss: "Detect cat, remote ..."
+    ASSERT_TRUE(plain.ok()) << plain.message;
+    const auto plain_uncached = send(uncached, "");
+    ASSERT_TRUE(plain_uncached.ok()) << plain_uncached.message;
+    EXPECT_EQ(plain.output("scores").data, plain_uncached.output("scores").data);
+    EXPECT_EQ(plain.output("boxes").data, plain_uncached.output("boxes").data);
+    const std::string metrics = http_get(daemon.http_port(), "/metrics").body;
+    EXPECT_EQ(prompt_cache_count(metrics, fixture, "hits"), 5) << metrics;
+    EXPECT_EQ(prompt_cache_count(metrics, fixture, "misses"), 4) << metrics;
+    EXPECT_EQ(prompt_cache_count(metrics, uncached, "hits"), -1) << metrics;
     daemon.stop(1.0);
   }
   remove_tree(repo);

@@ -323,6 +323,18 @@ inline void add_fixture_model(const fs::path& repo, const std::string& name,
   write_file(repo / name / "serving.yaml", serving_yaml);
 }
 
+/// The value of libreyolo_prompt_cache_<counter>_total (`counter` "hits" or "misses") of
+/// instance 0 of `model` on the CPU in the /metrics text `metrics`, or -1 where that series is
+/// absent (a model without a prompt cache).
+inline long long prompt_cache_count(const std::string& metrics, const std::string& model,
+                                    const std::string& counter) {
+  const std::string series = "libreyolo_prompt_cache_" + counter +
+                             "_total{device=\"cpu\",instance=\"" + model + "_0\",model=\"" + model +
+                             "\"} ";
+  const auto at = metrics.find(series);
+  return at == std::string::npos ? -1 : std::stoll(metrics.substr(at + series.size()));
+}
+
 struct HttpReply {
   int status = 0;
   std::string body;

@@ -241,6 +241,74 @@ TEST(OmDetTurboParity, PerRowTasksAndThresholdsMatchTransformers) {
   EXPECT_THROW(p->encode_with_tasks(classes, {""}), std::invalid_argument);
 }
 
+TEST(OmDetTurboParity, EncodedTextEqualsThePromptedForward) {
+  // The server's prompt-cache path on case "mixed" (3 and 2 classes, tasks of 12 and 10 tokens):
+  // a key per class and per task, every piece encoded in one call, then padded again by
+  // forward_encoded; equal to the uncached forward bit for bit.
+  c10::InferenceMode inference_mode;
+  const auto dir = fixture();
+  auto model = models::load_model(dir);
+  const auto* p = models::prompted_detector(*model);
+  ASSERT_TRUE(p->caches_text());
+  const auto meta = test::read_json(dir + "/meta.json");
+  const auto& cm = meta.at("cases").at("mixed");
+  const auto classes = cm.at("classes").get<std::vector<std::vector<std::string>>>();
+  const std::vector<std::string> tasks = {"", cm.at("tasks")[1].get<std::string>()};
+  const auto keys = p->text_keys_with_tasks(classes, tasks);
+  EXPECT_EQ(keys, (std::vector<std::vector<std::string>>{{"person", "flag", "cup",
+                                                          "\xff"
+                                                          "Detect person, flag, cup."},
+                                                         {"cat", "remote control",
+                                                          "\xff"
+                                                          "Find the cat and the remote."}}));
+  EXPECT_EQ(p->text_keys(classes)[1].back(),
+            "\xff"
+            "Detect cat, remote control.");
+  std::vector<std::string> all;
+  for (const auto& image : keys) all.insert(all.end(), image.begin(), image.end());
+  const auto encoded = p->encode_text(all);
+  ASSERT_EQ(encoded.size(), 7u);
+  EXPECT_EQ(encoded[0].tensors[0].sizes(), (at::IntArrayRef{24}));      // class_embed_dim
+  EXPECT_EQ(encoded[3].tensors[0].sizes(), (at::IntArrayRef{12, 24}));  // the task's tokens
+  EXPECT_EQ(encoded[6].tensors[0].sizes(), (at::IntArrayRef{10, 24}));
+  EXPECT_EQ(encoded[6].bytes(), 10 * 24 * 4);
+  const std::vector<std::vector<models::EncodedText>> pieces = {
+      {encoded.begin(), encoded.begin() + 4}, {encoded.begin() + 4, encoded.end()}};
+  const auto pixels = at::cat({case_pixels(dir, "batch").slice(0, 0, 1), case_pixels(dir, "task")});
+  const auto cached = p->forward_encoded(pixels, at::Tensor(), pieces);
+  const auto direct = p->forward_prompted(pixels, p->encode_with_tasks(classes, tasks));
+  const double dl = test::max_abs_diff(cached.logits, direct.logits);
+  const double db = test::max_abs_diff(cached.pred_boxes, direct.pred_boxes);
+  std::cout << "[omdet_turbo_tiny mixed] encoded vs prompted: max|logits diff| = " << dl
+            << ", max|pred_boxes diff| = " << db << "\n";
+  EXPECT_EQ(dl, 0.0);
+  EXPECT_EQ(db, 0.0);
+  EXPECT_LE(test::max_abs_diff(cached.logits, test::expected_tensor(dir, "mixed_logits")), 1e-4);
+  // Wrong pieces are named; a key that is not UTF-8 too.
+  try {
+    p->forward_encoded(pixels, at::Tensor(), {pieces[0]});
+    FAIL() << "one image's pieces for two images";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_EQ(std::string(e.what()), "omdet-turbo: 1 encoded prompts for 2 images");
+  }
+  try {
+    p->forward_encoded(pixels, at::Tensor(), {pieces[0], {encoded[4], encoded[5]}});
+    FAIL() << "an image without its task";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "omdet-turbo: pieces[1] must be class embeddings (24) then one task (T, 24), from "
+              "encode_text of text_keys' keys");
+  }
+  try {
+    p->encode_text({"cat",
+                    "\xff"
+                    "Find \xff"});
+    FAIL() << "a task key that is not UTF-8";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_EQ(std::string(e.what()), "omdet-turbo: keys[1]: text: invalid UTF-8 at byte 5");
+  }
+}
+
 TEST(OmDetTurboParity, BatchedNmsAsTorchvision) {
   // Two overlapping boxes of one label (IoU 0.6): the lower one suppressed at 0.5, kept at 0.7;
   // the same boxes under different labels never suppress each other.

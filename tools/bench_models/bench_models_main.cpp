@@ -38,10 +38,10 @@
 // forward, so the text encoder runs every time; `on` is the daemon's prompt cache after its
 // first request (server/instance/prompt_cache.h: every piece a hit): text_keys and encode_text
 // once before timing, then forward_encoded (OWL: vision tower and heads; Grounding DINO:
-// everything after BERT). A family that does not cache its text
-// (PromptedDetector::caches_text false) prints `prompt_cache=n/a` and times nothing under `on`.
-// Prompted forwards are not captured in CUDA graphs (the daemon runs them eagerly):
-// --cuda-graph with a prompted model is a usage error.
+// everything after BERT; OmDet-Turbo: everything after CLIP, with the default task). A family that
+// does not cache its text (PromptedDetector::caches_text false) prints `prompt_cache=n/a` and times
+// nothing under `on`. Prompted forwards are not captured in CUDA graphs (the daemon runs them
+// eagerly): --cuda-graph with a prompted model is a usage error.
 // Exit codes: 0 ok, 1 runtime error, 2 usage error.
 #include <ATen/ATen.h>
 #include <ATen/Context.h>
