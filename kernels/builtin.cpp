@@ -26,6 +26,7 @@ bool cuda_device_usable();
 void register_fake_quant_fp8_reference(Registry& registry);
 void register_attention_implementations(Registry& registry);
 void register_conv2d_bias_act_onednn(Registry& registry);  // conv/cpu/conv2d_bias_act_onednn.cpp
+void register_linear_act_onednn(Registry& registry);       // gemm/cpu/linear_act_onednn.cpp
 
 Registry& Registry::process_default() {
   static Registry* registry = [] {
@@ -49,6 +50,7 @@ void register_builtin_slots(Registry& registry) {
   registry.declare(kImageDecode);
   registry.declare(kImageDecodeBatch);  // no reference: image_decode one image at a time
   registry.declare(kLinearAct);         // no reference: linear_act_portable
+  register_linear_act_onednn(registry);
   // No reference: the image processor's ATen ops (models/image/preprocess_slot.h).
   registry.declare(kImagePreprocess);
   register_fake_quant_fp8_reference(registry);

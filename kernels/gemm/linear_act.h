@@ -2,7 +2,9 @@
 // (fc1 + GELU in the ViT backbones of RF-DETR, LW-DETR and the ViT/DeiT classifiers).
 //
 // Implementations: the portable path (below: at::linear, then the activation, two kernels and
-// one extra pass over the (tokens, 4 D) activations), and `cublaslt`
+// one extra pass over the (tokens, 4 D) activations), `onednn` (kernels/gemm/cpu/
+// linear_act_onednn.cpp; CPU float32 models: oneDNN's inner product on a weight packed once, ReLU
+// and the erf GELU as exact post-ops), and `cublaslt`
 // (kernels/gemm/cuda/linear_act_cuda.cpp): the activation and bias in the GEMM's epilogue
 // (at::_addmm_activation, cuBLASLt's CUBLASLT_EPILOGUE_GELU_BIAS; aten/src/ATen/native/cuda/
 // Blas.cpp). That epilogue computes GELU's tanh form, which differs from the exact erf form by
@@ -41,5 +43,9 @@ at::Tensor linear_act(const LinearActHandle& handle, const at::Tensor& x, const 
 /// unfused modules' ops, bit for bit.
 at::Tensor linear_act_portable(const at::Tensor& x, const at::Tensor& weight,
                                const at::Tensor& bias, Activation act);
+
+/// The entries of `onednn`'s packed-weight table (live weights and freed ones not yet swept):
+/// for tests of its reuse.
+size_t linear_act_onednn_packed_weights();
 
 }  // namespace libreyolo::kernels

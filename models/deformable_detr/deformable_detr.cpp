@@ -111,7 +111,7 @@ class EncoderLayerImpl : public torch::nn::Module {
                      const at::Tensor& ref, const kernels::SpatialShapes& shapes) const {
     auto h = x + self_attn->forward(x, pos, x, mask, ref, shapes);
     h = self_attn_layer_norm->forward(h);
-    h = h + fc2->forward(layers::activate(act, fc1->forward(h)));
+    h = h + fc2->forward(fc1->forward_act(h, act));
     return final_layer_norm->forward(h);
   }
   MultiscaleDeformableAttention self_attn;
@@ -148,7 +148,7 @@ class DecoderLayerImpl : public torch::nn::Module {
     h = self_attn_layer_norm->forward(h);
     h = h + encoder_attn->forward(h, query_pos, memory, memory_mask, ref, shapes);
     h = encoder_attn_layer_norm->forward(h);
-    h = h + fc2->forward(layers::activate(act, fc1->forward(h)));
+    h = h + fc2->forward(fc1->forward_act(h, act));
     return final_layer_norm->forward(h);
   }
   layers::Attention self_attn;

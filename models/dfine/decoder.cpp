@@ -100,7 +100,7 @@ at::Tensor DecoderLayerImpl::forward(const at::Tensor& h0, const at::Tensor& pos
   // DFineGate: g = sigmoid(gate(cat[residual, cross])); LN(g1 * residual + g2 * cross).
   const auto g = at::sigmoid(gate_->forward(at::cat({residual, cross}, -1))).chunk(2, -1);
   at::Tensor h = gate_norm_->forward(g[0] * residual + g[1] * cross);
-  h = h + fc2_->forward(layers::activate(act_, fc1_->forward(h)));
+  h = h + fc2_->forward(fc1_->forward_act(h, act_));
   // The clamp (float16's range) is applied to the residual sum, before the norm.
   return final_layer_norm_->forward(h.clamp(-65504, 65504));
 }

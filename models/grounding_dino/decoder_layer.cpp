@@ -44,7 +44,7 @@ at::Tensor DecoderLayerImpl::forward(const at::Tensor& x, const at::Tensor& quer
       h + encoder_attn_text->forward(h + query_pos, text, text, text_bias));
   h = encoder_attn_layer_norm->forward(
       h + encoder_attn->forward(h, query_pos, memory, memory_valid, ref, shapes));
-  return final_layer_norm->forward(h + fc2->forward(layers::activate(act, fc1->forward(h))));
+  return final_layer_norm->forward(h + fc2->forward(fc1->forward_act(h, act)));
 }
 
 }  // namespace libreyolo::models::grounding_dino

@@ -20,7 +20,7 @@ at::Tensor TextEnhancerLayerImpl::forward(const at::Tensor& text, const at::Tens
                                           const at::Tensor& pos) const {
   const auto qk = text + pos;
   const auto h = layer_norm_before->forward(text + self_attn->forward(qk, qk, text, bias));
-  return layer_norm_after->forward(fc2->forward(layers::activate(act, fc1->forward(h))) + h);
+  return layer_norm_after->forward(fc2->forward(fc1->forward_act(h, act)) + h);
 }
 
 DeformableLayerImpl::DeformableLayerImpl(const Config& c) : act(c.act) {
@@ -40,7 +40,7 @@ at::Tensor DeformableLayerImpl::forward(const at::Tensor& x, const at::Tensor& p
                                         const at::Tensor& valid, const at::Tensor& ref,
                                         const kernels::SpatialShapes& shapes) const {
   auto h = self_attn_layer_norm->forward(x + self_attn->forward(x, pos, x, valid, ref, shapes));
-  h = h + fc2->forward(layers::activate(act, fc1->forward(h)));
+  h = h + fc2->forward(fc1->forward_act(h, act));
   return final_layer_norm->forward(h);
 }
 

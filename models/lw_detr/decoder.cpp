@@ -61,7 +61,7 @@ at::Tensor DecoderLayerImpl::forward(const at::Tensor& x, const at::Tensor& quer
   auto h = self_attn_layer_norm->forward(x + self_attn->forward(qk, qk, x));
   h = cross_attn_layer_norm->forward(
       h + cross_attn->forward(h, query_pos, memory, memory_mask, ref, shapes));
-  return layer_norm->forward(h + fc2->forward(layers::activate(act, fc1->forward(h))));
+  return layer_norm->forward(h + fc2->forward(fc1->forward_act(h, act)));
 }
 
 DecoderImpl::DecoderImpl(const DetrConfig& c) : d_model(c.d_model) {

@@ -1,6 +1,7 @@
 // The linear_act slot: inputs validated before any implementation (exact messages), the portable
 // path is at::linear then the activation bit for bit, a declining implementation falls back to
-// it, and layers::LinearImpl::forward_act receives its handle from bind_kernels.
+// it, and layers::LinearImpl::forward_act receives its handle from bind_kernels (`onednn`'s own
+// tests: linear_act_onednn_test.cpp).
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
@@ -63,9 +64,10 @@ TEST(LinearAct, PortablePathIsTheUnfusedOpsBitForBit) {
                         at::gelu(at::linear(x, w))));
 }
 
-TEST(LinearAct, LinearModulesAreBoundAndCpuModelsGetNoImplementation) {
-  // The process's built-in slots: on a CPU float32 model nothing serves linear_act (cublaslt is
-  // for CUDA float16 / bfloat16 models), so forward_act is the portable path.
+TEST(LinearAct, LinearModulesAreBoundToOnednnOnCpuFloat32Models) {
+  // The process's built-in slots: a CPU float32 model binds `onednn` (kernels/gemm/cpu/), a CPU
+  // bfloat16 one nothing (cublaslt is for CUDA float16 / bfloat16 models), so its forward_act is
+  // the portable path, bit for bit.
   Registry r;
   register_builtin_slots(r);
   if (auto cuda = make_cuda_provider()) r.add_provider(cuda);
@@ -74,10 +76,18 @@ TEST(LinearAct, LinearModulesAreBoundAndCpuModelsGetNoImplementation) {
   auto fc = std::make_shared<models::layers::LinearImpl>(8, 12);
   fc->weight.copy_(at::randn({12, 8}));
   fc->bias.copy_(at::randn({12}));
-  const auto bound = models::layers::bind_kernels(*fc, r, BindContext{}, Filter{});
-  EXPECT_TRUE(bound.linear_act.empty());
-  EXPECT_TRUE(fc->act_kernel.empty());
   const auto x = at::randn({4, 8});
+  const auto bound = models::layers::bind_kernels(*fc, r, BindContext{}, Filter{});
+  EXPECT_EQ(bound.linear_act.empty(), !at::hasMKLDNN());
+  EXPECT_FALSE(fc->act_kernel.empty() && at::hasMKLDNN());
+  EXPECT_LE(
+      (fc->forward_act(x, Activation::gelu) - at::gelu(fc->forward(x))).abs().max().item<double>(),
+      1e-5);
+  BindContext bf16;
+  bf16.dtype = "bfloat16";
+  const auto unbound = models::layers::bind_kernels(*fc, r, bf16, Filter{});
+  EXPECT_TRUE(unbound.linear_act.empty());
+  EXPECT_TRUE(fc->act_kernel.empty());
   EXPECT_TRUE(at::equal(fc->forward_act(x, Activation::gelu), at::gelu(fc->forward(x))));
 }
 

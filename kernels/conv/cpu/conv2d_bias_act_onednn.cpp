@@ -14,23 +14,19 @@
 // inputs (the same oneDNN kernels; the post-ops are exact for none, relu and the add, and within
 // a float32 ulp of ATen's for SiLU, GELU (erf) and tanh).
 //
-// Packed weights are kept in a process-wide table keyed by the weight tensor (a weak reference,
-// its data pointer and version): made on a weight's first call (the daemon's warm-up forward),
-// made again when the weight was replaced or written in place (a layout applied after a forward),
-// and dropped when the weight is freed (swept on the next insertion). Memory: one blocked copy of
-// every convolution weight (the dense one stays for the portable path).
+// Packed weights are kept in a process-wide table keyed by the weight tensor and the geometry
+// (kernels/cpu/packed_weights.h): made on a weight's first call, made again when the weight is
+// written in place or replaced. Memory: one blocked copy of every convolution weight.
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/grad_mode.h>
-#include <c10/util/intrusive_ptr.h>
 
-#include <mutex>
 #include <optional>
 #include <string_view>
-#include <unordered_map>
 #include <vector>
 
 #include "kernels/conv/conv2d_bias_act.h"
+#include "kernels/cpu/packed_weights.h"
 #include "kernels/registry.h"
 
 namespace libreyolo::kernels {
@@ -97,66 +93,18 @@ at::Tensor reorder_weight(const at::Tensor& w, const ConvGeometry& g, at::IntArr
                  {g.dilation_h, g.dilation_w}, g.groups, input_sizes);
 }
 
-/// The packed-weight table (see the header comment).
-class PackedWeights {
- public:
-  /// The packed form of `w` for geometry `g`, made now if absent or stale.
-  at::Tensor get(const at::Tensor& w, const ConvGeometry& g, at::IntArrayRef input_sizes) {
-    auto* impl = w.unsafeGetTensorImpl();
-    // Inference tensors (a model loaded under InferenceMode) have no version counter; they can
-    // only be written inside InferenceMode, which no layout does after loading.
-    const int64_t version = w.is_inference() ? -1 : static_cast<int64_t>(w._version());
-    {
-      const std::lock_guard<std::mutex> lock(mutex_);
-      auto it = table_.find(impl);
-      if (it != table_.end() && fresh(it->second, impl, w, version, g)) return it->second.packed;
-    }
-    // Reordered outside the lock (other convolutions go on); a concurrent first call of the
-    // same weight packs it twice, and the later insertion wins (both are equal).
-    Entry e{c10::weak_intrusive_ptr<c10::TensorImpl>(w.getIntrusivePtr()), w.data_ptr(), version, g,
-            reorder_weight(w, g, input_sizes)};
-    const std::lock_guard<std::mutex> lock(mutex_);
-    for (auto it = table_.begin(); it != table_.end();) {
-      if (it->second.source.expired())
-        it = table_.erase(it);
-      else
-        ++it;
-    }
-    auto packed = e.packed;
-    table_.insert_or_assign(impl, std::move(e));
-    return packed;
-  }
-
- private:
-  struct Entry {
-    c10::weak_intrusive_ptr<c10::TensorImpl> source;
-    const void* data;
-    int64_t version;
-    ConvGeometry geometry;
-    at::Tensor packed;
-  };
-
-  static bool same(const ConvGeometry& a, const ConvGeometry& b) {
+/// The packed form depends on the geometry too (oneDNN picks the blocked format for it).
+struct SameGeometry {
+  bool operator()(const ConvGeometry& a, const ConvGeometry& b) const {
     return a.stride_h == b.stride_h && a.stride_w == b.stride_w && a.pad_h == b.pad_h &&
            a.pad_w == b.pad_w && a.dilation_h == b.dilation_h && a.dilation_w == b.dilation_w &&
            a.groups == b.groups;
   }
-
-  /// The entry still describes `w`: the same live tensor (not a new one at a freed address),
-  /// the same storage, not written since, the same geometry.
-  static bool fresh(const Entry& e, const c10::TensorImpl* impl, const at::Tensor& w,
-                    int64_t version, const ConvGeometry& g) {
-    auto alive = e.source.lock();
-    return alive.get() == impl && e.data == w.data_ptr() && e.version == version &&
-           same(e.geometry, g);
-  }
-
-  std::mutex mutex_;
-  std::unordered_map<const c10::TensorImpl*, Entry> table_;
 };
 
-PackedWeights& packed_weights() {
-  static auto* table = new PackedWeights();  // never destroyed: forwards may run at exit
+PackedWeights<ConvGeometry, SameGeometry>& packed_weights() {
+  // Never destroyed: forwards may run at exit.
+  static auto* table = new PackedWeights<ConvGeometry, SameGeometry>();
   return *table;
 }
 
@@ -166,7 +114,8 @@ at::Tensor run(const at::Tensor& input, const at::Tensor& weight, const at::Tens
   // channels_last from here on: oneDNN reads and writes nhwc directly, and the output follows
   // the input's format, so a backbone converts its first input once.
   const auto x = input.contiguous(at::MemoryFormat::ChannelsLast);
-  const auto packed = packed_weights().get(weight, g, x.sizes());
+  const auto packed = packed_weights().get(
+      weight, g, [&](const at::Tensor& w) { return reorder_weight(w, g, x.sizes()); });
   const std::optional<at::Tensor> b =
       bias.defined() ? std::optional<at::Tensor>(bias.contiguous()) : std::nullopt;
   if (!residual.defined()) return convolution_pointwise(x, packed, b, g, act);
@@ -215,12 +164,6 @@ bool onednn_available() {
   return d.findSchema({kPointwise, ""}).has_value() &&
          d.findSchema({kPointwise, "binary"}).has_value() &&
          d.findSchema({kReorder, ""}).has_value();
-}
-
-const char* cpu_float32_models_only(const BindContext& c) {
-  if (c.device != BindContext::Device::cpu) return "the model is not on the CPU";
-  if (c.dtype != "float32") return "the model is not float32";
-  return nullptr;
 }
 
 }  // namespace
