@@ -53,8 +53,8 @@ struct ServingConfig {
   bool cuda_graphs = false;
   /// `prompt_cache_mb`: the budget of each instance's prompt cache (open-vocabulary families
   /// whose text is encoded apart from the image, models::PromptedDetector::caches_text: OWL's
-  /// labels, Grounding DINO's captions; an LRU by piece, server/instance/prompt_cache.h), MiB; 0
-  /// turns it off.
+  /// labels, Grounding DINO's captions, OmDet-Turbo's classes and task sentences; an LRU by
+  /// piece, server/instance/prompt_cache.h), MiB; 0 turns it off.
   std::int64_t prompt_cache_mb = 64;
   /// `kernels: {slots: {ms_deform_attn: {allow: [reference]}}, layouts: off}`: this model's
   /// kernel policy, overriding the server's for the slots it names (the names are checked
