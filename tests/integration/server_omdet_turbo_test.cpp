@@ -284,6 +284,21 @@ TEST(ServerOmDetTurbo, PromptedJpegsMatchTheFixturesPostProcessing) {
       score << " score " << std::fixed << std::setprecision(4) << es[j].item<float>() << " box";
       EXPECT_NE(printed.find(score.str()), std::string::npos) << score.str() << "\n" << printed;
     }
+    // --nms-threshold 0.05: the "task" case's post-processing at that IoU (16 boxes).
+    const std::string cmd_nms =
+        cmd.substr(0, cmd.find(" > ")) + " --nms-threshold 0.05 > " + log + " 2>&1";
+    ASSERT_EQ(std::system(cmd_nms.c_str()), 0) << read_file(log);
+    const std::string printed_nms = read_file(log);
+    EXPECT_NE(printed_nms.find("chelsea.jpg: 16 detections"), std::string::npos) << printed_nms;
+    const auto nms_scores = expected->get("task_nms_img0_scores", at::kFloat, at::kCPU);
+    ASSERT_EQ(nms_scores.size(0), 16);
+    for (int64_t j = 0; j < nms_scores.size(0); ++j) {
+      std::ostringstream score;
+      score << " score " << std::fixed << std::setprecision(4) << nms_scores[j].item<float>()
+            << " box";
+      EXPECT_NE(printed_nms.find(score.str()), std::string::npos) << score.str() << "\n"
+                                                                  << printed_nms;
+    }
     remove_tree(dir);
     daemon.stop(1.0);
   }

@@ -1,12 +1,13 @@
 // libreyolo-client: talks to libreyolo-server over gRPC (inference.GRPCInferenceService).
 //   libreyolo-client detect --image FILE [--image FILE ...] [--server HOST:PORT] [--model NAME]
 //                           [--threshold T] [--timeout SECONDS] [--out PNG]
-//                           [--prompt "a cat. a dog." [--task TEXT]]
+//                           [--prompt "a cat. a dog." [--task TEXT] [--nms-threshold IOU]]
 //                           (--out: the first image with its boxes drawn on, or its panoptic
 //                           segments painted on when the model is a panoptic segmenter;
 //                           --prompt: an open-vocabulary detector's labels, one prompt shared by
 //                           the images; the boxes are captioned with their phrases; --task:
-//                           OmDet-Turbo's task sentence, the request parameter `task`)
+//                           OmDet-Turbo's task sentence, the request parameter `task`;
+//                           --nms-threshold: its per-class NMS IoU, `nms_threshold`)
 //   libreyolo-client classify --image FILE [--image FILE ...] [--server HOST:PORT] [--model NAME]
 //                             [--top-k K] [--timeout SECONDS]
 //   libreyolo-client segment --model NAME --image FILE [--image FILE ...] [--out PNG]
@@ -41,8 +42,10 @@ int usage(bool asked = false) {
       << "usage: libreyolo-client detect --image FILE [--image FILE ...] [--server "
          "HOST:PORT] [--model NAME]\n"
          "                              [--threshold T] [--timeout SECONDS] [--out PNG]\n"
-         "                              [--prompt \"a cat. a dog.\" [--task TEXT]] "
-         "(open-vocabulary detectors; --task: OmDet-Turbo's task sentence)\n"
+         "                              [--prompt \"a cat. a dog.\" [--task TEXT] "
+         "[--nms-threshold IOU]]\n"
+         "                              (open-vocabulary detectors; --task, --nms-threshold: "
+         "OmDet-Turbo's task sentence and NMS IoU)\n"
          "       libreyolo-client classify --image FILE [--image FILE ...] [--server "
          "HOST:PORT] [--model NAME]\n"
          "                                [--top-k K] [--timeout SECONDS]\n"
@@ -117,27 +120,36 @@ void write_png(const std::string& path, const std::vector<std::uint8_t>& png) {
   if (!f) throw std::runtime_error("cannot write " + path);
 }
 
-/// detect --prompt: an open-vocabulary detector (server/README.md "Open-vocabulary detection
-/// I/O") with `prompt` shared by the images; prints each image's boxes with their phrases and,
-/// with `out_png`, draws the first image's boxes captioned with them. `task` ("" = none) is sent
-/// as the request parameter `task` (OmDet-Turbo's task sentence).
+/// What detect --prompt sends besides the images (server/README.md "Open-vocabulary detection
+/// I/O"): the labels shared by the images and the request parameters left out when unset.
+struct PromptRequest {
+  std::string prompt;         ///< the `text` input, e.g. "a cat. a dog."
+  std::string task;           ///< `task` (OmDet-Turbo's task sentence); "" = unset
+  double nms_threshold = -1;  ///< `nms_threshold` (OmDet-Turbo's NMS IoU); < 0 = unset
+};
+
+/// detect --prompt: an open-vocabulary detector with `p`; prints each image's boxes with their
+/// phrases and, with `out_png`, draws the first image's boxes captioned with them.
 int detect_prompted(rpc::Client& client, const std::string& model,
                     const std::vector<std::string>& images, const std::vector<std::string>& data,
-                    const std::string& prompt, const std::string& task, double threshold,
-                    double timeout, const std::string& out_png) {
+                    const PromptRequest& p, double threshold, double timeout,
+                    const std::string& out_png) {
   std::ostringstream text;
   text << "model_name: \"" << rpc::text_escape(model)
        << "\" inputs { name: \"images\" datatype: \"BYTES\" shape: " << data.size()
        << " } inputs { name: \"text\" datatype: \"BYTES\" shape: 1 }";
   if (threshold >= 0)
     text << " parameters { key: \"box_threshold\" value { double_param: " << threshold << " } }";
-  if (!task.empty())
-    text << " parameters { key: \"task\" value { string_param: \"" << rpc::text_escape(task)
+  if (!p.task.empty())
+    text << " parameters { key: \"task\" value { string_param: \"" << rpc::text_escape(p.task)
          << "\" } }";
+  if (p.nms_threshold >= 0)
+    text << " parameters { key: \"nms_threshold\" value { double_param: " << p.nms_threshold
+         << " } }";
   text << " outputs { name: \"scores\" } outputs { name: \"labels\" } outputs { name: "
           "\"label_ids\" } outputs { name: \"boxes\" } outputs { name: \"num_detections\" }";
   const auto r =
-      client.infer(text.str(), {rpc::pack_bytes(data), rpc::pack_bytes({prompt})}, timeout);
+      client.infer(text.str(), {rpc::pack_bytes(data), rpc::pack_bytes({p.prompt})}, timeout);
   if (!r.ok()) return fail(r.code, r.message);
   std::vector<std::int32_t> counts;
   std::vector<float> scores, boxes;
@@ -198,7 +210,8 @@ int main(int argc, char** argv) {
   }
   if (argc < 2) return usage();
   const std::string command = argv[1];
-  std::string server = "localhost:8001", model, service, out_png, prompt, task;
+  std::string server = "localhost:8001", model, service, out_png;
+  PromptRequest prompted;
   std::vector<std::string> images, positional;
   double threshold = -1, timeout = 30;
   long long top_k = 0;
@@ -231,9 +244,11 @@ int main(int argc, char** argv) {
       else if (a == "--out")
         out_png = value();
       else if (a == "--prompt")
-        prompt = value();
+        prompted.prompt = value();
       else if (a == "--task")
-        task = value();
+        prompted.task = value();
+      else if (a == "--nms-threshold")
+        prompted.nms_threshold = std::stod(value());
       else if (a == "--tls-ca")
         tls_ca = value();
       else if (a == "--tls-cert")
@@ -313,10 +328,12 @@ int main(int argc, char** argv) {
     }
     data.emplace_back(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
   }
-  if (!task.empty() && prompt.empty()) return usage();  // --task needs --prompt
-  if (!prompt.empty()) {
+  // --task and --nms-threshold need --prompt
+  if ((!prompted.task.empty() || prompted.nms_threshold >= 0) && prompted.prompt.empty())
+    return usage();
+  if (!prompted.prompt.empty()) {
     if (command != "detect") return usage();
-    return detect_prompted(client, model, images, data, prompt, task, threshold, timeout, out_png);
+    return detect_prompted(client, model, images, data, prompted, threshold, timeout, out_png);
   }
   std::ostringstream text;
   text << "model_name: \"" << rpc::text_escape(model)
