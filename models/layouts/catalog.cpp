@@ -77,7 +77,8 @@ bool on_by_default(const std::string& layout, const std::string& model_type, boo
   // CUDA float32 without TF32 runs cuDNN's FMA convolutions (no tensor cores), whose fast kernels
   // are NCHW: channels_last measured slower there, and avgpool_fold's 2x2 convolution, 4x the
   // FLOPs of the 1x1 shortcut it replaces, costs more at FMA rate than the avg_pool2d pass it
-  // removes (docs/BENCHMARKS.md "fifth run"; CPU defaults are not measured there).
+  // removes (docs/BENCHMARKS.md "fifth run"). The CPU convolves at FMA rate too: there the fold
+  // cost RT-DETR-R50 8% of its batch-1 forward (BENCHMARKS "quiet: RT-DETR-R50 and D-FINE L").
   if (fma_convolutions && (layout == "channels_last" || layout == "avgpool_fold")) return false;
   const Family* family = FamilyRegistry::builtin().find(model_type);
   if (!family) return false;

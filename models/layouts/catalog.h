@@ -29,8 +29,10 @@ const LayoutInfo* find_layout_info(const std::string& name);
 /// Whether `layout` is on under `kernels.layouts: default` for a `model_type` model: in its
 /// family's Family::default_layouts (decided by the parity gate,
 /// tests/parity/layouts_parity_test.cpp; DESIGN.md "Layouts"), except that with
-/// `fma_convolutions`, a CUDA float32 model without TF32 (cuDNN's FMA kernels), channels_last and
-/// avgpool_fold are off (measured slower: docs/BENCHMARKS.md "fifth run"); a `reduced_precision`
+/// `fma_convolutions`, a CUDA float32 model without TF32 (cuDNN's FMA kernels) or a CPU model,
+/// channels_last and avgpool_fold are off (measured slower: docs/BENCHMARKS.md "fifth run" on
+/// CUDA; on the CPU RT-DETR-R50 fp32 batch 1 1,292 ms with avgpool_fold, 1,165-1,186 ms
+/// without, R18 unchanged; BENCHMARKS "quiet: RT-DETR-R50 and D-FINE L"); a `reduced_precision`
 /// model (bfloat16 / float16) also takes Family::reduced_precision_layouts. False for a model_type
 /// no family registers.
 bool on_by_default(const std::string& layout, const std::string& model_type, bool fma_convolutions,

@@ -76,7 +76,10 @@ std::string decide(const std::string& layout, const Candidate& c, const LayoutCo
   if (mode.value == kernels::LayoutMode::on)
     return std::string("kernels.layouts: on") +
            (mode.origin.empty() ? "" : " (" + mode.origin + ")");
-  const bool fma_convolutions = ctx.device.is_cuda() && ctx.dtype == at::kFloat && !ctx.tf32;
+  // Convolutions at FMA rate: CUDA float32 without TF32 (cuDNN's kernels without tensor cores),
+  // and the CPU (oneDNN / ATen on AVX2 or AVX-512 FMA units).
+  const bool fma_convolutions =
+      (ctx.device.is_cuda() && ctx.dtype == at::kFloat && !ctx.tf32) || ctx.device.is_cpu();
   if (mode.value == kernels::LayoutMode::family_default &&
       on_by_default(layout, ctx.model_type, fma_convolutions,
                     ctx.dtype == at::kBFloat16 || ctx.dtype == at::kHalf))

@@ -178,8 +178,8 @@ TEST(LayoutCatalog, UpstreamClassesPerFamilyAndPath) {
   EXPECT_FALSE(on_by_default("channels_last", "vit", false));    // no conv stack
   EXPECT_TRUE(on_by_default("avgpool_fold", "rt_detr", false));  // measured: R50 batch 32 -8%
   EXPECT_FALSE(on_by_default("avgpool_fold", "vit", false));
-  // CUDA float32 without TF32 (cuDNN's FMA kernels): neither channels_last nor avgpool_fold;
-  // the folds that remove passes stay on.
+  // CUDA float32 without TF32 (cuDNN's FMA kernels) and the CPU: neither channels_last nor
+  // avgpool_fold; the folds that remove passes stay on.
   EXPECT_FALSE(on_by_default("channels_last", "rt_detr", true));
   EXPECT_FALSE(on_by_default("avgpool_fold", "rt_detr", true));
   EXPECT_TRUE(on_by_default("batchnorm_fold", "rt_detr", true));
