@@ -428,6 +428,10 @@ TEST(ServerHardenPrograms, HelpOnStdoutExitZeroUnknownFlagOnStderrExitTwo) {
     runs.push_back({"libreyolo-client", {}});
     first.push_back("usage: libreyolo-client");
     want.push_back(2);
+    // A value that is not a number is named with its flag before the usage.
+    runs.push_back({"libreyolo-client", {"detect", "--image", "a.jpg", "--nms-threshold", "0.5x"}});
+    first.push_back("--nms-threshold needs a number, got '0.5x'\nusage: libreyolo-client");
+    want.push_back(2);
   }
   if (runs.empty()) GTEST_SKIP() << "no program built";
   const auto results = run_programs(runs);

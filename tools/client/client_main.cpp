@@ -223,6 +223,20 @@ int main(int argc, char** argv) {
       if (i + 1 >= argc) throw std::invalid_argument(a + " needs a value");
       return argv[++i];
     };
+    // The flag's value as a whole number (std::stod alone says only "stod" and takes "0.5x").
+    auto number = [&]() -> double {
+      const std::string v = value();
+      std::size_t used = 0;
+      double d = 0;
+      try {
+        d = std::stod(v, &used);
+      } catch (const std::exception&) {
+        used = 0;
+      }
+      if (used == 0 || used != v.size())
+        throw std::invalid_argument(a + " needs a number, got '" + v + "'");
+      return d;
+    };
     try {
       if (a == "--server")
         server = value();
@@ -231,9 +245,9 @@ int main(int argc, char** argv) {
       else if (a == "--image")
         images.push_back(value());
       else if (a == "--threshold")
-        threshold = std::stod(value());
+        threshold = number();
       else if (a == "--timeout")
-        timeout = std::stod(value());
+        timeout = number();
       else if (a == "--top-k") {
         std::size_t used = 0;
         const std::string v = value();
@@ -248,7 +262,7 @@ int main(int argc, char** argv) {
       else if (a == "--task")
         prompted.task = value();
       else if (a == "--nms-threshold")
-        prompted.nms_threshold = std::stod(value());
+        prompted.nms_threshold = number();
       else if (a == "--tls-ca")
         tls_ca = value();
       else if (a == "--tls-cert")
