@@ -24,6 +24,23 @@ namespace {
 constexpr int64_t kInterpolationBilinear = 0;
 constexpr int64_t kPaddingZeros = 0;
 
+/// at::grid_sampler(value, grid) with bilinear interpolation, zero padding and
+/// align_corners=False: value (N, C, H_in, W_in), grid (N, H_out, W_out, 2) in value's dtype;
+/// returns (N, C, H_out, W_out) in value's dtype. On the CPU, float16 and bfloat16 sample in
+/// float32 (the result rounded back once): LibTorch 2.11's vectorized 16-bit CPU kernel
+/// (aten/src/ATen/native/cpu/GridSamplerKernel.cpp through at::vec mask_gather<2>) gathers wrong
+/// pixels (1.16 off on unit-normal values) and reads outside the input, which crashed a bfloat16
+/// RT-DETR served on the CPU (OpsMsDeformAttn.SixteenBitCpuSamplesLikeFloat32).
+at::Tensor grid_sample_bilinear(const at::Tensor& value, const at::Tensor& grid) {
+  const auto dtype = value.scalar_type();
+  if (value.is_cpu() && (dtype == at::kHalf || dtype == at::kBFloat16)) {
+    return at::grid_sampler(value.to(at::kFloat), grid.to(at::kFloat), kInterpolationBilinear,
+                            kPaddingZeros, false)
+        .to(dtype);
+  }
+  return at::grid_sampler(value, grid, kInterpolationBilinear, kPaddingZeros, false);
+}
+
 /// Number of pixels of every level, checking that each size is positive.
 std::vector<int64_t> level_sizes(const SpatialShapes& shapes) {
   TORCH_CHECK(!shapes.empty(), "ms_deform_attn: spatial_shapes is empty (expected L >= 1 levels)");
@@ -207,8 +224,7 @@ at::Tensor ms_deform_attn_portable(const at::Tensor& value, const SpatialShapes&
     // (B, Q, H, P, 2) -> (B, H, Q, P, 2) -> (B*H, Q, P, 2)
     auto grid_l = grids.select(3, l).transpose(1, 2).flatten(0, 1);
     // (B*H, C, Q, P)
-    sampled.push_back(
-        at::grid_sampler(value_l, grid_l, kInterpolationBilinear, kPaddingZeros, false));
+    sampled.push_back(grid_sample_bilinear(value_l, grid_l));
   }
   // (B, Q, H, L, P) -> (B, H, Q, L, P) -> (B*H, 1, Q, L*P)
   auto w = weights.transpose(1, 2).reshape({B * H, 1, Q, L * P});
@@ -289,8 +305,7 @@ at::Tensor ms_deform_attn_v2(const MsDeformAttnHandle& handle, const at::Tensor&
     const int64_t height = shapes[l][0], width = shapes[l][1];
     if (!discrete) {
       auto value_l = value_list[l].reshape({B * H, C, height, width});
-      sampled.push_back(
-          at::grid_sampler(value_l, grids[l], kInterpolationBilinear, kPaddingZeros, false));
+      sampled.push_back(grid_sample_bilinear(value_l, grids[l]));
       continue;
     }
     // coord = int64(loc * (W, H) + 0.5): the cast truncates toward zero, as torch's .to(int64).

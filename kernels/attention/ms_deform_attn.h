@@ -70,8 +70,10 @@ at::Tensor ms_deform_attn(const MsDeformAttnHandle& handle, const at::Tensor& va
 /// align_corners=false on grid = 2 * loc - 1), never the slot. Same contract. Differentiable
 /// through ATen autograd (grid_sampler_2d_backward) for value, locations and weights.
 /// Dtypes: locations and weights are cast to value's dtype first (grid_sample needs one dtype),
-/// so a float16/bfloat16 value computes coordinates, interpolation and the weighted sum in that
-/// dtype (coarser than the CUDA kernels, which accumulate in float32); float64 is accepted.
+/// so a float16/bfloat16 value computes coordinates and the weighted sum in that dtype (coarser
+/// than the CUDA kernels, which accumulate in float32); on the CPU its bilinear interpolation
+/// runs in float32 (LibTorch 2.11's 16-bit CPU grid_sampler is wrong, ms_deform_attn.cpp
+/// grid_sample_bilinear); float64 is accepted.
 at::Tensor ms_deform_attn_portable(const at::Tensor& value, const SpatialShapes& shapes,
                                    const at::Tensor& sampling_locations,
                                    const at::Tensor& attention_weights);

@@ -338,5 +338,30 @@ TEST_F(OpsMsDeformAttn, HalfValueComputesInItsDtype) {
   }
 }
 
+/// 16-bit values on the CPU sample like float32: LibTorch 2.11's vectorized bfloat16/float16 CPU
+/// grid_sampler gathers wrong pixels (1.16 off here) and read outside the input in the daemon.
+/// RT-DETR's decoder shapes (3 levels 40/20/10, 8 heads of 32, 300 queries, 4 points) with every
+/// location a multiple of 1/64, so 2 * loc - 1 is exact in bfloat16 and both sides sample the
+/// same coordinates: what remains is the 16-bit rounding of the result and of the weighted sum.
+TEST_F(OpsMsDeformAttn, SixteenBitCpuSamplesLikeFloat32) {
+  at::manual_seed(7);
+  const SpatialShapes shapes = {{40, 40}, {20, 20}, {10, 10}};
+  const int64_t S = 40 * 40 + 20 * 20 + 10 * 10, H = 8, C = 32, Q = 300, L = 3, P = 4;
+  const auto value = at::randn({1, S, H, C});
+  const auto locs = at::randint(-4, 69, {1, Q, H, L, P, 2}).to(at::kFloat) / 64.0;  // some outside
+  const auto weights = at::softmax(at::randn({1, Q, H, L * P}), -1).reshape({1, Q, H, L, P});
+  for (auto dtype : {at::kBFloat16, at::kHalf}) {
+    const auto v16 = value.to(dtype), w16 = weights.to(dtype);
+    const auto out = ms_deform_attn(handle_, v16, shapes, locs, weights);
+    const auto expected =
+        ms_deform_attn(handle_, v16.to(at::kFloat), shapes, locs, w16.to(at::kFloat));
+    ASSERT_EQ(out.scalar_type(), dtype);
+    const double err = max_abs_diff(out.to(at::kFloat), expected);
+    std::cout << "[ms_deform_attn " << dtype
+              << " cpu] max|out - float32 of the same inputs| = " << err << "\n";
+    EXPECT_LE(err, dtype == at::kHalf ? 2e-3 : 2e-2);
+  }
+}
+
 }  // namespace
 }  // namespace libreyolo::kernels
