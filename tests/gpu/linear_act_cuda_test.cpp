@@ -66,7 +66,14 @@ TEST(LinearActCuda, DeclinesWhatItDoesNotComputeAndFloat32ModelsAreNotBound) {
   const auto x = at::randn({4, 32}, cuda), w = at::randn({64, 32}, cuda), b = at::randn({64}, cuda);
   EXPECT_FALSE(handle(x, w, b, Activation::gelu).has_value());  // float32 tensors
   EXPECT_FALSE(
-      handle(x.to(at::kHalf), w.to(at::kHalf), b.to(at::kHalf), Activation::relu).has_value());
+      handle(x.to(at::kHalf), w.to(at::kHalf), b.to(at::kHalf), Activation::silu).has_value());
+  // ReLU in the RELU_BIAS epilogue: the unfused ops' numbers within the half output's rounding.
+  const auto relu = handle(x.to(at::kHalf), w.to(at::kHalf), b.to(at::kHalf), Activation::relu);
+  ASSERT_TRUE(relu.has_value());
+  const auto unfused = at::relu(at::linear(x.to(at::kHalf), w.to(at::kHalf), b.to(at::kHalf)));
+  EXPECT_LE((relu->to(at::kFloat) - unfused.to(at::kFloat)).abs().max().item<double>(),
+            unfused.to(at::kFloat).abs().max().item<double>() * 1e-3);
+  EXPECT_TRUE(at::equal(*relu >= 0, at::ones_like(*relu, at::kBool)));
   EXPECT_FALSE(
       handle(x.to(at::kHalf), w.to(at::kHalf), at::Tensor(), Activation::gelu).has_value());
   EXPECT_FALSE(
@@ -75,7 +82,7 @@ TEST(LinearActCuda, DeclinesWhatItDoesNotComputeAndFloat32ModelsAreNotBound) {
   const auto r = test::candidate_report(reg, "linear_act", "cublaslt");
   EXPECT_EQ(r.declined.at("cublaslt: dtype (float16, bfloat16 only: the epilogue's tanh GELU)"),
             1u);
-  EXPECT_EQ(r.declined.at("cublaslt: activation (gelu only)"), 1u);
+  EXPECT_EQ(r.declined.at("cublaslt: activation (gelu and relu only)"), 1u);
   EXPECT_EQ(r.declined.at("cublaslt: no bias"), 1u);
   EXPECT_EQ(r.declined.at("cublaslt: not a CUDA tensor"), 1u);
   // The model-facing entry point answers the declined call with the unfused ops.

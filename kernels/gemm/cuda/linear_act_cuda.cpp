@@ -1,5 +1,5 @@
-// The `cublaslt` implementation of linear_act (kernels/gemm/linear_act.h): bias and GELU in the
-// GEMM's epilogue through at::_addmm_activation, which runs cuBLASLt's GELU_BIAS epilogue on
+// The `cublaslt` implementation of linear_act (kernels/gemm/linear_act.h): bias and GELU or ReLU
+// in the GEMM's epilogue through at::_addmm_activation, which runs cuBLASLt's GELU_BIAS epilogue on
 // CUDA (aten/src/ATen/native/cuda/Blas.cpp; where cuBLASLt cannot take the call ATen runs
 // addmm and the same tanh GELU in place). float16 / bfloat16 only: see the slot's header for why
 // float32 declines.
@@ -15,7 +15,8 @@ namespace {
 
 Outcome<at::Tensor> linear_act_cublaslt(const at::Tensor& x, const at::Tensor& weight,
                                         const at::Tensor& bias, Activation act) {
-  if (act != Activation::gelu) return Decline{"cublaslt: activation (gelu only)"};
+  if (act != Activation::gelu && act != Activation::relu)
+    return Decline{"cublaslt: activation (gelu and relu only)"};
   if (!x.is_cuda()) return Decline{"cublaslt: not a CUDA tensor"};
   const auto dtype = x.scalar_type();
   if (dtype != at::kHalf && dtype != at::kBFloat16)
@@ -32,8 +33,10 @@ Outcome<at::Tensor> linear_act_cublaslt(const at::Tensor& x, const at::Tensor& w
   auto out_sizes = x.sizes().vec();
   out_sizes.back() = n;
   const at::Tensor rows = x.reshape({-1, k});
+  // use_gelu false: cuBLASLt's RELU_BIAS epilogue (the decoder FFNs of D-FINE, Deformable
+  // DETR, LW-DETR, Grounding DINO), exact like the unfused ReLU.
   return at::_addmm_activation(bias, rows, weight.t(), /*beta=*/1, /*alpha=*/1,
-                               /*use_gelu=*/true)
+                               /*use_gelu=*/act == Activation::gelu)
       .view(out_sizes);
 }
 
