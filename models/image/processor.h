@@ -26,6 +26,10 @@ namespace libreyolo::image {
 /// Largest image side a preprocessor_config.json may ask for (size.*, max_size), pixels.
 constexpr int64_t kMaxProcessorSize = 65536;
 
+/// Largest square side Owlv2ImageProcessor's padding may make (owlv2_pixel_values): 8192 x 8192
+/// float32 RGB is 805 MB before the blur's copies.
+constexpr int64_t kOwlv2MaxPaddedSide = 8192;
+
 /// PPDocLayoutV2/V3ImageProcessor (800x800 bicubic without antialias, mean 0, std 1) are among
 /// the classes below.
 /// OwlViTImageProcessor (768x768 bicubic, CLIP mean/std) and Owlv2ImageProcessor (960x960, its
@@ -105,6 +109,10 @@ std::pair<int64_t, int64_t> size_with_aspect_ratio_yolos(int64_t height, int64_t
 /// 2 * ceil(3 * sigma) + 1, reflect padding, kernel1d = softmax(-(linspace(-lim, lim, k) /
 /// sigma)^2), lim = (k - 1) / (2 sqrt 2)), then bilinear interpolation without antialias; then
 /// (x - mean) / std (do_normalize). Returns (3, height, width) float32 on the image's device.
+/// The blur runs as two 1-D passes (the same kernel, float32 rounding apart). Throws
+/// std::invalid_argument "image WxH: Owlv2ImageProcessor pads it to a SxS square, larger than
+/// the 8192x8192 this server preprocesses (resize it first)" when do_pad makes a side above
+/// kOwlv2MaxPaddedSide (a thin image within the decoder's limit would need gigabytes).
 at::Tensor owlv2_pixel_values(const ProcessorConfig& config, const at::Tensor& image_u8);
 
 /// RfDetrImageProcessor (modular_rf_detr.py RfDetrImageProcessor._preprocess: "Rescale then

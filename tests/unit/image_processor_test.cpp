@@ -117,6 +117,25 @@ TEST(ImageProcessor, ConfigErrorsNameFileAndKey) {
             std::string::npos);
 }
 
+/// Owlv2ImageProcessor pads to a square before its blur: a thin image within the decoder's pixel
+/// limit (9000 x 10 here; 40000 x 1000 would be 19 GB of float32) is refused naming both sizes,
+/// and the largest accepted square still runs.
+TEST(ImageProcessor, Owlv2RefusesSquaresItCannotAfford) {
+  const auto v2 = ProcessorConfig::from_json(
+      R"({"image_processor_type": "Owlv2ImageProcessor", "size": {"height": 16, "width": 16}})",
+      "x");
+  try {
+    libreyolo::image::owlv2_pixel_values(v2, at::zeros({3, 10, 9000}, at::kByte));
+    ADD_FAILURE() << "a 9000x9000 square was preprocessed";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_STREQ(e.what(),
+                 "image 9000x10: Owlv2ImageProcessor pads it to a 9000x9000 square, larger than "
+                 "the 8192x8192 this server preprocesses (resize it first)");
+  }
+  const auto ok = libreyolo::image::owlv2_pixel_values(v2, at::full({3, 40, 64}, 255, at::kByte));
+  EXPECT_EQ(ok.sizes(), (std::vector<int64_t>{3, 16, 16}));
+}
+
 TEST(ImageProcessor, OwlViTAndOwlv2ClassDefaults) {
   // image_processing_owlvit.py: 768x768 bicubic, CLIP mean/std, no crop; image_processing_owlv2.py:
   // 960x960 bilinear, pad to a square, its own pipeline (owlv2_pixel_values).
