@@ -4,6 +4,7 @@
 #include "kernels/attention/dot_product_attention.h"
 #include "kernels/attention/ms_deform_attn.h"
 #include "kernels/conv/conv2d_bias_act.h"
+#include "kernels/gemm/fp8_gemm.h"
 #include "kernels/gemm/linear_act.h"
 #include "kernels/hub/provider.h"
 #include "kernels/image/image_decode.h"
@@ -51,6 +52,7 @@ void register_builtin_slots(Registry& registry) {
   registry.declare(kImageDecodeBatch);  // no reference: image_decode one image at a time
   registry.declare(kLinearAct);         // no reference: linear_act_portable
   register_linear_act_onednn(registry);
+  registry.declare(kFp8Gemm);  // no reference: the dense Linear (fp8_linear)
   // No reference: the image processor's ATen ops (models/image/preprocess_slot.h).
   registry.declare(kImagePreprocess);
   register_fake_quant_fp8_reference(registry);

@@ -61,6 +61,36 @@ void describe_model(ModelDescription& d, const Model& model, const Family& famil
   d.head = *family.head;
 }
 
+/// LoadOptions::quantization fp8: binds `fp8_gemm` for the model (kept in its BoundKernels, so
+/// the registry's report lists the binding and its reasons) and quantises its targets when an
+/// implementation can serve it.
+QuantizationReport quantize(Model& model, kernels::Fp8GemmHandle& handle,
+                            kernels::Registry& registry, const kernels::BindContext& context,
+                            const kernels::Filter& filter) {
+  QuantizationReport r;
+  r.requested = quantization::Quantization::fp8;
+  handle = registry.bind(kernels::kFp8Gemm, context, &filter);
+  for (const auto& b : registry.bindings()) {
+    if (b.model != context.model || b.instance != context.instance || b.slot != "fp8_gemm")
+      continue;
+    for (const auto& c : b.candidates) {
+      if (c.eligible && r.implementation.empty()) r.implementation = c.name;
+      if (!c.eligible)
+        r.unavailable += (r.unavailable.empty() ? "" : "; ") + c.name + ": " + c.reason;
+    }
+  }
+  if (handle.empty()) {
+    r.implementation.clear();
+    if (r.unavailable.empty())
+      r.unavailable =
+          "no fp8_gemm implementation in this process (scaled_mm comes with the cuda provider)";
+  } else {
+    r.unavailable.clear();
+  }
+  r.fp8 = quantization::quantize_fp8(model.root(), handle);
+  return r;
+}
+
 std::string folder_name(const std::string& dir) {
   std::string d = dir;
   while (d.size() > 1 && d.back() == '/') d.pop_back();
@@ -106,7 +136,15 @@ std::unique_ptr<Model> load_model(const std::string& dir, const LoadOptions& req
   context.dtype = dtype_name(options.dtype);
   context.model = options.name.empty() ? folder_name(dir) : options.name;
   context.instance = options.instance;
-  model->bind_kernels(registry, context, registry.filter().overridden(options.kernel_slots));
+  const auto filter = registry.filter().overridden(options.kernel_slots);
+  model->bind_kernels(registry, context, filter);
+  if (options.quantization == quantization::Quantization::fp8) {
+    try {
+      model->quantization_ = quantize(*model, model->kernels_.fp8_gemm, registry, context, filter);
+    } catch (const c10::Error& e) {
+      throw std::runtime_error(dir + ": quantization fp8: " + e.what_without_backtrace());
+    }
+  }
   return model;
 }
 

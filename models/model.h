@@ -14,6 +14,7 @@
 #include "models/image/postprocess.h"
 #include "models/layers/bound_kernels.h"
 #include "models/layouts/options.h"
+#include "models/quantization/fp8.h"
 
 namespace torch::nn {
 class Module;
@@ -52,6 +53,19 @@ struct LoadOptions {
   /// Which layouts (models/layouts/) transform the loaded modules; applied once, after the
   /// checkpoint's tensors are loaded.
   LayoutOptions layouts;
+  /// serving.yaml `quantization`: fp8 binds the `fp8_gemm` slot and quantises the transformer
+  /// blocks' Linear layers after the layouts (models/quantization/fp8.h); none leaves them.
+  quantization::Quantization quantization = quantization::Quantization::none;
+};
+
+/// What load_model did for LoadOptions::quantization (Model::quantization()).
+struct QuantizationReport {
+  quantization::Quantization requested = quantization::Quantization::none;
+  /// The fp8_gemm implementation the quantised layers call first ("scaled_mm"), or "" when none
+  /// can serve the model; then `unavailable` says why (every candidate's reason, "; "-joined).
+  std::string implementation;
+  std::string unavailable;
+  quantization::Fp8Report fp8;
 };
 
 /// What a loaded checkpoint is, read from its config.json once by load_model: its users (the
@@ -135,6 +149,8 @@ class Model {
 
   /// The layouts load_model applied, in application order (empty: none).
   const std::vector<LayoutReport>& layouts() const { return layout_reports_; }
+  /// What LoadOptions::quantization did (requested none: an empty report).
+  const QuantizationReport& quantization() const { return quantization_; }
   /// What load_model read of config.json (task, labels, queries, post-processing).
   const ModelDescription& description() const { return description_; }
 
@@ -142,6 +158,7 @@ class Model {
   friend std::unique_ptr<Model> load_model(const std::string& dir, const LoadOptions& options);
   layers::BoundKernels kernels_;
   std::vector<LayoutReport> layout_reports_;
+  QuantizationReport quantization_;
 
  protected:
   /// Filled by load_model from config.json; a Model made without load_model (a test's fake)
@@ -157,7 +174,11 @@ class Model {
 /// the model's inputs must then be on cuda:N. Then applies options.layouts
 /// (models/layouts/layouts.h; a kernel_config entry that cannot be honoured throws
 /// std::runtime_error naming the entry) and binds the model to options.registry (its process filter
-/// overridden by options.kernel_slots) for its device and dtype.
+/// overridden by options.kernel_slots) for its device and dtype; with options.quantization fp8,
+/// binds `fp8_gemm` too and quantises the transformer blocks' Linear layers when an
+/// implementation can serve the model (Model::quantization() says what happened; a weight
+/// holding a non-finite value throws std::runtime_error "<dir>: quantization fp8: fp8: weight
+/// row R of [N, K] holds a non-finite value").
 std::unique_ptr<Model> load_model(const std::string& dir, const LoadOptions& options = {});
 
 }  // namespace libreyolo::models

@@ -7,7 +7,8 @@
 # inputs and batches, the anchor a PyTorch deployer uses (tools/bench_models/anchors.py):
 # torch.compile with Inductor freezing (bf16, + channels_last for the conv families,
 # inference_mode) at batch 32, and the same with mode="reduce-overhead" (CUDA graphs) at batch 1.
-# EAGER=1 adds transformers eager (bf16) at batch 32.
+# EAGER=1 adds transformers eager (bf16) at batch 32. FP8=1 adds ours with `--quantization fp8`
+# (serving.yaml `quantization: fp8`) to the vit, swin, rf_detr*, lw_detr and deimv2 rows.
 #
 # Rows (ROWS=comma list; each row is one model, ours + anchors):
 #   r50        RT-DETR-R50vd 640, batch 1 and 32 (ours: layouts off/default/on; profile by op class
@@ -112,7 +113,7 @@ ours() {  # label, model, dtype, size, batches, extra flags
   # shellcheck disable=SC2086 # $6 is a list of flags: word-split on purpose
   timeout 300 "$bin" --model "$ckpt/$2" --device cuda --dtype "$3" --size "$4" --batch "$5" \
     --iters 30 --warmup 5 ${6:-} 2>&1 |
-    grep -E "batch=|layout|applied|binding|cuda_graph|error|FAIL|profile" | tee -a "$log"
+    grep -E "batch=|layout|applied|binding|cuda_graph|quantization|error|FAIL|profile" | tee -a "$log"
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 }
 
@@ -180,6 +181,7 @@ for r in ${rows//,/ }; do
     m=$([ "$r" = vit ] && echo vit_base || echo swin_tiny)
     checkpoint "$m" classifiers || continue
     ours "$m bf16 graphs (defaults)" "$m" bfloat16 224 1,32 "--cuda-graph"
+    [ "${FP8:-0}" = 1 ] && ours "$m bf16 graphs fp8" "$m" bfloat16 224 1,32 "--cuda-graph --quantization fp8"
     anchors "$m" 224 32 ""
     ;;
   rf_detr | rf_detr_nano | rf_detr_small | rf_detr_medium | lw_detr | deimv2)
@@ -193,6 +195,7 @@ for r in ${rows//,/ }; do
     esac
     checkpoint "$m" families || continue
     ours "$m bf16 graphs (defaults)" "$m" bfloat16 "$size" 1,32 "--cuda-graph"
+    [ "${FP8:-0}" = 1 ] && ours "$m bf16 graphs fp8" "$m" bfloat16 "$size" 1,32 "--cuda-graph --quantization fp8"
     ours "$m bf16 eager profile (defaults)" "$m" bfloat16 "$size" 32 "--profile"
     [ "${FP32:-0}" = 1 ] && ours "$m fp32 (TF32 off)" "$m" float32 "$size" 1,32 ""
     anchors "$m" "$size" 32 "$cl"

@@ -39,7 +39,11 @@ at::Tensor AttentionImpl::forward(const at::Tensor& query_in, const at::Tensor& 
     const auto b = !in_proj_bias.defined() ? at::Tensor()
                    : n == 3                ? in_proj_bias
                                            : in_proj_bias.narrow(0, 0, 2 * D);
-    const auto packed = at::linear(query_in, w, b).view({B, Lq, n, num_heads, head_dim});
+    const auto projected =
+        in_proj_fp8.defined()
+            ? kernels::fp8_linear(in_proj_fp8_kernel, query_in, in_proj_fp8.rows(0, n * D), w, b)
+            : at::linear(query_in, w, b);
+    const auto packed = projected.view({B, Lq, n, num_heads, head_dim});
     q = packed.select(2, 0).transpose(1, 2);
     k = packed.select(2, 1).transpose(1, 2);
     v = qkv_shared ? packed.select(2, 2).transpose(1, 2) : heads(v_proj->forward(value_in), Lk);

@@ -72,6 +72,10 @@ class AttentionImpl : public torch::nn::Module, public UsesKernels {
   /// ...) and the views otherwise, so any call stays correct.
   int64_t concat_projections = 0;
   at::Tensor in_proj_weight, in_proj_bias;  ///< undefined unless concat_projections > 0
+  /// in_proj_weight in FP8 and its `fp8_gemm` handle (models/quantization/fp8.h); undefined
+  /// unless the model was loaded with `quantization: fp8` on a capable device.
+  kernels::Fp8Weight in_proj_fp8;
+  kernels::Fp8GemmHandle in_proj_fp8_kernel;
 
   Linear q_proj, k_proj, v_proj, o_proj;  ///< o_proj null when o_name is ""
   int64_t num_heads, head_dim;

@@ -8,6 +8,7 @@
 #include "kernels/attention/dot_product_attention.h"
 #include "kernels/attention/ms_deform_attn.h"
 #include "kernels/conv/conv2d_bias_act.h"
+#include "kernels/gemm/fp8_gemm.h"
 #include "kernels/gemm/linear_act.h"
 #include "kernels/norm/add_layer_norm.h"
 #include "kernels/pool/max_pool2d.h"
@@ -24,6 +25,9 @@ struct BoundKernels {
   kernels::MaxPool2dHandle max_pool2d;
   kernels::AddLayerNormHandle add_layer_norm;
   kernels::LinearActHandle linear_act;
+  /// Bound only for a model loaded with `quantization: fp8` (models/load_model.cpp), empty
+  /// otherwise; the quantised layers hold it (models/quantization/fp8.h).
+  kernels::Fp8GemmHandle fp8_gemm;
 };
 
 /// Implemented by every module that calls a slot: takes the handles it needs. Called once at

@@ -13,6 +13,7 @@
 
 #include "kernels/activation.h"
 #include "kernels/conv/conv2d_bias_act.h"
+#include "kernels/gemm/fp8_gemm.h"
 #include "models/layers/bound_kernels.h"
 
 namespace libreyolo::models::layers {
@@ -42,15 +43,27 @@ class LinearImpl : public torch::nn::Module, public UsesKernels {
  public:
   LinearImpl(int64_t in, int64_t out, bool bias = true);
   void bind_kernels(const BoundKernels& k) override { act_kernel = k.linear_act; }
-  at::Tensor forward(const at::Tensor& x) const { return at::linear(x, weight, bias); }
+  /// x (..., in) -> (..., out), x's dtype: through the `fp8_gemm` slot when the layer was
+  /// quantised at load (models/quantization/fp8.h), else at::linear.
+  at::Tensor forward(const at::Tensor& x) const {
+    if (fp8.defined()) return kernels::fp8_linear(fp8_kernel, x, fp8, weight, bias);
+    return at::linear(x, weight, bias);
+  }
   /// act(forward(x)) through the model's bound `linear_act` slot (kernels/gemm/linear_act.h:
   /// on CUDA float16 / bfloat16 models GELU runs in the GEMM's epilogue; elsewhere the unfused
-  /// ops, bit for bit). x (..., in) -> (..., out), x's dtype.
+  /// ops, bit for bit); a quantised layer runs its FP8 GEMM, then the activation.
+  /// x (..., in) -> (..., out), x's dtype.
   at::Tensor forward_act(const at::Tensor& x, Activation act) const {
+    if (fp8.defined()) return kernels::apply_activation(act, forward(x));
     return kernels::linear_act(act_kernel, x, weight, bias, act);
   }
   at::Tensor weight, bias;
   kernels::LinearActHandle act_kernel;  ///< empty until bound: the portable path runs
+  /// The FP8 copy of `weight` and the handle it runs through (models/quantization/fp8.h);
+  /// undefined unless the model was loaded with `quantization: fp8` on a capable device. The
+  /// dense weight stays: it runs whatever the slot declines.
+  kernels::Fp8Weight fp8;
+  kernels::Fp8GemmHandle fp8_kernel;
 };
 using Linear = std::shared_ptr<LinearImpl>;
 

@@ -179,6 +179,18 @@ ServingConfig parse_serving_config(const std::string& yaml_text, const std::stri
       c.prompt_cache_mb = as<std::int64_t>(file, v, key, "an integer");
       if (c.prompt_cache_mb < 0 || c.prompt_cache_mb > (1 << 20))
         fail(file, v, "prompt_cache_mb must be from 0 to 1048576");
+    } else if (key == "quantization") {
+      const std::string s = v.IsScalar() ? kernels::normalize(v.Scalar()) : "";
+      if (s == "none") {
+        c.quantization = models::quantization::Quantization::none;
+      } else if (s == "fp8") {
+        c.quantization = models::quantization::Quantization::fp8;
+      } else {
+        fail(file, v,
+             "quantization must be none or fp8, got '" +
+                 (v.IsScalar() ? clip(v.Scalar()) : std::string("a non-scalar")) + "'");
+      }
+      c.quantization_origin = where(file, v);
     } else if (key == "kernels") {
       c.kernels = kernels::parse_model_kernels(v, file);
     } else if (key == "kernel_config") {
@@ -190,8 +202,8 @@ ServingConfig parse_serving_config(const std::string& yaml_text, const std::stri
            "unknown key " + clip(key) +
                " (expected device, dtype, max_batch_size, max_queue_delay_microseconds, "
                "max_queue_size, default_timeout_microseconds, threshold, top_k, warmup, "
-               "fused_attention, cuda_graphs, prompt_cache_mb, kernels, kernel_config, "
-               "instance_group)");
+               "fused_attention, cuda_graphs, prompt_cache_mb, quantization, kernels, "
+               "kernel_config, instance_group)");
     }
   }
   return c;

@@ -8,6 +8,7 @@
 
 #include "kernels/policy.h"
 #include "models/layouts/options.h"
+#include "models/quantization/quantization.h"
 
 namespace libreyolo::server {
 
@@ -56,6 +57,12 @@ struct ServingConfig {
   /// labels, Grounding DINO's captions, OmDet-Turbo's classes and task sentences; an LRU by
   /// piece, server/instance/prompt_cache.h), MiB; 0 turns it off.
   std::int64_t prompt_cache_mb = 64;
+  /// `quantization: none | fp8`: fp8 runs the Linear layers of the model's transformer blocks
+  /// through the `fp8_gemm` slot with FP8 weights quantised at load (models/quantization/fp8.h;
+  /// CUDA bfloat16 models on GPUs with FP8 tensor cores, elsewhere the model stays as it is and
+  /// /active says why). Off by default: FP8 changes the numbers.
+  models::quantization::Quantization quantization = models::quantization::Quantization::none;
+  std::string quantization_origin;  ///< "FILE:LINE:COLUMN" of the key; "" when not set
   /// `kernels: {slots: {ms_deform_attn: {allow: [reference]}}, layouts: off}`: this model's
   /// kernel policy, overriding the server's for the slots it names (the names are checked
   /// against the process registry at load: an unknown slot or implementation fails the load).

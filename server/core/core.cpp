@@ -219,6 +219,7 @@ api::ModelConfig ServerCore::model_config(const std::string& name,
     c.parameters["fused_attention"] = kernels::fused_attention_name(l.fused_attention);
     c.parameters["fused_attention_source"] = l.fused_attention_source;
     c.parameters["fused_attention_modules_changed"] = std::to_string(l.fused_attention_changed);
+    c.parameters["quantization"] = quantization_status(l);
   } else {
     c.parameters["threshold"] = std::to_string(e->serving.threshold);
     c.parameters["top_k"] = std::to_string(e->serving.top_k);
@@ -321,6 +322,17 @@ std::string ServerCore::active_json() const {
                              {"params_after", r.params_after}});
         m["layouts"] = std::move(layouts);
         m["cuda_graphs"] = l.cuda_graphs_status;
+        // serving.yaml `quantization` (models/quantization/fp8.h): what was asked, from where,
+        // and what the model runs.
+        const auto& q = l.model->quantization();
+        m["quantization"] = {
+            {"value", models::quantization::quantization_name(l.serving.quantization)},
+            {"source", l.serving.quantization_origin.empty()
+                           ? std::string("default")
+                           : "serving.yaml " + l.serving.quantization_origin},
+            {"status", quantization_status(l)},
+            {"implementation", q.implementation},
+            {"layers", q.fp8.layers}};
         m["device"] = l.device.str();
         // instance_group: every instance, its device and whether it is still in rotation.
         json instances = json::array();

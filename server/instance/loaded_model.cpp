@@ -63,6 +63,7 @@ std::shared_ptr<LoadedModel> load_model_version(const InstanceOptions& in,
   // serving.yaml `kernels.layouts` wins over the server's kernels.layouts for this model.
   options.layouts.mode = serving.kernels.layouts ? *serving.kernels.layouts : in.server_layouts;
   options.layouts.kernel_config = serving.kernel_config;
+  options.quantization = serving.quantization;
   m->model = loader(in.dir, options);  // config.json first: its errors name the checkpoint
   m->processor = image::load_image_processor(in.dir);
   if (in.gpu_image_decode && m->device.is_cuda()) {
@@ -83,6 +84,8 @@ std::shared_ptr<LoadedModel> load_model_version(const InstanceOptions& in,
   for (const auto& r : m->model->layouts())
     log::info(c10::str("model '", name, "': layout ", r.layout, " (", r.source, "): ", r.modules,
                        " modules, parameters ", r.params_before, " -> ", r.params_after));
+  if (serving.quantization != models::quantization::Quantization::none)
+    log::info("model '" + name + "': quantization " + quantization_status(*m));
   m->task = make_task_adapter(*m->model, serving);
   // The flag is chosen once here, before the warm-up and before anything could capture a graph.
   if (serving.fused_attention != kernels::FusedAttention::family_default) {
@@ -106,6 +109,15 @@ std::shared_ptr<LoadedModel> load_model_version(const InstanceOptions& in,
                        " attention modules changed to ", on ? "SDPA" : "the manual path"));
   }
   return m;
+}
+
+std::string quantization_status(const LoadedModel& m) {
+  const auto& q = m.model->quantization();
+  if (q.requested == models::quantization::Quantization::none) return "none";
+  if (q.implementation.empty()) return "off: " + q.unavailable;
+  return c10::str("fp8 through ", q.implementation, ": ", q.fp8.layers, " Linear layers (",
+                  q.fp8.parameters, " weights), ", q.fp8.kept_shape,
+                  " kept in the model's dtype (K or N not a multiple of 16)");
 }
 
 std::vector<std::string> instance_devices(const ServingConfig& serving,

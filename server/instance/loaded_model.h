@@ -68,6 +68,11 @@ struct LoadedModel {
   std::string cuda_graphs_status = "off";
 };
 
+/// What serving.yaml `quantization` did to `m` (models::Model::quantization()): "none",
+/// "off: <why no fp8_gemm implementation serves the model>", or "fp8 through <implementation>:
+/// N Linear layers (W weights), K kept in the model's dtype (...)".
+std::string quantization_status(const LoadedModel& m);
+
 /// What loading one instance of a model version takes, built once per instance by the life
 /// cycle: the version, its serving.yaml, and the server-wide settings serving.yaml may override.
 struct InstanceOptions {

@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "kernels/kernels.h"
 #include "models/core/safetensors.h"
 #include "server/app/daemon.h"
 #include "server/config/config.h"
@@ -276,6 +277,49 @@ TEST(ServerDtype, BF16CpuByPolicy) {
                  "scores = "
               << ds << std::endl;
     EXPECT_LE(ds, 0.05);
+    d.stop(1.0);
+  }
+  remove_tree(repo);
+}
+
+/// serving.yaml `quantization: fp8` (models/quantization/fp8.h) on a CPU model: no fp8_gemm
+/// implementation serves it, so the model computes as without the key, and /active says what
+/// was asked, where, and why it is off; a value other than none / fp8 fails the load naming it.
+TEST(ServerQuantization, Fp8OnTheCpuStaysOffAndSaysWhy) {
+  const auto repo = temp_dir("quantization");
+  add_rtdetr(repo, "rtdetr_f32", "");
+  add_rtdetr(repo, "rtdetr_fp8", "quantization: fp8\n");
+  add_rtdetr(repo, "rtdetr_int8", "quantization: int8\n");
+  const std::string yaml = (repo / "rtdetr_fp8/serving.yaml").string();
+  {
+    Daemon d(loopback_config(repo, "cpu"));
+    d.start();
+    const auto active = json::parse(http_get(d.http_port(), "/active").body);
+    // With the cuda provider loaded (a GPU machine) `scaled_mm` is a candidate that declines
+    // CPU models; without a GPU nothing is registered for the slot.
+    const bool cuda = kernels::built_with_cuda() && at::hasCUDA();
+    const std::string why = cuda ? "scaled_mm: the model is not on a CUDA device"
+                                 : "no fp8_gemm implementation in this process (scaled_mm comes "
+                                   "with the cuda provider)";
+    EXPECT_EQ(model_entry(active, "rtdetr_fp8").at("quantization"),
+              (json{{"value", "fp8"},
+                    {"source", "serving.yaml " + yaml + ":1:15"},
+                    {"status", "off: " + why},
+                    {"implementation", ""},
+                    {"layers", 0}}));
+    EXPECT_EQ(model_entry(active, "rtdetr_f32").at("quantization"), (json{{"value", "none"},
+                                                                          {"source", "default"},
+                                                                          {"status", "none"},
+                                                                          {"implementation", ""},
+                                                                          {"layers", 0}}));
+    EXPECT_EQ(model_entry(active, "rtdetr_int8").at("state"), "UNAVAILABLE");
+    EXPECT_EQ(model_entry(active, "rtdetr_int8").at("reason"),
+              (repo / "rtdetr_int8/serving.yaml").string() +
+                  ":1:15: quantization must be none or fp8, got 'int8'");
+    rpc::Client c("127.0.0.1:" + std::to_string(d.grpc_port()));
+    const auto f32 = best_scores(c, "rtdetr_f32"), fp8 = best_scores(c, "rtdetr_fp8");
+    EXPECT_EQ(f32.size(), 10u);
+    EXPECT_EQ(f32, fp8);  // nothing was quantised: the same numbers
     d.stop(1.0);
   }
   remove_tree(repo);

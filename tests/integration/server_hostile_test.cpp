@@ -455,7 +455,8 @@ TEST(ServerHostileRepository, HostileModelFilesFailOnlyTheirModel) {
             r + "fake_laughs/serving.yaml:1:1: unknown key a (expected device, dtype, "
                 "max_batch_size, max_queue_delay_microseconds, max_queue_size, "
                 "default_timeout_microseconds, threshold, top_k, warmup, fused_attention, "
-                "cuda_graphs, prompt_cache_mb, kernels, kernel_config, instance_group)");
+                "cuda_graphs, prompt_cache_mb, quantization, kernels, kernel_config, "
+                "instance_group)");
   EXPECT_EQ(
       reason_of(index.text, "fake_longvalue"),
       r + "fake_longvalue/serving.yaml:1:8: dtype must be float32, float16 or bfloat16, got '" +

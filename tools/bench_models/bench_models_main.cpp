@@ -5,7 +5,7 @@
 //                          [--cuda-graph] [--fused-attention default|on|off]
 //                          [--layouts default|on|off] [--out FILE.json] [--profile]
 //                          [--no-cudnn-benchmark] [--prompt "a cat. a dog."]
-//                          [--prompt-cache on|off|off,on]
+//                          [--prompt-cache on|off|off,on] [--quantization none|fp8]
 // Prints one line per batch size: ms per forward (median of --iters, after --warmup), images/s,
 // and the kernel calls counted per implementation of ms_deform_attn, so that a run under
 // LIBREYOLO_KERNELS=reference (portable path) and one without can be compared; then one
@@ -25,6 +25,9 @@
 // on the same checkpoint.
 // --profile (CUDA) adds, per batch size, the GPU time of one eager forward by op class (conv,
 // gemm, elementwise, ...) from the torch profiler (tools/bench_models/profile.h).
+// --quantization fp8 loads the model as serving.yaml `quantization: fp8` does
+// (models/quantization/fp8.h: the transformer blocks' Linear layers through the fp8_gemm slot);
+// what it did goes to stderr and into the JSON file.
 // --layouts picks the layouts (models/layouts/; not given: LIBREYOLO_LAYOUTS, else default); what
 // was applied goes to stderr and, with --out, into the JSON file with every timed line.
 // cuDNN benchmark mode is on, as in the daemon (server.yaml `cudnn_benchmark`) and the anchors
@@ -75,7 +78,8 @@ int usage() {
                "[--device cpu|cuda] [--dtype float32|float16|bfloat16] [--iters N] [--warmup N] "
                "[--tf32] [--cuda-graph] [--fused-attention default|on|off] "
                "[--layouts default|on|off] [--out FILE.json] [--profile] [--no-cudnn-benchmark] "
-               "[--prompt \"a cat. a dog.\"] [--prompt-cache on|off|off,on]\n";
+               "[--prompt \"a cat. a dog.\"] [--prompt-cache on|off|off,on] "
+               "[--quantization none|fp8]\n";
   return 2;
 }
 
@@ -151,6 +155,7 @@ std::pair<int64_t, int64_t> parse_size(const std::string& text) {
 int main(int argc, char** argv) {
   std::string model_dir, device_name = "cpu", dtype_name = "float32", batches = "1,8";
   std::string fused = "default", layouts, out, prompt = "a cat. a dog.", cache_modes = "on";
+  std::string quantization = "none";
   int64_t height = 640, width = 640;
   int iters = 10, warmup = 3;
   bool tf32 = false, cuda_graph = false, profile = false, cudnn_benchmark = true;
@@ -190,6 +195,8 @@ int main(int argc, char** argv) {
         prompt = next();
       else if (a == "--prompt-cache")
         cache_modes = next();
+      else if (a == "--quantization")
+        quantization = next();
       else
         return usage();
     } catch (const std::exception&) {
@@ -199,6 +206,7 @@ int main(int argc, char** argv) {
   if (model_dir.empty() || iters < 1 || warmup < 0 || height < 32 || width < 32) return usage();
   if (cuda_graph && device_name.rfind("cuda", 0) != 0) return usage();
   if (fused != "default" && fused != "on" && fused != "off") return usage();
+  if (quantization != "none" && quantization != "fp8") return usage();
   if (!layouts.empty() && layouts != "default" && layouts != "on" && layouts != "off")
     return usage();
   const std::vector<std::string> labels = libreyolo::models::split_labels(prompt);
@@ -231,7 +239,17 @@ int main(int argc, char** argv) {
                               : layouts == "off" ? kernels::LayoutMode::off
                                                  : kernels::LayoutMode::family_default,
                               kernels::Source::flag, "--layouts"};
+    if (quantization == "fp8")
+      options.quantization = libreyolo::models::quantization::Quantization::fp8;
     const auto model = libreyolo::models::load_model(model_dir, options);
+    const auto& q = model->quantization();
+    if (quantization == "fp8")
+      std::cerr << "quantization fp8: "
+                << (q.implementation.empty()
+                        ? "off: " + q.unavailable
+                        : "through " + q.implementation + ", " + std::to_string(q.fp8.layers) +
+                              " layers, " + std::to_string(q.fp8.kept_shape) + " kept")
+                << "\n";
     const auto& mode = options.layouts.mode;
     std::cerr << "layouts " << kernels::layout_mode_name(mode.value) << " ("
               << kernels::source_name(mode.source) << (mode.origin.empty() ? "" : " " + mode.origin)
@@ -243,6 +261,11 @@ int main(int argc, char** argv) {
                               {{"mode", kernels::layout_mode_name(mode.value)},
                                {"source", kernels::source_name(mode.source)},
                                {"applied", nlohmann::json::array()}}},
+                             {"quantization",
+                              {{"value", quantization},
+                               {"implementation", q.implementation},
+                               {"layers", q.fp8.layers},
+                               {"kept_shape", q.fp8.kept_shape}}},
                              {"runs", nlohmann::json::array()}};
     for (const auto& r : model->layouts())
       report["layouts"]["applied"].push_back({{"layout", r.layout},

