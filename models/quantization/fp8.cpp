@@ -38,27 +38,25 @@ bool fp8_target(const std::string& path) {
 Fp8Report quantize_fp8(torch::nn::Module& root, const kernels::Fp8GemmHandle& handle) {
   Fp8Report report;
   if (handle.empty()) return report;
+  // One weight: its FP8 copy and the handle, or counted as kept when FP8 GEMMs cannot take it.
+  auto quantize = [&](const at::Tensor& weight, kernels::Fp8Weight& fp8,
+                      kernels::Fp8GemmHandle& kernel) {
+    if (!multiple_of_16(weight)) {
+      ++report.kept_shape;
+      return;
+    }
+    fp8 = kernels::quantize_fp8_weight(weight);
+    kernel = handle;
+    report.parameters += weight.numel();
+    ++report.layers;
+  };
   for (const auto& item : root.named_modules(/*name_prefix=*/"", /*include_self=*/false)) {
     if (!fp8_target(item.key())) continue;
     if (auto* linear = dynamic_cast<layers::LinearImpl*>(item.value().get())) {
-      if (!multiple_of_16(linear->weight)) {
-        ++report.kept_shape;
-        continue;
-      }
-      linear->fp8 = kernels::quantize_fp8_weight(linear->weight);
-      linear->fp8_kernel = handle;
-      report.parameters += linear->weight.numel();
-      ++report.layers;
+      quantize(linear->weight, linear->fp8, linear->fp8_kernel);
     } else if (auto* attention = dynamic_cast<layers::AttentionImpl*>(item.value().get())) {
-      if (attention->concat_projections == 0 || !attention->in_proj_weight.defined()) continue;
-      if (!multiple_of_16(attention->in_proj_weight)) {
-        ++report.kept_shape;
-        continue;
-      }
-      attention->in_proj_fp8 = kernels::quantize_fp8_weight(attention->in_proj_weight);
-      attention->in_proj_fp8_kernel = handle;
-      report.parameters += attention->in_proj_weight.numel();
-      ++report.layers;
+      if (attention->concat_projections > 0 && attention->in_proj_weight.defined())
+        quantize(attention->in_proj_weight, attention->in_proj_fp8, attention->in_proj_fp8_kernel);
     }
   }
   return report;
