@@ -7,12 +7,11 @@
 // and the erf GELU as exact post-ops), and `cublaslt`
 // (kernels/gemm/cuda/linear_act_cuda.cpp): the activation and bias in the GEMM's epilogue
 // (at::_addmm_activation, cuBLASLt's CUBLASLT_EPILOGUE_GELU_BIAS or RELU_BIAS; aten/src/ATen/
-// native/cuda/Blas.cpp; ReLU is exact, GELU below). That epilogue computes GELU's tanh form, which
-// differs from the exact erf form by at most 4.7e-4 (at |x| = 2.7, where the output is 2.69);
-// `cublaslt` therefore takes float16 and bfloat16 only, whose rounding there (half an ulp: 9.8e-4
-// and 7.8e-3) is larger, and declines float32, which keeps transformers' exact numbers. GELU after
-// the RF-DETR medium backbone's fc1 was 1.02 of 10.15 ms of a batch-32 forward on an H200
-// (docs/BENCHMARKS.md, 2026-12-04).
+// native/cuda/Blas.cpp). ReLU is exact; the GELU epilogue computes the tanh form, at most 4.7e-4
+// from the exact erf form (at |x| = 2.7, where the output is 2.69): `cublaslt` takes float16 and
+// bfloat16 only, whose rounding there (half an ulp: 9.8e-4 and 7.8e-3) is larger, and declines
+// float32, which keeps transformers' exact numbers. GELU after the RF-DETR medium backbone's fc1
+// was 1.02 of 10.15 ms of a batch-32 forward on an H200 (docs/BENCHMARKS.md, 2026-12-04).
 //
 // Shapes and dtypes:
 //   x       (..., K)  float32 / float16 / bfloat16
