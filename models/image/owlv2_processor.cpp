@@ -24,34 +24,94 @@ at::Tensor gaussian_kernel1d(int64_t k, double sigma, const at::Device& device) 
       .softmax(0);
 }
 
+/// upsample_bilinear2d's taps along one axis (align_corners=False, no scale given; aten/src/ATen/
+/// native/UpSample.h area_pixel_compute_source_index, guard_index_and_lambda): for each of `out`
+/// outputs the two source indices and their float32 weights.
+struct BilinearTaps {
+  std::vector<int64_t> i0, i1;
+  std::vector<float> l0, l1;
+};
+BilinearTaps bilinear_taps(int64_t in, int64_t out) {
+  BilinearTaps t;
+  const float scale = static_cast<float>(in) / static_cast<float>(out);
+  for (int64_t d = 0; d < out; ++d) {
+    const float real = std::max(scale * (static_cast<float>(d) + 0.5f) - 0.5f, 0.0f);
+    const int64_t index = std::min(static_cast<int64_t>(std::floor(real)), in - 1);
+    const float lambda = std::min(std::max(real - static_cast<float>(index), 0.0f), 1.0f);
+    t.i0.push_back(index);
+    t.i1.push_back(index + (index < in - 1 ? 1 : 0));
+    t.l0.push_back(1.0f - lambda);
+    t.l1.push_back(lambda);
+  }
+  return t;
+}
+
+/// The sorted distinct source indices `taps` reads, and where each tap's index lies in them.
+std::pair<at::Tensor, std::pair<at::Tensor, at::Tensor>> used_indices(const BilinearTaps& taps) {
+  std::vector<int64_t> all(taps.i0);
+  all.insert(all.end(), taps.i1.begin(), taps.i1.end());
+  std::sort(all.begin(), all.end());
+  all.erase(std::unique(all.begin(), all.end()), all.end());
+  auto position = [&](const std::vector<int64_t>& idx) {
+    std::vector<int64_t> pos;
+    for (auto v : idx) pos.push_back(std::lower_bound(all.begin(), all.end(), v) - all.begin());
+    return at::tensor(pos);
+  };
+  return {at::tensor(all), {position(taps.i0), position(taps.i1)}};
+}
+
+/// sum_t w[t] * x.index_select(dim, index + t): a 1-D convolution of x's padded axis `dim`
+/// evaluated at `index` only.
+at::Tensor blur_at(const at::Tensor& x, int64_t dim, const at::Tensor& index, const at::Tensor& w) {
+  at::Tensor sum;
+  for (int64_t t = 0; t < w.size(0); ++t) {
+    auto term = x.index_select(dim, index + t) * w[t];
+    sum = sum.defined() ? sum + term : term;
+  }
+  return sum;
+}
+
 /// Owlv2ImageProcessor.resize of x (1, 3, S, S') float32 to (height, width).
 at::Tensor owlv2_resize(const at::Tensor& x, int64_t height, int64_t width) {
   // factors = tensor(input_shape[2:]) / tensor(output_shape): int64 / int64 -> float32.
   const auto in = at::tensor(std::vector<int64_t>{x.size(2), x.size(3)});
   const auto out = at::tensor(std::vector<int64_t>{height, width});
   const auto sigma = ((in / out - 1) / 2).clamp_min(0);
-  at::Tensor filtered = x;
-  if (!sigma.eq(0).any().item<bool>()) {
-    const auto ks = (2 * at::ceil(3 * sigma).to(at::kInt) + 1).to(at::kLong);
-    // gaussian_blur(image, (k[0], k[1]), sigma=[s[0], s[1]]): index 0 is the x direction there.
-    const int64_t kx = ks[0].item<int64_t>(), ky = ks[1].item<int64_t>();
-    const double sx = sigma[0].item<double>(), sy = sigma[1].item<double>();
-    // torchvision convolves with the 2-D kernel outer(ky, kx); the same kernel as a vertical then
-    // a horizontal 1-D pass costs ky + kx multiply-adds a pixel instead of ky * kx (a 6000 x 6000
-    // photograph for 960: 34 instead of 289; the 2-D form held a preprocessing thread for
-    // minutes). The sums differ by float32 rounding only (OwlParity pixel_values bar 1e-5).
-    const int64_t channels = x.size(1);
-    const auto wy = gaussian_kernel1d(ky, sy, x.device()).view({1, 1, ky, 1});
-    const auto wx = gaussian_kernel1d(kx, sx, x.device()).view({1, 1, 1, kx});
-    const auto padded = at::reflection_pad2d(x, {kx / 2, kx / 2, ky / 2, ky / 2});
-    const std::vector<int64_t> one{1, 1}, zero{0, 0};
-    const auto vertical =
-        at::conv2d(padded, wy.expand({channels, 1, ky, 1}), std::nullopt, one, zero, one, channels);
-    filtered = at::conv2d(vertical, wx.expand({channels, 1, 1, kx}), std::nullopt, one, zero, one,
-                          channels);
-  }
   // TorchvisionBackend.resize(antialias=False), BILINEAR (the resample argument is not passed on).
-  return at::upsample_bilinear2d(filtered, {height, width}, /*align_corners=*/false);
+  if (sigma.eq(0).any().item<bool>())
+    return at::upsample_bilinear2d(x, {height, width}, /*align_corners=*/false);
+  const auto ks = (2 * at::ceil(3 * sigma).to(at::kInt) + 1).to(at::kLong);
+  // gaussian_blur(image, (k[0], k[1]), sigma=[s[0], s[1]]): index 0 is the x direction there.
+  const int64_t kx = ks[0].item<int64_t>(), ky = ks[1].item<int64_t>();
+  const double sx = sigma[0].item<double>(), sy = sigma[1].item<double>();
+  // torchvision blurs the whole image with the 2-D kernel outer(ky, kx) (reflect padding), then
+  // the bilinear resize reads at most two rows and two columns per output. Here the same kernel
+  // runs as a vertical then a horizontal 1-D sum, evaluated only at the rows and columns the
+  // resize reads, and the resize is upsample_bilinear2d's arithmetic on those: a 6000 x 6000
+  // photograph for 960 x 960 blurs 1,920 x 1,920 points instead of 36 M, each with ky + kx
+  // multiply-adds instead of ky * kx (the 2-D form on the whole image held a preprocessing thread
+  // for minutes). The sums differ from torchvision's by float32 rounding only (OwlParity
+  // pixel_values bar 1e-5).
+  const auto wy = gaussian_kernel1d(ky, sy, x.device());
+  const auto wx = gaussian_kernel1d(kx, sx, x.device());
+  const auto padded = at::reflection_pad2d(x, {kx / 2, kx / 2, ky / 2, ky / 2});
+  const auto ty = bilinear_taps(x.size(2), height), tx = bilinear_taps(x.size(3), width);
+  const auto [rows, row_pos] = used_indices(ty);
+  const auto [cols, col_pos] = used_indices(tx);
+  const auto device = x.device();
+  // (1, 3, rows, cols): the blurred image at the points the resize reads.
+  const auto blurred = blur_at(blur_at(padded, 2, rows.to(device), wy), 3, cols.to(device), wx);
+  auto weights = [&](const std::vector<float>& l, at::IntArrayRef shape) {
+    return at::tensor(l).to(device).view(shape);
+  };
+  const auto y0 = blurred.index_select(2, row_pos.first.to(device)),
+             y1 = blurred.index_select(2, row_pos.second.to(device));
+  const auto x0 = col_pos.first.to(device), x1 = col_pos.second.to(device);
+  const auto lx0 = weights(tx.l0, {1, 1, 1, width}), lx1 = weights(tx.l1, {1, 1, 1, width});
+  const auto ly0 = weights(ty.l0, {1, 1, height, 1}), ly1 = weights(ty.l1, {1, 1, height, 1});
+  // upsample_bilinear2d: h0lambda * (w0lambda * x00 + w1lambda * x01) + h1lambda * (...).
+  return ly0 * (lx0 * y0.index_select(3, x0) + lx1 * y0.index_select(3, x1)) +
+         ly1 * (lx0 * y1.index_select(3, x0) + lx1 * y1.index_select(3, x1));
 }
 
 }  // namespace
