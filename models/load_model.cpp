@@ -74,19 +74,18 @@ QuantizationReport quantize(Model& model, kernels::Fp8GemmHandle& handle,
     if (b.model != context.model || b.instance != context.instance || b.slot != "fp8_gemm")
       continue;
     for (const auto& c : b.candidates) {
-      if (c.eligible && r.implementation.empty()) r.implementation = c.name;
       if (!c.eligible)
         r.unavailable += (r.unavailable.empty() ? "" : "; ") + c.name + ": " + c.reason;
+      else if (r.implementation.empty())
+        r.implementation = c.name;  // bound candidates come first, in call order
     }
   }
-  if (handle.empty()) {
-    r.implementation.clear();
-    if (r.unavailable.empty())
-      r.unavailable =
-          "no fp8_gemm implementation in this process (scaled_mm comes with the cuda provider)";
-  } else {
+  // Served: the others' reasons are the registry report's business, not the model's status.
+  if (!handle.empty())
     r.unavailable.clear();
-  }
+  else if (r.unavailable.empty())
+    r.unavailable =
+        "no fp8_gemm implementation in this process (scaled_mm comes with the cuda provider)";
   r.fp8 = quantization::quantize_fp8(model.root(), handle);
   return r;
 }

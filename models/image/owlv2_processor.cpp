@@ -46,8 +46,12 @@ BilinearTaps bilinear_taps(int64_t in, int64_t out) {
   return t;
 }
 
-/// The sorted distinct source indices `taps` reads, and where each tap's index lies in them.
-std::pair<at::Tensor, std::pair<at::Tensor, at::Tensor>> used_indices(const BilinearTaps& taps) {
+/// The sorted distinct source indices a BilinearTaps reads (`indices`), and where each tap's
+/// index lies among them (`at0`, `at1`, one per output).
+struct UsedIndices {
+  at::Tensor indices, at0, at1;
+};
+UsedIndices used_indices(const BilinearTaps& taps, const at::Device& device) {
   std::vector<int64_t> all(taps.i0);
   all.insert(all.end(), taps.i1.begin(), taps.i1.end());
   std::sort(all.begin(), all.end());
@@ -55,9 +59,9 @@ std::pair<at::Tensor, std::pair<at::Tensor, at::Tensor>> used_indices(const Bili
   auto position = [&](const std::vector<int64_t>& idx) {
     std::vector<int64_t> pos;
     for (auto v : idx) pos.push_back(std::lower_bound(all.begin(), all.end(), v) - all.begin());
-    return at::tensor(pos);
+    return at::tensor(pos).to(device);
   };
-  return {at::tensor(all), {position(taps.i0), position(taps.i1)}};
+  return {at::tensor(all).to(device), position(taps.i0), position(taps.i1)};
 }
 
 /// sum_t w[t] * x.index_select(dim, index + t): a 1-D convolution of x's padded axis `dim`
@@ -96,17 +100,15 @@ at::Tensor owlv2_resize(const at::Tensor& x, int64_t height, int64_t width) {
   const auto wx = gaussian_kernel1d(kx, sx, x.device());
   const auto padded = at::reflection_pad2d(x, {kx / 2, kx / 2, ky / 2, ky / 2});
   const auto ty = bilinear_taps(x.size(2), height), tx = bilinear_taps(x.size(3), width);
-  const auto [rows, row_pos] = used_indices(ty);
-  const auto [cols, col_pos] = used_indices(tx);
   const auto device = x.device();
+  const auto rows = used_indices(ty, device), cols = used_indices(tx, device);
   // (1, 3, rows, cols): the blurred image at the points the resize reads.
-  const auto blurred = blur_at(blur_at(padded, 2, rows.to(device), wy), 3, cols.to(device), wx);
+  const auto blurred = blur_at(blur_at(padded, 2, rows.indices, wy), 3, cols.indices, wx);
   auto weights = [&](const std::vector<float>& l, at::IntArrayRef shape) {
     return at::tensor(l).to(device).view(shape);
   };
-  const auto y0 = blurred.index_select(2, row_pos.first.to(device)),
-             y1 = blurred.index_select(2, row_pos.second.to(device));
-  const auto x0 = col_pos.first.to(device), x1 = col_pos.second.to(device);
+  const auto y0 = blurred.index_select(2, rows.at0), y1 = blurred.index_select(2, rows.at1);
+  const auto &x0 = cols.at0, &x1 = cols.at1;
   const auto lx0 = weights(tx.l0, {1, 1, 1, width}), lx1 = weights(tx.l1, {1, 1, 1, width});
   const auto ly0 = weights(ty.l0, {1, 1, height, 1}), ly1 = weights(ty.l1, {1, 1, height, 1});
   // upsample_bilinear2d: h0lambda * (w0lambda * x00 + w1lambda * x01) + h1lambda * (...).
