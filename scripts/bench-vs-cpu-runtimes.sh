@@ -2,9 +2,12 @@
 # The CPU path against ONNX Runtime and OpenVINO on the same CPU (issue 35; docs/BENCHMARKS.md
 # "Against ONNX Runtime and OpenVINO on CPU"): full-size random-weight checkpoints
 # (tools/bench_models/make_random_checkpoint.py) through libreyolo-bench-models at the daemon's
-# defaults (--device cpu --dtype float32; layouts, kernels and attention as the daemon decides
+# defaults (--device cpu, --dtype as the daemon's CPU policy picks it (server/instance/
+# dtype_policy.cpp: bfloat16 where /proc/cpuinfo lists amx_bf16 with amx_tile, or avx512_bf16,
+# else float32; DTYPE overrides it); layouts, kernels and attention as the daemon decides
 # them; the thread count through OMP_NUM_THREADS, which the daemon reads too: the tool has no
-# --threads), with OURS_PORTABLE=1 (the default) also `ours_portable`: the same binary with
+# --threads), where that is bfloat16 also `ours_float32` (OURS_FLOAT32=0 drops it),
+# with OURS_PORTABLE=1 (the default) also `ours_portable` (float32): the same binary with
 # LIBREYOLO_KERNELS=mem_efficient, which leaves every slot these models call on CPU on its
 # portable path (conv2d_bias_act included: main's CPU path before a CPU implementation of it),
 # and, in interleaved rounds on the same checkpoint, batch and size, the anchors of
@@ -16,7 +19,8 @@
 #
 # Rows (ROWS=comma list): r18 (RT-DETR-R18vd), r50 (RT-DETR-R50vd), dfine (D-FINE L), all 640x640.
 # BATCHES (default 1; 8 takes about 10x as long), THREADS (2), ROUNDS (3), ITERS (3 forwards per
-# round and runtime), WARMUP (1 per round and runtime), RUNTIMES (ort,openvino,eager,compile),
+# round and runtime), WARMUP (1 per round and runtime), RUNTIMES (ort,openvino,eager,compile;
+# where ours runs bfloat16 also openvino_bf16 and compile_bf16, the anchors' bf16 defaults),
 # WAIT_QUIET (seconds to wait before each measurement until other processes take < 0.1 of the
 # CPU; default 30), QUIET (0.15: the results use only the measurements during which others took
 # less than that, where there are any; every measurement prints its others_cpu).
@@ -37,6 +41,19 @@ log=${LOG:-cpu-runtimes.log}
 rows=${ROWS:-r18}
 threads=${THREADS:-2}
 status=0
+# The daemon's CPU dtype policy (server/instance/dtype_policy.cpp), read from the same flags.
+flags=" $(grep -m1 '^flags' /proc/cpuinfo) "
+if [[ $flags == *" amx_bf16 "* && $flags == *" amx_tile "* ]] || [[ $flags == *" avx512_bf16 "* ]]; then
+  policy_dtype=bfloat16
+else
+  policy_dtype=float32
+fi
+dtype=${DTYPE:-$policy_dtype}
+if [[ $dtype == bfloat16 ]]; then
+  runtimes=${RUNTIMES:-ort,openvino,openvino_bf16,eager,compile,compile_bf16}
+else
+  runtimes=${RUNTIMES:-ort,openvino,eager,compile}
+fi
 here=$(cd "$(dirname "$0")/.." && pwd)
 
 declare -A folder=([r18]=rtdetr_r18vd [r50]=rtdetr_r50vd [dfine]=dfine_l)
@@ -60,7 +77,7 @@ ours=$ckpt/ours/bin/$(basename "$bin")
 
 {
   echo "== cpu-runtimes $(date -u +%FT%TZ) commit $(git -C "$here" rev-parse --short HEAD) rows=$rows" \
-    "batches=${BATCHES:-1} threads=$threads rounds=${ROUNDS:-3} iters=${ITERS:-3} warmup=${WARMUP:-1}"
+    "batches=${BATCHES:-1} threads=$threads dtype=$dtype (policy $policy_dtype) rounds=${ROUNDS:-3} iters=${ITERS:-3} warmup=${WARMUP:-1}"
   echo "ours: $bin built $(date -u -r "$bin" +%FT%TZ), libreyolo_kernels.so built" \
     "$(date -u -r "$lib/libreyolo_kernels.so" +%FT%TZ); uncommitted in kernels/ and models/:" \
     "$(git -C "$here" status --short -- kernels models | tr '\n' ' ')"
@@ -78,25 +95,28 @@ for r in ${rows//,/ }; do
     "$python" "$here/tools/bench_models/make_random_checkpoint.py" "$ckpt" "${set[$r]}" 2>&1 |
       grep -v 'Writing model shards' | tee -a "$log"
   fi
-  cmd="$ours --model $dir --device cpu --dtype float32 --size 640"
-  variants=(--ours "ours=$cmd")
-  [[ ${OURS_PORTABLE:-1} == 1 ]] && variants+=(--ours "ours_portable=env LIBREYOLO_KERNELS=mem_efficient $cmd")
+  cmd="$ours --model $dir --device cpu --size 640"
+  variants=(--ours "ours=$cmd --dtype $dtype")
+  [[ $dtype != float32 && ${OURS_FLOAT32:-1} == 1 ]] && variants+=(--ours "ours_float32=$cmd --dtype float32")
+  [[ ${OURS_PORTABLE:-1} == 1 ]] && variants+=(--ours "ours_portable=env LIBREYOLO_KERNELS=mem_efficient $cmd --dtype float32")
   start=$SECONDS
   "$python" "$here/tools/bench_models/cpu_anchors.py" "$dir" --batch "${BATCHES:-1}" --size 640 \
     --threads "$threads" --rounds "${ROUNDS:-3}" --iters "${ITERS:-3}" --warmup "${WARMUP:-1}" \
-    --runtimes "${RUNTIMES:-ort,openvino,eager,compile}" --work "$ckpt/onnx" \
+    --runtimes "$runtimes" --work "$ckpt/onnx" \
     --wait-quiet "${WAIT_QUIET:-30}" --quiet "${QUIET:-0.15}" "${variants[@]}" 2>&1 |
     grep --line-buffered -E '^(setup|export|check|noise|round|result|ours_binding|Traceback|[A-Za-z]*Error)' | tee -a "$log"
   [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
   echo "== row $r done in $((SECONDS - start)) s" | tee -a "$log"
 done
 
-# The table: one line per (model, batch) from the `result` lines of this log.
+# The table: one line per (model, batch), one column per runtime in the order the log first
+# names them, from the `result` lines of this log.
 awk '
   /^result / {
     for (i = 2; i <= NF; i++) { split($i, kv, "="); f[kv[1]] = kv[2] }
     key = f["model"] " | " f["batch"]
     if (!(key in seen)) { seen[key] = 1; keys[++n] = key }
+    if (!(f["runtime"] in named)) { named[f["runtime"]] = 1; rts[++m] = f["runtime"] }
     med[key, f["runtime"]] = f["median_ms_per_image"]; low[key, f["runtime"]] = f["min_ms_per_image"]
   }
   function cell(k, rt) {
@@ -109,12 +129,13 @@ awk '
   END {
     print ""
     print "ms per image, median / min; in brackets ours / that runtime, median / min (< 1: ours faster)"
-    print "| model | batch | ours (defaults) | ours_portable | ONNX Runtime | OpenVINO | transformers eager | torch.compile + freezing |"
-    print "|---|---|---|---|---|---|---|---|"
+    head = "| model | batch |"; rule = "|---|---|"
+    for (j = 1; j <= m; j++) { head = head " " rts[j] " |"; rule = rule "---|" }
+    print head; print rule
     for (i = 1; i <= n; i++) {
-      k = keys[i]
-      print "| " k " | " cell(k, "ours") " | " cell(k, "ours_portable") " | " cell(k, "ort") " | " \
-        cell(k, "openvino") " | " cell(k, "eager") " | " cell(k, "compile") " |"
+      line = "| " keys[i] " |"
+      for (j = 1; j <= m; j++) line = line " " cell(keys[i], rts[j]) " |"
+      print line
     }
   }' "$log" | tee -a "$log"
 exit $status

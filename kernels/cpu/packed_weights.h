@@ -10,6 +10,7 @@
 #pragma once
 
 #include <ATen/ATen.h>
+#include <ATen/cpu/Utils.h>
 #include <c10/util/intrusive_ptr.h>
 
 #include <functional>
@@ -25,6 +26,32 @@ namespace libreyolo::kernels {
 inline const char* cpu_float32_models_only(const BindContext& c) {
   if (c.device != BindContext::Device::cpu) return "the model is not on the CPU";
   if (c.dtype != "float32") return "the model is not float32";
+  return nullptr;
+}
+
+/// Whether this CPU computes bfloat16 natively: AVX-512 BF16 or AMX BF16, as cpuinfo reports
+/// them to ATen (at::cpu::get_cpu_capabilities(), keys "avx512_bf16" / "amx_bf16"). The CPUs the
+/// daemon's dtype policy picks bfloat16 for (server/instance/dtype_policy.cpp); elsewhere oneDNN
+/// emulates bfloat16, slower than float32.
+inline bool cpu_has_native_bfloat16() {
+  static const bool has = [] {
+    const auto caps = at::cpu::get_cpu_capabilities();
+    const auto flag = [&](const char* key) {
+      const auto it = caps.find(key);
+      return it != caps.end() && it->second.isBool() && it->second.toBool();
+    };
+    return flag("avx512_bf16") || flag("amx_bf16");
+  }();
+  return has;
+}
+
+/// The capability of the CPU `onednn` convolution: CPU float32 models, and bfloat16 models on
+/// a CPU with native bfloat16 (oneDNN's AMX / AVX-512 BF16 kernels, float32 accumulation).
+inline const char* cpu_float32_or_native_bfloat16_models(const BindContext& c) {
+  if (c.device != BindContext::Device::cpu) return "the model is not on the CPU";
+  if (c.dtype == "float32") return nullptr;
+  if (c.dtype != "bfloat16") return "the model is not float32 or bfloat16";
+  if (!cpu_has_native_bfloat16()) return "bfloat16 on a CPU without avx512_bf16 or amx_bf16";
   return nullptr;
 }
 

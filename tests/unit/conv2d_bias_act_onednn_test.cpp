@@ -1,5 +1,6 @@
 // The `onednn` implementation of conv2d_bias_act (kernels/conv/cpu/conv2d_bias_act_onednn.cpp):
-// bound for CPU float32 models only, equal to ATen's convolution + epilogue (bit for bit where
+// bound for CPU float32 models, and bfloat16 models where the CPU has AVX-512 BF16 or AMX, equal
+// to ATen's convolution + epilogue (bit for bit where
 // the post-op is exact), channels_last output, the packed weight made again after the weight is
 // written in place, and declines that leave the portable path to answer.
 #include <ATen/ATen.h>
@@ -9,6 +10,7 @@
 #include <string>
 
 #include "kernels/conv/conv2d_bias_act.h"
+#include "kernels/cpu/packed_weights.h"
 #include "kernels/kernels.h"
 #include "kernels/registry.h"
 
@@ -98,6 +100,50 @@ TEST(Conv2dBiasActOnednn, EqualsAtenConvolutionAndEpilogue) {
   EXPECT_TRUE(report.candidates.at(0).declined.empty());
 }
 
+// bfloat16 on a CPU with native bfloat16 (AMX or AVX-512 BF16; skipped elsewhere): oneDNN's
+// kernels accumulate in float32 and round once after the fused post-ops (the grouped residual
+// case adds and activates in ATen: two more roundings), where ATen's bfloat16 path rounds the
+// convolution's output and then each epilogue step. Both are compared with the float32 result of
+// the same bfloat16 inputs, relative to its largest value: ours within a few bfloat16 roundings
+// (2^-9 each), ATen's portable path within 0.02.
+TEST(Conv2dBiasActOnednn, Bfloat16OnANativeBfloat16Cpu) {
+  if (!cpu_has_native_bfloat16()) GTEST_SKIP() << "this CPU has no avx512_bf16 or amx_bf16";
+  const auto h = bind_cpu("onednn_bfloat16", "bfloat16");
+  ASSERT_FALSE(h.empty());
+  EXPECT_EQ(binding_of("onednn_bfloat16").selected, "onednn");
+  at::manual_seed(8);
+  const at::NoGradGuard no_grad;
+  for (const auto& k : kCases) {
+    SCOPED_TRACE(k.name);
+    const auto x = at::randn({2, k.c_in, 13, 11}).to(at::kBFloat16);
+    const auto w =
+        (at::randn({k.c_out, k.c_in / k.groups, k.kernel, k.kernel}) * 0.3).to(at::kBFloat16);
+    const auto b = at::randn({k.c_out}).to(at::kBFloat16);
+    ConvGeometry g;
+    g.stride_h = g.stride_w = k.stride;
+    g.pad_h = g.pad_w = k.pad;
+    g.dilation_h = g.dilation_w = k.dilation;
+    g.groups = k.groups;
+    auto exact =
+        at::conv2d(x.to(at::kFloat), w.to(at::kFloat), b.to(at::kFloat), {k.stride, k.stride},
+                   {k.pad, k.pad}, {k.dilation, k.dilation}, k.groups);
+    const auto residual = k.residual ? at::randn_like(exact).to(at::kBFloat16) : at::Tensor();
+    if (residual.defined()) exact = exact + residual.to(at::kFloat);
+    exact = apply_activation(k.act, exact);
+    const auto y = conv2d_bias_act(h, x, w, b, residual, g, k.act);
+    ASSERT_EQ(y.scalar_type(), at::kBFloat16);
+    EXPECT_TRUE(y.is_contiguous(at::MemoryFormat::ChannelsLast));
+    const double scale = exact.abs().max().item<double>();
+    EXPECT_LE(max_diff(y.to(at::kFloat), exact), scale * 0.008);
+    const auto portable = conv2d_bias_act_portable(x, w, b, residual, g, k.act);
+    EXPECT_LE(max_diff(portable.to(at::kFloat), exact), scale * 0.02);
+  }
+  const auto report = binding_of("onednn_bfloat16");
+  ASSERT_FALSE(report.candidates.empty());
+  EXPECT_EQ(report.candidates.at(0).calls, std::size(kCases));
+  EXPECT_TRUE(report.candidates.at(0).declined.empty());
+}
+
 // A weight written in place after its first call (a layout applied after a warm-up forward)
 // is packed again: the second call sees the new values.
 TEST(Conv2dBiasActOnednn, WeightWrittenInPlaceIsPackedAgain) {
@@ -143,8 +189,8 @@ TEST(Conv2dBiasActOnednn, OneByOneMapResidual) {
   EXPECT_FALSE(report.candidates.at(0).disabled);
 }
 
-// Not float32: declined with the reason counted, and the portable path answers. Models on
-// another device or in another dtype do not bind it at all.
+// Not float32 (nor bfloat16 on a native-bfloat16 CPU): declined with the reason counted, and the
+// portable path answers. Models on another device or in another dtype do not bind it at all.
 TEST(Conv2dBiasActOnednn, DeclinesAndBindRules) {
   const auto h = bind_cpu("onednn_declines");
   const at::NoGradGuard no_grad;
@@ -153,13 +199,23 @@ TEST(Conv2dBiasActOnednn, DeclinesAndBindRules) {
   const auto y = conv2d_bias_act(h, x, w, {}, {}, ConvGeometry{}, Activation::relu);
   EXPECT_TRUE(at::equal(y, at::relu(at::conv2d(x, w))));
   const auto report = binding_of("onednn_declines");
-  EXPECT_EQ(report.candidates.at(0).declined.at("onednn: dtype (float32 only)"), 1u);
+  EXPECT_EQ(report.candidates.at(0).declined.at(
+                "onednn: dtype (float32, or bfloat16 on a CPU with avx512_bf16 or "
+                "amx_bf16)"),
+            1u);
 
   // Bindings are listed while their handle lives.
+  const auto fp16 = bind_cpu("onednn_float16_model", "float16");
+  EXPECT_TRUE(fp16.empty());
+  for (const auto& c : binding_of("onednn_float16_model").candidates)
+    if (c.name == "onednn") EXPECT_EQ(c.reason, "the model is not float32 or bfloat16");
   const auto bf16 = bind_cpu("onednn_bfloat16_model", "bfloat16");
-  EXPECT_TRUE(bf16.empty());
+  EXPECT_EQ(bf16.empty(), !cpu_has_native_bfloat16());
   for (const auto& c : binding_of("onednn_bfloat16_model").candidates)
-    if (c.name == "onednn") EXPECT_EQ(c.reason, "the model is not float32");
+    if (c.name == "onednn")
+      EXPECT_EQ(c.reason, cpu_has_native_bfloat16()
+                              ? ""
+                              : "bfloat16 on a CPU without avx512_bf16 or amx_bf16");
   BindContext cuda;
   cuda.device = BindContext::Device::cuda;
   cuda.model = "onednn_cuda_model";

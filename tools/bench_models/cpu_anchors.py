@@ -4,6 +4,7 @@ make_random_checkpoint.py, timed in interleaved rounds with libreyolo-bench-mode
 
 Usage: cpu_anchors.py CKPT_DIR [--batch 1,8] [--size 640|HxW] [--threads 2] [--rounds 3]
                       [--iters 3] [--warmup 1] [--runtimes ort,openvino,eager,compile]
+                      (also openvino_bf16, compile_bf16)
                       [--work DIR] [--ours "CMD ..."] [--wait-quiet SECONDS]
 
 What each anchor is (what its users run, fp32):
@@ -13,11 +14,14 @@ What each anchor is (what its users run, fp32):
             = --threads, inter_op 1, ORT_SEQUENTIAL
   openvino  the same .onnx file through openvino.Core().compile_model on "CPU" with
             INFERENCE_NUM_THREADS = --threads, PERFORMANCE_HINT LATENCY and
-            INFERENCE_PRECISION_HINT f32 (on a CPU with AVX-512 BF16 / AMX OpenVINO would pick
-            bf16 by default; this benchmark is fp32)
+            INFERENCE_PRECISION_HINT f32
+  openvino_bf16  the same with INFERENCE_PRECISION_HINT bf16: what OpenVINO runs by default on a
+            CPU with AVX-512 BF16 or AMX (its CPU plugin's default precision there)
   eager     transformers' model, eval(), torch.inference_mode, torch.set_num_threads(--threads)
   compile   torch.compile(model) with torch._inductor.config.freezing = True (weights folded as
             constants, BatchNorm into the convolutions), one compile per batch size
+  compile_bf16  the same on the model in bfloat16 (input cast to bfloat16, outputs back to
+            float32 for the check): what a PyTorch user runs on a CPU with AMX
   ours      --ours [LABEL=]CMD (repeatable; LABEL defaults to ours) is run once per round with
             `--batch B --iters I --warmup W` appended and OMP_NUM_THREADS = --threads
             (libreyolo-bench-models; it prints median_ms / min_ms and, printed from round 0 as
@@ -42,6 +46,7 @@ Needs tools/bench_models/requirements-cpu-anchors.txt (not CI's requirements). E
 1 a runtime failed, 2 usage error.
 """
 import argparse
+import copy
 import json
 import os
 import re
@@ -55,7 +60,8 @@ import numpy as np
 import torch
 import transformers as tr
 
-RUNTIMES = ("ort", "openvino", "eager", "compile")
+RUNTIMES = ("ort", "openvino", "eager", "compile")  # the default --runtimes
+ALL_RUNTIMES = RUNTIMES + ("openvino_bf16", "compile_bf16")
 
 
 class Heads(torch.nn.Module):
@@ -114,11 +120,11 @@ def ort_runner(path, threads):
     return lambda x: sess.run(None, {"pixel_values": x})
 
 
-def openvino_runner(path, threads):
+def openvino_runner(path, threads, precision="f32"):
     import openvino as ov
     compiled = ov.Core().compile_model(path, "CPU", {"INFERENCE_NUM_THREADS": threads,
                                                      "PERFORMANCE_HINT": "LATENCY",
-                                                     "INFERENCE_PRECISION_HINT": "f32"})
+                                                     "INFERENCE_PRECISION_HINT": precision})
     req = compiled.create_infer_request()
 
     def run(x):
@@ -127,10 +133,10 @@ def openvino_runner(path, threads):
     return run
 
 
-def torch_runner(fn):
+def torch_runner(fn, dtype=torch.float32):
     def run(x):
         with torch.inference_mode():
-            return [t.numpy() for t in fn(torch.from_numpy(x))]
+            return [t.float().numpy() for t in fn(torch.from_numpy(x).to(dtype))]
     return run
 
 
@@ -226,7 +232,7 @@ def main():
                    help="a measurement is quiet when others took less than this of the CPU")
     a = p.parse_args()
     runtimes = a.runtimes.split(",")
-    if set(runtimes) - set(RUNTIMES) or a.threads < 1 or a.rounds < 1 or a.iters < 1 or a.warmup < 0:
+    if set(runtimes) - set(ALL_RUNTIMES) or a.threads < 1 or a.rounds < 1 or a.iters < 1 or a.warmup < 0:
         p.print_usage(sys.stderr)
         return 2
     h, _, w = a.size.partition("x")
@@ -246,7 +252,7 @@ def main():
             ref = [t.numpy() for t in Heads(model)(x)]
         runners = {}
         path = os.path.join(a.work, f"{name}_b{batch}.onnx")
-        if {"ort", "openvino"} & set(runtimes):
+        if {"ort", "openvino", "openvino_bf16"} & set(runtimes):
             t0 = time.time()
             exporter, opset, why = export(model, x, path)
             print(f"export model={name} batch={batch} exporter={exporter} opset={opset} "
@@ -256,14 +262,18 @@ def main():
             t0 = time.time()
             if rt == "ort":
                 runners[rt] = ort_runner(path, a.threads)
-            elif rt == "openvino":
-                runners[rt] = openvino_runner(path, a.threads)
+            elif rt in ("openvino", "openvino_bf16"):
+                runners[rt] = openvino_runner(path, a.threads, "bf16" if rt == "openvino_bf16" else "f32")
             elif rt == "eager":
                 runners[rt] = torch_runner(Heads(model))
             else:
                 torch._dynamo.reset()
                 torch._inductor.config.freezing = True
-                runners[rt] = torch_runner(torch.compile(Heads(model)))
+                if rt == "compile_bf16":
+                    heads = Heads(copy.deepcopy(model).to(torch.bfloat16)).eval()
+                    runners[rt] = torch_runner(torch.compile(heads), torch.bfloat16)
+                else:
+                    runners[rt] = torch_runner(torch.compile(Heads(model)))
             out = runners[rt](xn)  # compiles (torch.compile), allocates (ORT, OpenVINO)
             diffs = [float(np.abs(np.asarray(o) - r).max()) for o, r in zip(out, ref)]
             print(f"check model={name} batch={batch} runtime={rt} logits_max_abs={diffs[0]:.3g} "

@@ -1,6 +1,7 @@
-// The `onednn` implementation of conv2d_bias_act (CPU, float32): oneDNN's convolution with the
-// bias, the residual add and the activation as post-ops, on weights reordered once into oneDNN's
-// blocked format, through the ops PyTorch's Inductor emits for CPU freezing
+// The `onednn` implementation of conv2d_bias_act (CPU, float32, and bfloat16 where the CPU has
+// AVX-512 BF16 or AMX: kernels/cpu/packed_weights.h cpu_has_native_bfloat16): oneDNN's convolution
+// with the bias, the residual add and the activation as post-ops, on weights reordered once into
+// oneDNN's blocked format, through the ops PyTorch's Inductor emits for CPU freezing
 // (torch/_inductor/fx_passes/mkldnn_fusion.py): mkldnn::_reorder_convolution_weight and
 // mkldnn::_convolution_pointwise (+ its .binary overload for the residual add;
 // aten/src/ATen/native/mkldnn/Conv.cpp). They are registered in the `mkldnn` namespace of
@@ -137,14 +138,15 @@ Outcome<at::Tensor> conv2d_bias_act_onednn(const at::Tensor& input, const at::Te
                                            const ConvGeometry& g, Activation act) {
   if (!input.device().is_cpu() || !weight.device().is_cpu())
     return Decline{"onednn: not a CPU tensor"};
-  if (input.scalar_type() != at::kFloat) return Decline{"onednn: dtype (float32 only)"};
+  const auto dtype = input.scalar_type();
+  if (dtype != at::kFloat && (dtype != at::kBFloat16 || !cpu_has_native_bfloat16()))
+    return Decline{"onednn: dtype (float32, or bfloat16 on a CPU with avx512_bf16 or amx_bf16)"};
   if (input.layout() != at::kStrided || weight.layout() != at::kStrided)
     return Decline{"onednn: not a strided tensor"};
   if (at::GradMode::is_enabled() && (input.requires_grad() || weight.requires_grad()))
     return Decline{"onednn: autograd (the fused op has no backward)"};
-  if (bias.defined() && bias.scalar_type() != at::kFloat)
-    return Decline{"onednn: bias dtype differs"};
-  if (residual.defined() && residual.scalar_type() != at::kFloat)
+  if (bias.defined() && bias.scalar_type() != dtype) return Decline{"onednn: bias dtype differs"};
+  if (residual.defined() && residual.scalar_type() != dtype)
     return Decline{"onednn: residual dtype differs"};
   try {
     return run(input, weight, bias, residual, g, act);
@@ -170,7 +172,7 @@ bool onednn_available() {
 
 void register_conv2d_bias_act_onednn(Registry& registry) {
   registry.register_impl(kConv2dBiasAct, "onednn", &conv2d_bias_act_onednn, &onednn_available,
-                         &cpu_float32_models_only);
+                         &cpu_float32_or_native_bfloat16_models);
 }
 
 }  // namespace libreyolo::kernels
