@@ -93,6 +93,14 @@ at::Tensor conv2d_bias_act(const Conv2dBiasActHandle& handle, const at::Tensor& 
                            const at::Tensor& weight, const at::Tensor& bias,
                            const at::Tensor& residual, const ConvGeometry& geometry,
                            Activation act) {
+  // The by-value copy is a second reference: no implementation writes into the caller's residual.
+  return conv2d_bias_act_consuming(handle, input, weight, bias, residual, geometry, act);
+}
+
+at::Tensor conv2d_bias_act_consuming(const Conv2dBiasActHandle& handle, const at::Tensor& input,
+                                     const at::Tensor& weight, const at::Tensor& bias,
+                                     at::Tensor residual, const ConvGeometry& geometry,
+                                     Activation act) {
   check_inputs(input, weight, bias, geometry);
   if (!handle.empty()) {
     if (auto out = handle(input, weight, bias, residual, geometry, act)) return std::move(*out);

@@ -17,6 +17,12 @@
 //   bias      (C_out) or undefined
 //   residual  (B, C_out, H', W') (the output's shape) or undefined
 //   output    (B, C_out, H', W') in input's dtype; channels_last when input is
+//
+// The residual's memory: an implementation may write the output into it (oneDNN's in-place sum
+// post-op, which saves copying the residual first) only when nothing else holds it: the tensor's
+// and its storage's use counts are 1. conv2d_bias_act() passes a copy of the caller's reference
+// on, so that never happens there; conv2d_bias_act_consuming() takes the residual by value and
+// lets it happen when the caller moved its last reference in.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -49,6 +55,14 @@ at::Tensor conv2d_bias_act(const Conv2dBiasActHandle& handle, const at::Tensor& 
                            const at::Tensor& weight, const at::Tensor& bias,
                            const at::Tensor& residual, const ConvGeometry& geometry,
                            Activation act);
+
+/// conv2d_bias_act with the residual handed over: when the caller passed its last reference
+/// (std::move) the output may be written into the residual's memory (see the header comment).
+/// The result is the same tensor values either way.
+at::Tensor conv2d_bias_act_consuming(const Conv2dBiasActHandle& handle, const at::Tensor& input,
+                                     const at::Tensor& weight, const at::Tensor& bias,
+                                     at::Tensor residual, const ConvGeometry& geometry,
+                                     Activation act);
 
 /// at::conv2d, then + residual, then the activation (transformers' order: the residual is added
 /// before the block's activation), the last two in place on the convolution's output unless

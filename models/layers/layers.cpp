@@ -138,11 +138,11 @@ kernels::ConvGeometry conv_geometry(const Conv2dImpl& conv) {
 
 kernels::ConvGeometry ConvNormImpl::geometry() const { return conv_geometry(*conv); }
 
-at::Tensor ConvNormImpl::forward_residual(const at::Tensor& x, const at::Tensor& residual,
+at::Tensor ConvNormImpl::forward_residual(const at::Tensor& x, at::Tensor residual,
                                           Activation block_act) const {
   TORCH_CHECK(folded, "ConvNorm::forward_residual needs a folded module");
-  return kernels::conv2d_bias_act(conv_kernel, x, conv->weight, conv->bias, residual, geometry(),
-                                  block_act);
+  return kernels::conv2d_bias_act_consuming(conv_kernel, x, conv->weight, conv->bias,
+                                            std::move(residual), geometry(), block_act);
 }
 
 at::Tensor ConvNormImpl::forward_pooled(const at::Tensor& x) const {

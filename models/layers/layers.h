@@ -202,9 +202,9 @@ class ConvNormImpl : public torch::nn::Module, public UsesKernels {
   at::Tensor forward(const at::Tensor& x) const;
   /// act(conv(x) + bias + residual) in one conv2d_bias_act call; requires `folded` (the
   /// residual add of a ResNet layer fused into its last convolution). residual has the output's
-  /// shape; `act` replaces this module's activation for the call.
-  at::Tensor forward_residual(const at::Tensor& x, const at::Tensor& residual,
-                              Activation block_act) const;
+  /// shape, handed over: moved in as the last reference, the output may reuse its memory
+  /// (kernels::conv2d_bias_act_consuming). `act` replaces this module's activation for the call.
+  at::Tensor forward_residual(const at::Tensor& x, at::Tensor residual, Activation block_act) const;
   /// The convolution's stride / padding / dilation / groups.
   kernels::ConvGeometry geometry() const;
   /// act(conv2d(x, pooled.weight, stride 2) + pooled.bias) in one conv2d_bias_act call: the

@@ -76,7 +76,9 @@ layers::ConvNorm conv_norm(const Config& c, int64_t in, int64_t out, int64_t ker
 class ResNetLayerImpl : public torch::nn::Module, public layers::PooledShortcut {
  public:
   ResNetLayerImpl(const Config& c, int64_t in, int64_t out, int64_t stride, bool first_of_stage);
-  at::Tensor forward(const at::Tensor& x) const;
+  /// (B, C_in, H, W) -> (B, C_out, H', W'). `x` by value: moved in as the last reference, an
+  /// identity shortcut hands it to the last convolution, whose output may reuse its memory.
+  at::Tensor forward(at::Tensor x) const;
   /// The 1x1 projection behind "shortcut.0" = AvgPool2d(2, 2, ceil_mode=True) (what the
   /// avgpool_fold layout rewrites), or null when this layer has no pooled shortcut.
   layers::ConvNorm pooled_shortcut() const override { return avg_pool_ ? shortcut_ : nullptr; }

@@ -60,7 +60,7 @@ ResNetLayerImpl::ResNetLayerImpl(const Config& c, int64_t in, int64_t out, int64
   }
 }
 
-at::Tensor ResNetLayerImpl::forward(const at::Tensor& x) const {
+at::Tensor ResNetLayerImpl::forward(at::Tensor x) const {
   at::Tensor residual = x;
   if (avg_pool_ && shortcut_->pooled && x.size(2) % 2 == 0 && x.size(3) % 2 == 0) {
     // avgpool_fold layout: with even sides every 2x2 window is whole, so the pool and the 1x1
@@ -79,9 +79,12 @@ at::Tensor ResNetLayerImpl::forward(const at::Tensor& x) const {
   at::Tensor h = x;
   if (layer_.back()->folded) {
     // batchnorm_fold layout: the residual add and the layer's activation run inside the last
-    // convolution's conv2d_bias_act call (same order: conv + bias, + residual, act).
+    // convolution's conv2d_bias_act call (same order: conv + bias, + residual, act). With an
+    // identity shortcut `residual` is x: both references are dropped first, so a caller that
+    // moved x in hands its memory over.
     for (size_t i = 0; i + 1 < layer_.size(); ++i) h = layer_[i]->forward(h);
-    return layer_.back()->forward_residual(h, residual, act_);
+    x.reset();
+    return layer_.back()->forward_residual(h, std::move(residual), act_);
   }
   for (const auto& conv : layer_) h = conv->forward(h);
   return layers::activate(act_, h + residual);
@@ -124,7 +127,7 @@ std::vector<at::Tensor> ResNetBackboneImpl::forward(const at::Tensor& pixel_valu
   h = pooler_->forward(h);
   hidden.push_back(h);
   for (const auto& stage : stages_) {
-    for (const auto& layer : stage) h = layer->forward(h);
+    for (const auto& layer : stage) h = layer->forward(std::move(h));
     hidden.push_back(h);
   }
   std::vector<at::Tensor> out;

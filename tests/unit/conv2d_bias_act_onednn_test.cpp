@@ -144,6 +144,50 @@ TEST(Conv2dBiasActOnednn, Bfloat16OnANativeBfloat16Cpu) {
   EXPECT_TRUE(report.candidates.at(0).declined.empty());
 }
 
+// The residual's memory (kernels/conv/conv2d_bias_act.h): conv2d_bias_act never writes into the
+// caller's residual; conv2d_bias_act_consuming writes the output into it when the caller moved
+// its last reference in (oneDNN's in-place sum post-op), and not when another tensor still
+// holds it (a second handle or a view). The values are the same in every case.
+TEST(Conv2dBiasActOnednn, HandedOverResidualHoldsTheOutput) {
+  const auto h = bind_cpu("onednn_handed_over");
+  at::manual_seed(9);
+  const at::NoGradGuard no_grad;
+  const auto x = at::randn({1, 8, 10, 10}).contiguous(at::MemoryFormat::ChannelsLast);
+  const auto w = at::randn({16, 8, 3, 3}) * 0.3;
+  const auto b = at::randn({16});
+  ConvGeometry g;
+  g.pad_h = g.pad_w = 1;
+  const auto original = at::randn({1, 16, 10, 10}).contiguous(at::MemoryFormat::ChannelsLast);
+  const auto expected = at::relu(at::conv2d(x, w, b, 1, 1) + original);
+
+  auto kept = original.clone();
+  const auto y = conv2d_bias_act(h, x, w, b, kept, g, Activation::relu);
+  EXPECT_TRUE(at::equal(kept, original));
+  EXPECT_NE(y.data_ptr(), kept.data_ptr());
+  EXPECT_LE(max_diff(y, expected), 1e-5);
+
+  auto moved = original.clone();
+  const void* memory = moved.data_ptr();
+  const auto into = conv2d_bias_act_consuming(h, x, w, b, std::move(moved), g, Activation::relu);
+  EXPECT_EQ(into.data_ptr(), memory);
+  EXPECT_TRUE(at::equal(into, y));
+
+  auto shared = original.clone();
+  const auto view = shared.view({16, 10, 10});  // shares the memory: not handed over
+  const auto not_into =
+      conv2d_bias_act_consuming(h, x, w, b, std::move(shared), g, Activation::relu);
+  EXPECT_TRUE(at::equal(view.view({1, 16, 10, 10}), original));
+  EXPECT_TRUE(at::equal(not_into, y));
+
+  // An NCHW residual is converted to a channels_last copy of our own, which then holds the
+  // output; the caller's tensor is untouched.
+  const auto nchw = original.contiguous();
+  const auto from_nchw = conv2d_bias_act(h, x, w, b, nchw, g, Activation::relu);
+  EXPECT_TRUE(at::equal(nchw, original));
+  EXPECT_TRUE(at::equal(from_nchw, y));
+  EXPECT_EQ(binding_of("onednn_handed_over").candidates.at(0).calls, 4u);
+}
+
 // A weight written in place after its first call (a layout applied after a warm-up forward)
 // is packed again: the second call sees the new values.
 TEST(Conv2dBiasActOnednn, WeightWrittenInPlaceIsPackedAgain) {

@@ -96,12 +96,24 @@ std::string cpu_report(const torch::autograd::profiler::ProfilerResult& result, 
   struct Op {
     std::string name;
     uint64_t start, end, thread;
+    std::string inputs;  ///< "[1,256,80,80]BFloat16 ..." (the profiler records input shapes)
     double child_ns = 0;
+    std::string parents;  ///< the two enclosing ops, outermost first ("aten::to>aten::_to_copy")
   };
   std::vector<Op> ops;
   for (const auto& e : result.events()) {
     if (e.deviceType() != c10::DeviceType::CPU || e.isAsync() || e.endNs() < e.startNs()) continue;
-    ops.push_back({e.name(), e.startNs(), e.endNs(), e.startThreadId()});
+    std::string inputs;
+    const auto shapes = e.shapes();
+    const auto dtypes = e.dtypes();
+    for (size_t i = 0; i < shapes.size() && i < 3; ++i) {
+      if (shapes[i].empty()) continue;
+      inputs += (inputs.empty() ? "[" : " [");
+      for (size_t d = 0; d < shapes[i].size(); ++d)
+        inputs += (d ? "," : "") + std::to_string(shapes[i][d]);
+      inputs += "]" + (i < dtypes.size() ? dtypes[i] : std::string());
+    }
+    ops.push_back({e.name(), e.startNs(), e.endNs(), e.startThreadId(), inputs});
   }
   std::sort(ops.begin(), ops.end(), [](const Op& a, const Op& b) {
     if (a.thread != b.thread) return a.thread < b.thread;
@@ -113,10 +125,13 @@ std::string cpu_report(const torch::autograd::profiler::ProfilerResult& result, 
     while (!open.empty() && (open.back()->thread != op.thread || open.back()->end <= op.start))
       open.pop_back();
     if (!open.empty()) open.back()->child_ns += static_cast<double>(op.end - op.start);
+    for (size_t i = open.size() > 2 ? open.size() - 2 : 0; i < open.size(); ++i)
+      op.parents += (op.parents.empty() ? "" : ">") + open[i]->name;
     open.push_back(&op);
   }
   std::map<std::string, std::pair<double, int>> by_class;  // ms, ops
   std::map<std::string, std::pair<double, int>> by_op;     // ms, calls
+  std::map<std::string, std::pair<double, int>> copies;    // "parents>op inputs": ms, calls
   double total = 0;
   for (const auto& op : ops) {
     const double ms = (static_cast<double>(op.end - op.start) - op.child_ns) / 1e6;
@@ -125,6 +140,11 @@ std::string cpu_report(const torch::autograd::profiler::ProfilerResult& result, 
     c.second += 1;
     by_op[op.name].first += ms;
     by_op[op.name].second += 1;
+    if (cpu_op_class(op.name) == "copy") {
+      auto& c = copies[op.parents + ">" + op.name + " " + op.inputs];
+      c.first += ms;
+      c.second += 1;
+    }
     total += ms;
   }
   auto sorted = [](const std::map<std::string, std::pair<double, int>>& m) {
@@ -147,6 +167,12 @@ std::string cpu_report(const torch::autograd::profiler::ProfilerResult& result, 
        << " class=" << cpu_op_class(top[i].first) << " name=" << top[i].first.substr(0, 140)
        << "\n";
   }
+  // Where the copies come from: the enclosing ops and the input shapes of the costliest.
+  const auto top_copies = sorted(copies);
+  for (size_t i = 0; i < top_copies.size() && i < 24; ++i)
+    os << "profile copy ms_per_forward=" << top_copies[i].second.first / iters
+       << " calls_per_forward=" << static_cast<double>(top_copies[i].second.second) / iters
+       << " at=" << top_copies[i].first.substr(0, 260) << "\n";
   return os.str();
 }
 
@@ -157,7 +183,8 @@ std::string profile_by_op_class(const std::function<void()>& forward, int iters)
   using torch::profiler::impl::ActivityType;
   using torch::profiler::impl::ProfilerConfig;
   using torch::profiler::impl::ProfilerState;
-  const ProfilerConfig config(ProfilerState::KINETO);
+  // Input shapes recorded for the CPU report's copy sources (they cost the profiled run a little).
+  const ProfilerConfig config(ProfilerState::KINETO, /*report_input_shapes=*/true);
   const std::set<ActivityType> activities{ActivityType::CPU, ActivityType::CUDA};
   prof::prepareProfiler(config, activities);
   prof::enableProfiler(config, activities);

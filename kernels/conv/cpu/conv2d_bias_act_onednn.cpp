@@ -34,6 +34,7 @@ namespace libreyolo::kernels {
 namespace {
 
 constexpr const char* kPointwise = "mkldnn::_convolution_pointwise";
+constexpr const char* kPointwiseInPlace = "mkldnn::_convolution_pointwise_";
 constexpr const char* kReorder = "mkldnn::_reorder_convolution_weight";
 
 /// oneDNN's post-op name for `act` (aten/src/ATen/native/mkldnn/Utils.cpp fusion_unary_attr_map):
@@ -82,6 +83,33 @@ at::Tensor convolution_add(const at::Tensor& x, const at::Tensor& residual, cons
                  c10::List<std::optional<at::Scalar>>(), std::nullopt);
 }
 
+/// mkldnn::_convolution_pointwise_.binary(other!, X, W, B?, ..., "add", alpha, unary): the same
+/// with the output written into `other` (oneDNN's sum post-op accumulates into the destination;
+/// the out-of-place form above first clones `other` into its output).
+at::Tensor convolution_add_into(at::Tensor& other, const at::Tensor& x, const at::Tensor& w,
+                                const std::optional<at::Tensor>& b, const ConvGeometry& g,
+                                Activation act) {
+  static const auto op =
+      c10::Dispatcher::singleton()
+          .findSchemaOrThrow(kPointwiseInPlace, "binary")
+          .typed<at::Tensor&(at::Tensor&, const at::Tensor&, const at::Tensor&,
+                             const std::optional<at::Tensor>&, at::IntArrayRef, at::IntArrayRef,
+                             at::IntArrayRef, int64_t, std::string_view, std::optional<at::Scalar>,
+                             std::optional<std::string_view>, c10::List<std::optional<at::Scalar>>,
+                             std::optional<std::string_view>)>();
+  const std::optional<std::string_view> unary =
+      act == Activation::relu ? std::optional<std::string_view>("relu") : std::nullopt;
+  return op.call(other, x, w, b, {g.pad_h, g.pad_w}, {g.stride_h, g.stride_w},
+                 {g.dilation_h, g.dilation_w}, g.groups, "add", std::nullopt, unary,
+                 c10::List<std::optional<at::Scalar>>(), std::nullopt);
+}
+
+/// `t` has exactly `references` references and no other tensor shares its memory
+/// (kernels/conv/conv2d_bias_act.h: a residual handed over), so the output may go into it.
+bool held_only_by(const at::Tensor& t, size_t references) {
+  return t.use_count() == references && t.storage().use_count() == 1;
+}
+
 /// mkldnn::_reorder_convolution_weight: `w` in the blocked format oneDNN's convolution picks for
 /// this geometry and an input of `input_sizes` (an opaque mkldnn tensor).
 at::Tensor reorder_weight(const at::Tensor& w, const ConvGeometry& g, at::IntArrayRef input_sizes) {
@@ -120,14 +148,21 @@ at::Tensor run(const at::Tensor& input, const at::Tensor& weight, const at::Tens
   const std::optional<at::Tensor> b =
       bias.defined() ? std::optional<at::Tensor>(bias.contiguous()) : std::nullopt;
   if (!residual.defined()) return convolution_pointwise(x, packed, b, g, act);
-  const auto r = residual.contiguous(at::MemoryFormat::ChannelsLast);
+  // The output may go into `r` when it is a channels_last copy made here, or the residual itself
+  // handed over by conv2d_bias_act_consuming (its references: the argument and `r`).
+  auto r = residual.contiguous(at::MemoryFormat::ChannelsLast);
+  const bool writable = !r.is_same(residual) || held_only_by(residual, 2);
   // The binary post-op is fused for ungrouped convolutions (ATen runs grouped ones unfused with
   // the weight made dense again) and takes ReLU only after the add. A residual whose
   // channels_last strides are also NCHW strides (one channel, or 1x1 maps) is refused by
   // oneDNN's memory descriptor ("could not create a memory"): the add runs in ATen.
   const bool unambiguous = r.size(1) > 1 && r.size(2) * r.size(3) > 1;
-  if (g.groups == 1 && unambiguous && (act == Activation::none || act == Activation::relu))
+  if (g.groups == 1 && unambiguous && (act == Activation::none || act == Activation::relu)) {
+    // ATen checks the shapes before oneDNN writes ("Add Fusion's inputs should have same
+    // shape"): a refusal leaves `r` as it was, and the portable path can still use it.
+    if (writable) return convolution_add_into(r, x, packed, b, g, act);
     return convolution_add(x, r, packed, b, g, act);
+  }
   auto y = convolution_pointwise(x, packed, b, g, Activation::none);
   y.add_(r);
   return apply_activation_(act, y);
@@ -165,6 +200,7 @@ bool onednn_available() {
   auto& d = c10::Dispatcher::singleton();
   return d.findSchema({kPointwise, ""}).has_value() &&
          d.findSchema({kPointwise, "binary"}).has_value() &&
+         d.findSchema({kPointwiseInPlace, "binary"}).has_value() &&
          d.findSchema({kReorder, ""}).has_value();
 }
 
