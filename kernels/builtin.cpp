@@ -28,6 +28,7 @@ void register_fake_quant_fp8_reference(Registry& registry);
 void register_attention_implementations(Registry& registry);
 void register_conv2d_bias_act_onednn(Registry& registry);  // conv/cpu/conv2d_bias_act_onednn.cpp
 void register_linear_act_onednn(Registry& registry);       // gemm/cpu/linear_act_onednn.cpp
+void register_ms_deform_attn_cpu(Registry& registry);      // attention/cpu/ms_deform_attn_cpu.cpp
 
 Registry& Registry::process_default() {
   static Registry* registry = [] {
@@ -41,7 +42,8 @@ Registry& Registry::process_default() {
 }
 
 void register_builtin_slots(Registry& registry) {
-  registry.declare(kMsDeformAttn);   // no reference: callers keep the portable path
+  registry.declare(kMsDeformAttn);  // no reference: callers keep the portable path
+  register_ms_deform_attn_cpu(registry);
   registry.declare(kConv2dBiasAct);  // no reference: conv2d_bias_act_portable
   register_conv2d_bias_act_onednn(registry);
   registry.declare(kMaxPool2d);     // no reference: max_pool2d_portable

@@ -269,11 +269,12 @@ at::Tensor ms_deform_attn_v2(const MsDeformAttnHandle& handle, const at::Tensor&
     return ms_deform_attn(handle, value, shapes, sampling_locations.reshape({B, Q, H, L, P, 2}),
                           attention_weights.reshape({B, Q, H, L, P}));
   }
-  if (method == SamplingMethod::bilinear && value.is_cuda()) {
-    // Ragged points per level (D-FINE [3, 6, 3]) on CUDA: pad every level to the most points
-    // with weight 0, so the padded samples add exact zeros, and take the classic layout the
-    // slot's CUDA kernel serves (18 samples instead of 12 for [3, 6, 3], in one launch instead
-    // of a grid_sample per level). The CPU keeps transformers' per-level split below.
+  if (method == SamplingMethod::bilinear && (value.is_cuda() || !handle.empty())) {
+    // Ragged points per level (D-FINE [3, 6, 3]) on CUDA, or on the CPU with an implementation
+    // bound: pad every level to the most points with weight 0, so the padded samples add exact
+    // zeros, and take the classic layout the slot's kernels serve (18 samples instead of 12 for
+    // [3, 6, 3], in one call instead of a grid_sample per level). The CPU without one keeps
+    // transformers' per-level split below.
     const int64_t P = *std::max_element(num_points.begin(), num_points.end());
     std::vector<at::Tensor> locs, ws;
     int64_t start = 0;

@@ -97,11 +97,11 @@ enum class SamplingMethod {
 /// attention_weights (B, Q, H, sum(P_l)); `num_points[l]` = P_l >= 1, one entry per level.
 /// Output (B, Q, H * C) in value's dtype.
 /// `bilinear` reaches the slot (ms_deform_attn through `handle`) in the classic layout: reshaped
-/// when every P_l is equal, and on CUDA also for ragged P_l, each level padded to max P_l with
-/// weight-0 samples (exact zeros). `discrete*`, and ragged P_l on the CPU, stay portable (per-level
-/// split, as transformers' multi_scale_deformable_attention_v2). Discrete sampling has no gradient
-/// to the locations (integer coordinates); value and weights get theirs through ATen autograd.
-/// Throws c10::Error naming the tensor on shapes that do not match.
+/// when every P_l is equal, and on CUDA (or the CPU with `handle` bound) also for ragged P_l, each
+/// level padded to max P_l with weight-0 samples (exact zeros). `discrete*`, and ragged P_l on an
+/// unbound CPU handle, stay portable (per-level split, as multi_scale_deformable_attention_v2).
+/// Discrete sampling has no gradient to the locations (integer coordinates); value and weights get
+/// theirs through ATen autograd. Throws c10::Error naming the tensor on shapes that do not match.
 at::Tensor ms_deform_attn_v2(const MsDeformAttnHandle& handle, const at::Tensor& value,
                              const SpatialShapes& shapes, const at::Tensor& sampling_locations,
                              const at::Tensor& attention_weights,

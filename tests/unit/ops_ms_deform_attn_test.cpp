@@ -1,5 +1,6 @@
 // ms_deform_attn: portable math against the grid_sample fixtures (forward and gradients), zero
 // padding, level_start_index, slot routing through a bound handle, RT-DETRv2 variants.
+#include <ATen/core/grad_mode.h>
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -12,6 +13,10 @@
 #include "ops_safetensors_util.h"
 
 namespace libreyolo::kernels {
+
+/// Defined in kernels/attention/cpu/ms_deform_attn_cpu.cpp (kernels/builtin.cpp calls it).
+void register_ms_deform_attn_cpu(Registry& registry);
+
 namespace {
 
 using test::fixture_path;
@@ -243,23 +248,14 @@ TEST_F(OpsMsDeformAttn, V2EqualPointsBilinearReachesSlotInClassicLayout) {
   EXPECT_TRUE(at::equal(out, at::full({2, 3, 8}, 7.0f)));
 }
 
-TEST_F(OpsMsDeformAttn, V2DiscreteAndRaggedNeverReachSlot) {
+TEST_F(OpsMsDeformAttn, V2DiscreteNeverReachesSlotRaggedReachesItPadded) {
   auto in = flat_canonical();
   const SpatialShapes shapes = {{4, 6}, {2, 3}};
-  register_mock(/*decline=*/false);
-  for (auto method : {SamplingMethod::discrete, SamplingMethod::discrete_per_axis}) {
-    auto out = ms_deform_attn_v2(handle_, in.value, shapes, in.locs, in.weights, {2, 2}, method);
-    EXPECT_EQ(out.sizes(), (std::vector<int64_t>{2, 3, 8}));
-    EXPECT_FALSE(at::equal(out, at::full({2, 3, 8}, 7.0f)));
-  }
-  // Ragged [1, 3]: same 4 points per (b, q, h), split differently across levels.
-  auto ragged = ms_deform_attn_v2(handle_, in.value, shapes, in.locs, in.weights, {1, 3},
-                                  SamplingMethod::bilinear);
+  // Ragged [1, 3]: same 4 points per (b, q, h), split differently across levels. Unbound: the
+  // per-level portable math, the sum over levels of the classic op run on each level alone.
+  const auto ragged = ms_deform_attn_v2(MsDeformAttnHandle{}, in.value, shapes, in.locs, in.weights,
+                                        {1, 3}, SamplingMethod::bilinear);
   EXPECT_EQ(ragged.sizes(), (std::vector<int64_t>{2, 3, 8}));
-  EXPECT_TRUE(calls_.empty());
-
-  // Ragged equals the per-level portable math: the sum over levels of the classic op run on
-  // each level alone (value slice, that level's points).
   const std::vector<int64_t> points = {1, 3};
   at::Tensor expected;
   int64_t start = 0, first_point = 0;
@@ -275,6 +271,21 @@ TEST_F(OpsMsDeformAttn, V2DiscreteAndRaggedNeverReachSlot) {
   const double err = max_abs_diff(ragged, expected);
   std::cout << "[ms_deform_attn_v2 ragged [1,3]] max|out - per-level portable| = " << err << "\n";
   EXPECT_LE(err, 1e-6);
+
+  register_mock(/*decline=*/false);
+  for (auto method : {SamplingMethod::discrete, SamplingMethod::discrete_per_axis}) {
+    auto out = ms_deform_attn_v2(handle_, in.value, shapes, in.locs, in.weights, {2, 2}, method);
+    EXPECT_EQ(out.sizes(), (std::vector<int64_t>{2, 3, 8}));
+    EXPECT_FALSE(at::equal(out, at::full({2, 3, 8}, 7.0f)));
+  }
+  EXPECT_TRUE(calls_.empty());
+  // Bound: ragged reaches the slot once, every level padded to 3 points (weight 0).
+  const auto padded = ms_deform_attn_v2(handle_, in.value, shapes, in.locs, in.weights, {1, 3},
+                                        SamplingMethod::bilinear);
+  ASSERT_EQ(calls_.size(), 1u);
+  EXPECT_EQ(calls_[0][3], (std::vector<int64_t>{2, 3, 2, 2, 3, 2}));
+  EXPECT_EQ(calls_[0][4], (std::vector<int64_t>{2, 3, 2, 2, 3}));
+  EXPECT_TRUE(at::equal(padded, at::full({2, 3, 8}, 7.0f)));
 }
 
 TEST_F(OpsMsDeformAttn, V2DiscreteGathersNearestPixel) {
@@ -361,6 +372,110 @@ TEST_F(OpsMsDeformAttn, SixteenBitCpuSamplesLikeFloat32) {
               << " cpu] max|out - float32 of the same inputs| = " << err << "\n";
     EXPECT_LE(err, dtype == at::kHalf ? 2e-3 : 2e-2);
   }
+}
+
+/// The `cpu` implementation (kernels/attention/cpu/ms_deform_attn_cpu.cpp) bound as a CPU model
+/// binds it.
+class OpsMsDeformAttnCpu : public OpsMsDeformAttn {
+ protected:
+  void SetUp() override {
+    OpsMsDeformAttn::SetUp();
+    register_ms_deform_attn_cpu(registry_);
+    handle_ = registry_.bind(kMsDeformAttn, BindContext{});
+  }
+  /// The `cpu` candidate's report.
+  CandidateReport candidate() {
+    for (const auto& slot : registry_.report())
+      if (slot.slot == kMsDeformAttn.name)
+        for (const auto& c : slot.candidates)
+          if (c.name == "cpu") return c;
+    ADD_FAILURE() << "no cpu candidate";
+    return {};
+  }
+};
+
+// The fixtures (grid_sample in float64 and float32) and the portable path, within float32
+// rounding (the sums run in another order); served by `cpu`, not declined.
+TEST_F(OpsMsDeformAttnCpu, MatchesTheFixturesAndThePortablePath) {
+  const at::NoGradGuard no_grad;
+  for (const char* name : {"canonical", "rtdetr_like"}) {
+    auto f =
+        load_safetensors(fixture_path(std::string("ops/ms_deform_attn_") + name + ".safetensors"));
+    const auto shapes = shapes_of(f.at("spatial_shapes"));
+    const auto out = ms_deform_attn(handle_, f.at("value"), shapes, f.at("sampling_locations"),
+                                    f.at("attention_weights"));
+    const auto portable = ms_deform_attn_portable(f.at("value"), shapes, f.at("sampling_locations"),
+                                                  f.at("attention_weights"));
+    ASSERT_EQ(out.sizes(), f.at("output_f32").sizes());
+    const double err64 = max_abs_diff(out, f.at("output_f64"));
+    const double err_portable = max_abs_diff(out, portable);
+    std::cout << "[ms_deform_attn cpu " << name << "] max|out - output_f64| = " << err64
+              << ", max|out - portable| = " << err_portable << "\n";
+    EXPECT_LE(err64, 1e-5);
+    EXPECT_LE(err_portable, 1e-6);
+  }
+  EXPECT_EQ(candidate().calls, 2u);
+  EXPECT_TRUE(candidate().declined.empty());
+}
+
+// Zero padding outside the map, as grid_sample's; a NaN location adds nothing (never an index).
+TEST_F(OpsMsDeformAttnCpu, OutsideTheMapAndNanLocationsReadZeros) {
+  const at::NoGradGuard no_grad;
+  auto value = at::tensor({1.0f, 2.0f, 3.0f, 4.0f}).view({1, 4, 1, 1});
+  auto locs =
+      at::tensor({0.25f, 0.25f, 0.0f, 0.25f, -0.5f, 0.5f, NAN, 0.5f}).view({1, 1, 1, 1, 4, 2});
+  auto weights = at::tensor({1.0f, 10.0f, 100.0f, 1000.0f}).view({1, 1, 1, 1, 4});
+  const auto out = ms_deform_attn(handle_, value, {{2, 2}}, locs, weights);
+  EXPECT_EQ(out.item<float>(), 1.0f * 1 + 10.0f * 0.5f);  // 6 exactly, as the portable path
+  EXPECT_EQ(candidate().calls, 1u);
+}
+
+// float16 / bfloat16 values accumulate in float32 and round once: within one rounding of the
+// float32 result of the same inputs (RT-DETR decoder shapes, as SixteenBitCpuSamplesLikeFloat32).
+TEST_F(OpsMsDeformAttnCpu, SixteenBitRoundsOnce) {
+  const at::NoGradGuard no_grad;
+  at::manual_seed(7);
+  const SpatialShapes shapes = {{40, 40}, {20, 20}, {10, 10}};
+  const int64_t S = 40 * 40 + 20 * 20 + 10 * 10, H = 8, C = 32, Q = 300, L = 3, P = 4;
+  const auto value = at::randn({1, S, H, C});
+  const auto locs = at::randint(-4, 69, {1, Q, H, L, P, 2}).to(at::kFloat) / 64.0;
+  const auto weights = at::softmax(at::randn({1, Q, H, L * P}), -1).reshape({1, Q, H, L, P});
+  for (auto dtype : {at::kBFloat16, at::kHalf}) {
+    const auto v16 = value.to(dtype);
+    const auto out = ms_deform_attn(handle_, v16, shapes, locs, weights);
+    ASSERT_EQ(out.scalar_type(), dtype);
+    const auto expected = ms_deform_attn_portable(v16.to(at::kFloat), shapes, locs, weights);
+    const double err = max_abs_diff(out.to(at::kFloat), expected);
+    const double scale = expected.abs().max().item<double>();
+    std::cout << "[ms_deform_attn cpu " << dtype << "] max|out - float32| = " << err
+              << " (max |out| " << scale << ")\n";
+    EXPECT_LE(err, scale * (dtype == at::kHalf ? 1e-3 : 4e-3));
+  }
+  EXPECT_EQ(candidate().calls, 2u);
+}
+
+// What it cannot do is declined with the reason counted, and the portable path answers:
+// a gradient, float64, metadata that does not describe value (only reachable by calling the
+// handle directly: the slot entry builds it from checked shapes).
+TEST_F(OpsMsDeformAttnCpu, DeclinesAndThePortablePathAnswers) {
+  auto f = canonical();
+  const SpatialShapes shapes = {{4, 6}, {2, 3}};
+  auto value = f.at("value").clone().requires_grad_(true);
+  auto out =
+      ms_deform_attn(handle_, value, shapes, f.at("sampling_locations"), f.at("attention_weights"));
+  EXPECT_TRUE(out.requires_grad());
+  EXPECT_EQ(candidate().declined.at("cpu: autograd (no backward)"), 1u);
+  const at::NoGradGuard no_grad;
+  const auto f64 = ms_deform_attn(handle_, f.at("value").to(at::kDouble), shapes,
+                                  f.at("sampling_locations"), f.at("attention_weights"));
+  EXPECT_LE(max_abs_diff(f64, f.at("output_f64")), 1e-12);
+  EXPECT_EQ(candidate().declined.at("cpu: dtype (float32, bfloat16 or float16)"), 1u);
+  const auto bad_shapes = at::tensor({4, 6, 2, 4}, at::kLong).view({2, 2});  // S = 32, not 30
+  const auto bad = handle_(f.at("value"), bad_shapes, level_start_index(shapes, at::kCPU),
+                           f.at("sampling_locations"), f.at("attention_weights"));
+  EXPECT_FALSE(bad.has_value());
+  EXPECT_EQ(candidate().declined.at("cpu: malformed spatial metadata"), 1u);
+  EXPECT_EQ(candidate().calls, 0u);
 }
 
 }  // namespace

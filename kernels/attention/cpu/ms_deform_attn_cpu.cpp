@@ -1,0 +1,159 @@
+// The `cpu` implementation of ms_deform_attn: multi-scale deformable attention (Zhu et al.,
+// "Deformable DETR", ICLR 2021, eq. 3) as one pass over the samples, for CPU models.
+//
+// Why: the portable path (kernels/attention/ms_deform_attn.cpp) runs a grid_sample per level on
+// value transposed to (B*H, C, H_l, W_l), stacks the samples, multiplies by the weights and sums:
+// a copy of every level per call, a (B*H, C, Q, L*P) intermediate, and for 16-bit values a
+// float32 copy of the levels (LibTorch 2.11's 16-bit CPU grid_sampler is wrong). Here each
+// (batch, query, head) reads its L*P bilinear samples straight from value's (B, S, H, C) layout,
+// where a pixel's C channels of one head are contiguous, and accumulates them in float32.
+//
+// The arithmetic is grid_sample's (aten/src/ATen/native/cpu/GridSamplerKernel.cpp, bilinear,
+// zeros padding, align_corners=False) on grid = 2 * loc - 1, as the portable path calls it:
+// ix = gx * W / 2 + (W - 1) / 2, the four corner weights from floor(ix), floor(iy), corners outside
+// the map read as zero; each sample nw + ne + sw + se in that order, times its attention weight,
+// summed over levels and points. Coordinates and sums are float32 for every value dtype (as the
+// CUDA kernels, fundamentalvision/Deformable-DETR models/ops/src/cuda/ms_deform_im2col_cuda.cuh);
+// the output is rounded once to value's dtype. float32 results are within float32 rounding of the
+// portable path's (the sum order differs); no autograd (an implementation brings its own backward:
+// this one declines when a gradient is needed, and the portable path answers).
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <ATen/core/grad_mode.h>
+
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include "kernels/attention/ms_deform_attn.h"
+#include "kernels/registry.h"
+
+namespace libreyolo::kernels {
+namespace {
+
+/// (H_l, W_l) and the first token of every level, read from the slot's metadata tensors; empty
+/// when they are malformed (not CPU int64 (L, 2) / (L), a size not positive, a level not where
+/// the prefix sum puts it, or the levels not adding up to S): never trusted for indexing.
+struct Levels {
+  std::vector<int64_t> height, width, start;
+};
+Levels read_levels(const at::Tensor& shapes, const at::Tensor& starts, int64_t S, int64_t L) {
+  if (!shapes.is_cpu() || !starts.is_cpu() || shapes.scalar_type() != at::kLong ||
+      starts.scalar_type() != at::kLong || shapes.dim() != 2 || shapes.size(0) != L ||
+      shapes.size(1) != 2 || starts.dim() != 1 || starts.size(0) != L)
+    return {};
+  const auto s = shapes.contiguous();
+  const auto t = starts.contiguous();
+  const int64_t* sp = s.data_ptr<int64_t>();
+  const int64_t* tp = t.data_ptr<int64_t>();
+  Levels levels;
+  int64_t next = 0;
+  for (int64_t l = 0; l < L; ++l) {
+    const int64_t h = sp[2 * l], w = sp[2 * l + 1];
+    if (h <= 0 || w <= 0 || tp[l] != next || h > S || w > S / h) return {};
+    levels.height.push_back(h);
+    levels.width.push_back(w);
+    levels.start.push_back(next);
+    next += h * w;
+  }
+  if (next != S) return {};
+  return levels;
+}
+
+template <class T>
+void sample_all(const at::Tensor& value, const Levels& lv, const at::Tensor& locs,
+                const at::Tensor& weights, at::Tensor& out) {
+  const int64_t B = value.size(0), S = value.size(1), H = value.size(2), C = value.size(3);
+  const int64_t Q = locs.size(1), L = locs.size(3), P = locs.size(4);
+  const T* v = value.data_ptr<T>();
+  const float* loc = locs.data_ptr<float>();
+  const float* wt = weights.data_ptr<float>();
+  T* o = out.data_ptr<T>();
+  at::parallel_for(0, B * Q * H, 16, [&](int64_t begin, int64_t end) {
+    std::vector<float> acc(C), sample(C);
+    for (int64_t i = begin; i < end; ++i) {
+      const int64_t b = i / (Q * H), h = i % H;
+      const T* vb = v + b * S * H * C + h * C;  // token t, channel c: vb[t * H * C + c]
+      std::fill(acc.begin(), acc.end(), 0.f);
+      for (int64_t l = 0; l < L; ++l) {
+        const int64_t height = lv.height[l], width = lv.width[l];
+        const T* vl = vb + lv.start[l] * H * C;
+        const float fw = static_cast<float>(width), fh = static_cast<float>(height);
+        for (int64_t p = 0; p < P; ++p) {
+          const int64_t k = (i * L + l) * P + p;  // (b, q, h, l, p) in (B, Q, H, L, P)
+          const float a = wt[k];
+          // grid_sample's unnormalisation of grid = 2 * loc - 1 (align_corners=False) as its
+          // vectorized CPU kernel computes it: g * (size / 2) + (size - 1) / 2 in one FMA.
+          const float ix = std::fma(2.f * loc[2 * k] - 1.f, fw / 2, (fw - 1) / 2);
+          const float iy = std::fma(2.f * loc[2 * k + 1] - 1.f, fh / 2, (fh - 1) / 2);
+          // Outside (-1, W) x (-1, H) every corner is zero padding; NaN fails the test too.
+          if (!(ix > -1.f && ix < fw && iy > -1.f && iy < fh)) continue;
+          const float x0f = std::floor(ix), y0f = std::floor(iy);
+          const int64_t x0 = static_cast<int64_t>(x0f), y0 = static_cast<int64_t>(y0f);
+          const float dx = ix - x0f, dy = iy - y0f;
+          const float corner_w[4] = {(1.f - dx) * (1.f - dy), dx * (1.f - dy), (1.f - dx) * dy,
+                                     dx * dy};
+          const int64_t corner_x[4] = {x0, x0 + 1, x0, x0 + 1};
+          const int64_t corner_y[4] = {y0, y0, y0 + 1, y0 + 1};
+          std::fill(sample.begin(), sample.end(), 0.f);
+          for (int n = 0; n < 4; ++n) {
+            const int64_t x = corner_x[n], y = corner_y[n];
+            if (x < 0 || x >= width || y < 0 || y >= height) continue;
+            const T* px = vl + (y * width + x) * H * C;
+            const float cw = corner_w[n];
+            for (int64_t c = 0; c < C; ++c) sample[c] += cw * static_cast<float>(px[c]);
+          }
+          for (int64_t c = 0; c < C; ++c) acc[c] += a * sample[c];
+        }
+      }
+      T* oi = o + i * C;  // (b, q, h) -> channels h * C .. h * C + C - 1 of (B, Q, H * C)
+      for (int64_t c = 0; c < C; ++c) oi[c] = static_cast<T>(acc[c]);
+    }
+  });
+}
+
+Outcome<at::Tensor> ms_deform_attn_cpu(const at::Tensor& value, const at::Tensor& spatial_shapes,
+                                       const at::Tensor& level_start_index,
+                                       const at::Tensor& sampling_locations,
+                                       const at::Tensor& attention_weights) {
+  if (!value.is_cpu() || !sampling_locations.is_cpu() || !attention_weights.is_cpu())
+    return Decline{"cpu: not a CPU tensor"};
+  const auto dtype = value.scalar_type();
+  if (dtype != at::kFloat && dtype != at::kBFloat16 && dtype != at::kHalf)
+    return Decline{"cpu: dtype (float32, bfloat16 or float16)"};
+  if (at::GradMode::is_enabled() && (value.requires_grad() || sampling_locations.requires_grad() ||
+                                     attention_weights.requires_grad()))
+    return Decline{"cpu: autograd (no backward)"};
+  if (value.dim() != 4 || sampling_locations.dim() != 6 || attention_weights.dim() != 5)
+    return Decline{"cpu: shape mismatch"};
+  const auto levels =
+      read_levels(spatial_shapes, level_start_index, value.size(1), sampling_locations.size(3));
+  if (levels.start.empty()) return Decline{"cpu: malformed spatial metadata"};
+  const auto v = value.contiguous();
+  const auto locs = sampling_locations.to(at::kFloat).contiguous();
+  const auto weights = attention_weights.to(at::kFloat).contiguous();
+  auto out = at::empty({value.size(0), locs.size(1), value.size(2) * value.size(3)},
+                       value.options().memory_format(at::MemoryFormat::Contiguous));
+  if (out.numel() == 0) return out;
+  if (dtype == at::kFloat)
+    sample_all<float>(v, levels, locs, weights, out);
+  else if (dtype == at::kBFloat16)
+    sample_all<at::BFloat16>(v, levels, locs, weights, out);
+  else
+    sample_all<at::Half>(v, levels, locs, weights, out);
+  return out;
+}
+
+const char* cpu_models_only(const BindContext& c) {
+  return c.device == BindContext::Device::cpu ? nullptr : "the model is not on the CPU";
+}
+
+}  // namespace
+
+void register_ms_deform_attn_cpu(Registry& registry) {
+  registry.register_impl(
+      kMsDeformAttn, "cpu", MsDeformAttnImpl(&ms_deform_attn_cpu), [] { return true; },
+      &cpu_models_only);
+}
+
+}  // namespace libreyolo::kernels
