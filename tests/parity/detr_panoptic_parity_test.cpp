@@ -105,21 +105,18 @@ TEST(DetrPanopticParity, LogitsBoxesAndMasksMatchTransformers) {
 }
 
 TEST(DetrPanopticParity, PostProcessingOfTheModelMatchesTransformers) {
-  c10::InferenceMode inference_mode;
+  // transformers' post_process_panoptic_segmentation of its own model outputs (the fixture's
+  // logits and pred_masks, its default SDPA forward), run by ours on the same tensors: segment
+  // for segment. Not on our forward's outputs (within 2e-4 of these, the test above): the random
+  // mask head makes the queries' masks nearly equal, so the last-bit differences of another
+  // CPU's kernels (equal on the AVX2 machine the fixture was made on, not on an AVX-512 Xeon
+  // even with ATen, oneDNN and MKL held to AVX2) move the argmax of hundreds of pixels between
+  // two kept queries.
   const auto dir = test::model_fixture(kFixture);
-  // Layouts off and the SDPA path: bit for bit transformers' default (the test above), so that
-  // the maps compare exactly. The random mask head makes the queries' masks nearly equal, so the
-  // manual path's 1e-5 differences (or the folded ResNet's 1e-6) move the argmax of hundreds of
-  // pixels between two kept queries.
-  models::LoadOptions options;
-  options.layouts.mode.value = kernels::LayoutMode::off;
-  options.layouts.mode.source = kernels::Source::flag;
-  auto model = models::load_model(dir, options);
-  model->set_fused_attention(true);
-  const auto out = model->forward(test::normalized_pixels(dir), batch_mask(dir));
-  const auto ref = test::expected_tensor(dir, "pred_masks");
-  ASSERT_TRUE(at::equal(out.pred_masks, ref));
-  EXPECT_EQ(expect_panoptic_equal(out.logits, out.pred_masks, "model", "model"), 2);
+  const auto logits = test::expected_tensor(dir, "logits");
+  const auto masks = test::expected_tensor(dir, "pred_masks");
+  ASSERT_EQ(masks.sizes(), (at::IntArrayRef{2, 6, 16, 24}));
+  EXPECT_EQ(expect_panoptic_equal(logits, masks, "model", "model"), 2);
 }
 
 TEST(DetrPanopticParity, PostProcessingRulesMatchTransformers) {

@@ -5,6 +5,7 @@
 // captured inputs, the order logits and order, PPDocLayoutV2ImageProcessor's
 // post_process_object_detection, strict loading and config errors, the layouts gate.
 #include <ATen/Parallel.h>
+#include <ATen/Version.h>
 #include <c10/core/InferenceMode.h>
 #include <gtest/gtest.h>
 
@@ -51,6 +52,12 @@ TEST(PPDocLayoutV2Parity, LogitsBoxesAndOrderMatchTransformers) {
   EXPECT_EQ(model->id2label().at(4), "footer");
   const auto expected = core::SafetensorsFile::open(kDir + "/expected.safetensors");
   std::vector<libreyolo::models::ModelOutput> outs;
+  // The fixture was made with ATen's AVX2 CPU kernels. transformers itself, re-run by
+  // make_fixtures.py on an AVX-512 CPU (ATen's AVX512 kernels, 2026-12-05), moves these order
+  // logits 1.46e-4 (sdpa) and 1.24e-4 (eager) from the fixture: the box-relation bias amplifies
+  // float32 rounding, as between its own eager and SDPA paths (1.2e-4). Off AVX2 the order bound
+  // is that drift's 2e-4; logits and boxes keep 1e-4 / 1e-5.
+  const double order_bound = at::get_cpu_capability() == "AVX2" ? 1e-4 : 2e-4;
   for (bool fused : {false, true}) {
     // 1 AIFI encoder layer + 2 decoder self-attentions + 2 reading-order layers. The manual
     // math is transformers' eager attention; fused, its default (SDPA): the two differ by
@@ -61,7 +68,7 @@ TEST(PPDocLayoutV2Parity, LogitsBoxesAndOrderMatchTransformers) {
     outs.push_back(model->forward(pixel_values(*expected)));
     test::document_layout::expect_outputs_match(
         kDir, outs.back(), "[parity] pp_doclayout_v2_tiny fused_attention=" + std::to_string(fused),
-        fused ? "" : "_eager");
+        fused ? "" : "_eager", order_bound);
     EXPECT_FALSE(outs.back().pred_masks.defined());
   }
   model->set_fused_attention(false);
