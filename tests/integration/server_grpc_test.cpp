@@ -665,7 +665,7 @@ TEST_F(ServerGrpc, HttpAdminEndpoints) {
     EXPECT_EQ(b["attention"]["selected"], "sdpa");
     EXPECT_EQ(b["attention"]["candidates"][2]["name"], "mem_efficient");
     EXPECT_EQ(b["attention"]["candidates"][2]["reason"], "the model is not on a CUDA device");
-    EXPECT_EQ(b["ms_deform_attn"]["selected"], "unavailable");
+    EXPECT_EQ(b["ms_deform_attn"]["selected"], "cpu");  // kernels/attention/cpu/
     EXPECT_NE(m.body.find("libreyolo_model_kernel_active{model=\"rtdetr_tiny\",slot=\"attention\","
                           "impl=\"sdpa\"} 1"),
               std::string::npos)

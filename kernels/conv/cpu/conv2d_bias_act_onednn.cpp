@@ -63,11 +63,33 @@ at::Tensor convolution_pointwise(const at::Tensor& x, const at::Tensor& w,
                  c10::List<std::optional<at::Scalar>>(), algorithm);
 }
 
-/// mkldnn::_convolution_pointwise.binary(X, other, W, B?, ..., "add", alpha, unary): the residual
-/// add as a oneDNN binary post-op, then ReLU or nothing (the only unary it fuses after a binary).
-at::Tensor convolution_add(const at::Tensor& x, const at::Tensor& residual, const at::Tensor& w,
-                           const std::optional<at::Tensor>& b, const ConvGeometry& g,
-                           Activation act) {
+/// act(conv(X, W) + B + residual) with the residual add as a oneDNN binary post-op, then ReLU or
+/// nothing (the only unary it fuses after a binary). `into`: the output is written into
+/// `residual` (mkldnn::_convolution_pointwise_.binary(other!, X, W, ...): oneDNN's sum post-op
+/// accumulates into the destination); else mkldnn::_convolution_pointwise.binary(X, other, W,
+/// ...), which first clones the residual into its output.
+at::Tensor convolution_add(const at::Tensor& x, at::Tensor& residual, bool into,
+                           const at::Tensor& w, const std::optional<at::Tensor>& b,
+                           const ConvGeometry& g, Activation act) {
+  const std::optional<std::string_view> unary =
+      act == Activation::relu ? std::optional<std::string_view>("relu") : std::nullopt;
+  // Both schemas take the same arguments after their first two tensors.
+  const auto call = [&](const auto& op, auto& first, const at::Tensor& second) -> at::Tensor {
+    return op.call(first, second, w, b, {g.pad_h, g.pad_w}, {g.stride_h, g.stride_w},
+                   {g.dilation_h, g.dilation_w}, g.groups, "add", std::nullopt, unary,
+                   c10::List<std::optional<at::Scalar>>(), std::nullopt);
+  };
+  if (into) {
+    static const auto op =
+        c10::Dispatcher::singleton()
+            .findSchemaOrThrow(kPointwiseInPlace, "binary")
+            .typed<at::Tensor&(
+                at::Tensor&, const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&,
+                at::IntArrayRef, at::IntArrayRef, at::IntArrayRef, int64_t, std::string_view,
+                std::optional<at::Scalar>, std::optional<std::string_view>,
+                c10::List<std::optional<at::Scalar>>, std::optional<std::string_view>)>();
+    return call(op, residual, x);
+  }
   static const auto op =
       c10::Dispatcher::singleton()
           .findSchemaOrThrow(kPointwise, "binary")
@@ -76,32 +98,7 @@ at::Tensor convolution_add(const at::Tensor& x, const at::Tensor& residual, cons
                             at::IntArrayRef, int64_t, std::string_view, std::optional<at::Scalar>,
                             std::optional<std::string_view>, c10::List<std::optional<at::Scalar>>,
                             std::optional<std::string_view>)>();
-  const std::optional<std::string_view> unary =
-      act == Activation::relu ? std::optional<std::string_view>("relu") : std::nullopt;
-  return op.call(x, residual, w, b, {g.pad_h, g.pad_w}, {g.stride_h, g.stride_w},
-                 {g.dilation_h, g.dilation_w}, g.groups, "add", std::nullopt, unary,
-                 c10::List<std::optional<at::Scalar>>(), std::nullopt);
-}
-
-/// mkldnn::_convolution_pointwise_.binary(other!, X, W, B?, ..., "add", alpha, unary): the same
-/// with the output written into `other` (oneDNN's sum post-op accumulates into the destination;
-/// the out-of-place form above first clones `other` into its output).
-at::Tensor convolution_add_into(at::Tensor& other, const at::Tensor& x, const at::Tensor& w,
-                                const std::optional<at::Tensor>& b, const ConvGeometry& g,
-                                Activation act) {
-  static const auto op =
-      c10::Dispatcher::singleton()
-          .findSchemaOrThrow(kPointwiseInPlace, "binary")
-          .typed<at::Tensor&(at::Tensor&, const at::Tensor&, const at::Tensor&,
-                             const std::optional<at::Tensor>&, at::IntArrayRef, at::IntArrayRef,
-                             at::IntArrayRef, int64_t, std::string_view, std::optional<at::Scalar>,
-                             std::optional<std::string_view>, c10::List<std::optional<at::Scalar>>,
-                             std::optional<std::string_view>)>();
-  const std::optional<std::string_view> unary =
-      act == Activation::relu ? std::optional<std::string_view>("relu") : std::nullopt;
-  return op.call(other, x, w, b, {g.pad_h, g.pad_w}, {g.stride_h, g.stride_w},
-                 {g.dilation_h, g.dilation_w}, g.groups, "add", std::nullopt, unary,
-                 c10::List<std::optional<at::Scalar>>(), std::nullopt);
+  return call(op, x, residual);
 }
 
 /// `t` has exactly `references` references and no other tensor shares its memory
@@ -160,8 +157,7 @@ at::Tensor run(const at::Tensor& input, const at::Tensor& weight, const at::Tens
   if (g.groups == 1 && unambiguous && (act == Activation::none || act == Activation::relu)) {
     // ATen checks the shapes before oneDNN writes ("Add Fusion's inputs should have same
     // shape"): a refusal leaves `r` as it was, and the portable path can still use it.
-    if (writable) return convolution_add_into(r, x, packed, b, g, act);
-    return convolution_add(x, r, packed, b, g, act);
+    return convolution_add(x, r, writable, packed, b, g, act);
   }
   auto y = convolution_pointwise(x, packed, b, g, Activation::none);
   y.add_(r);
