@@ -41,9 +41,10 @@ TEST(ServerKernels, AModelsServingYamlNarrowsItsOwnSlots) {
   std::string typo_reason;
   for (const auto& m : active["models"])
     if (m["name"] == "vit_typo") typo_reason = m["reason"];
-  EXPECT_EQ(typo_reason, (repo / "vit_typo" / "serving.yaml").string() +
-                             ":3:5: kernels.slots.attention.allow: unknown implementation 'cdua' "
-                             "(known: cpu, cuda, hub, mem_efficient, nvjpeg, onednn, reference, sdpa)")
+  EXPECT_EQ(typo_reason,
+            (repo / "vit_typo" / "serving.yaml").string() +
+                ":3:5: kernels.slots.attention.allow: unknown implementation 'cdua' "
+                "(known: cpu, cuda, hub, mem_efficient, nvjpeg, onednn, reference, sdpa)")
       << active.dump(1);
   // Both good models answer; calls are counted per model.
   rpc::Client c("127.0.0.1:" + std::to_string(d.grpc_port()));
