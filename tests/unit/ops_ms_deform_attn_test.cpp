@@ -475,6 +475,12 @@ TEST_F(OpsMsDeformAttnCpu, DeclinesAndThePortablePathAnswers) {
                            f.at("sampling_locations"), f.at("attention_weights"));
   EXPECT_FALSE(bad.has_value());
   EXPECT_EQ(candidate().declined.at("cpu: malformed spatial metadata"), 1u);
+  const auto one_batch =
+      handle_(f.at("value").narrow(0, 0, 1), spatial_shapes_tensor(shapes, at::kCPU),
+              level_start_index(shapes, at::kCPU), f.at("sampling_locations"),
+              f.at("attention_weights"));  // locations of 2 batches
+  EXPECT_FALSE(one_batch.has_value());
+  EXPECT_EQ(candidate().declined.at("cpu: shape mismatch"), 1u);
   EXPECT_EQ(candidate().calls, 0u);
 }
 

@@ -124,7 +124,12 @@ Outcome<at::Tensor> ms_deform_attn_cpu(const at::Tensor& value, const at::Tensor
   if (at::GradMode::is_enabled() && (value.requires_grad() || sampling_locations.requires_grad() ||
                                      attention_weights.requires_grad()))
     return Decline{"cpu: autograd (no backward)"};
-  if (value.dim() != 4 || sampling_locations.dim() != 6 || attention_weights.dim() != 5)
+  // The slot entry checked these (check_classic); a direct call of the handle must not index
+  // past what value and the locations hold either.
+  if (value.dim() != 4 || sampling_locations.dim() != 6 || attention_weights.dim() != 5 ||
+      sampling_locations.size(0) != value.size(0) || sampling_locations.size(2) != value.size(2) ||
+      sampling_locations.size(5) != 2 ||
+      attention_weights.sizes() != sampling_locations.sizes().slice(0, 5))
     return Decline{"cpu: shape mismatch"};
   const auto levels =
       read_levels(spatial_shapes, level_start_index, value.size(1), sampling_locations.size(3));
