@@ -61,6 +61,9 @@ server:
   log_level: warn
 model_repository: $work/repo
 device: cpu
+# The peers compare with transformers' float32 outputs (tests/fixtures/golden): pin float32, since
+# `dtype: auto` picks bfloat16 on CPUs with native bf16 (AVX-512 BF16, AMX).
+dtype: float32
 kernels:
   hub_kernels: off
 EOF

@@ -253,7 +253,6 @@ api::InferResponse InferPipeline::run_on(ModelLease& lease, api::InferRequest& r
   metrics_.compute(entry.name, entry.version, r.input_seconds + r.infer_seconds + r.output_seconds);
   {
     std::lock_guard<std::mutex> ek(entry.mu);
-    entry.stats.inference_count += static_cast<std::uint64_t>(req->batch);
     entry.stats.last_inference_ms = now_ms();
     add_duration(entry.stats.queue, r.queue_seconds);
     add_duration(entry.stats.compute_input, pre_s + r.input_seconds);

@@ -273,7 +273,10 @@ void ModelInstance::finish(std::unique_ptr<InFlight> f) {
       x.input_seconds = input_s;
       x.infer_seconds = infer_s;
       x.output_seconds = output_total;
-      for (const auto& r : results) x.queue_seconds += r.queue_seconds;
+      for (std::size_t i = 0; i < batch.size(); ++i) {
+        x.queue_seconds += results[i].queue_seconds;
+        if (!errors[i]) x.answered_images += batch[i]->size();
+      }
       x.instance = index_;
       x.prompt_cache_hits = f->cache_hits;
       x.prompt_cache_misses = f->cache_misses;

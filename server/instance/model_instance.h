@@ -39,8 +39,11 @@ struct InstanceStatus {
 
 /// One executed batch as the hooks see it (seconds).
 struct ExecutedBatch {
-  int64_t images = 0;         ///< rows of the forward
-  int64_t requests = 0;       ///< requests in the batch
+  int64_t images = 0;    ///< rows of the forward
+  int64_t requests = 0;  ///< requests in the batch
+  /// Images of the requests answered with outputs (Triton's inference_count counts these; a
+  /// request whose post-processing failed is not counted).
+  int64_t answered_images = 0;
   double input_seconds = 0;   ///< assembly + copy to device
   double infer_seconds = 0;   ///< forward
   double output_seconds = 0;  ///< post-processing of every request

@@ -138,8 +138,11 @@ void ModelLifecycle::bring_up(const std::shared_ptr<ModelEntry>& e, const ModelS
     if (x.prompt_cache_hits + x.prompt_cache_misses > 0)
       metrics.prompt_cache(entry->name, instance, device, x.prompt_cache_hits,
                            x.prompt_cache_misses);
+    // Both counts under one lock: a statistics reader (perf_analyzer takes deltas) never sees a
+    // batch's execution without its inferences.
     std::lock_guard<std::mutex> ek(entry->mu);
     entry->stats.execution_count += 1;
+    entry->stats.inference_count += static_cast<std::uint64_t>(x.answered_images);
     auto& b = entry->batch_stats[static_cast<std::uint64_t>(x.images)];
     b.batch_size = static_cast<std::uint64_t>(x.images);
     add_duration(b.compute_input, x.input_seconds);
