@@ -5,6 +5,7 @@
 #include "kernels/attention/ms_deform_attn.h"
 #include "kernels/conv/conv2d_bias_act.h"
 #include "kernels/gemm/fp8_gemm.h"
+#include "kernels/gemm/linear.h"
 #include "kernels/gemm/linear_act.h"
 #include "kernels/hub/provider.h"
 #include "kernels/image/image_decode.h"
@@ -27,8 +28,8 @@ bool cuda_device_usable();
 void register_fake_quant_fp8_reference(Registry& registry);
 void register_attention_implementations(Registry& registry);
 void register_conv2d_bias_act_onednn(Registry& registry);  // conv/cpu/conv2d_bias_act_onednn.cpp
-void register_linear_act_onednn(Registry& registry);       // gemm/cpu/linear_act_onednn.cpp
-void register_ms_deform_attn_cpu(Registry& registry);      // attention/cpu/ms_deform_attn_cpu.cpp
+void register_linear_act_onednn(Registry& registry);   // gemm/cpu/linear_act_onednn.cpp (+ linear)
+void register_ms_deform_attn_cpu(Registry& registry);  // attention/cpu/ms_deform_attn_cpu.cpp
 
 Registry& Registry::process_default() {
   static Registry* registry = [] {
@@ -53,6 +54,7 @@ void register_builtin_slots(Registry& registry) {
   registry.declare(kImageDecode);
   registry.declare(kImageDecodeBatch);  // no reference: image_decode one image at a time
   registry.declare(kLinearAct);         // no reference: linear_act_portable
+  registry.declare(kLinear);            // no reference: at::linear
   register_linear_act_onednn(registry);
   registry.declare(kFp8Gemm);  // no reference: the dense Linear (fp8_linear)
   // No reference: the image processor's ATen ops (models/image/preprocess_slot.h).

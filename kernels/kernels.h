@@ -12,7 +12,7 @@
 namespace libreyolo::kernels {
 
 /// Declares every built-in slot (ms_deform_attn, fake_quant_fp8, attention, conv2d_bias_act,
-/// max_pool2d, add_layer_norm, linear_act, fp8_gemm, image_decode, image_decode_batch,
+/// max_pool2d, add_layer_norm, linear_act, linear, fp8_gemm, image_decode, image_decode_batch,
 /// image_preprocess) and registers the references of those that have one
 /// here (image_decode's is libreyolo_models': models/image/decode_slot.h). Called once for
 /// Registry::process_default(); tests call it on their own registries.

@@ -58,6 +58,11 @@ inline const char* cuda_models_only(const BindContext& c) {
   return c.device == BindContext::Device::cuda ? nullptr : "the model is not on a CUDA device";
 }
 
+/// The capability of implementations that run CPU tensors only.
+inline const char* cpu_models_only(const BindContext& c) {
+  return c.device == BindContext::Device::cpu ? nullptr : "the model is not on the CPU";
+}
+
 /// A slot: its name and signature. Declared once per slot (kernels/*/<slot>.h).
 template <class Sig>
 struct SlotDef;

@@ -45,12 +45,22 @@ inline bool cpu_has_native_bfloat16() {
   return has;
 }
 
-/// The capability of the CPU `onednn` convolution: CPU float32 models, and bfloat16 models on
-/// a CPU with native bfloat16 (oneDNN's AMX / AVX-512 BF16 kernels, float32 accumulation).
+/// The capability of the CPU `onednn` convolution and linear_act: CPU float32 models, and bfloat16
+/// models on a CPU with native bfloat16 (oneDNN's AMX / AVX-512 BF16 kernels, float32
+/// accumulation).
 inline const char* cpu_float32_or_native_bfloat16_models(const BindContext& c) {
   if (c.device != BindContext::Device::cpu) return "the model is not on the CPU";
   if (c.dtype == "float32") return nullptr;
   if (c.dtype != "bfloat16") return "the model is not float32 or bfloat16";
+  if (!cpu_has_native_bfloat16()) return "bfloat16 on a CPU without avx512_bf16 or amx_bf16";
+  return nullptr;
+}
+
+/// The capability of the `linear` slot's `onednn`: bfloat16 CPU models on a CPU with native
+/// bfloat16 (float32 models keep at::linear's numbers).
+inline const char* cpu_native_bfloat16_models(const BindContext& c) {
+  if (c.device != BindContext::Device::cpu) return "the model is not on the CPU";
+  if (c.dtype != "bfloat16") return "the model is not bfloat16";
   if (!cpu_has_native_bfloat16()) return "bfloat16 on a CPU without avx512_bf16 or amx_bf16";
   return nullptr;
 }

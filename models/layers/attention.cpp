@@ -39,10 +39,13 @@ at::Tensor AttentionImpl::forward(const at::Tensor& query_in, const at::Tensor& 
     const auto b = !in_proj_bias.defined() ? at::Tensor()
                    : n == 3                ? in_proj_bias
                                            : in_proj_bias.narrow(0, 0, 2 * D);
+    // The q/k-only weight is a view made per call: at::linear, not the `linear` slot, whose
+    // packed copies are kept per weight tensor (kernels/cpu/packed_weights.h).
     const auto projected =
         in_proj_fp8.defined()
             ? kernels::fp8_linear(in_proj_fp8_kernel, query_in, in_proj_fp8.rows(0, n * D), w, b)
-            : at::linear(query_in, w, b);
+        : n == 3 ? kernels::linear(linear_kernel, query_in, w, b)
+                 : at::linear(query_in, w, b);
     const auto packed = projected.view({B, Lq, n, num_heads, head_dim});
     q = packed.select(2, 0).transpose(1, 2);
     k = packed.select(2, 1).transpose(1, 2);

@@ -47,7 +47,10 @@ struct AttentionOptions {
 class AttentionImpl : public torch::nn::Module, public UsesKernels {
  public:
   explicit AttentionImpl(const AttentionOptions& o);
-  void bind_kernels(const BoundKernels& k) override { attention_kernel = k.attention; }
+  void bind_kernels(const BoundKernels& k) override {
+    attention_kernel = k.attention;
+    linear_kernel = k.linear;
+  }
 
   /// query_in (B, Lq, D), key_in (B, Lk, D), value_in (B, Lk, D) (the DETR layers pass
   /// q = k = x + pos, v = x); bias additive, broadcastable to (B, H, Lq, Lk), or undefined.
@@ -64,6 +67,7 @@ class AttentionImpl : public torch::nn::Module, public UsesKernels {
   bool fused_attn = false;
   /// The `attention` slot as bound for the model (empty until bound: the manual math runs).
   kernels::AttentionHandle attention_kernel;
+  kernels::LinearHandle linear_kernel;  ///< the packed q/k/v GEMM (concat_projections 3)
 
   /// Set by the qkv_concat layout (models/layouts/): 3 = q, k and v projections concatenated
   /// into in_proj_weight (3D, D) / in_proj_bias (3D), 2 = q and k only (2D rows; v keeps its

@@ -11,6 +11,7 @@ BoundKernels bind_kernels(torch::nn::Module& root, kernels::Registry& registry,
   k.max_pool2d = registry.bind(kernels::kMaxPool2d, context, &filter);
   k.add_layer_norm = registry.bind(kernels::kAddLayerNorm, context, &filter);
   k.linear_act = registry.bind(kernels::kLinearAct, context, &filter);
+  k.linear = registry.bind(kernels::kLinear, context, &filter);
   auto visit = [&](torch::nn::Module* m) {
     if (auto* user = dynamic_cast<UsesKernels*>(m)) user->bind_kernels(k);
   };

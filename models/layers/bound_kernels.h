@@ -9,6 +9,7 @@
 #include "kernels/attention/ms_deform_attn.h"
 #include "kernels/conv/conv2d_bias_act.h"
 #include "kernels/gemm/fp8_gemm.h"
+#include "kernels/gemm/linear.h"
 #include "kernels/gemm/linear_act.h"
 #include "kernels/norm/add_layer_norm.h"
 #include "kernels/pool/max_pool2d.h"
@@ -25,6 +26,7 @@ struct BoundKernels {
   kernels::MaxPool2dHandle max_pool2d;
   kernels::AddLayerNormHandle add_layer_norm;
   kernels::LinearActHandle linear_act;
+  kernels::LinearHandle linear;
   /// Bound only for a model loaded with `quantization: fp8` (models/load_model.cpp), empty
   /// otherwise; the quantised layers hold it (models/quantization/fp8.h).
   kernels::Fp8GemmHandle fp8_gemm;

@@ -42,12 +42,16 @@ std::vector<std::shared_ptr<T>> register_list(torch::nn::Module& parent, const s
 class LinearImpl : public torch::nn::Module, public UsesKernels {
  public:
   LinearImpl(int64_t in, int64_t out, bool bias = true);
-  void bind_kernels(const BoundKernels& k) override { act_kernel = k.linear_act; }
+  void bind_kernels(const BoundKernels& k) override {
+    kernel = k.linear;
+    act_kernel = k.linear_act;
+  }
   /// x (..., in) -> (..., out), x's dtype: through the `fp8_gemm` slot when the layer was
-  /// quantised at load (models/quantization/fp8.h), else at::linear.
+  /// quantised at load (models/quantization/fp8.h), else the bound `linear` slot
+  /// (kernels/gemm/linear.h; at::linear when unbound).
   at::Tensor forward(const at::Tensor& x) const {
     if (fp8.defined()) return kernels::fp8_linear(fp8_kernel, x, fp8, weight, bias);
-    return at::linear(x, weight, bias);
+    return kernels::linear(kernel, x, weight, bias);
   }
   /// act(forward(x)) through the model's bound `linear_act` slot (kernels/gemm/linear_act.h:
   /// on CUDA float16 / bfloat16 models GELU runs in the GEMM's epilogue; elsewhere the unfused
@@ -58,6 +62,7 @@ class LinearImpl : public torch::nn::Module, public UsesKernels {
     return kernels::linear_act(act_kernel, x, weight, bias, act);
   }
   at::Tensor weight, bias;
+  kernels::LinearHandle kernel;         ///< empty until bound: at::linear runs
   kernels::LinearActHandle act_kernel;  ///< empty until bound: the portable path runs
   /// The FP8 copy of `weight` and the handle it runs through (models/quantization/fp8.h);
   /// undefined unless the model was loaded with `quantization: fp8` on a capable device. The

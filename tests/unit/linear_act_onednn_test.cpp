@@ -1,8 +1,9 @@
-// The `onednn` implementation of linear_act (kernels/gemm/cpu/linear_act_onednn.cpp): bound for
-// CPU float32 models only, at::linear's numbers within a few float32 ulps (the activation after
-// the GEMM equal to ATen's), the packed weight reused across calls and made again after the
-// weight is written in place, concurrent first calls, and declines that leave the portable path
-// to answer.
+// The `onednn` implementation of linear_act and of linear (kernels/gemm/cpu/
+// linear_act_onednn.cpp): linear_act bound for CPU float32 models and bfloat16 ones on a CPU with
+// native bf16, linear for the latter only; at::linear's numbers within a few float32 ulps (the
+// activation after the GEMM equal to ATen's), the packed weight reused across calls and made
+// again after the weight is written in place, concurrent first calls, and declines that leave
+// the portable path to answer. The bfloat16 cases skip on CPUs without AVX-512 BF16 or AMX.
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
 #include <gtest/gtest.h>
@@ -13,6 +14,8 @@
 #include <vector>
 
 #include "kernels/conv/conv2d_bias_act.h"
+#include "kernels/cpu/packed_weights.h"
+#include "kernels/gemm/linear.h"
 #include "kernels/gemm/linear_act.h"
 #include "kernels/kernels.h"
 #include "kernels/registry.h"
@@ -28,10 +31,18 @@ LinearActHandle bind_cpu(const std::string& model, const std::string& dtype = "f
   return Registry::process_default().bind(kLinearAct, c);
 }
 
-/// The report of `onednn` in the binding of `model` (the only one by that name).
-CandidateReport onednn_of(const std::string& model) {
+/// The process registry's `linear` binding for a CPU model named `model` with `dtype`.
+LinearHandle bind_linear(const std::string& model, const std::string& dtype) {
+  BindContext c;
+  c.model = model;
+  c.dtype = dtype;
+  return Registry::process_default().bind(kLinear, c);
+}
+
+/// The report of `onednn` in the binding of `model` for `slot` (the only one by that name).
+CandidateReport onednn_of(const std::string& model, const std::string& slot = "linear_act") {
   for (const auto& b : Registry::process_default().bindings())
-    if (b.model == model)
+    if (b.model == model && b.slot == slot)
       for (const auto& c : b.candidates)
         if (c.name == "onednn") return c;
   ADD_FAILURE() << "no onednn candidate for " << model;
@@ -147,21 +158,92 @@ TEST(LinearActOnednn, DeclinesAndBindRules) {
     EXPECT_TRUE(y.requires_grad());
   }
   const auto report = onednn_of("linear_onednn_declines");
-  EXPECT_EQ(report.declined.at("onednn: dtype (float32 only)"), 1u);
+  EXPECT_EQ(report.declined.at("onednn: dtype (float32, or bfloat16 on a CPU with native bf16)"),
+            1u);
   EXPECT_EQ(report.declined.at("onednn: weight or bias dtype differs"), 1u);
   EXPECT_EQ(report.declined.at("onednn: empty tensor"), 1u);
   EXPECT_EQ(report.declined.at("onednn: autograd (the fused op has no backward)"), 1u);
   EXPECT_FALSE(report.disabled);
 
   // Bindings are listed while their handle lives.
+  const auto f16 = bind_cpu("linear_onednn_float16_model", "float16");
+  EXPECT_TRUE(f16.empty());
+  EXPECT_EQ(onednn_of("linear_onednn_float16_model").reason,
+            "the model is not float32 or bfloat16");
   const auto bf16 = bind_cpu("linear_onednn_bfloat16_model", "bfloat16");
-  EXPECT_TRUE(bf16.empty());
-  EXPECT_EQ(onednn_of("linear_onednn_bfloat16_model").reason, "the model is not float32");
+  EXPECT_EQ(bf16.empty(), !cpu_has_native_bfloat16());
+  EXPECT_EQ(onednn_of("linear_onednn_bfloat16_model").reason,
+            cpu_has_native_bfloat16() ? "" : "bfloat16 on a CPU without avx512_bf16 or amx_bf16");
   BindContext cuda;
   cuda.device = BindContext::Device::cuda;
   cuda.model = "linear_onednn_cuda_model";
   const auto on_cuda = Registry::process_default().bind(kLinearAct, cuda);
   EXPECT_EQ(onednn_of("linear_onednn_cuda_model").reason, "the model is not on the CPU");
+}
+
+// bfloat16 on a CPU that computes it natively: every activation against the float32 GEMM of the
+// same bfloat16 operands (one bfloat16 rounding of the output: 2^-8 relative, plus oneDNN's
+// float32 sum order) and against at::linear in bfloat16.
+TEST(LinearActOnednn, Bfloat16OnANativeBfloat16Cpu) {
+  if (!cpu_has_native_bfloat16()) GTEST_SKIP() << "this CPU has no avx512_bf16 or amx_bf16";
+  const auto h = bind_cpu("linear_onednn_bfloat16", "bfloat16");
+  ASSERT_FALSE(h.empty());
+  at::manual_seed(14);
+  const at::NoGradGuard no_grad;
+  const auto x = at::randn({2, 37, 64}).to(at::kBFloat16);
+  const auto w = (at::randn({96, 64}) * 0.2).to(at::kBFloat16),
+             b = at::randn({96}).to(at::kBFloat16);
+  for (auto act : {Activation::none, Activation::relu, Activation::gelu, Activation::silu}) {
+    SCOPED_TRACE(activation_name(act));
+    const auto exact =
+        apply_activation(act, at::linear(x.to(at::kFloat), w.to(at::kFloat), b.to(at::kFloat)));
+    const auto y = linear_act(h, x, w, b, act);
+    ASSERT_EQ(y.scalar_type(), at::kBFloat16);
+    const double scale = exact.abs().max().item<double>();
+    EXPECT_LE(max_diff(y.to(at::kFloat), exact), scale * 0.008);
+    const auto aten = apply_activation(act, at::linear(x, w, b)).to(at::kFloat);
+    EXPECT_LE(max_diff(y.to(at::kFloat), aten), scale * 0.016);
+  }
+  const auto report = onednn_of("linear_onednn_bfloat16");
+  EXPECT_EQ(report.calls, 4u);
+  EXPECT_TRUE(report.declined.empty());
+}
+
+// The `linear` slot: float32 models do not bind it (at::linear, ATen's numbers, no slot call);
+// bfloat16 models on a CPU with native bf16 bind `onednn`, whose output is linear_act's without
+// an activation, bit for bit; shapes at::linear refuses are declined so that its error reaches
+// the caller.
+TEST(LinearOnednn, Bfloat16ModelsOnlyAndAtLinearsErrors) {
+  const auto f32 = bind_linear("linear_slot_float32", "float32");
+  EXPECT_TRUE(f32.empty());
+  EXPECT_EQ(onednn_of("linear_slot_float32", "linear").reason, "the model is not bfloat16");
+  const at::NoGradGuard no_grad;
+  at::manual_seed(15);
+  const auto xf = at::randn({5, 16}), wf = at::randn({8, 16}), bf = at::randn({8});
+  EXPECT_TRUE(at::equal(linear(f32, xf, wf, bf), at::linear(xf, wf, bf)));
+  if (!cpu_has_native_bfloat16()) GTEST_SKIP() << "this CPU has no avx512_bf16 or amx_bf16";
+  const auto h = bind_linear("linear_slot_bfloat16", "bfloat16");
+  ASSERT_FALSE(h.empty());
+  const auto act = bind_cpu("linear_slot_bfloat16_act", "bfloat16");
+  const auto x = at::randn({3, 41, 16}).to(at::kBFloat16);
+  const auto w = at::randn({8, 16}).to(at::kBFloat16), b = at::randn({8}).to(at::kBFloat16);
+  const auto y = linear(h, x, w, b);
+  EXPECT_EQ(y.sizes(), (std::vector<int64_t>{3, 41, 8}));
+  EXPECT_TRUE(at::equal(y, linear_act(act, x, w, b, Activation::none)));
+  EXPECT_TRUE(at::equal(linear(h, x, w, {}), linear_act(act, x, w, {}, Activation::none)));
+  // (3, 41, 16) against a (8, 15) weight: at::linear's own message.
+  const auto w15 = at::randn({8, 15}).to(at::kBFloat16);
+  try {
+    linear(h, x, w15, b);
+    ADD_FAILURE() << "no error";
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what_without_backtrace()).find("cannot be multiplied"),
+              std::string::npos)
+        << e.what_without_backtrace();
+  }
+  const auto report = onednn_of("linear_slot_bfloat16", "linear");
+  EXPECT_EQ(report.calls, 2u);
+  EXPECT_EQ(report.declined.at("onednn: shapes at::linear refuses"), 1u);
 }
 
 }  // namespace

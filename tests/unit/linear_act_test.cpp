@@ -8,6 +8,7 @@
 #include <memory>
 #include <string>
 
+#include "kernels/cpu/packed_weights.h"
 #include "kernels/gemm/linear_act.h"
 #include "kernels/kernels.h"
 #include "kernels/registry.h"
@@ -65,9 +66,10 @@ TEST(LinearAct, PortablePathIsTheUnfusedOpsBitForBit) {
 }
 
 TEST(LinearAct, LinearModulesAreBoundToOnednnOnCpuFloat32Models) {
-  // The process's built-in slots: a CPU float32 model binds `onednn` (kernels/gemm/cpu/), a CPU
-  // bfloat16 one nothing (cublaslt is for CUDA float16 / bfloat16 models), so its forward_act is
-  // the portable path, bit for bit.
+  // The process's built-in slots: a CPU float32 model binds `onednn` for linear_act
+  // (kernels/gemm/cpu/) and nothing for linear (at::linear's numbers); a CPU bfloat16 one binds
+  // `onednn` for both where the CPU has native bf16; a CPU float16 one nothing (cublaslt is for
+  // CUDA float16 / bfloat16 models), so its forward_act is the portable path, bit for bit.
   Registry r;
   register_builtin_slots(r);
   if (auto cuda = make_cuda_provider()) r.add_provider(cuda);
@@ -80,13 +82,23 @@ TEST(LinearAct, LinearModulesAreBoundToOnednnOnCpuFloat32Models) {
   const auto bound = models::layers::bind_kernels(*fc, r, BindContext{}, Filter{});
   EXPECT_EQ(bound.linear_act.empty(), !at::hasMKLDNN());
   EXPECT_FALSE(fc->act_kernel.empty() && at::hasMKLDNN());
+  EXPECT_TRUE(bound.linear.empty());
+  EXPECT_TRUE(fc->kernel.empty());
   EXPECT_LE(
       (fc->forward_act(x, Activation::gelu) - at::gelu(fc->forward(x))).abs().max().item<double>(),
       1e-5);
   BindContext bf16;
   bf16.dtype = "bfloat16";
-  const auto unbound = models::layers::bind_kernels(*fc, r, bf16, Filter{});
+  const auto on_bf16 = models::layers::bind_kernels(*fc, r, bf16, Filter{});
+  const bool native = at::hasMKLDNN() && cpu_has_native_bfloat16();
+  EXPECT_EQ(on_bf16.linear_act.empty(), !native);
+  EXPECT_EQ(on_bf16.linear.empty(), !native);
+  EXPECT_EQ(fc->kernel.empty(), !native);
+  BindContext f16;
+  f16.dtype = "float16";
+  const auto unbound = models::layers::bind_kernels(*fc, r, f16, Filter{});
   EXPECT_TRUE(unbound.linear_act.empty());
+  EXPECT_TRUE(unbound.linear.empty());
   EXPECT_TRUE(fc->act_kernel.empty());
   EXPECT_TRUE(at::equal(fc->forward_act(x, Activation::gelu), at::gelu(fc->forward(x))));
 }

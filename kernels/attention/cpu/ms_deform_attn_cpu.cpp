@@ -149,10 +149,6 @@ Outcome<at::Tensor> ms_deform_attn_cpu(const at::Tensor& value, const at::Tensor
   return out;
 }
 
-const char* cpu_models_only(const BindContext& c) {
-  return c.device == BindContext::Device::cpu ? nullptr : "the model is not on the CPU";
-}
-
 }  // namespace
 
 void register_ms_deform_attn_cpu(Registry& registry) {

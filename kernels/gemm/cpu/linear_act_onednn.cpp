@@ -1,10 +1,16 @@
-// The `onednn` implementation of linear_act (CPU, float32): oneDNN's inner product on a weight
+// The `onednn` implementation of linear_act (CPU float32 with an activation, and bfloat16 on CPUs
+// with native bf16, AVX-512 BF16 or AMX, with or without one): oneDNN's inner product on a weight
 // reordered once into its blocked format, with the bias and the activation as post-ops, through
 // the ops PyTorch's Inductor emits for CPU freezing of a linear layer with dynamic shapes
 // (torch/_inductor/fx_passes/mkldnn_fusion.py): mkldnn::_reorder_linear_weight without a batch
 // size (the token count differs per request) and mkldnn::_linear_pointwise
 // (aten/src/ATen/native/mkldnn/Linear.cpp). They are registered in the `mkldnn` namespace of
 // LibTorch's dispatcher (no at:: function), so they are called through it.
+//
+// bfloat16 (CPUs with native bf16 only; elsewhere oneDNN emulates it): the same ops; their
+// bfloat16 GEMM sums in float32 and rounds once, as at::linear's oneDNN matmul does, which
+// instead reorders the plain weight on every call (kernels/gemm/linear.h says what that costs).
+// The `linear` slot (no activation) is served here too, for bfloat16 models only.
 //
 // Why: at::linear on the CPU is MKL's sgemm on the dense weight, then GELU / ReLU is a second
 // pass over the (tokens, N) output. Here the activation is in the GEMM's epilogue. oneDNN's
@@ -24,6 +30,7 @@
 
 #include "kernels/conv/conv2d_bias_act.h"
 #include "kernels/cpu/packed_weights.h"
+#include "kernels/gemm/linear.h"
 #include "kernels/gemm/linear_act.h"
 #include "kernels/registry.h"
 
@@ -85,8 +92,10 @@ Outcome<at::Tensor> linear_act_onednn(const at::Tensor& x, const at::Tensor& wei
   if (!x.device().is_cpu() || !weight.device().is_cpu() ||
       (bias.defined() && !bias.device().is_cpu()))
     return Decline{"onednn: not a CPU tensor"};
-  if (x.scalar_type() != at::kFloat) return Decline{"onednn: dtype (float32 only)"};
-  if (weight.scalar_type() != at::kFloat || (bias.defined() && bias.scalar_type() != at::kFloat))
+  const auto dtype = x.scalar_type();
+  if (dtype != at::kFloat && (dtype != at::kBFloat16 || !cpu_has_native_bfloat16()))
+    return Decline{"onednn: dtype (float32, or bfloat16 on a CPU with native bf16)"};
+  if (weight.scalar_type() != dtype || (bias.defined() && bias.scalar_type() != dtype))
     return Decline{"onednn: weight or bias dtype differs"};
   if (x.layout() != at::kStrided || weight.layout() != at::kStrided)
     return Decline{"onednn: not a strided tensor"};
@@ -105,6 +114,19 @@ Outcome<at::Tensor> linear_act_onednn(const at::Tensor& x, const at::Tensor& wei
   }
 }
 
+/// The `linear` slot's `onednn`: the same inner product without an activation, for bfloat16
+/// (the bind rule keeps float32 models on at::linear). A shape at::linear would refuse is
+/// declined, so that its error reaches the caller.
+Outcome<at::Tensor> linear_onednn(const at::Tensor& x, const at::Tensor& weight,
+                                  const at::Tensor& bias) {
+  if (!x.defined() || !weight.defined() || x.dim() < 1 || weight.dim() != 2 ||
+      weight.size(1) != x.size(-1) ||
+      (bias.defined() && (bias.dim() != 1 || bias.size(0) != weight.size(0))))
+    return Decline{"onednn: shapes at::linear refuses"};
+  if (x.scalar_type() != at::kBFloat16) return Decline{"onednn: dtype (bfloat16 only)"};
+  return linear_act_onednn(x, weight, bias, Activation::none);
+}
+
 /// The mkldnn ops are in this LibTorch (a build without oneDNN has neither).
 bool onednn_available() {
   if (!at::hasMKLDNN()) return false;
@@ -118,7 +140,9 @@ size_t linear_act_onednn_packed_weights() { return packed_weights().size(); }
 
 void register_linear_act_onednn(Registry& registry) {
   registry.register_impl(kLinearAct, "onednn", &linear_act_onednn, &onednn_available,
-                         &cpu_float32_models_only);
+                         &cpu_float32_or_native_bfloat16_models);
+  registry.register_impl(kLinear, "onednn", &linear_onednn, &onednn_available,
+                         &cpu_native_bfloat16_models);
 }
 
 }  // namespace libreyolo::kernels
