@@ -128,6 +128,15 @@ def main():
     size = a.size if height != width else str(height)
     for mode, kind, dtype, cl in modes:
         m = model.to(dtype)
+        # OmDet-Turbo keeps its text encodings in LRU caches of the model (transformers'
+        # OmDetTurboLRUCache, language_cache_class / language_cache_prompt): entries of the
+        # previous mode's dtype would reach this mode's GEMMs. Within a mode the cache stays, as a
+        # transformers user has it (a repeated prompt costs the vision side only).
+        for attr in ("language_cache_class", "language_cache_prompt"):
+            cache = getattr(m, attr, None)
+            if cache is not None and hasattr(cache, "cache"):
+                cache.cache.clear()
+                cache.current_load = 0
         fmt = torch.channels_last if cl else torch.contiguous_format
         m = m.to(memory_format=fmt)
         for b in [int(x) for x in a.batch.split(",")]:
