@@ -8,7 +8,8 @@
 // CPU tensor is oneDNN's matmul on the plain weight, which reorders the weight on every call:
 // 0.76 ms against 0.50 ms packed for RT-DETR's 8,400 x 256 x 256 encoder projections (2 threads,
 // AMX Xeon, 2026-12-05); in RT-DETR-R18's bfloat16 forward the GEMMs went from 12.8 to 10.5 ms
-// (bench-models --profile), about 2-4% of the forward (docs/BENCHMARKS.md).
+// (bench-models --profile), and whole forwards gained 1-4 ms of 60-140, within that machine's
+// noise (docs/BENCHMARKS.md).
 // float32 models do not bind it: they keep at::linear's (MKL sgemm's) numbers bit for bit.
 //
 // Shapes and dtypes:
