@@ -410,6 +410,13 @@ bool Server::process_and_close_socket(socket_t sock) {
   return ok;
 }
 
+std::string Server::raise_backlog() {
+  const socket_t sock = svr_sock_;
+  if (sock == INVALID_SOCKET) return "not bound";
+  if (::listen(sock, SOMAXCONN) != 0) return std::strerror(errno);
+  return "";
+}
+
 bool Server::serve_connection(socket_t sock) {
   tl_overloaded = false;
   tl_accepted_at = Clock::now();

@@ -51,6 +51,14 @@ class Server final : public httplib::Server {
   /// loop returns. For callers without a listener: tests/fuzz/http_request_fuzz.cpp.
   bool serve_connection(socket_t sock);
 
+  /// Raises the listening socket's backlog to SOMAXCONN (the kernel caps it at
+  /// net.core.somaxconn); call after bind_to_port. httplib 0.11 listens with a backlog of 5
+  /// (CPPHTTPLIB_LISTEN_BACKLOG, fixed when Debian compiled the library): in a burst, the
+  /// handshakes beyond 5 that the acceptor has not taken yet were dropped, and each of those
+  /// clients waited about 1 s for its SYN retransmit. Linux's listen() on a listening socket
+  /// only updates the backlog (net/ipv4/af_inet.c inet_listen). Returns errno's text, or "".
+  std::string raise_backlog();
+
  private:
   /// One connection, request after request (keep-alive), through ConnectionStream.
   bool process_and_close_socket(socket_t sock) override;

@@ -257,6 +257,9 @@ HttpServer::HttpServer(api::InferenceService& service, const HttpOptions& option
   }
   if (impl_->port <= 0)
     throw std::runtime_error("HTTP: cannot listen on " + options.address + " (" + why + ")");
+  if (const std::string error = s.raise_backlog(); !error.empty())
+    log::warn("HTTP: the listen backlog stays at httplib's 5 (" + error +
+              "): bursts of new connections may wait 1 s for a retransmitted handshake");
   impl_->listener = std::make_unique<FixedStackThread>(options.stack_bytes, [impl] {
     try {
       impl->server->listen_after_bind();
