@@ -30,6 +30,7 @@ void register_attention_implementations(Registry& registry);
 void register_conv2d_bias_act_onednn(Registry& registry);  // conv/cpu/conv2d_bias_act_onednn.cpp
 void register_linear_act_onednn(Registry& registry);   // gemm/cpu/linear_act_onednn.cpp (+ linear)
 void register_ms_deform_attn_cpu(Registry& registry);  // attention/cpu/ms_deform_attn_cpu.cpp
+void register_max_pool2d_cpu(Registry& registry);      // pool/cpu/max_pool2d_cpu.cpp
 
 Registry& Registry::process_default() {
   static Registry* registry = [] {
@@ -47,7 +48,8 @@ void register_builtin_slots(Registry& registry) {
   register_ms_deform_attn_cpu(registry);
   registry.declare(kConv2dBiasAct);  // no reference: conv2d_bias_act_portable
   register_conv2d_bias_act_onednn(registry);
-  registry.declare(kMaxPool2d);     // no reference: max_pool2d_portable
+  registry.declare(kMaxPool2d);  // no reference: max_pool2d_portable
+  register_max_pool2d_cpu(registry);
   registry.declare(kAddLayerNorm);  // no reference: add_layer_norm_portable
   // The reference (libjpeg-turbo / libpng) is registered by libreyolo_models, where that
   // decoder lives (models/image/decode_slot.cpp); the `nvjpeg` provider adds the GPU decoder.

@@ -1,8 +1,9 @@
 // The `max_pool2d` slot: y = max over each pooling window of x (nn.MaxPool2d in eval mode, no
 // indices), the stem pooling of the ResNet and HGNetV2 backbones.
 //
-// Implementations: the portable path (at::max_pool2d) and `cuda`
-// (kernels/pool/cuda/max_pool2d_cuda.h): channels_last only. ATen's CUDA max_pool2d always
+// Implementations: the portable path (at::max_pool2d), `cpu`
+// (kernels/pool/cpu/max_pool2d_cpu.cpp) and `cuda` (kernels/pool/cuda/max_pool2d_cuda.h), both
+// channels_last only. ATen's CUDA max_pool2d always
 // computes the argmax indices as well (aten/src/ATen/native/MaxPooling.cpp calls
 // max_pool2d_with_indices off the CPU), writing an int64 map four times the size of a bfloat16
 // output (its cost in an RT-DETR-R50 forward: docs/BENCHMARKS.md, "Against torch.compile,

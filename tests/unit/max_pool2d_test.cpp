@@ -1,12 +1,15 @@
 // The max_pool2d slot: the output-size formula against at::max_pool2d's own shapes, inputs
 // validated before any implementation (exact messages), a declining implementation falls back
-// to the portable path, and layers::MaxPool2d receives its handle from bind_kernels.
+// to the portable path, layers::MaxPool2d receives its handle from bind_kernels, and the `cpu`
+// implementation (kernels/pool/cpu/max_pool2d_cpu.cpp) equals at::max_pool2d bit for bit.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 #include <torch/nn/module.h>
 
+#include <limits>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "kernels/kernels.h"
 #include "kernels/pool/max_pool2d.h"
@@ -110,6 +113,92 @@ TEST(MaxPool2d, TheLayerCallsTheHandleBindKernelsGaveIt) {
   models::layers::bind_kernels(root, r, BindContext{}, Filter{});
   EXPECT_TRUE(at::equal(pool->forward(x), ref + 1));
   EXPECT_EQ(calls, 1);
+}
+
+/// The candidate `name`'s report of slot max_pool2d in `r`.
+CandidateReport pool_candidate(Registry& r, const std::string& name) {
+  for (const auto& slot : r.report())
+    if (slot.slot == kMaxPool2d.name)
+      for (const auto& c : slot.candidates)
+        if (c.name == name) return c;
+  ADD_FAILURE() << "no candidate " << name;
+  return {};
+}
+
+/// a == b element for element, NaN where the other has NaN.
+bool same_values(const at::Tensor& a, const at::Tensor& b) {
+  const auto na = at::isnan(a), nb = at::isnan(b);
+  return a.sizes() == b.sizes() && at::equal(na, nb) &&
+         at::equal(at::where(na, at::zeros_like(a), a), at::where(nb, at::zeros_like(b), b));
+}
+
+/// Every geometry the backbones use (HGNetV2's 2x2 stride-1 ceil_mode stem, the ResNet 3x3
+/// stride-2 stem) and odd ones (dilation, asymmetric kernels and strides, ceil_mode windows
+/// hanging off the edge), on channels_last maps of float32, bfloat16 and float16 with NaNs and an
+/// all-negative corner (implicit padding is -inf, not 0): the `cpu` implementation serves every
+/// call and its output equals at::max_pool2d's, values, NaNs and channels_last layout.
+TEST(MaxPool2dCpu, EqualsAtenBitForBit) {
+  Registry r;
+  register_builtin_slots(r);
+  const auto h = r.bind(kMaxPool2d, BindContext{});
+  ASSERT_EQ(r.bindings().at(0).selected, "cpu");
+  struct Case {
+    int64_t kh, kw, sh, sw, ph, pw, dh, dw;
+    bool ceil;
+  };
+  const std::vector<Case> cases = {
+      {2, 2, 1, 1, 0, 0, 1, 1, true},   // HGNetV2 stem (on the zero-padded map)
+      {3, 3, 2, 2, 1, 1, 1, 1, false},  // ResNet stem
+      {3, 3, 2, 2, 1, 1, 2, 2, false}, {3, 2, 2, 1, 1, 0, 1, 1, true},
+      {3, 3, 3, 3, 1, 1, 1, 1, true},  {1, 1, 2, 2, 0, 0, 1, 1, false},
+      {5, 5, 1, 1, 2, 2, 1, 1, false},
+  };
+  at::manual_seed(7);
+  int calls = 0;
+  for (const auto dtype : {at::kFloat, at::kBFloat16, at::kHalf})
+    for (const int64_t c : {3, 32, 67})
+      for (const auto& k : cases) {
+        auto x = at::randn({2, c, 13, 11}).to(dtype);
+        x.index_put_(
+            {0, at::indexing::Slice(), at::indexing::Slice(0, 3), at::indexing::Slice(0, 3)},
+            -5.0 - at::rand({c, 3, 3}).to(dtype));
+        x.index_put_({1, 1, 4, 5}, std::numeric_limits<float>::quiet_NaN());
+        x = x.contiguous(at::MemoryFormat::ChannelsLast);
+        PoolGeometry g{k.kh, k.kw, k.sh, k.sw, k.ph, k.pw, k.dh, k.dw, k.ceil};
+        const auto out = max_pool2d(h, x, g);
+        ++calls;
+        const auto ref =
+            at::max_pool2d(x, {k.kh, k.kw}, {k.sh, k.sw}, {k.ph, k.pw}, {k.dh, k.dw}, k.ceil);
+        EXPECT_TRUE(same_values(out, ref))
+            << dtype << " C " << c << " kernel " << k.kh << "x" << k.kw << " stride " << k.sh << "x"
+            << k.sw << " pad " << k.ph << "x" << k.pw << " dilation " << k.dh << "x" << k.dw
+            << " ceil " << k.ceil;
+        EXPECT_TRUE(out.is_contiguous(at::MemoryFormat::ChannelsLast));
+        EXPECT_EQ(out.scalar_type(), dtype);
+      }
+  EXPECT_EQ(pool_candidate(r, "cpu").calls, static_cast<uint64_t>(calls));
+  EXPECT_TRUE(pool_candidate(r, "cpu").declined.empty());
+}
+
+/// What `cpu` leaves to ATen, with the reasons /active shows: NCHW maps, integer maps, and a
+/// map that needs a gradient. The answers are at::max_pool2d's.
+TEST(MaxPool2dCpu, DeclinesWhatItDoesNotServe) {
+  Registry r;
+  register_builtin_slots(r);
+  const auto h = r.bind(kMaxPool2d, BindContext{});
+  const PoolGeometry g = models::layers::square_pool(3, 2, 1);
+  const auto x = at::randn({1, 8, 9, 9});
+  EXPECT_TRUE(at::equal(max_pool2d(h, x, g), at::max_pool2d(x, {3, 3}, {2, 2}, {1, 1})));
+  const auto ints =
+      at::randint(0, 100, {1, 8, 9, 9}, at::kInt).contiguous(at::MemoryFormat::ChannelsLast);
+  EXPECT_TRUE(at::equal(max_pool2d(h, ints, g), at::max_pool2d(ints, {3, 3}, {2, 2}, {1, 1})));
+  const auto grad = x.contiguous(at::MemoryFormat::ChannelsLast).requires_grad_(true);
+  EXPECT_TRUE(max_pool2d(h, grad, g).requires_grad());
+  const auto declined = pool_candidate(r, "cpu").declined;
+  EXPECT_EQ(declined.at("cpu: channels_last input only"), 1u);
+  EXPECT_EQ(declined.at("cpu: dtype (float32, bfloat16 or float16)"), 1u);
+  EXPECT_EQ(declined.at("cpu: autograd (no backward)"), 1u);
+  EXPECT_EQ(pool_candidate(r, "cpu").calls, 0u);
 }
 
 }  // namespace

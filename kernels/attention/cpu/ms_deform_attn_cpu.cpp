@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "kernels/attention/ms_deform_attn.h"
+#include "kernels/cpu/target_clones.h"
 #include "kernels/registry.h"
 
 namespace libreyolo::kernels {
@@ -60,17 +61,6 @@ Levels read_levels(const at::Tensor& shapes, const at::Tensor& starts, int64_t S
   if (next != S) return {};
   return levels;
 }
-
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__SANITIZE_THREAD__) && \
-    !defined(__SANITIZE_ADDRESS__)
-// Function multi-versioning: the channel loops below compiled for AVX-512, AVX2 and the baseline,
-// one picked by the loader (GCC / Clang ifunc). Without it their vectorisation was left to the
-// baseline's SSE2 and to GCC's heuristics: an unrelated edit of this file once left them scalar
-// (D-FINE L's bfloat16 forward 120 -> 140 ms on a 2-core AMX Xeon, 2026-12-05).
-#define LIBREYOLO_TARGET_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
-#else
-#define LIBREYOLO_TARGET_CLONES
-#endif
 
 /// What one call samples: value (B, S, H, C), locations (B, Q, H, L, P, 2), weights (B, Q, H,
 /// L, P) float32, out (B, Q, H * C); raw pointers into contiguous tensors.
