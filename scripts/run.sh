@@ -54,9 +54,11 @@ fetch_real_model() {
   if [ "$missing" = 1 ]; then
     local hf=${LIBREYOLO_HF:-$venv/bin/hf} endpoint=${HF_ENDPOINT:-https://huggingface.co}
     # The real `hf` retries for half a minute when offline: ask the Hub once, briefly, first.
+    local err
     if [ -z "${LIBREYOLO_HF:-}" ] &&
-      ! curl -fsS --max-time 10 -o /dev/null "$endpoint/api/models/$real" 2>/dev/null; then
-      why="$endpoint/api/models/$real did not answer within 10 s"
+      ! err=$(curl -fsS --max-time 10 -o /dev/null "$endpoint/api/models/$real" 2>&1); then
+      # curl's own words: a timeout, a name that does not resolve, or an HTTP error status.
+      why="$endpoint/api/models/$real: $(echo "$err" | tail -1)"
       return 1
     fi
     mkdir -p "$dl"
