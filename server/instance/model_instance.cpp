@@ -120,8 +120,11 @@ void ModelInstance::loop() {
     log::warn("model '" + name_ + "': " + e.what() + "; using the current stream");
   }
   at::InferenceMode inference;
-  // One batch in flight on the device while the next is assembled and the previous one is
-  // post-processed: the GPU does not wait for the host between batches.
+  // On CUDA, one batch in flight on the device while the next is assembled and the previous one
+  // is post-processed: the GPU does not wait for the host between batches. On the CPU the
+  // forward has finished when launch returns, so the batch is answered at once: deferring it
+  // made its answers wait for the next batch's whole forward whenever a request was queued.
+  const bool overlap = model_->device.is_cuda();
   std::unique_ptr<InFlight> previous;
   while (healthy_) {
     if (previous && scheduler_.pending() == 0) finish(std::move(previous));  // nothing to overlap
@@ -131,6 +134,10 @@ void ModelInstance::loop() {
     if (next == Scheduler::Next::stopped) break;
     if (next == Scheduler::Next::again) continue;
     auto current = launch(batch);
+    if (!overlap) {
+      finish(std::move(current));
+      continue;
+    }
     if (previous) finish(std::move(previous));
     previous = std::move(current);
   }

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <atomic>
 #include <cmath>
 #include <future>
 #include <mutex>
@@ -598,6 +599,39 @@ TEST_F(ServerGrpc, DeadlineExpiredInQueueNeverRuns) {
   EXPECT_EQ(FakeState::get().batches(), (std::vector<int64_t>{1, 1})) << "the expired request ran";
   const auto metrics = daemon_->metrics().serialize();
   EXPECT_NE(metrics.find(expired_line), std::string::npos) << metrics;
+}
+
+/// A CPU model's batch is answered as soon as its forward returns, not after the next batch's
+/// forward: the one-batch-in-flight overlap is for CUDA, whose forwards are asynchronous. With
+/// the overlap on the CPU, a request queued behind a batch held that batch's answers for its own
+/// whole forward (here: until the test lets the second forward end).
+TEST_F(ServerGrpc, CpuAnswersDoNotWaitForTheNextForward) {
+  rpc::Client c(*address_);
+  const auto jpg = rpc::pack_bytes({read_file(kFixtures + "/images/coffee.jpg")});
+  std::promise<void> gate;
+  std::shared_future<void> second_may_end = gate.get_future().share();
+  std::atomic<int> forwards{0};
+  FakeState::get().in_forward = [&forwards, second_may_end] {
+    if (++forwards == 2) second_may_end.wait();
+  };
+  HeldForwards held;
+  auto first =
+      std::async(std::launch::async, [&] { return c.infer(images_request("fake", 1), {jpg}); });
+  ASSERT_TRUE(FakeState::get().wait_entered(1));
+  auto second =
+      std::async(std::launch::async, [&] { return c.infer(images_request("fake", 1), {jpg}); });
+  // max_batch_size 1: the second request waits in the queue while the first forward runs.
+  const std::string queued = "libreyolo_pending_requests{model=\"fake\"} 1";
+  for (int i = 0; i < 1000 && daemon_->metrics().serialize().find(queued) == std::string::npos; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  ASSERT_NE(daemon_->metrics().serialize().find(queued), std::string::npos);
+  held.release();  // the first forward ends; the second one starts and waits for the gate
+  const bool answered = first.wait_for(std::chrono::seconds(20)) == std::future_status::ready;
+  gate.set_value();
+  EXPECT_TRUE(answered) << "the first request's answer waited for the second forward";
+  EXPECT_TRUE(first.get().ok());
+  EXPECT_TRUE(second.get().ok());
+  FakeState::get().in_forward = nullptr;
 }
 
 TEST_F(ServerGrpc, DynamicBatchingGroupsConcurrentRequests) {
