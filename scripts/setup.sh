@@ -40,6 +40,8 @@ build_debs=(
   # pkg-config file, whose Requires.private (openssl, zlib, libbrotli*) pkg-config resolves even
   # for a shared build: their -dev packages must be there (apt pulls them as Depends too).
   libcpp-httplib-dev zlib1g-dev libbrotli-dev
+  # tcmalloc_minimal, the daemon's malloc (CMakeLists.txt LIBREYOLO_TCMALLOC says why).
+  libgoogle-perftools-dev
 )
 if [ "$mode" = image ]; then
   debs=("${build_debs[@]}")

@@ -11,6 +11,7 @@
 // SIGINT/SIGTERM/SIGHUP are blocked in every thread from the first instruction of the process on
 // (see block_stop_signals) and only one thread, Signals, takes them with sigwait: a signal sent
 // while LibTorch or the models load is neither lost nor delivered to a library's thread.
+#include <dlfcn.h>
 #include <malloc.h>
 #include <pthread.h>
 
@@ -83,7 +84,9 @@ void block_stop_signals(int, char**, char**) {
 /// 2-core soak at concurrency 64 (docs/SOAK.md) 24 arena heaps held 700 MB and RSS plateaued ~230
 /// MB higher than with 2 arenas at the same throughput; on a 64-core host the default allows 512.
 /// Two arenas unless the operator chose (MALLOC_ARENA_MAX or GLIBC_TUNABLES, which glibc reads
-/// itself). Runs from the pre-init array, before any library's initialiser starts a thread.
+/// itself). Runs from the pre-init array, before any library's initialiser starts a thread. A
+/// build linked with tcmalloc (CMakeLists.txt LIBREYOLO_TCMALLOC) has no arenas: its mallopt
+/// does nothing, and its per-thread caches are bounded by tcmalloc itself.
 void limit_malloc_arenas(int, char**, char**) {
   if (std::getenv("MALLOC_ARENA_MAX") != nullptr || std::getenv("GLIBC_TUNABLES") != nullptr)
     return;
@@ -293,13 +296,19 @@ int main(int argc, char** argv) {
     log::error(std::string("start-up failed: ") + e.what());
     return 1;
   }
-  // Freed memory back to the kernel once the daemon is idle: glibc keeps what a load freed (its
-  // arenas held much of the RSS long after a load: docs/SOAK.md "After the load"), so RSS only
-  // went up from run to run. Checked every 5 s; idle = the process used under 5% of one core
-  // meanwhile, so a busy daemon never pays for the page faults that follow a trim. malloc_trim(0)
-  // releases the free pages of every arena (madvise), not only the heap's top; when nothing was
-  // freed it is a cheap walk.
-  std::thread([] {
+  // Freed memory back to the kernel once the daemon is idle: the allocator keeps what a load
+  // freed (glibc's arenas held much of the RSS long after a load: docs/SOAK.md "After the
+  // load"), so RSS only went up from run to run. Checked every 5 s; idle = the process used
+  // under 5% of one core meanwhile, so a busy daemon never pays for the page faults that follow
+  // a release. With tcmalloc (CMakeLists.txt LIBREYOLO_TCMALLOC) its
+  // MallocExtension_ReleaseFreeMemory returns the free spans; found by name, so that a build
+  // without it keeps glibc's malloc_trim(0), which releases the free pages of every arena.
+  using ReleaseFn = void (*)();
+  const auto tcmalloc_release =
+      reinterpret_cast<ReleaseFn>(::dlsym(RTLD_DEFAULT, "MallocExtension_ReleaseFreeMemory"));
+  log::info(std::string("memory allocator: ") +
+            (tcmalloc_release ? "tcmalloc (gperftools)" : "glibc malloc"));
+  std::thread([tcmalloc_release] {
     auto cpu_seconds = [] {
       rusage u{};
       getrusage(RUSAGE_SELF, &u);
@@ -311,7 +320,12 @@ int main(int argc, char** argv) {
     for (;;) {
       std::this_thread::sleep_for(std::chrono::duration<double>(kPeriod));
       const double now = cpu_seconds();
-      if (now - last < kIdleShare * kPeriod) malloc_trim(0);
+      if (now - last < kIdleShare * kPeriod) {
+        if (tcmalloc_release)
+          tcmalloc_release();
+        else
+          malloc_trim(0);
+      }
       last = now;
     }
   }).detach();
