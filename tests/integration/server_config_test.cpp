@@ -259,6 +259,44 @@ TEST(ServerBinary, SigtermDrainsThenExitsZero) {
   remove_tree(dir);
 }
 
+/// The allocator this build linked, from its CMake cache: "tcmalloc" when LIBREYOLO_TCMALLOC is on
+/// and found the library (CMakeLists.txt libreyolo_use_tcmalloc), else "glibc".
+std::string linked_allocator() {
+  const std::string cache = read_file(std::string(LIBREYOLO_BINARY_DIR) + "/CMakeCache.txt");
+  const bool on = cache.find("\nLIBREYOLO_TCMALLOC:BOOL=ON\n") != std::string::npos;
+  const auto at = cache.find("\nLIBREYOLO_TCMALLOC_LIBRARY:FILEPATH=");
+  const bool found =
+      at != std::string::npos && cache.compare(cache.find('\n', at + 1) - 9, 9, "-NOTFOUND") != 0;
+  return on && found ? "tcmalloc" : "glibc";
+}
+
+/// The daemon says which malloc it runs (server/main.cpp): tcmalloc where the build linked it,
+/// which is what its idle memory release calls too.
+TEST(ServerBinary, LogsTheMemoryAllocatorItRuns) {
+  if (!fs::exists(binary())) GTEST_SKIP() << binary() << " not built";
+  const auto dir = temp_dir("allocator");
+  const int port = free_port();
+  write_file(dir / "s.yaml", "server:\n  drain_seconds: 0\n  http_address: \"off\"\n");
+  fs::create_directories(dir / "empty");
+  const auto out = (dir / "out.txt").string();
+  const pid_t pid =
+      spawn({"--config", (dir / "s.yaml").string(), "--model-repository", (dir / "empty").string(),
+             "--grpc-address", "127.0.0.1:" + std::to_string(port)},
+            out, /*with_stderr=*/true);
+  ASSERT_TRUE(wait_port(port, 30)) << "the daemon never listened";
+  const auto t0 = std::chrono::steady_clock::now();
+  while (std::chrono::steady_clock::now() - t0 < std::chrono::seconds(30) &&
+         read_file(out).find("memory allocator: ") == std::string::npos)
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  ::kill(pid, SIGTERM);
+  EXPECT_EQ(wait_exit(pid, 15), 0);
+  const std::string expected = linked_allocator() == "tcmalloc"
+                                   ? "[info] memory allocator: tcmalloc (gperftools)\n"
+                                   : "[info] memory allocator: glibc malloc\n";
+  EXPECT_NE(read_file(out).find(expected), std::string::npos) << read_file(out);
+  remove_tree(dir);
+}
+
 /// Starts the daemon on an empty repository with `drain_seconds`, sends SIGINT twice `gap_ms`
 /// apart once it is live, and returns its exit status (-1 when it never listened).
 int exit_after_two_sigints(const std::string& name, const std::string& drain_seconds, int gap_ms) {
