@@ -194,7 +194,13 @@ TEST(MaxPool2dCpu, DeclinesWhatItDoesNotServe) {
   EXPECT_TRUE(at::equal(max_pool2d(h, ints, g), at::max_pool2d(ints, {3, 3}, {2, 2}, {1, 1})));
   const auto grad = x.contiguous(at::MemoryFormat::ChannelsLast).requires_grad_(true);
   EXPECT_TRUE(max_pool2d(h, grad, g).requires_grad());
+  // A direct call of the handle, past the slot entry's checks: a zero stride is declined, not
+  // divided by (it used to be, in the output size, before the parameters were checked).
+  PoolGeometry zero_stride = g;
+  zero_stride.stride_w = 0;
+  EXPECT_FALSE(h(x.contiguous(at::MemoryFormat::ChannelsLast), zero_stride).has_value());
   const auto declined = pool_candidate(r, "cpu").declined;
+  EXPECT_EQ(declined.at("cpu: geometry"), 1u);
   EXPECT_EQ(declined.at("cpu: channels_last input only"), 1u);
   EXPECT_EQ(declined.at("cpu: dtype (float32, bfloat16 or float16)"), 1u);
   EXPECT_EQ(declined.at("cpu: autograd (no backward)"), 1u);
