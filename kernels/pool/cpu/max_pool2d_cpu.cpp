@@ -4,8 +4,9 @@
 // Why: ATen's CPU max_pool2d on these maps runs aten::max_pool2d_with_indices (the profiler
 // names it under the forward) and writes an int64 index map beside the output: for HGNetV2's stem
 // pooling, (1, 32, 321, 321) bfloat16 -> (1, 32, 320, 320), 26 MB of fresh indices next to a 6.5 MB
-// output, and 7.2 ms of D-FINE L's 108 ms bfloat16 forward on a 2-core AMX Xeon
-// (libreyolo-bench-models --profile, 2026-12-05; OpenVINO's MaxPool on the same graph: 0.8 ms). The
+// output. In D-FINE L's bfloat16 forward on a 2-core AMX Xeon (`perf`, 2026-12-05) ATen's pooling
+// took 2.6% of the CPU samples, this one 1.1%: about 1.5 ms of 110, a small gain
+// (docs/BENCHMARKS.md; OpenVINO's MaxPool on the same graph: 0.8 ms). The
 // activations of CPU models are channels_last (the `onednn` conv2d_bias_act writes nhwc), where a
 // pixel's C channels are contiguous: each output pixel is the element-wise maximum of its window's
 // pixel vectors.
