@@ -13,9 +13,14 @@ std::string sizes_of(const at::Tensor& t) {
 
 /// Row-wise quantisation of float32 `x` (..., K): the rule of quantize_fp8_weight. The clamp
 /// comes before the cast because ATen's float8 cast does not saturate (448.5 would be NaN).
+/// 448 is a tensor, not a scalar: ATen's CUDA division by a CPU scalar multiplies by its
+/// reciprocal (aten/src/ATen/native/cuda/BinaryDivTrueKernel.cu), which would make the scale
+/// depend on the device; tensor by tensor is an IEEE division on both (as the CUDA kernel of
+/// kernels/gemm/cuda/fp8_quant_rows_cuda.h computes it).
 std::pair<at::Tensor, at::Tensor> quantize_float_rows(const at::Tensor& x) {
   const auto amax = x.abs().amax(-1, /*keepdim=*/true);
-  const auto scale = at::where(amax > 0, amax / kFp8E4m3Max, at::ones_like(amax));
+  const auto scale = at::where(amax > 0, amax / at::scalar_tensor(kFp8E4m3Max, amax.options()),
+                               at::ones_like(amax));
   auto data = (x / scale).clamp(-kFp8E4m3Max, kFp8E4m3Max).to(at::kFloat8_e4m3fn);
   return {data.contiguous(), scale.contiguous()};
 }

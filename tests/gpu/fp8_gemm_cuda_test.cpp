@@ -8,8 +8,12 @@
 #include <gtest/gtest.h>
 
 #include <iostream>
+#include <limits>
 #include <string>
+#include <utility>
+#include <vector>
 
+#include "kernels/gemm/cuda/fp8_quant_rows_cuda.h"
 #include "kernels/gemm/fp8_gemm.h"
 #include "models/model.h"
 #include "tests/gpu/cuda_test_util.h"
@@ -65,6 +69,42 @@ TEST(Fp8GemmCuda, ScaledMmIsTheQuantisedGemmRoundedToBfloat16) {
     EXPECT_LE(rel, 4e-3);  // the bfloat16 output's rounding (2^-9) and the accumulation order
     EXPECT_GE(cos, 0.999);
   }
+}
+
+/// The one-kernel activation quantisation (kernels/gemm/cuda/fp8_quant_rows_cuda.h) against the
+/// ATen ops of quantize_fp8_rows: every byte and every scale, on rows of randn, a zero row, a row
+/// with a NaN, an infinity, values past 448 and subnormal magnitudes.
+TEST(Fp8GemmCuda, OneKernelRowQuantisationIsTheAtenRule) {
+  REQUIRE_CUDA();
+  at::manual_seed(12);
+  const auto cuda = at::TensorOptions().device(at::kCUDA);
+  for (const auto& [m, k] :
+       std::vector<std::pair<int64_t, int64_t>>{{6304, 768}, {7, 3072}, {33, 8}, {5, 1000}}) {
+    SCOPED_TRACE(std::to_string(m) + "x" + std::to_string(k));
+    auto x = (at::randn({m, k}, cuda) * 3).to(at::kBFloat16);
+    x[0].zero_();
+    if (m > 4) {
+      x[1][k / 2] = std::numeric_limits<float>::quiet_NaN();
+      x[2][0] = std::numeric_limits<float>::infinity();
+      x[3] *= 1000;   // amax far past 448
+      x[4] *= 1e-38;  // subnormal magnitudes after the scale
+    }
+    ASSERT_TRUE(cuda::quantize_fp8_rows_bf16_accepts(x));
+    const auto [data, scale] = cuda::quantize_fp8_rows_bf16(x);
+    const auto [ref_data, ref_scale] = quantize_fp8_rows(x);
+    ASSERT_EQ(data.sizes(), ref_data.sizes());
+    ASSERT_EQ(scale.sizes(), ref_scale.sizes());
+    EXPECT_TRUE(at::equal(data.view(at::kByte), ref_data.view(at::kByte)));
+    EXPECT_TRUE(at::equal(scale.view(at::kInt), ref_scale.view(at::kInt)));
+    EXPECT_EQ(scale[0].item<float>(), 1.f);             // a zero row
+    if (m > 4) EXPECT_EQ(scale[1].item<float>(), 1.f);  // a row holding NaN
+  }
+  const auto bf16 = cuda.dtype(at::kBFloat16);
+  EXPECT_FALSE(cuda::quantize_fp8_rows_bf16_accepts(at::randn({4, 12}, bf16)));  // K % 8
+  EXPECT_FALSE(cuda::quantize_fp8_rows_bf16_accepts(at::randn({4, 16}, cuda)));  // float32
+  EXPECT_FALSE(  // a view 2 bytes into its storage
+      cuda::quantize_fp8_rows_bf16_accepts(at::randn({65}, bf16).narrow(0, 1, 64).view({4, 16})));
+  EXPECT_THROW(cuda::quantize_fp8_rows_bf16(at::randn({4, 12}, bf16)), c10::Error);
 }
 
 TEST(Fp8GemmCuda, DeclinesAndBindRules) {

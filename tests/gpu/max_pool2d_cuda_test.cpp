@@ -107,10 +107,13 @@ TEST(MaxPool2dCuda, DeclinesAreCountedAndRunNothing) {
   EXPECT_FALSE(h(x.cpu().contiguous(at::MemoryFormat::ChannelsLast), geometry(3, 2, 1)));
   EXPECT_FALSE(h(x.to(at::kDouble).contiguous(at::MemoryFormat::ChannelsLast), geometry(3, 2, 1)));
   EXPECT_TRUE(h(x.contiguous(at::MemoryFormat::ChannelsLast), geometry(3, 2, 1)));
+  // A direct call past the slot entry's checks: stride 0 would divide by zero in the output size.
+  EXPECT_FALSE(h(x.contiguous(at::MemoryFormat::ChannelsLast), geometry(3, 0, 1)));
   test::expect_calls_and_declines(reg, kMaxPool2d.name, "cuda", 1,
                                   {{"cuda: not channels_last (NCHW runs at::max_pool2d)", 1},
                                    {"cuda: not a CUDA tensor", 1},
-                                   {"cuda: dtype (float32, float16, bfloat16 only)", 1}});
+                                   {"cuda: dtype (float32, float16, bfloat16 only)", 1},
+                                   {"cuda: geometry", 1}});
 }
 
 }  // namespace

@@ -1,7 +1,8 @@
 // Benchmarks of the `cuda` implementations of ms_deform_attn and fake_quant_fp8 on the shapes the
 // families run (Deformable DETR decoder/encoder at 800x1333, RT-DETR decoder at 640), of the
 // conv2d_bias_act epilogue and max_pool2d on RT-DETR's batch-32 640 maps, of the depthwise
-// convolutions of D-FINE L's HGNetV2-B4 at batch 32 and 640, and of the portable paths (ATen)
+// convolutions of D-FINE L's HGNetV2-B4 at batch 32 and 640, of FP8 execute's quantisation and
+// GEMM on ViT-B and LW-DETR shapes, and of the portable paths (ATen)
 // and a device-to-device copy of the same bytes in the same run.
 //
 // Method (results: docs/bench/kernels.md): each measured call is captured N times into one CUDA
@@ -11,7 +12,7 @@
 // flush's own time measured alone.
 //
 // Usage: bench_kernels [--json FILE]
-//   [--ops msda,fake_quant,bias_act,max_pool,depthwise,layer_norm,window_layer_norm]
+//   [--ops msda,fake_quant,bias_act,max_pool,depthwise,layer_norm,window_layer_norm,fp8_gemm]
 // (default: all)
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
@@ -19,10 +20,12 @@
 #include <ATen/cuda/CUDAGraph.h>
 #include <c10/cuda/CUDAGuard.h>
 
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <functional>
 #include <iostream>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -32,6 +35,8 @@
 #include "kernels/conv/conv2d_bias_act.h"
 #include "kernels/conv/cuda/bias_act_cuda.h"
 #include "kernels/conv/cuda/depthwise_conv2d_cuda.h"
+#include "kernels/gemm/cuda/fp8_quant_rows_cuda.h"
+#include "kernels/gemm/fp8_gemm.h"
 #include "kernels/norm/add_layer_norm.h"
 #include "kernels/norm/cuda/add_layer_norm_cuda.h"
 #include "kernels/pool/cuda/max_pool2d_cuda.h"
@@ -303,6 +308,56 @@ void bench_max_pool() {
                   time_graph([&] { lk::max_pool2d_portable(x, g); }, 10, 10), -1, bytes});
 }
 
+/// FP8 execute's parts on ViT-B/16 batch 32 (6,304 tokens) and LW-DETR small batch 32 (51,200
+/// tokens of 192): the activation quantisation (kernels/gemm/cuda/fp8_quant_rows_cuda.h) against
+/// quantize_fp8_rows' ATen ops and a copy of as many bytes (bf16 read, e4m3 written), and the GEMM:
+/// the bfloat16 at::linear against at::_scaled_mm alone and with the quantisation (what the
+/// `scaled_mm` fp8_gemm runs per Linear). Bytes of the GEMM rows: both operands read, y written.
+void bench_fp8_gemm() {
+  const auto opts = at::TensorOptions().device(at::kCUDA).dtype(at::kBFloat16);
+  struct Case {
+    const char* shape;
+    int64_t m, k, n;
+  };
+  for (const auto& c : {Case{"6304x768->2304 (ViT-B qkv)", 6304, 768, 2304},
+                        Case{"6304x768->3072 (ViT-B fc1)", 6304, 768, 3072},
+                        Case{"6304x3072->768 (ViT-B fc2)", 6304, 3072, 768},
+                        Case{"51200x192->768 (LW-DETR fc1)", 51200, 192, 768}}) {
+    const auto x = at::randn({c.m, c.k}, opts);
+    const auto w = at::randn({c.n, c.k}, opts) / std::sqrt(double(c.k));
+    const auto bias = at::randn({c.n}, opts);
+    const auto w8 = lk::quantize_fp8_weight(w);
+    const auto ws = w8.scale.view({1, c.n});
+    const double q_bytes = mb(x) * 1.5;
+    auto dst =
+        at::empty({c.m * c.k * 3 / 2}, at::TensorOptions().device(at::kCUDA).dtype(at::kByte));
+    const auto src = at::empty_like(dst);
+    rows.push_back({"d2d copy", c.shape, "aten", "bf16->e4m3", "graph",
+                    time_graph([&] { dst.copy_(src); }, 10, 10), -1, q_bytes});
+    rows.push_back({"fp8 quantize rows", c.shape, "cuda", "bf16->e4m3", "graph",
+                    time_graph([&] { lk::cuda::quantize_fp8_rows_bf16(x); }, 10, 10), -1, q_bytes});
+    rows.push_back({"fp8 quantize rows", c.shape, "aten", "bf16->e4m3", "graph",
+                    time_graph([&] { lk::quantize_fp8_rows(x); }, 10, 10), -1, q_bytes});
+    const double g_bytes = (c.m * c.k + c.n * c.k + c.m * c.n) * 2 / 1e6;
+    rows.push_back({"linear", c.shape, "aten", "bf16", "graph",
+                    time_graph([&] { at::linear(x, w, bias); }, 10, 10), -1, g_bytes});
+    const auto [xq, xs] = lk::cuda::quantize_fp8_rows_bf16(x);
+    auto scaled_mm = [&](const at::Tensor& a, const at::Tensor& as) {
+      return at::_scaled_mm(a, w8.data.t(), as, ws, bias, std::nullopt, at::kBFloat16, false);
+    };
+    rows.push_back({"scaled_mm", c.shape, "aten", "e4m3 rowwise", "graph",
+                    time_graph([&] { scaled_mm(xq, xs); }, 10, 10), -1, g_bytes});
+    rows.push_back({"quantize+scaled_mm", c.shape, "cuda+aten", "e4m3 rowwise", "graph",
+                    time_graph(
+                        [&] {
+                          const auto [q, qs] = lk::cuda::quantize_fp8_rows_bf16(x);
+                          scaled_mm(q, qs);
+                        },
+                        10, 10),
+                    -1, g_bytes});
+  }
+}
+
 /// add_layer_norm on the ViT-backbone rows of a batch-32 forward (bf16): RF-DETR base (51,328
 /// tokens of 768: 32 images x 4 windows x 401), RF-DETR nano (18,560 x 384), LW-DETR small
 /// (51,200 x 192). The layer-scaled residual add + LayerNorm (x, delta read; sum, norm written)
@@ -463,7 +518,7 @@ std::string json_escape(const std::string& s) {
 
 int main(int argc, char** argv) {
   std::string json_path,
-      ops = "msda,fake_quant,bias_act,max_pool,depthwise,layer_norm,window_layer_norm";
+      ops = "msda,fake_quant,bias_act,max_pool,depthwise,layer_norm,window_layer_norm,fp8_gemm";
   for (int i = 1; i < argc; ++i) {
     if (std::string(argv[i]) == "--json" && i + 1 < argc) json_path = argv[++i];
     if (std::string(argv[i]) == "--ops" && i + 1 < argc) ops = argv[++i];
@@ -496,6 +551,7 @@ int main(int argc, char** argv) {
     if (wanted("layer_norm")) bench_add_layer_norm();
     if (wanted("window_layer_norm")) bench_window_layer_norm();
     if (wanted("depthwise")) bench_depthwise();
+    if (wanted("fp8_gemm") && prop->major * 10 + prop->minor >= 89) bench_fp8_gemm();
   } catch (const std::exception& e) {
     std::cerr << "bench_kernels failed: " << e.what() << "\n";
   }

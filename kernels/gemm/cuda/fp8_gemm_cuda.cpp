@@ -1,13 +1,15 @@
 // The `scaled_mm` implementation of fp8_gemm (kernels/gemm/fp8_gemm.h): x quantised per row to
-// E4M3FN (quantize_fp8_rows), then at::_scaled_mm with row-wise scales, the bias and a bfloat16
-// output in the GEMM (aten/src/ATen/native/cuda/Blas.cpp _scaled_mm_out_cuda, which runs
-// RowwiseScaledMM.cu's CUTLASS kernel on sm89 / sm90 / sm100).
+// E4M3FN (quantize_fp8_rows, in one kernel: kernels/gemm/cuda/fp8_quant_rows_cuda.h), then
+// at::_scaled_mm with row-wise scales, the bias and a bfloat16 output in the GEMM
+// (aten/src/ATen/native/cuda/Blas.cpp _scaled_mm_out_cuda, which runs RowwiseScaledMM.cu's CUTLASS
+// kernel on sm89 / sm90 / sm100).
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
 #include <ATen/cuda/CUDAContext.h>
 
 #include <optional>
 
+#include "kernels/gemm/cuda/fp8_quant_rows_cuda.h"
 #include "kernels/gemm/fp8_gemm.h"
 #include "kernels/registry.h"
 
@@ -31,7 +33,11 @@ Outcome<at::Tensor> fp8_gemm_scaled_mm(const at::Tensor& x, const at::Tensor& we
   if (x.numel() == 0) return Decline{"scaled_mm: empty input"};
   auto out_sizes = x.sizes().vec();
   out_sizes.back() = n;
-  const auto [xq, x_scale] = quantize_fp8_rows(x.reshape({-1, k}));
+  const auto rows = x.reshape({-1, k});
+  // One kernel where the rows are whole 16-byte vectors; the ATen ops otherwise (same numbers).
+  const auto [xq, x_scale] = cuda::quantize_fp8_rows_bf16_accepts(rows)
+                                 ? cuda::quantize_fp8_rows_bf16(rows)
+                                 : quantize_fp8_rows(rows);
   // weight_data (N, K) row-major: its transpose is the column-major (K, N) operand _scaled_mm
   // wants for mat2.
   const auto out = at::_scaled_mm(xq, weight_data.t(), x_scale, weight_scale.view({1, n}),
