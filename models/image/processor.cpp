@@ -319,6 +319,14 @@ std::pair<int64_t, int64_t> size_with_aspect_ratio(int64_t height, int64_t width
   }
   if ((height <= width && height == size) || (width <= height && width == size))
     return {height, width};
+  // The long side capped at longest_edge leaves the short side at half a pixel or less (rounded
+  // half to even: 0) for an image at least 2 * longest_edge times longer than wide;
+  // transformers' resize fails on it too.
+  // c10::ValueError: the server answers an image's own size as INVALID_ARGUMENT
+  // (server/core/infer_pipeline.cpp), with this message instead of ATen's.
+  TORCH_CHECK_VALUE(size > 0, "an image of height ", height, " and width ", width,
+                    " resizes to a short side of 0 pixels (shortest_edge ", shortest_edge,
+                    ", longest_edge ", longest_edge, "): its aspect ratio is too extreme");
   if (width < height) {
     const int64_t oh = have_raw ? py_int(raw_size * static_cast<double>(height) / width)
                                 : py_int(static_cast<double>(size) * height / width);

@@ -88,7 +88,8 @@ struct ProcessorConfig {
 
 /// transformers' get_size_with_aspect_ratio((height, width), shortest_edge, longest_edge)
 /// (image_transforms.py): Python's round-half-even and int() truncation on doubles.
-/// longest_edge <= 0 means none. Returns (out_height, out_width).
+/// longest_edge <= 0 means none. Returns (out_height, out_width). Throws c10::ValueError when the
+/// short side rounds to 0 (an image at least 2 * longest_edge times longer than wide).
 std::pair<int64_t, int64_t> size_with_aspect_ratio(int64_t height, int64_t width,
                                                    int64_t shortest_edge, int64_t longest_edge);
 

@@ -28,6 +28,18 @@ TEST(ImageProcessor, SizeWithAspectRatioFollowsTransformers) {
   EXPECT_EQ(size_with_aspect_ratio(320, 700, 320, 1333), HW(320, 700));
   // No longest edge.
   EXPECT_EQ(size_with_aspect_ratio(480, 640, 800, 0), HW(800, 1066));
+  // The short side rounds to 0 at 2 * longest_edge times longer than wide (raw 0.5, half to
+  // even); one pixel less rounds to 1, which is the height already: the image stays as it is.
+  EXPECT_EQ(size_with_aspect_ratio(1, 2665, 800, 1333), HW(1, 2665));
+  try {
+    size_with_aspect_ratio(1, 2666, 800, 1333);
+    ADD_FAILURE() << "no error for a 1x2666 image";
+  } catch (const c10::ValueError& e) {
+    EXPECT_EQ(std::string(e.what_without_backtrace()),
+              "an image of height 1 and width 2666 resizes to a short side of 0 pixels "
+              "(shortest_edge 800, longest_edge 1333): its aspect ratio is too extreme");
+  }
+  EXPECT_THROW(size_with_aspect_ratio(40000, 1, 320, 512), c10::ValueError);
 }
 
 TEST(ImageProcessor, ConfigDefaultsFromProcessorType) {
