@@ -111,6 +111,7 @@ void parse_restricted(const YAML::Node& n, const std::string& file, const kernel
   if (n.IsNull()) return;
   if (!n.IsMap()) fail(file, n, "server.restricted_apis must be a mapping of API groups");
   security::AccessRules rules;
+  bool metrics_set = false;
   for (const auto& kv : n) {
     const std::string group = kv.first.Scalar();
     const auto g = security::parse_group(group);
@@ -118,6 +119,7 @@ void parse_restricted(const YAML::Node& n, const std::string& file, const kernel
       fail(file, kv.first,
            "unknown API group '" + group + "' in server.restricted_apis (expected " +
                security::group_names() + ")");
+    if (*g == security::ApiGroup::metrics) metrics_set = true;
     const std::string full = "server.restricted_apis." + group;
     const YAML::Node& v = kv.second;
     security::AccessRule rule;
@@ -185,6 +187,13 @@ void parse_restricted(const YAML::Node& n, const std::string& file, const kernel
     if (rule.header.empty() || !has_value)
       fail(file, v, full + " needs header and value (or value_env)");
     rules.set(*g, rule);
+  }
+  // /metrics was in the `admin` group until `metrics` had its own: a file that restricts admin
+  // and says nothing of metrics keeps /metrics behind the same rule.
+  if (!metrics_set) {
+    auto rule = rules.rule(security::ApiGroup::admin);
+    rule.inherited_from = security::group_name(security::ApiGroup::admin);
+    rules.set(security::ApiGroup::metrics, rule);
   }
   set(c.restricted_apis, rules, file, n);
 }
@@ -491,16 +500,18 @@ std::string describe(const ServerConfig& c) {
     const auto& r = c.restricted_apis.value.rule(g);
     out << "    " << security::group_name(g) << ": ";
     if (r.kind == security::AccessRule::Kind::open) {
-      out << "open\n";
+      out << "open";
     } else if (r.kind == security::AccessRule::Kind::loopback) {
-      out << "loopback\n";
+      out << "loopback";
     } else if (!r.value_env.empty()) {
       out << "{header: " << yaml_string(r.header) << ", value_env: " << yaml_string(r.value_env)
-          << "}\n";
+          << "}";
     } else {
       // Never the secret itself: the printed file does not read back to it.
-      out << "{header: " << yaml_string(r.header) << ", value: \"(not shown)\"}\n";
+      out << "{header: " << yaml_string(r.header) << ", value: \"(not shown)\"}";
     }
+    if (!r.inherited_from.empty()) out << "  # " << r.inherited_from << "'s rule (not set)";
+    out << "\n";
   }
   // Absolute, so that the printed file reads back to the same folder from wherever it is saved
   // (a relative path in a file is relative to that file's folder).

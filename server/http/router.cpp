@@ -108,8 +108,9 @@ security::ApiGroup Route::group() const {
     case shm_unregister:
       return G::shared_memory;
     case active:
-    case metrics:
       return G::admin;
+    case metrics:
+      return G::metrics;
     case infer:
     case none:
       break;

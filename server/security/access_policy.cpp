@@ -10,8 +10,8 @@ namespace libreyolo::server::security {
 namespace {
 
 constexpr std::array<const char*, kApiGroups> kNames = {
-    "health",       "metadata",         "inference",  "shared-memory",
-    "model-config", "model-repository", "statistics", "admin"};
+    "health",           "metadata",   "inference", "shared-memory", "model-config",
+    "model-repository", "statistics", "admin",     "metrics"};
 
 /// Equal contents, in time that depends on the lengths only (OpenSSL's CRYPTO_memcmp).
 bool same_secret(const std::string& a, const std::string& b) {

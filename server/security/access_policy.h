@@ -15,7 +15,8 @@ namespace libreyolo::server::security {
 
 /// The API groups a rule applies to. Triton's protocol names where Triton has the group
 /// (health, metadata, inference, shared-memory, model-config, model-repository, statistics),
-/// plus `admin` for this daemon's /active and /metrics.
+/// plus `admin` for this daemon's /active and `metrics` for /metrics (apart, so that a scraper
+/// such as a PodMonitor, which cannot send a header, can be let in where /active is not).
 enum class ApiGroup : int {
   health,            ///< ServerLive/Ready, ModelReady, grpc.health.v1, /v2/health/*
   metadata,          ///< ServerMetadata, ModelMetadata, GET /v2, GET /v2/models/M
@@ -24,9 +25,11 @@ enum class ApiGroup : int {
   model_config,      ///< ModelConfig, GET .../config
   model_repository,  ///< repository index, load, unload
   statistics,        ///< ModelStatistics, GET .../stats
-  admin,             ///< GET /active, GET /metrics (HTTP only)
+  admin,             ///< GET /active (HTTP only)
+  metrics,           ///< GET /metrics (HTTP only); server.yaml without a `metrics` rule gives
+                     ///< it the `admin` rule (server/config/config.cpp), as before the split
 };
-inline constexpr int kApiGroups = 8;
+inline constexpr int kApiGroups = 9;
 
 /// The group's name as written in server.yaml ("shared-memory", "model-repository", ...).
 const char* group_name(ApiGroup group);
@@ -51,6 +54,9 @@ struct AccessRule {
   /// The environment variable `value` was read from (server.yaml's value_env), shown by
   /// --print-config instead of the value; "" when the value was written in the file.
   std::string value_env;
+  /// The group whose rule this is when server.yaml did not set this group's own (`metrics`
+  /// takes `admin`'s), said by --print-config; "" otherwise.
+  std::string inherited_from;
 };
 
 /// The transport a denied call came over (the metric's `protocol` label).

@@ -349,11 +349,31 @@ TEST(RestrictedApisConfig, RulesParseAndBadOnesAreRefused) {
       << printed;
   EXPECT_NE(printed.find("    admin: {header: admin-key, value_env: LIBREYOLO_ADMIN_KEY}\n"),
             std::string::npos);
+  // No metrics rule: /metrics keeps admin's, as when it was in the admin group, and says so.
+  EXPECT_EQ(r.rule(security::ApiGroup::metrics).kind, security::AccessRule::Kind::header);
+  EXPECT_EQ(r.rule(security::ApiGroup::metrics).value, "from-env");
+  EXPECT_NE(printed.find("    metrics: {header: admin-key, value_env: LIBREYOLO_ADMIN_KEY}  # "
+                         "admin's rule (not set)\n"),
+            std::string::npos)
+      << printed;
+  // Its own rule wins; the printed file reads back to the same rules.
+  const auto own = parse_config(
+      "server:\n  restricted_apis:\n    admin: {header: admin-key, value: s3cret}\n"
+      "    metrics: loopback\n",
+      "f.yaml", {}, {});
+  EXPECT_EQ(own.restricted_apis.value.rule(security::ApiGroup::metrics).kind,
+            security::AccessRule::Kind::loopback);
+  EXPECT_NE(describe(own).find("    metrics: loopback\n"), std::string::npos) << describe(own);
+  const auto none =
+      parse_config("server:\n  restricted_apis:\n    health: open\n", "f.yaml", {}, {});
+  EXPECT_EQ(none.restricted_apis.value.rule(security::ApiGroup::metrics).kind,
+            security::AccessRule::Kind::open);
 
   const std::pair<std::string, std::string> bad[] = {
       {"server:\n  restricted_apis:\n    trace: open\n",
        "f.yaml:3:5: unknown API group 'trace' in server.restricted_apis (expected health, "
-       "metadata, inference, shared-memory, model-config, model-repository, statistics, admin)"},
+       "metadata, inference, shared-memory, model-config, model-repository, statistics, admin, "
+       "metrics)"},
       {"server:\n  restricted_apis:\n    admin: closed\n",
        "f.yaml:3:12: server.restricted_apis.admin must be open, loopback or {header: NAME, "
        "value: VALUE}, got 'closed'"},
@@ -474,9 +494,39 @@ TEST_F(SecuredDaemon, ARestrictedGroupNeedsItsHeaderTheOthersStayOpen) {
   EXPECT_NE(
       r.body.find("libreyolo_api_denied_total{group=\"model-repository\",protocol=\"http\"} 1"),
       std::string::npos);
-  EXPECT_NE(r.body.find("libreyolo_api_denied_total{group=\"admin\",protocol=\"http\"} 1"),
+  // GET /metrics without the header: counted as the metrics group (its rule is admin's here).
+  EXPECT_NE(r.body.find("libreyolo_api_denied_total{group=\"metrics\",protocol=\"http\"} 1"),
+            std::string::npos);
+  EXPECT_NE(r.body.find("libreyolo_api_denied_total{group=\"admin\",protocol=\"http\"} 0"),
             std::string::npos);
   EXPECT_NE(r.body.find("libreyolo_api_denied_total{group=\"inference\",protocol=\"grpc\"} 0"),
+            std::string::npos);
+}
+
+/// /active behind a header, /metrics open: what a PodMonitor (no headers) scrapes.
+class MetricsOpenDaemon : public FakeDaemonTest {
+ protected:
+  void SetUp() override {
+    start_daemon(
+        "server:\n  restricted_apis:\n"
+        "    admin: {header: admin-key, value: s3cret}\n"
+        "    metrics: open\n");
+  }
+};
+
+TEST_F(MetricsOpenDaemon, MetricsAnswerWithoutTheHeaderActiveDoesNot) {
+  const int port = daemon_->http_port();
+  auto r = http_request(port, "GET", "/active");
+  EXPECT_EQ(r.status, 403);
+  EXPECT_EQ(r.body, "{\"error\":\"This API is restricted, expecting header 'admin-key'\"}");
+  r = http_request(port, "GET", "/active", "", {"admin-key: s3cret"});
+  EXPECT_EQ(r.status, 200);
+  r = http_request(port, "GET", "/metrics");
+  ASSERT_EQ(r.status, 200);
+  EXPECT_NE(r.body.find("libreyolo_api_denied_total{group=\"admin\",protocol=\"http\"} 1"),
+            std::string::npos)
+      << r.body;
+  EXPECT_NE(r.body.find("libreyolo_api_denied_total{group=\"metrics\",protocol=\"http\"} 0"),
             std::string::npos);
 }
 
