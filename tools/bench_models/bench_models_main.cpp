@@ -6,6 +6,7 @@
 //                          [--layouts default|on|off] [--out FILE.json] [--profile]
 //                          [--no-cudnn-benchmark] [--prompt "a cat. a dog."]
 //                          [--prompt-cache on|off|off,on] [--quantization none|fp8]
+//                          [--slot SLOT=IMPL,IMPL ...]
 // Prints one line per batch size: ms per forward (median of --iters, after --warmup), images/s,
 // and the kernel calls counted per implementation of ms_deform_attn, so that a run under
 // LIBREYOLO_KERNELS=reference (portable path) and one without can be compared; then one
@@ -45,6 +46,10 @@
 // does not cache its text (PromptedDetector::caches_text false) prints `prompt_cache=n/a` and times
 // nothing under `on`. Prompted forwards are not captured in CUDA graphs (the daemon runs them
 // eagerly): --cuda-graph with a prompted model is a usage error.
+// --slot SLOT=IMPL,... (repeatable) restricts one slot to those implementations, as a model's
+// serving.yaml `kernels.slots.SLOT.allow` does (models::LoadOptions::kernel_slots); nothing after
+// '=' leaves the slot its portable path: an A/B of one implementation on the same build, e.g.
+// --slot concat= against the default.
 // Exit codes: 0 ok, 1 runtime error, 2 usage error.
 #include <ATen/ATen.h>
 #include <ATen/Context.h>
@@ -65,6 +70,7 @@
 #include "kernels/attention/ms_deform_attn.h"
 #include "kernels/kernels.h"
 #include "kernels/policy.h"
+#include "kernels/registry.h"
 #include "models/layers/attention.h"
 #include "models/model.h"
 #include "models/prompted.h"
@@ -79,7 +85,7 @@ int usage() {
                "[--tf32] [--cuda-graph] [--fused-attention default|on|off] "
                "[--layouts default|on|off] [--out FILE.json] [--profile] [--no-cudnn-benchmark] "
                "[--prompt \"a cat. a dog.\"] [--prompt-cache on|off|off,on] "
-               "[--quantization none|fp8]\n";
+               "[--quantization none|fp8] [--slot SLOT=IMPL,IMPL ...]\n";
   return 2;
 }
 
@@ -156,6 +162,7 @@ int main(int argc, char** argv) {
   std::string model_dir, device_name = "cpu", dtype_name = "float32", batches = "1,8";
   std::string fused = "default", layouts, out, prompt = "a cat. a dog.", cache_modes = "on";
   std::string quantization = "none";
+  libreyolo::kernels::SlotAllow slots;
   int64_t height = 640, width = 640;
   int iters = 10, warmup = 3;
   bool tf32 = false, cuda_graph = false, profile = false, cudnn_benchmark = true;
@@ -197,7 +204,15 @@ int main(int argc, char** argv) {
         cache_modes = next();
       else if (a == "--quantization")
         quantization = next();
-      else
+      else if (a == "--slot") {
+        const std::string spec = next();
+        const auto eq = spec.find('=');
+        if (eq == std::string::npos || eq == 0) return usage();
+        auto& allow = slots[spec.substr(0, eq)];
+        std::stringstream names(spec.substr(eq + 1));
+        for (std::string name; std::getline(names, name, ',');)
+          if (!name.empty()) allow.push_back(name);
+      } else
         return usage();
     } catch (const std::exception&) {
       return usage();
@@ -241,6 +256,7 @@ int main(int argc, char** argv) {
                               kernels::Source::flag, "--layouts"};
     if (quantization == "fp8")
       options.quantization = libreyolo::models::quantization::Quantization::fp8;
+    options.kernel_slots = slots;
     const auto model = libreyolo::models::load_model(model_dir, options);
     const auto& q = model->quantization();
     if (quantization == "fp8")
