@@ -447,6 +447,15 @@ TEST(AccessPolicy, LoopbackPeersAndHeaderValues) {
   EXPECT_EQ(policy.denied(ApiGroup::admin, Protocol::grpc), 0u);
 }
 
+/// `method path` (body `body`) without a header: HTTP 403 with Triton's text naming admin-key.
+void expect_needs_admin_key(int port, const std::string& method, const std::string& path,
+                            const std::string& body = "") {
+  const auto r = http_request(port, method, path, body);
+  EXPECT_EQ(r.status, 403) << method << " " << path;
+  EXPECT_EQ(r.body, "{\"error\":\"This API is restricted, expecting header 'admin-key'\"}")
+      << method << " " << path;
+}
+
 /// The daemon with model-repository and admin restricted to header admin-key: s3cret.
 class SecuredDaemon : public FakeDaemonTest {
  protected:
@@ -476,13 +485,10 @@ TEST_F(SecuredDaemon, ARestrictedGroupNeedsItsHeaderTheOthersStayOpen) {
   EXPECT_EQ(anonymous.call("ModelMetadata", "name: \"fake\"").code, Code::ok);
 
   const int port = daemon_->http_port();
-  auto r = http_request(port, "POST", "/v2/repository/index", "{}");
-  EXPECT_EQ(r.status, 403);
-  EXPECT_EQ(r.body, "{\"error\":\"This API is restricted, expecting header 'admin-key'\"}");
-  r = http_request(port, "POST", "/v2/repository/index", "{}", {"Admin-Key: s3cret"});
+  expect_needs_admin_key(port, "POST", "/v2/repository/index", "{}");
+  auto r = http_request(port, "POST", "/v2/repository/index", "{}", {"Admin-Key: s3cret"});
   EXPECT_EQ(r.status, 200);
-  r = http_request(port, "GET", "/metrics");
-  EXPECT_EQ(r.status, 403);
+  expect_needs_admin_key(port, "GET", "/metrics");
   r = http_request(port, "GET", "/v2/health/ready");
   EXPECT_EQ(r.status, 200);
   r = http_request(port, "GET", "/metrics", "", {"admin-key: s3cret"});
@@ -516,10 +522,8 @@ class MetricsOpenDaemon : public FakeDaemonTest {
 
 TEST_F(MetricsOpenDaemon, MetricsAnswerWithoutTheHeaderActiveDoesNot) {
   const int port = daemon_->http_port();
-  auto r = http_request(port, "GET", "/active");
-  EXPECT_EQ(r.status, 403);
-  EXPECT_EQ(r.body, "{\"error\":\"This API is restricted, expecting header 'admin-key'\"}");
-  r = http_request(port, "GET", "/active", "", {"admin-key: s3cret"});
+  expect_needs_admin_key(port, "GET", "/active");
+  auto r = http_request(port, "GET", "/active", "", {"admin-key: s3cret"});
   EXPECT_EQ(r.status, 200);
   r = http_request(port, "GET", "/metrics");
   ASSERT_EQ(r.status, 200);
