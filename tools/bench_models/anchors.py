@@ -26,6 +26,7 @@ and irrelevant for bf16. --device cpu times wall-clock medians (the CPU rows of
 docs/BENCHMARKS.md: fp32, --threads as libreyolo's OMP_NUM_THREADS; else torch's default).
 """
 import argparse
+import copy
 import statistics
 import sys
 import time
@@ -123,11 +124,13 @@ def main():
     auto = tr.AutoModelForImageClassification if config.model_type in CLASSIFIERS \
         else tr.AutoModelForZeroShotObjectDetection if prompted else tr.AutoModelForObjectDetection
     processor = tr.AutoProcessor.from_pretrained(a.ckpt) if prompted else None
-    model = auto.from_pretrained(a.ckpt).eval().to(a.device)
+    # Kept in float32 on the CPU: each mode converts a copy, since nn.Module.to(dtype) works in
+    # place and a float32 mode after a bfloat16 one would otherwise run on rounded weights.
+    model = auto.from_pretrained(a.ckpt).eval()
     name = a.ckpt.rstrip("/").split("/")[-1]
     size = a.size if height != width else str(height)
     for mode, kind, dtype, cl in modes:
-        m = model.to(dtype)
+        m = copy.deepcopy(model).to(device=a.device, dtype=dtype)
         # OmDet-Turbo keeps its text encodings in LRU caches of the model (transformers'
         # OmDetTurboLRUCache, language_cache_class / language_cache_prompt): entries of the
         # previous mode's dtype would reach this mode's GEMMs. Within a mode the cache stays, as a
