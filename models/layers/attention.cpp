@@ -100,7 +100,7 @@ int set_fused_attention(torch::nn::Module& root, bool enabled) {
 }
 
 bool fused_attention_by_default(const at::Device& device, at::ScalarType dtype) {
-  return device.is_cuda() && (dtype == at::kHalf || dtype == at::kBFloat16);
+  return (device.is_cuda() || device.is_cpu()) && (dtype == at::kHalf || dtype == at::kBFloat16);
 }
 
 }  // namespace libreyolo::models::layers

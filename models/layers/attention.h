@@ -123,12 +123,13 @@ using ProjectedAttention = std::shared_ptr<ProjectedAttentionImpl>;
 int set_fused_attention(torch::nn::Module& root, bool enabled);
 
 /// The device rule for a model whose configuration leaves fused attention at `default`: true
-/// for CUDA models in float16 / bfloat16, whose fused kernels (SDPA flash / cuDNN / memory-
-/// efficient) are much faster on the ViT-backbone families (docs/BENCHMARKS.md, "Attention, manual
-/// vs SDPA") and whose manual math is no more
-/// exact than 16-bit rounding anyway; false otherwise, so that float32 and CPU models keep the
-/// family's default (the byte-exact parity bar with transformers is a float32 rule).
-/// docs/DESIGN.md "Fused attention".
+/// for CUDA and CPU models in float16 / bfloat16, whose manual math is no more exact than 16-bit
+/// rounding anyway: on CUDA the fused kernels (SDPA flash / cuDNN / memory-efficient) are much
+/// faster on the ViT-backbone families (docs/BENCHMARKS.md, "Attention, manual vs SDPA"), on the
+/// CPU SDPA's flash kernel made RT-DETR-R18 / R50 and D-FINE L 2-12% faster in bfloat16
+/// (docs/BENCHMARKS.md, "Fused attention on the CPU in bfloat16"); false for float32 models,
+/// which keep the family's default (the byte-exact parity bar with transformers is a float32
+/// rule). docs/DESIGN.md "Fused attention".
 bool fused_attention_by_default(const at::Device& device, at::ScalarType dtype);
 
 }  // namespace libreyolo::models::layers

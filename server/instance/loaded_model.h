@@ -53,7 +53,7 @@ struct LoadedModel {
   DtypeChoice dtype_choice;
   /// The effective fused-attention setting: serving.yaml `fused_attention` unless `default`,
   /// then the server's `kernels.fused_attention`, then the device rule
-  /// (models::layers::fused_attention_by_default: on for CUDA float16/bfloat16);
+  /// (models::layers::fused_attention_by_default: on for CUDA and CPU float16/bfloat16);
   /// family_default leaves the flags as loaded.
   kernels::FusedAttention fused_attention = kernels::FusedAttention::family_default;
   /// Where it came from: "serving.yaml" (with FILE:LINE:COLUMN), "server"

@@ -547,12 +547,22 @@ TEST(ServingConfigClassifier, ServerFusedAttentionAppliesUnlessServingYamlSetsIt
   EXPECT_EQ(std::to_string(m->fused_attention_changed), changed(true, vit_default, kVitAttention));
   // Exactly one of on/off changes something: the count differs between the two settings.
   EXPECT_NE(changed(true, vit_default, kVitAttention), changed(false, vit_default, kVitAttention));
-  // Both default: the flags stay as loaded, nothing is called.
-  m = load_model_version({"v", "1", dir, ServingConfig{}, test_device()}, loader);
+  // Both default, float32: the flags stay as loaded, nothing is called.
+  serving = parse_serving_config("dtype: float32\n", "v/serving.yaml");
+  m = load_model_version({"v", "1", dir, serving, test_device()}, loader);
   EXPECT_EQ(m->fused_attention, FusedAttention::family_default);
   EXPECT_EQ(m->fused_attention_source, "family default");
   EXPECT_EQ(m->fused_attention_changed, 0);
   warm_up(*m);  // a classifier warms up on zeros at the processor's 224x224
+  // Both default, bfloat16 (what the device rule picks on AMX / AVX-512 BF16 CPUs): fused, on
+  // the CPU as on CUDA (models::layers::fused_attention_by_default).
+  serving = parse_serving_config("dtype: bfloat16\n", "v/serving.yaml");
+  m = load_model_version({"v", "1", dir, serving, test_device()}, loader);
+  EXPECT_EQ(m->fused_attention, FusedAttention::on);
+  EXPECT_EQ(m->fused_attention_source,
+            "default for " + m->device.str() + " bfloat16 (float32 keeps the family default)");
+  EXPECT_EQ(std::to_string(m->fused_attention_changed), changed(true, vit_default, kVitAttention));
+  warm_up(*m);
 }
 
 }  // namespace

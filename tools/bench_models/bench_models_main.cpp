@@ -21,7 +21,7 @@
 // per batch size, replayed (no host launch cost; includes the input copy and output clone); a
 // model that cannot be captured prints `cuda_graph=failed` and the reason.
 // --fused-attention sets the model's attention path (Model::set_fused_attention; `default` is the
-// daemon's: on for CUDA float16/bfloat16, the family's default otherwise; printed as
+// daemon's: on for CUDA and CPU float16/bfloat16, the family's default otherwise; printed as
 // `default(on)` when the device rule turned it on), so that manual and fused attention are timed
 // on the same checkpoint.
 // --profile (CUDA) adds, per batch size, the GPU time of one eager forward by op class (conv,
