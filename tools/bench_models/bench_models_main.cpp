@@ -54,7 +54,7 @@
 // --slot SLOT=IMPL,... (repeatable) restricts one slot to those implementations, as a model's
 // serving.yaml `kernels.slots.SLOT.allow` does (models::LoadOptions::kernel_slots); nothing after
 // '=' leaves the slot its portable path: an A/B of one implementation on the same build, e.g.
-// --slot concat= against the default.
+// --slot max_pool2d= against the default.
 // Exit codes: 0 ok, 1 runtime error, 2 usage error.
 #include <ATen/ATen.h>
 #include <ATen/Context.h>
@@ -162,6 +162,38 @@ std::pair<int64_t, int64_t> parse_size(const std::string& text) {
 }
 
 }  // namespace
+
+/// The `fp8_agreement` line (see the header): `dense` and `fp8`, the same checkpoint without and
+/// with `quantization: fp8`, on one batch of normalised (randn) pixels (batch, 3, height, width)
+/// of `options`' device and dtype.
+void print_fp8_agreement(const libreyolo::models::Model& dense, const libreyolo::models::Model& fp8,
+                         const libreyolo::models::LoadOptions& options, int64_t batch,
+                         int64_t height, int64_t width) {
+  at::manual_seed(9);
+  const auto x = at::randn({batch, 3, height, width}, at::TensorOptions().device(options.device))
+                     .to(options.dtype);
+  const auto a = dense.forward(x), f = fp8.forward(x);
+  const auto la = a.logits.flatten(0, -2).to(at::kFloat),
+             lf = f.logits.flatten(0, -2).to(at::kFloat);
+  const auto cos = at::cosine_similarity(la, lf, 1);
+  const double top1 = la.argmax(1).eq(lf.argmax(1)).to(at::kFloat).mean().item<double>();
+  std::cout << "fp8_agreement batch=" << batch << " rows=" << la.size(0)
+            << " min_row_cosine=" << cos.min().item<double>()
+            << " mean_row_cosine=" << cos.mean().item<double>() << " top1_agreement=" << top1;
+  if (a.pred_boxes.defined() && f.pred_boxes.defined() && a.logits.dim() == 3) {
+    // Each image's 100 best queries by the unquantised model's best class score.
+    const int64_t k = std::min<int64_t>(100, a.logits.size(1));
+    const auto best = std::get<1>(a.logits.to(at::kFloat).amax(-1).topk(k, 1));
+    const auto idx = best.unsqueeze(-1).expand({-1, -1, 4});
+    const double diff =
+        (a.pred_boxes.to(at::kFloat).gather(1, idx) - f.pred_boxes.to(at::kFloat).gather(1, idx))
+            .abs()
+            .max()
+            .item<double>();
+    std::cout << " max_box_diff_top" << k << "=" << diff;
+  }
+  std::cout << std::endl;
+}
 
 int main(int argc, char** argv) {
   std::string model_dir, device_name = "cpu", dtype_name = "float32", batches = "1,8";
@@ -314,35 +346,8 @@ int main(int argc, char** argv) {
     if (quantization == "fp8" && !q.implementation.empty() && !prompted) {
       auto dense_options = options;
       dense_options.quantization = libreyolo::models::quantization::Quantization::none;
-      const auto dense = libreyolo::models::load_model(model_dir, dense_options);
-      std::stringstream first(batches);
-      std::string b0;
-      std::getline(first, b0, ',');
-      at::manual_seed(9);
-      const auto x =
-          at::randn({std::stoll(b0), 3, height, width}, at::TensorOptions().device(options.device))
-              .to(options.dtype);
-      const auto a = dense->forward(x), f = model->forward(x);
-      const auto la = a.logits.flatten(0, -2).to(at::kFloat),
-                 lf = f.logits.flatten(0, -2).to(at::kFloat);
-      const auto cos = at::cosine_similarity(la, lf, 1);
-      const double top1 = la.argmax(1).eq(lf.argmax(1)).to(at::kFloat).mean().item<double>();
-      std::cout << "fp8_agreement batch=" << b0 << " rows=" << la.size(0)
-                << " min_row_cosine=" << cos.min().item<double>()
-                << " mean_row_cosine=" << cos.mean().item<double>() << " top1_agreement=" << top1;
-      if (a.pred_boxes.defined() && f.pred_boxes.defined() && a.logits.dim() == 3) {
-        // Each image's 100 best queries by the unquantised model's best class score.
-        const int64_t k = std::min<int64_t>(100, a.logits.size(1));
-        const auto best = std::get<1>(a.logits.to(at::kFloat).amax(-1).topk(k, 1));
-        const auto idx = best.unsqueeze(-1).expand({-1, -1, 4});
-        const double diff = (a.pred_boxes.to(at::kFloat).gather(1, idx) -
-                             f.pred_boxes.to(at::kFloat).gather(1, idx))
-                                .abs()
-                                .max()
-                                .item<double>();
-        std::cout << " max_box_diff_top" << k << "=" << diff;
-      }
-      std::cout << std::endl;
+      print_fp8_agreement(*libreyolo::models::load_model(model_dir, dense_options), *model, options,
+                          std::stoll(batches.substr(0, batches.find(','))), height, width);
     }
     // A closed-set model runs once per batch size, whatever --prompt-cache says.
     if (!prompted) caches = {"-"};

@@ -10,12 +10,13 @@
 #include <cstdint>
 
 #include "kernels/gemm/cuda/fp8_quant_rows_cuda.h"
+#include "kernels/gemm/fp8_gemm.h"
 
 namespace libreyolo::kernels::cuda {
 namespace {
 
 constexpr int kWarpsPerBlock = 8;
-constexpr float kE4m3Max = 448.f;  // kernels/gemm/fp8_gemm.h kFp8E4m3Max
+constexpr float kE4m3Max = static_cast<float>(kFp8E4m3Max);  // 448, exact in float
 
 // at::amax's maximum: a NaN wins over every number.
 __device__ __forceinline__ float nan_max(float m, float a) { return (isnan(a) || a > m) ? a : m; }
