@@ -324,7 +324,7 @@ std::pair<int64_t, int64_t> size_with_aspect_ratio(int64_t height, int64_t width
   // transformers' resize fails on it too.
   // c10::ValueError: the server answers an image's own size as INVALID_ARGUMENT
   // (server/core/infer_pipeline.cpp), with this message instead of ATen's.
-  TORCH_CHECK_VALUE(size > 0, "an image of height ", height, " and width ", width,
+  TORCH_CHECK_VALUE(size > 0, "ImageProcessor: an image of height ", height, " and width ", width,
                     " resizes to a short side of 0 pixels (shortest_edge ", shortest_edge,
                     ", longest_edge ", longest_edge, "): its aspect ratio is too extreme");
   if (width < height) {

@@ -691,10 +691,11 @@ TEST_F(ServerHostile, ImageTooThinToResize) {
   const auto thin = png_image(40000, 1);
   auto r = c.infer(images("ddetr"), {rpc::pack_bytes({thin})});
   EXPECT_EQ(r.code, Code::invalid_argument) << r.message;
-  EXPECT_EQ(r.message,
-            "input 'images': image 0 (40000x1 pixels) cannot be preprocessed: an image of height "
-            "1 and width 40000 resizes to a short side of 0 pixels (shortest_edge 320, "
-            "longest_edge 512): its aspect ratio is too extreme");
+  EXPECT_EQ(
+      r.message,
+      "input 'images': image 0 (40000x1 pixels) cannot be preprocessed: ImageProcessor: an "
+      "image of height 1 and width 40000 resizes to a short side of 0 pixels (shortest_edge 320, "
+      "longest_edge 512): its aspect ratio is too extreme");
   EXPECT_EQ(r.message.find("Exception raised from"), std::string::npos) << r.message;
   auto ok = c.infer(images("rtdetr_tiny"), {rpc::pack_bytes({thin})});
   EXPECT_TRUE(ok.ok()) << ok.message;

@@ -35,9 +35,10 @@ TEST(ImageProcessor, SizeWithAspectRatioFollowsTransformers) {
     size_with_aspect_ratio(1, 2666, 800, 1333);
     ADD_FAILURE() << "no error for a 1x2666 image";
   } catch (const c10::ValueError& e) {
-    EXPECT_EQ(std::string(e.what_without_backtrace()),
-              "an image of height 1 and width 2666 resizes to a short side of 0 pixels "
-              "(shortest_edge 800, longest_edge 1333): its aspect ratio is too extreme");
+    EXPECT_EQ(
+        std::string(e.what_without_backtrace()),
+        "ImageProcessor: an image of height 1 and width 2666 resizes to a short side of 0 pixels "
+        "(shortest_edge 800, longest_edge 1333): its aspect ratio is too extreme");
   }
   EXPECT_THROW(size_with_aspect_ratio(40000, 1, 320, 512), c10::ValueError);
 }
