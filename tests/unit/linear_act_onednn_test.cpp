@@ -19,6 +19,7 @@
 #include "kernels/gemm/linear_act.h"
 #include "kernels/kernels.h"
 #include "kernels/registry.h"
+#include "models/runtime/cpu_math.h"
 
 namespace libreyolo::kernels {
 namespace {
@@ -60,6 +61,9 @@ double max_diff(const at::Tensor& a, const at::Tensor& b) {
 TEST(LinearActOnednn, EqualsAtLinearAndActivation) {
   const auto h = bind_cpu("linear_onednn_equals_aten");
   ASSERT_FALSE(h.empty());
+  // As the daemon does at start-up: without it, this test's first tanh (2 threads) was off by
+  // 9e-5 in about one process in ten (models/runtime/cpu_math.h).
+  models::initialise_cpu_math();
   at::manual_seed(11);
   const at::NoGradGuard no_grad;
   const auto x = at::randn({2, 37, 64});
