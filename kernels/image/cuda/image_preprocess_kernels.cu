@@ -5,10 +5,10 @@
 // CUDA kernel operation for operation (aten/src/ATen/native/cuda/UpSampleBilinear2d.cu
 // upsample_gen2d_aa_out_frame with UpSample.cuh upsample_antialias::_compute_weights_span,
 // _compute_weights and interpolate_aa_single_dim, PyTorch 2.11): the same float32 expressions
-// in the same order (rows first, then columns; products summed left to right, which nvcc
-// contracts to FMAs as it does there), so that the rounded uint8 values agree with the portable
-// path's; uint8 pixels are read directly instead of a float32 copy of the image (the values
-// are the same).
+// in the same order and with the same fused multiply-adds as its compiled code (rows first, then
+// columns; products summed left to right as FMAs; weights_span below), so that the rounded uint8
+// values agree with the portable path's; uint8 pixels are read directly instead of a float32 copy
+// of the image (the values are the same).
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAException.h>
@@ -58,12 +58,19 @@ __device__ __forceinline__ float bilinear_filter(float x) {
   return 0;
 }
 
-// UpSample.cuh _compute_weights_span.
+// UpSample.cuh _compute_weights_span, with its float32 operations as ATen's compiled kernel
+// performs them: in the sm_90 code of the torch 2.11 wheel (nvdisasm of libtorch_cuda.so's
+// upsample_gen2d_aa_out_frame<float, float, BilinearFilterFunctor>) each product
+// scale * (i + 0.5) is fused into the add or subtract that uses it (FFMA), while nvcc left this
+// kernel's written-out expression as a rounded product then an add. The rounded centre moved the
+// weights by an ulp, enough to flip uint8 values that land on .5 (0.26% of RT-DETR's 640x640
+// upscale), so the fused operations are spelled out. `xmin_m_center` is xmin - center.
 __device__ __forceinline__ void weights_span(int i, int input_size, float scale, float support,
-                                             int& xmin, int& xsize, float& center) {
-  center = scale * (i + 0.5f);
-  xmin = max(static_cast<int>(center - support + 0.5f), 0);
-  xsize = min(static_cast<int>(center + support + 0.5f), input_size) - xmin;
+                                             int& xmin, int& xsize, float& xmin_m_center) {
+  const float pos = static_cast<float>(i) + 0.5f;
+  xmin = max(static_cast<int>(__fadd_rn(__fmaf_rn(pos, scale, -support), 0.5f)), 0);
+  xsize = min(static_cast<int>(__fadd_rn(__fmaf_rn(pos, scale, support), 0.5f)), input_size) - xmin;
+  xmin_m_center = __fmaf_rn(-pos, scale, static_cast<float>(xmin));
 }
 
 // UpSample.cuh _compute_weights (invscale as there: 1.0 / scale in double, stored as float).
@@ -97,13 +104,13 @@ __global__ void __launch_bounds__(kBlockX* kBlockY)
   const float support_w = im.scale_w >= 1.0 ? (2 * 0.5f) * im.scale_w : 2 * 0.5f;
   const float support_h = im.scale_h >= 1.0 ? (2 * 0.5f) * im.scale_h : 2 * 0.5f;
   int xmin = 0, xsize = 0, ymin = 0, ysize = 0;
-  float xcenter = 0, ycenter = 0;
+  float xmin_m_xcenter = 0, ymin_m_ycenter = 0;
   if (inside) {
-    weights_span(x, im.in_w, im.scale_w, support_w, xmin, xsize, xcenter);
-    weights_span(y, im.in_h, im.scale_h, support_h, ymin, ysize, ycenter);
+    weights_span(x, im.in_w, im.scale_w, support_w, xmin, xsize, xmin_m_xcenter);
+    weights_span(y, im.in_h, im.scale_h, support_h, ymin, ysize, ymin_m_ycenter);
     // Row 0 of the block computes its columns' weights, column 0 its rows' (ATen's split).
-    if (threadIdx.y == 0) compute_weights(wx, im.scale_w, xmin - xcenter, xsize);
-    if (threadIdx.x == 0) compute_weights(wy, im.scale_h, ymin - ycenter, ysize);
+    if (threadIdx.y == 0) compute_weights(wx, im.scale_w, xmin_m_xcenter, xsize);
+    if (threadIdx.x == 0) compute_weights(wy, im.scale_h, ymin_m_ycenter, ysize);
   }
   __syncthreads();
   if (x >= o.width || y >= o.height) return;
