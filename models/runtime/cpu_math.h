@@ -1,5 +1,5 @@
-// One-time initialisation of ATen's CPU math library before any parallel operator runs.
-// Torch-free header.
+// The CPU floating-point environment of the threads that run forwards: MKL VML's one-time
+// start, and denormals flushed to zero. Torch-free header.
 #pragma once
 
 namespace libreyolo::models {
@@ -15,5 +15,28 @@ namespace libreyolo::models {
 /// after one single-threaded call. The daemon calls this once at start-up (server/core/core.cpp),
 /// before any model loads; a process without MKL is unaffected. Idempotent, never throws.
 void initialise_cpu_math() noexcept;
+
+/// Whether a CPU forward in `dtype` runs with denormals flushed to zero by default: for
+/// bfloat16 and float16 models (the values below 2^-126 that flushing changes are far under
+/// their rounding, and their parity bar is a tolerance), not for float32 ones, which keep IEEE
+/// arithmetic and with it the byte-exact parity with transformers (as fused attention,
+/// models/layers/attention.h fused_attention_by_default). `dtype` is a c10::ScalarType value.
+bool flush_denormals_by_default(int dtype) noexcept;
+
+/// Sets flush-to-zero and denormals-are-zero (x86 MXCSR FTZ and DAZ) on the calling thread and
+/// on each thread of its OpenMP team (one parallel region of at::get_num_threads() single-item
+/// chunks), the threads ATen, oneDNN and MKL run this thread's operators on. MXCSR is per
+/// thread, and libgomp gives each thread that opens a parallel region a team of its own, so
+/// this changes nothing for other threads; new team threads inherit it from the caller.
+///
+/// Why: x86 takes a microcode assist, about 100x the cycles, for each float operation on a
+/// denormal input or result. A random-weight RT-DETR-R18's encoder output (|x| <= 7e-13, 18%
+/// of it below 1.1e-19, whose squares are denormal) made its 8400x256 bfloat16 LayerNorm take
+/// 2.65 ms instead of 0.6 (libreyolo-bench-models --profile); softmax and sigmoid tails produce
+/// denormals in trained models too. TensorFlow runs its ops with FTZ + DAZ; ONNX Runtime
+/// (session.set_denormal_as_zero) and OpenVINO (CPU denormals_optimization) offer it.
+///
+/// Returns false where the CPU has no such control (not x86-64): nothing changed. Never throws.
+bool flush_denormals_on_this_thread() noexcept;
 
 }  // namespace libreyolo::models

@@ -223,6 +223,7 @@ api::ModelConfig ServerCore::model_config(const std::string& name,
     c.parameters["fused_attention_source"] = l.fused_attention_source;
     c.parameters["fused_attention_modules_changed"] = std::to_string(l.fused_attention_changed);
     c.parameters["quantization"] = quantization_status(l);
+    c.parameters["flush_denormals"] = l.flush_denormals ? "true" : "false";
   } else {
     c.parameters["threshold"] = std::to_string(e->serving.threshold);
     c.parameters["top_k"] = std::to_string(e->serving.top_k);
@@ -325,6 +326,8 @@ std::string ServerCore::active_json() const {
                              {"params_after", r.params_after}});
         m["layouts"] = std::move(layouts);
         m["cuda_graphs"] = l.cuda_graphs_status;
+        // x86 FTZ + DAZ on its instance threads (models/runtime/cpu_math.h).
+        m["flush_denormals"] = l.flush_denormals;
         // serving.yaml `quantization` (models/quantization/fp8.h): what was asked, from where,
         // and what the model runs.
         const auto& q = l.model->quantization();

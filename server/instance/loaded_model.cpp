@@ -9,6 +9,7 @@
 #include "log/log.h"
 #include "models/layers/attention.h"
 #include "models/prompted.h"
+#include "models/runtime/cpu_math.h"
 
 namespace libreyolo::server {
 namespace {
@@ -99,6 +100,12 @@ std::shared_ptr<LoadedModel> load_model_version(const InstanceOptions& in,
     m->fused_attention_source = std::string("default for ") + m->device.str() +
                                 (m->dtype == at::kHalf ? " float16" : " bfloat16") +
                                 " (float32 keeps the family default)";
+  }
+  if (m->device.is_cpu() && models::flush_denormals_by_default(static_cast<int>(m->dtype))) {
+    m->flush_denormals = true;
+    log::info("model '" + name +
+              "': denormals flushed to zero on its instance threads (default for " +
+              c10::toString(m->dtype) + " on the CPU; float32 keeps IEEE denormals)");
   }
   if (m->fused_attention != kernels::FusedAttention::family_default) {
     const bool on = m->fused_attention == kernels::FusedAttention::on;

@@ -62,6 +62,10 @@ struct LoadedModel {
   std::string fused_attention_source = "family default";
   /// Attention modules whose flag set_fused_attention changed (0 for family_default).
   int fused_attention_changed = 0;
+  /// Whether its instance threads run with denormals flushed to zero (x86 FTZ + DAZ,
+  /// models/runtime/cpu_math.h): CPU bfloat16 / float16 models
+  /// (models::flush_denormals_by_default).
+  bool flush_denormals = false;
   /// Captured CUDA graphs (serving.yaml `cuda_graphs: on`), used by its instance worker only.
   std::unique_ptr<models::CudaGraphRunner> graphs;
   /// What /active reports: "off", "on: batch sizes 1,2,4,8", "off: <why>", "failed: <why>".

@@ -10,6 +10,7 @@
 #include "kernels/out_of_memory.h"
 #include "log/log.h"
 #include "models/prompted.h"
+#include "models/runtime/cpu_math.h"
 #include "server/api/types.h"
 
 namespace libreyolo::server {
@@ -120,6 +121,8 @@ void ModelInstance::loop() {
     log::warn("model '" + name_ + "': " + e.what() + "; using the current stream");
   }
   at::InferenceMode inference;
+  // This thread's and its OpenMP team's floating-point mode, before the first forward.
+  if (model_->flush_denormals) models::flush_denormals_on_this_thread();
   // On CUDA, one batch in flight on the device while the next is assembled and the previous one
   // is post-processed: the GPU does not wait for the host between batches. On the CPU the
   // forward has finished when launch returns, so the batch is answered at once: deferring it

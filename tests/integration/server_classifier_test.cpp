@@ -553,7 +553,8 @@ TEST(ServingConfigClassifier, ServerFusedAttentionAppliesUnlessServingYamlSetsIt
   EXPECT_EQ(m->fused_attention, FusedAttention::family_default);
   EXPECT_EQ(m->fused_attention_source, "family default");
   EXPECT_EQ(m->fused_attention_changed, 0);
-  warm_up(*m);  // a classifier warms up on zeros at the processor's 224x224
+  EXPECT_FALSE(m->flush_denormals);  // float32 keeps IEEE denormals
+  warm_up(*m);                       // a classifier warms up on zeros at the processor's 224x224
   // Both default, bfloat16 (what the device rule picks on AMX / AVX-512 BF16 CPUs): fused, on
   // the CPU as on CUDA (models::layers::fused_attention_by_default).
   serving = parse_serving_config("dtype: bfloat16\n", "v/serving.yaml");
@@ -562,6 +563,8 @@ TEST(ServingConfigClassifier, ServerFusedAttentionAppliesUnlessServingYamlSetsIt
   EXPECT_EQ(m->fused_attention_source,
             "default for " + m->device.str() + " bfloat16 (float32 keeps the family default)");
   EXPECT_EQ(std::to_string(m->fused_attention_changed), changed(true, vit_default, kVitAttention));
+  // A CPU bfloat16 model's instance threads flush denormals (models/runtime/cpu_math.h).
+  EXPECT_EQ(m->flush_denormals, m->device.is_cpu());
   warm_up(*m);
 }
 

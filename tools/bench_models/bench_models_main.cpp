@@ -6,7 +6,7 @@
 //                          [--layouts default|on|off] [--out FILE.json] [--profile]
 //                          [--no-cudnn-benchmark] [--prompt "a cat. a dog."]
 //                          [--prompt-cache on|off|off,on] [--quantization none|fp8]
-//                          [--slot SLOT=IMPL,IMPL ...]
+//                          [--slot SLOT=IMPL,IMPL ...] [--flush-denormals default|on|off]
 // Prints one line per batch size: ms per forward (median of --iters, after --warmup), images/s,
 // and the kernel calls counted per implementation of ms_deform_attn, so that a run under
 // LIBREYOLO_KERNELS=reference (portable path) and one without can be compared; then one
@@ -34,6 +34,9 @@
 // each image's 100 best queries by the unquantised scores; two-stage detectors pick their queries
 // by a top-k that any perturbation of random-weight ties reorders, so their boxes may compare
 // different queries).
+// --flush-denormals (CPU) sets flush-to-zero / denormals-are-zero on the timing thread and its
+// OpenMP team (models/runtime/cpu_math.h); `default` is the daemon's (on for CPU bfloat16 /
+// float16 models, off for float32), printed as `default(on)` / `default(off)`.
 // --layouts picks the layouts (models/layouts/; not given: LIBREYOLO_LAYOUTS, else default); what
 // was applied goes to stderr and, with --out, into the JSON file with every timed line.
 // cuDNN benchmark mode is on, as in the daemon (server.yaml `cudnn_benchmark`) and the anchors
@@ -79,6 +82,7 @@
 #include "models/layers/attention.h"
 #include "models/model.h"
 #include "models/prompted.h"
+#include "models/runtime/cpu_math.h"
 #include "models/runtime/cuda_graph_runner.h"
 #include "tools/bench_models/profile.h"
 
@@ -90,7 +94,8 @@ int usage() {
                "[--tf32] [--cuda-graph] [--fused-attention default|on|off] "
                "[--layouts default|on|off] [--out FILE.json] [--profile] [--no-cudnn-benchmark] "
                "[--prompt \"a cat. a dog.\"] [--prompt-cache on|off|off,on] "
-               "[--quantization none|fp8] [--slot SLOT=IMPL,IMPL ...]\n";
+               "[--quantization none|fp8] [--slot SLOT=IMPL,IMPL ...] "
+               "[--flush-denormals default|on|off]\n";
   return 2;
 }
 
@@ -197,7 +202,8 @@ void print_fp8_agreement(const libreyolo::models::Model& dense, const libreyolo:
 
 int main(int argc, char** argv) {
   std::string model_dir, device_name = "cpu", dtype_name = "float32", batches = "1,8";
-  std::string fused = "default", layouts, out, prompt = "a cat. a dog.", cache_modes = "on";
+  std::string fused = "default", flush = "default", layouts, out, prompt = "a cat. a dog.",
+              cache_modes = "on";
   std::string quantization = "none";
   libreyolo::kernels::SlotAllow slots;
   int64_t height = 640, width = 640;
@@ -229,6 +235,8 @@ int main(int argc, char** argv) {
         cuda_graph = true;
       else if (a == "--fused-attention")
         fused = next();
+      else if (a == "--flush-denormals")
+        flush = next();
       else if (a == "--profile")
         profile = true;
       else if (a == "--layouts")
@@ -333,6 +341,15 @@ int main(int argc, char** argv) {
         libreyolo::models::layers::fused_attention_by_default(options.device, options.dtype))
       fused = "default(on)";
     if (fused != "default") model->set_fused_attention(fused != "off");
+    // As the daemon's instance thread does before its first forward (server/instance).
+    if (options.device.is_cpu()) {
+      const bool on =
+          flush == "default"
+              ? libreyolo::models::flush_denormals_by_default(static_cast<int>(options.dtype))
+              : flush == "on";
+      if (flush == "default") flush = on ? "default(on)" : "default(off)";
+      if (on) libreyolo::models::flush_denormals_on_this_thread();
+    }
     const std::string size_text = height == width
                                       ? std::to_string(height)
                                       : std::to_string(height) + "x" + std::to_string(width);
@@ -411,6 +428,7 @@ int main(int argc, char** argv) {
                   << " tf32=" << (tf32 ? "on" : "off")
                   << " cudnn_benchmark=" << (cudnn_benchmark ? "on" : "off")
                   << " cuda_graph=" << (cuda_graph ? "on" : "off") << " fused_attention=" << fused
+                  << " flush_denormals=" << flush
                   << " layouts=" << kernels::layout_mode_name(mode.value) << " size=" << size_text
                   << " batch=" << b;
         if (prompted) std::cout << " prompt_cache=" << cache << " labels=" << labels.size();

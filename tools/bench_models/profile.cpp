@@ -131,7 +131,8 @@ std::string cpu_report(const torch::autograd::profiler::ProfilerResult& result, 
   }
   std::map<std::string, std::pair<double, int>> by_class;  // ms, ops
   std::map<std::string, std::pair<double, int>> by_op;     // ms, calls
-  std::map<std::string, std::pair<double, int>> copies;    // "parents>op inputs": ms, calls
+  // "class parents>op inputs": ms, calls (the copy, elementwise and norm_softmax_reduce sites)
+  std::map<std::string, std::pair<double, int>> sites;
   double total = 0;
   for (const auto& op : ops) {
     const double ms = (static_cast<double>(op.end - op.start) - op.child_ns) / 1e6;
@@ -140,8 +141,9 @@ std::string cpu_report(const torch::autograd::profiler::ProfilerResult& result, 
     c.second += 1;
     by_op[op.name].first += ms;
     by_op[op.name].second += 1;
-    if (cpu_op_class(op.name) == "copy") {
-      auto& c = copies[op.parents + ">" + op.name + " " + op.inputs];
+    const std::string cls = cpu_op_class(op.name);
+    if (cls == "copy" || cls == "elementwise" || cls == "norm_softmax_reduce") {
+      auto& c = sites[cls + " " + op.parents + ">" + op.name + " " + op.inputs];
       c.first += ms;
       c.second += 1;
     }
@@ -167,12 +169,18 @@ std::string cpu_report(const torch::autograd::profiler::ProfilerResult& result, 
        << " class=" << cpu_op_class(top[i].first) << " name=" << top[i].first.substr(0, 140)
        << "\n";
   }
-  // Where the copies come from: the enclosing ops and the input shapes of the costliest.
-  const auto top_copies = sorted(copies);
-  for (size_t i = 0; i < top_copies.size() && i < 24; ++i)
-    os << "profile copy ms_per_forward=" << top_copies[i].second.first / iters
-       << " calls_per_forward=" << static_cast<double>(top_copies[i].second.second) / iters
-       << " at=" << top_copies[i].first.substr(0, 260) << "\n";
+  // Where the copies, elementwise ops and norms come from: the enclosing ops and the input
+  // shapes of the costliest (24 copies, 16 of each other class).
+  std::map<std::string, int> shown;
+  for (const auto& [key, v] : sorted(sites)) {
+    const auto space = key.find(' ');
+    const std::string cls = key.substr(0, space);
+    if (++shown[cls] > (cls == "copy" ? 24 : 16)) continue;
+    os << "profile " << (cls == "copy" ? "copy" : "site class=" + cls)
+       << " ms_per_forward=" << v.first / iters
+       << " calls_per_forward=" << static_cast<double>(v.second) / iters
+       << " at=" << key.substr(space + 1, 260) << "\n";
+  }
   return os.str();
 }
 
