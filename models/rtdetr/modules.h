@@ -285,8 +285,10 @@ QuerySelectionHeads register_query_selection(torch::nn::Module& model, const Con
 
 /// Anchors + top-k query selection (RTDetrModel.forward / DFineModel.forward, eval):
 /// source_flatten (B, S, D) -> (target (B, Q, D), reference_points_unact (B, Q, 4)), Q =
-/// num_queries; anchors from `shapes` or config anchor_image_size / feat_strides. Throws
-/// std::invalid_argument when the anchors do not match the tokens.
+/// num_queries; anchors from `shapes` or config anchor_image_size / feat_strides. The score head
+/// runs on every token; the box head on the Q selected ones only (row-wise: the same rows as
+/// upstream's whole-memory head, gathered). Throws std::invalid_argument when the anchors do not
+/// match the tokens.
 std::pair<at::Tensor, at::Tensor> select_queries(const Config& c, const QuerySelectionHeads& heads,
                                                  const at::Tensor& source_flatten,
                                                  const kernels::SpatialShapes& shapes);

@@ -131,7 +131,8 @@ std::string cpu_report(const torch::autograd::profiler::ProfilerResult& result, 
   }
   std::map<std::string, std::pair<double, int>> by_class;  // ms, ops
   std::map<std::string, std::pair<double, int>> by_op;     // ms, calls
-  // "class parents>op inputs": ms, calls (the copy, elementwise and norm_softmax_reduce sites)
+  // "class parents>op inputs": ms, calls (the copy, elementwise, norm_softmax_reduce, conv and
+  // gemm sites)
   std::map<std::string, std::pair<double, int>> sites;
   double total = 0;
   for (const auto& op : ops) {
@@ -142,7 +143,8 @@ std::string cpu_report(const torch::autograd::profiler::ProfilerResult& result, 
     by_op[op.name].first += ms;
     by_op[op.name].second += 1;
     const std::string cls = cpu_op_class(op.name);
-    if (cls == "copy" || cls == "elementwise" || cls == "norm_softmax_reduce") {
+    if (cls == "copy" || cls == "elementwise" || cls == "norm_softmax_reduce" || cls == "conv" ||
+        cls == "gemm") {
       auto& c = sites[cls + " " + op.parents + ">" + op.name + " " + op.inputs];
       c.first += ms;
       c.second += 1;
@@ -169,8 +171,8 @@ std::string cpu_report(const torch::autograd::profiler::ProfilerResult& result, 
        << " class=" << cpu_op_class(top[i].first) << " name=" << top[i].first.substr(0, 140)
        << "\n";
   }
-  // Where the copies, elementwise ops and norms come from: the enclosing ops and the input
-  // shapes of the costliest (24 copies, 16 of each other class).
+  // Where the copies, elementwise ops, norms, convolutions and GEMMs come from: the enclosing
+  // ops and the input shapes of the costliest (24 copies, 16 of each other class).
   std::map<std::string, int> shown;
   for (const auto& [key, v] : sorted(sites)) {
     const auto space = key.find(' ');

@@ -21,13 +21,12 @@ namespace libreyolo::bench {
 /// `profile class=<c> ms_per_forward=<x> share=<p>% ops_per_forward=<n>` for the classes above
 /// plus pool, then `profile total_cpu_ms_per_forward=<x>` and the 16 ops with the most self time
 /// (`profile op ms_per_forward=<x> calls_per_forward=<n> class=<c> name=<op>`), then where the
-/// time of the copy, elementwise and norm_softmax_reduce classes goes, by enclosing ops and input
-/// shapes (`profile copy ...` and `profile site class=<c> ms_per_forward=<x> calls_per_forward=<n>
-/// at=<parents>><op> <shapes>`). An op's time is
-/// its self time on the thread that called it (its wall time less that of the ops it called), so
-/// oneDNN's and ATen's worker threads count inside the op that used them and the classes add up
-/// to the forward's wall time less what ran outside ATen ops. Throws std::runtime_error when the
-/// profiler cannot start.
+/// time of the copy, elementwise, norm_softmax_reduce, conv and gemm classes goes, by enclosing
+/// ops and input shapes (`profile copy ...` and `profile site class=<c> ms_per_forward=<x>
+/// calls_per_forward=<n> at=<parents>><op> <shapes>`). An op's time is its self time on the thread
+/// that called it (its wall time less that of the ops it called), so oneDNN's and ATen's worker
+/// threads count inside the op that used them and the classes add up to the forward's wall time
+/// less what ran outside ATen ops. Throws std::runtime_error when the profiler cannot start.
 std::string profile_by_op_class(const std::function<void()>& forward, int iters);
 
 }  // namespace libreyolo::bench
