@@ -87,7 +87,12 @@ class PerfAnalyzer(unittest.TestCase):
                 self.assertIsNotNone(v, f"{what} concurrency {c}: no {label}\n{b}")
                 self.assertGreater(v, 0, f"{what} concurrency {c}: {label} = {v}\n{b}")
             self.assertIsNotNone(queue, b)
-            self.assertGreaterEqual(inference, success)  # one image per request
+            # One image per request, so inferences >= successes, but perf_analyzer takes both as
+            # deltas of two statistics snapshots: a request whose batch the first snapshot counted
+            # in the inferences (the daemon counts a batch before it answers) and whose success it
+            # did not (counted when the answer leaves) adds to the success delta only. At most the
+            # c requests in flight do (seen once: 234 inferences, 235 successes at c=7).
+            self.assertGreaterEqual(inference + c, success, b)
             self.assertLessEqual(execution, inference)   # batches <= images
             print(f"  {what} c={c}: {throughput:.1f} infer/s, server: inference {inference:.0f}, "
                   f"execution {execution:.0f}, success {success:.0f}, queue {queue:.0f} us, "

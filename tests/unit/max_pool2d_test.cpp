@@ -13,6 +13,7 @@
 
 #include "kernels/kernels.h"
 #include "kernels/pool/max_pool2d.h"
+#include "kernels/pool/max_pool2d_problem.h"
 #include "kernels/registry.h"
 #include "models/layers/bound_kernels.h"
 #include "models/layers/max_pool.h"
@@ -199,8 +200,14 @@ TEST(MaxPool2dCpu, DeclinesWhatItDoesNotServe) {
   PoolGeometry zero_stride = g;
   zero_stride.stride_w = 0;
   EXPECT_FALSE(h(x.contiguous(at::MemoryFormat::ChannelsLast), zero_stride).has_value());
+  // Padding above half the kernel, which the slot entry and ATen refuse (max_pool2d_problem).
+  PoolGeometry wide_pad = g;
+  wide_pad.pad_h = 2;
+  EXPECT_EQ(max_pool2d_problem(x, wide_pad).value_or(""),
+            "padding must be >= 0 and at most half the kernel size");
+  EXPECT_FALSE(h(x.contiguous(at::MemoryFormat::ChannelsLast), wide_pad).has_value());
   const auto declined = pool_candidate(r, "cpu").declined;
-  EXPECT_EQ(declined.at("cpu: geometry"), 1u);
+  EXPECT_EQ(declined.at("cpu: geometry"), 2u);
   EXPECT_EQ(declined.at("cpu: channels_last input only"), 1u);
   EXPECT_EQ(declined.at("cpu: dtype (float32, bfloat16 or float16)"), 1u);
   EXPECT_EQ(declined.at("cpu: autograd (no backward)"), 1u);

@@ -27,6 +27,7 @@
 
 #include "kernels/cpu/target_clones.h"
 #include "kernels/pool/max_pool2d.h"
+#include "kernels/pool/max_pool2d_problem.h"
 #include "kernels/registry.h"
 
 namespace libreyolo::kernels {
@@ -129,17 +130,13 @@ Outcome<at::Tensor> max_pool2d_cpu(const at::Tensor& input, const PoolGeometry& 
   if (input.dim() != 4 || input.suggest_memory_format() != at::MemoryFormat::ChannelsLast ||
       !input.is_contiguous(at::MemoryFormat::ChannelsLast))
     return Decline{"cpu: channels_last input only"};
-  // The slot entry checked the geometry (kernels/pool/max_pool2d.cpp); again here, parameters
-  // before the sizes that divide by the stride, so that a direct call of the handle can neither
-  // divide by zero nor index past the output.
-  if (g.kernel_h < 1 || g.kernel_w < 1 || g.stride_h < 1 || g.stride_w < 1 || g.dilation_h < 1 ||
-      g.dilation_w < 1 || g.pad_h < 0 || g.pad_w < 0)
-    return Decline{"cpu: geometry"};
+  // The slot entry's checks again (a direct call of the handle), before the sizes that divide
+  // by the stride.
+  if (max_pool2d_problem(input, g)) return Decline{"cpu: geometry"};
   const int64_t oh = max_pool2d_output_size(input.size(2), g.kernel_h, g.pad_h, g.stride_h,
                                             g.dilation_h, g.ceil_mode);
   const int64_t ow = max_pool2d_output_size(input.size(3), g.kernel_w, g.pad_w, g.stride_w,
                                             g.dilation_w, g.ceil_mode);
-  if (oh < 1 || ow < 1) return Decline{"cpu: geometry"};
   auto out = at::empty({input.size(0), input.size(1), oh, ow},
                        input.options().memory_format(at::MemoryFormat::ChannelsLast));
   if (out.numel() == 0) return out;

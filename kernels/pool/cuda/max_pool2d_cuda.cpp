@@ -7,6 +7,7 @@
 
 #include "kernels/pool/cuda/max_pool2d_cuda.h"
 #include "kernels/pool/max_pool2d.h"
+#include "kernels/pool/max_pool2d_problem.h"
 #include "kernels/registry.h"
 
 namespace libreyolo::kernels {
@@ -21,12 +22,9 @@ Outcome<at::Tensor> max_pool2d_cuda(const at::Tensor& input, const PoolGeometry&
     return Decline{"cuda: autograd (no backward)"};
   if (!input.is_contiguous(at::MemoryFormat::ChannelsLast))
     return Decline{"cuda: not channels_last (NCHW runs at::max_pool2d)"};
-  // The slot entry checked the geometry (kernels/pool/max_pool2d.cpp); again here, parameters
-  // before the output size that divides by the stride, so that a direct call of the handle
-  // declines instead of dividing by zero (as the cpu implementation does).
-  if (g.kernel_h < 1 || g.kernel_w < 1 || g.stride_h < 1 || g.stride_w < 1 || g.dilation_h < 1 ||
-      g.dilation_w < 1 || g.pad_h < 0 || g.pad_w < 0)
-    return Decline{"cuda: geometry"};
+  // The slot entry's checks again (a direct call of the handle), before the output size that
+  // divides by the stride.
+  if (max_pool2d_problem(input, g)) return Decline{"cuda: geometry"};
   // A throw would disable the implementation for the process: refuse what the kernel refuses.
   const int64_t ow = max_pool2d_output_size(input.size(3), g.kernel_w, g.pad_w, g.stride_w,
                                             g.dilation_w, g.ceil_mode);
