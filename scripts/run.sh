@@ -25,7 +25,7 @@ build=${BUILD_DIR:-build}
 if [ "${LIBREYOLO_BUILD:-1}" != 0 ]; then
   echo "== building (first time: 15-30 min on 2 cores; ccache makes later builds fast)"
   # Progress without the compiler's noise; a failed build stops here (pipefail).
-  bash scripts/build.sh 2>&1 | { grep -E "^\[[0-9]+/[0-9]+\] Linking|error|FAILED" || true; }
+  bash scripts/build.sh 2>&1 | { grep --line-buffered -E "^\[[0-9]+/[0-9]+\] Linking|error|FAILED" || true; }
 elif [ ! -x "$build/bin/libreyolo-server" ] || [ ! -x "$build/bin/libreyolo-client" ]; then
   echo "run: $build/bin/libreyolo-server or libreyolo-client is not built (run without LIBREYOLO_BUILD=0)" >&2
   exit 1
@@ -166,9 +166,11 @@ print("  fallback events:", len(d["fallback_events"]), " tf32:", d["torch"]["tf3
 print("  model_repository:", d["server"]["model_repository"]["value"])
 '
 fi
-echo "== serving: gRPC $grpc, HTTP http://$http (KServe v2 REST, metrics, active, health). Ctrl-C drains and stops."
 if [ "${LIBREYOLO_RUN_ONCE:-0}" = 1 ]; then
+  echo "== LIBREYOLO_RUN_ONCE=1: stopping the daemon (it drains for server.drain_seconds first)"
   kill -INT "$server"
+else
+  echo "== serving: gRPC $grpc, HTTP http://$http (KServe v2 REST, metrics, active, health). Ctrl-C drains and stops."
 fi
 wait "$server" && rc=0 || rc=$?
 server=

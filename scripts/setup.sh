@@ -143,4 +143,4 @@ PY
   chmod +x "$pa_dir/bin/perf_analyzer"
   rm -rf "$pa_tmp"
 fi
-"$pa_dir/bin/perf_analyzer" --version | sed 's/^/setup: /'
+"$pa_dir/bin/perf_analyzer" --version 2>&1 | sed 's/^/setup: perf_analyzer (a test peer): /'
