@@ -276,9 +276,13 @@ class DeformableDetrImpl : public torch::nn::Module {
       auto [masked, proposals] = encoder_output_proposals(memory, mask.logical_not(), shapes);
       const auto object_query = enc_output_norm->forward(enc_output->forward(masked));
       const auto enc_class = class_embed.back()->forward(object_query);
-      const auto coords = bbox_embed.back()->forward(object_query) + proposals;
       const auto topk = std::get<1>(at::topk(enc_class.select(-1, 0), config.num_proposals, 1));
-      const auto topk_coords = at::gather(coords, 1, topk.unsqueeze(-1).repeat({1, 1, 4}));
+      // The box head on the selected tokens only (upstream runs it on all S and gathers): it is
+      // row-wise, so the gathered rows are the same.
+      const auto pick = [&](const at::Tensor& t) {
+        return at::gather(t, 1, topk.unsqueeze(-1).expand({-1, -1, t.size(-1)}));
+      };
+      const auto topk_coords = bbox_embed.back()->forward(pick(object_query)) + pick(proposals);
       ref = topk_coords.sigmoid();
       const auto pos_trans_out = pos_trans_norm->forward(
           pos_trans->forward(proposal_position_embedding(topk_coords, d / 2)));

@@ -249,9 +249,13 @@ class GroundingDinoImpl : public torch::nn::Module {
         geometry::encoder_output_proposals(vision, in.vision_padding, shapes);
     const auto object_query = enc_output_norm->forward(enc_output->forward(masked));
     const auto enc_class = contrastive(object_query, text, token_mask, encoder_class_bias);
-    const auto coords = encoder_output_bbox_embed->forward(object_query) + proposals;
     const auto topk = std::get<1>(at::topk(std::get<0>(enc_class.max(-1)), config.num_queries, 1));
-    auto ref = at::gather(coords, 1, topk.unsqueeze(-1).repeat({1, 1, 4})).sigmoid();
+    // The box head on the selected tokens only (upstream runs it on all S and gathers): it is
+    // row-wise, so the gathered rows are the same.
+    const auto pick = [&](const at::Tensor& t) {
+      return at::gather(t, 1, topk.unsqueeze(-1).expand({-1, -1, t.size(-1)}));
+    };
+    auto ref = (encoder_output_bbox_embed->forward(pick(object_query)) + pick(proposals)).sigmoid();
     at::Tensor h = query_position_embeddings.unsqueeze(0).repeat({B, 1, 1});
 
     // Decoder: `ref` ends as the last layer's input reference (the heads use it).

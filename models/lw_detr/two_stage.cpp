@@ -82,9 +82,13 @@ QuerySelection::Queries QuerySelection::forward(const at::Tensor& memory,
   const auto q = enc_output_norm[0]->forward(enc_output[0]->forward(p.object_query));
   const auto cls = enc_out_class_embed[0]->forward(q).masked_fill(
       p.invalid, -std::numeric_limits<double>::infinity());
-  const auto coords = refine_boxes(p.proposals, enc_out_bbox_embed[0]->forward(q));
   const auto topk = std::get<1>(at::topk(std::get<0>(cls.max(-1)), num_queries, 1));
-  const auto topk_coords = at::gather(coords, 1, topk.unsqueeze(-1).repeat({1, 1, 4}));
+  // The box head and the refinement on the selected tokens only (upstream runs them on all S
+  // and gathers): both are row-wise, so the gathered rows are the same.
+  const auto pick = [&](const at::Tensor& t) {
+    return at::gather(t, 1, topk.unsqueeze(-1).expand({-1, -1, t.size(-1)}));
+  };
+  const auto topk_coords = refine_boxes(pick(p.proposals), enc_out_bbox_embed[0]->forward(pick(q)));
   const auto ref_embed =
       reference_point_embed.slice(0, 0, num_queries).unsqueeze(0).expand({B, -1, -1});
   Queries out;
