@@ -40,7 +40,7 @@ Config parse_config(const core::ConfigView& v, bool mm) {
   bc.get_enum("model_type", "", {"swin"});
   c.backbone = swin::parse_backbone_config(bc);
   if (!v.has("text_config")) v.fail("text_config", "a BERT text_config is required");
-  c.text = text::parse_bert_config(v.child("text_config"));
+  c.text = layers::parse_bert_config(v.child("text_config"));
   if (c.d_model <= 0 || c.d_model % 32 != 0)
     v.fail("d_model", "must be a positive multiple of 32 (GroupNorm(32, d_model))");
   if (c.encoder_heads < 2 || c.encoder_heads % 2 != 0 || c.d_model % c.encoder_heads != 0 ||

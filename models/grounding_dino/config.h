@@ -7,9 +7,9 @@
 #include <string>
 
 #include "models/core/config.h"
+#include "models/layers/bert_model.h"
 #include "models/layers/layers.h"
 #include "models/swin/backbone.h"
-#include "models/text/bert_model.h"
 
 namespace libreyolo::models::grounding_dino {
 
@@ -25,7 +25,7 @@ struct Config {
   double temperature = 20, layer_norm_eps = 1e-5;
   layers::Activation act = layers::Activation::relu;
   swin::BackboneConfig backbone;
-  text::BertConfig text;
+  layers::BertConfig text;
   std::map<int64_t, std::string> id2label;  ///< unused by the model (classes are the prompt's)
 };
 

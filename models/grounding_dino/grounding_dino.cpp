@@ -30,12 +30,12 @@
 #include "models/grounding_dino/encoder_layer.h"
 #include "models/grounding_dino/postprocess.h"
 #include "models/layers/attention.h"
+#include "models/layers/bert_model.h"
 #include "models/layers/layers.h"
 #include "models/module_model.h"
 #include "models/prompted.h"
 #include "models/registry/family.h"
 #include "models/swin/backbone.h"
-#include "models/text/bert_model.h"
 
 namespace libreyolo::models {
 namespace grounding_dino {
@@ -84,7 +84,7 @@ class GroundingDinoImpl : public torch::nn::Module {
     }
     input_proj = layers::register_list(*model, "input_proj_vision", projs);
     text_backbone =
-        model->register_module("text_backbone", std::make_shared<text::BertModelImpl>(c.text));
+        model->register_module("text_backbone", std::make_shared<layers::BertModelImpl>(c.text));
     text_projection = model->register_module(
         "text_projection", std::make_shared<layers::LinearImpl>(c.text.hidden_size, d));
     auto qpe =
@@ -228,7 +228,7 @@ class GroundingDinoImpl : public torch::nn::Module {
     in.text_padding = token_mask.logical_not();
     in.text_bias =
         at::zeros(text_mask.sizes(), text_features.options())
-            .masked_fill(text_mask.logical_not(), text::finfo_min(text_features.scalar_type()))
+            .masked_fill(text_mask.logical_not(), layers::finfo_min(text_features.scalar_type()))
             .unsqueeze(1);
     // encode_sinusoidal_position_embedding of the int64 position ids returns int64 upstream:
     // the sines and cosines truncated toward zero (what transformers 5.17 computes).
@@ -261,7 +261,7 @@ class GroundingDinoImpl : public torch::nn::Module {
     // Decoder: `ref` ends as the last layer's input reference (the heads use it).
     const auto text_bias = token_mask.logical_not()
                                .to(text.scalar_type())
-                               .mul(text::finfo_min(text.scalar_type()))
+                               .mul(layers::finfo_min(text.scalar_type()))
                                .view({B, 1, 1, -1});
     const auto ratios4 = at::cat({valid_ratios, valid_ratios}, -1).unsqueeze(1);
     const auto n = decoder_layers.size();
@@ -282,7 +282,7 @@ class GroundingDinoImpl : public torch::nn::Module {
   Config config;
   std::shared_ptr<swin::BackboneImpl> backbone;
   std::vector<std::shared_ptr<InputProjImpl>> input_proj;
-  std::shared_ptr<text::BertModelImpl> text_backbone;
+  std::shared_ptr<layers::BertModelImpl> text_backbone;
   layers::Linear text_projection, enc_output;
   at::Tensor query_position_embeddings, level_embed, encoder_class_bias;
   std::vector<std::shared_ptr<EncoderLayerImpl>> encoder_layers;

@@ -8,7 +8,7 @@
 #include <stdexcept>
 #include <string>
 
-#include "models/text/bert_model.h"
+#include "models/layers/bert_model.h"
 
 namespace libreyolo::models::omdet_turbo {
 namespace {
@@ -135,7 +135,7 @@ std::pair<at::Tensor, at::Tensor> DecoderImpl::forward(const std::vector<at::Ten
   const auto key_padding =
       at::cat({at::zeros({b, q}, task_mask.options().dtype(at::kBool)), task_mask.eq(0)}, 1);
   const auto bias = at::zeros(key_padding.sizes(), vision.options())
-                        .masked_fill(key_padding, text::finfo_min(dtype))
+                        .masked_fill(key_padding, layers::finfo_min(dtype))
                         .view({b, 1, 1, -1});
 
   // _get_decoder_input: anchors (+inf where invalid), class similarity, top-k queries.

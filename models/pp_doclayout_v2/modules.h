@@ -16,11 +16,11 @@
 
 #include "models/core/config.h"
 #include "models/layers/attention.h"
+#include "models/layers/bert_model.h"
 #include "models/layers/layers.h"
 #include "models/model.h"
 #include "models/pp_doclayout_v3/modules.h"
 #include "models/rtdetr/modules.h"
-#include "models/text/bert_model.h"
 
 namespace libreyolo::models::pp_doclayout_v2 {
 
@@ -63,7 +63,7 @@ struct Config : pp_doclayout_v3::HGNetV2DetectorConfig {
 /// "label_features_projection", "encoder.layer.{i}", "encoder.rel_bias_module.pos_proj",
 /// "relative_head.dense". The file's "encoder.rel_pos_{x,y}_bias" are never used upstream. The
 /// layers (PPDocLayoutV2ReadingOrderLayer = LayoutLMv3Layer with "norm" for "LayerNorm") are
-/// BERT's: text::BertLayerImpl.
+/// BERT's: layers::BertLayerImpl.
 class ReadingOrderImpl : public torch::nn::Module {
  public:
   explicit ReadingOrderImpl(const ReadingOrderConfig& c);
@@ -83,7 +83,7 @@ class ReadingOrderImpl : public torch::nn::Module {
   layers::LayerNorm norm_;
   layers::Linear spatial_proj_, label_projection_, pointer_;
   layers::Conv2d pos_proj_;
-  std::vector<std::shared_ptr<text::BertLayerImpl>> layers_;
+  std::vector<std::shared_ptr<layers::BertLayerImpl>> layers_;
 };
 
 /// Root module: RT-DETR's "model.*" with the HGNetV2 backbone, and "reading_order.*".

@@ -95,13 +95,13 @@ ReadingOrderImpl::ReadingOrderImpl(const ReadingOrderConfig& c) : config_(c) {
   auto encoder = register_module("encoder", std::make_shared<torch::nn::Module>());
   // Upstream's attention is softmax(q / sqrt(d) @ k^T + bias) with CogView's PB-Relax
   // rescaling: the same softmax up to rounding (8e-7 on the fixture's order logits).
-  text::BertConfig bert;
+  layers::BertConfig bert;
   bert.hidden_size = h, bert.num_attention_heads = c.num_attention_heads;
   bert.intermediate_size = c.intermediate_size, bert.layer_norm_eps = c.layer_norm_eps;
   bert.act = c.hidden_act;
-  std::vector<std::shared_ptr<text::BertLayerImpl>> ls;
+  std::vector<std::shared_ptr<layers::BertLayerImpl>> ls;
   for (int64_t i = 0; i < c.num_hidden_layers; ++i)
-    ls.push_back(std::make_shared<text::BertLayerImpl>(bert, "norm"));
+    ls.push_back(std::make_shared<layers::BertLayerImpl>(bert, "norm"));
   layers_ = layers::register_list(*encoder, "layer", ls);
   // Built whether or not has_spatial_attention_bias (upstream's module exists either way).
   auto relation =
@@ -177,7 +177,7 @@ at::Tensor ReadingOrderImpl::forward(const at::Tensor& boxes, const at::Tensor& 
   // Additive key mask: start, the kept detections and end attend; finfo.min elsewhere.
   const at::Tensor valid = (col < kept + 2).view({B, 1, 1, L});
   at::Tensor bias = at::where(valid, at::zeros({}, e.options()),
-                              at::full({}, text::finfo_min(e.scalar_type()), e.options()));
+                              at::full({}, layers::finfo_min(e.scalar_type()), e.options()));
   if (config_.has_spatial_attention_bias) bias = relation_bias(padded) + bias;
   for (const auto& layer : layers_) x = layer->forward(x, bias);
   return pp_doclayout_v3::global_pointer_logits(pointer_->forward(x.narrow(1, 1, N)),

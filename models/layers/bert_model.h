@@ -14,7 +14,7 @@
 #include "models/layers/attention.h"
 #include "models/layers/layers.h"
 
-namespace libreyolo::models::text {
+namespace libreyolo::models::layers {
 
 /// BertConfig fields the encoder reads.
 struct BertConfig {
@@ -70,4 +70,4 @@ class BertModelImpl : public torch::nn::Module {
   std::vector<std::shared_ptr<BertLayerImpl>> encoder_layers;
 };
 
-}  // namespace libreyolo::models::text
+}  // namespace libreyolo::models::layers

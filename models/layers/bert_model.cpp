@@ -1,4 +1,4 @@
-#include "models/text/bert_model.h"
+#include "models/layers/bert_model.h"
 
 #include <c10/util/StringUtil.h>
 
@@ -6,7 +6,7 @@
 #include <stdexcept>
 #include <string>
 
-namespace libreyolo::models::text {
+namespace libreyolo::models::layers {
 
 double finfo_min(at::ScalarType dtype) {
   if (dtype == at::kHalf) return static_cast<double>(std::numeric_limits<c10::Half>::lowest());
@@ -137,4 +137,4 @@ at::Tensor BertModelImpl::forward(const at::Tensor& input_ids, const at::Tensor&
   return x;
 }
 
-}  // namespace libreyolo::models::text
+}  // namespace libreyolo::models::layers
