@@ -266,6 +266,7 @@ int main(int argc, char** argv) {
   if (model_dir.empty() || iters < 1 || warmup < 0 || height < 32 || width < 32) return usage();
   if (cuda_graph && device_name.rfind("cuda", 0) != 0) return usage();
   if (fused != "default" && fused != "on" && fused != "off") return usage();
+  if (flush != "default" && flush != "on" && flush != "off") return usage();
   if (quantization != "none" && quantization != "fp8") return usage();
   if (!layouts.empty() && layouts != "default" && layouts != "on" && layouts != "off")
     return usage();
