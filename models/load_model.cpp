@@ -7,6 +7,7 @@
 #include "models/layouts/layouts.h"
 #include "models/model.h"
 #include "models/registry/family.h"
+#include "models/runtime/cpu_math.h"
 
 namespace libreyolo::models {
 
@@ -100,6 +101,10 @@ std::string folder_name(const std::string& dir) {
 }  // namespace
 
 std::unique_ptr<Model> load_model(const std::string& dir, const LoadOptions& requested) {
+  // Before this process's first forward (models/runtime/cpu_math.h: MKL VML's lazy start, made
+  // on two threads at once, gave one half of a tensor a less accurate tanh / erf). Once per
+  // process; here because every program that runs a model loads it through this function.
+  initialise_cpu_math();
   // "cuda" means the current CUDA device. Models compare an input's device exactly (cuda:0 !=
   // cuda), so resolve the index once here: what a tensor created on "cuda" reports.
   LoadOptions options = requested;

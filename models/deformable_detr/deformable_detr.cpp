@@ -18,6 +18,7 @@
 #include "models/deformable_detr/ms_deform_attention.h"
 #include "models/deformable_detr/resnet.h"
 #include "models/layers/attention.h"
+#include "models/layers/gather_rows.h"
 #include "models/layers/layers.h"
 #include "models/registry/family.h"
 
@@ -279,10 +280,8 @@ class DeformableDetrImpl : public torch::nn::Module {
       const auto topk = std::get<1>(at::topk(enc_class.select(-1, 0), config.num_proposals, 1));
       // The box head on the selected tokens only (upstream runs it on all S and gathers): it is
       // row-wise, so the gathered rows are the same.
-      const auto pick = [&](const at::Tensor& t) {
-        return at::gather(t, 1, topk.unsqueeze(-1).expand({-1, -1, t.size(-1)}));
-      };
-      const auto topk_coords = bbox_embed.back()->forward(pick(object_query)) + pick(proposals);
+      const auto topk_coords = bbox_embed.back()->forward(layers::gather_rows(object_query, topk)) +
+                               layers::gather_rows(proposals, topk);
       ref = topk_coords.sigmoid();
       const auto pos_trans_out = pos_trans_norm->forward(
           pos_trans->forward(proposal_position_embedding(topk_coords, d / 2)));

@@ -31,6 +31,7 @@
 #include "models/grounding_dino/postprocess.h"
 #include "models/layers/attention.h"
 #include "models/layers/bert_model.h"
+#include "models/layers/gather_rows.h"
 #include "models/layers/layers.h"
 #include "models/module_model.h"
 #include "models/prompted.h"
@@ -252,10 +253,9 @@ class GroundingDinoImpl : public torch::nn::Module {
     const auto topk = std::get<1>(at::topk(std::get<0>(enc_class.max(-1)), config.num_queries, 1));
     // The box head on the selected tokens only (upstream runs it on all S and gathers): it is
     // row-wise, so the gathered rows are the same.
-    const auto pick = [&](const at::Tensor& t) {
-      return at::gather(t, 1, topk.unsqueeze(-1).expand({-1, -1, t.size(-1)}));
-    };
-    auto ref = (encoder_output_bbox_embed->forward(pick(object_query)) + pick(proposals)).sigmoid();
+    auto ref = (encoder_output_bbox_embed->forward(layers::gather_rows(object_query, topk)) +
+                layers::gather_rows(proposals, topk))
+                   .sigmoid();
     at::Tensor h = query_position_embeddings.unsqueeze(0).repeat({B, 1, 1});
 
     // Decoder: `ref` ends as the last layer's input reference (the heads use it).

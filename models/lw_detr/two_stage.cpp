@@ -7,6 +7,8 @@
 #include <limits>
 #include <stdexcept>
 
+#include "models/layers/gather_rows.h"
+
 namespace libreyolo::models::lw_detr {
 namespace {
 
@@ -85,10 +87,9 @@ QuerySelection::Queries QuerySelection::forward(const at::Tensor& memory,
   const auto topk = std::get<1>(at::topk(std::get<0>(cls.max(-1)), num_queries, 1));
   // The box head and the refinement on the selected tokens only (upstream runs them on all S
   // and gathers): both are row-wise, so the gathered rows are the same.
-  const auto pick = [&](const at::Tensor& t) {
-    return at::gather(t, 1, topk.unsqueeze(-1).expand({-1, -1, t.size(-1)}));
-  };
-  const auto topk_coords = refine_boxes(pick(p.proposals), enc_out_bbox_embed[0]->forward(pick(q)));
+  const auto topk_coords =
+      refine_boxes(layers::gather_rows(p.proposals, topk),
+                   enc_out_bbox_embed[0]->forward(layers::gather_rows(q, topk)));
   const auto ref_embed =
       reference_point_embed.slice(0, 0, num_queries).unsqueeze(0).expand({B, -1, -1});
   Queries out;

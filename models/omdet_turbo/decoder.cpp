@@ -9,6 +9,7 @@
 #include <string>
 
 #include "models/layers/bert_model.h"
+#include "models/layers/gather_rows.h"
 
 namespace libreyolo::models::omdet_turbo {
 namespace {
@@ -145,13 +146,13 @@ std::pair<at::Tensor, at::Tensor> DecoderImpl::forward(const std::vector<at::Ten
       encoder_vision_linear_->forward(at::where(valid, vision, at::zeros({}, vision.options()))));
   const auto projected_classes = encoder_class_head_->forward(classes).permute({1, 2, 0});
   const auto similarity = class_similarity(config_.cosine, features, projected_classes);
-  const auto boxes = encoder_bbox_head_->forward(features) + anchors;
   const auto topk = std::get<1>(at::topk(std::get<0>(similarity.max(-1)), q, 1));
-  const auto index4 = topk.unsqueeze(-1).expand({b, q, 4});
-  auto reference = at::gather(boxes, 1, index4).sigmoid();
-  at::Tensor h = config_.learn_initial_query
-                     ? tgt_embed_.unsqueeze(0).repeat({b, 1, 1})
-                     : at::gather(features, 1, topk.unsqueeze(-1).expand({b, q, features.size(2)}));
+  // The box head on the selected tokens only (upstream runs it on all of them and gathers): it
+  // is row-wise, so the gathered rows are the same.
+  const auto selected = layers::gather_rows(features, topk);
+  auto reference =
+      (encoder_bbox_head_->forward(selected) + layers::gather_rows(anchors, topk)).sigmoid();
+  at::Tensor h = config_.learn_initial_query ? tgt_embed_.unsqueeze(0).repeat({b, 1, 1}) : selected;
 
   // The layers; the eval branch computes the heads of the last layer only.
   const auto n = layers_.size();

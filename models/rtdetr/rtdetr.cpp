@@ -10,6 +10,7 @@
 #include "log/log.h"
 #include "models/core/state_dict.h"
 #include "models/layers/activation_field.h"
+#include "models/layers/gather_rows.h"
 #include "models/registry/family.h"
 #include "models/rtdetr/detector_model.h"
 #include "models/rtdetr/modules.h"
@@ -231,16 +232,12 @@ std::pair<at::Tensor, at::Tensor> select_queries(const Config& c, const QuerySel
   const at::Tensor enc_class = heads.enc_score_head->forward(output_memory);
   const at::Tensor topk_ind =
       std::get<1>(at::topk(std::get<0>(enc_class.max(-1)), c.num_queries, 1));
-  const at::Tensor target =
-      output_memory.gather(1, topk_ind.unsqueeze(-1).expand({-1, -1, output_memory.size(-1)}));
+  const at::Tensor target = layers::gather_rows(output_memory, topk_ind);
   // The box head on the selected queries only (transformers runs it on every anchor, then
   // gathers): its layers are row-wise, so the selected rows are the same, and 8,400 anchors'
   // three-layer MLP was about a third of RT-DETR's query-selection GEMM work.
-  const int64_t B = source_flatten.size(0);
-  const at::Tensor idx4 = topk_ind.unsqueeze(-1).expand({-1, -1, anchors.size(-1)});
   const at::Tensor reference_unact =
-      heads.enc_bbox_head->forward(target) +
-      anchors.expand({B, anchors.size(1), anchors.size(2)}).gather(1, idx4);
+      heads.enc_bbox_head->forward(target) + layers::gather_rows(anchors, topk_ind);
   return {target, reference_unact};
 }
 

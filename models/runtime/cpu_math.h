@@ -12,8 +12,9 @@ namespace libreyolo::models {
 /// a tensor large enough to be split), one thread's half came out of a less accurate path:
 /// tests/unit/linear_act_onednn_test.cpp saw 2,982 of 7,104 tanh outputs saturated to -1 where
 /// the answer is -0.999909 (input -5.0006), in 7 of 60 processes with 2 threads; none of 210
-/// after one single-threaded call. The daemon calls this once at start-up (server/core/core.cpp),
-/// before any model loads; a process without MKL is unaffected. Idempotent, never throws.
+/// after one single-threaded call. models::load_model calls it (models/load_model.cpp), so every
+/// program that runs a model has made the call before its first forward; a process without MKL
+/// is unaffected. Idempotent, never throws.
 void initialise_cpu_math() noexcept;
 
 /// Whether a CPU forward in `dtype` runs with denormals flushed to zero by default: for

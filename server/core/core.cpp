@@ -16,7 +16,6 @@
 #include "kernels/report_json.h"
 #include "log/log.h"
 #include "models/model.h"
-#include "models/runtime/cpu_math.h"
 #include "models/runtime/device_memory.h"
 #include "models/runtime/intra_op_threads.h"
 #include "server/core/infer_pipeline.h"
@@ -50,8 +49,6 @@ ServerCore::ServerCore(const ServerConfig& config, Metrics& metrics, ModelFactor
     at::set_num_threads(cpu_.cores);
     intra_op_source_ = "CPU budget (" + cpu_.source + ")";
   }
-  // Before any forward forks a team (models/runtime/cpu_math.h: MKL VML's lazy start raced).
-  models::initialise_cpu_math();
   // Each pool thread's ATen operators get an equal share of the cores (1 with the default pool
   // of one thread per core): otherwise every thread forks a team of all cores per resize and
   // normalise (models/runtime/intra_op_threads.h).

@@ -61,8 +61,8 @@ double max_diff(const at::Tensor& a, const at::Tensor& b) {
 TEST(LinearActOnednn, EqualsAtLinearAndActivation) {
   const auto h = bind_cpu("linear_onednn_equals_aten");
   ASSERT_FALSE(h.empty());
-  // As the daemon does at start-up: without it, this test's first tanh (2 threads) was off by
-  // 9e-5 in about one process in ten (models/runtime/cpu_math.h).
+  // As models::load_model does (no model is loaded here): without it, this test's first tanh
+  // (2 threads) was off by 9e-5 in about one process in ten (models/runtime/cpu_math.h).
   models::initialise_cpu_math();
   at::manual_seed(11);
   const at::NoGradGuard no_grad;
