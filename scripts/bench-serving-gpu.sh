@@ -22,7 +22,9 @@
 # pixel_values steps, one request = MAX_BATCH images), JPEG_CONCURRENCY (CONCURRENCY: the
 # one-JPEG-per-request steps; the batcher groups them up to MAX_BATCH), SKIP_B1 (0; 1 skips the
 # batch-1 pixel_values steps), MAX_CONCURRENT_RPCS (256: server.max_concurrent_rpcs; the JPEG steps
-# need more in flight than 2 instances x max_batch_size).
+# need more in flight than 2 instances x max_batch_size), QUEUE_DELAY_US (2000:
+# max_queue_delay_microseconds), REFILL_WAIT_FRACTION (empty: the daemon's default; 0 turns the
+# batcher's refill wait off, Triton's behaviour).
 # Both sides run with TF32 off (the daemon's `tf32: off`).
 # Writes to $OUT: summary.txt, forward_only.log, serving_*.{csv,json,log}, server.log,
 # bench_serving_gpu.json (everything together, with the ratio).
@@ -121,12 +123,13 @@ device: $device
 dtype: $dtype
 cuda_graphs: $graphs
 max_batch_size: $max_batch
-max_queue_delay_microseconds: 2000
+max_queue_delay_microseconds: ${QUEUE_DELAY_US:-2000}
 max_queue_size: 1024
 threshold: 0.5
 warmup: true
 EOF
 [ -n "${INSTANCE_GROUP:-}" ] && echo "instance_group: $INSTANCE_GROUP" >>"$work/repo/$model/serving.yaml"
+[ -n "${REFILL_WAIT_FRACTION:-}" ] && echo "refill_wait_fraction: $REFILL_WAIT_FRACTION" >>"$work/repo/$model/serving.yaml"
 port() { "$python" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])' 2>/dev/null ||
   echo $((20000 + RANDOM % 20000)); }
 gp=$(port)
@@ -167,6 +170,8 @@ bench() {
   steps=$(echo "$levels" | tr ',' '\n' | wc -l)
   local limit=$(( steps * (${duration%.*} + ${warmup%.*} + 30) + 60 ))
   note "serving $name: libreyolo-bench --concurrency $levels $* (limit ${limit} s)"
+  local before
+  before=$(batch_counts)
   if ! timeout "$limit" "$bin/libreyolo-bench" --server "127.0.0.1:$gp" --model "$model" \
       --duration "$duration" --warmup "$warmup" --timeout 60 --concurrency "$levels" "$@" \
       --csv "$OUT/serving_$name.csv" --json "$OUT/serving_$name.json" >"$OUT/serving_$name.log" 2>&1; then
@@ -174,7 +179,19 @@ bench() {
     return 1
   fi
   sed 's/^/    /' "$OUT/serving_$name.log" | grep -v "^    libreyolo-bench:" | tee -a "$summary" >/dev/null
+  # The batches the daemon formed over the step (warm-up included): /v2/models/NAME/stats.
+  read -r i0 e0 <<<"$before"
+  read -r i1 e1 <<<"$(batch_counts)"
+  [ -n "$e1" ] && [ $((e1 - e0)) -gt 0 ] &&
+    note "$name: the daemon ran $((i1 - i0)) images in $((e1 - e0)) forwards (mean batch $(awk "BEGIN{printf \"%.2f\", ($i1 - $i0) / ($e1 - $e0)}"))"
   return 0
+}
+# "INFERENCE_COUNT EXECUTION_COUNT" of the model so far (empty when the daemon does not answer).
+batch_counts() {
+  curl -sf "http://127.0.0.1:$hp/v2/models/$model/stats" | "$python" -c '
+import json, sys
+s = json.load(sys.stdin)["model_stats"][0]
+print(s["inference_count"], s["execution_count"])' 2>/dev/null || true
 }
 status=0
 [ "${SKIP_B1:-0}" = 1 ] || bench pixel_values_b1 "$concurrency" --shape 1,3,640,640 --channels 4 || status=1

@@ -140,6 +140,10 @@ ServingConfig parse_serving_config(const std::string& yaml_text, const std::stri
       c.max_queue_delay_microseconds = as<std::uint64_t>(file, v, key, "an integer");
       if (c.max_queue_delay_microseconds > kMaxMicroseconds)
         fail(file, v, "max_queue_delay_microseconds must be at most 86400000000 (one day)");
+    } else if (key == "refill_wait_fraction") {
+      c.refill_wait_fraction = as<double>(file, v, key, "a number from 0 to 1");
+      if (!(c.refill_wait_fraction >= 0 && c.refill_wait_fraction <= 1))
+        fail(file, v, "refill_wait_fraction must be a number from 0 to 1");
     } else if (key == "max_queue_size") {
       c.max_queue_size = as<std::uint32_t>(file, v, key, "an integer");
       if (c.max_queue_size < 1) fail(file, v, "max_queue_size must be >= 1");
@@ -201,7 +205,7 @@ ServingConfig parse_serving_config(const std::string& yaml_text, const std::stri
       fail(file, kv.first,
            "unknown key " + clip(key) +
                " (expected device, dtype, max_batch_size, max_queue_delay_microseconds, "
-               "max_queue_size, default_timeout_microseconds, threshold, top_k, warmup, "
+               "refill_wait_fraction, max_queue_size, default_timeout_microseconds, threshold, top_k, warmup, "
                "fused_attention, cuda_graphs, prompt_cache_mb, quantization, kernels, "
                "kernel_config, instance_group)");
     }

@@ -207,11 +207,13 @@ api::ModelConfig ServerCore::model_config(const std::string& name,
     c.instance_group.push_back(std::move(ig));
   }
   c.max_queue_delay_microseconds = e->serving.max_queue_delay_microseconds;
+  // Not in Triton's ModelDynamicBatching: a parameter (server/scheduler/dynamic_batcher.h).
+  c.parameters["refill_wait_fraction"] = c10::str(e->serving.refill_wait_fraction);
   c.max_queue_size = e->serving.max_queue_size;
   c.default_timeout_microseconds = e->serving.default_timeout_microseconds;
   if (e->loaded) {
     const auto& l = *e->loaded;
-    c.parameters = l.task->config_parameters();
+    for (auto& [k, v] : l.task->config_parameters()) c.parameters[k] = v;
     c.parameters["device"] = l.device.str();
     c.parameters["dtype"] = c10::toString(l.dtype);
     c.parameters["dtype_source"] = l.dtype_choice.source;

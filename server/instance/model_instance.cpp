@@ -18,8 +18,9 @@ namespace {
 
 double seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
 
-/// The batch input, assembled once: every job's images in one (N, 3, H, W) float32 tensor (the
-/// model's dtype when every image already has it on the device: the image_preprocess slot's),
+/// The batch input, assembled once: every job's images in one (N, 3, H, W) tensor (the model's
+/// dtype on the CPU and when every image already has it on the device, the image_preprocess
+/// slot's; else float32),
 /// zero padded bottom/right to the largest (H, W) with a (N, H, W) int64 mask of 1 on real
 /// pixels when `padded` (the image processor's `do_pad` semantics), converted to the model's
 /// dtype. On CUDA it is assembled on the device: each image is copied straight into its rows
@@ -46,8 +47,12 @@ std::pair<at::Tensor, at::Tensor> assemble(const Batch& batch, bool padded,
   bool in_dtype = cuda;
   for (const auto& j : batch)
     for (const auto& p : j->pixels) in_dtype = in_dtype && p.is_cuda() && p.scalar_type() == dtype;
-  const auto options =
-      at::TensorOptions().dtype(in_dtype ? dtype : at::kFloat).device(cuda ? device : at::kCPU);
+  // On the CPU the batch is staged in the model's dtype: each image converts as it is copied,
+  // one pass instead of a float32 copy and a conversion pass (3.75 ms of a 4-image bf16 batch's
+  // 640x640 input before). On CUDA float32 crosses the bus and converts on the device.
+  const auto options = at::TensorOptions()
+                           .dtype(in_dtype || !cuda ? dtype : at::kFloat)
+                           .device(cuda ? device : at::kCPU);
   at::Tensor staged = padded ? at::zeros({n, 3, H, W}, options) : at::empty({n, 3, H, W}, options);
   at::Tensor mask;
   if (padded) mask = at::zeros({n, H, W}, options.dtype(at::kLong));
@@ -129,19 +134,21 @@ void ModelInstance::loop() {
   // made its answers wait for the next batch's whole forward whenever a request was queued.
   const bool overlap = model_->device.is_cuda();
   std::unique_ptr<InFlight> previous;
+  Scheduler::Refill refill;  // what this instance answered right before asking for a batch
   while (healthy_) {
-    if (previous && scheduler_.pending() == 0) finish(std::move(previous));  // nothing to overlap
+    if (previous && scheduler_.pending() == 0) refill = finish(std::move(previous));  // no overlap
     if (!healthy_) break;
     Batch batch;
-    const auto next = scheduler_.next_batch(batch);
+    const auto next = scheduler_.next_batch(batch, refill);
+    refill = {};
     if (next == Scheduler::Next::stopped) break;
     if (next == Scheduler::Next::again) continue;
     auto current = launch(batch);
     if (!overlap) {
-      finish(std::move(current));
+      refill = finish(std::move(current));
       continue;
     }
-    if (previous) finish(std::move(previous));
+    if (previous) refill = finish(std::move(previous));
     previous = std::move(current);
   }
   if (previous) finish(std::move(previous));
@@ -237,8 +244,8 @@ std::unique_ptr<ModelInstance::InFlight> ModelInstance::launch(Batch& batch) {
   return f;
 }
 
-void ModelInstance::finish(std::unique_ptr<InFlight> f) {
-  if (!f) return;
+Scheduler::Refill ModelInstance::finish(std::unique_ptr<InFlight> f) {
+  if (!f) return {};
   const LoadedModel& model = *model_;
   auto& batch = f->batch;
   try {
@@ -292,24 +299,29 @@ void ModelInstance::finish(std::unique_ptr<InFlight> f) {
       x.prompt_cache_misses = f->cache_misses;
       hooks_.executed(x);
     }
+    Scheduler::Refill answered;
+    answered.compute = t_infer - f->t_input;
     for (std::size_t i = 0; i < batch.size(); ++i) {
       if (errors[i]) {
         batch[i]->promise.set_exception(errors[i]);
       } else {
+        answered.answered_images += batch[i]->size();
         batch[i]->promise.set_value(std::move(results[i]));
       }
     }
+    return answered;
   } catch (const std::invalid_argument& e) {
     fail_all(batch, api::Code::invalid_argument, "model '" + name_ + "': " + e.what());
   } catch (const std::exception& e) {
     if (device_failed(e)) {
       const auto* c10_error = dynamic_cast<const c10::Error*>(&e);
       take_out(batch, c10_error ? c10_error->what_without_backtrace() : e.what());
-      return;
+      return {};
     }
     log::error("model '" + name_ + "': batch failed: " + e.what());
     fail_all(batch, api::Code::internal, "model '" + name_ + "': " + e.what());
   }
+  return {};
 }
 
 }  // namespace libreyolo::server

@@ -102,8 +102,9 @@ class ModelInstance {
   /// Assembles the batch and enqueues its forward; answers it with the error when that fails
   /// (returns null then).
   std::unique_ptr<InFlight> launch(Batch& batch);
-  /// Waits for the outputs, post-processes and answers every request of the batch.
-  void finish(std::unique_ptr<InFlight> f);
+  /// Waits for the outputs, post-processes and answers every request of the batch. Returns the
+  /// images answered and their forward's time (the scheduler's refill wait); {} when it failed.
+  Scheduler::Refill finish(std::unique_ptr<InFlight> f);
   /// Answers `batch` INTERNAL and takes the instance out of rotation (its device failed: CUDA
   /// error, out of memory); the last one out answers every queued request UNAVAILABLE.
   void take_out(Batch& batch, const std::string& what);

@@ -30,6 +30,7 @@ DynamicBatcher::DynamicBatcher(std::string model, const ServingConfig& serving,
     : name_(std::move(model)),
       max_batch_(serving.max_batch_size),
       delay_(serving.max_queue_delay_microseconds),
+      refill_fraction_(serving.refill_wait_fraction),
       max_queue_(serving.max_queue_size),
       pending_hook_(std::move(pending)),
       in_rotation_(instances) {}
@@ -86,23 +87,37 @@ bool DynamicBatcher::cancel(const std::shared_ptr<BatchJob>& job, api::Code code
   return true;
 }
 
-Scheduler::Next DynamicBatcher::next_batch(Batch& out) {
+Scheduler::Next DynamicBatcher::next_batch(Batch& out, const Refill& refill) {
   out.clear();
   Batch batch;
+  // The refill wait (dynamic_batcher.h): from the moment the instance is free, at most
+  // refill_wait_fraction of the answered batch's forward.
+  const auto freed = Clock::now();
+  const auto refill_end =
+      freed + std::chrono::duration_cast<Clock::duration>(refill.compute * refill_fraction_);
   {
     std::unique_lock<std::mutex> lk(mu_);
+    int64_t refill_target = 0;  // images worth waiting for; 0: no refill wait
+    if (refill_fraction_ > 0 && refill.answered_images > 0) {
+      int64_t queued = 0;
+      for (const auto& j : queue_) queued += j->size();
+      refill_target = std::min(max_batch_, queued + refill.answered_images);
+    }
     cv_.wait(lk, [&] { return stopping_ || !queue_.empty(); });
     if (queue_.empty()) return Next::stopped;  // stopping and drained
     const auto first = queue_.front();
     const auto window_end = first->enqueued + delay_;
-    // Let the batch grow until it is full or the oldest request has waited `delay_`.
+    // Let the batch grow until it is full, the oldest request has waited `delay_` and the
+    // refill wait is over (reached its target or its end).
     while (!stopping_) {
       int64_t images = 0;
       for (const auto& j : queue_) {
         if (same_shape(*j, *first)) images += j->size();
       }
-      if (images >= max_batch_ || Clock::now() >= window_end) break;
-      cv_.wait_until(lk, window_end);
+      if (images >= max_batch_) break;
+      const auto until = images < refill_target ? std::max(window_end, refill_end) : window_end;
+      if (Clock::now() >= until) break;
+      cv_.wait_until(lk, until);
       // cancel() or another instance may have taken `first` out while the lock was released
       // (front() of an empty queue below was undefined behaviour: a stale job answered twice,
       // "Promise already satisfied", terminate).

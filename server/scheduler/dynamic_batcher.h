@@ -3,6 +3,13 @@
 // for padded families whose model reads pixel_mask, which are padded to the largest with it) up to
 // max_batch_size images, waiting at most max_queue_delay_microseconds for the oldest; requests
 // whose deadline passed or whose call was cancelled while queued are answered without running.
+// Beyond Triton: the refill wait. An instance that has just answered k images waits, at most
+// refill_wait_fraction of their forward's time, until k more images (plus those already queued,
+// up to max_batch_size) are there: closed-loop clients answered by a batch send their next
+// requests within a few milliseconds, and without the wait the batches settle into alternating
+// halves whatever max_queue_delay_microseconds is, since the requests queued during a forward
+// have waited longer than any window by the time the instance is free (docs/BENCHMARKS.md,
+// "the refill wait"). Batch-1 latency is unchanged: after one image, one image is enough.
 #pragma once
 
 #include <chrono>
@@ -23,7 +30,7 @@ namespace libreyolo::server {
 class DynamicBatcher final : public Scheduler {
  public:
   /// `model` names the model in every message; `serving` gives max_batch_size,
-  /// max_queue_delay_microseconds and max_queue_size; `instances` is how many instances start
+  /// max_queue_delay_microseconds, refill_wait_fraction and max_queue_size; `instances` is how many instances start
   /// in rotation. `pending` is called with the queue length after each change (under the
   /// queue's lock, so that updates never overtake each other); it may be empty.
   DynamicBatcher(std::string model, const ServingConfig& serving, std::size_t instances,
@@ -32,7 +39,7 @@ class DynamicBatcher final : public Scheduler {
   std::future<BatchResult> submit(std::shared_ptr<BatchJob> job) override;
   bool cancel(const std::shared_ptr<BatchJob>& job, api::Code code) override;
   int64_t pending() const override;
-  Next next_batch(Batch& batch) override;
+  Next next_batch(Batch& batch, const Refill& refill) override;
   std::size_t leave_rotation(Batch& orphans) override;
   void stop() override;
   void answer_left() override;
@@ -41,6 +48,7 @@ class DynamicBatcher final : public Scheduler {
   const std::string name_;
   const int64_t max_batch_;
   const std::chrono::microseconds delay_;
+  const double refill_fraction_;  ///< serving.refill_wait_fraction, 0 to 1
   const std::size_t max_queue_;
   std::function<void(int64_t)> pending_hook_;
   mutable std::mutex mu_;

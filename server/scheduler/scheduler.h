@@ -38,10 +38,19 @@ class Scheduler {
   /// Requests waiting (not running).
   virtual int64_t pending() const = 0;
 
+  /// What the calling instance answered right before asking for its next batch: closed-loop
+  /// clients send their next requests as soon as they have their answers, so a scheduler may
+  /// wait for them (DynamicBatcher's refill wait).
+  struct Refill {
+    int64_t answered_images = 0;  ///< images answered just before the call; 0: none
+    Clock::duration compute{};    ///< the forward of those images (ModelInstance's infer time)
+  };
+
   /// Called by an instance's worker: blocks until there is work or the scheduler stops, then
   /// forms one batch into `batch`. Requests whose deadline passed or whose call was cancelled
-  /// while queued are answered here and never reach an instance.
-  virtual Next next_batch(Batch& batch) = 0;
+  /// while queued are answered here and never reach an instance. `refill` says what the
+  /// instance has just answered ({} when nothing, or when it calls again after `again`).
+  virtual Next next_batch(Batch& batch, const Refill& refill) = 0;
 
   /// An instance left the rotation (its device failed). Returns the instances still in it; when
   /// none is left, every queued request is moved to `orphans` (the caller answers them once it

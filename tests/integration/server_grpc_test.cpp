@@ -48,7 +48,8 @@ class ServerGrpc : public ::testing::Test {
     add_fake_model(*repo_, "fake", "max_batch_size: 1\nmax_queue_size: 2\n");
     add_fake_model(
         *repo_, "fake_batching",
-        "max_batch_size: 4\nmax_queue_delay_microseconds: 1000000\nmax_queue_size: 16\n");
+        "max_batch_size: 4\nmax_queue_delay_microseconds: 1000000\nmax_queue_size: 16\n"
+        "refill_wait_fraction: 0.25\n");
     daemon_ = new Daemon(test_config(*repo_), fake_or_real());
     daemon_->start();
     address_ = new std::string("127.0.0.1:" + std::to_string(daemon_->grpc_port()));
@@ -121,6 +122,13 @@ TEST_F(ServerGrpc, ModelMetadataConfigStatisticsIndex) {
   EXPECT_NE(r.text.find("max_batch_size: 4\n"), std::string::npos) << r.text;
   EXPECT_NE(r.text.find("max_queue_delay_microseconds: 1000000"), std::string::npos) << r.text;
   EXPECT_NE(r.text.find("max_queue_size: 16"), std::string::npos) << r.text;
+  EXPECT_NE(r.text.find("key: \"refill_wait_fraction\"\n    value {\n      string_value: \"0.25\""),
+            std::string::npos)
+      << r.text;
+  r = c.call("ModelConfig", "name: \"fake\"");  // the default
+  EXPECT_NE(r.text.find("key: \"refill_wait_fraction\"\n    value {\n      string_value: \"0.1\""),
+            std::string::npos)
+      << r.text;
 
   r = c.call("RepositoryIndex");
   ASSERT_TRUE(r.ok());

@@ -449,6 +449,9 @@ TEST(ServerHostileRepository, HostileModelFilesFailOnlyTheirModel) {
   add_fake_model(repo, "fake_delay", "max_queue_delay_microseconds: 18446744073709551615\n");
   add_fake_model(repo, "fake_timeout", "default_timeout_microseconds: 4611686018427387904\n");
   add_fake_model(repo, "fake_nan", "threshold: .nan\n");
+  add_fake_model(repo, "fake_refill_nan", "refill_wait_fraction: .nan\n");
+  add_fake_model(repo, "fake_refill_big", "refill_wait_fraction: 1.5\n");
+  add_fake_model(repo, "fake_refill_word", "refill_wait_fraction: half\n");
   add_fake_model(repo, "fake_deep", "max_batch_size: " + std::string(5000, '[') + "\n");
   add_fake_model(repo, "fake_laughs",
                  "a: &a [x,x,x,x,x,x,x,x,x]\nb: &b [*a,*a,*a,*a,*a,*a,*a,*a,*a]\n"
@@ -485,12 +488,21 @@ TEST(ServerHostileRepository, HostileModelFilesFailOnlyTheirModel) {
                 "86400000000 (one day)");
   EXPECT_EQ(reason_of(index.text, "fake_nan"),
             r + "fake_nan/serving.yaml:1:12: threshold must be a finite number");
+  EXPECT_EQ(reason_of(index.text, "fake_refill_nan"),
+            r + "fake_refill_nan/serving.yaml:1:23: refill_wait_fraction must be a number from 0 "
+                "to 1");
+  EXPECT_EQ(reason_of(index.text, "fake_refill_big"),
+            r + "fake_refill_big/serving.yaml:1:23: refill_wait_fraction must be a number from 0 "
+                "to 1");
+  EXPECT_EQ(reason_of(index.text, "fake_refill_word"),
+            r + "fake_refill_word/serving.yaml:1:23: refill_wait_fraction must be a number from "
+                "0 to 1, got 'half'");
   EXPECT_EQ(reason_of(index.text, "fake_deep").rfind(r + "fake_deep/serving.yaml:", 0), 0u)
       << reason_of(index.text, "fake_deep");
   EXPECT_EQ(reason_of(index.text, "fake_laughs"),
             r + "fake_laughs/serving.yaml:1:1: unknown key a (expected device, dtype, "
-                "max_batch_size, max_queue_delay_microseconds, max_queue_size, "
-                "default_timeout_microseconds, threshold, top_k, warmup, fused_attention, "
+                "max_batch_size, max_queue_delay_microseconds, refill_wait_fraction, "
+                "max_queue_size, default_timeout_microseconds, threshold, top_k, warmup, fused_attention, "
                 "cuda_graphs, prompt_cache_mb, quantization, kernels, kernel_config, "
                 "instance_group)");
   EXPECT_EQ(
