@@ -36,8 +36,8 @@ struct ServingConfig {
   std::string dtype_origin;         ///< "FILE:LINE:COLUMN" of the key; "" when not set
   std::int64_t max_batch_size = 8;  ///< images per forward
   std::uint64_t max_queue_delay_microseconds = 0;  ///< how long a batch may wait to grow
-  /// After answering k images, an instance waits at most this fraction of their forward's time
-  /// for k more images before running a smaller batch (server/scheduler/dynamic_batcher.h, the
+  /// After answering k requests, an instance waits at most this fraction of their forward's time
+  /// for k new requests before running a smaller batch (server/scheduler/dynamic_batcher.h, the
   /// refill wait); 0 to 1, 0 is Triton's behaviour (no such wait).
   double refill_wait_fraction = 0.1;
   std::uint32_t max_queue_size = 64;               ///< queued requests; more -> RESOURCE_EXHAUSTED

@@ -58,6 +58,7 @@ std::future<BatchResult> DynamicBatcher::submit(std::shared_ptr<BatchJob> job) {
     }
     job->enqueued = Clock::now();
     queue_.push_back(std::move(job));
+    ++submitted_;
     const auto n = static_cast<int64_t>(queue_.size());
     // Under the lock: updates from submit() and the workers must not overtake each other.
     if (pending_hook_) pending_hook_(n);
@@ -91,31 +92,40 @@ Scheduler::Next DynamicBatcher::next_batch(Batch& out, const Refill& refill) {
   out.clear();
   Batch batch;
   // The refill wait (dynamic_batcher.h): from the moment the instance is free, at most
-  // refill_wait_fraction of the answered batch's forward.
+  // refill_wait_fraction of the answered batch's forward (clamped: a caller's absurd duration
+  // must not overflow the clock).
   const auto freed = Clock::now();
+  const auto compute = std::min<Clock::duration>(refill.compute, std::chrono::hours(1));
   const auto refill_end =
-      freed + std::chrono::duration_cast<Clock::duration>(refill.compute * refill_fraction_);
+      freed + std::chrono::duration_cast<Clock::duration>(compute * refill_fraction_);
   {
     std::unique_lock<std::mutex> lk(mu_);
-    int64_t refill_target = 0;  // images worth waiting for; 0: no refill wait
-    if (refill_fraction_ > 0 && refill.answered_images > 0) {
-      int64_t queued = 0;
-      for (const auto& j : queue_) queued += j->size();
-      refill_target = std::min(max_batch_, queued + refill.answered_images);
-    }
+    const bool refilling = refill_fraction_ > 0 && refill.answered_requests > 0;
+    const std::uint64_t submitted_when_freed = submitted_;
     cv_.wait(lk, [&] { return stopping_ || !queue_.empty(); });
     if (queue_.empty()) return Next::stopped;  // stopping and drained
     const auto first = queue_.front();
     const auto window_end = first->enqueued + delay_;
     // Let the batch grow until it is full, the oldest request has waited `delay_` and the
-    // refill wait is over (reached its target or its end).
+    // refill wait is over: as many requests arrived as were answered (counted whatever their
+    // shape or size, so that neither a client switching image sizes nor one sending fewer
+    // images than before waits for what will not come), or its end passed.
     while (!stopping_) {
       int64_t images = 0;
+      auto earliest_deadline = Clock::time_point::max();
       for (const auto& j : queue_) {
-        if (same_shape(*j, *first)) images += j->size();
+        if (!same_shape(*j, *first)) continue;
+        images += j->size();
+        if (j->deadline) earliest_deadline = std::min(earliest_deadline, *j->deadline);
       }
       if (images >= max_batch_) break;
-      const auto until = images < refill_target ? std::max(window_end, refill_end) : window_end;
+      // Never wait a queued request past its queue deadline (default_timeout_microseconds):
+      // when one would expire within the wait, the batch goes now.
+      const bool awaiting = refilling &&
+                            submitted_ - submitted_when_freed <
+                                static_cast<std::uint64_t>(refill.answered_requests) &&
+                            earliest_deadline > refill_end;
+      const auto until = awaiting ? std::max(window_end, refill_end) : window_end;
       if (Clock::now() >= until) break;
       cv_.wait_until(lk, until);
       // cancel() or another instance may have taken `first` out while the lock was released

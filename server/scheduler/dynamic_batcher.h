@@ -3,13 +3,15 @@
 // for padded families whose model reads pixel_mask, which are padded to the largest with it) up to
 // max_batch_size images, waiting at most max_queue_delay_microseconds for the oldest; requests
 // whose deadline passed or whose call was cancelled while queued are answered without running.
-// Beyond Triton: the refill wait. An instance that has just answered k images waits, at most
-// refill_wait_fraction of their forward's time, until k more images (plus those already queued,
-// up to max_batch_size) are there: closed-loop clients answered by a batch send their next
+// Beyond Triton: the refill wait. An instance that has just answered k requests waits, at most
+// refill_wait_fraction of their forward's time, until k requests have arrived (or the batch is
+// full) before running a smaller batch: closed-loop clients answered by a batch send their next
 // requests within a few milliseconds, and without the wait the batches settle into alternating
 // halves whatever max_queue_delay_microseconds is, since the requests queued during a forward
 // have waited longer than any window by the time the instance is free (docs/BENCHMARKS.md,
-// "the refill wait"). Batch-1 latency is unchanged: after one image, one image is enough.
+// "The refill wait"). Batch-1 latency is unchanged: after one request, one request is enough.
+// It never holds a request past its queue deadline, and a CUDA instance with a batch still in
+// flight does not ask for it (server/instance/model_instance.cpp).
 #pragma once
 
 #include <chrono>
@@ -54,6 +56,7 @@ class DynamicBatcher final : public Scheduler {
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::deque<std::shared_ptr<BatchJob>> queue_;
+  std::uint64_t submitted_ = 0;  ///< requests queued since construction (the refill wait's count)
   bool stopping_ = false;
   std::size_t in_rotation_;  ///< instances that still take batches
 };

@@ -42,7 +42,7 @@ class Scheduler {
   /// clients send their next requests as soon as they have their answers, so a scheduler may
   /// wait for them (DynamicBatcher's refill wait).
   struct Refill {
-    int64_t answered_images = 0;  ///< images answered just before the call; 0: none
+    int64_t answered_requests = 0;  ///< requests answered just before the call; 0: none
     Clock::duration compute{};    ///< the forward of those images (ModelInstance's infer time)
   };
 

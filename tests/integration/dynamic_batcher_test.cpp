@@ -1,6 +1,6 @@
 // The dynamic batcher's refill wait (server/scheduler/dynamic_batcher.h): an instance that has just
-// answered k images waits, at most refill_wait_fraction of their forward's time, for k more
-// images (plus those queued, up to max_batch_size) before it runs a smaller batch. The batcher is
+// answered k requests waits, at most refill_wait_fraction of their forward's time, until k
+// requests have arrived (or the batch is full) before it runs a smaller batch. The batcher is
 // driven directly here, as an instance's worker drives it; the clients are threads that submit
 // after a delay. Bounds on elapsed time are behaviour (it went before its cap, or not before its
 // end), never speed.
@@ -20,9 +20,10 @@ namespace {
 
 using namespace std::chrono_literals;
 
-std::shared_ptr<BatchJob> one_image_job() {
+/// A request of `images` images of h x w pixels.
+std::shared_ptr<BatchJob> job(int64_t images = 1, int64_t h = 8, int64_t w = 8) {
   auto j = std::make_shared<BatchJob>();
-  j->pixels.push_back(at::zeros({1, 3, 8, 8}));
+  j->pixels.push_back(at::zeros({images, 3, h, w}));
   j->request = std::make_shared<TaskRequest>();
   return j;
 }
@@ -34,16 +35,15 @@ struct Fixture {
     s.refill_wait_fraction = fraction;
     batcher = std::make_unique<DynamicBatcher>("m", s, 1, nullptr);
   }
-  void submit(int n) {
-    for (int i = 0; i < n; ++i) futures.push_back(batcher->submit(one_image_job()));
+  void submit(int n, int64_t h = 8) {
+    for (int i = 0; i < n; ++i) futures.push_back(batcher->submit(job(1, h, h)));
   }
-  /// Submits `n` one-image requests from another thread, `after` from now, one by one.
-  std::thread submit_later(int n, std::chrono::milliseconds after) {
-    return std::thread([this, n, after] {
+  /// Submits `n` one-image requests of h x h pixels from another thread, `after` from now.
+  std::thread submit_later(int n, std::chrono::milliseconds after, int64_t h = 8) {
+    return std::thread([this, n, after, h] {
       std::this_thread::sleep_for(after);
       for (int i = 0; i < n; ++i) {
-        auto j = one_image_job();
-        auto f = batcher->submit(j);
+        auto f = batcher->submit(job(1, h, h));
         std::lock_guard<std::mutex> lk(mu);
         futures.push_back(std::move(f));
       }
@@ -54,14 +54,14 @@ struct Fixture {
   std::vector<std::future<BatchResult>> futures;
 };
 
-Scheduler::Refill answered(int64_t images, std::chrono::milliseconds compute) {
+Scheduler::Refill answered(int64_t requests, std::chrono::milliseconds compute) {
   Scheduler::Refill r;
-  r.answered_images = images;
+  r.answered_requests = requests;
   r.compute = compute;
   return r;
 }
 
-TEST(DynamicBatcherRefill, WaitsForTheImagesItAnsweredThenGoesAtOnce) {
+TEST(DynamicBatcherRefill, WaitsForTheRequestsItAnsweredThenGoesAtOnce) {
   // The convoy of docs/BENCHMARKS.md: 4 closed-loop clients, max_batch_size 4, a batch of 3 just
   // answered while 1 request waited. Its 3 clients come back 50 ms later: one batch of 4, long
   // before the wait's cap (a 60 s forward at fraction 1).
@@ -78,9 +78,9 @@ TEST(DynamicBatcherRefill, WaitsForTheImagesItAnsweredThenGoesAtOnce) {
   EXPECT_LT(waited, 30s);
 }
 
-TEST(DynamicBatcherRefill, TargetIsTheAnsweredImagesPlusTheQueuedOnes) {
-  // 1 answered, 2 queued when the instance came free: the batch goes once a third image is there
-  // (it would wait the cap, 60 s, for a fourth).
+TEST(DynamicBatcherRefill, WaitsForAsManyArrivalsAsItAnswered) {
+  // 1 answered, 2 queued when the instance came free: the batch goes once one request arrived
+  // (it would wait the cap, 60 s, for a fourth image).
   Fixture f(1.0);
   f.submit(2);
   auto later = f.submit_later(1, 50ms);
@@ -107,7 +107,7 @@ TEST(DynamicBatcherRefill, EndsAtItsFractionOfTheForward) {
   EXPECT_GE(waited, 200ms);
 }
 
-TEST(DynamicBatcherRefill, OneImageAnsweredIsOneImageAwaited) {
+TEST(DynamicBatcherRefill, OneRequestAnsweredIsOneRequestAwaited) {
   // Concurrency 1: the client's next request runs as soon as it is there (batch-1 latency
   // unchanged by the wait), although the cap is 60 s.
   Fixture f(1.0);
@@ -134,6 +134,59 @@ TEST(DynamicBatcherRefill, FractionZeroAndNothingAnsweredRunWhatIsQueued) {
     EXPECT_EQ(batch.size(), 1u) << "fraction " << fraction;
     EXPECT_LT(Clock::now() - t0, 30s) << "fraction " << fraction;
   }
+}
+
+TEST(DynamicBatcherRefill, ArrivalsOfAnotherShapeEndTheWait) {
+  // Two clients of 8x8 images were answered while two of 16x16 waited (a family that batches
+  // one size only, as YOLOS): the 8x8 clients' return ends the wait, and the 16x16 pair runs
+  // without waiting the cap for 16x16 images that will not come.
+  Fixture f(1.0);
+  f.submit(2, 16);
+  auto later = f.submit_later(2, 50ms, 8);
+  Batch batch;
+  const auto t0 = Clock::now();
+  EXPECT_EQ(f.batcher->next_batch(batch, answered(2, 60000ms)), Scheduler::Next::batch);
+  const auto waited = Clock::now() - t0;
+  later.join();
+  ASSERT_EQ(batch.size(), 2u);
+  EXPECT_EQ(batch[0]->extent(), (std::pair<int64_t, int64_t>{16, 16}));
+  EXPECT_EQ(batch[1]->extent(), (std::pair<int64_t, int64_t>{16, 16}));
+  EXPECT_LT(waited, 30s);
+  EXPECT_EQ(f.batcher->pending(), 2);
+}
+
+TEST(DynamicBatcherRefill, AFewerImagesRequestIsNotHeldForTheImagesBefore) {
+  // Concurrency 1, a 4-image request answered, then a 1-image one: it runs when it arrives.
+  Fixture f(1.0);
+  std::thread later([&] {
+    std::this_thread::sleep_for(20ms);
+    auto fut = f.batcher->submit(job(1));
+    std::lock_guard<std::mutex> lk(f.mu);
+    f.futures.push_back(std::move(fut));
+  });
+  Batch batch;
+  const auto t0 = Clock::now();
+  EXPECT_EQ(f.batcher->next_batch(batch, answered(1, 60000ms)), Scheduler::Next::batch);
+  const auto waited = Clock::now() - t0;
+  later.join();
+  ASSERT_EQ(batch.size(), 1u);
+  EXPECT_EQ(batch[0]->size(), 1);
+  EXPECT_LT(waited, 30s);
+}
+
+TEST(DynamicBatcherRefill, NeverHoldsARequestPastItsQueueDeadline) {
+  // The queued request's deadline is 10 s away, inside the 60 s cap: no wait, it runs (not
+  // DEADLINE_EXCEEDED).
+  Fixture f(1.0);
+  auto j = job(1);
+  j->deadline = Clock::now() + 10s;
+  f.futures.push_back(f.batcher->submit(j));
+  Batch batch;
+  const auto t0 = Clock::now();
+  EXPECT_EQ(f.batcher->next_batch(batch, answered(3, 60000ms)), Scheduler::Next::batch);
+  ASSERT_EQ(batch.size(), 1u);
+  EXPECT_EQ(batch[0], j);
+  EXPECT_LT(Clock::now() - t0, 5s);
 }
 
 TEST(DynamicBatcherRefill, StopEndsTheWait) {
