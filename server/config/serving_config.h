@@ -40,7 +40,7 @@ struct ServingConfig {
   /// for k new requests before running a smaller batch (server/scheduler/dynamic_batcher.h, the
   /// refill wait); 0 to 1, 0 is Triton's behaviour (no such wait).
   double refill_wait_fraction = 0.1;
-  std::uint32_t max_queue_size = 64;               ///< queued requests; more -> RESOURCE_EXHAUSTED
+  std::uint32_t max_queue_size = 64;  ///< queued requests; more -> RESOURCE_EXHAUSTED
   std::uint64_t default_timeout_microseconds =
       0;                   ///< queue deadline when the client sets none; 0: none
   double threshold = 0.5;  ///< default score threshold (request parameter `threshold` wins)

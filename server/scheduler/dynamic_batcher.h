@@ -32,9 +32,9 @@ namespace libreyolo::server {
 class DynamicBatcher final : public Scheduler {
  public:
   /// `model` names the model in every message; `serving` gives max_batch_size,
-  /// max_queue_delay_microseconds, refill_wait_fraction and max_queue_size; `instances` is how many instances start
-  /// in rotation. `pending` is called with the queue length after each change (under the
-  /// queue's lock, so that updates never overtake each other); it may be empty.
+  /// max_queue_delay_microseconds, refill_wait_fraction and max_queue_size; `instances` is how many
+  /// instances start in rotation. `pending` is called with the queue length after each change
+  /// (under the queue's lock, so that updates never overtake each other); it may be empty.
   DynamicBatcher(std::string model, const ServingConfig& serving, std::size_t instances,
                  std::function<void(int64_t)> pending);
 

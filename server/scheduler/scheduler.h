@@ -43,7 +43,7 @@ class Scheduler {
   /// wait for them (DynamicBatcher's refill wait).
   struct Refill {
     int64_t answered_requests = 0;  ///< requests answered just before the call; 0: none
-    Clock::duration compute{};    ///< the forward of those images (ModelInstance's infer time)
+    Clock::duration compute{};      ///< the forward of those images (ModelInstance's infer time)
   };
 
   /// Called by an instance's worker: blocks until there is work or the scheduler stops, then

@@ -46,10 +46,9 @@ class ServerGrpc : public ::testing::Test {
     repo_ = new fs::path(temp_dir("repo"));
     add_rtdetr_tiny(*repo_, "warmup: false\n");  // its first forward (1-2 s) only where it is used
     add_fake_model(*repo_, "fake", "max_batch_size: 1\nmax_queue_size: 2\n");
-    add_fake_model(
-        *repo_, "fake_batching",
-        "max_batch_size: 4\nmax_queue_delay_microseconds: 1000000\nmax_queue_size: 16\n"
-        "refill_wait_fraction: 0.25\n");
+    add_fake_model(*repo_, "fake_batching",
+                   "max_batch_size: 4\nmax_queue_delay_microseconds: 1000000\nmax_queue_size: 16\n"
+                   "refill_wait_fraction: 0.25\n");
     daemon_ = new Daemon(test_config(*repo_), fake_or_real());
     daemon_->start();
     address_ = new std::string("127.0.0.1:" + std::to_string(daemon_->grpc_port()));

@@ -502,7 +502,8 @@ TEST(ServerHostileRepository, HostileModelFilesFailOnlyTheirModel) {
   EXPECT_EQ(reason_of(index.text, "fake_laughs"),
             r + "fake_laughs/serving.yaml:1:1: unknown key a (expected device, dtype, "
                 "max_batch_size, max_queue_delay_microseconds, refill_wait_fraction, "
-                "max_queue_size, default_timeout_microseconds, threshold, top_k, warmup, fused_attention, "
+                "max_queue_size, default_timeout_microseconds, threshold, top_k, warmup, "
+                "fused_attention, "
                 "cuda_graphs, prompt_cache_mb, quantization, kernels, kernel_config, "
                 "instance_group)");
   EXPECT_EQ(
