@@ -100,8 +100,19 @@ Scheduler::Next DynamicBatcher::next_batch(Batch& out, const Refill& refill) {
       freed + std::chrono::duration_cast<Clock::duration>(compute * refill_fraction_);
   {
     std::unique_lock<std::mutex> lk(mu_);
-    const bool refilling = refill_fraction_ > 0 && refill.answered_requests > 0;
+    bool refilling = refill_fraction_ > 0 && refill.answered_requests > 0;
+    // Open-loop clients (arrivals that do not follow answers) make every wait run to its end:
+    // after kRefillMissesToPause such waits in a row it pauses, trying again once every
+    // kRefillPause + 1 chances, so that they cost queued requests little latency.
+    if (refilling && refill_misses_ >= kRefillMissesToPause) {
+      refilling = refill_skipped_ >= kRefillPause;
+      refill_skipped_ = refilling ? 0 : refill_skipped_ + 1;
+    }
     const std::uint64_t submitted_when_freed = submitted_;
+    const auto arrived = [&] {
+      return submitted_ - submitted_when_freed >=
+             static_cast<std::uint64_t>(refill.answered_requests);
+    };
     cv_.wait(lk, [&] { return stopping_ || !queue_.empty(); });
     if (queue_.empty()) return Next::stopped;  // stopping and drained
     const auto first = queue_.front();
@@ -110,6 +121,7 @@ Scheduler::Next DynamicBatcher::next_batch(Batch& out, const Refill& refill) {
     // refill wait is over: as many requests arrived as were answered (counted whatever their
     // shape or size, so that neither a client switching image sizes nor one sending fewer
     // images than before waits for what will not come), or its end passed.
+    bool waited_for_refill = false, full = false, timed_out = false;
     while (!stopping_) {
       int64_t images = 0;
       auto earliest_deadline = Clock::time_point::max();
@@ -118,20 +130,31 @@ Scheduler::Next DynamicBatcher::next_batch(Batch& out, const Refill& refill) {
         images += j->size();
         if (j->deadline) earliest_deadline = std::min(earliest_deadline, *j->deadline);
       }
-      if (images >= max_batch_) break;
+      if (images >= max_batch_) {
+        full = true;
+        break;
+      }
       // Never wait a queued request past its queue deadline (default_timeout_microseconds):
       // when one would expire within the wait, the batch goes now.
-      const bool awaiting = refilling &&
-                            submitted_ - submitted_when_freed <
-                                static_cast<std::uint64_t>(refill.answered_requests) &&
-                            earliest_deadline > refill_end;
+      const bool awaiting = refilling && !arrived() && earliest_deadline > refill_end;
       const auto until = awaiting ? std::max(window_end, refill_end) : window_end;
-      if (Clock::now() >= until) break;
+      if (Clock::now() >= until) {
+        timed_out = awaiting;
+        break;
+      }
+      waited_for_refill = waited_for_refill || (awaiting && refill_end > window_end);
       cv_.wait_until(lk, until);
       // cancel() or another instance may have taken `first` out while the lock was released
       // (front() of an empty queue below was undefined behaviour: a stale job answered twice,
       // "Promise already satisfied", terminate).
       if (queue_.empty() || queue_.front() != first) break;
+    }
+    if (waited_for_refill) {
+      if (full || arrived()) {
+        refill_misses_ = 0;
+      } else if (timed_out) {
+        refill_misses_ = std::min(refill_misses_ + 1, kRefillMissesToPause);
+      }
     }
     if (queue_.empty() || queue_.front() != first) return Next::again;  // from the new oldest
     int64_t images = 0;

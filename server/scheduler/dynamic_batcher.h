@@ -11,7 +11,9 @@
 // have waited longer than any window by the time the instance is free (docs/BENCHMARKS.md,
 // "The refill wait"). Batch-1 latency is unchanged: after one request, one request is enough.
 // It never holds a request past its queue deadline, and a CUDA instance with a batch still in
-// flight does not ask for it (server/instance/model_instance.cpp).
+// flight does not ask for it (server/instance/model_instance.cpp). Open-loop clients, whose
+// arrivals do not follow the answers, make the waits run to their end: after two such waits in
+// a row it pauses, trying again once in every nine chances (a wait that is met resumes it).
 #pragma once
 
 #include <chrono>
@@ -57,6 +59,9 @@ class DynamicBatcher final : public Scheduler {
   std::condition_variable cv_;
   std::deque<std::shared_ptr<BatchJob>> queue_;
   std::uint64_t submitted_ = 0;  ///< requests queued since construction (the refill wait's count)
+  /// Refill waits that ran to their end in a row, and the chances skipped since they paused.
+  int refill_misses_ = 0, refill_skipped_ = 0;
+  static constexpr int kRefillMissesToPause = 2, kRefillPause = 8;
   bool stopping_ = false;
   std::size_t in_rotation_;  ///< instances that still take batches
 };

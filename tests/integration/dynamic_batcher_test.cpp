@@ -189,6 +189,33 @@ TEST(DynamicBatcherRefill, NeverHoldsARequestPastItsQueueDeadline) {
   EXPECT_LT(Clock::now() - t0, 5s);
 }
 
+TEST(DynamicBatcherRefill, PausesAfterTwoWaitsRanOutAndResumesWhenAProbeIsMet) {
+  // Open-loop clients: 1 answered, 1 queued, nobody comes back. Two waits run to their end
+  // (500 ms each), the next 8 chances do not wait, the 9th tries again (and runs out), then 8
+  // more do not wait; the next try is met (a request comes back), and the one after waits again.
+  Fixture f(0.25);
+  const auto call = [&](std::thread* arrival) {
+    f.submit(1);
+    Batch batch;
+    const auto t0 = Clock::now();
+    EXPECT_EQ(f.batcher->next_batch(batch, answered(1, 2000ms)), Scheduler::Next::batch);
+    const auto waited = Clock::now() - t0;
+    if (arrival) arrival->join();
+    EXPECT_EQ(f.batcher->pending(), 0);
+    return waited;
+  };
+  EXPECT_GE(call(nullptr), 500ms);
+  EXPECT_GE(call(nullptr), 500ms);
+  for (int i = 0; i < 8; ++i) EXPECT_LT(call(nullptr), 250ms) << "paused chance " << i;
+  EXPECT_GE(call(nullptr), 500ms);  // the probe, run out
+  for (int i = 0; i < 8; ++i) EXPECT_LT(call(nullptr), 250ms) << "paused again, chance " << i;
+  auto back = f.submit_later(1, 50ms);
+  const auto met = call(&back);  // the probe, met at once by the returning request
+  EXPECT_GE(met, 50ms);
+  EXPECT_LT(met, 500ms);
+  EXPECT_GE(call(nullptr), 500ms);  // waiting again
+}
+
 TEST(DynamicBatcherRefill, StopEndsTheWait) {
   // Shutdown during a refill wait: the queued request still runs (drain), without the cap.
   Fixture f(1.0);
