@@ -488,15 +488,12 @@ TEST(ServerHostileRepository, HostileModelFilesFailOnlyTheirModel) {
                 "86400000000 (one day)");
   EXPECT_EQ(reason_of(index.text, "fake_nan"),
             r + "fake_nan/serving.yaml:1:12: threshold must be a finite number");
-  EXPECT_EQ(reason_of(index.text, "fake_refill_nan"),
-            r + "fake_refill_nan/serving.yaml:1:23: refill_wait_fraction must be a number from 0 "
-                "to 1");
-  EXPECT_EQ(reason_of(index.text, "fake_refill_big"),
-            r + "fake_refill_big/serving.yaml:1:23: refill_wait_fraction must be a number from 0 "
-                "to 1");
-  EXPECT_EQ(reason_of(index.text, "fake_refill_word"),
-            r + "fake_refill_word/serving.yaml:1:23: refill_wait_fraction must be a number from "
-                "0 to 1, got 'half'");
+  for (const auto& [model, tail] : {std::pair<std::string, std::string>{"fake_refill_nan", ""},
+                                    {"fake_refill_big", ""},
+                                    {"fake_refill_word", ", got 'half'"}})
+    EXPECT_EQ(
+        reason_of(index.text, model),
+        r + model + "/serving.yaml:1:23: refill_wait_fraction must be a number from 0 to 1" + tail);
   EXPECT_EQ(reason_of(index.text, "fake_deep").rfind(r + "fake_deep/serving.yaml:", 0), 0u)
       << reason_of(index.text, "fake_deep");
   EXPECT_EQ(reason_of(index.text, "fake_laughs"),
