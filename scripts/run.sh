@@ -23,7 +23,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${BUILD_DIR:-build}
 if [ "${LIBREYOLO_BUILD:-1}" != 0 ]; then
-  echo "== building (first time: 15-30 min on 2 cores; ccache makes later builds fast)"
+  echo "== building (the first build: about 25 min on 2 cores; ccache makes later builds fast)"
   # Progress without the compiler's noise; a failed build stops here (pipefail).
   bash scripts/build.sh 2>&1 | { grep --line-buffered -E "^\[[0-9]+/[0-9]+\] Linking|error|FAILED" || true; }
 elif [ ! -x "$build/bin/libreyolo-server" ] || [ ! -x "$build/bin/libreyolo-client" ]; then
@@ -35,12 +35,19 @@ http=${LIBREYOLO_HTTP_ADDRESS:-127.0.0.1:8000}
 venv=${LIBREYOLO_VENV:-$HOME/.cache/libreyolo-server/venv-torch2.11}
 real=${LIBREYOLO_REAL_MODEL-PekingU/rtdetr_v2_r18vd}
 args=("$@")
+daemon_args=()  # the arguments without the address pairs, which are passed once, as resolved
 for ((i = 0; i < ${#args[@]}; i++)); do
   case "${args[i]}" in
-    --grpc-address) [ $((i + 1)) -lt ${#args[@]} ] && grpc=${args[i + 1]} ;;
-    --http-address) [ $((i + 1)) -lt ${#args[@]} ] && http=${args[i + 1]} ;;
+    --grpc-address | --http-address)
+      if [ $((i + 1)) -lt ${#args[@]} ]; then
+        [ "${args[i]}" = --grpc-address ] && grpc=${args[i + 1]} || http=${args[i + 1]}
+        i=$((i + 1))
+        continue
+      fi
+      ;;
     --model-repository) real= ;;  # the operator's repository, as given
   esac
+  daemon_args+=("${args[i]}")
 done
 
 # The real detector: its three files in the download cache (fetched when missing), then a run
@@ -119,7 +126,7 @@ trap 'stop_server; exit "${stopped_rc:-130}"' INT
 trap 'stop_server; exit "${stopped_rc:-143}"' TERM
 
 "$build/bin/libreyolo-server" --config config/server.yaml "${repo_args[@]}" --grpc-address "$grpc" \
-  --http-address "$http" "$@" &
+  --http-address "$http" "${daemon_args[@]}" &
 server=$!
 timeout=${LIBREYOLO_READY_TIMEOUT:-120}
 ready=0
