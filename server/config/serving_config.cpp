@@ -206,9 +206,8 @@ ServingConfig parse_serving_config(const std::string& yaml_text, const std::stri
            "unknown key " + clip(key) +
                " (expected device, dtype, max_batch_size, max_queue_delay_microseconds, "
                "refill_wait_fraction, max_queue_size, default_timeout_microseconds, threshold, "
-               "top_k, warmup, "
-               "fused_attention, cuda_graphs, prompt_cache_mb, quantization, kernels, "
-               "kernel_config, instance_group)");
+               "top_k, warmup, fused_attention, cuda_graphs, prompt_cache_mb, quantization, "
+               "kernels, kernel_config, instance_group)");
     }
   }
   return c;

@@ -103,7 +103,7 @@ class ModelInstance {
   /// (returns null then).
   std::unique_ptr<InFlight> launch(Batch& batch);
   /// Waits for the outputs, post-processes and answers every request of the batch. Returns the
-  /// images answered and their forward's time (the scheduler's refill wait); {} when it failed.
+  /// requests answered and their forward's time (the scheduler's refill wait); {} when it failed.
   Scheduler::Refill finish(std::unique_ptr<InFlight> f);
   /// Answers `batch` INTERNAL and takes the instance out of rotation (its device failed: CUDA
   /// error, out of memory); the last one out answers every queued request UNAVAILABLE.

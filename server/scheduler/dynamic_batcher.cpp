@@ -88,6 +88,13 @@ bool DynamicBatcher::cancel(const std::shared_ptr<BatchJob>& job, api::Code code
   return true;
 }
 
+bool DynamicBatcher::refill_allowed() {
+  if (refill_misses_ < kRefillMissesToPause) return true;
+  const bool probe = refill_skipped_ >= kRefillPause;
+  refill_skipped_ = probe ? 0 : refill_skipped_ + 1;
+  return probe;
+}
+
 Scheduler::Next DynamicBatcher::next_batch(Batch& out, const Refill& refill) {
   out.clear();
   Batch batch;
@@ -100,14 +107,7 @@ Scheduler::Next DynamicBatcher::next_batch(Batch& out, const Refill& refill) {
       freed + std::chrono::duration_cast<Clock::duration>(compute * refill_fraction_);
   {
     std::unique_lock<std::mutex> lk(mu_);
-    bool refilling = refill_fraction_ > 0 && refill.answered_requests > 0;
-    // Open-loop clients (arrivals that do not follow answers) make every wait run to its end:
-    // after kRefillMissesToPause such waits in a row it pauses, trying again once every
-    // kRefillPause + 1 chances, so that they cost queued requests little latency.
-    if (refilling && refill_misses_ >= kRefillMissesToPause) {
-      refilling = refill_skipped_ >= kRefillPause;
-      refill_skipped_ = refilling ? 0 : refill_skipped_ + 1;
-    }
+    const bool refilling = refill_fraction_ > 0 && refill.answered_requests > 0 && refill_allowed();
     const std::uint64_t submitted_when_freed = submitted_;
     const auto arrived = [&] {
       return submitted_ - submitted_when_freed >=
@@ -149,12 +149,10 @@ Scheduler::Next DynamicBatcher::next_batch(Batch& out, const Refill& refill) {
       // "Promise already satisfied", terminate).
       if (queue_.empty() || queue_.front() != first) break;
     }
-    if (waited_for_refill) {
-      if (full || arrived()) {
-        refill_misses_ = 0;
-      } else if (timed_out) {
-        refill_misses_ = std::min(refill_misses_ + 1, kRefillMissesToPause);
-      }
+    if (waited_for_refill && (full || arrived())) {
+      refill_misses_ = 0;
+    } else if (waited_for_refill && timed_out) {
+      refill_misses_ = std::min(refill_misses_ + 1, kRefillMissesToPause);
     }
     if (queue_.empty() || queue_.front() != first) return Next::again;  // from the new oldest
     int64_t images = 0;

@@ -59,6 +59,11 @@ class DynamicBatcher final : public Scheduler {
   std::condition_variable cv_;
   std::deque<std::shared_ptr<BatchJob>> queue_;
   std::uint64_t submitted_ = 0;  ///< requests queued since construction (the refill wait's count)
+  /// Whether this chance may wait (under mu_): always, unless kRefillMissesToPause waits in a
+  /// row ran to their end (open-loop clients); then once in kRefillPause + 1 chances, so that
+  /// such clients' queued requests lose little latency.
+  bool refill_allowed();
+
   /// Refill waits that ran to their end in a row, and the chances skipped since they paused.
   int refill_misses_ = 0, refill_skipped_ = 0;
   static constexpr int kRefillMissesToPause = 2, kRefillPause = 8;
