@@ -24,7 +24,8 @@
 # batch-1 pixel_values steps), MAX_CONCURRENT_RPCS (256: server.max_concurrent_rpcs; the JPEG steps
 # need more in flight than 2 instances x max_batch_size), QUEUE_DELAY_US (2000:
 # max_queue_delay_microseconds), REFILL_WAIT_FRACTION (empty: the daemon's default; 0 turns the
-# batcher's refill wait off, Triton's behaviour).
+# batcher's refill wait off, Triton's behaviour), GPU_IMAGE_DECODE (empty: the daemon's default,
+# auto, on for a bfloat16/float16 CUDA model; on / off: server.gpu_image_decode).
 # Both sides run with TF32 off (the daemon's `tf32: off`).
 # Writes to $OUT: summary.txt, forward_only.log, serving_*.{csv,json,log}, server.log,
 # bench_serving_gpu.json (everything together, with the ratio).
@@ -143,7 +144,8 @@ server:
   max_message_bytes: 268435456
   max_concurrent_rpcs: ${MAX_CONCURRENT_RPCS:-256}
   log_level: warn
-model_repository: $work/repo
+${GPU_IMAGE_DECODE:+  gpu_image_decode: $GPU_IMAGE_DECODE
+}model_repository: $work/repo
 device: $device
 tf32: off
 kernels:
@@ -159,6 +161,8 @@ for _ in $(seq 600); do  # 300 s: loading + CUDA warm-up
 done
 [ "$ready" = 1 ] || die "the daemon was not ready within 300 s; tail of its log: $(tail -5 "$work/server.log" | tr '\n' ' ')"
 note "daemon ready: gRPC 127.0.0.1:$gp, HTTP 127.0.0.1:$hp, model $model (device $device, $dtype, cuda_graphs $graphs, max_batch_size $max_batch${INSTANCE_GROUP:+, instance_group $INSTANCE_GROUP})"
+# server.gpu_image_decode as the daemon resolved it for the model (/active).
+note "gpu_image_decode: $(curl -sf "http://127.0.0.1:$hp/active" | "$python" -c 'import json,sys; a=json.load(sys.stdin); print("; ".join("%s %s (%s)" % (m["name"], m["gpu_image_decode"]["value"], m["gpu_image_decode"]["source"]) for m in a["models"] if "gpu_image_decode" in m))' 2>/dev/null)"
 
 # --- serving -------------------------------------------------------------------------------------
 # name, concurrency levels, then libreyolo-bench arguments. pixel_values runs carry no image decoding (the same work as

@@ -256,7 +256,12 @@ void parse_server(const YAML::Node& n, const std::string& file, const kernels::E
     } else if (key == "strict_readiness") {
       set(c.strict_readiness, as<bool>(file, v, full, "true or false"), file, v);
     } else if (key == "gpu_image_decode") {
-      set(c.gpu_image_decode, as<bool>(file, v, full, "true or false"), file, v);
+      // YAML 1.1 reads bare on/off (and true/false) as booleans.
+      const auto t = kernels::normalize(as<std::string>(file, v, full, "auto, on or off"));
+      const std::string value = t == "true" ? "on" : t == "false" ? "off" : t;
+      if (value != "auto" && value != "on" && value != "off")
+        fail(file, v, full + " must be auto, on or off, got '" + v.Scalar() + "'");
+      set(c.gpu_image_decode, value, file, v);
     } else if (key == "log_level") {
       const auto s = as<std::string>(file, v, full, "a level name");
       if (s != "debug" && s != "info" && s != "warn" && s != "warning" && s != "error" &&

@@ -56,11 +56,13 @@ struct ServerConfig {
   /// Triton's --strict-readiness: true, ready only when every model (but those unloaded on
   /// purpose) is READY; false, ready once the start-up finished whatever the models' states.
   Setting<bool> strict_readiness{true};
-  /// Decode JPEGs for models on a CUDA device through the `image_decode` slot straight onto
-  /// that device (nvJPEG, kernels/image/image_decode.h) and resize / normalise them there with
-  /// the same ATen ops; images the slot's GPU decoder declines take the CPU path. Off by default
-  /// (issue 32: the GPU preprocessing is measured before it becomes the default).
-  Setting<bool> gpu_image_decode{false};
+  /// auto | on | off: decode JPEGs for models on a CUDA device through the `image_decode` slot
+  /// straight onto that device (nvJPEG, kernels/image/image_decode.h) and resize / normalise
+  /// them there (the `image_preprocess` slot); images the GPU decoder declines take the CPU
+  /// path. auto: on for CUDA models in float16 / bfloat16, off for float32 ones, whose
+  /// preprocessing stays the reference's to the byte (server/instance/dtype_policy.h
+  /// choose_gpu_image_decode). YAML true / false read as on / off.
+  Setting<std::string> gpu_image_decode{"auto"};
   Setting<std::string> log_level{"info"};  ///< debug | info | warn | error
   /// server.tls: TLS on both ports when its cert_file is set (paths relative to the file,
   /// stored absolute). Plain text otherwise.

@@ -223,6 +223,8 @@ api::ModelConfig ServerCore::model_config(const std::string& name,
     c.parameters["fused_attention_modules_changed"] = std::to_string(l.fused_attention_changed);
     c.parameters["quantization"] = quantization_status(l);
     c.parameters["flush_denormals"] = l.flush_denormals ? "true" : "false";
+    c.parameters["gpu_image_decode"] = l.gpu_image_decode.on ? "true" : "false";
+    c.parameters["gpu_image_decode_source"] = l.gpu_image_decode.source;
   } else {
     c.parameters["threshold"] = std::to_string(e->serving.threshold);
     c.parameters["top_k"] = std::to_string(e->serving.top_k);
@@ -327,6 +329,9 @@ std::string ServerCore::active_json() const {
         m["cuda_graphs"] = l.cuda_graphs_status;
         // x86 FTZ + DAZ on its instance threads (models/runtime/cpu_math.h).
         m["flush_denormals"] = l.flush_denormals;
+        // server.gpu_image_decode as resolved for this device and dtype (dtype_policy.h).
+        m["gpu_image_decode"] = {{"value", l.gpu_image_decode.on},
+                                 {"source", l.gpu_image_decode.source}};
         // serving.yaml `quantization` (models/quantization/fp8.h): what was asked, from where,
         // and what the model runs.
         const auto& q = l.model->quantization();

@@ -57,4 +57,16 @@ DtypeChoice choose_dtype(const std::string& serving_dtype, const std::string& se
   return {"float32", "default on cpu (no avx512_bf16 or amx_bf16)"};
 }
 
+GpuImageDecodeChoice choose_gpu_image_decode(const std::string& setting, const std::string& origin,
+                                             bool cuda, const std::string& dtype) {
+  if (!cuda) return {false, "cpu model"};
+  if (setting == "on" || setting == "off") {
+    return {setting == "on", origin.empty() ? std::string("server.gpu_image_decode")
+                                            : "server.gpu_image_decode " + origin};
+  }
+  if (dtype == "float32")
+    return {false, "default for cuda float32: the CPU decoder keeps preprocessing exact"};
+  return {true, "default for cuda " + dtype};
+}
+
 }  // namespace libreyolo::server

@@ -46,4 +46,23 @@ DtypeChoice choose_dtype(const std::string& serving_dtype, const std::string& se
                          const std::string& server_dtype, const std::string& server_origin,
                          bool cuda, const CpuBf16Flags& cpu);
 
+/// Whether a model instance decodes JPEGs on its GPU (server.gpu_image_decode) and why.
+struct GpuImageDecodeChoice {
+  bool on = false;
+  std::string source;  ///< e.g. "default for cuda bfloat16", "server.gpu_image_decode s.yaml:3:21"
+};
+
+/// server.gpu_image_decode for one instance, from the setting ("auto" | "on" | "off"), its
+/// origin ("" for the default), the instance's device and compute dtype:
+/// - a CPU model never ("cpu model");
+/// - "on" / "off" as set (source "server.gpu_image_decode <origin>");
+/// - "auto": on in float16 / bfloat16 ("default for cuda bfloat16"), off in float32 ("default
+///   for cuda float32: the CPU decoder keeps preprocessing exact"). nvJPEG's IDCT and chroma
+///   upsampling move pixels by a few levels against libjpeg-turbo; byte-exact parity with the
+///   reference is a float32 bar, so 16-bit models take the faster path, as fused attention's
+///   default does (models/layers/attention.h fused_attention_by_default).
+/// Never throws.
+GpuImageDecodeChoice choose_gpu_image_decode(const std::string& setting, const std::string& origin,
+                                             bool cuda, const std::string& dtype);
+
 }  // namespace libreyolo::server

@@ -67,7 +67,10 @@ std::shared_ptr<LoadedModel> load_model_version(const InstanceOptions& in,
   options.quantization = serving.quantization;
   m->model = loader(in.dir, options);  // config.json first: its errors name the checkpoint
   m->processor = image::load_image_processor(in.dir);
-  if (in.gpu_image_decode && m->device.is_cuda()) {
+  m->gpu_image_decode =
+      choose_gpu_image_decode(in.gpu_image_decode.value, in.gpu_image_decode.origin,
+                              m->device.is_cuda(), m->dtype_choice.dtype);
+  if (m->gpu_image_decode.on) {
     // server.gpu_image_decode: the `image_decode` slot for this device, with serving.yaml's
     // kernel lists (the reference is always among the candidates).
     auto& registry = kernels::Registry::process_default();

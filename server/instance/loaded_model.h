@@ -60,6 +60,8 @@ struct LoadedModel {
   /// (kernels.fused_attention), "default for cuda:0 bfloat16 (...)" (the device rule), or
   /// "family default".
   std::string fused_attention_source = "family default";
+  /// server.gpu_image_decode as resolved for this instance's device and dtype, and why.
+  GpuImageDecodeChoice gpu_image_decode;
   /// Attention modules whose flag set_fused_attention changed (0 for family_default).
   int fused_attention_changed = 0;
   /// Whether its instance threads run with denormals flushed to zero (x86 FTZ + DAZ,
@@ -88,8 +90,9 @@ struct InstanceOptions {
   std::string server_device;
   /// The server's kernels.fused_attention (serving.yaml fused_attention wins unless `default`).
   kernels::FusedAttention server_fused_attention = kernels::FusedAttention::family_default;
-  /// The server's server.gpu_image_decode: bind the `image_decode` slot for a CUDA model.
-  bool gpu_image_decode = false;
+  /// The server's server.gpu_image_decode ("auto" | "on" | "off", its origin): whether a CUDA
+  /// model binds the `image_decode` slots (choose_gpu_image_decode).
+  kernels::Setting<std::string> gpu_image_decode{"off"};
   /// The server's kernels.layouts / LIBREYOLO_LAYOUTS (serving.yaml kernels.layouts wins).
   kernels::Setting<kernels::LayoutMode> server_layouts = {};
   /// "" for a model of one instance, else "<model>_<i>" (its kernel handles are bound and

@@ -105,7 +105,7 @@ void ModelLifecycle::bring_up(const std::shared_ptr<ModelEntry>& e, const ModelS
   base.server_device = config_.device.value;
   base.server_dtype = config_.dtype;
   base.server_fused_attention = config_.kernels.fused_attention.value;
-  base.gpu_image_decode = config_.gpu_image_decode.value;
+  base.gpu_image_decode = config_.gpu_image_decode;
   base.server_layouts = config_.kernels.layouts;
   std::vector<std::shared_ptr<LoadedModel>> instances;
   double load_s = 0, warm_s = 0;

@@ -89,6 +89,27 @@ TEST(ChooseDtype, ExplicitSettingsWinThenTheDeviceRule) {
   EXPECT_EQ(choose_dtype("", "", "float32", "", false, amx).source, "server dtype");
 }
 
+// server.gpu_image_decode per instance: auto follows the dtype on CUDA, an explicit value wins
+// there, and a CPU model never decodes on a GPU.
+TEST(GpuImageDecodePolicy, AutoIsOnForSixteenBitCudaModels) {
+  const auto choose = [](const std::string& setting, const std::string& origin, bool cuda,
+                         const std::string& dtype) {
+    const auto c = choose_gpu_image_decode(setting, origin, cuda, dtype);
+    return std::string(c.on ? "on" : "off") + " | " + c.source;
+  };
+  EXPECT_EQ(choose("auto", "", true, "bfloat16"), "on | default for cuda bfloat16");
+  EXPECT_EQ(choose("auto", "", true, "float16"), "on | default for cuda float16");
+  EXPECT_EQ(choose("auto", "", true, "float32"),
+            "off | default for cuda float32: the CPU decoder keeps preprocessing exact");
+  EXPECT_EQ(choose("on", "s.yaml:3:21", true, "float32"),
+            "on | server.gpu_image_decode s.yaml:3:21");
+  EXPECT_EQ(choose("off", "s.yaml:3:21", true, "bfloat16"),
+            "off | server.gpu_image_decode s.yaml:3:21");
+  EXPECT_EQ(choose("on", "", true, "float32"), "on | server.gpu_image_decode");
+  EXPECT_EQ(choose("on", "s.yaml:3:21", false, "bfloat16"), "off | cpu model");
+  EXPECT_EQ(choose("auto", "", false, "bfloat16"), "off | cpu model");
+}
+
 /// ATen's bool for a cpuinfo capability (false when it does not list it).
 bool aten_has(const std::string& key) {
   const auto caps = at::cpu::get_cpu_capabilities();

@@ -56,20 +56,30 @@ TEST(ServerConfig, ShippedFileEqualsDefaults) {
   EXPECT_EQ(c.kernels.selection.value, d.kernels.selection.value);
   EXPECT_EQ(c.kernels.hub_kernels.value, d.kernels.hub_kernels.value);
   EXPECT_EQ(c.gpu_image_decode.value, d.gpu_image_decode.value);
-  EXPECT_FALSE(d.gpu_image_decode.value);  // off by default (issue 32)
+  EXPECT_EQ(d.gpu_image_decode.value, "auto");  // on for 16-bit CUDA models (issue 32)
   EXPECT_EQ(c.grpc_address.source, Source::file);
   EXPECT_EQ(c.grpc_address.origin, file + ":14:17");
 }
 
-TEST(ServerConfig, GpuImageDecodeIsABoolean) {
-  const auto on = parse_config("server:\n  gpu_image_decode: true\n", "s.yaml", {}, kNoEnv);
-  EXPECT_TRUE(on.gpu_image_decode.value);
-  EXPECT_EQ(on.gpu_image_decode.source, Source::file);
+TEST(ServerConfig, GpuImageDecodeIsAutoOnOrOff) {
+  const auto read = [](const std::string& v) {
+    const auto c = parse_config("server:\n  gpu_image_decode: " + v + "\n", "s.yaml", {}, kNoEnv);
+    EXPECT_EQ(c.gpu_image_decode.source, Source::file);
+    EXPECT_EQ(c.gpu_image_decode.origin, "s.yaml:2:21");
+    return c.gpu_image_decode.value;
+  };
+  EXPECT_EQ(read("true"), "on");  // YAML 1.1 booleans, as before
+  EXPECT_EQ(read("false"), "off");
+  EXPECT_EQ(read("on"), "on");
+  EXPECT_EQ(read("off"), "off");
+  EXPECT_EQ(read("auto"), "auto");
+  EXPECT_EQ(read("AUTO"), "auto");
   try {
     parse_config("server:\n  gpu_image_decode: sometimes\n", "s.yaml", {}, kNoEnv);
     FAIL() << "accepted 'sometimes'";
   } catch (const std::exception& e) {
-    EXPECT_NE(std::string(e.what()).find("server.gpu_image_decode"), std::string::npos) << e.what();
+    EXPECT_EQ(std::string(e.what()),
+              "s.yaml:2:21: server.gpu_image_decode must be auto, on or off, got 'sometimes'");
   }
 }
 

@@ -38,7 +38,7 @@ TEST(ServerGpuImageDecode, FixtureJpegsDecodedOnTheDeviceAndDeclinesCounted) {
   {
     auto config = loopback_config(repo, "cuda");
     config.tf32.value = "off";
-    config.gpu_image_decode.value = true;
+    config.gpu_image_decode.value = "on";
     Daemon daemon(config);
     daemon.start();
     ASSERT_TRUE(daemon.core().ready());
@@ -86,7 +86,11 @@ TEST(ServerGpuImageDecode, FixtureJpegsDecodedOnTheDeviceAndDeclinesCounted) {
               "input 'images': image 0: truncated JPEG: Premature end of JPEG file");
 
     const auto active = json::parse(http_get(daemon.http_port(), "/active").body);
-    EXPECT_EQ(active.at("server").at("gpu_image_decode").at("value"), true);
+    EXPECT_EQ(active.at("server").at("gpu_image_decode").at("value"), "on");
+    // rtdetr_tiny computes in float32 (the CUDA default), where auto would keep the CPU decoder.
+    EXPECT_EQ(active.at("models").at(0).at("gpu_image_decode").at("value"), true);
+    EXPECT_EQ(active.at("models").at(0).at("gpu_image_decode").at("source"),
+              "server.gpu_image_decode");
     std::string provider;
     for (const auto& p : active.at("providers"))
       if (p.at("name") == "nvjpeg")
@@ -137,6 +141,49 @@ TEST(ServerGpuImageDecode, FixtureJpegsDecodedOnTheDeviceAndDeclinesCounted) {
           << ev.dump();
       EXPECT_NE(ev.at("slot").get<std::string>(), "image_preprocess") << ev.dump();
     }
+    daemon.stop(1.0);
+  }
+  remove_tree(repo);
+}
+
+// The default (server.gpu_image_decode auto): a bfloat16 CUDA model decodes JPEGs on its GPU, a
+// float32 one keeps the CPU decoder (byte-exact preprocessing), and /active says which and why.
+TEST(ServerGpuImageDecode, AutoDecodesOnTheGpuForSixteenBitModelsOnly) {
+  if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device";
+  const auto repo = temp_dir("gpu_decode_auto_repo");
+  add_rtdetr_tiny(repo, "device: cuda\ndtype: bfloat16\nmax_batch_size: 4\n");
+  fs::create_directories(repo / "rtdetr_tiny_fp32");
+  fs::copy(repo / "rtdetr_tiny" / "1", repo / "rtdetr_tiny_fp32" / "1",
+           fs::copy_options::recursive);
+  write_file(repo / "rtdetr_tiny_fp32" / "serving.yaml", "device: cuda\nmax_batch_size: 4\n");
+  {
+    auto config = loopback_config(repo, "cuda");  // dtype float32 unless serving.yaml says
+    config.tf32.value = "off";
+    ASSERT_EQ(config.gpu_image_decode.value, "auto");
+    Daemon daemon(config);
+    daemon.start();
+    ASSERT_TRUE(daemon.core().ready());
+    rpc::Client c("127.0.0.1:" + std::to_string(daemon.grpc_port()), 64 << 20);
+    const auto r = c.infer(images_request(1),
+                           {rpc::pack_bytes({read_file(kFixtures + "/images/astronaut.jpg")})});
+    ASSERT_TRUE(r.ok()) << r.message;
+    const auto active = json::parse(http_get(daemon.http_port(), "/active").body);
+    EXPECT_EQ(active.at("server").at("gpu_image_decode").at("value"), "auto");
+    json bf16, fp32;
+    for (const auto& m : active.at("models")) {
+      if (m.at("name") == "rtdetr_tiny") bf16 = m;
+      if (m.at("name") == "rtdetr_tiny_fp32") fp32 = m;
+    }
+    ASSERT_FALSE(bf16.is_null());
+    ASSERT_FALSE(fp32.is_null());
+    EXPECT_EQ(bf16.at("gpu_image_decode").at("value"), true);
+    EXPECT_EQ(bf16.at("gpu_image_decode").at("source"), "default for cuda bfloat16");
+    EXPECT_EQ(fp32.at("gpu_image_decode").at("value"), false);
+    EXPECT_EQ(fp32.at("gpu_image_decode").at("source"),
+              "default for cuda float32: the CPU decoder keeps preprocessing exact");
+    const auto& bindings = active.at("bindings");
+    EXPECT_TRUE(bindings.at("rtdetr_tiny").contains("image_decode")) << bindings.dump();
+    EXPECT_FALSE(bindings.at("rtdetr_tiny_fp32").contains("image_decode")) << bindings.dump();
     daemon.stop(1.0);
   }
   remove_tree(repo);
