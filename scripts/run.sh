@@ -125,8 +125,13 @@ trap 'stop_server; [ -z "$run_repo" ] || rm -rf "$run_repo"' EXIT
 trap 'stop_server; exit "${stopped_rc:-130}"' INT
 trap 'stop_server; exit "${stopped_rc:-143}"' TERM
 
+# One-shot: nothing is in flight when the demo ends, so the stop need not wait out the drain
+# (server.drain_seconds, 10 s in config/server.yaml); an operator's own --drain-seconds comes later
+# on the command line and wins.
+once_args=()
+[ "${LIBREYOLO_RUN_ONCE:-0}" = 1 ] && once_args=(--drain-seconds 0)
 "$build/bin/libreyolo-server" --config config/server.yaml "${repo_args[@]}" --grpc-address "$grpc" \
-  --http-address "$http" "${daemon_args[@]}" &
+  --http-address "$http" "${once_args[@]}" "${daemon_args[@]}" &
 server=$!
 timeout=${LIBREYOLO_READY_TIMEOUT:-120}
 ready=0
@@ -174,7 +179,7 @@ print("  model_repository:", d["server"]["model_repository"]["value"])
 '
 fi
 if [ "${LIBREYOLO_RUN_ONCE:-0}" = 1 ]; then
-  echo "== LIBREYOLO_RUN_ONCE=1: stopping the daemon (it drains for server.drain_seconds first)"
+  echo "== LIBREYOLO_RUN_ONCE=1: stopping the daemon (--drain-seconds 0: nothing is in flight)"
   kill -INT "$server"
 else
   echo "== serving: gRPC $grpc, HTTP http://$http (KServe v2 REST, metrics, active, health). Ctrl-C drains and stops."

@@ -47,7 +47,8 @@ int usage(int code) {
       << "usage: libreyolo-server [--config FILE] [--model-repository DIR] [--grpc-address "
          "HOST:PORT]\n"
          "                        [--http-address HOST:PORT|off] [--load-model NAME|*]...\n"
-         "                        [--strict-readiness true|false] [--print-config]\n"
+         "                        [--strict-readiness true|false] [--drain-seconds S]\n"
+         "                        [--print-config]\n"
          "       libreyolo-server kernels lock|download|verify [...]   (hub kernels; "
          "docs/HUB_KERNELS.md)\n"
          "Default configuration file: config/server.yaml when it exists.\n";
@@ -251,6 +252,17 @@ int main(int argc, char** argv) {
         return usage(2);
       }
       overrides.strict_readiness = v == "true";
+    } else if (a == "--drain-seconds") {
+      // server.drain_seconds' range; strtod takes all of it or the value is refused.
+      const std::string v = value();
+      char* end = nullptr;
+      const double d = std::strtod(v.c_str(), &end);
+      if (v.empty() || *end != '\0' || !(d >= 0 && d <= 86400)) {
+        std::cerr << "--drain-seconds must be a number of seconds from 0 to 86400, got '" << v
+                  << "'\n";
+        return usage(2);
+      }
+      overrides.drain_seconds = d;
     } else if (a == "--print-config") {
       print = true;
     } else if (a == "--help" || a == "-h") {

@@ -60,7 +60,7 @@ LIBREYOLO_BUILD=0 LIBREYOLO_RUN_ONCE=1 BUILD_DIR=$build LIBREYOLO_HUB_KERNELS=0 
 expect_in "$work/ok.log" "== the Hugging Face Hub is not reachable (hf download PekingU/rtdetr_v2_r18vd failed: Error: Local entry not found. [Errno -2] Name or service not known): serving the bundled random-weight models only" \
   "== detections for tests/fixtures/images/astronaut.jpg" "== top classes for" \
   "== kernel slots (GET http://127.0.0.1:$h/active)" \
-  "== LIBREYOLO_RUN_ONCE=1: stopping the daemon (it drains for server.drain_seconds first)"
+  "== LIBREYOLO_RUN_ONCE=1: stopping the daemon (--drain-seconds 0: nothing is in flight)"
 ! grep -qF "== serving: gRPC" "$work/ok.log" || { echo "40-run: one-shot mode said it keeps serving" >&2; exit 1; }
 ! grep -qF "by PekingU/rtdetr_v2_r18vd" "$work/ok.log" || { echo "40-run: offline, yet a real detector ran" >&2; exit 1; }
 expect_gone "$g"

@@ -302,6 +302,7 @@ void apply(const Overrides& o, ServerConfig& c) {
   if (!o.load_models.empty()) c.load_models = {o.load_models, Source::flag, "--load-model"};
   if (o.strict_readiness)
     c.strict_readiness = {*o.strict_readiness, Source::flag, "--strict-readiness"};
+  if (o.drain_seconds) c.drain_seconds = {*o.drain_seconds, Source::flag, "--drain-seconds"};
 }
 
 ServerConfig parse_root(const YAML::Node& root, const std::string& file, const Overrides& overrides,

@@ -95,6 +95,9 @@ struct Overrides {
   std::optional<std::string> model_repository, grpc_address, http_address;
   std::vector<std::string> load_models;  ///< --load-model NAME (repeatable), replaces the file's
   std::optional<bool> strict_readiness;  ///< --strict-readiness true|false
+  /// --drain-seconds S: server.drain_seconds (Triton's --exit-timeout-secs), 0 to 86400
+  /// (checked by the caller, server/main.cpp).
+  std::optional<double> drain_seconds;
 };
 
 /// `path` as written in the configuration file `file`: unchanged when absolute (or when `file`

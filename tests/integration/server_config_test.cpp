@@ -214,6 +214,29 @@ TEST(ServerBinary, PrintConfig) {
             std::string::npos)
       << text;
   EXPECT_NE(text.find("  http_address: off  # flag --http-address\n"), std::string::npos) << text;
+  // --drain-seconds wins over the file (Triton's --exit-timeout-secs); a bad value exits 2
+  // with its reason.
+  ASSERT_EQ(wait_exit(spawn({"--config", (dir / "s.yaml").string(), "--http-address", "off",
+                             "--drain-seconds", "0.5", "--print-config"},
+                            out),
+                      20),
+            0);
+  EXPECT_NE(read_file(out).find("  drain_seconds: 0.5  # flag --drain-seconds\n"),
+            std::string::npos)
+      << read_file(out);
+  for (const char* bad : {"-1", "soon", "1e9", "nan", ""}) {
+    ASSERT_EQ(wait_exit(spawn({"--config", (dir / "s.yaml").string(), "--drain-seconds", bad,
+                               "--print-config"},
+                              out, true),
+                        20),
+              2)
+        << bad;
+    EXPECT_NE(read_file(out).find(std::string("--drain-seconds must be a number of seconds from 0 "
+                                              "to 86400, got '") +
+                                  bad + "'"),
+              std::string::npos)
+        << read_file(out);
+  }
   // Unknown keys: exit 2.
   write_file(dir / "bad.yaml", "sever:\n  drain_seconds: 3\n");
   EXPECT_EQ(wait_exit(spawn({"--config", (dir / "bad.yaml").string(), "--print-config"}, out), 20),
