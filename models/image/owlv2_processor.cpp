@@ -118,7 +118,8 @@ at::Tensor owlv2_resize(const at::Tensor& x, int64_t height, int64_t width) {
 
 }  // namespace
 
-at::Tensor owlv2_pixel_values(const ProcessorConfig& c, const at::Tensor& image_u8) {
+at::Tensor owlv2_pixel_values(const ProcessorConfig& c, const at::Tensor& image) {
+  const at::Tensor image_u8 = image.contiguous();  // planes (to_chw_tensor's view is interleaved)
   // rescale_and_normalize(do_rescale, no normalize): `image * scale` (uint8 * float -> float32).
   at::Tensor x = c.do_rescale ? image_u8 * c.rescale_factor : image_u8.to(at::kFloat);
   x = x.unsqueeze(0);

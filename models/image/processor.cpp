@@ -389,8 +389,14 @@ at::Tensor ImageProcessor::resize(const at::Tensor& image_u8) const {
       "resize expects a (3, H, W) uint8 image, got ", image_u8.sizes(), " ",
       image_u8.scalar_type());
   const auto [oh, ow] = resized_size(config_, image_u8.size(1), image_u8.size(2));
-  if (!config_.do_resize) return image_u8;
-  at::Tensor x = image_u8.unsqueeze(0);
+  if (!config_.do_resize) return image_u8.contiguous();
+  // ATen's native uint8 antialiased resize (CPU, bilinear or bicubic) takes to_chw_tensor's
+  // interleaved view as it is, and reads it faster than planes; every other kernel gets the
+  // contiguous planes it always had.
+  const bool native_aa = image_u8.is_cpu() && config_.antialias && config_.resample != 0 &&
+                         (config_.resample == 3 ||
+                          config_.uint8_resize != ProcessorConfig::Uint8Resize::float32_round);
+  at::Tensor x = (native_aa ? image_u8 : image_u8.contiguous()).unsqueeze(0);
   const std::vector<int64_t> out{oh, ow};
   at::Tensor y;
   switch (config_.resample) {
@@ -430,7 +436,8 @@ at::Tensor ImageProcessor::resize(const at::Tensor& image_u8) const {
         y = at::_upsample_bilinear2d_aa(x.to(at::kFloat), out, false).round_().to(at::kByte);
       }
   }
-  return y.squeeze(0);
+  // Contiguous planes whatever the input's layout (to_chw_tensor's is interleaved).
+  return y.squeeze(0).contiguous();
 }
 
 at::Tensor ImageProcessor::center_crop(const at::Tensor& image_u8) const {
@@ -478,7 +485,7 @@ namespace {
 at::Tensor rescale_resize_normalize(const ProcessorConfig& c, const at::Tensor& image_u8) {
   // RfDetrImageProcessor._preprocess: `image * rescale_factor` (uint8 tensor times a Python
   // float: float32 math), resize, tvF.normalize.
-  at::Tensor x = image_u8.to(at::kFloat);
+  at::Tensor x = image_u8.contiguous().to(at::kFloat);  // planes, as ATen's float kernels had
   if (c.do_rescale) x = x * static_cast<float>(c.rescale_factor);
   if (c.do_resize) {
     const auto [oh, ow] = resized_size(c, image_u8.size(1), image_u8.size(2));
@@ -599,7 +606,7 @@ ProcessorOutput ImageProcessor::preprocess_owlv2(const std::vector<at::Tensor>& 
 at::Tensor to_chw_tensor(const RgbImage& image) {
   at::Tensor hwc = at::empty({image.height, image.width, 3}, at::kByte);
   std::memcpy(hwc.data_ptr<uint8_t>(), image.rgb.data(), image.rgb.size());
-  return hwc.permute({2, 0, 1}).contiguous();
+  return hwc.permute({2, 0, 1});
 }
 
 at::Tensor decode_image(const uint8_t* data, size_t size, const DecodeOptions& options) {

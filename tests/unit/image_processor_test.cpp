@@ -284,3 +284,42 @@ TEST(ImageProcessor, ResizePathsAgreeWithinOne) {
 }
 
 }  // namespace
+
+namespace {
+
+// to_chw_tensor hands out the decoder's interleaved buffer as a (3, H, W) view (ATen's uint8
+// resize reads it faster than planes); every processor path gives the values and the
+// contiguous layout the planar copy gave, byte for byte.
+TEST(ImageProcessor, InterleavedDecodedViewPreprocessesAsPlanes) {
+  libreyolo::image::RgbImage rgb;
+  rgb.height = 37;
+  rgb.width = 53;
+  rgb.rgb.resize(static_cast<size_t>(rgb.height * rgb.width * 3));
+  for (size_t i = 0; i < rgb.rgb.size(); ++i)
+    rgb.rgb[i] = static_cast<uint8_t>((i * 97 + 13) % 251);
+  const at::Tensor view = libreyolo::image::to_chw_tensor(rgb);
+  EXPECT_EQ(view.sizes(), at::IntArrayRef({3, 37, 53}));
+  EXPECT_EQ(view.strides(), at::IntArrayRef({1, 53 * 3, 3}));
+  EXPECT_EQ(view[2][1][4].item<int>(), rgb.rgb[(1 * 53 + 4) * 3 + 2]);
+  const at::Tensor planes = view.contiguous();
+  const std::string bases[] = {
+      R"("image_processor_type": "RTDetrImageProcessor", "size": {"height": 64, "width": 48})",
+      R"("image_processor_type": "ViTImageProcessor", "size": {"height": 24, "width": 24},
+         "resample": 3)",
+      R"("image_processor_type": "DetrImageProcessor",
+         "size": {"shortest_edge": 40, "longest_edge": 60})",
+      R"("image_processor_type": "RTDetrImageProcessor", "size": {"height": 64, "width": 48},
+         "resample": 0)",
+      R"("image_processor_type": "RTDetrImageProcessor", "do_resize": false)"};
+  for (const auto& base : bases) {
+    const ImageProcessor p(ProcessorConfig::from_json("{" + base + "}", "x"));
+    const auto a = p.preprocess({view});
+    const auto b = p.preprocess({planes});
+    EXPECT_TRUE(a.pixel_u8.is_contiguous()) << base;
+    EXPECT_TRUE(a.pixel_values.is_contiguous()) << base;
+    EXPECT_TRUE(at::equal(a.pixel_u8, b.pixel_u8)) << base;
+    EXPECT_TRUE(at::equal(a.pixel_values, b.pixel_values)) << base;
+  }
+}
+
+}  // namespace
