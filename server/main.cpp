@@ -253,13 +253,15 @@ int main(int argc, char** argv) {
       }
       overrides.strict_readiness = v == "true";
     } else if (a == "--drain-seconds") {
-      // server.drain_seconds' range; strtod takes all of it or the value is refused.
+      // server.drain_seconds' range and message. Decimal digits, '.', 'e' and signs only
+      // (strtod alone would take leading spaces, hex and "nan"), all of it consumed.
       const std::string v = value();
       char* end = nullptr;
-      const double d = std::strtod(v.c_str(), &end);
-      if (v.empty() || *end != '\0' || !(d >= 0 && d <= 86400)) {
-        std::cerr << "--drain-seconds must be a number of seconds from 0 to 86400, got '" << v
-                  << "'\n";
+      const bool decimal =
+          !v.empty() && v.find_first_not_of("0123456789.eE+-") == std::string::npos;
+      const double d = decimal ? std::strtod(v.c_str(), &end) : -1;
+      if (!decimal || *end != '\0' || !(d >= 0 && d <= 86400)) {
+        std::cerr << "--drain-seconds must be between 0 and 86400, got '" << v << "'\n";
         return usage(2);
       }
       overrides.drain_seconds = d;

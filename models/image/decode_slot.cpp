@@ -13,8 +13,11 @@ kernels::Outcome<kernels::DecodedImage> reference_decode(const kernels::EncodedI
   options.apply_orientation = false;  // the caller read it: o.orientation
   kernels::DecodedImage out;
   try {
+    // Contiguous planes, as kernels/image/image_decode.h promises (to_chw_tensor's view is
+    // interleaved; a CUDA consumer such as the image_preprocess kernel declines it).
     out.pixels =
-        to_chw_tensor(apply_orientation(decode_rgb(in.data, in.size, options), o.orientation));
+        to_chw_tensor(apply_orientation(decode_rgb(in.data, in.size, options), o.orientation))
+            .contiguous();
   } catch (const ImageError& e) {
     out.error = e.what();
   }
@@ -49,7 +52,7 @@ at::Tensor decode_image(const kernels::ImageDecodeHandle& handle, const uint8_t*
       return std::move(out->pixels);
     }
   }
-  return decode_image(data, size, options);
+  return decode_image(data, size, options).contiguous();  // as promised (decode_slot.h)
 }
 
 std::vector<kernels::DecodedImage> decode_images(const kernels::ImageDecodeBatchHandle& batch,

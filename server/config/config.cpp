@@ -258,7 +258,7 @@ void parse_server(const YAML::Node& n, const std::string& file, const kernels::E
     } else if (key == "gpu_image_decode") {
       // YAML 1.1 reads bare on/off (and true/false) as booleans.
       const auto t = kernels::normalize(as<std::string>(file, v, full, "auto, on or off"));
-      const std::string value = t == "true" ? "on" : t == "false" ? "off" : t;
+      const std::string value = kernels::is_truthy(t) ? "on" : kernels::is_falsy(t) ? "off" : t;
       if (value != "auto" && value != "on" && value != "off")
         fail(file, v, full + " must be auto, on or off, got '" + v.Scalar() + "'");
       set(c.gpu_image_decode, value, file, v);

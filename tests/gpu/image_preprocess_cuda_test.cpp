@@ -32,7 +32,9 @@ std::vector<at::Tensor> on_gpu(const std::vector<std::string>& names) {
   std::vector<at::Tensor> out;
   for (const auto& n : names)
     out.push_back(
-        image::decode_image_file(std::string(LIBREYOLO_TEST_FIXTURES) + "/images/" + n).cuda());
+        image::decode_image_file(std::string(LIBREYOLO_TEST_FIXTURES) + "/images/" + n)
+            .contiguous()  // planes, as nvJPEG writes them (decode_image's view is interleaved)
+            .cuda());
   return out;
 }
 

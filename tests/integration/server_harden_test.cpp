@@ -171,6 +171,8 @@ void expect_same_values(const ServerConfig& a, const ServerConfig& b) {
   EXPECT_EQ(a.max_concurrent_rpcs.value, b.max_concurrent_rpcs.value);
   EXPECT_EQ(a.model_control.value, b.model_control.value);
   EXPECT_EQ(a.log_level.value, b.log_level.value);
+  EXPECT_EQ(a.strict_readiness.value, b.strict_readiness.value);
+  EXPECT_EQ(a.gpu_image_decode.value, b.gpu_image_decode.value);
   // The same folder: --print-config shows paths absolute (a relative one in a file is relative
   // to the file's folder, so the printed file reads back to that folder from anywhere).
   EXPECT_EQ(absolute_path(a.model_repository.value), absolute_path(b.model_repository.value));
@@ -213,6 +215,8 @@ TEST(ServerHardenConfig, PrintConfigIsYamlThatReadsBackToTheSameValues) {
       "  max_concurrent_rpcs: 33\n"
       "  model_control: explicit\n"
       "  log_level: warn\n"
+      "  strict_readiness: false\n"
+      "  gpu_image_decode: on\n"
       "model_repository: \"/tmp/odd repo #2: x\\\"q\\\\ '\"\n"
       "device: cuda:3\n"
       "tf32: off\n"
@@ -252,7 +256,7 @@ TEST(ServerHardenConfig, PrintConfigIsYamlThatReadsBackToTheSameValues) {
   const auto c = parse_config(yaml, "/etc/libreyolo/server.yaml", {}, env);
   const auto text = describe(c);
   EXPECT_NE(text.find("model_repository: \"/tmp/odd repo #2: x\\\"q\\\\ '\"  # "
-                      "/etc/libreyolo/server.yaml:13:19\n"),
+                      "/etc/libreyolo/server.yaml:15:19\n"),
             std::string::npos)
       << text;
   EXPECT_NE(text.find("  hub_kernels: false  # environment LIBREYOLO_HUB_KERNELS\n"),
@@ -262,7 +266,7 @@ TEST(ServerHardenConfig, PrintConfigIsYamlThatReadsBackToTheSameValues) {
             std::string::npos);
   // The origin of a slot's list is its key (the check of its names points there).
   EXPECT_NE(text.find("    ms_deform_attn:\n      allow: [cuda, hub]  # "
-                      "/etc/libreyolo/server.yaml:21:5\n"),
+                      "/etc/libreyolo/server.yaml:23:5\n"),
             std::string::npos);
   EXPECT_NE(text.find("  layouts: default  # default\n"), std::string::npos) << text;
   EXPECT_NE(text.find("  # hub token: set (environment HF_TOKEN)\n"), std::string::npos);
