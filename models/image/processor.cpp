@@ -390,13 +390,10 @@ at::Tensor ImageProcessor::resize(const at::Tensor& image_u8) const {
       image_u8.scalar_type());
   const auto [oh, ow] = resized_size(config_, image_u8.size(1), image_u8.size(2));
   if (!config_.do_resize) return image_u8.contiguous();
-  // ATen's native uint8 antialiased resize (CPU, bilinear or bicubic) takes to_chw_tensor's
-  // interleaved view as it is, and reads it faster than planes; every other kernel gets the
-  // contiguous planes it always had.
-  const bool native_aa = image_u8.is_cpu() && config_.antialias && config_.resample != 0 &&
-                         (config_.resample == 3 ||
-                          config_.uint8_resize != ProcessorConfig::Uint8Resize::float32_round);
-  at::Tensor x = (native_aa ? image_u8 : image_u8.contiguous()).unsqueeze(0);
+  // On the CPU every resize kernel takes to_chw_tensor's interleaved view as it is (the native
+  // uint8 antialiased one reads it faster than planes; tests/unit/image_processor_test.cpp checks
+  // each kernel's values against planes); a CUDA image gets the planes its kernels had.
+  at::Tensor x = (image_u8.is_cpu() ? image_u8 : image_u8.contiguous()).unsqueeze(0);
   const std::vector<int64_t> out{oh, ow};
   at::Tensor y;
   switch (config_.resample) {

@@ -91,7 +91,9 @@ struct InstanceOptions {
   /// The server's kernels.fused_attention (serving.yaml fused_attention wins unless `default`).
   kernels::FusedAttention server_fused_attention = kernels::FusedAttention::family_default;
   /// The server's server.gpu_image_decode ("auto" | "on" | "off", its origin): whether a CUDA
-  /// model binds the `image_decode` slots (choose_gpu_image_decode).
+  /// model binds the `image_decode` slots (choose_gpu_image_decode). The daemon always passes
+  /// its setting (default auto, ModelLifecycle::bring_up); "off" here keeps instances built
+  /// directly by tests on the CPU decoder unless they ask.
   kernels::Setting<std::string> gpu_image_decode{"off"};
   /// The server's kernels.layouts / LIBREYOLO_LAYOUTS (serving.yaml kernels.layouts wins).
   kernels::Setting<kernels::LayoutMode> server_layouts = {};

@@ -5,6 +5,7 @@
 #include <ATen/ATen.h>
 
 #include <string>
+#include <vector>
 
 #include "models/image/processor.h"
 
@@ -311,14 +312,30 @@ TEST(ImageProcessor, InterleavedDecodedViewPreprocessesAsPlanes) {
       R"("image_processor_type": "RTDetrImageProcessor", "size": {"height": 64, "width": 48},
          "resample": 0)",
       R"("image_processor_type": "RTDetrImageProcessor", "do_resize": false)"};
-  for (const auto& base : bases) {
-    const ImageProcessor p(ProcessorConfig::from_json("{" + base + "}", "x"));
+  // Every CPU resize kernel: antialiased uint8 bilinear / bicubic, nearest, none (above), plain
+  // bicubic (PP-DocLayout), plain bilinear, float32 then round.
+  std::vector<ProcessorConfig> configs;
+  for (const auto& base : bases)
+    configs.push_back(ProcessorConfig::from_json("{" + base + "}", "x"));
+  configs.push_back(ProcessorConfig::from_json(
+      R"({"image_processor_type": "PPDocLayoutV3ImageProcessor", "size": {"height": 40, "width": 72}})",
+      "x"));
+  configs.push_back(configs.front());
+  configs.back().antialias = false;
+  configs.push_back(configs.front());
+  configs.back().uint8_resize = ProcessorConfig::Uint8Resize::float32_round;
+  for (const auto& config : configs) {
+    const std::string label = "resample " + std::to_string(config.resample) + " antialias " +
+                              std::to_string(config.antialias) + " uint8_resize " +
+                              std::to_string(static_cast<int>(config.uint8_resize)) +
+                              " do_resize " + std::to_string(config.do_resize);
+    const ImageProcessor p(config);
     const auto a = p.preprocess({view});
     const auto b = p.preprocess({planes});
-    EXPECT_TRUE(a.pixel_u8.is_contiguous()) << base;
-    EXPECT_TRUE(a.pixel_values.is_contiguous()) << base;
-    EXPECT_TRUE(at::equal(a.pixel_u8, b.pixel_u8)) << base;
-    EXPECT_TRUE(at::equal(a.pixel_values, b.pixel_values)) << base;
+    EXPECT_TRUE(a.pixel_u8.is_contiguous()) << label;
+    EXPECT_TRUE(a.pixel_values.is_contiguous()) << label;
+    EXPECT_TRUE(at::equal(a.pixel_u8, b.pixel_u8)) << label;
+    EXPECT_TRUE(at::equal(a.pixel_values, b.pixel_values)) << label;
   }
 }
 
