@@ -73,7 +73,8 @@ RUN set -eu; \
 
 # ---------------------------------------------------------------------------------------------
 # Build steps (the same for both flavors). CMAKE_ARGS: extra CMake arguments for scripts/build.sh.
-# Few instructions after the toolchain: with podman's vfs driver each one is a full copy of it.
+# Few instructions after the toolchain: with podman's vfs driver (scripts/podman-env.sh falls back
+# to it where overlay cannot mount) each one is a full copy of it.
 # /ccache is a cache mount (kept between builds); scripts/build-image.sh mounts the host's
 # ccache there instead (podman build -v), so that CI's cache serves the image build too.
 FROM builder-cuda AS build-cuda

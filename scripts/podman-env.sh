@@ -3,17 +3,42 @@
 # fixed storage root of its own, so that its layer cache survives between runs (CI caches
 # ~/.cache/libreyolo-server), and with settings that work on a root machine without systemd,
 # cgroup v2 delegation or CAP_SYS_RESOURCE (a CI runner or a container):
-#   storage driver vfs (no overlay mounts needed; it keeps a full copy of every layer, so budget
-#   disk), runtime runc (crun fails on hybrid cgroups), cgroupfs, events in a file, ulimits that
-#   such a machine may grant, and no registry at all: short names resolve to local images only.
+#   storage driver overlay where this kernel lets us mount an overlay (a layer holds only its
+#   diff), else vfs (no mounts needed, but every layer is a full copy of its image: a CPU image
+#   build then peaks at about 22 GB of disk, measured with scripts/test.d/40-image.sh), runtime
+#   runc (crun fails on hybrid cgroups), cgroupfs, events in a file, ulimits that such a machine
+#   may grant, and no registry at all: short names resolve to local images only.
 # Environment: LIBREYOLO_CONTAINERS (default ~/.cache/libreyolo-server/containers) is the root:
-#   storage/ (images and layers), run/ (transient state), tmp/ (build temporaries and the
-#   `RUN --mount=type=cache` folders), conf/ (the files below, rewritten on every source).
+#   storage/ (vfs) or storage-overlay/ (images and layers), run/ (transient state), tmp/ (build
+#   temporaries and the `RUN --mount=type=cache` folders), conf/ (the files below, rewritten on
+#   every source). LIBREYOLO_PODMAN_DRIVER=overlay|vfs skips the probe.
 # Defines: libreyolo_podman_bases DEBIAN_TAG — imports debian:TAG and debian:TAG-slim from
 #   debootstrap when they are not in the storage yet (the only way in without a registry).
 
 LIBREYOLO_CONTAINERS=${LIBREYOLO_CONTAINERS:-$HOME/.cache/libreyolo-server/containers}
-mkdir -p "$LIBREYOLO_CONTAINERS"/{storage,run,tmp,conf}
+mkdir -p "$LIBREYOLO_CONTAINERS"/{run,tmp,conf}
+# The probe: the mount podman's overlay driver makes (root, native overlayfs, no fuse).
+libreyolo_podman_overlay_works() {
+  local probe ok=1
+  probe=$(mktemp -d "$LIBREYOLO_CONTAINERS/tmp/overlay-probe.XXXXXX") || return 1
+  mkdir -p "$probe"/{lower,upper,work,merged}
+  if mount -t overlay overlay -o "lowerdir=$probe/lower,upperdir=$probe/upper,workdir=$probe/work" \
+       "$probe/merged" 2>/dev/null; then
+    umount "$probe/merged" && ok=0
+  fi
+  rm -rf "$probe"
+  return $ok
+}
+LIBREYOLO_PODMAN_DRIVER=${LIBREYOLO_PODMAN_DRIVER:-}
+if [ -z "$LIBREYOLO_PODMAN_DRIVER" ]; then
+  if libreyolo_podman_overlay_works; then LIBREYOLO_PODMAN_DRIVER=overlay; else LIBREYOLO_PODMAN_DRIVER=vfs; fi
+fi
+case $LIBREYOLO_PODMAN_DRIVER in
+  overlay) libreyolo_podman_storage=$LIBREYOLO_CONTAINERS/storage-overlay ;;
+  vfs) libreyolo_podman_storage=$LIBREYOLO_CONTAINERS/storage ;;
+  *) echo "podman-env: LIBREYOLO_PODMAN_DRIVER must be overlay or vfs, got '$LIBREYOLO_PODMAN_DRIVER'" >&2; return 1 ;;
+esac
+mkdir -p "$libreyolo_podman_storage"
 cat > "$LIBREYOLO_CONTAINERS/conf/containers.conf" <<EOF
 [containers]
 default_ulimits = ["nofile=20000:20000", "nproc=32768:32768"]
@@ -23,13 +48,13 @@ runtime = "runc"
 cgroup_manager = "cgroupfs"
 events_logger = "file"
 events_logfile_path = "$LIBREYOLO_CONTAINERS/run/events.log"
-tmp_dir = "$LIBREYOLO_CONTAINERS/run/libpod"
+tmp_dir = "$LIBREYOLO_CONTAINERS/run/libpod-$LIBREYOLO_PODMAN_DRIVER"
 EOF
 cat > "$LIBREYOLO_CONTAINERS/conf/storage.conf" <<EOF
 [storage]
-driver = "vfs"
-graphroot = "$LIBREYOLO_CONTAINERS/storage"
-runroot = "$LIBREYOLO_CONTAINERS/run/storage"
+driver = "$LIBREYOLO_PODMAN_DRIVER"
+graphroot = "$libreyolo_podman_storage"
+runroot = "$LIBREYOLO_CONTAINERS/run/$(basename "$libreyolo_podman_storage")"
 EOF
 cat > "$LIBREYOLO_CONTAINERS/conf/registries.conf" <<EOF
 unqualified-search-registries = []
@@ -49,7 +74,7 @@ libreyolo_podman_bases() {
   command -v debootstrap >/dev/null || { echo "podman-env: debootstrap not found (scripts/setup.sh installs it)" >&2; return 1; }
   local rootfs
   rootfs=$(mktemp -d "$LIBREYOLO_CONTAINERS/tmp/rootfs.XXXXXX")
-  echo "podman-env: debootstrap bookworm into $rootfs (once; the images stay in $LIBREYOLO_CONTAINERS/storage)"
+  echo "podman-env: debootstrap bookworm into $rootfs (once; the images stay in $libreyolo_podman_storage)"
   if ! debootstrap --variant=minbase bookworm "$rootfs" >"$rootfs.log" 2>&1; then
     tail -20 "$rootfs.log" >&2
     rm -rf "$rootfs" "$rootfs.log"
@@ -78,4 +103,48 @@ SOURCES
   tar -C "$rootfs" -c . | podman import --quiet "${change[@]}" - "debian:$tag-slim" >/dev/null
   rm -rf "$rootfs"
   echo "podman-env: imported debian:$tag and debian:$tag-slim"
+}
+
+# libreyolo_podman_prune: frees what no tagged image needs. Leftovers fill a disk within a few
+# runs, with vfs (every layer a full copy of its image: 2-3 GB for the builders) in one or two:
+#  - buildah working containers (named ...-working-container[-N]) that an interrupted or failed
+#    build left behind, each holding a full copy of its step's image;
+#  - untagged images that are no tagged image's ancestor: the build stages' COPY . / RUN images
+#    of earlier runs and toolchains that a setup.sh change replaced.
+# A tagged image's ancestors (the Parent chain, metadata steps included) stay: they are its
+# build cache, and buildah matches each step against them (history alone lists <missing>).
+# Prints what it removed and the space left; never fails the caller.
+libreyolo_podman_prune() {
+  local containers keep images id parent removed=0 progress
+  containers=$(podman ps -a --external --format '{{.ID}} {{.Names}}' 2>/dev/null |
+    awk '$2 ~ /-working-container(-[0-9]+)?$/ {print $1}')
+  for id in $containers; do podman rm -f "$id" >/dev/null 2>&1 && removed=$((removed + 1)); done
+  [ "$removed" -gt 0 ] && echo "podman-env: removed $removed leftover build containers"
+  # A vfs store that overlay replaced: its layers are no build cache for overlay.
+  if [ "$LIBREYOLO_PODMAN_DRIVER" = overlay ] && [ -d "$LIBREYOLO_CONTAINERS/storage" ]; then
+    echo "podman-env: removing the vfs image storage ($(du -sh "$LIBREYOLO_CONTAINERS/storage" 2>/dev/null | cut -f1)): overlay replaced it"
+    rm -rf "$LIBREYOLO_CONTAINERS/storage" "$LIBREYOLO_CONTAINERS/run/storage" "$LIBREYOLO_CONTAINERS/run/libpod-vfs" "$LIBREYOLO_CONTAINERS/run/libpod"
+  fi
+  keep=$(podman images --no-trunc --format '{{.ID}} {{.Names}}' 2>/dev/null | awk '$2 != "[]" && NF > 1 {print $1}' |
+    while read -r id; do
+      while [ -n "$id" ]; do
+        echo "$id"
+        parent=$(podman image inspect --format '{{.Parent}}' "$id" 2>/dev/null) || break
+        id=$parent
+      done
+    done | sed 's/^sha256://' | cut -c1-12 | sort -u)
+  removed=0
+  # A parent goes only after its children: repeat until a pass removes nothing.
+  for _ in 1 2 3 4 5 6 7 8; do
+    progress=0
+    images=$(podman images -a --format '{{.ID}}' 2>/dev/null | cut -c1-12 | sort -u)
+    for id in $images; do
+      echo "$keep" | grep -qx "$id" && continue
+      if podman rmi "$id" >/dev/null 2>&1; then removed=$((removed + 1)); progress=1; fi
+    done
+    [ "$progress" = 0 ] && break
+  done
+  [ "$removed" -gt 0 ] && echo "podman-env: removed $removed images that no tagged image is built on"
+  echo "podman-env: $(du -sh "$libreyolo_podman_storage" 2>/dev/null | cut -f1) in image storage ($LIBREYOLO_PODMAN_DRIVER), $(df -h "$LIBREYOLO_CONTAINERS" | awk 'NR==2 {print $4}') free on its disk"
+  return 0
 }

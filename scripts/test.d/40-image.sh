@@ -79,8 +79,10 @@ cleanup() {
     podman rm -f "$cname" >/dev/null 2>&1 || true
     rm -rf "$work"
   fi
-  # Dangling images (a previous build's, replaced by this one's tag) hold full layer copies.
-  podman image prune -f >/dev/null 2>&1 || true
+  # This build's stage images (COPY . and the compile: 4-5 GB with vfs) and whatever lost its tag
+  # (the previous toolchain, replaced) hold full layer copies: only tagged images and their
+  # ancestors (the build cache) stay.
+  libreyolo_podman_prune | sed 's/^/40-image: /'
   echo "40-image: disk after: $(df -h / | awk 'NR==2 {print $4 " free of " $2}')"
 }
 trap cleanup EXIT
