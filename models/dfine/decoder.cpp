@@ -7,6 +7,8 @@
 
 #include "models/dfine/modules.h"
 
+#include "models/layers/sampling_locations.h"
+
 namespace libreyolo::models::dfine {
 
 at::Tensor weighting_function(int64_t max_num_bins, const at::Tensor& up,
@@ -63,11 +65,10 @@ at::Tensor MSDeformAttnImpl::forward(const at::Tensor& query, const at::Tensor& 
   const auto offsets = sampling_offsets_->forward(query).reshape({B, Q, heads_, total_points_, 2});
   const auto weights =
       at::softmax(attention_weights_->forward(query).reshape({B, Q, heads_, total_points_}), -1);
-  // ref (B, Q, 1, 4) -> (B, Q, 1, 1, 4); upstream operand order.
-  const auto ref = reference_boxes.unsqueeze(2);
-  const auto nps = num_points_scale_.to(query.scalar_type()).unsqueeze(-1);
-  const auto offset = offsets * nps * ref.slice(-1, 2, 4) * offset_scale_;
-  const auto loc = ref.slice(-1, 0, 2) + offset;  // (B, Q, H, sum P, 2)
+  // xy + offsets * num_points_scale * wh * offset_scale, upstream's operands and order.
+  const auto loc = layers::sampling_locations(  // (B, Q, H, sum P, 2)
+      offsets, reference_boxes,
+      layers::PointScale::multiply_by(num_points_scale_.to(query.scalar_type())), offset_scale_);
   return kernels::ms_deform_attn_v2(ms_deform_attn_kernel_, value, shapes, loc, weights, points_,
                                     method_);
 }

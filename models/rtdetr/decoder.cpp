@@ -3,6 +3,8 @@
 // modeling_rt_detr_v2.py RTDetrV2MultiscaleDeformableAttention).
 #include "models/rtdetr/modules.h"
 
+#include "models/layers/sampling_locations.h"
+
 namespace libreyolo::models::rtdetr {
 
 MSDeformAttnImpl::MSDeformAttnImpl(const Config& c)
@@ -39,21 +41,20 @@ at::Tensor MSDeformAttnImpl::forward(const at::Tensor& query, const at::Tensor& 
     const auto weights =
         at::softmax(attention_weights_->forward(query).view({B, Q, heads_, levels_ * points_}), -1)
             .view({B, Q, heads_, levels_, points_});
-    // ref (B, Q, 1, 4) -> (B, Q, 1, 1, 1, 4); loc = xy + off / P * wh * 0.5 (upstream order).
-    const auto ref = reference_boxes.unsqueeze(2).unsqueeze(4);
-    const auto xy = ref.slice(-1, 0, 2), wh = ref.slice(-1, 2, 4);
-    const auto loc = xy + offsets / static_cast<double>(points_) * wh * 0.5;
+    // loc = xy + off / P * wh * 0.5 (upstream order), as (B, Q, H, L, P, 2).
+    const auto loc = layers::sampling_locations(
+                         offsets.view({B, Q, heads_, levels_ * points_, 2}), reference_boxes,
+                         layers::PointScale::divide_by(static_cast<double>(points_)), 0.5)
+                         .view(offsets.sizes());
     out = kernels::ms_deform_attn(ms_deform_attn_kernel_, value, shapes, loc, weights);
   } else {
     const auto offsets =
         sampling_offsets_->forward(query).view({B, Q, heads_, levels_ * points_, 2});
     const auto weights =
         at::softmax(attention_weights_->forward(query).view({B, Q, heads_, levels_ * points_}), -1);
-    // ref (B, Q, 1, 4) -> (B, Q, 1, 1, 4).
-    const auto ref = reference_boxes.unsqueeze(2);
-    const auto nps = n_points_scale_.to(query.scalar_type()).unsqueeze(-1);
-    const auto offset = offsets * nps * ref.slice(-1, 2, 4) * offset_scale_;
-    const auto loc = ref.slice(-1, 0, 2) + offset;
+    const auto loc = layers::sampling_locations(
+        offsets, reference_boxes,
+        layers::PointScale::multiply_by(n_points_scale_.to(query.scalar_type())), offset_scale_);
     out = kernels::ms_deform_attn_v2(ms_deform_attn_kernel_, value, shapes, loc, weights,
                                      std::vector<int64_t>(levels_, points_), method_);
   }

@@ -1,0 +1,88 @@
+#include "models/layers/sampling_locations.h"
+
+#include <ATen/Dispatch.h>
+#include <ATen/OpMathType.h>
+
+namespace libreyolo::models::layers {
+namespace {
+
+// The ATen expression: the reference for every device and dtype, and the path off the CPU.
+at::Tensor sampling_locations_aten(const at::Tensor& offsets, const at::Tensor& ref,
+                                   const PointScale& scale, double factor) {
+  const auto box = ref.unsqueeze(2);  // (B, Q, 1, 4) -> (B, Q, 1, 1, 4): views, no copy
+  const auto xy = box.slice(-1, 0, 2), wh = box.slice(-1, 2, 4);
+  const at::Tensor scaled =
+      scale.per_point.defined() ? offsets * scale.per_point.unsqueeze(-1) : offsets / scale.divisor;
+  return xy + scaled * wh * factor;
+}
+
+template <typename scalar_t>
+void sampling_locations_cpu(const at::Tensor& offsets, const at::Tensor& ref,
+                            const PointScale& scale, double factor, at::Tensor& out) {
+  using opmath_t = at::opmath_type<scalar_t>;
+  const int64_t BQ = offsets.size(0) * offsets.size(1), H = offsets.size(2), N = offsets.size(3);
+  const scalar_t* o = offsets.const_data_ptr<scalar_t>();
+  const scalar_t* r = ref.const_data_ptr<scalar_t>();
+  const scalar_t* pp =
+      scale.per_point.defined() ? scale.per_point.const_data_ptr<scalar_t>() : nullptr;
+  scalar_t* y = out.mutable_data_ptr<scalar_t>();
+  // ATen casts a Python-number operand to the op math type (a double to float for float32).
+  const auto divisor = static_cast<opmath_t>(scale.divisor);
+  const auto f = static_cast<opmath_t>(factor);
+  for (int64_t bq = 0; bq < BQ; ++bq) {
+    const scalar_t* box = r + bq * 4;
+    for (int64_t h = 0; h < H; ++h) {
+      for (int64_t n = 0; n < N; ++n) {
+        const int64_t i = ((bq * H + h) * N + n) * 2;
+        for (int64_t c = 0; c < 2; ++c) {
+          // One rounding to scalar_t per ATen op, in upstream's order.
+          const auto s =
+              pp ? scalar_t(static_cast<opmath_t>(o[i + c]) * static_cast<opmath_t>(pp[n]))
+                 : scalar_t(static_cast<opmath_t>(o[i + c]) / divisor);
+          const auto sw = scalar_t(static_cast<opmath_t>(s) * static_cast<opmath_t>(box[2 + c]));
+          const auto swf = scalar_t(static_cast<opmath_t>(sw) * f);
+          y[i + c] = scalar_t(static_cast<opmath_t>(box[c]) + static_cast<opmath_t>(swf));
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+
+at::Tensor sampling_locations(const at::Tensor& offsets, const at::Tensor& reference_boxes,
+                              const PointScale& scale, double factor) {
+  TORCH_CHECK(offsets.dim() == 5 && offsets.size(4) == 2,
+              "sampling_locations: offsets must be (B, Q, H, N, 2), got ", offsets.sizes());
+  TORCH_CHECK((reference_boxes.dim() == 3 ||
+               (reference_boxes.dim() == 4 && reference_boxes.size(2) == 1)) &&
+                  reference_boxes.size(-1) == 4 && reference_boxes.size(0) == offsets.size(0) &&
+                  reference_boxes.size(1) == offsets.size(1),
+              "sampling_locations: reference_boxes must be (B, Q, 4) or (B, Q, 1, 4) with "
+              "offsets' B and Q, got ",
+              reference_boxes.sizes(), " for offsets ", offsets.sizes());
+  // (B, Q, 1, 4), a view of either form.
+  const at::Tensor ref =
+      reference_boxes.dim() == 3 ? reference_boxes.unsqueeze(2) : reference_boxes;
+  TORCH_CHECK(scale.per_point.defined() != (scale.divisor > 0.0),
+              "sampling_locations: give either a divisor or per-point scales");
+  TORCH_CHECK(!scale.per_point.defined() ||
+                  (scale.per_point.dim() == 1 && scale.per_point.size(0) == offsets.size(3)),
+              "sampling_locations: per_point must be (N) = (", offsets.size(3), "), got ",
+              scale.per_point.sizes());
+  const auto dtype = offsets.scalar_type();
+  const bool fused = offsets.is_cpu() && ref.is_cpu() && ref.scalar_type() == dtype &&
+                     (!scale.per_point.defined() ||
+                      (scale.per_point.is_cpu() && scale.per_point.scalar_type() == dtype)) &&
+                     (dtype == at::kFloat || dtype == at::kBFloat16 || dtype == at::kHalf);
+  if (!fused) return sampling_locations_aten(offsets, ref, scale, factor);
+  const at::Tensor o = offsets.contiguous(), r = ref.contiguous();  // rows of 4 values
+  PointScale s = scale;
+  if (s.per_point.defined()) s.per_point = s.per_point.contiguous();
+  at::Tensor out = at::empty_like(o);
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, dtype, "sampling_locations",
+                                  [&] { sampling_locations_cpu<scalar_t>(o, r, s, factor, out); });
+  return out;
+}
+
+}  // namespace libreyolo::models::layers

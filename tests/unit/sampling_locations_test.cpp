@@ -1,0 +1,92 @@
+// layers::sampling_locations: the CPU loop gives exactly the values of upstream's ATen expression
+// (the RT-DETR v1 and D-FINE forms, float32 / bfloat16 / float16), so does the ATen path (float64
+// here, CUDA in use), and bad shapes are refused.
+#include "models/layers/sampling_locations.h"
+
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "tests/unit/error_message.h"
+
+namespace {
+
+using libreyolo::models::layers::PointScale;
+using libreyolo::models::layers::sampling_locations;
+
+// Upstream's own code, written out: modeling_rt_detr.py (v1) and modeling_d_fine.py, on
+// reference boxes (B, Q, 1, 4) as their decoders hand them over.
+at::Tensor rtdetr_v1(const at::Tensor& offsets6, const at::Tensor& ref, int64_t points) {
+  const auto r = ref.unsqueeze(2).unsqueeze(4);  // (B, Q, 1, 1, 1, 4)
+  return r.slice(-1, 0, 2) + offsets6 / static_cast<double>(points) * r.slice(-1, 2, 4) * 0.5;
+}
+at::Tensor dfine(const at::Tensor& offsets, const at::Tensor& ref, const at::Tensor& nps,
+                 double offset_scale) {
+  const auto r = ref.unsqueeze(2);  // (B, Q, 1, 1, 4)
+  return r.slice(-1, 0, 2) + offsets * nps.unsqueeze(-1) * r.slice(-1, 2, 4) * offset_scale;
+}
+
+class SamplingLocations : public ::testing::TestWithParam<at::ScalarType> {};
+
+TEST_P(SamplingLocations, RtDetrV1FormEqualsUpstreamExpression) {
+  const auto dtype = GetParam();
+  at::manual_seed(3);
+  const int64_t B = 2, Q = 300, H = 8, L = 3, P = 4;
+  // Offsets of the size a trained head gives (a few pixels' worth), boxes in (0, 1).
+  const auto offsets6 = (at::randn({B, Q, H, L, P, 2}) * 3).to(dtype);
+  const auto ref = at::rand({B, Q, 1, 4}).to(dtype);
+  const auto expected = rtdetr_v1(offsets6, ref, P);
+  const auto got = sampling_locations(offsets6.view({B, Q, H, L * P, 2}), ref,
+                                      PointScale::divide_by(static_cast<double>(P)), 0.5);
+  ASSERT_EQ(got.sizes(), (std::vector<int64_t>{B, Q, H, L * P, 2}));
+  EXPECT_EQ(got.scalar_type(), dtype);
+  EXPECT_TRUE(at::equal(got, expected.view({B, Q, H, L * P, 2})))
+      << "max |diff| "
+      << (got.to(at::kDouble) - expected.view_as(got).to(at::kDouble)).abs().max().item<double>();
+}
+
+TEST_P(SamplingLocations, DFineFormEqualsUpstreamExpression) {
+  const auto dtype = GetParam();
+  at::manual_seed(4);
+  const int64_t B = 1, Q = 300, H = 8;
+  // D-FINE L's points per level {3, 6, 3}: num_points_scale 1/3 x3, 1/6 x6, 1/3 x3.
+  std::vector<float> scale;
+  for (int64_t p : {3, 6, 3})
+    for (int64_t i = 0; i < p; ++i) scale.push_back(1.0f / static_cast<float>(p));
+  const auto nps = at::tensor(scale).to(dtype);
+  const int64_t N = nps.size(0);
+  const auto offsets = (at::randn({B, Q, H, N, 2}) * 3).to(dtype);
+  // Non-contiguous reference boxes, as a slice of a wider tensor hands them over.
+  const auto ref = at::rand({B, Q, 1, 6}).to(dtype).slice(-1, 1, 5);
+  const auto expected = dfine(offsets, ref, nps, 0.5);
+  const auto got = sampling_locations(offsets, ref, PointScale::multiply_by(nps), 0.5);
+  EXPECT_TRUE(at::equal(got, expected))
+      << "max |diff| "
+      << (got.to(at::kDouble) - expected.to(at::kDouble)).abs().max().item<double>();
+}
+
+INSTANTIATE_TEST_SUITE_P(Dtypes, SamplingLocations,
+                         // float64 takes the ATen path, the one CUDA tensors take.
+                         ::testing::Values(at::kFloat, at::kBFloat16, at::kHalf, at::kDouble),
+                         [](const auto& info) { return std::string(c10::toString(info.param)); });
+
+TEST(SamplingLocationsShapes, MismatchesNameTheArgument) {
+  const auto offsets = at::zeros({1, 5, 2, 3, 2});
+  EXPECT_EQ(libreyolo::test::message_of([&] {
+              sampling_locations(offsets, at::zeros({1, 4, 4}), PointScale::divide_by(3), 0.5);
+            }),
+            "sampling_locations: reference_boxes must be (B, Q, 4) or (B, Q, 1, 4) with offsets' "
+            "B and Q, got [1, 4, 4] for offsets [1, 5, 2, 3, 2]");
+  EXPECT_EQ(libreyolo::test::message_of([&] {
+              sampling_locations(offsets, at::zeros({1, 5, 4}),
+                                 PointScale::multiply_by(at::ones({4})), 0.5);
+            }),
+            "sampling_locations: per_point must be (N) = (3), got [4]");
+  EXPECT_EQ(libreyolo::test::message_of([&] {
+              sampling_locations(at::zeros({1, 5, 2, 3}), at::zeros({1, 5, 4}),
+                                 PointScale::divide_by(3), 0.5);
+            }),
+            "sampling_locations: offsets must be (B, Q, H, N, 2), got [1, 5, 2, 3]");
+}
+
+}  // namespace
