@@ -115,36 +115,41 @@ SOURCES
 # build cache, and buildah matches each step against them (history alone lists <missing>).
 # Prints what it removed and the space left; never fails the caller.
 libreyolo_podman_prune() {
-  local containers keep images id parent removed=0 progress
+  local containers tagged keep images id parent removed=0 progress
+  # Every listing may fail (this is sourced by set -euo pipefail scripts): `|| true`, and a
+  # listing that failed removes nothing.
   containers=$(podman ps -a --external --format '{{.ID}} {{.Names}}' 2>/dev/null |
-    awk '$2 ~ /-working-container(-[0-9]+)?$/ {print $1}')
+    awk '$2 ~ /-working-container(-[0-9]+)?$/ {print $1}') || true
   for id in $containers; do podman rm -f "$id" >/dev/null 2>&1 && removed=$((removed + 1)); done
-  [ "$removed" -gt 0 ] && echo "podman-env: removed $removed leftover build containers"
+  if [ "$removed" -gt 0 ]; then echo "podman-env: removed $removed leftover build containers"; fi
   # A vfs store that overlay replaced: its layers are no build cache for overlay.
   if [ "$LIBREYOLO_PODMAN_DRIVER" = overlay ] && [ -d "$LIBREYOLO_CONTAINERS/storage" ]; then
     echo "podman-env: removing the vfs image storage ($(du -sh "$LIBREYOLO_CONTAINERS/storage" 2>/dev/null | cut -f1)): overlay replaced it"
-    rm -rf "$LIBREYOLO_CONTAINERS/storage" "$LIBREYOLO_CONTAINERS/run/storage" "$LIBREYOLO_CONTAINERS/run/libpod-vfs" "$LIBREYOLO_CONTAINERS/run/libpod"
+    rm -rf "$LIBREYOLO_CONTAINERS/storage" "$LIBREYOLO_CONTAINERS/run/storage" "$LIBREYOLO_CONTAINERS/run/libpod-vfs" "$LIBREYOLO_CONTAINERS/run/libpod" || true
   fi
-  keep=$(podman images --no-trunc --format '{{.ID}} {{.Names}}' 2>/dev/null | awk '$2 != "[]" && NF > 1 {print $1}' |
-    while read -r id; do
-      while [ -n "$id" ]; do
-        echo "$id"
-        parent=$(podman image inspect --format '{{.Parent}}' "$id" 2>/dev/null) || break
-        id=$parent
-      done
-    done | sed 's/^sha256://' | cut -c1-12 | sort -u)
   removed=0
-  # A parent goes only after its children: repeat until a pass removes nothing.
-  for _ in 1 2 3 4 5 6 7 8; do
-    progress=0
-    images=$(podman images -a --format '{{.ID}}' 2>/dev/null | cut -c1-12 | sort -u)
-    for id in $images; do
-      echo "$keep" | grep -qx "$id" && continue
-      if podman rmi "$id" >/dev/null 2>&1; then removed=$((removed + 1)); progress=1; fi
+  if tagged=$(podman images --no-trunc --format '{{.ID}} {{.Names}}' 2>/dev/null); then
+    keep=$(echo "$tagged" | awk '$2 != "[]" && NF > 1 {print $1}' |
+      while read -r id; do
+        while [ -n "$id" ]; do
+          echo "$id"
+          parent=$(podman image inspect --format '{{.Parent}}' "$id" 2>/dev/null) || break
+          id=$parent
+        done
+      done | sed 's/^sha256://' | cut -c1-12 | sort -u) || keep=
+    # A parent goes only after its children: repeat until a pass removes nothing.
+    for _ in 1 2 3 4 5 6 7 8; do
+      [ -n "$keep" ] || break  # no tagged image listed: nothing is known to be unneeded
+      progress=0
+      images=$(podman images -a --format '{{.ID}}' 2>/dev/null | cut -c1-12 | sort -u) || images=
+      for id in $images; do
+        if echo "$keep" | grep -qx "$id"; then continue; fi
+        if podman rmi "$id" >/dev/null 2>&1; then removed=$((removed + 1)); progress=1; fi
+      done
+      [ "$progress" = 1 ] || break
     done
-    [ "$progress" = 0 ] && break
-  done
-  [ "$removed" -gt 0 ] && echo "podman-env: removed $removed images that no tagged image is built on"
+  fi
+  if [ "$removed" -gt 0 ]; then echo "podman-env: removed $removed images that no tagged image is built on"; fi
   echo "podman-env: $(du -sh "$libreyolo_podman_storage" 2>/dev/null | cut -f1) in image storage ($LIBREYOLO_PODMAN_DRIVER), $(df -h "$LIBREYOLO_CONTAINERS" | awk 'NR==2 {print $4}') free on its disk"
   return 0
 }
