@@ -20,8 +20,6 @@ command -v podman >/dev/null || { echo "build-image: podman not found (scripts/s
 source scripts/podman-env.sh
 debian_tag=$(sed -n 's/^ARG DEBIAN_TAG=//p' Dockerfile)
 libreyolo_podman_bases "$debian_tag"
-# What earlier builds left (vfs keeps a full copy per layer): gone before this one adds its own.
-libreyolo_podman_prune
 ccache_dir=${LIBREYOLO_CCACHE_DIR:-$(ccache -k cache_dir 2>/dev/null || echo "$HOME/.cache/ccache")}
 mkdir -p "$ccache_dir"
 # The build reaches PyPI with the CAs the host trusts (a TLS-intercepting proxy's CA is in the

@@ -24,14 +24,20 @@ libreyolo_podman_overlay_works() {
   mkdir -p "$probe"/{lower,upper,work,merged}
   if mount -t overlay overlay -o "lowerdir=$probe/lower,upperdir=$probe/upper,workdir=$probe/work" \
        "$probe/merged" 2>/dev/null; then
-    umount "$probe/merged" && ok=0
+    if umount "$probe/merged" 2>/dev/null || umount -l "$probe/merged" 2>/dev/null; then ok=0; fi
   fi
-  rm -rf "$probe"
+  rm -rf "$probe" 2>/dev/null || true
   return $ok
 }
 LIBREYOLO_PODMAN_DRIVER=${LIBREYOLO_PODMAN_DRIVER:-}
 if [ -z "$LIBREYOLO_PODMAN_DRIVER" ]; then
-  if libreyolo_podman_overlay_works; then LIBREYOLO_PODMAN_DRIVER=overlay; else LIBREYOLO_PODMAN_DRIVER=vfs; fi
+  # An overlay store in use stays in use (a probe that fails once, e.g. on a full disk, must
+  # not move the builds to an empty vfs store needing four times the space); else the probe.
+  if [ -d "$LIBREYOLO_CONTAINERS/storage-overlay/overlay-images" ] || libreyolo_podman_overlay_works; then
+    LIBREYOLO_PODMAN_DRIVER=overlay
+  else
+    LIBREYOLO_PODMAN_DRIVER=vfs
+  fi
 fi
 case $LIBREYOLO_PODMAN_DRIVER in
   overlay) libreyolo_podman_storage=$LIBREYOLO_CONTAINERS/storage-overlay ;;
@@ -108,46 +114,50 @@ SOURCES
 # libreyolo_podman_prune: frees what no tagged image needs. Leftovers fill a disk within a few
 # runs, with vfs (every layer a full copy of its image: 2-3 GB for the builders) in one or two:
 #  - buildah working containers (named ...-working-container[-N]) that an interrupted or failed
-#    build left behind, each holding a full copy of its step's image;
+#    build left behind, each holding a copy of its step's image;
 #  - untagged images that are no tagged image's ancestor: the build stages' COPY . / RUN images
-#    of earlier runs and toolchains that a setup.sh change replaced.
-# A tagged image's ancestors (the Parent chain, metadata steps included) stay: they are its
+#    of earlier runs and toolchains that a setup.sh change replaced. A build stage that no tagged
+#    image descends from (the builder: the runtime stage only COPY --from's it) is pruned too,
+#    so a caller that wants the builder cached tags it (scripts/test.d/40-image.sh tags
+#    TAG-toolchain);
+#  - the vfs store once overlay replaced it, unless a container of it still exists.
+# A tagged image's ancestors (the parent chain, metadata steps included) stay: they are its
 # build cache, and buildah matches each step against them (history alone lists <missing>).
-# Prints what it removed and the space left; never fails the caller.
+# Prints what it removed and the space left; never fails the caller (sourced by set -euo
+# pipefail scripts), and a podman listing that fails removes nothing.
 libreyolo_podman_prune() {
-  local containers tagged keep images id parent removed=0 progress
-  # Every listing may fail (this is sourced by set -euo pipefail scripts): `|| true`, and a
-  # listing that failed removes nothing.
+  local containers listing keep id removed=0
   containers=$(podman ps -a --external --format '{{.ID}} {{.Names}}' 2>/dev/null |
     awk '$2 ~ /-working-container(-[0-9]+)?$/ {print $1}') || true
   for id in $containers; do podman rm -f "$id" >/dev/null 2>&1 && removed=$((removed + 1)); done
   if [ "$removed" -gt 0 ]; then echo "podman-env: removed $removed leftover build containers"; fi
-  # A vfs store that overlay replaced: its layers are no build cache for overlay.
   if [ "$LIBREYOLO_PODMAN_DRIVER" = overlay ] && [ -d "$LIBREYOLO_CONTAINERS/storage" ]; then
-    echo "podman-env: removing the vfs image storage ($(du -sh "$LIBREYOLO_CONTAINERS/storage" 2>/dev/null | cut -f1)): overlay replaced it"
-    rm -rf "$LIBREYOLO_CONTAINERS/storage" "$LIBREYOLO_CONTAINERS/run/storage" "$LIBREYOLO_CONTAINERS/run/libpod-vfs" "$LIBREYOLO_CONTAINERS/run/libpod" || true
+    local vfs_in_use
+    vfs_in_use=$(podman --storage-driver vfs --root "$LIBREYOLO_CONTAINERS/storage" \
+      --runroot "$LIBREYOLO_CONTAINERS/run/storage" ps -a --external -q 2>/dev/null) || vfs_in_use=unknown
+    if [ -z "$vfs_in_use" ]; then
+      echo "podman-env: removing the vfs image storage ($(du -sh "$LIBREYOLO_CONTAINERS/storage" 2>/dev/null | cut -f1)): overlay replaced it"
+      rm -rf "$LIBREYOLO_CONTAINERS/storage" "$LIBREYOLO_CONTAINERS/run/storage" \
+        "$LIBREYOLO_CONTAINERS/run/libpod-vfs" "$LIBREYOLO_CONTAINERS/run/libpod" || true
+    else
+      echo "podman-env: the vfs image storage has containers (or could not be listed): kept"
+    fi
   fi
   removed=0
-  if tagged=$(podman images --no-trunc --format '{{.ID}} {{.Names}}' 2>/dev/null); then
-    keep=$(echo "$tagged" | awk '$2 != "[]" && NF > 1 {print $1}' |
-      while read -r id; do
-        while [ -n "$id" ]; do
-          echo "$id"
-          parent=$(podman image inspect --format '{{.Parent}}' "$id" 2>/dev/null) || break
-          id=$parent
-        done
-      done | sed 's/^sha256://' | cut -c1-12 | sort -u) || keep=
-    # A parent goes only after its children: repeat until a pass removes nothing.
-    for _ in 1 2 3 4 5 6 7 8; do
-      [ -n "$keep" ] || break  # no tagged image listed: nothing is known to be unneeded
-      progress=0
-      images=$(podman images -a --format '{{.ID}}' 2>/dev/null | cut -c1-12 | sort -u) || images=
-      for id in $images; do
-        if echo "$keep" | grep -qx "$id"; then continue; fi
-        if podman rmi "$id" >/dev/null 2>&1; then removed=$((removed + 1)); progress=1; fi
+  # One listing: "ID PARENT NAMES" per image; the keep set is every tagged image and its chain.
+  if listing=$(podman images -a --no-trunc --format '{{.ID}} {{.ParentId}} {{.Names}}' 2>/dev/null); then
+    keep=$(echo "$listing" | sed 's/sha256://g' | awk '
+      { parent[$1] = ($2 ~ /^\[/) ? "" : $2; names = $0; sub(/^[^[]*/, "", names)
+        if (names != "[]" && names != "") tagged[$1] = 1 }
+      END { for (t in tagged) { id = t; while (id != "" && !(id in seen)) { seen[id] = 1; print id; id = parent[id] } } }' |
+      cut -c1-12 | sort -u) || keep=
+    if [ -n "$keep" ]; then
+      for id in $(echo "$listing" | sed 's/sha256://' | awk '{print substr($1, 1, 12)}' | sort -u); do
+        case $'\n'"$keep"$'\n' in *$'\n'"$id"$'\n'*) continue ;; esac
+        # podman removes an image with children too (and its dangling parents): one pass.
+        if podman rmi "$id" >/dev/null 2>&1; then removed=$((removed + 1)); fi
       done
-      [ "$progress" = 1 ] || break
-    done
+    fi
   fi
   if [ "$removed" -gt 0 ]; then echo "podman-env: removed $removed images that no tagged image is built on"; fi
   echo "podman-env: $(du -sh "$libreyolo_podman_storage" 2>/dev/null | cut -f1) in image storage ($LIBREYOLO_PODMAN_DRIVER), $(df -h "$LIBREYOLO_CONTAINERS" | awk 'NR==2 {print $4}') free on its disk"

@@ -1,6 +1,5 @@
 #include "models/layers/sampling_locations.h"
 
-#include <ATen/Dispatch.h>
 #include <ATen/OpMathType.h>
 
 namespace libreyolo::models::layers {
@@ -70,19 +69,36 @@ at::Tensor sampling_locations(const at::Tensor& offsets, const at::Tensor& refer
                   (scale.per_point.dim() == 1 && scale.per_point.size(0) == offsets.size(3)),
               "sampling_locations: per_point must be (N) = (", offsets.size(3), "), got ",
               scale.per_point.sizes());
-  const auto dtype = offsets.scalar_type();
-  const bool fused = offsets.is_cpu() && ref.is_cpu() && ref.scalar_type() == dtype &&
-                     (!scale.per_point.defined() ||
-                      (scale.per_point.is_cpu() && scale.per_point.scalar_type() == dtype)) &&
-                     (dtype == at::kFloat || dtype == at::kBFloat16 || dtype == at::kHalf);
-  if (!fused) return sampling_locations_aten(offsets, ref, scale, factor);
+  if (!sampling_locations_fused(offsets, ref, scale))
+    return sampling_locations_aten(offsets, ref, scale, factor);
   const at::Tensor o = offsets.contiguous(), r = ref.contiguous();  // rows of 4 values
   PointScale s = scale;
   if (s.per_point.defined()) s.per_point = s.per_point.contiguous();
   at::Tensor out = at::empty_like(o);
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, dtype, "sampling_locations",
-                                  [&] { sampling_locations_cpu<scalar_t>(o, r, s, factor, out); });
+  switch (o.scalar_type()) {  // the fused dtypes
+    case at::kFloat:
+      sampling_locations_cpu<float>(o, r, s, factor, out);
+      break;
+    case at::kBFloat16:
+      sampling_locations_cpu<at::BFloat16>(o, r, s, factor, out);
+      break;
+    default:
+      sampling_locations_cpu<at::Half>(o, r, s, factor, out);
+      break;
+  }
   return out;
+}
+
+bool sampling_locations_fused(const at::Tensor& offsets, const at::Tensor& reference_boxes,
+                              const PointScale& scale) {
+  const auto dtype = offsets.scalar_type();
+  const bool grad =
+      at::GradMode::is_enabled() && (offsets.requires_grad() || reference_boxes.requires_grad());
+  return !grad && offsets.is_cpu() && reference_boxes.is_cpu() &&
+         reference_boxes.scalar_type() == dtype &&
+         (!scale.per_point.defined() ||
+          (scale.per_point.is_cpu() && scale.per_point.scalar_type() == dtype)) &&
+         (dtype == at::kFloat || dtype == at::kBFloat16 || dtype == at::kHalf);
 }
 
 }  // namespace libreyolo::models::layers

@@ -1,8 +1,8 @@
 // Deformable attention's sampling locations: the predicted offsets scaled by the reference box's
-// size and added to its centre. Upstream writes it as three or four broadcasting elementwise ops
-// on a (B, Q, H, N, 2) tensor; on the CPU those ran at about 0.1 ms each for D-FINE L's 57,600
-// values (a TensorIterator loop over an inner dimension of 2), 1.6 ms of a 79 ms bf16 forward.
-// One loop computes the same values, rounding after each step as ATen does.
+// size and added to its centre. Upstream writes it as four broadcasting elementwise ops on a
+// (B, Q, H, N, 2) tensor; on the CPU each took about 0.05-0.1 ms for D-FINE L's 57,600 values (a
+// TensorIterator loop over an inner dimension of 2): about 1.5 ms of a 79 ms bf16 forward over
+// its six layers. One loop computes the same values, rounding after each step as ATen does.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -25,9 +25,15 @@ struct PointScale {
 /// (cx, cy, w, h; upstream's level axis of 1) in the same dtype -> (B, Q, H, N, 2) locations:
 ///   loc = xy + ((offsets (/ divisor | * per_point[n])) * wh) * factor
 /// in upstream's operand order, each step rounded to the dtype as ATen rounds it (opmath float).
-/// CPU tensors of those dtypes take one fused loop; anything else (CUDA, other dtypes) the ATen
-/// expression itself, so the two give equal values. Throws c10::Error on a shape mismatch.
+/// CPU tensors of those dtypes take one fused loop (single-threaded: 57,600 values per image;
+/// inference only, no autograd); anything else (CUDA, float64, a tensor that requires grad
+/// under GradMode) the ATen expression itself. Throws c10::Error on a shape mismatch.
 at::Tensor sampling_locations(const at::Tensor& offsets, const at::Tensor& reference_boxes,
                               const PointScale& scale, double factor);
+
+/// Whether sampling_locations() takes its fused CPU loop for these operands (tests use it to
+/// know which path they compared).
+bool sampling_locations_fused(const at::Tensor& offsets, const at::Tensor& reference_boxes,
+                              const PointScale& scale);
 
 }  // namespace libreyolo::models::layers

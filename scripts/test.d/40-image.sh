@@ -37,6 +37,12 @@ fail() { echo "40-image: FAIL $*"; failures=$((failures + 1)); }
 
 echo "40-image: disk before: $(df -h / | awk 'NR==2 {print $4 " free of " $2}')"
 start=$(date +%s)
+if [ "${LIBREYOLO_IMAGE_BUILD:-1}" != 0 ]; then
+  # What an interrupted earlier run left (build containers, stage images) goes before this
+  # build adds its own; the tagged toolchain and its chain stay (scripts/podman-env.sh).
+  # shellcheck source=scripts/podman-env.sh
+  (source scripts/podman-env.sh && libreyolo_podman_prune) | sed 's/^/40-image: /'
+fi
 if [ "${LIBREYOLO_IMAGE_BUILD:-1}" = 0 ]; then
   echo "40-image: LIBREYOLO_IMAGE_BUILD=0: checking the existing $tag, not building it"
 else
@@ -54,8 +60,9 @@ build_s=$(($(date +%s) - start))
 # shellcheck source=scripts/podman-env.sh
 source scripts/podman-env.sh
 if [ "${LIBREYOLO_IMAGE_BUILD:-1}" != 0 ]; then
-  # Keep the builder's toolchain layer (apt + the torch wheel) named: the prune at the end
-  # removes untagged leaves, and the next run would fetch everything again. All cached: seconds.
+  # Keep the builder's toolchain (apt + the torch wheel) named: the prunes remove every image no
+  # tagged image is built on, the builder stage included (the runtime stage only copies from
+  # it), and the next run would fetch everything again. All cached: seconds.
   # Through build-image.sh: the same build arguments, or the cache would miss.
   bash scripts/build-image.sh "$tag-toolchain" --target builder-cpu > "$build_log" 2>&1 ||
     { tail -20 "$build_log" | sed 's/^/40-image:   /'; echo "40-image: FAIL tagging the toolchain"; exit 1; }

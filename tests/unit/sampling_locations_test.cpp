@@ -3,9 +3,11 @@
 // here, CUDA in use), and bad shapes are refused.
 #include "models/layers/sampling_locations.h"
 
+#include <c10/core/GradMode.h>
 #include <gtest/gtest.h>
 
 #include <string>
+#include <vector>
 
 #include "tests/unit/error_message.h"
 
@@ -13,6 +15,7 @@ namespace {
 
 using libreyolo::models::layers::PointScale;
 using libreyolo::models::layers::sampling_locations;
+using libreyolo::models::layers::sampling_locations_fused;
 
 // Upstream's own code, written out: modeling_rt_detr.py (v1) and modeling_d_fine.py, on
 // reference boxes (B, Q, 1, 4) as their decoders hand them over.
@@ -31,13 +34,16 @@ class SamplingLocations : public ::testing::TestWithParam<at::ScalarType> {};
 TEST_P(SamplingLocations, RtDetrV1FormEqualsUpstreamExpression) {
   const auto dtype = GetParam();
   at::manual_seed(3);
-  const int64_t B = 2, Q = 300, H = 8, L = 3, P = 4;
+  // P = 3: a division by 3 and a multiplication by its reciprocal round differently.
+  const int64_t B = 2, Q = 300, H = 8, L = 3, P = 3;
   // Offsets of the size a trained head gives (a few pixels' worth), boxes in (0, 1).
   const auto offsets6 = (at::randn({B, Q, H, L, P, 2}) * 3).to(dtype);
   const auto ref = at::rand({B, Q, 1, 4}).to(dtype);
   const auto expected = rtdetr_v1(offsets6, ref, P);
-  const auto got = sampling_locations(offsets6.view({B, Q, H, L * P, 2}), ref,
-                                      PointScale::divide_by(static_cast<double>(P)), 0.5);
+  const auto scale = PointScale::divide_by(static_cast<double>(P));
+  EXPECT_EQ(sampling_locations_fused(offsets6.view({B, Q, H, L * P, 2}), ref, scale),
+            dtype != at::kDouble);
+  const auto got = sampling_locations(offsets6.view({B, Q, H, L * P, 2}), ref, scale, 0.5);
   ASSERT_EQ(got.sizes(), (std::vector<int64_t>{B, Q, H, L * P, 2}));
   EXPECT_EQ(got.scalar_type(), dtype);
   EXPECT_TRUE(at::equal(got, expected.view({B, Q, H, L * P, 2})))
@@ -58,8 +64,14 @@ TEST_P(SamplingLocations, DFineFormEqualsUpstreamExpression) {
   const auto offsets = (at::randn({B, Q, H, N, 2}) * 3).to(dtype);
   // Non-contiguous reference boxes, as a slice of a wider tensor hands them over.
   const auto ref = at::rand({B, Q, 1, 6}).to(dtype).slice(-1, 1, 5);
-  const auto expected = dfine(offsets, ref, nps, 0.5);
-  const auto got = sampling_locations(offsets, ref, PointScale::multiply_by(nps), 0.5);
+  // offset_scale 0.3 (D-FINE's is 0.5): a factor that is no power of two tests its rounding.
+  const auto expected = dfine(offsets, ref, nps, 0.3);
+  EXPECT_EQ(sampling_locations_fused(offsets, ref, PointScale::multiply_by(nps)),
+            dtype != at::kDouble);
+  const auto got = sampling_locations(offsets, ref, PointScale::multiply_by(nps), 0.3);
+  // The (B, Q, 4) form of the same boxes gives the same values.
+  EXPECT_TRUE(at::equal(
+      sampling_locations(offsets, ref.squeeze(2), PointScale::multiply_by(nps), 0.3), got));
   EXPECT_TRUE(at::equal(got, expected))
       << "max |diff| "
       << (got.to(at::kDouble) - expected.to(at::kDouble)).abs().max().item<double>();
@@ -87,6 +99,17 @@ TEST(SamplingLocationsShapes, MismatchesNameTheArgument) {
                                  PointScale::divide_by(3), 0.5);
             }),
             "sampling_locations: offsets must be (B, Q, H, N, 2), got [1, 5, 2, 3]");
+  EXPECT_EQ(libreyolo::test::message_of([&] {
+              sampling_locations(offsets, at::zeros({1, 5, 4}), PointScale{}, 0.5);
+            }),
+            "sampling_locations: give either a divisor or per-point scales");
+}
+
+TEST(SamplingLocationsShapes, TensorsThatRequireGradTakeTheAtenPath) {
+  const auto offsets = at::zeros({1, 5, 2, 3, 2}).requires_grad_();
+  EXPECT_FALSE(sampling_locations_fused(offsets, at::zeros({1, 5, 4}), PointScale::divide_by(3)));
+  c10::AutoGradMode no_grad(false);
+  EXPECT_TRUE(sampling_locations_fused(offsets, at::zeros({1, 5, 4}), PointScale::divide_by(3)));
 }
 
 }  // namespace
