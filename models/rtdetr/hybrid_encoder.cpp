@@ -95,7 +95,10 @@ CSPRepLayerImpl::CSPRepLayerImpl(const Config& c, int64_t in, int64_t out, int64
     conv3_ = register_module("conv3", conv_norm(c, hidden, out, 1, 1, c.activation));
 }
 
-at::Tensor CSPRepLayerImpl::forward(const at::Tensor& x) const {
+at::Tensor CSPRepLayerImpl::forward(const at::Tensor& input) const {
+  // Both convolutions read the input. D-FINE hands over a channel half of a channels_last map
+  // (RepNCSPELAN4's split), which each convolution would copy into a dense one: copied once here.
+  const at::Tensor x = input.contiguous(input.suggest_memory_format());
   at::Tensor h1 = conv1_->forward(x);
   for (const auto& block : bottlenecks_) h1 = block->forward(h1);
   const at::Tensor h2 = conv2_->forward(x);
