@@ -51,6 +51,8 @@ class OpsMsDeformAttn : public ::testing::Test {
                             locs.sizes().vec(), weights.sizes().vec()});
           last_shapes_ = shapes.clone();
           last_start_ = start.clone();
+          last_locs_ = locs.clone();
+          last_weights_ = weights.clone();
           if (decline) return Decline{"mock declines"};
           return at::full({value.size(0), locs.size(1), value.size(2) * value.size(3)}, 7.0,
                           value.options());
@@ -61,7 +63,7 @@ class OpsMsDeformAttn : public ::testing::Test {
   Registry registry_;
   MsDeformAttnHandle handle_;
   std::vector<std::vector<std::vector<int64_t>>> calls_;
-  at::Tensor last_shapes_, last_start_;
+  at::Tensor last_shapes_, last_start_, last_locs_, last_weights_;
 };
 
 /// The canonical inputs (B=2, S=30, H=2, C=4, shapes (4,6),(2,3), Q=3, P=2).
@@ -286,6 +288,13 @@ TEST_F(OpsMsDeformAttn, V2DiscreteNeverReachesSlotRaggedReachesItPadded) {
   EXPECT_EQ(calls_[0][3], (std::vector<int64_t>{2, 3, 2, 2, 3, 2}));
   EXPECT_EQ(calls_[0][4], (std::vector<int64_t>{2, 3, 2, 2, 3}));
   EXPECT_TRUE(at::equal(padded, at::full({2, 3, 8}, 7.0f)));
+  // The padding: level 0's one point then two at (0.5, 0.5) with weight 0; level 1's three.
+  EXPECT_TRUE(at::equal(last_locs_.select(3, 0).narrow(3, 0, 1), in.locs.narrow(3, 0, 1)));
+  EXPECT_TRUE(at::equal(last_locs_.select(3, 0).narrow(3, 1, 2), at::full({2, 3, 2, 2, 2}, 0.5f)));
+  EXPECT_TRUE(at::equal(last_locs_.select(3, 1), in.locs.narrow(3, 1, 3)));
+  EXPECT_TRUE(at::equal(last_weights_.select(3, 0).narrow(3, 0, 1), in.weights.narrow(3, 0, 1)));
+  EXPECT_TRUE(at::equal(last_weights_.select(3, 0).narrow(3, 1, 2), at::zeros({2, 3, 2, 2})));
+  EXPECT_TRUE(at::equal(last_weights_.select(3, 1), in.weights.narrow(3, 1, 3)));
 }
 
 TEST_F(OpsMsDeformAttn, V2DiscreteGathersNearestPixel) {
