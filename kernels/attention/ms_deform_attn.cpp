@@ -9,6 +9,7 @@
 #include "kernels/attention/ms_deform_attn.h"
 
 #include <ATen/Dispatch.h>
+#include <ATen/core/grad_mode.h>
 #include <c10/util/Exception.h>
 
 #include <algorithm>
@@ -173,17 +174,18 @@ at::Tensor gather_pixels(const at::Tensor& value_l, const at::Tensor& x, const a
   return at::gather(value_l, 2, index).view({BH, C, Q, P});
 }
 
-/// The points of each level padded to P with `fill`: t (B, Q, H, sum P_l, inner...) ->
-/// (B, Q, H, L, P, inner...) in t's dtype. On the CPU one pass of copies and fills (the
-/// constant_pad_nd per level and the stack cost D-FINE L about 0.3 ms per forward at batch 1);
-/// elsewhere those ATen ops.
+/// The points of each level padded to P with `fill`: t (B, Q, H, sum P_l) or (B, Q, H, sum P_l, 2)
+/// -> (B, Q, H, L, P) or (B, Q, H, L, P, 2) in t's dtype. On the CPU without autograd one pass of
+/// copies and fills (the constant_pad_nd per level and the stack cost D-FINE L about 0.3 ms per
+/// forward at batch 1); otherwise those ATen ops, which keep the gradient history.
 at::Tensor pad_levels(const at::Tensor& t, const std::vector<int64_t>& num_points, int64_t P,
                       double fill) {
+  TORCH_INTERNAL_ASSERT(t.dim() == 4 || t.dim() == 5, "pad_levels: t must be 4-D or 5-D");
   const int64_t inner = t.dim() == 5 ? t.size(4) : 1;
   const int64_t L = static_cast<int64_t>(num_points.size()), S = t.size(3);
   std::vector<int64_t> out_shape{t.size(0), t.size(1), t.size(2), L, P};
   if (t.dim() == 5) out_shape.push_back(inner);
-  if (!t.is_cpu()) {
+  if (!t.is_cpu() || (at::GradMode::is_enabled() && t.requires_grad())) {
     std::vector<at::Tensor> levels;
     int64_t start = 0;
     for (const int64_t p : num_points) {

@@ -43,9 +43,11 @@ std::vector<bool> bool_list(const core::ConfigView& b, const std::string& field,
 }
 
 /// F.pad(x, (0, 1, 0, 1)): one zero column on the right and one zero row at the bottom, in x's
-/// memory format. constant_pad_nd fills the whole output before copying x in (at 32 x 321 x 321
-/// the fill cost as much as the copy); here only the border is zeroed. Same values.
+/// memory format. On the CPU constant_pad_nd fills the whole output before copying x in (at
+/// 32 x 321 x 321 the fill cost as much as the copy); there only the border is zeroed. Same
+/// values. Other devices keep constant_pad_nd (two kernels, not three; not measured there).
 at::Tensor pad_right_bottom(const at::Tensor& x) {
+  if (!x.is_cpu()) return at::constant_pad_nd(x, {0, 1, 0, 1});
   const int64_t H = x.size(2), W = x.size(3);
   at::Tensor out = at::empty({x.size(0), x.size(1), H + 1, W + 1},
                              x.options().memory_format(x.suggest_memory_format()));

@@ -142,7 +142,8 @@ class CSPRepLayerImpl : public torch::nn::Module {
   /// in -> out channels with `num_blocks` RepVGG blocks of int(out * expansion) channels
   /// (D-FINE's RepNCSPELAN4 branches: expansion 1, round(3 * depth_mult) blocks).
   CSPRepLayerImpl(const Config& c, int64_t in, int64_t out, int64_t num_blocks, double expansion);
-  /// input (B, in, H, W) -> (B, out, H, W), in input's dtype and memory format.
+  /// input (B, in, H, W) -> (B, out, H, W) in input's dtype and the convolutions' memory format
+  /// (channels_last on the CPU).
   at::Tensor forward(const at::Tensor& input) const;
 
  private:

@@ -297,6 +297,30 @@ TEST_F(OpsMsDeformAttn, V2DiscreteNeverReachesSlotRaggedReachesItPadded) {
   EXPECT_TRUE(at::equal(last_weights_.select(3, 1), in.weights.narrow(3, 1, 3)));
 }
 
+TEST_F(OpsMsDeformAttn, V2RaggedPaddedKeepsGradients) {
+  // Bound but declining (as the cpu implementation declines under autograd): the portable math
+  // runs on the padded tensors, and the gradients of the locations and weights reach the caller
+  // as they do through the unbound per-level path.
+  auto in = flat_canonical();
+  const SpatialShapes shapes = {{4, 6}, {2, 3}};
+  register_mock(/*decline=*/true);
+  auto locs = in.locs.clone().requires_grad_(), weights = in.weights.clone().requires_grad_();
+  ms_deform_attn_v2(handle_, in.value, shapes, locs, weights, {1, 3}, SamplingMethod::bilinear)
+      .sum()
+      .backward();
+  auto ref_locs = in.locs.clone().requires_grad_(),
+       ref_weights = in.weights.clone().requires_grad_();
+  ms_deform_attn_v2(MsDeformAttnHandle{}, in.value, shapes, ref_locs, ref_weights, {1, 3},
+                    SamplingMethod::bilinear)
+      .sum()
+      .backward();
+  ASSERT_TRUE(locs.grad().defined());
+  ASSERT_TRUE(weights.grad().defined());
+  EXPECT_GT(weights.grad().abs().sum().item<double>(), 0.0);
+  EXPECT_LE(max_abs_diff(locs.grad(), ref_locs.grad()), 1e-5);
+  EXPECT_LE(max_abs_diff(weights.grad(), ref_weights.grad()), 1e-5);
+}
+
 TEST_F(OpsMsDeformAttn, V2DiscreteGathersNearestPixel) {
   // One level H=2, W=3, B=1, one head, C=2: value[y][x][c] = 10 * (y * 3 + x) + c.
   auto value =
