@@ -37,11 +37,12 @@ fail() { echo "40-image: FAIL $*"; failures=$((failures + 1)); }
 
 echo "40-image: disk before: $(df -h / | awk 'NR==2 {print $4 " free of " $2}')"
 start=$(date +%s)
+# shellcheck source=scripts/podman-env.sh
+source scripts/podman-env.sh
 if [ "${LIBREYOLO_IMAGE_BUILD:-1}" != 0 ]; then
   # What an interrupted earlier run left (build containers, stage images) goes before this
   # build adds its own; the tagged toolchain and its chain stay (scripts/podman-env.sh).
-  # shellcheck source=scripts/podman-env.sh
-  (source scripts/podman-env.sh && libreyolo_podman_prune) | sed 's/^/40-image: /'
+  libreyolo_podman_prune | sed 's/^/40-image: /'
 fi
 if [ "${LIBREYOLO_IMAGE_BUILD:-1}" = 0 ]; then
   echo "40-image: LIBREYOLO_IMAGE_BUILD=0: checking the existing $tag, not building it"
@@ -57,8 +58,6 @@ else
     cut -c1-160 | sed 's/^/40-image:   /'
 fi
 build_s=$(($(date +%s) - start))
-# shellcheck source=scripts/podman-env.sh
-source scripts/podman-env.sh
 if [ "${LIBREYOLO_IMAGE_BUILD:-1}" != 0 ]; then
   # Keep the builder's toolchain (apt + the torch wheel) named: the prunes remove every image no
   # tagged image is built on, the builder stage included (the runtime stage only copies from
