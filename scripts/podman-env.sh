@@ -12,8 +12,10 @@
 #   storage/ (vfs) or storage-overlay/ (images and layers), run/ (transient state), tmp/ (build
 #   temporaries and the `RUN --mount=type=cache` folders), conf/ (the files below, rewritten on
 #   every source). LIBREYOLO_PODMAN_DRIVER=overlay|vfs skips the probe.
-# Defines: libreyolo_podman_bases DEBIAN_TAG — imports debian:TAG and debian:TAG-slim from
-#   debootstrap when they are not in the storage yet (the only way in without a registry).
+# Defines: LIBREYOLO_PODMAN_DRIVER and libreyolo_podman_storage (the driver in use and its
+#   graphroot); libreyolo_podman_bases DEBIAN_TAG — imports debian:TAG and debian:TAG-slim from
+#   debootstrap when they are not in the storage yet (the only way in without a registry);
+#   libreyolo_podman_prune (below) — removes what no tagged image needs.
 
 LIBREYOLO_CONTAINERS=${LIBREYOLO_CONTAINERS:-$HOME/.cache/libreyolo-server/containers}
 mkdir -p "$LIBREYOLO_CONTAINERS"/{run,tmp,conf}
@@ -145,14 +147,15 @@ libreyolo_podman_prune() {
   fi
   removed=0
   # One listing: "ID PARENT NAMES" per image; the keep set is every tagged image and its chain.
-  if listing=$(podman images -a --no-trunc --format '{{.ID}} {{.ParentId}} {{.Names}}' 2>/dev/null); then
-    keep=$(echo "$listing" | sed 's/sha256://g' | awk '
+  if listing=$(podman images -a --no-trunc --format '{{.ID}} {{.ParentId}} {{.Names}}' 2>/dev/null |
+    sed 's/sha256://g'); then
+    keep=$(echo "$listing" | awk '
       { parent[$1] = ($2 ~ /^\[/) ? "" : $2; names = $0; sub(/^[^[]*/, "", names)
         if (names != "[]" && names != "") tagged[$1] = 1 }
       END { for (t in tagged) { id = t; while (id != "" && !(id in seen)) { seen[id] = 1; print id; id = parent[id] } } }' |
       cut -c1-12 | sort -u) || keep=
     if [ -n "$keep" ]; then
-      for id in $(echo "$listing" | sed 's/sha256://' | awk '{print substr($1, 1, 12)}' | sort -u); do
+      for id in $(echo "$listing" | awk '{print substr($1, 1, 12)}' | sort -u); do
         case $'\n'"$keep"$'\n' in *$'\n'"$id"$'\n'*) continue ;; esac
         # podman removes an image with children too (and its dangling parents): one pass.
         if podman rmi "$id" >/dev/null 2>&1; then removed=$((removed + 1)); fi

@@ -284,10 +284,6 @@ TEST(ImageProcessor, ResizePathsAgreeWithinOne) {
   EXPECT_LE(d, 1);
 }
 
-}  // namespace
-
-namespace {
-
 // to_chw_tensor hands out the decoder's interleaved buffer as a (3, H, W) view (ATen's uint8
 // resize reads it faster than planes); every processor path gives the values and the
 // contiguous layout the planar copy gave, byte for byte.
