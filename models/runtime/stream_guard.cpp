@@ -46,6 +46,7 @@ void StreamEvent::record() {
 void StreamEvent::synchronize() {
   if (impl_->cuda) impl_->event.synchronize();
 }
+bool StreamEvent::query() const { return !impl_->cuda || impl_->event.query(); }
 #else
 struct StreamEvent::Impl {};
 
@@ -54,6 +55,7 @@ StreamEvent::StreamEvent(const at::Device& device) : impl_(std::make_unique<Impl
 }
 void StreamEvent::record() {}
 void StreamEvent::synchronize() {}
+bool StreamEvent::query() const { return true; }
 #endif
 
 bool stream_is_capturing(const at::Device& device) {

@@ -37,6 +37,9 @@ class StreamEvent {
   void record();
   /// Waits for it. Throws c10::Error on a CUDA error of that work.
   void synchronize();
+  /// True when the recorded work has finished, or nothing was recorded, or on the CPU; never
+  /// blocks. Throws c10::Error on a CUDA error of that work.
+  bool query() const;
 
  private:
   struct Impl;

@@ -136,15 +136,29 @@ void ModelInstance::loop() {
   std::unique_ptr<InFlight> previous;
   Scheduler::Refill refill;  // what this instance answered right before asking for a batch
   while (healthy_) {
-    if (previous && scheduler_.pending() == 0) refill = finish(std::move(previous));  // no overlap
-    if (!healthy_) break;
     Batch batch;
     // With a batch in flight (CUDA) its answers are not out yet and the forward time measured
-    // for the one answered includes host work: no refill wait then.
-    const auto next = scheduler_.next_batch(batch, previous ? Scheduler::Refill{} : refill);
+    // for the one answered includes host work: no refill wait then. The next batch grows while
+    // that forward runs instead (Refill::device_busy), and `again` comes back when it ended with
+    // nothing queued: then its answers go out first. A CUDA error reading the event ends the
+    // wait, and finish() meets the error.
+    Scheduler::Refill ask = previous ? Scheduler::Refill{} : refill;
+    if (previous) {
+      ask.device_busy = [f = previous.get()] {
+        try {
+          return !f->done.query();
+        } catch (const std::exception&) {
+          return false;
+        }
+      };
+    }
     refill = {};
+    const auto next = scheduler_.next_batch(batch, ask);
     if (next == Scheduler::Next::stopped) break;
-    if (next == Scheduler::Next::again) continue;
+    if (next == Scheduler::Next::again) {
+      if (previous) refill = finish(std::move(previous));
+      continue;
+    }
     auto current = launch(batch);
     if (!overlap) {
       refill = finish(std::move(current));

@@ -113,7 +113,16 @@ Scheduler::Next DynamicBatcher::next_batch(Batch& out, const Refill& refill) {
       return submitted_ - submitted_when_freed >=
              static_cast<std::uint64_t>(refill.answered_requests);
     };
-    cv_.wait(lk, [&] { return stopping_ || !queue_.empty(); });
+    if (refill.device_busy) {
+      // Nothing queued and a forward in flight: wait for a request only until it ends, so that
+      // the instance answers it first (then it asks again).
+      while (!stopping_ && queue_.empty()) {
+        if (!refill.device_busy()) return Next::again;
+        cv_.wait_for(lk, kBusyPoll);
+      }
+    } else {
+      cv_.wait(lk, [&] { return stopping_ || !queue_.empty(); });
+    }
     if (queue_.empty()) return Next::stopped;  // stopping and drained
     const auto first = queue_.front();
     const auto window_end = first->enqueued + delay_;
@@ -137,8 +146,14 @@ Scheduler::Next DynamicBatcher::next_batch(Batch& out, const Refill& refill) {
       // Never wait a queued request past its queue deadline (default_timeout_microseconds):
       // when one would expire within the wait, the batch goes now.
       const bool awaiting = refilling && !arrived() && earliest_deadline > refill_end;
-      const auto until = awaiting ? std::max(window_end, refill_end) : window_end;
-      if (Clock::now() >= until) {
+      auto until = awaiting ? std::max(window_end, refill_end) : window_end;
+      // The instance's previous forward still runs: keep gathering until it ends, polled (the
+      // device calls nothing back into this lock). No queue deadline is at stake: the batch
+      // could not start before that forward's end on the instance's stream, and an idle
+      // instance takes the batch meanwhile.
+      const auto now = Clock::now();
+      if (refill.device_busy && refill.device_busy()) until = std::max(until, now + kBusyPoll);
+      if (now >= until) {
         timed_out = awaiting;
         break;
       }

@@ -7,6 +7,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <future>
 #include <memory>
 
@@ -20,7 +21,8 @@ class Scheduler {
   /// What next_batch() produced.
   enum class Next {
     batch,    ///< a batch to run
-    again,    ///< nothing to run this time (the oldest request went, or every one expired)
+    again,    ///< nothing to run this time (the oldest request went, every one expired, or
+              ///< Refill::device_busy turned false with nothing queued)
     stopped,  ///< stopping and the queue is drained: the worker ends
   };
 
@@ -44,6 +46,13 @@ class Scheduler {
   struct Refill {
     int64_t answered_requests = 0;  ///< requests answered just before the call; 0: none
     Clock::duration compute{};      ///< the forward of those images (ModelInstance's infer time)
+    /// Set by an instance whose previous batch still runs on its device (CUDA: launched, not
+    /// finished): true until that forward ends. Until then the next batch keeps growing
+    /// (to max_batch_size): formed earlier it would only wait behind that forward on the
+    /// stream, with the requests answered meanwhile left for the batch after it. With nothing
+    /// queued when it ends, next_batch() returns `again` (the instance answers that forward
+    /// first). Called under the scheduler's lock; must not block or throw.
+    std::function<bool()> device_busy;
   };
 
   /// Called by an instance's worker: blocks until there is work or the scheduler stops, then

@@ -8,6 +8,7 @@
 
 #include <ATen/ATen.h>
 
+#include <atomic>
 #include <chrono>
 #include <memory>
 #include <thread>
@@ -213,6 +214,104 @@ TEST(DynamicBatcherRefill, StopEndsTheWait) {
   EXPECT_LT(waited, 30s);
   Batch none;
   EXPECT_EQ(f.batcher->next_batch(none, {}), Scheduler::Next::stopped);
+}
+
+// Refill::device_busy: a CUDA instance asks for its next batch while its previous forward
+// still runs; the batch grows until that forward ends or it is full.
+
+/// The ask of an instance whose forward in flight ends when `busy` turns false.
+Scheduler::Refill in_flight(const std::atomic<bool>& busy) {
+  Scheduler::Refill r;
+  r.device_busy = [&busy] { return busy.load(); };
+  return r;
+}
+
+/// Turns `busy` false `after` from now, on its own thread (which ends at once when the test
+/// turned it false first).
+std::thread end_forward(std::atomic<bool>& busy, std::chrono::milliseconds after) {
+  return std::thread([&busy, after] {
+    const auto end = Clock::now() + after;
+    while (busy && Clock::now() < end) std::this_thread::sleep_for(1ms);
+    busy = false;
+  });
+}
+
+TEST(DynamicBatcherDeviceBusy, GrowsUntilTheForwardInFlightEnds) {
+  // max_queue_delay 0 (the default) would run the one queued request at once; behind a forward
+  // it waits, and the two requests that come back 30 ms later join it: one batch of 3.
+  Fixture f(0.0);
+  std::atomic<bool> busy{true};
+  f.submit(1);
+  auto later = f.submit_later(2, 30ms);
+  auto ends = end_forward(busy, 300ms);
+  const auto [batch, waited] = f.next(in_flight(busy));
+  later.join();
+  ends.join();
+  EXPECT_EQ(batch.size(), 3u);
+  EXPECT_GE(waited, 300ms);
+  EXPECT_EQ(f.batcher->pending(), 0);
+}
+
+TEST(DynamicBatcherDeviceBusy, AFullBatchGoesBehindTheForwardAtOnce) {
+  // Full before the forward ends: it goes (queued on the stream behind it), the fifth request
+  // waits for the next batch.
+  Fixture f(0.0, 4);
+  std::atomic<bool> busy{true};
+  f.submit(5);
+  auto ends = end_forward(busy, 10s);  // bounds a failure
+  const auto [batch, waited] = f.next(in_flight(busy));
+  busy = false;
+  ends.join();
+  EXPECT_EQ(batch.size(), 4u);
+  EXPECT_LT(waited, 5s);
+  EXPECT_EQ(f.batcher->pending(), 1);
+}
+
+TEST(DynamicBatcherDeviceBusy, NothingQueuedWhenTheForwardEndsIsAgain) {
+  // The instance then answers its forward before it asks again.
+  Fixture f(0.0);
+  std::atomic<bool> busy{true};
+  auto ends = end_forward(busy, 50ms);
+  Batch batch;
+  const auto t0 = Clock::now();
+  EXPECT_EQ(f.batcher->next_batch(batch, in_flight(busy)), Scheduler::Next::again);
+  const auto waited = Clock::now() - t0;
+  ends.join();
+  EXPECT_TRUE(batch.empty());
+  EXPECT_GE(waited, 50ms);
+  EXPECT_LT(waited, 5s);
+}
+
+TEST(DynamicBatcherDeviceBusy, AnIdleInstanceTakesWhatABusyOneGathers) {
+  // Two instances: one waits behind its forward, the other is free and runs the queued request
+  // at once; the busy one gets `again`.
+  Fixture f(0.0);
+  std::atomic<bool> busy{true};
+  f.submit(1);
+  Scheduler::Next busy_next = Scheduler::Next::batch;
+  Batch busy_batch;
+  std::thread busy_instance(
+      [&] { busy_next = f.batcher->next_batch(busy_batch, in_flight(busy)); });
+  std::this_thread::sleep_for(50ms);
+  const auto [batch, waited] = f.next({});
+  busy = false;  // either way (gathering, or not there yet and finding nothing) it ends
+  busy_instance.join();
+  EXPECT_EQ(batch.size(), 1u);
+  EXPECT_LT(waited, 5s);
+  EXPECT_EQ(busy_next, Scheduler::Next::again);
+  EXPECT_TRUE(busy_batch.empty());
+}
+
+TEST(DynamicBatcherDeviceBusy, StopEndsTheWaitWithNothingQueued) {
+  Fixture f(0.0);
+  std::atomic<bool> busy{true};
+  std::thread stopper([&] {
+    std::this_thread::sleep_for(50ms);
+    f.batcher->stop();
+  });
+  Batch batch;
+  EXPECT_EQ(f.batcher->next_batch(batch, in_flight(busy)), Scheduler::Next::stopped);
+  stopper.join();
 }
 
 }  // namespace
