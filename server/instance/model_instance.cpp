@@ -156,7 +156,12 @@ void ModelInstance::loop() {
     const auto next = scheduler_.next_batch(batch, ask);
     if (next == Scheduler::Next::stopped) break;
     if (next == Scheduler::Next::again) {
-      if (previous) refill = finish(std::move(previous));
+      // The forward in flight ended with nothing queued: answer it. `again` also comes when the
+      // oldest request went elsewhere (another instance, cancel) or every one of a batch
+      // expired: then, while that forward still runs and requests wait, ask again instead of
+      // waiting for it here.
+      if (previous && (scheduler_.pending() == 0 || !ask.device_busy()))
+        refill = finish(std::move(previous));
       continue;
     }
     auto current = launch(batch);

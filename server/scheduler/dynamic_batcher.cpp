@@ -113,11 +113,21 @@ Scheduler::Next DynamicBatcher::next_batch(Batch& out, const Refill& refill) {
       return submitted_ - submitted_when_freed >=
              static_cast<std::uint64_t>(refill.answered_requests);
     };
+    // Refill::device_busy asks the driver: outside the queue's lock, which submit(), cancel()
+    // and the other instances need meanwhile.
+    const auto device_busy = [&] {
+      lk.unlock();
+      const bool busy = refill.device_busy();
+      lk.lock();
+      return busy;
+    };
     if (refill.device_busy) {
       // Nothing queued and a forward in flight: wait for a request only until it ends, so that
       // the instance answers it first (then it asks again).
       while (!stopping_ && queue_.empty()) {
-        if (!refill.device_busy()) return Next::again;
+        const bool busy = device_busy();
+        if (stopping_ || !queue_.empty()) break;  // while the lock was released
+        if (!busy) return Next::again;
         cv_.wait_for(lk, kBusyPoll);
       }
     } else {
@@ -148,11 +158,16 @@ Scheduler::Next DynamicBatcher::next_batch(Batch& out, const Refill& refill) {
       const bool awaiting = refilling && !arrived() && earliest_deadline > refill_end;
       auto until = awaiting ? std::max(window_end, refill_end) : window_end;
       // The instance's previous forward still runs: keep gathering until it ends, polled (the
-      // device calls nothing back into this lock). No queue deadline is at stake: the batch
-      // could not start before that forward's end on the instance's stream, and an idle
-      // instance takes the batch meanwhile.
+      // device calls nothing back), but not to within kBusyDeadlineMargin of a queued
+      // request's deadline: held to it (a wait overshoots), the request would be answered
+      // DEADLINE_EXCEEDED where it used to run behind that forward.
       const auto now = Clock::now();
-      if (refill.device_busy && refill.device_busy()) until = std::max(until, now + kBusyPoll);
+      if (refill.device_busy && earliest_deadline > now + kBusyDeadlineMargin) {
+        const bool busy = device_busy();
+        // cancel() or another instance may have taken `first` while the lock was released.
+        if (queue_.empty() || queue_.front() != first) break;
+        if (busy) until = std::max(until, now + kBusyPoll);
+      }
       if (now >= until) {
         timed_out = awaiting;
         break;

@@ -14,11 +14,11 @@
 // flight does not ask for it (server/instance/model_instance.cpp): that instance asks for
 // Refill::device_busy instead, and the next batch grows until the forward in flight ends or it
 // is full. Formed at once, it would wait behind that forward anyway with only the requests
-// queued so far; at 64 closed-loop clients and max_batch_size 32 the batches then averaged 6-19
-// images and the GPU ran padded forwards (docs/BENCHMARKS.md, "Served JPEG at the defaults").
-// Open-loop clients, whose
-// arrivals do not follow the answers, make the waits run to their end: after two such waits in
-// a row it pauses, trying again once in every nine chances (a wait that is met resumes it).
+// queued so far; at 64 closed-loop clients and max_batch_size 32 the batches then averaged about
+// 19 images and the GPU ran padded forwards (docs/BENCHMARKS.md, "Served JPEG at the defaults").
+// Open-loop clients, whose arrivals do not follow the answers, make the refill waits run to
+// their end: after two such waits in a row it pauses, trying again once in every nine chances
+// (a wait that is met resumes it).
 #pragma once
 
 #include <chrono>
@@ -74,6 +74,9 @@ class DynamicBatcher final : public Scheduler {
   static constexpr int kRefillMissesToPause = 2, kRefillPause = 8;
   /// How often Refill::device_busy is asked while the batch grows behind a forward in flight.
   static constexpr std::chrono::microseconds kBusyPoll{50};
+  /// A batch growing behind a forward in flight goes this long before a queued request's
+  /// deadline at the latest.
+  static constexpr std::chrono::microseconds kBusyDeadlineMargin{1000};
   bool stopping_ = false;
   std::size_t in_rotation_;  ///< instances that still take batches
 };

@@ -51,14 +51,15 @@ class Scheduler {
     /// (to max_batch_size): formed earlier it would only wait behind that forward on the
     /// stream, with the requests answered meanwhile left for the batch after it. With nothing
     /// queued when it ends, next_batch() returns `again` (the instance answers that forward
-    /// first). Called under the scheduler's lock; must not block or throw.
+    /// first). Called without the scheduler's lock held, every 50 us at most; must not block
+    /// or throw.
     std::function<bool()> device_busy;
   };
 
   /// Called by an instance's worker: blocks until there is work or the scheduler stops, then
   /// forms one batch into `batch`. Requests whose deadline passed or whose call was cancelled
   /// while queued are answered here and never reach an instance. `refill` says what the
-  /// instance has just answered ({} when nothing, or when it calls again after `again`).
+  /// instance has just answered ({} when nothing) and whether its device is still busy.
   virtual Next next_batch(Batch& batch, const Refill& refill) = 0;
 
   /// An instance left the rotation (its device failed). Returns the instances still in it; when

@@ -10,7 +10,9 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <memory>
+#include <mutex>
 #include <thread>
 #include <vector>
 
@@ -236,15 +238,43 @@ std::thread end_forward(std::atomic<bool>& busy, std::chrono::milliseconds after
   });
 }
 
+/// Stops `batcher` 10 s after construction unless destroyed first: a broken next_batch that
+/// would wait for ever returns `stopped` instead, and the test fails rather than hangs.
+class Watchdog {
+ public:
+  explicit Watchdog(DynamicBatcher& batcher)
+      : thread_([this, &batcher] {
+          std::unique_lock<std::mutex> lk(mu_);
+          if (!cv_.wait_for(lk, 10s, [this] { return done_; })) batcher.stop();
+        }) {}
+  ~Watchdog() {
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      done_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  std::thread thread_;
+};
+
 TEST(DynamicBatcherDeviceBusy, GrowsUntilTheForwardInFlightEnds) {
   // max_queue_delay 0 (the default) would run the one queued request at once; behind a forward
   // it waits, and the two requests that come back 30 ms later join it: one batch of 3.
   Fixture f(0.0);
+  Watchdog watchdog(*f.batcher);
   std::atomic<bool> busy{true};
   f.submit(1);
+  const auto start = Clock::now();
   auto later = f.submit_later(2, 30ms);
   auto ends = end_forward(busy, 300ms);
-  const auto [batch, waited] = f.next(in_flight(busy));
+  const auto batch = f.next(in_flight(busy)).first;
+  const auto waited = Clock::now() - start;
   later.join();
   ends.join();
   EXPECT_EQ(batch.size(), 3u);
@@ -270,15 +300,34 @@ TEST(DynamicBatcherDeviceBusy, AFullBatchGoesBehindTheForwardAtOnce) {
 TEST(DynamicBatcherDeviceBusy, NothingQueuedWhenTheForwardEndsIsAgain) {
   // The instance then answers its forward before it asks again.
   Fixture f(0.0);
+  Watchdog watchdog(*f.batcher);
   std::atomic<bool> busy{true};
+  const auto start = Clock::now();
   auto ends = end_forward(busy, 50ms);
   Batch batch;
-  const auto t0 = Clock::now();
   EXPECT_EQ(f.batcher->next_batch(batch, in_flight(busy)), Scheduler::Next::again);
-  const auto waited = Clock::now() - t0;
+  const auto waited = Clock::now() - start;
   ends.join();
   EXPECT_TRUE(batch.empty());
   EXPECT_GE(waited, 50ms);
+  EXPECT_LT(waited, 5s);
+}
+
+TEST(DynamicBatcherDeviceBusy, NeverHoldsARequestPastItsQueueDeadline) {
+  // The queued request's deadline (300 ms) comes long before the forward's end (20 s): it goes
+  // before its deadline, to run behind the forward, not answered DEADLINE_EXCEEDED.
+  Fixture f(0.0);
+  Watchdog watchdog(*f.batcher);
+  std::atomic<bool> busy{true};
+  auto j = job(1);
+  j->deadline = Clock::now() + 300ms;
+  f.futures.push_back(f.batcher->submit(j));
+  auto ends = end_forward(busy, 20s);
+  const auto [batch, waited] = f.next(in_flight(busy));
+  busy = false;
+  ends.join();
+  ASSERT_EQ(batch.size(), 1u);
+  EXPECT_EQ(batch[0], j);
   EXPECT_LT(waited, 5s);
 }
 
@@ -286,6 +335,7 @@ TEST(DynamicBatcherDeviceBusy, AnIdleInstanceTakesWhatABusyOneGathers) {
   // Two instances: one waits behind its forward, the other is free and runs the queued request
   // at once; the busy one gets `again`.
   Fixture f(0.0);
+  Watchdog watchdog(*f.batcher);
   std::atomic<bool> busy{true};
   f.submit(1);
   Scheduler::Next busy_next = Scheduler::Next::batch;
