@@ -19,12 +19,13 @@
 # the target: served >= 0.90 x forward-only), INSTANCE_GROUP (empty; a serving.yaml
 # instance_group value in flow style, e.g. "[{count: 1, kind: KIND_GPU}]": one instance per GPU,
 # what scripts/bench-instances-gpu.sh runs), B8_CONCURRENCY (1,2,4,8: the batch-MAX_BATCH
-# pixel_values steps, one request = MAX_BATCH images; none skips them), JPEG_CONCURRENCY (CONCURRENCY: the
-# one-JPEG-per-request steps; the batcher groups them up to MAX_BATCH), SKIP_B1 (0; 1 skips the
-# batch-1 pixel_values steps), MAX_CONCURRENT_RPCS (256: server.max_concurrent_rpcs; the JPEG steps
-# need more in flight than 2 instances x max_batch_size), QUEUE_DELAY_US (empty: the
-# daemon's default max_queue_delay_microseconds, 0; the runs before 2026-12-06 set 2000), REFILL_WAIT_FRACTION (empty: the daemon's default; 0 turns the
-# batcher's refill wait off, Triton's behaviour), GPU_IMAGE_DECODE (empty: the daemon's default,
+# pixel_values steps, one request = MAX_BATCH images, and the SHM steps; none skips them),
+# JPEG_CONCURRENCY (CONCURRENCY: the one-JPEG-per-request steps; the batcher groups them up to
+# MAX_BATCH), SKIP_B1 (0; 1 skips the batch-1 pixel_values steps), MAX_CONCURRENT_RPCS (256:
+# server.max_concurrent_rpcs; the JPEG steps need more in flight than 2 instances x
+# max_batch_size), QUEUE_DELAY_US (empty: the daemon's default max_queue_delay_microseconds, 0;
+# the runs before 2026-12-06 set 2000), REFILL_WAIT_FRACTION (empty: the daemon's default; 0
+# turns the batcher's refill wait off, Triton's behaviour), GPU_IMAGE_DECODE (empty: the daemon's default,
 # auto, on for a bfloat16/float16 CUDA model; on / off: server.gpu_image_decode).
 # Both sides run with TF32 off (the daemon's `tf32: off`).
 # Writes to $OUT: summary.txt, forward_only.log, serving_*.{csv,json,log}, server.log,
@@ -200,10 +201,12 @@ print(s["inference_count"], s["execution_count"])' 2>/dev/null || true
 status=0
 [ "${SKIP_B1:-0}" = 1 ] || bench pixel_values_b1 "$concurrency" --shape 1,3,640,640 --channels 4 || status=1
 b8_levels=${B8_CONCURRENCY:-1,2,4,8}
-[ "$b8_levels" = none ] || bench "pixel_values_b$max_batch" "$b8_levels" --shape "$max_batch,3,640,640" --channels 4 || status=1
-for kind in $(echo "${SHM:-}" | tr ',' ' '); do
-  bench "pixel_values_b${max_batch}_shm_$kind" "$b8_levels" --shape "$max_batch,3,640,640" --channels 4 --shm "$kind" || status=1
-done
+if [ "$b8_levels" != none ]; then
+  bench "pixel_values_b$max_batch" "$b8_levels" --shape "$max_batch,3,640,640" --channels 4 || status=1
+  for kind in $(echo "${SHM:-}" | tr ',' ' '); do
+    bench "pixel_values_b${max_batch}_shm_$kind" "$b8_levels" --shape "$max_batch,3,640,640" --channels 4 --shm "$kind" || status=1
+  done
+fi
 bench images_b1 "${JPEG_CONCURRENCY:-$concurrency}" --image tests/fixtures/images/astronaut.jpg --channels 4 || status=1
 kill -0 "$daemon" 2>/dev/null || { note "FAIL: the daemon died; tail of its log: $(tail -5 "$work/server.log" | tr '\n' ' ')"; status=1; }
 curl -sf "http://127.0.0.1:$hp/metrics" -o "$OUT/metrics.txt" || true

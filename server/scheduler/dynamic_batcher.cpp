@@ -115,7 +115,7 @@ Scheduler::Next DynamicBatcher::next_batch(Batch& out, const Refill& refill) {
     };
     // Refill::device_busy asks the driver: outside the queue's lock, which submit(), cancel()
     // and the other instances need meanwhile.
-    const auto device_busy = [&] {
+    const auto query_device = [&] {
       lk.unlock();
       const bool busy = refill.device_busy();
       lk.lock();
@@ -125,7 +125,7 @@ Scheduler::Next DynamicBatcher::next_batch(Batch& out, const Refill& refill) {
       // Nothing queued and a forward in flight: wait for a request only until it ends, so that
       // the instance answers it first (then it asks again).
       while (!stopping_ && queue_.empty()) {
-        const bool busy = device_busy();
+        const bool busy = query_device();
         if (stopping_ || !queue_.empty()) break;  // while the lock was released
         if (!busy) return Next::again;
         cv_.wait_for(lk, kBusyPoll);
@@ -163,7 +163,7 @@ Scheduler::Next DynamicBatcher::next_batch(Batch& out, const Refill& refill) {
       // DEADLINE_EXCEEDED where it used to run behind that forward.
       const auto now = Clock::now();
       if (refill.device_busy && earliest_deadline > now + kBusyDeadlineMargin) {
-        const bool busy = device_busy();
+        const bool busy = query_device();
         // cancel() or another instance may have taken `first` while the lock was released.
         if (queue_.empty() || queue_.front() != first) break;
         if (busy) until = std::max(until, now + kBusyPoll);
