@@ -189,6 +189,9 @@ bench() {
   read -r i1 e1 <<<"$(batch_counts)"
   [ -n "$e1" ] && [ $((e1 - e0)) -gt 0 ] &&
     note "$name: the daemon ran $((i1 - i0)) images in $((e1 - e0)) forwards (mean batch $(awk "BEGIN{printf \"%.2f\", ($i1 - $i0) / ($e1 - $e0)}"))"
+  local stages
+  stages=$(stage_means)
+  [ -n "$stages" ] && note "$name: per request since start (ms): $stages"
   return 0
 }
 # "INFERENCE_COUNT EXECUTION_COUNT" of the model so far (empty when the daemon does not answer).
@@ -197,6 +200,24 @@ batch_counts() {
 import json, sys
 s = json.load(sys.stdin)["model_stats"][0]
 print(s["inference_count"], s["execution_count"])' 2>/dev/null || true
+}
+# Where a request's time went, mean ms per successful request since the daemon started (warm-up
+# included): the preprocessing (Prometheus libreyolo_preprocess_duration_seconds), then Triton's
+# statistics: queue, compute_input (the preprocessing again, plus the batch's assembly),
+# compute_infer (the forward, until the instance read its end), compute_output (the request's own
+# post-processing), and the whole request.
+stage_means() {
+  local pre
+  pre=$(curl -sf "http://127.0.0.1:$hp/metrics" | awk '
+    /^libreyolo_preprocess_duration_seconds_sum/ {s += $2} /^libreyolo_preprocess_duration_seconds_count/ {c += $2}
+    END {if (c > 0) printf "%.3f", 1000 * s / c}')
+  curl -sf "http://127.0.0.1:$hp/v2/models/$model/stats" | "$python" -c '
+import json, sys
+s = json.load(sys.stdin)["model_stats"][0]["inference_stats"]
+n = max(s["success"]["count"], 1)
+ms = lambda k: 1e-6 * s[k]["ns"] / n
+print("preprocess %s, queue %.3f, compute_input %.3f, compute_infer %.3f, compute_output %.3f, request %.3f" % (
+    sys.argv[1] or "?", ms("queue"), ms("compute_input"), ms("compute_infer"), ms("compute_output"), ms("success")))' "$pre" 2>/dev/null || true
 }
 status=0
 [ "${SKIP_B1:-0}" = 1 ] || bench pixel_values_b1 "$concurrency" --shape 1,3,640,640 --channels 4 || status=1

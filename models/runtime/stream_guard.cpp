@@ -17,14 +17,15 @@ struct StreamGuard::Impl {
   std::optional<c10::cuda::CUDAStreamGuard> guard;
 };
 
-StreamGuard::StreamGuard(const at::Device& device) : impl_(std::make_unique<Impl>()) {
+StreamGuard::StreamGuard(const at::Device& device, Priority priority)
+    : impl_(std::make_unique<Impl>()) {
   if (device.is_cuda())
-    impl_->guard.emplace(c10::cuda::getStreamFromPool(/*isHighPriority=*/false, device.index()));
+    impl_->guard.emplace(c10::cuda::getStreamFromPool(priority == Priority::high, device.index()));
 }
 #else
 struct StreamGuard::Impl {};
 
-StreamGuard::StreamGuard(const at::Device& device) : impl_(std::make_unique<Impl>()) {
+StreamGuard::StreamGuard(const at::Device& device, Priority) : impl_(std::make_unique<Impl>()) {
   if (device.is_cuda()) throw std::runtime_error("StreamGuard: this build's LibTorch has no CUDA");
 }
 #endif

@@ -10,10 +10,15 @@ namespace libreyolo::models {
 
 class StreamGuard {
  public:
-  /// CUDA `device`: takes a stream from PyTorch's stream pool for that device and makes it the
-  /// calling thread's current stream until the guard dies. CPU: does nothing. Throws
-  /// std::runtime_error for a CUDA device when this build's LibTorch has no CUDA.
-  explicit StreamGuard(const at::Device& device);
+  /// How the GPU's block scheduler ranks this stream's kernels against other streams' pending
+  /// blocks (cudaStreamCreateWithPriority): `high` for short work on a request's critical path
+  /// (image decode and preprocessing) that must not queue behind a whole forward's blocks.
+  enum class Priority { normal, high };
+
+  /// CUDA `device`: takes a stream of `priority` from PyTorch's stream pool for that device and
+  /// makes it the calling thread's current stream until the guard dies. CPU: does nothing.
+  /// Throws std::runtime_error for a CUDA device when this build's LibTorch has no CUDA.
+  explicit StreamGuard(const at::Device& device, Priority priority = Priority::normal);
   ~StreamGuard();
   StreamGuard(const StreamGuard&) = delete;
   StreamGuard& operator=(const StreamGuard&) = delete;

@@ -5,6 +5,7 @@
 
 #include <future>
 #include <optional>
+#include <stdexcept>
 #include <tuple>
 
 #include "kernels/out_of_memory.h"
@@ -25,11 +26,13 @@ using api::Error;
 
 namespace {
 
-/// Decodes and preprocesses every encoded image of `req` on `pool`, one task per image. Fills
-/// `pixels` (one (1, 3, h, w) float32 tensor per image, unpadded: the instance pads once) and,
-/// when the request gave no target_sizes, the original sizes. Throws INVALID_ARGUMENT naming
-/// the image for an undecodable or unprocessable image; CANCELLED / DEADLINE_EXCEEDED when the
-/// call ended before an image's turn came (a task then skips its image: the pool serves other
+/// Decodes and preprocesses every encoded image of `req`: its JPEGs through the model's
+/// DecodeBatcher when it has one (server.gpu_image_decode), and every other image (or every one
+/// without it) on `pool`, one task per image. Fills `pixels` (one (1, 3, h, w) tensor per image,
+/// unpadded: the instance pads once; float32 on the CPU, the model's dtype on its device) and,
+/// when the request gave no target_sizes, the original sizes. Throws INVALID_ARGUMENT naming the
+/// first bad image (undecodable or unprocessable); CANCELLED / DEADLINE_EXCEEDED when the call
+/// ended before its images were decoded (a pool task then skips its image: the pool serves other
 /// calls instead of decoding for a client that left).
 void preprocess(ThreadPool& pool, const LoadedModel& m, int64_t max_pixels, TaskRequest& req,
                 const api::InferRequest& call, std::vector<at::Tensor>& pixels) {
@@ -45,42 +48,69 @@ void preprocess(ThreadPool& pool, const LoadedModel& m, int64_t max_pixels, Task
   };
   image::DecodeOptions options;
   options.max_pixels = max_pixels;
-  // server.gpu_image_decode with several images: the `image_decode_batch` slot decodes them in
-  // one call here (nvJPEG's engines in parallel), on a stream of PyTorch's pool; it waits for
-  // its decode, so the tasks below read finished pixels on their own streams. What it declines
-  // reaches image_decode inside decode_images, as a single image does in its task.
-  std::vector<kernels::DecodedImage> decoded;
-  if (req.images.size() > 1 && !m.image_decode_batch.empty()) {
-    check_call();
+  // server.gpu_image_decode: the JPEGs through the model's DecodeBatcher, batched with those of
+  // concurrent requests (nvJPEG's engines work on batches). Other formats, and what it declines
+  // (not a JPEG the hardware decoder takes), take a pool task below, as every image does without
+  // it.
+  std::vector<DecodeBatcher::Result> batched(req.images.size());
+  if (m.decode_batcher) {
+    std::vector<std::size_t> jpegs;
     std::vector<kernels::EncodedImage> encoded;
-    for (const auto& im : req.images)
-      encoded.push_back({reinterpret_cast<const std::uint8_t*>(im.data()), im.size()});
-    const models::StreamGuard stream(m.device);
-    decoded = image::decode_images(m.image_decode_batch, m.image_decode, encoded, options,
-                                   m.device.index());
+    for (std::size_t i = 0; i < req.images.size(); ++i) {
+      const auto& im = req.images[i];
+      const auto* p = reinterpret_cast<const std::uint8_t*>(im.data());
+      if (im.size() < 3 || p[0] != 0xFF || p[1] != 0xD8 || p[2] != 0xFF) continue;  // SOI
+      jpegs.push_back(i);
+      encoded.push_back({p, im.size()});
+    }
+    if (!encoded.empty()) {
+      check_call();
+      auto r = m.decode_batcher->run(encoded, options);
+      for (std::size_t k = 0; k < jpegs.size(); ++k) batched[jpegs[k]] = std::move(r[k]);
+      check_call();  // the call may have ended while its images waited for their round
+    }
   }
+  // The batcher's answer for image i: its pixels, or the error the task below would throw.
+  const auto handled = [&batched](std::size_t i) {
+    const auto& b = batched[i];
+    return b.out.has_value() || !b.error.empty() || b.failure != nullptr;
+  };
+  const auto take = [&batched](std::size_t i) -> image::ProcessorOutput {
+    auto& b = batched[i];
+    if (!b.error.empty())
+      throw Error(Code::invalid_argument, c10::str("input 'images': image ", i, ": ", b.error));
+    if (b.failure) {
+      try {
+        std::rethrow_exception(b.failure);
+      } catch (const c10::OutOfMemoryError&) {
+        throw;
+      } catch (const c10::Error& ex) {  // the image's own size, as in the task below
+        throw Error(Code::invalid_argument,
+                    c10::str("input 'images': image ", i, " (", b.width, "x", b.height,
+                             " pixels) cannot be preprocessed: ", ex.what_without_backtrace()));
+      }
+    }
+    return std::move(*b.out);
+  };
   for (std::size_t i = 0; i < req.images.size(); ++i) {
-    futures.push_back(pool.submit([&req, &m, &options, &decoded, i, check_call] {
+    if (handled(i)) continue;
+    futures.push_back(pool.submit([&req, &m, &options, i, check_call] {
       check_call();
       const auto* data = reinterpret_cast<const std::uint8_t*>(req.images[i].data());
       at::Tensor img;
       // server.gpu_image_decode: this task's device work (decode, resize, normalise) on a
-      // stream of PyTorch's pool, not on the legacy default stream that every pool thread
-      // would share (and wait for in its synchronisation below).
+      // high-priority stream of PyTorch's pool (it sits on the request's path while forwards
+      // fill the GPU), not on the legacy default stream that every pool thread would share
+      // (and wait for in its synchronisation below).
       std::optional<models::StreamGuard> stream;
-      if (!m.image_decode.empty()) stream.emplace(m.device);
+      if (!m.image_decode.empty()) stream.emplace(m.device, models::StreamGuard::Priority::high);
       try {
         // server.gpu_image_decode: the `image_decode` slot (nvJPEG onto the model's device;
         // what it declines comes back from the CPU reference, on the CPU).
-        if (!decoded.empty()) {
-          if (!decoded[i].error.empty()) throw image::ImageError(decoded[i].error);
-          img = decoded[i].pixels;
-        } else {
-          img = m.image_decode.empty()
-                    ? image::decode_image(data, req.images[i].size(), options)
-                    : image::decode_image(m.image_decode, data, req.images[i].size(), options,
-                                          m.device.index());
-        }
+        img = m.image_decode.empty()
+                  ? image::decode_image(data, req.images[i].size(), options)
+                  : image::decode_image(m.image_decode, data, req.images[i].size(), options,
+                                        m.device.index());
       } catch (const kernels::OutOfMemory&) {
         throw;  // the device's, not the client's: RESOURCE_EXHAUSTED (InferPipeline::run)
       } catch (const std::exception& ex) {
@@ -120,9 +150,10 @@ void preprocess(ThreadPool& pool, const LoadedModel& m, int64_t max_pixels, Task
   }
   std::exception_ptr first_error;
   std::vector<image::ProcessorOutput> parts;
-  for (auto& f : futures) {  // wait for every task: they reference `req`
+  auto task = futures.begin();
+  for (std::size_t i = 0; i < req.images.size(); ++i) {  // every task waited for: they use `req`
     try {
-      parts.push_back(f.get());
+      parts.push_back(handled(i) ? take(i) : (task++)->get());
     } catch (...) {
       if (!first_error) first_error = std::current_exception();
     }
@@ -249,21 +280,45 @@ api::InferResponse InferPipeline::run_on(ModelLease& lease, api::InferRequest& r
     result.emplace(future.get());
   }
   BatchResult& r = *result;  // future.get() threw api::Error (deadline, cancelled, failure)
+  // This request's answer, rendered here on its own thread from its rows of the batch
+  // (BatchResult): the batch's requests render in parallel. respond() may throw api::Error for
+  // this request alone (segmentation's mask budget).
+  const auto t_out = Clock::now();
+  api::InferResponse response;
+  const auto not_answered = [&entry, images = r.rows.logits.size(0)] {
+    // The batch counted every image it ran (inference_count); Triton counts successful ones.
+    std::lock_guard<std::mutex> ek(entry.mu);
+    entry.stats.inference_count -= static_cast<std::uint64_t>(images);
+  };
+  try {
+    at::InferenceMode inference;
+    response.outputs = m.task->respond(r.rows, *req);
+  } catch (const std::invalid_argument& e) {  // the request's own values (as the instance maps it)
+    not_answered();
+    throw Error(Code::invalid_argument, "model '" + entry.name + "': " + e.what());
+  } catch (...) {
+    not_answered();
+    throw;
+  }
+  r.rows = {};  // this request's hold on the batch's host tensors
+  const double output_s = seconds_since(t_out);
   metrics_.queue(entry.name, entry.version, r.queue_seconds);
-  metrics_.compute(entry.name, entry.version, r.input_seconds + r.infer_seconds + r.output_seconds);
+  metrics_.compute(entry.name, entry.version, r.input_seconds + r.infer_seconds + output_s);
   {
     std::lock_guard<std::mutex> ek(entry.mu);
     entry.stats.last_inference_ms = now_ms();
     add_duration(entry.stats.queue, r.queue_seconds);
     add_duration(entry.stats.compute_input, pre_s + r.input_seconds);
     add_duration(entry.stats.compute_infer, r.infer_seconds);
-    add_duration(entry.stats.compute_output, r.output_seconds);
+    add_duration(entry.stats.compute_output, output_s);
+    // The batch's entry counts the execution (the instance's hook); its requests add their time.
+    auto b = entry.batch_stats.find(static_cast<std::uint64_t>(r.batch_size));
+    if (b != entry.batch_stats.end())
+      b->second.compute_output.ns += static_cast<std::uint64_t>(output_s * 1e9);
   }
-  api::InferResponse response;
   response.model_name = entry.name;
   response.model_version = entry.version;
   response.id = request.id;
-  response.outputs = std::move(r.outputs);
   return response;
 }
 

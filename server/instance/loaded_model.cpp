@@ -84,6 +84,13 @@ std::shared_ptr<LoadedModel> load_model_version(const InstanceOptions& in,
     m->image_decode = registry.bind(kernels::kImageDecode, context, &filter);
     m->image_decode_batch = registry.bind(kernels::kImageDecodeBatch, context, &filter);
     m->image_preprocess = registry.bind(kernels::kImagePreprocess, context, &filter);
+    // Concurrent requests' JPEGs decoded together (DecodeBatcher): up to 64 per round, in
+    // batched decodes of up to 32.
+    if (!m->image_decode_batch.empty() && gpu_preprocess_takes(*m->processor))
+      m->decode_batcher = std::make_unique<DecodeBatcher>(
+          gpu_decode_round(m->image_decode_batch, m->image_preprocess, *m->processor, m->dtype,
+                           m->device),
+          64);
   }
   for (const auto& r : m->model->layouts())
     log::info(c10::str("model '", name, "': layout ", r.layout, " (", r.source, "): ", r.modules,

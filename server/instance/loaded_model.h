@@ -16,6 +16,7 @@
 #include "models/model.h"
 #include "models/runtime/cuda_graph_runner.h"
 #include "server/config/serving_config.h"
+#include "server/instance/decode_batcher.h"
 #include "server/instance/dtype_policy.h"
 #include "server/tasks/task_adapter.h"
 
@@ -37,13 +38,17 @@ struct LoadedModel {
   /// The `image_decode` slot bound for this model's device (server.gpu_image_decode on and the
   /// model on CUDA); empty otherwise: images are decoded on the CPU pool as before.
   kernels::ImageDecodeHandle image_decode;
-  /// Its batch variant, bound with it: a request's images decoded in one call
-  /// (image::decode_images; what it leaves goes through image_decode).
+  /// Its batch variant, bound with it: the JPEGs of concurrent requests decoded together
+  /// (decode_batcher below; what it leaves goes through image_decode).
   kernels::ImageDecodeBatchHandle image_decode_batch;
   /// The `image_preprocess` slot, bound with them: a CUDA image resized, rescaled, normalised and
   /// padded into its pixel_values in the model's dtype by one kernel
   /// (models/image/preprocess_slot.h); empty: the image processor's ATen ops.
   kernels::ImagePreprocessHandle image_preprocess;
+  /// With image_decode_batch bound and a processor the image_preprocess kernel takes
+  /// (gpu_preprocess_takes): the requests' JPEGs decoded and preprocessed in rounds across
+  /// requests (decode_batcher.h); null otherwise.
+  std::unique_ptr<DecodeBatcher> decode_batcher;
   /// The task's request/response rules (chosen from model->description().task).
   std::unique_ptr<TaskAdapter> task;
   at::Device device = at::kCPU;

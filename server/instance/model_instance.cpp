@@ -129,7 +129,7 @@ void ModelInstance::loop() {
   // This thread's and its OpenMP team's floating-point mode, before the first forward.
   if (model_->flush_denormals) models::flush_denormals_on_this_thread();
   // On CUDA, one batch in flight on the device while the next is assembled and the previous one
-  // is post-processed: the GPU does not wait for the host between batches. On the CPU the
+  // is answered: the GPU does not wait for the host between batches. On the CPU the
   // forward has finished when launch returns, so the batch is answered at once: deferring it
   // made its answers wait for the next batch's whole forward whenever a request was queued.
   const bool overlap = model_->device.is_cuda();
@@ -273,32 +273,23 @@ Scheduler::Refill ModelInstance::finish(std::unique_ptr<InFlight> f) {
     f->done.synchronize();
     const auto t_infer = Clock::now();
     const double input_s = seconds(f->t_input - f->start), infer_s = seconds(t_infer - f->t_input);
+    // Each request gets its rows as views of the batch's host tensors; its own thread renders
+    // them (server/core/infer_pipeline.cpp). Rendering 20-odd answers here, one after another,
+    // held every answer of the batch for all of them and kept this thread from the next batch.
     int64_t offset = 0;
-    double output_total = 0;
     std::vector<BatchResult> results(batch.size());
-    std::vector<std::exception_ptr> errors(batch.size());  // a request's own api::Error
     for (std::size_t i = 0; i < batch.size(); ++i) {
-      auto& j = batch[i];
-      const auto t0 = Clock::now();
       BatchResult& r = results[i];
-      const int64_t n = j->size();
-      models::ModelOutput rows;
-      rows.logits = f->logits.narrow(0, offset, n);
-      if (f->boxes.defined()) rows.pred_boxes = f->boxes.narrow(0, offset, n);
-      if (f->masks.defined()) rows.pred_masks = f->masks.narrow(0, offset, n);
-      if (f->order.defined()) rows.order_logits = f->order.narrow(0, offset, n);
+      const int64_t n = batch[i]->size();
+      r.rows.logits = f->logits.narrow(0, offset, n);
+      if (f->boxes.defined()) r.rows.pred_boxes = f->boxes.narrow(0, offset, n);
+      if (f->masks.defined()) r.rows.pred_masks = f->masks.narrow(0, offset, n);
+      if (f->order.defined()) r.rows.order_logits = f->order.narrow(0, offset, n);
       offset += n;
-      try {
-        r.outputs = model.task->respond(rows, *j->request);
-      } catch (const api::Error&) {
-        errors[i] = std::current_exception();
-      }
-      r.queue_seconds = seconds(f->start - j->enqueued);
+      r.queue_seconds = seconds(f->start - batch[i]->enqueued);
       r.input_seconds = input_s;
       r.infer_seconds = infer_s;
       r.batch_size = f->images;
-      r.output_seconds = seconds(Clock::now() - t0);
-      output_total += r.output_seconds;
     }
     batches_ += 1;
     images_ += static_cast<std::uint64_t>(f->images);
@@ -310,11 +301,7 @@ Scheduler::Refill ModelInstance::finish(std::unique_ptr<InFlight> f) {
       x.requests = static_cast<int64_t>(batch.size());
       x.input_seconds = input_s;
       x.infer_seconds = infer_s;
-      x.output_seconds = output_total;
-      for (std::size_t i = 0; i < batch.size(); ++i) {
-        x.queue_seconds += results[i].queue_seconds;
-        if (!errors[i]) x.answered_images += batch[i]->size();
-      }
+      for (const auto& r : results) x.queue_seconds += r.queue_seconds;
       x.instance = index_;
       x.prompt_cache_hits = f->cache_hits;
       x.prompt_cache_misses = f->cache_misses;
@@ -322,14 +309,9 @@ Scheduler::Refill ModelInstance::finish(std::unique_ptr<InFlight> f) {
     }
     Scheduler::Refill answered;
     answered.compute = t_infer - f->t_input;
-    for (std::size_t i = 0; i < batch.size(); ++i) {
-      if (errors[i]) {
-        batch[i]->promise.set_exception(errors[i]);
-      } else {
-        answered.answered_requests += 1;
-        batch[i]->promise.set_value(std::move(results[i]));
-      }
-    }
+    answered.answered_requests = static_cast<int64_t>(batch.size());
+    for (std::size_t i = 0; i < batch.size(); ++i)
+      batch[i]->promise.set_value(std::move(results[i]));
     return answered;
   } catch (const std::invalid_argument& e) {
     fail_all(batch, api::Code::invalid_argument, "model '" + name_ + "': " + e.what());

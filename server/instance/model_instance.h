@@ -2,9 +2,10 @@
 // its own weights on its device, its CUDA stream and graphs, and one worker thread that takes
 // formed batches from the model's Scheduler (server/scheduler/scheduler.h), assembles each once
 // (padded to the largest image and converted to the model's dtype in one pass), runs one forward
-// and post-processes. On CUDA one batch stays in flight on the instance's stream while the worker
-// assembles the next and post-processes the previous one, so the GPU does not wait for the host
-// between batches.
+// and hands each request its rows of the output (the request's own thread post-processes them:
+// server/core/infer_pipeline.cpp). On CUDA one batch stays in flight on the instance's stream
+// while the worker assembles the next and answers the previous one, so the GPU does not wait for
+// the host between batches.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -39,16 +40,12 @@ struct InstanceStatus {
 
 /// One executed batch as the hooks see it (seconds).
 struct ExecutedBatch {
-  int64_t images = 0;    ///< rows of the forward
-  int64_t requests = 0;  ///< requests in the batch
-  /// Images of the requests answered with outputs (Triton's inference_count counts these; a
-  /// request whose post-processing failed is not counted).
-  int64_t answered_images = 0;
-  double input_seconds = 0;   ///< assembly + copy to device
-  double infer_seconds = 0;   ///< forward
-  double output_seconds = 0;  ///< post-processing of every request
-  double queue_seconds = 0;   ///< sum over the requests of enqueue -> batch start
-  std::size_t instance = 0;   ///< the instance that ran it (instance_group order)
+  int64_t images = 0;        ///< rows of the forward
+  int64_t requests = 0;      ///< requests in the batch
+  double input_seconds = 0;  ///< assembly + copy to device
+  double infer_seconds = 0;  ///< forward (until the instance read its end)
+  double queue_seconds = 0;  ///< sum over the requests of enqueue -> batch start
+  std::size_t instance = 0;  ///< the instance that ran it (instance_group order)
   /// Open-vocabulary models with a prompt cache: the batch's distinct pieces (OWL: labels,
   /// Grounding DINO: captions) found / encoded.
   int64_t prompt_cache_hits = 0, prompt_cache_misses = 0;
@@ -102,8 +99,9 @@ class ModelInstance {
   /// Assembles the batch and enqueues its forward; answers it with the error when that fails
   /// (returns null then).
   std::unique_ptr<InFlight> launch(Batch& batch);
-  /// Waits for the outputs, post-processes and answers every request of the batch. Returns the
-  /// requests answered and their forward's time (the scheduler's refill wait); {} when it failed.
+  /// Waits for the outputs and answers every request of the batch with its rows (BatchResult).
+  /// Returns the requests answered and their forward's time (the scheduler's refill wait); {}
+  /// when it failed.
   Scheduler::Refill finish(std::unique_ptr<InFlight> f);
   /// Answers `batch` INTERNAL and takes the instance out of rotation (its device failed: CUDA
   /// error, out of memory); the last one out answers every queued request UNAVAILABLE.

@@ -133,7 +133,7 @@ void ModelLifecycle::bring_up(const std::shared_ptr<ModelEntry>& e, const ModelS
     const auto& [instance, device] = names[x.instance];
     metrics.batch(entry->name, x.images);
     metrics.instance_batch(entry->name, instance, device, x.images,
-                           x.input_seconds + x.infer_seconds + x.output_seconds);
+                           x.input_seconds + x.infer_seconds);
     metrics.instance_queue(entry->name, instance, device, x.requests, x.queue_seconds);
     if (x.prompt_cache_hits + x.prompt_cache_misses > 0)
       metrics.prompt_cache(entry->name, instance, device, x.prompt_cache_hits,
@@ -142,12 +142,15 @@ void ModelLifecycle::bring_up(const std::shared_ptr<ModelEntry>& e, const ModelS
     // batch's execution without its inferences.
     std::lock_guard<std::mutex> ek(entry->mu);
     entry->stats.execution_count += 1;
-    entry->stats.inference_count += static_cast<std::uint64_t>(x.answered_images);
+    // Every image the forward ran; a request whose own rendering then fails takes its images
+    // back (InferPipeline), so that inference_count counts answered ones as Triton's does. The
+    // requests add their rendering time to compute_output; its count is the batch's.
+    entry->stats.inference_count += static_cast<std::uint64_t>(x.images);
     auto& b = entry->batch_stats[static_cast<std::uint64_t>(x.images)];
     b.batch_size = static_cast<std::uint64_t>(x.images);
     add_duration(b.compute_input, x.input_seconds);
     add_duration(b.compute_infer, x.infer_seconds);
-    add_duration(b.compute_output, x.output_seconds);
+    b.compute_output.count += 1;
   };
   hooks.instance_failed = [&metrics = metrics_, weak, names, model = e->name](
                               std::size_t instance, const std::string& what, std::size_t left) {

@@ -95,7 +95,7 @@ struct Metrics::Impl {
   prometheus::Family<prometheus::Counter>& instance_compute =
       prometheus::BuildCounter()
           .Name("libreyolo_instance_compute_seconds_total")
-          .Help("Seconds a model instance spent on its batches (input, forward, output)")
+          .Help("Seconds a model instance spent on its batches (input, forward)")
           .Register(*registry);
   prometheus::Family<prometheus::Counter>& prompt_cache_hits =
       prometheus::BuildCounter()

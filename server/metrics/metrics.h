@@ -37,7 +37,8 @@ class Metrics {
   void pending(const std::string& model, std::int64_t count);
   /// One batch run by a model instance (instance_group):
   /// libreyolo_instance_batches_total / libreyolo_instance_images_total and
-  /// libreyolo_instance_compute_seconds_total (assembly + forward + post-processing, seconds)
+  /// libreyolo_instance_compute_seconds_total (assembly + forward, seconds; each request's
+  /// post-processing runs on its own thread, in libreyolo_compute_duration_seconds)
   /// {model,instance,device}.
   void instance_batch(const std::string& model, const std::string& instance,
                       const std::string& device, std::int64_t images, double compute_seconds);

@@ -21,15 +21,19 @@
 
 namespace libreyolo::server {
 
-/// One request's answer and the timings of the batch it ran in.
+/// One request's rows of the forward it ran in, and that batch's timings. The request's own
+/// thread post-processes the rows (TaskAdapter::respond): answers of one batch are rendered in
+/// parallel, and the instance goes back to its next batch at once.
 struct BatchResult {
-  /// The request's output tensors (the model's TaskAdapter::respond).
-  std::vector<api::OutputTensor> outputs;
-  double queue_seconds = 0;   ///< enqueue -> batch start
-  double input_seconds = 0;   ///< batch assembly + copy to device (the whole batch)
-  double infer_seconds = 0;   ///< forward (the whole batch)
-  double output_seconds = 0;  ///< post-processing of this request
-  int64_t batch_size = 0;     ///< images in the forward this request ran in
+  /// The request's rows of the batch output: host float32 views (n, ...) of the whole batch's
+  /// tensors, n = the request's images (logits always; pred_boxes, pred_masks, order_logits
+  /// where the task reads them). On the CPU they may be the model's own output tensors (no
+  /// copy): read-only, and Model::forward returns fresh tensors per call.
+  models::ModelOutput rows;
+  double queue_seconds = 0;  ///< enqueue -> batch start
+  double input_seconds = 0;  ///< batch assembly + copy to device (the whole batch)
+  double infer_seconds = 0;  ///< forward (the whole batch)
+  int64_t batch_size = 0;    ///< images in the forward this request ran in
 };
 
 /// What one request hands to the scheduler.

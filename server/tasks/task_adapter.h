@@ -71,7 +71,8 @@ class TaskAdapter {
 
   /// Post-processes this request's rows of the batch output and renders the output tensors.
   /// May throw api::Error for this request alone (segmentation: RESOURCE_EXHAUSTED past the
-  /// mask budget); the instance answers it with that error and serves the rest of the batch.
+  /// mask budget): its call is answered with that error. Called on the request's own thread,
+  /// concurrently for the requests of one batch (InferPipeline): must be thread-safe.
   /// `output.logits` (n, ...) and, when uses_boxes(), `output.pred_boxes` (n, Q, 4): host
   /// float32, n = the request's images.
   virtual std::vector<api::OutputTensor> respond(const models::ModelOutput& output,

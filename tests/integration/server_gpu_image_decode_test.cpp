@@ -108,9 +108,10 @@ TEST(ServerGpuImageDecode, FixtureJpegsDecodedOnTheDeviceAndDeclinesCounted) {
     const json& declined = nv.at("declined");
     EXPECT_GE(declined.value("nvjpeg: progressive JPEG", 0), 1) << declined.dump();
     EXPECT_EQ(declined.value("nvjpeg: truncated JPEG (no EOI marker)", 0), 1) << declined.dump();
-    // The two-image request went through image_decode_batch in one call, which took both
-    // baseline photographs; the two single-image requests reached image_decode, each decoded by
-    // nvjpeg or declined.
+    // Every request's images went through image_decode_batch (the model's DecodeBatcher): the
+    // two baseline photographs in one call, then each single-image request in a call of its own
+    // (they came one after another). What it left (progressive, truncated) reached image_decode,
+    // each decoded by nvjpeg or declined there.
     const auto& batch = active.at("bindings").at("rtdetr_tiny").at("image_decode_batch");
     std::cout << "[gpu decode] batch binding: " << batch.dump() << std::endl;
     EXPECT_EQ(batch.at("selected"), "nvjpeg");
@@ -118,7 +119,7 @@ TEST(ServerGpuImageDecode, FixtureJpegsDecodedOnTheDeviceAndDeclinesCounted) {
     for (const auto& cand : batch.at("candidates"))
       if (cand.at("name") == "nvjpeg") nv_batch = cand;
     ASSERT_FALSE(nv_batch.is_null());
-    EXPECT_EQ(nv_batch.at("calls").get<uint64_t>(), 1u) << batch.dump();
+    EXPECT_EQ(nv_batch.at("calls").get<uint64_t>(), 3u) << batch.dump();
     EXPECT_FALSE(nv_batch.at("disabled").get<bool>());
     uint64_t declines = 0;
     for (const auto& [why, n] : declined.items()) declines += n.get<uint64_t>();

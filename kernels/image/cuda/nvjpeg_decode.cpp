@@ -10,10 +10,11 @@
 // where nvjpegCreateEx accepts it and reports engines, else NVJPEG_BACKEND_DEFAULT through
 // nvjpegDecode (hybrid: Huffman on the CPU, IDCT and colour conversion on the GPU). One library
 // handle per device, created at the first decode on it; decoding states in a pool per device
-// (one per concurrent caller, reused: their buffers grow to the largest image and stay).
-// `image_decode_batch` decodes a call's images with one nvjpegDecodeBatched (hardware backend
-// only: its engines decode the batch's images in parallel); a state is initialised for one batch
-// size at a time, so the pool hands out a state of the asked size first.
+// (at least one per concurrent caller, reused: their buffers grow to the largest image and stay;
+// at most DeviceDecoder::kMaxStates kept apart by batch size). `image_decode_batch` decodes a
+// call's images with one nvjpegDecodeBatched (hardware backend only: its engines decode the
+// batch's images in parallel); a state is initialised for one batch size at a time, so the pool
+// hands out a state of the asked size first.
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAException.h>
@@ -161,23 +162,39 @@ struct DeviceDecoder {
   std::mutex mu;
   std::vector<DecodeState*> free_states;
 
-  /// A free state, preferably one initialised for `batch` images (a state re-initialised for
-  /// every other size would reallocate its buffers), else a new one.
+  /// Every state made so far; past kMaxStates a free state of another size is re-initialised
+  /// instead of a new one made.
+  std::size_t states = 0;
+  static constexpr std::size_t kMaxStates = 32;
+
+  /// A free state for `batch` images: one initialised for that size, else an uninitialised one,
+  /// else a new one, else (kMaxStates made) any free one. A state re-initialised for every other
+  /// size reallocates its buffers, and the server's DecodeBatcher asks for several sizes (powers
+  /// of two) in turn. The hybrid backend's states take any size.
   DecodeState* acquire(int batch) {
     {
       std::lock_guard<std::mutex> lock(mu);
-      if (!free_states.empty()) {
-        auto it = free_states.end() - 1;
-        for (auto j = free_states.begin(); j != free_states.end(); ++j)
-          if ((*j)->batch_size == batch) it = j;
-        DecodeState* s = *it;
-        free_states.erase(it);
+      auto take = [this](std::vector<DecodeState*>::iterator j) {
+        DecodeState* s = *j;
+        free_states.erase(j);
         return s;
-      }
+      };
+      if (!hardware && !free_states.empty()) return take(free_states.end() - 1);
+      for (int want : {batch, 0})
+        for (auto j = free_states.begin(); j != free_states.end(); ++j)
+          if ((*j)->batch_size == want) return take(j);
+      if (!free_states.empty() && states >= kMaxStates) return take(free_states.end() - 1);
+      ++states;
     }
     auto s = std::make_unique<DecodeState>();
-    check(api().JpegStateCreate(handle, &s->state), "nvjpegJpegStateCreate");
-    if (hardware) check(api().JpegStreamCreate(handle, &s->stream), "nvjpegJpegStreamCreate");
+    try {
+      check(api().JpegStateCreate(handle, &s->state), "nvjpegJpegStateCreate");
+      if (hardware) check(api().JpegStreamCreate(handle, &s->stream), "nvjpegJpegStreamCreate");
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(mu);
+      --states;
+      throw;
+    }
     return s.release();
   }
   void release(DecodeState* s) {
@@ -402,7 +419,7 @@ Outcome<std::vector<DecodedImage>> nvjpeg_decode_batch(const std::vector<Encoded
     out[taken[k]].pixels = orient(image, o).contiguous();
     copied = copied || (o >= 2 && o <= 8);
   }
-  // The server reads a batch's images on other streams (its pool's tasks): the oriented copies
+  // The server reads a batch's images on other streams (the instance's): the oriented copies
   // must be finished when this returns, as the decode is.
   if (copied) C10_CUDA_CHECK(cudaStreamSynchronize(stream));
   return out;
