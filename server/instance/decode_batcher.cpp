@@ -1,6 +1,7 @@
 #include "server/instance/decode_batcher.h"
 
 #include <algorithm>
+#include <chrono>
 #include <stdexcept>
 #include <utility>
 
@@ -83,6 +84,7 @@ void DecodeBatcher::lead(std::unique_lock<std::mutex>& lk) {
   rounds_ += 1;
   images_ += taken.size();
   lk.unlock();
+  const auto t0 = std::chrono::steady_clock::now();
   std::vector<Result> results;
   bool failed = false;
   try {
@@ -102,6 +104,14 @@ void DecodeBatcher::lead(std::unique_lock<std::mutex>& lk) {
   } catch (...) {
     failed = true;
     failed_rounds_.fetch_add(1);
+  }
+  if (observer_) {
+    try {
+      observer_({taken.size(),
+                 std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
+                 failed});
+    } catch (...) {
+    }
   }
   lk.lock();
   for (std::size_t i = 0; i < taken.size(); ++i) {

@@ -49,6 +49,14 @@ class DecodeBatcher {
   using Round = std::function<std::vector<Result>(const std::vector<kernels::EncodedImage>&,
                                                   const image::DecodeOptions& options)>;
 
+  /// What a round's leader reports after it (images taken, seconds it ran, whether it threw).
+  struct RoundStats {
+    std::size_t images = 0;
+    double seconds = 0;
+    bool failed = false;
+  };
+  using Observer = std::function<void(const RoundStats&)>;
+
   /// `max_images` >= 1 per round, `max_rounds` >= 1 rounds at once (2: one round's host work
   /// overlaps the other's device work). Throws std::invalid_argument for 0 or an empty `round`.
   DecodeBatcher(Round round, std::size_t max_images, std::size_t max_rounds = 1);
@@ -59,6 +67,10 @@ class DecodeBatcher {
   /// std::bad_alloc (nothing of this call left queued or running).
   std::vector<Result> run(const std::vector<kernels::EncodedImage>& images,
                           const image::DecodeOptions& options);
+
+  /// Called by each round's leader after the round, outside the lock; its exceptions are
+  /// swallowed. Set it before the first run() (not synchronised with running rounds).
+  void set_observer(Observer observer) { observer_ = std::move(observer); }
 
   /// Rounds run so far, the images they took, the rounds that threw; images waiting for a
   /// round (tests).
@@ -77,6 +89,7 @@ class DecodeBatcher {
   void lead(std::unique_lock<std::mutex>& lk);
 
   const Round round_;
+  Observer observer_;
   const std::size_t max_images_;
   const std::size_t max_rounds_;
   mutable std::mutex mu_;

@@ -166,6 +166,13 @@ void ModelLifecycle::bring_up(const std::shared_ptr<ModelEntry>& e, const ModelS
   };
   for (const auto& [instance, device] : names)
     metrics_.instance_ready(e->name, instance, device, true);
+  // Before the first request: the batched GPU decode's rounds in /metrics.
+  for (const auto& loaded : instances)
+    if (loaded->decode_batcher)
+      loaded->decode_batcher->set_observer(
+          [&metrics = metrics_, n = e->name](const DecodeBatcher::RoundStats& r) {
+            metrics.decode_round(n, static_cast<std::int64_t>(r.images), r.seconds, r.failed);
+          });
   // The queue policy: Triton's dynamic batcher (another Scheduler changes it for every instance).
   auto scheduler = std::make_unique<DynamicBatcher>(
       e->name, instances.front()->serving, instances.size(),

@@ -77,6 +77,21 @@ struct Metrics::Impl {
                                                               .Name("libreyolo_batch_size")
                                                               .Help("Images per forward pass")
                                                               .Register(*registry);
+  prometheus::Family<prometheus::Histogram>& decode_round_images =
+      prometheus::BuildHistogram()
+          .Name("libreyolo_decode_round_images")
+          .Help("JPEGs per batched GPU decode round (concurrent requests' images together)")
+          .Register(*registry);
+  prometheus::Family<prometheus::Histogram>& decode_round_seconds =
+      prometheus::BuildHistogram()
+          .Name("libreyolo_decode_round_seconds")
+          .Help("Seconds per batched GPU decode round: decode, preprocess, wait for the device")
+          .Register(*registry);
+  prometheus::Family<prometheus::Counter>& decode_round_failures =
+      prometheus::BuildCounter()
+          .Name("libreyolo_decode_round_failures_total")
+          .Help("Batched GPU decode rounds that threw (their images decoded one by one)")
+          .Register(*registry);
   prometheus::Family<prometheus::Gauge>& pending =
       prometheus::BuildGauge()
           .Name("libreyolo_pending_requests")
@@ -163,6 +178,14 @@ void Metrics::preprocess(const std::string& model, const std::string& version, d
 
 void Metrics::batch(const std::string& model, std::int64_t size) {
   impl_->batch_size.Add({{"model", model}}, batch_buckets()).Observe(static_cast<double>(size));
+}
+
+void Metrics::decode_round(const std::string& model, std::int64_t images, double seconds,
+                           bool failed) {
+  impl_->decode_round_images.Add({{"model", model}}, batch_buckets())
+      .Observe(static_cast<double>(images));
+  impl_->decode_round_seconds.Add({{"model", model}}, latency_buckets()).Observe(seconds);
+  if (failed) impl_->decode_round_failures.Add({{"model", model}}).Increment();
 }
 
 void Metrics::pending(const std::string& model, std::int64_t count) {

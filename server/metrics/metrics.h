@@ -33,6 +33,11 @@ class Metrics {
   void preprocess(const std::string& model, const std::string& version, double seconds);
   /// libreyolo_batch_size{model} (images per forward).
   void batch(const std::string& model, std::int64_t size);
+  /// One DecodeBatcher round of a model instance (server.gpu_image_decode):
+  /// libreyolo_decode_round_images{model} (JPEGs it took), libreyolo_decode_round_seconds{model}
+  /// (decode + preprocess + the wait for the device, seconds) and, when it threw (its images
+  /// then decode one by one), libreyolo_decode_round_failures_total{model}.
+  void decode_round(const std::string& model, std::int64_t images, double seconds, bool failed);
   /// libreyolo_pending_requests{model} (requests queued, not yet running).
   void pending(const std::string& model, std::int64_t count);
   /// One batch run by a model instance (instance_group):

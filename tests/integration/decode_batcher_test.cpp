@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "server/instance/decode_batcher.h"
+#include "server/metrics/metrics.h"
 
 namespace libreyolo::server {
 namespace {
@@ -195,6 +196,38 @@ TEST(DecodeBatcher, AFailedRoundDeclinesEveryImageOfItAndNoOther) {
   }
   EXPECT_EQ(value(rlater[0]), 8.0f);
   EXPECT_EQ(batcher.failed_rounds(), 1u);
+}
+
+TEST(DecodeBatcher, TheObserverSeesEachRoundsImagesAndFailure) {
+  FakeRound fake;
+  DecodeBatcher batcher(fake.fn(), 64);
+  std::vector<DecodeBatcher::RoundStats> seen;
+  batcher.set_observer([&seen](const DecodeBatcher::RoundStats& r) {
+    seen.push_back(r);
+    throw std::runtime_error("an observer's exception stays out of the batcher");
+  });
+  const Bytes three({1, 2, 3}), bad({254, 4});
+  EXPECT_EQ(value(batcher.run(three.images(), {})[2]), 3.0f);
+  EXPECT_FALSE(batcher.run(bad.images(), {})[1].out.has_value());
+  ASSERT_EQ(seen.size(), 2u);
+  EXPECT_EQ(seen[0].images, 3u);
+  EXPECT_FALSE(seen[0].failed);
+  EXPECT_GE(seen[0].seconds, 0.0);
+  EXPECT_EQ(seen[1].images, 2u);
+  EXPECT_TRUE(seen[1].failed);
+}
+
+TEST(DecodeBatcher, RoundsReachPrometheus) {
+  Metrics metrics;
+  metrics.decode_round("m", 32, 0.004, false);
+  metrics.decode_round("m", 3, 0.001, true);
+  const std::string text = metrics.serialize();
+  for (const char* line : {"libreyolo_decode_round_images_count{model=\"m\"} 2\n",
+                           "libreyolo_decode_round_images_sum{model=\"m\"} 35\n",
+                           "libreyolo_decode_round_images_bucket{model=\"m\",le=\"4\"} 1\n",
+                           "libreyolo_decode_round_seconds_count{model=\"m\"} 2\n",
+                           "libreyolo_decode_round_failures_total{model=\"m\"} 1\n"})
+    EXPECT_NE(text.find(line), std::string::npos) << line << " not in\n" << text;
 }
 
 TEST(DecodeBatcher, ARoundAnsweringTheWrongCountIsAFailedRound) {
