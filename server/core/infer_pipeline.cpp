@@ -26,6 +26,20 @@ using api::Error;
 
 namespace {
 
+/// INVALID_ARGUMENT for image `i` of the request that did not decode (`what`: the decoder's text).
+Error undecodable(std::size_t i, const std::string& what) {
+  return Error(Code::invalid_argument, c10::str("input 'images': image ", i, ": ", what));
+}
+
+/// INVALID_ARGUMENT for image `i` (`width` x `height` decoded) that ATen's preprocessing refused:
+/// its own size, e.g. a 40000x1 image that Deformable DETR's shortest/longest-edge resize maps to
+/// 0 rows (transformers fails on it too): the client's input, not a server failure.
+Error unprocessable(std::size_t i, int64_t width, int64_t height, const c10::Error& ex) {
+  return Error(Code::invalid_argument,
+               c10::str("input 'images': image ", i, " (", width, "x", height,
+                        " pixels) cannot be preprocessed: ", ex.what_without_backtrace()));
+}
+
 /// Decodes and preprocesses every encoded image of `req`: its JPEGs through the model's
 /// DecodeBatcher when it has one (server.gpu_image_decode), and every other image (or every one
 /// without it) on `pool`, one task per image. Fills `pixels` (one (1, 3, h, w) tensor per image,
@@ -59,7 +73,7 @@ void preprocess(ThreadPool& pool, const LoadedModel& m, int64_t max_pixels, Task
     for (std::size_t i = 0; i < req.images.size(); ++i) {
       const auto& im = req.images[i];
       const auto* p = reinterpret_cast<const std::uint8_t*>(im.data());
-      if (im.size() < 3 || p[0] != 0xFF || p[1] != 0xD8 || p[2] != 0xFF) continue;  // SOI
+      if (image::sniff_format(p, im.size()) != image::ImageFormat::jpeg) continue;
       jpegs.push_back(i);
       encoded.push_back({p, im.size()});
     }
@@ -77,17 +91,14 @@ void preprocess(ThreadPool& pool, const LoadedModel& m, int64_t max_pixels, Task
   };
   const auto take = [&batched](std::size_t i) -> image::ProcessorOutput {
     auto& b = batched[i];
-    if (!b.error.empty())
-      throw Error(Code::invalid_argument, c10::str("input 'images': image ", i, ": ", b.error));
+    if (!b.error.empty()) throw undecodable(i, b.error);
     if (b.failure) {
       try {
         std::rethrow_exception(b.failure);
       } catch (const c10::OutOfMemoryError&) {
         throw;
-      } catch (const c10::Error& ex) {  // the image's own size, as in the task below
-        throw Error(Code::invalid_argument,
-                    c10::str("input 'images': image ", i, " (", b.width, "x", b.height,
-                             " pixels) cannot be preprocessed: ", ex.what_without_backtrace()));
+      } catch (const c10::Error& ex) {
+        throw unprocessable(i, b.width, b.height, ex);
       }
     }
     return std::move(*b.out);
@@ -114,7 +125,7 @@ void preprocess(ThreadPool& pool, const LoadedModel& m, int64_t max_pixels, Task
       } catch (const kernels::OutOfMemory&) {
         throw;  // the device's, not the client's: RESOURCE_EXHAUSTED (InferPipeline::run)
       } catch (const std::exception& ex) {
-        throw Error(Code::invalid_argument, c10::str("input 'images': image ", i, ": ", ex.what()));
+        throw undecodable(i, ex.what());
       }
       try {
         // A CUDA image: the `image_preprocess` slot (one kernel into pixel_values in the model's
@@ -139,12 +150,7 @@ void preprocess(ThreadPool& pool, const LoadedModel& m, int64_t max_pixels, Task
       } catch (const c10::OutOfMemoryError&) {
         throw;
       } catch (const c10::Error& ex) {
-        // ATen's checks on the image's own size, e.g. a 40000x1 image that Deformable DETR's
-        // shortest/longest-edge resize maps to 0 rows (transformers fails on it too): the
-        // client's input, not a server failure.
-        throw Error(Code::invalid_argument,
-                    c10::str("input 'images': image ", i, " (", img.size(2), "x", img.size(1),
-                             " pixels) cannot be preprocessed: ", ex.what_without_backtrace()));
+        throw unprocessable(i, img.size(2), img.size(1), ex);
       }
     }));
   }

@@ -81,8 +81,6 @@ void DecodeBatcher::lead(std::unique_lock<std::mutex>& lk) {
     }
   }
   running_ += 1;
-  rounds_ += 1;
-  images_ += taken.size();
   lk.unlock();
   const auto t0 = std::chrono::steady_clock::now();
   std::vector<Result> results;
@@ -100,7 +98,7 @@ void DecodeBatcher::lead(std::unique_lock<std::mutex>& lk) {
     const std::size_t n = failed_rounds_.fetch_add(1) + 1;
     if (n == 1 || n % 1000 == 0)
       log::warn("decode batcher: a round of " + std::to_string(taken.size()) + " images failed (" +
-                std::to_string(n) + " so far), each image decodes on its " + "own: " + e.what());
+                std::to_string(n) + " so far), each image decodes on its own: " + e.what());
   } catch (...) {
     failed = true;
     failed_rounds_.fetch_add(1);
@@ -122,16 +120,6 @@ void DecodeBatcher::lead(std::unique_lock<std::mutex>& lk) {
   }
   running_ -= 1;
   cv_.notify_all();  // the round's callers, and the next round's leader
-}
-
-std::size_t DecodeBatcher::rounds() const {
-  std::lock_guard<std::mutex> lk(mu_);
-  return rounds_;
-}
-
-std::size_t DecodeBatcher::images() const {
-  std::lock_guard<std::mutex> lk(mu_);
-  return images_;
 }
 
 std::size_t DecodeBatcher::failed_rounds() const { return failed_rounds_.load(); }

@@ -72,10 +72,7 @@ class DecodeBatcher {
   /// swallowed. Set it before the first run() (not synchronised with running rounds).
   void set_observer(Observer observer) { observer_ = std::move(observer); }
 
-  /// Rounds run so far, the images they took, the rounds that threw; images waiting for a
-  /// round (tests).
-  std::size_t rounds() const;
-  std::size_t images() const;
+  /// Rounds that threw so far; images waiting for a round (tests). The observer sees every round.
   std::size_t failed_rounds() const;
   std::size_t queued() const;
 
@@ -96,7 +93,6 @@ class DecodeBatcher {
   std::condition_variable cv_;
   std::deque<Item*> queue_;
   std::size_t running_ = 0;  ///< rounds being run
-  std::size_t rounds_ = 0, images_ = 0;
   std::atomic<std::size_t> failed_rounds_{0};
 };
 
