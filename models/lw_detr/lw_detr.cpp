@@ -52,7 +52,8 @@ class LwDetrImpl : public torch::nn::Module {
   /// Returns logits (B, Q, num_labels) and pred_boxes (B, Q, 4).
   std::pair<at::Tensor, at::Tensor> forward(const at::Tensor& pixel_values,
                                             const at::Tensor& pixel_mask) const {
-    const auto sources = projector->forward(backbone->forward(pixel_values));
+    const auto sources =
+        projector->forward(backbone->forward(pixel_values, projector->channels_last()));
     const auto mask_input = pixel_mask.unsqueeze(0).to(at::kFloat);
     kernels::SpatialShapes shapes;
     std::vector<at::Tensor> source_flat, mask_flat, ratios;
@@ -147,8 +148,10 @@ std::unique_ptr<Model> load_lw_detr(const std::string& dir, const nlohmann::json
 // normalised), float32.
 //
 // Layout classes: the projector's ConvNorms (conv + BatchNorm2d), the ViT backbone's attention,
-// then the decoder self-attention. Not channels_last: the backbone is GEMMs, the projector a few
-// convolutions.
+// then the decoder self-attention. channels_last (CUDA, 16-bit or TF32: layouts::on_by_default)
+// takes the projector's convolutions, and the backbone then hands its maps over as channels_last
+// rows instead of transposing them into NCHW: LW-DETR small bf16 batch 32 7.21 against 7.64 ms
+// on an H100 (docs/BENCHMARKS.md, "The attention slot's small-head kernel").
 const FamilyRegistrar registered{
     Family{"lw_detr", {"lw_detr"}, /*order=*/50, load_lw_detr}
         .predicts({Task::object_detection}, image::DetectionHead::deformable_detr)
@@ -157,7 +160,7 @@ const FamilyRegistrar registered{
         .layouts({{"batchnorm_fold", {"LwDetrConvNormLayer"}},
                   {"qkv_concat", {"LwDetrViTAttention"}, "", path_with("backbone")},
                   {"qkv_concat", {"LwDetrAttention"}}},
-                 {"batchnorm_fold", "qkv_concat"})};
+                 {"batchnorm_fold", "qkv_concat", "channels_last"})};
 
 }  // namespace
 }  // namespace libreyolo::models

@@ -79,7 +79,7 @@ at::Tensor C2FLayerImpl::forward(const at::Tensor& x) const {
   const auto h = conv1->forward(x);
   auto parts = h.split(hidden, 1);
   std::vector<at::Tensor> all(parts.begin(), parts.end());
-  auto y = all.back().contiguous();
+  auto y = all.back().contiguous(all.back().suggest_memory_format());
   for (const auto& [a, b] : bottlenecks) {
     y = b->forward(a->forward(y));
     all.push_back(y);
@@ -151,6 +151,14 @@ std::vector<at::Tensor> MultiScaleProjectorImpl::forward(
   std::vector<at::Tensor> out;
   for (const auto& s : scale_layers) out.push_back(s->forward(maps));
   return out;
+}
+
+bool MultiScaleProjectorImpl::channels_last() const {
+  // A 1x1 weight is contiguous in both formats (the layout leaves it); a 3x3 one tells.
+  for (const auto& p : parameters())
+    if (p.dim() == 4 && p.size(2) * p.size(3) > 1)
+      return !p.is_contiguous() && p.is_contiguous(at::MemoryFormat::ChannelsLast);
+  return false;
 }
 
 }  // namespace libreyolo::models::lw_detr

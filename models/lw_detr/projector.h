@@ -85,6 +85,9 @@ class MultiScaleProjectorImpl : public torch::nn::Module {
   MultiScaleProjectorImpl(const DetrConfig& c, const std::vector<int64_t>& in_channels);
   /// The backbone maps -> one (B, d_model, h_l, w_l) map per scale factor (the decoder levels).
   std::vector<at::Tensor> forward(const std::vector<at::Tensor>& maps) const;
+  /// True when the convolutions are channels_last (the `channels_last` layout converted them):
+  /// the backbone then hands its maps over in that format.
+  bool channels_last() const;
   std::vector<std::shared_ptr<ScaleProjectorImpl>> scale_layers;
 };
 

@@ -93,7 +93,8 @@ at::Tensor ViTBackboneImpl::absolute_positions(int64_t h, int64_t w) const {
   return at::upsample_bicubic2d(grid, {h, w}, /*align_corners=*/false).permute({0, 2, 3, 1});
 }
 
-std::vector<at::Tensor> ViTBackboneImpl::forward(const at::Tensor& pixel_values) const {
+std::vector<at::Tensor> ViTBackboneImpl::forward(const at::Tensor& pixel_values,
+                                                 bool channels_last_maps) const {
   auto e = projection->forward_patches(pixel_values).permute({0, 2, 3, 1});  // (B, h, w, C)
   const int64_t B = e.size(0), h = e.size(1), w = e.size(2), C = e.size(3);
   if (position_embeddings.defined())
@@ -111,6 +112,11 @@ std::vector<at::Tensor> ViTBackboneImpl::forward(const at::Tensor& pixel_values)
                .permute({0, 1, 3, 2, 4, 5})
                .reshape({B * side * side, wh * ww, C});
   auto to_map = [&](const at::Tensor& t) {
+    if (channels_last_maps)  // (B, h, w, C) rows, viewed (B, C, h, w)
+      return t.reshape({B, side, side, wh, ww, C})
+          .permute({0, 1, 3, 2, 4, 5})
+          .reshape({B, h, w, C})
+          .permute({0, 3, 1, 2});
     return t.reshape({B, side, side, wh, ww, C}).permute({0, 5, 1, 3, 2, 4}).reshape({B, C, h, w});
   };
   const std::vector<at::Tensor> stages = layers::run_pending_blocks(blocks, x);

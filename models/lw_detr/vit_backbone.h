@@ -50,7 +50,11 @@ class ViTBackboneImpl : public torch::nn::Module {
   /// pixel_values (B, num_channels, H, W) -> one (B, hidden_size, H / patch, W / patch) map per
   /// out_indices entry, in that order. Throws std::invalid_argument when the patch grid is not
   /// divisible by num_windows_side in both directions (upstream's reshape fails there too).
-  std::vector<at::Tensor> forward(const at::Tensor& pixel_values) const;
+  /// channels_last_maps: the maps in channels_last memory format (the same values), for a
+  /// channels_last projector: the copy out of the window-major token order then moves whole
+  /// rows of channels instead of transposing every element into NCHW.
+  std::vector<at::Tensor> forward(const at::Tensor& pixel_values,
+                                  bool channels_last_maps = false) const;
   /// Channels of each returned map (hidden_size per out_indices entry).
   std::vector<int64_t> channels() const;
 

@@ -5,14 +5,19 @@
 //                49 tokens, d 32, relative position bias [3,49,49] + the -100 shift mask [64,49,49]
 //   swin_plain   the same windows without shift: bias [1,3,49,49] broadcast (every other block)
 //   aifi         RT-DETR AIFI: batch 8, 8 heads, 400 tokens, d 32, no bias
+//   lwdetr_global / lwdetr_window   LW-DETR small's ViT: batch 32, 12 heads, d 16, 1,600 tokens /
+//                512 windows of 100 tokens, no bias
+//   decoder_self RT-DETR / D-FINE decoder self-attention: batch 32, 8 heads, 300 queries, d 32
 // in float32 (TF32 off), float16 and bfloat16. Method (docs/bench/attention.md): every call is
 // captured `per_graph` times into one CUDA graph, the graph is replayed between two CUDA events;
 // time per call = elapsed / calls; median of `repeats` such measurements. Inputs are the ones the
 // model passes (q/k/v as views of the projection output, the bias as Swin builds it). Each row
 // gives the SDPA backend at::_fused_sdp_choice reports, the time, the speed-up over the manual
 // row of the same shape and dtype, and max |out - reference| (reference: the manual math in
-// float64 on the same inputs) and max |out - manual|.
-// Usage: bench_attention [--json FILE] [--repeats N] [--only SHAPE] [--cpu-check]
+// float64 on the same inputs) and max |out - manual|. In a build with the CUDA kernels the
+// `cuda_flash` row is the attention slot's own kernel
+// (kernels/attention/cuda/flash_attention_cuda.h). Usage: bench_attention [--json FILE] [--repeats
+// N] [--only SHAPE] [--cpu-check]
 // (--cpu-check: every variant once on the CPU, correctness columns only, no timing.)
 // Without a CUDA device it prints "bench_attention: skipped (no CUDA device)" and exits 0.
 #include <ATen/ATen.h>
@@ -36,6 +41,9 @@
 
 #include "kernels/registry.h"
 #include "models/layers/attention.h"
+#ifdef LIBREYOLO_BENCH_FLASH_ATTENTION
+#include "kernels/attention/cuda/flash_attention_cuda.h"
+#endif
 #include "models/swin/windows.h"
 
 namespace layers = libreyolo::models::layers;
@@ -428,6 +436,17 @@ std::vector<Row> bench_shape(const Shape& s, at::ScalarType dt) {
                     b, "(d) broadcast mask, one backend"});
     }
   }
+#ifdef LIBREYOLO_BENCH_FLASH_ATTENTION
+  // The slot's `cuda` kernel called directly, at every head dim it is built for (the slot
+  // takes only the ones where it wins: kernels/attention/cuda/flash_attention_cuda.cpp).
+  if (!bias.defined() && !g_cpu_check && dt != at::kFloat &&
+      libreyolo::kernels::cuda::flash_attention_supports_head_dim(d))
+    vs.push_back({"cuda_flash",
+                  [&] { return libreyolo::kernels::cuda::flash_attention(q, k, v, scale); },
+                  {},
+                  "",
+                  "kernels/attention/cuda/flash_attention_kernels.cu"});
+#endif
   // What a fused module runs: the `attention` slot bound for a model on this device.
   libreyolo::kernels::BindContext context;
   context.device = q.is_cuda() ? libreyolo::kernels::BindContext::Device::cuda
@@ -487,7 +506,7 @@ std::vector<Row> bench_shape(const Shape& s, at::ScalarType dt) {
       r.note = msg.substr(0, 160);
     }
     rows.push_back(r);
-    std::cout << std::left << std::setw(11) << r.shape << std::setw(5) << r.dtype << std::setw(40)
+    std::cout << std::left << std::setw(14) << r.shape << std::setw(5) << r.dtype << std::setw(40)
               << r.variant << std::setw(10) << r.backend << std::right << std::setw(10)
               << std::fixed << std::setprecision(1) << r.us << std::setw(8) << std::setprecision(2)
               << r.speedup << "x" << std::setw(11) << std::scientific << std::setprecision(2)
@@ -529,7 +548,7 @@ int main(int argc, char** argv) {
       g_cpu_check ? "cpu (--cpu-check)" : at::cuda::getCurrentDeviceProperties()->name;
   std::cout << "device " << device_name << ", LibTorch " << LIBREYOLO_TORCH_VERSION
             << ", median of " << g_repeats << " x (10 graph replays x 10 calls)\n";
-  std::cout << std::left << std::setw(11) << "shape" << std::setw(5) << "dt" << std::setw(40)
+  std::cout << std::left << std::setw(14) << "shape" << std::setw(5) << "dt" << std::setw(40)
             << "variant" << std::setw(10) << "backend" << std::right << std::setw(10) << "us"
             << std::setw(9) << "speedup" << std::setw(11) << "|d ref|" << std::setw(11)
             << "|d manual|"
@@ -539,6 +558,12 @@ int main(int argc, char** argv) {
       {"swin_shift", 32, 3, 49, 32, 64, true},
       {"swin_plain", 32, 3, 49, 32, 64, false},
       {"aifi", 8, 8, 400, 32},
+      // LW-DETR small (issue 27): ViT of 12 heads x 16, 1,600 tokens in its global blocks and
+      // 16 windows of 100 tokens per image in the others (models/lw_detr/vit_backbone.cpp).
+      {"lwdetr_global", 32, 12, 1600, 16},
+      {"lwdetr_window", 512, 12, 100, 16},
+      // RT-DETR / D-FINE decoder self-attention: 300 queries, 8 heads x 32.
+      {"decoder_self", 32, 8, 300, 32},
   };
   nlohmann::json out = nlohmann::json::array();
   for (const auto& s : shapes) {

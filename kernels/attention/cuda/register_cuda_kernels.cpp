@@ -14,6 +14,7 @@ void register_add_layer_norm_cuda(Registry& registry);    // norm/cuda/add_layer
 void register_linear_act_cuda(Registry& registry);        // gemm/cuda/linear_act_cuda.cpp
 void register_fp8_gemm_cuda(Registry& registry);          // gemm/cuda/fp8_gemm_cuda.cpp
 void register_image_preprocess_cuda(Registry& registry);  // image/cuda/image_preprocess_cuda.cpp
+void register_flash_attention_cuda(Registry& registry);   // attention/cuda/flash_attention_cuda.cpp
 
 /// The provider's capability check: a CUDA device this process can use.
 bool cuda_device_usable() { return at::cuda::is_available(); }
@@ -31,6 +32,8 @@ void register_cuda_kernels(Registry& registry) {
   register_linear_act_cuda(registry);
   register_fp8_gemm_cuda(registry);
   register_image_preprocess_cuda(registry);
+  // After the built-in attention implementations: tried before mem_efficient and sdpa.
+  register_flash_attention_cuda(registry);
 }
 
 }  // namespace libreyolo::kernels

@@ -10,11 +10,10 @@
 // where nvjpegCreateEx accepts it and reports engines, else NVJPEG_BACKEND_DEFAULT through
 // nvjpegDecode (hybrid: Huffman on the CPU, IDCT and colour conversion on the GPU). One library
 // handle per device, created at the first decode on it; decoding states in a pool per device
-// (at least one per concurrent caller, reused: their buffers grow to the largest image and stay;
-// at most DeviceDecoder::kMaxStates kept apart by batch size). `image_decode_batch` decodes a
-// call's images with one nvjpegDecodeBatched (hardware backend only: its engines decode the
-// batch's images in parallel); a state is initialised for one batch size at a time, so the pool
-// hands out a state of the asked size first.
+// (one per concurrent caller, reused: their buffers grow to the largest image and stay).
+// `image_decode_batch` decodes a call's images with one nvjpegDecodeBatched (hardware backend
+// only: its engines decode the batch's images in parallel); a state is initialised for one batch
+// size at a time, so the pool hands out a state of the asked size first.
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAException.h>
@@ -162,40 +161,38 @@ struct DeviceDecoder {
   std::mutex mu;
   std::vector<DecodeState*> free_states;
 
-  /// Every state made so far; past kMaxStates a free state of another size is re-initialised
-  /// instead of a new one made.
-  std::size_t states = 0;
-  static constexpr std::size_t kMaxStates = 32;
-
-  /// A free state for `batch` images: one initialised for that size, else an uninitialised one,
-  /// else a new one, else (kMaxStates made) any free one. A state re-initialised for every other
-  /// size reallocates its buffers, and the server's DecodeBatcher asks for several sizes (powers
-  /// of two) in turn. The hybrid backend's states take any size.
+  /// A free state, preferably one initialised for `batch` images (a state re-initialised for
+  /// another size reallocates its buffers), else a new one: the pool holds as many states as
+  /// callers ever decoded at once. (Keeping states apart by batch size made more states than
+  /// callers, and the hardware decoder then failed decodes with an allocator error:
+  /// NvjpegDecode.ConcurrentCallersGetTheSamePixels on an H100, 2026-12-06.)
   DecodeState* acquire(int batch) {
     {
       std::lock_guard<std::mutex> lock(mu);
-      auto take = [this](std::vector<DecodeState*>::iterator j) {
+      if (!free_states.empty()) {
+        auto it = free_states.end() - 1;
+        for (auto j = free_states.begin(); j != free_states.end(); ++j)
+          if ((*j)->batch_size == batch) it = j;
+        DecodeState* s = *it;
+        free_states.erase(it);
+        return s;
+      }
+    }
+    auto s = std::make_unique<DecodeState>();
+    check(api().JpegStateCreate(handle, &s->state), "nvjpegJpegStateCreate");
+    if (hardware) check(api().JpegStreamCreate(handle, &s->stream), "nvjpegJpegStreamCreate");
+    return s.release();
+  }
+  /// A free state initialised for `batch` images, or nullptr.
+  DecodeState* take_sized(int batch) {
+    std::lock_guard<std::mutex> lock(mu);
+    for (auto j = free_states.begin(); j != free_states.end(); ++j)
+      if ((*j)->batch_size == batch) {
         DecodeState* s = *j;
         free_states.erase(j);
         return s;
-      };
-      if (!hardware && !free_states.empty()) return take(free_states.end() - 1);
-      for (int want : {batch, 0})
-        for (auto j = free_states.begin(); j != free_states.end(); ++j)
-          if ((*j)->batch_size == want) return take(j);
-      if (!free_states.empty() && states >= kMaxStates) return take(free_states.end() - 1);
-      ++states;
-    }
-    auto s = std::make_unique<DecodeState>();
-    try {
-      check(api().JpegStateCreate(handle, &s->state), "nvjpegJpegStateCreate");
-      if (hardware) check(api().JpegStreamCreate(handle, &s->stream), "nvjpegJpegStreamCreate");
-    } catch (...) {
-      std::lock_guard<std::mutex> lock(mu);
-      --states;
-      throw;
-    }
-    return s.release();
+      }
+    return nullptr;
   }
   void release(DecodeState* s) {
     std::lock_guard<std::mutex> lock(mu);
@@ -215,6 +212,15 @@ struct DeviceDecoder {
     DecodeState* s;
     Lease(DeviceDecoder& dec, int batch) : d(dec), s(dec.acquire(batch)) {}
     ~Lease() { d.release(s); }
+    /// Trades the state for a free one initialised for `batch` when there is one: a batch whose
+    /// checks declined some images decodes fewer than it was leased for.
+    void resize(int batch) {
+      if (s->batch_size == batch) return;
+      if (DecodeState* other = d.take_sized(batch)) {
+        d.release(s);
+        s = other;
+      }
+    }
     Lease(const Lease&) = delete;
     Lease& operator=(const Lease&) = delete;
   };
@@ -376,21 +382,34 @@ Outcome<std::vector<DecodedImage>> nvjpeg_decode_batch(const std::vector<Encoded
 
   c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(options.device_index));
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream(options.device_index).stream();
-  const DeviceDecoder::Lease lease(dec, static_cast<int>(in.size()));
-  DecodeState* st = lease.s;
   std::vector<std::size_t> taken;  // indices into `in`
   std::vector<int64_t> offsets;    // of each taken image in the buffer, bytes
   int64_t total = 0;
   std::vector<std::pair<int64_t, int64_t>> sizes;  // (h, w) of each taken image
   for (std::size_t i = 0; i < in.size(); ++i) {
     const image::JpegHeader header = image::parse_jpeg_header(in[i].data, in[i].size);
-    if (decline_reason(dec, header, options) || hardware_decline_reason(dec, st, in[i])) continue;
+    if (decline_reason(dec, header, options)) continue;
     taken.push_back(i);
-    offsets.push_back(total);
     sizes.emplace_back(header.height, header.width);
-    total += int64_t{3} * header.height * header.width;
   }
   if (taken.empty()) return out;
+  // The hardware check parses each stream into a state's nvjpegJpegStream.
+  DeviceDecoder::Lease lease(dec, static_cast<int>(taken.size()));
+  std::size_t kept = 0;
+  for (std::size_t k = 0; k < taken.size(); ++k) {
+    if (hardware_decline_reason(dec, lease.s, in[taken[k]])) continue;
+    taken[kept] = taken[k];
+    sizes[kept++] = sizes[k];
+  }
+  taken.resize(kept);
+  sizes.resize(kept);
+  if (taken.empty()) return out;
+  for (const auto& [h, w] : sizes) {
+    offsets.push_back(total);
+    total += int64_t{3} * h * w;
+  }
+  lease.resize(static_cast<int>(taken.size()));
+  DecodeState* st = lease.s;
 
   const at::Tensor buffer = at::empty(
       {total}, at::TensorOptions().dtype(at::kByte).device(at::kCUDA, options.device_index));

@@ -1,0 +1,63 @@
+// The `cuda` implementation of the attention slot: kernels/attention/cuda/flash_attention_cuda.h
+// for unbiased float16 / bfloat16 calls with 16- or 32-dimensional heads (LW-DETR's ViT, the
+// RT-DETR lineage's AIFI and decoder self-attention). Everything else declines to mem_efficient /
+// sdpa / reference (kernels/attention/dot_product_attention.h).
+#include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
+#include <ATen/cuda/CUDAContext.h>
+
+#include "kernels/attention/cuda/flash_attention_cuda.h"
+#include "kernels/attention/dot_product_attention.h"
+#include "kernels/registry.h"
+
+namespace libreyolo::kernels {
+namespace {
+
+/// Head dims the slot hands to the kernel: where it beat SDPA's choice (cuDNN) at the models'
+/// shapes on an H100, bf16 (tools/bench_attention; docs/BENCHMARKS.md, "The attention slot's
+/// small-head kernel"): d = 16 LW-DETR's ViT, 487 against 638 us (1,600 tokens) and 73.5 against
+/// 101 us (100-token windows); d = 32 RT-DETR's AIFI 14.1 against 16.3 us and the DETR decoders'
+/// self-attention 25.9 against 32.3 us.
+bool taken_head_dim(int64_t d) { return d == 16 || d == 32; }
+
+bool rows_aligned(const at::Tensor& t) {
+  return t.stride(3) == 1 && t.stride(0) % 8 == 0 && t.stride(1) % 8 == 0 && t.stride(2) % 8 == 0 &&
+         reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0;
+}
+
+Outcome<at::Tensor> flash_attention_cuda(const at::Tensor& q, const at::Tensor& k,
+                                         const at::Tensor& v, const at::Tensor& bias,
+                                         const AttentionCall& c) {
+  if (!q.is_cuda()) return Decline{"cuda: not a CUDA tensor"};
+  if (bias.defined()) return Decline{"cuda: a bias or mask (unbiased calls only)"};
+  const auto dtype = q.scalar_type();
+  if (dtype != at::kHalf && dtype != at::kBFloat16)
+    return Decline{"cuda: dtype (float16, bfloat16 only)"};
+  if (k.scalar_type() != dtype || v.scalar_type() != dtype || k.device() != q.device() ||
+      v.device() != q.device())
+    return Decline{"cuda: q, k, v of different dtypes or devices"};
+  const int64_t d = q.size(3);
+  if (!taken_head_dim(d) || !cuda::flash_attention_supports_head_dim(d))
+    return Decline{"cuda: head_dim (16 or 32 only)"};
+  if (k.size(3) != d || v.size(3) != d || k.size(0) != q.size(0) || v.size(0) != q.size(0) ||
+      k.size(1) != q.size(1) || v.size(1) != q.size(1) || v.size(2) != k.size(2))
+    return Decline{"cuda: q, k, v shapes differ"};
+  if (k.size(2) == 0) return Decline{"cuda: no keys"};
+  if (at::GradMode::is_enabled() && (q.requires_grad() || k.requires_grad() || v.requires_grad()))
+    return Decline{"cuda: autograd (no backward)"};
+  if (!rows_aligned(q) || !rows_aligned(k) || !rows_aligned(v))
+    return Decline{"cuda: rows not contiguous, 16-byte aligned, strides multiples of 8"};
+  return cuda::flash_attention(q, k, v, c.scale);
+}
+
+}  // namespace
+
+void register_flash_attention_cuda(Registry& registry) {
+  registry.register_impl(
+      kAttention, "cuda", &flash_attention_cuda,
+      // bf16 mma.sync needs sm_80 (Ampere) or newer.
+      [] { return at::cuda::is_available() && at::cuda::getCurrentDeviceProperties()->major >= 8; },
+      cuda_models_only);
+}
+
+}  // namespace libreyolo::kernels
