@@ -1,6 +1,9 @@
 // Dense multi-head attention, the `attention` slot: softmax(q k^T * scale + bias) v.
 //
 // Implementations, in call order:
+//   cuda           CUDA models, in builds with the CUDA kernels: unbiased float16 / bfloat16
+//                  calls with heads of 16 or 32 (kernels/attention/cuda/flash_attention_cuda.h),
+//                  where SDPA's cuDNN kernel pads the head to 64.
 //   mem_efficient  CUDA models: SDPA's memory-efficient (cutlass) kernel called directly on a
 //                  16-aligned bias; takes the shape classes attention_path() assigns to it.
 //   sdpa           at::scaled_dot_product_attention (and its padded-mask / window-batch forms);

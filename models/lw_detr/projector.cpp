@@ -154,10 +154,14 @@ std::vector<at::Tensor> MultiScaleProjectorImpl::forward(
 }
 
 bool MultiScaleProjectorImpl::channels_last() const {
-  // A 1x1 weight is contiguous in both formats (the layout leaves it); a 3x3 one tells.
-  for (const auto& p : parameters())
-    if (p.dim() == 4 && p.size(2) * p.size(3) > 1)
-      return !p.is_contiguous() && p.is_contiguous(at::MemoryFormat::ChannelsLast);
+  // The layout converts layers::Conv2d weights only, and leaves 1x1 ones (contiguous in both
+  // formats): the first larger Conv2d tells. Every forward walks the modules (tens, on the host;
+  // a CUDA graph captures the answer once).
+  for (const auto& m : modules(/*include_self=*/false))
+    if (const auto* conv = dynamic_cast<const layers::Conv2dImpl*>(m.get());
+        conv && conv->weight.dim() == 4 && conv->weight.size(2) * conv->weight.size(3) > 1)
+      return !conv->weight.is_contiguous() &&
+             conv->weight.is_contiguous(at::MemoryFormat::ChannelsLast);
   return false;
 }
 

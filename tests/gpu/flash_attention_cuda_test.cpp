@@ -8,6 +8,7 @@
 // replay gives the eager call's bits. Declines (a bias, float32, head_dim 64 and 8, CPU, unaligned
 // rows) run nothing and are counted with their exact reasons. Skips without a GPU.
 #include <ATen/ATen.h>
+#include <ATen/cuda/CUDAContext.h>
 #include <ATen/cuda/CUDAGraph.h>
 #include <c10/core/InferenceMode.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -91,6 +92,7 @@ TEST(FlashAttentionCuda, GraphReplayEqualsTheEagerCall) {
   const auto k = heads_view(4, 300, 12, 16, at::kBFloat16);
   const auto v = heads_view(4, 300, 12, 16, at::kBFloat16);
   const auto eager = cuda::flash_attention(q, k, v, 0.25);
+  at::cuda::device_synchronize();  // q, k, v and eager were written on the default stream
   const auto stream = at::cuda::getStreamFromPool();
   at::Tensor captured;
   at::cuda::CUDAGraph graph;
@@ -124,6 +126,7 @@ TEST(FlashAttentionCuda, DeclinesWhatItDoesNotTake) {
   const auto odd =
       at::randn({2, 64, 2 * 16 + 4}, q.options()).narrow(2, 0, 32).view({2, 64, 2, 16});
   EXPECT_FALSE(call(odd.transpose(1, 2)).has_value());
+  EXPECT_FALSE(h(q, q, q, at::Tensor(), AttentionCall{-0.25, false, 0}).has_value());
   EXPECT_TRUE(call(q).has_value());
   test::expect_calls_and_declines(
       reg, "attention", "cuda", 1,
@@ -131,6 +134,7 @@ TEST(FlashAttentionCuda, DeclinesWhatItDoesNotTake) {
        {"cuda: dtype (float16, bfloat16 only)", 1},
        {"cuda: head_dim (16 or 32 only)", 2},
        {"cuda: not a CUDA tensor", 1},
+       {"cuda: scale not positive", 1},
        {"cuda: rows not contiguous, 16-byte aligned, strides multiples of 8", 1}});
 }
 

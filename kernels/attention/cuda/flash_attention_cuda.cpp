@@ -6,6 +6,9 @@
 #include <ATen/core/grad_mode.h>
 #include <ATen/cuda/CUDAContext.h>
 
+#include <cmath>
+#include <cstdint>
+
 #include "kernels/attention/cuda/flash_attention_cuda.h"
 #include "kernels/attention/dot_product_attention.h"
 #include "kernels/registry.h"
@@ -43,6 +46,14 @@ Outcome<at::Tensor> flash_attention_cuda(const at::Tensor& q, const at::Tensor& 
       k.size(1) != q.size(1) || v.size(1) != q.size(1) || v.size(2) != k.size(2))
     return Decline{"cuda: q, k, v shapes differ"};
   if (k.size(2) == 0) return Decline{"cuda: no keys"};
+  // The row max is taken before scaling: a positive finite scale keeps it the max.
+  if (!(c.scale > 0.0) || !std::isfinite(c.scale)) return Decline{"cuda: scale not positive"};
+  const int64_t q_blocks = (q.size(2) + 63) / 64;
+  if (q.size(2) > INT32_MAX || k.size(2) > INT32_MAX ||
+      q.size(0) * q.size(1) * q_blocks > INT32_MAX)
+    return Decline{"cuda: over 2^31 - 1 tokens or blocks"};
+  if (!cuda::flash_attention_available(q.get_device()))
+    return Decline{"cuda: no sm_80+ code for this device in the build"};
   if (at::GradMode::is_enabled() && (q.requires_grad() || k.requires_grad() || v.requires_grad()))
     return Decline{"cuda: autograd (no backward)"};
   if (!rows_aligned(q) || !rows_aligned(k) || !rows_aligned(v))
@@ -55,8 +66,8 @@ Outcome<at::Tensor> flash_attention_cuda(const at::Tensor& q, const at::Tensor& 
 void register_flash_attention_cuda(Registry& registry) {
   registry.register_impl(
       kAttention, "cuda", &flash_attention_cuda,
-      // bf16 mma.sync needs sm_80 (Ampere) or newer.
-      [] { return at::cuda::is_available() && at::cuda::getCurrentDeviceProperties()->major >= 8; },
+      // cp.async and bf16 mma.sync need sm_80 (Ampere) or newer, and the build's code for it.
+      [] { return at::cuda::is_available() && cuda::flash_attention_available(0); },
       cuda_models_only);
 }
 

@@ -12,7 +12,7 @@
 // scores of a tile in registers (mma.sync m16n8k16, float32 accumulators), the online softmax
 // in base 2 (scale * log2 e folded into one FMA), and the probabilities reused from the score
 // accumulators as the A operand of P V after rounding to the input dtype (as FlashAttention-2 and
-// cuDNN do). Requires sm_80 or newer (bf16 mma.sync).
+// cuDNN do). Requires sm_80 or newer (cp.async, bf16 mma.sync) and a build for the device.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -20,6 +20,10 @@
 #include <cstdint>
 
 namespace libreyolo::kernels::cuda {
+
+/// True when `device` is sm_80 or newer and this build holds the kernel's code for it (the
+/// build's CMAKE_CUDA_ARCHITECTURES; sm_90 by default). No error is left behind.
+bool flash_attention_available(int device);
 
 /// True for the head dims the kernel is built for (16 and 32).
 bool flash_attention_supports_head_dim(int64_t head_dim);

@@ -17,6 +17,8 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <array>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 
@@ -113,6 +115,11 @@ __device__ __forceinline__ float exp2_approx(float x) {
 
 template <typename T, int D>
 __global__ void __launch_bounds__(kThreads, kMinBlocks<D>) flash_attention_kernel(const Params p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+  // cp.async and bf16 mma.sync need sm_80: a build for older GPUs gets this stub, which
+  // flash_attention_available() reports as absent (binaryVersion < 80), so it never runs.
+  __trap();
+#else
   constexpr int kPitch = D + 8;     // elements per shared row (bank-conflict-free ldmatrix)
   constexpr int kChunks = D / 8;    // 16-byte chunks per row
   constexpr int kSteps = D / 16;    // k-steps of Q K^T
@@ -262,6 +269,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<D>) flash_attention_kerne
       *reinterpret_cast<uint32_t*>(out + n * 8 + (lane & 3) * 2) =
           Mma<T>::pack(o[n][2 * r] * inv, o[n][2 * r + 1] * inv);
   }
+#endif
 }
 
 template <typename T, int D>
@@ -275,7 +283,36 @@ bool rows_aligned(const at::Tensor& t) {
          reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0;
 }
 
+/// flash_attention_available's probe (uncached).
+bool probe_device(int device) {
+  int major = 0;
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
+      major < 8)
+    return false;
+  // Whether this build holds code for the device (CMAKE_CUDA_ARCHITECTURES), sm_80 or newer.
+  int current = 0;
+  if (cudaGetDevice(&current) != cudaSuccess) return false;
+  if (cudaSetDevice(device) != cudaSuccess) return false;
+  cudaFuncAttributes attributes{};
+  const bool present = cudaFuncGetAttributes(
+                           &attributes, flash_attention_kernel<__nv_bfloat16, 16>) == cudaSuccess &&
+                       attributes.binaryVersion >= 80;
+  (void)cudaSetDevice(current);
+  (void)cudaGetLastError();  // a missing image leaves no sticky error behind
+  return present;
+}
+
 }  // namespace
+
+bool flash_attention_available(int device) {
+  // Answered once per device (the first answer is kept: the build and the GPU do not change).
+  static std::array<std::atomic<int>, 64> known{};  // 0 unknown, 1 no, 2 yes
+  if (device < 0 || device >= static_cast<int>(known.size())) return false;
+  if (const int k = known[device].load(std::memory_order_acquire)) return k == 2;
+  const bool yes = probe_device(device);
+  known[device].store(yes ? 2 : 1, std::memory_order_release);
+  return yes;
+}
 
 bool flash_attention_supports_head_dim(int64_t head_dim) {
   return head_dim == 16 || head_dim == 32;
@@ -301,6 +338,8 @@ at::Tensor flash_attention(const at::Tensor& q, const at::Tensor& k, const at::T
   TORCH_CHECK(rows_aligned(q) && rows_aligned(k) && rows_aligned(v),
               "flash_attention: rows must be contiguous, 16-byte aligned, strides multiples of 8");
   TORCH_CHECK(Lk >= 1, "flash_attention: no keys");
+  TORCH_CHECK(flash_attention_available(q.get_device()),
+              "flash_attention: no sm_80+ code for this device in the build");
   const int64_t q_blocks = (Lq + kBlockQ - 1) / kBlockQ, blocks = q_blocks * H * B;
   TORCH_CHECK(blocks <= INT32_MAX && Lq <= INT32_MAX && Lk <= INT32_MAX,
               "flash_attention: too large (", blocks, " blocks)");
