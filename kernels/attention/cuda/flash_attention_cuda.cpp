@@ -16,18 +16,6 @@
 namespace libreyolo::kernels {
 namespace {
 
-/// Head dims the slot hands to the kernel: where it beat SDPA's choice (cuDNN) at the models'
-/// shapes on an H100, bf16 (tools/bench_attention; docs/BENCHMARKS.md, "The attention slot's
-/// small-head kernel"): d = 16 LW-DETR's ViT, 487 against 638 us (1,600 tokens) and 73.5 against
-/// 101 us (100-token windows); d = 32 RT-DETR's AIFI 14.1 against 16.3 us and the DETR decoders'
-/// self-attention 25.9 against 32.3 us.
-bool taken_head_dim(int64_t d) { return d == 16 || d == 32; }
-
-bool rows_aligned(const at::Tensor& t) {
-  return t.stride(3) == 1 && t.stride(0) % 8 == 0 && t.stride(1) % 8 == 0 && t.stride(2) % 8 == 0 &&
-         reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0;
-}
-
 Outcome<at::Tensor> flash_attention_cuda(const at::Tensor& q, const at::Tensor& k,
                                          const at::Tensor& v, const at::Tensor& bias,
                                          const AttentionCall& c) {
@@ -40,8 +28,7 @@ Outcome<at::Tensor> flash_attention_cuda(const at::Tensor& q, const at::Tensor& 
       v.device() != q.device())
     return Decline{"cuda: q, k, v of different dtypes or devices"};
   const int64_t d = q.size(3);
-  if (!taken_head_dim(d) || !cuda::flash_attention_supports_head_dim(d))
-    return Decline{"cuda: head_dim (16 or 32 only)"};
+  if (!cuda::flash_attention_supports_head_dim(d)) return Decline{"cuda: head_dim (16 or 32 only)"};
   if (k.size(3) != d || v.size(3) != d || k.size(0) != q.size(0) || v.size(0) != q.size(0) ||
       k.size(1) != q.size(1) || v.size(1) != q.size(1) || v.size(2) != k.size(2))
     return Decline{"cuda: q, k, v shapes differ"};
@@ -56,7 +43,8 @@ Outcome<at::Tensor> flash_attention_cuda(const at::Tensor& q, const at::Tensor& 
     return Decline{"cuda: no sm_80+ code for this device in the build"};
   if (at::GradMode::is_enabled() && (q.requires_grad() || k.requires_grad() || v.requires_grad()))
     return Decline{"cuda: autograd (no backward)"};
-  if (!rows_aligned(q) || !rows_aligned(k) || !rows_aligned(v))
+  if (!cuda::flash_attention_rows_aligned(q) || !cuda::flash_attention_rows_aligned(k) ||
+      !cuda::flash_attention_rows_aligned(v))
     return Decline{"cuda: rows not contiguous, 16-byte aligned, strides multiples of 8"};
   return cuda::flash_attention(q, k, v, c.scale);
 }

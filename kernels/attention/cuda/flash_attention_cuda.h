@@ -25,8 +25,16 @@ namespace libreyolo::kernels::cuda {
 /// build's CMAKE_CUDA_ARCHITECTURES; sm_90 by default). No error is left behind.
 bool flash_attention_available(int device);
 
-/// True for the head dims the kernel is built for (16 and 32).
+/// True for the head dims the kernel is built for (16 and 32). Both beat SDPA's choice (cuDNN)
+/// at the models' shapes on an H100, bf16 (tools/bench_attention; docs/BENCHMARKS.md, "The
+/// attention slot's small-head kernel"): d = 16 LW-DETR's ViT, 487 against 638 us (1,600 tokens)
+/// and 73.5 against 101 us (100-token windows); d = 32 RT-DETR's AIFI 14.1 against 16.3 us and the
+/// DETR decoders' self-attention 25.9 against 32.3 us.
 bool flash_attention_supports_head_dim(int64_t head_dim);
+
+/// True when `t` (B, H, L, d) has contiguous rows, 16-byte aligned data and every other stride a
+/// multiple of 8 elements (the kernel copies rows in 16-byte pieces).
+bool flash_attention_rows_aligned(const at::Tensor& t);
 
 /// softmax(q k^T * scale) v without a bias or mask.
 /// q (B, H, Lq, d), k (B, H, Lk, d), v (B, H, Lk, d): float16 or bfloat16 (all the same), on one

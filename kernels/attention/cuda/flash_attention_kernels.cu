@@ -278,11 +278,6 @@ void launch(const Params& p, int64_t blocks, cudaStream_t stream) {
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
-bool rows_aligned(const at::Tensor& t) {
-  return t.stride(3) == 1 && t.stride(0) % 8 == 0 && t.stride(1) % 8 == 0 && t.stride(2) % 8 == 0 &&
-         reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0;
-}
-
 /// flash_attention_available's probe (uncached).
 bool probe_device(int device) {
   int major = 0;
@@ -318,6 +313,11 @@ bool flash_attention_supports_head_dim(int64_t head_dim) {
   return head_dim == 16 || head_dim == 32;
 }
 
+bool flash_attention_rows_aligned(const at::Tensor& t) {
+  return t.stride(3) == 1 && t.stride(0) % 8 == 0 && t.stride(1) % 8 == 0 && t.stride(2) % 8 == 0 &&
+         reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0;
+}
+
 at::Tensor flash_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                            double scale) {
   TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4,
@@ -335,7 +335,8 @@ at::Tensor flash_attention(const at::Tensor& q, const at::Tensor& k, const at::T
               "flash_attention: float16 or bfloat16 q, k, v of one dtype");
   TORCH_CHECK(q.is_cuda() && k.device() == q.device() && v.device() == q.device(),
               "flash_attention: q, k, v on one CUDA device");
-  TORCH_CHECK(rows_aligned(q) && rows_aligned(k) && rows_aligned(v),
+  TORCH_CHECK(flash_attention_rows_aligned(q) && flash_attention_rows_aligned(k) &&
+                  flash_attention_rows_aligned(v),
               "flash_attention: rows must be contiguous, 16-byte aligned, strides multiples of 8");
   TORCH_CHECK(Lk >= 1, "flash_attention: no keys");
   TORCH_CHECK(flash_attention_available(q.get_device()),

@@ -167,14 +167,12 @@ struct DeviceDecoder {
   /// callers, and the hardware decoder then failed decodes with an allocator error:
   /// NvjpegDecode.ConcurrentCallersGetTheSamePixels on an H100, 2026-12-06.)
   DecodeState* acquire(int batch) {
+    if (DecodeState* s = take_sized(batch)) return s;
     {
       std::lock_guard<std::mutex> lock(mu);
       if (!free_states.empty()) {
-        auto it = free_states.end() - 1;
-        for (auto j = free_states.begin(); j != free_states.end(); ++j)
-          if ((*j)->batch_size == batch) it = j;
-        DecodeState* s = *it;
-        free_states.erase(it);
+        DecodeState* s = free_states.back();
+        free_states.pop_back();
         return s;
       }
     }
