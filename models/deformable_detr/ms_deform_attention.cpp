@@ -33,8 +33,8 @@ at::Tensor MultiscaleDeformableAttentionImpl::forward(const at::Tensor& hidden,
   const int64_t B = q.size(0), Q = q.size(1), S = memory.size(1);
   const int64_t H = num_heads, L = num_levels, P = num_points;
   auto value = value_proj->forward(memory);
-  if (memory_mask.defined())
-    value = value.masked_fill(memory_mask.logical_not().unsqueeze(-1), 0.0);
+  if (memory_mask.defined())  // in place: value is the projection's own output
+    value.masked_fill_(memory_mask.logical_not().unsqueeze(-1), 0.0);
   value = value.view({B, S, H, d_model / H});
   const auto offsets = sampling_offsets->forward(q).view({B, Q, H, L, P, 2});
   const auto weights =

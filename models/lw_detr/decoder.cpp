@@ -57,11 +57,13 @@ at::Tensor DecoderLayerImpl::forward(const at::Tensor& x, const at::Tensor& quer
                                      const at::Tensor& ref, const at::Tensor& memory,
                                      const at::Tensor& memory_mask,
                                      const kernels::SpatialShapes& shapes) const {
+  // Post-norm residuals: each add and the LayerNorm after it in one add_layer_norm call.
   const auto qk = x + query_pos;
-  auto h = self_attn_layer_norm->forward(x + self_attn->forward(qk, qk, x));
-  h = cross_attn_layer_norm->forward(
-      h + cross_attn->forward(h, query_pos, memory, memory_mask, ref, shapes));
-  return layer_norm->forward(h + fc2->forward(fc1->forward_act(h, act)));
+  auto h = self_attn_layer_norm->forward_add(x, self_attn->forward(qk, qk, x)).second;
+  h = cross_attn_layer_norm
+          ->forward_add(h, cross_attn->forward(h, query_pos, memory, memory_mask, ref, shapes))
+          .second;
+  return layer_norm->forward_add(h, fc2->forward(fc1->forward_act(h, act))).second;
 }
 
 DecoderImpl::DecoderImpl(const DetrConfig& c) : d_model(c.d_model) {

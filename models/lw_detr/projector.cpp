@@ -87,6 +87,12 @@ at::Tensor C2FLayerImpl::forward(const at::Tensor& x) const {
   return conv2->forward(at::cat(all, 1));
 }
 
+bool C2FLayerImpl::channels_last() const {
+  if (bottlenecks.empty()) return false;
+  const auto& w = bottlenecks.front().first->conv->weight;
+  return !w.is_contiguous() && w.is_contiguous(at::MemoryFormat::ChannelsLast);
+}
+
 ScaleProjectorImpl::ScaleProjectorImpl(const DetrConfig& c, const std::vector<int64_t>& in_channels,
                                        double scale) {
   auto list = register_module("sampling_layers", make<torch::nn::Module>());
@@ -154,15 +160,7 @@ std::vector<at::Tensor> MultiScaleProjectorImpl::forward(
 }
 
 bool MultiScaleProjectorImpl::channels_last() const {
-  // The layout converts layers::Conv2d weights only, and leaves 1x1 ones (contiguous in both
-  // formats): the first larger Conv2d tells. Every forward walks the modules (tens, on the host;
-  // a CUDA graph captures the answer once).
-  for (const auto& m : modules(/*include_self=*/false))
-    if (const auto* conv = dynamic_cast<const layers::Conv2dImpl*>(m.get());
-        conv && conv->weight.dim() == 4 && conv->weight.size(2) * conv->weight.size(3) > 1)
-      return !conv->weight.is_contiguous() &&
-             conv->weight.is_contiguous(at::MemoryFormat::ChannelsLast);
-  return false;
+  return !scale_layers.empty() && scale_layers.front()->projector_layer->channels_last();
 }
 
 }  // namespace libreyolo::models::lw_detr

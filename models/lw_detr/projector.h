@@ -60,6 +60,10 @@ class C2FLayerImpl : public torch::nn::Module {
   C2FLayerImpl(const DetrConfig& c, int64_t in);
   /// (B, in, H, W) -> (B, d_model, H, W).
   at::Tensor forward(const at::Tensor& x) const;
+  /// True when the `channels_last` layout converted the convolutions: the bottlenecks' 3x3
+  /// weights tell (1x1 weights are contiguous in both formats); false without bottlenecks.
+  /// The callers then hand their maps over channels_last, with no transposing copy.
+  bool channels_last() const;
   ConvNormLayer conv1, conv2;
   std::vector<std::pair<ConvNormLayer, ConvNormLayer>> bottlenecks;
   int64_t hidden;

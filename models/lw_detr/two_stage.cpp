@@ -82,8 +82,8 @@ QuerySelection::Queries QuerySelection::forward(const at::Tensor& memory,
   const auto p = encoder_output_proposals(memory, memory_mask.logical_not(), shapes);
   // Group 0 only (LwDetrModel.forward: group_detr = 1 when not training).
   const auto q = enc_output_norm[0]->forward(enc_output[0]->forward(p.object_query));
-  const auto cls = enc_out_class_embed[0]->forward(q).masked_fill(
-      p.invalid, -std::numeric_limits<double>::infinity());
+  auto cls = enc_out_class_embed[0]->forward(q);  // its own output: filled in place
+  cls.masked_fill_(p.invalid, -std::numeric_limits<double>::infinity());
   const auto topk = std::get<1>(at::topk(std::get<0>(cls.max(-1)), num_queries, 1));
   // The box head and the refinement on the selected tokens only (upstream runs them on all S
   // and gathers): both are row-wise, so the gathered rows are the same.

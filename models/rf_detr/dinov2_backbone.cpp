@@ -119,7 +119,8 @@ at::Tensor Dinov2BackboneImpl::position_embedding(int64_t num_patches, int64_t h
   return at::cat({position_embeddings.slice(1, 0, 1), resized}, 1);
 }
 
-std::vector<at::Tensor> Dinov2BackboneImpl::forward(const at::Tensor& pixel_values) const {
+std::vector<at::Tensor> Dinov2BackboneImpl::forward(const at::Tensor& pixel_values,
+                                                    bool channels_last_maps) const {
   const int64_t B = pixel_values.size(0), H = pixel_values.size(2), W = pixel_values.size(3);
   const int64_t p = config.patch_size, nw = config.num_windows;
   const int64_t h = H / p, w = W / p;
@@ -154,7 +155,8 @@ std::vector<at::Tensor> Dinov2BackboneImpl::forward(const at::Tensor& pixel_valu
     const auto patches = config.apply_layernorm
                              ? layernorm->forward_rows(s, at::Tensor(), order).second
                              : s.index_select(1, order);
-    out.push_back(patches.view({B, h, w, C}).permute({0, 3, 1, 2}).contiguous());
+    const auto map = patches.view({B, h, w, C}).permute({0, 3, 1, 2});  // channels_last
+    out.push_back(channels_last_maps ? map : map.contiguous());
   }
   return out;
 }

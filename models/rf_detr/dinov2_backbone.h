@@ -55,8 +55,11 @@ class Dinov2BackboneImpl : public torch::nn::Module {
   /// pixel_values (B, num_channels, H, W) in the weights' dtype -> one (B, hidden_size,
   /// H / patch, W / patch) map per out_indices entry, in that order. Throws
   /// std::invalid_argument when the patch grid is not divisible by num_windows in both
-  /// directions (upstream's view fails there too).
-  std::vector<at::Tensor> forward(const at::Tensor& pixel_values) const;
+  /// directions (upstream's view fails there too). channels_last_maps: the maps in
+  /// channels_last memory format (the same values; the final LayerNorm's rows as they are),
+  /// for a channels_last projector, instead of a transposing copy into NCHW each.
+  std::vector<at::Tensor> forward(const at::Tensor& pixel_values,
+                                  bool channels_last_maps = false) const;
   /// Channels of each returned map (hidden_size per out_indices entry).
   std::vector<int64_t> channels() const;
 

@@ -71,7 +71,7 @@ class RfDetrImpl : public torch::nn::Module {
   /// pixel_values (B, 3, H, W), pixel_mask (B, H, W) (nonzero = valid).
   DetectorOutput forward(const at::Tensor& pixel_values, const at::Tensor& pixel_mask) const {
     const auto features = lw_detr::layer_norm_channels_first(
-        *projector_norm, projector_layer->forward(at::cat(backbone->forward(pixel_values), 1)));
+        *projector_norm, projector_layer->forward(backbone_maps(pixel_values)));
     const auto m = at::upsample_nearest2d(pixel_mask.unsqueeze(0).to(at::kFloat),
                                           {features.size(2), features.size(3)})
                        .to(at::kBool)
@@ -89,6 +89,16 @@ class RfDetrImpl : public torch::nn::Module {
     out.boxes = lw_detr::refine_boxes(queries.reference_points, bbox_embed->forward(out.hidden));
     out.features = features;
     return out;
+  }
+
+  /// The backbone's maps concatenated over channels, (B, L * hidden_size, h, w): channels_last
+  /// (one concatenation of the maps' rows, no transposing copies) when the projector is.
+  at::Tensor backbone_maps(const at::Tensor& pixel_values) const {
+    const bool channels_last = projector_layer->channels_last();
+    auto maps = backbone->forward(pixel_values, channels_last);
+    if (!channels_last) return at::cat(maps, 1);
+    for (auto& m : maps) m = m.permute({0, 2, 3, 1});  // (B, h, w, C) rows, contiguous
+    return at::cat(maps, -1).permute({0, 3, 1, 2});
   }
 
   /// The decoder layers' self-attention modules.
@@ -215,7 +225,9 @@ std::unique_ptr<Model> load_rf_detr(const std::string& dir, const nlohmann::json
 //
 // Layout classes: the DINOv2 backbone's attention, then the decoder self-attention. Its
 // RfDetrConvNormLayer normalises with LayerNorm (statistics of each pixel's channels at run
-// time, not per-channel constants): nothing for batchnorm_fold.
+// time, not per-channel constants): nothing for batchnorm_fold. channels_last (CUDA, 16-bit or
+// TF32: layouts::on_by_default) takes the projector's convolutions, whose channels-first
+// LayerNorms then normalise contiguous rows, and the backbone hands its maps over as rows.
 const FamilyRegistrar registered{
     Family{"rf_detr", {"rf_detr"}, /*order=*/60, load_rf_detr}
         .predicts({Task::object_detection, Task::instance_segmentation},
@@ -227,7 +239,7 @@ const FamilyRegistrar registered{
                    "",
                    path_with("backbone")},
                   {"qkv_concat", {"RfDetrAttention"}}},
-                 {"qkv_concat"})};
+                 {"qkv_concat", "channels_last"})};
 
 }  // namespace
 }  // namespace libreyolo::models

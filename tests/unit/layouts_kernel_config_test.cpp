@@ -186,7 +186,7 @@ TEST(LayoutCatalog, UpstreamClassesPerFamilyAndPath) {
   EXPECT_TRUE(on_by_default("repvgg", "d_fine", true));
   EXPECT_TRUE(on_by_default("qkv_concat", "vit", true));
   // DEIMv2 as D-FINE; LW-DETR qkv_concat, batchnorm_fold and channels_last (its projector,
-  // not for FMA convolutions), RF-DETR qkv_concat only.
+  // not for FMA convolutions), RF-DETR qkv_concat and channels_last (its projector).
   for (const char* layout : {"repvgg", "batchnorm_fold", "qkv_concat", "channels_last"})
     EXPECT_TRUE(on_by_default(layout, "deimv2", false)) << layout;
   EXPECT_FALSE(on_by_default("channels_last", "deimv2", true));
@@ -196,7 +196,8 @@ TEST(LayoutCatalog, UpstreamClassesPerFamilyAndPath) {
   EXPECT_FALSE(on_by_default("channels_last", "lw_detr", true));
   EXPECT_TRUE(on_by_default("qkv_concat", "rf_detr", false));
   EXPECT_FALSE(on_by_default("batchnorm_fold", "rf_detr", false));
-  EXPECT_FALSE(on_by_default("channels_last", "rf_detr", false));
+  EXPECT_TRUE(on_by_default("channels_last", "rf_detr", false));
+  EXPECT_FALSE(on_by_default("channels_last", "rf_detr", true));
 }
 
 }  // namespace

@@ -7,6 +7,7 @@
 //                          [--no-cudnn-benchmark] [--prompt "a cat. a dog."]
 //                          [--prompt-cache on|off|off,on] [--quantization none|fp8]
 //                          [--slot SLOT=IMPL,IMPL ...] [--flush-denormals default|on|off]
+//                          [--kernel-config CLASS=LAYOUT|off ...]
 // Prints one line per batch size: ms per forward (median of --iters, after --warmup), images/s,
 // and the kernel calls counted per implementation of ms_deform_attn, so that a run under
 // LIBREYOLO_KERNELS=reference (portable path) and one without can be compared; then one
@@ -39,6 +40,9 @@
 // float16 models, off for float32), printed as `default(on)` / `default(off)`.
 // --layouts picks the layouts (models/layouts/; not given: LIBREYOLO_LAYOUTS, else default); what
 // was applied goes to stderr and, with --out, into the JSON file with every timed line.
+// --kernel-config CLASS=VALUE (repeatable) is one serving.yaml `kernel_config:` entry for every
+// module of that transformers class (VALUE a layout name or `off`), e.g. --kernel-config
+// Conv2d=off: the defaults without channels_last, an A/B of one layout on the same build.
 // cuDNN benchmark mode is on, as in the daemon (server.yaml `cudnn_benchmark`) and the anchors
 // (tools/bench_models/anchors.py); --no-cudnn-benchmark uses cuDNN's heuristics instead.
 // Open-vocabulary models (models/prompted.h: OWL-ViT, OWLv2, Grounding DINO) take text with
@@ -80,6 +84,7 @@
 #include "kernels/policy.h"
 #include "kernels/registry.h"
 #include "models/layers/attention.h"
+#include "models/layouts/options.h"
 #include "models/model.h"
 #include "models/prompted.h"
 #include "models/runtime/cpu_math.h"
@@ -95,7 +100,7 @@ int usage() {
                "[--layouts default|on|off] [--out FILE.json] [--profile] [--no-cudnn-benchmark] "
                "[--prompt \"a cat. a dog.\"] [--prompt-cache on|off|off,on] "
                "[--quantization none|fp8] [--slot SLOT=IMPL,IMPL ...] "
-               "[--flush-denormals default|on|off]\n";
+               "[--flush-denormals default|on|off] [--kernel-config CLASS=LAYOUT|off ...]\n";
   return 2;
 }
 
@@ -206,6 +211,7 @@ int main(int argc, char** argv) {
               cache_modes = "on";
   std::string quantization = "none";
   libreyolo::kernels::SlotAllow slots;
+  std::vector<libreyolo::models::layouts::KernelConfigEntry> kernel_config;
   int64_t height = 640, width = 640;
   int iters = 10, warmup = 3;
   bool tf32 = false, cuda_graph = false, profile = false, cudnn_benchmark = true;
@@ -257,6 +263,16 @@ int main(int argc, char** argv) {
         std::stringstream names(spec.substr(eq + 1));
         for (std::string name; std::getline(names, name, ',');)
           if (!name.empty()) allow.push_back(name);
+      } else if (a == "--kernel-config") {
+        const std::string spec = next();
+        const auto eq = spec.find('=');
+        if (eq == std::string::npos || eq == 0 || eq + 1 == spec.size()) return usage();
+        libreyolo::models::layouts::KernelConfigEntry e;
+        e.key = spec.substr(0, eq);
+        e.targets = {{e.key, ""}};
+        e.value = spec.substr(eq + 1);
+        e.origin = "--kernel-config";
+        kernel_config.push_back(std::move(e));
       } else
         return usage();
     } catch (const std::exception&) {
@@ -303,6 +319,7 @@ int main(int argc, char** argv) {
     if (quantization == "fp8")
       options.quantization = libreyolo::models::quantization::Quantization::fp8;
     options.kernel_slots = slots;
+    options.layouts.kernel_config = kernel_config;
     const auto model = libreyolo::models::load_model(model_dir, options);
     const auto& q = model->quantization();
     if (quantization == "fp8")
