@@ -73,11 +73,18 @@ at::Tensor Conv2dImpl::forward_patches(const at::Tensor& x) const {
       options.dilation != 1 || options.groups != 1 || x.size(2) % k != 0 || x.size(3) % k != 0)
     return forward(x);
   const int64_t B = x.size(0), C = x.size(1), h = x.size(2) / k, w = x.size(3) / k;
-  // (B, C, h, k, w, k) -> (B, h, w, C, k, k): one row per patch, in the weight's (C, kh, kw)
-  // order.
+  // (B, C, h, k, w, k) -> one row per patch in the weight's memory order, so that its 2-D view
+  // is free: (C, kh, kw), or (kh, kw, C) for a channels_last weight (the `channels_last`
+  // layout converts every Conv2d).
+  const bool cl = !weight.is_contiguous() && weight.is_contiguous(at::MemoryFormat::ChannelsLast);
+  static constexpr int64_t kChannelsFirst[] = {0, 2, 4, 1, 3, 5},
+                           kChannelsLast[] = {0, 2, 4, 3, 5, 1};
   const auto patches =
-      x.reshape({B, C, h, k, w, k}).permute({0, 2, 4, 1, 3, 5}).reshape({B * h * w, C * k * k});
-  const auto out = at::linear(patches, weight.reshape({weight.size(0), -1}), bias);
+      x.reshape({B, C, h, k, w, k})
+          .permute(cl ? at::IntArrayRef(kChannelsLast) : at::IntArrayRef(kChannelsFirst))
+          .reshape({B * h * w, C * k * k});
+  const auto rows = (cl ? weight.permute({0, 2, 3, 1}) : weight).reshape({weight.size(0), -1});
+  const auto out = at::linear(patches, rows, bias);
   return out.view({B, h, w, out.size(-1)}).permute({0, 3, 1, 2});
 }
 

@@ -84,6 +84,7 @@
 #include "kernels/policy.h"
 #include "kernels/registry.h"
 #include "models/layers/attention.h"
+#include "models/layouts/kernel_config.h"
 #include "models/layouts/options.h"
 #include "models/model.h"
 #include "models/prompted.h"
@@ -264,18 +265,17 @@ int main(int argc, char** argv) {
         for (std::string name; std::getline(names, name, ',');)
           if (!name.empty()) allow.push_back(name);
       } else if (a == "--kernel-config") {
+        // Through serving.yaml's parser: an unknown class or layout is the same error there.
         const std::string spec = next();
         const auto eq = spec.find('=');
         if (eq == std::string::npos || eq == 0 || eq + 1 == spec.size()) return usage();
-        libreyolo::models::layouts::KernelConfigEntry e;
-        e.key = spec.substr(0, eq);
-        e.targets = {{e.key, ""}};
-        e.value = spec.substr(eq + 1);
-        e.origin = "--kernel-config";
-        kernel_config.push_back(std::move(e));
+        for (auto& e : libreyolo::models::layouts::parse_kernel_config_text(
+                 "{" + spec.substr(0, eq) + ": " + spec.substr(eq + 1) + "}", "--kernel-config"))
+          kernel_config.push_back(std::move(e));
       } else
         return usage();
-    } catch (const std::exception&) {
+    } catch (const std::exception& e) {
+      std::cerr << a << ": " << e.what() << "\n";
       return usage();
     }
   }
