@@ -8,6 +8,9 @@
 //   lwdetr_global / lwdetr_window   LW-DETR small's ViT: batch 32, 12 heads, d 16, 1,600 tokens /
 //                512 windows of 100 tokens, no bias
 //   decoder_self RT-DETR / D-FINE decoder self-attention: batch 32, 8 heads, 300 queries, d 32
+//   rfdetr_m_glb / rfdetr_m_win / rfdetr_b_win   RF-DETR's DINOv2 at batch 32, 6 heads,
+//                d 64: medium's global blocks (1,300 tokens) and windows (128 x 325), base's
+//                windows (512 x 101), no bias
 // in float32 (TF32 off), float16 and bfloat16. Method (docs/bench/attention.md): every call is
 // captured `per_graph` times into one CUDA graph, the graph is replayed between two CUDA events;
 // time per call = elapsed / calls; median of `repeats` such measurements. Inputs are the ones the
@@ -17,7 +20,7 @@
 // float64 on the same inputs) and max |out - manual|. In a build with the CUDA kernels the
 // `cuda_flash` row is the attention slot's own kernel
 // (kernels/attention/cuda/flash_attention_cuda.h). Usage: bench_attention [--json FILE] [--repeats
-// N] [--only SHAPE] [--cpu-check]
+// N] [--only SHAPE] [--dtype fp32|fp16|bf16] [--cpu-check]
 // (--cpu-check: every variant once on the CPU, correctness columns only, no timing.)
 // Without a CUDA device it prints "bench_attention: skipped (no CUDA device)" and exits 0.
 #include <ATen/ATen.h>
@@ -520,7 +523,7 @@ std::vector<Row> bench_shape(const Shape& s, at::ScalarType dt) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string json_path, only;
+  std::string json_path, only, only_dtype;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--json" && i + 1 < argc) {
@@ -531,9 +534,13 @@ int main(int argc, char** argv) {
       g_cpu_check = true;
     } else if (a == "--only" && i + 1 < argc) {
       only = argv[++i];
+    } else if (a == "--dtype" && i + 1 < argc &&
+               (std::string(argv[i + 1]) == "fp32" || std::string(argv[i + 1]) == "fp16" ||
+                std::string(argv[i + 1]) == "bf16")) {
+      only_dtype = argv[++i];
     } else {
-      std::cerr
-          << "usage: bench_attention [--json FILE] [--repeats N] [--only SHAPE] [--cpu-check]\n";
+      std::cerr << "usage: bench_attention [--json FILE] [--repeats N] [--only SHAPE] [--dtype "
+                   "fp32|fp16|bf16] [--cpu-check]\n";
       return 2;
     }
   }
@@ -564,11 +571,18 @@ int main(int argc, char** argv) {
       {"lwdetr_window", 512, 12, 100, 16},
       // RT-DETR / D-FINE decoder self-attention: 300 queries, 8 heads x 32.
       {"decoder_self", 32, 8, 300, 32},
+      // RF-DETR's DINOv2 (6 heads x 64, models/rf_detr/dinov2_backbone.cpp): medium 576 (2 x 2
+      // windows of 1 + 18 x 18 tokens; its global blocks see the 4 windows as one sequence) and
+      // base 560 (4 x 4 windows of 1 + 10 x 10).
+      {"rfdetr_m_glb", 32, 6, 1300, 64},
+      {"rfdetr_m_win", 128, 6, 325, 64},
+      {"rfdetr_b_win", 512, 6, 101, 64},
   };
   nlohmann::json out = nlohmann::json::array();
   for (const auto& s : shapes) {
     if (!only.empty() && s.name != only) continue;
     for (auto dt : {at::kFloat, at::kHalf, at::kBFloat16}) {
+      if (!only_dtype.empty() && dtype_name(dt) != only_dtype) continue;
       for (const auto& r : bench_shape(s, dt)) {
         out.push_back({{"shape", r.shape},
                        {"dtype", r.dtype},
