@@ -24,6 +24,8 @@
 #include "models/image/instance_segmentation.h"
 #include "models/image/postprocess.h"
 #include "models/image/processor.h"
+#include "models/layers/layers.h"
+#include "models/lw_detr/projector.h"
 #include "models/model.h"
 #include "models/rf_detr/checkpoint_keys.h"
 #include "tests/parity/checkpoint_copy.h"
@@ -135,6 +137,60 @@ TEST(RfDetrParity, LogitsAndBoxesMatchTransformers) {
                                               " attention");
     }
   }
+}
+
+// The CUDA default (the `channels_last` layout, CUDA-only) on the CPU: every Conv2d weight
+// converted as the layout converts it, so that the projector reports channels_last, the
+// backbone hands its maps over as rows and RfDetr's backbone_maps concatenates them in NHWC.
+// The same transformers fixture bars as the NCHW path.
+TEST(RfDetrParity, ChannelsLastProjectorMatchesTransformers) {
+  c10::InferenceMode inference_mode;
+  for (const char* name : {kDetection, kSegmentation}) {
+    const auto dir = test::model_fixture(name);
+    auto model = models::load_model(dir);
+    std::vector<const models::lw_detr::C2FLayerImpl*> c2f;
+    std::vector<models::layers::Conv2dImpl*> convs;
+    for (const auto& m : model->root().modules(/*include_self=*/false)) {
+      if (const auto* c = dynamic_cast<const models::lw_detr::C2FLayerImpl*>(m.get()))
+        c2f.push_back(c);
+      if (auto* c = dynamic_cast<models::layers::Conv2dImpl*>(m.get())) convs.push_back(c);
+    }
+    ASSERT_EQ(c2f.size(), 1u) << name;
+    ASSERT_FALSE(c2f[0]->bottlenecks.empty()) << name;
+    EXPECT_FALSE(c2f[0]->channels_last()) << name;
+    int converted = 0;
+    for (auto* c : convs)
+      if (!c->weight.is_contiguous(at::MemoryFormat::ChannelsLast)) {
+        c->weight.set_(c->weight.contiguous(at::MemoryFormat::ChannelsLast));
+        ++converted;
+      }
+    // The patch embedding and the bottlenecks' 3x3 convolutions (1x1 weights and the mask
+    // head's depthwise ones are contiguous in both formats): DESIGN.md's layouts table.
+    EXPECT_EQ(converted, 5) << name;
+    EXPECT_TRUE(c2f[0]->channels_last()) << name;
+    const auto in = fixture_input(dir);
+    const auto out = model->forward(in.pixel_values, in.pixel_mask);
+    test::expect_logits_and_boxes_match(out, test::expected_tensor(dir, "logits"),
+                                        test::expected_tensor(dir, "pred_boxes"),
+                                        std::string(name) + " channels_last projector");
+    if (std::string(name) == kSegmentation)
+      EXPECT_LE(test::max_abs_diff(out.pred_masks, test::expected_tensor(dir, "pred_masks")), 1e-4);
+  }
+}
+
+TEST(LwDetrProjector, ChannelsLastNeedsAConvertedBottleneck) {
+  // Without bottlenecks a C2F has 1x1 convolutions only, which no layout converts.
+  at::NoGradGuard no_grad;  // as the layout converts (the weights are parameters)
+  models::lw_detr::DetrConfig c;
+  c.c2f_blocks = 0;
+  c.d_model = 16;
+  EXPECT_FALSE(models::lw_detr::C2FLayerImpl(c, 32).channels_last());
+  c.c2f_blocks = 1;
+  models::lw_detr::C2FLayerImpl one(c, 32);
+  EXPECT_FALSE(one.channels_last());
+  auto& w = one.bottlenecks.front().first->conv->weight;
+  w.set_(w.contiguous(at::MemoryFormat::ChannelsLast));
+  EXPECT_TRUE(one.channels_last());
 }
 
 TEST(RfDetrParity, MaskLogitsMatchTransformers) {
