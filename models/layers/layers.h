@@ -150,7 +150,9 @@ class Conv2dImpl : public torch::nn::Module {
   at::Tensor forward(const at::Tensor& x) const;
   /// The same convolution for a ViT patch embedding (stride == kernel, no padding, dilation 1,
   /// groups 1): on CUDA as one GEMM over the image's non-overlapping patches, (B * h * w,
-  /// C * k * k) x (C * k * k, out), returned as the (B, out, h, w) view of the (B, h, w, out)
+  /// C * k * k) x (C * k * k, out) with each patch's values in the weight's memory order
+  /// ((C, kh, kw), or (kh, kw, C) for a channels_last weight: no weight copy), returned as the
+  /// (B, out, h, w) view of the (B, h, w, out)
   /// result (channels_last strides: the callers' flatten(2).transpose(1, 2) is then free).
   /// cuDNN runs these 3-channel convolutions on a non-tensor-core kernel (precomputed /
   /// implicit_convolve_sgemm; docs/BENCHMARKS.md, "sixth run"). Any

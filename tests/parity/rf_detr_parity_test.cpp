@@ -178,21 +178,6 @@ TEST(RfDetrParity, ChannelsLastProjectorMatchesTransformers) {
   }
 }
 
-TEST(LwDetrProjector, ChannelsLastNeedsAConvertedBottleneck) {
-  // Without bottlenecks a C2F has 1x1 convolutions only, which no layout converts.
-  at::NoGradGuard no_grad;  // as the layout converts (the weights are parameters)
-  models::lw_detr::DetrConfig c;
-  c.c2f_blocks = 0;
-  c.d_model = 16;
-  EXPECT_FALSE(models::lw_detr::C2FLayerImpl(c, 32).channels_last());
-  c.c2f_blocks = 1;
-  models::lw_detr::C2FLayerImpl one(c, 32);
-  EXPECT_FALSE(one.channels_last());
-  auto& w = one.bottlenecks.front().first->conv->weight;
-  w.set_(w.contiguous(at::MemoryFormat::ChannelsLast));
-  EXPECT_TRUE(one.channels_last());
-}
-
 TEST(RfDetrParity, MaskLogitsMatchTransformers) {
   c10::InferenceMode inference_mode;
   const auto dir = test::model_fixture(kSegmentation);
