@@ -14,20 +14,33 @@ std::shared_ptr<T> make(Args&&... args) {
 }  // namespace
 
 at::Tensor sinusoidal_position_embedding(const at::Tensor& pos, int64_t num_pos_feats) {
-  const double scale = 2 * M_PI;
-  auto dim_t = at::arange(num_pos_feats, pos.options().dtype(at::kFloat));
-  dim_t = at::pow(10000, 2 * at::div(dim_t, 2, "floor") / num_pos_feats);
-  std::vector<at::Tensor> embeddings;
-  for (const auto& coord : pos.unbind(-1)) {
-    const auto e = coord.unsqueeze(-1) * scale / dim_t;
-    const int64_t last = e.dim() - 1;
-    embeddings.push_back(
-        at::stack(
-            {e.slice(last, 0, c10::nullopt, 2).sin(), e.slice(last, 1, c10::nullopt, 2).cos()}, -1)
-            .flatten(-2));
-  }
-  if (embeddings.size() >= 2) std::swap(embeddings[0], embeddings[1]);
-  return at::cat(embeddings, -1).to(pos.scalar_type());
+  return sinusoidal_position_embedding(pos, sine_frequencies(num_pos_feats, pos.device()));
+}
+
+at::Tensor sine_frequencies(int64_t num_pos_feats, const at::Device& device) {
+  const auto dim_t =
+      at::arange(num_pos_feats, at::TensorOptions().dtype(at::kFloat).device(device));
+  return at::pow(10000, 2 * at::div(dim_t, 2, "floor") / num_pos_feats);
+}
+
+at::Tensor sinusoidal_position_embedding(const at::Tensor& pos, const at::Tensor& dim_t) {
+  const int64_t n = pos.size(-1), f = dim_t.size(0);
+  TORCH_CHECK(f % 2 == 0, "sinusoidal_position_embedding: an odd feature count (", f, ")");
+  // Upstream, per coordinate: coord.unsqueeze(-1) * scale / dim_t (the product rounded to pos's
+  // dtype, the quotient float32), sin of the even features, cos of the odd ones, interleaved;
+  // y before x. The same elementwise ops on every coordinate at once give the same values.
+  const at::Tensor ordered =
+      n >= 2 ? at::cat({pos.narrow(-1, 1, 1), pos.narrow(-1, 0, 1), pos.narrow(-1, 2, n - 2)}, -1)
+             : pos;
+  const auto e = (ordered * (2 * M_PI)).unsqueeze(-1) / dim_t;  // (..., n, f) float32
+  auto sizes = e.sizes().vec();
+  sizes.back() = f / 2;
+  sizes.push_back(2);
+  auto out = at::empty(sizes, e.options());  // (..., n, f / 2, [sin, cos])
+  auto sin = out.select(-1, 0), cos = out.select(-1, 1);
+  at::sin_out(sin, e.slice(-1, 0, c10::nullopt, 2));
+  at::cos_out(cos, e.slice(-1, 1, c10::nullopt, 2));
+  return out.flatten(-3).to(pos.scalar_type());
 }
 
 DecoderLayerImpl::DecoderLayerImpl(const DetrConfig& c) : act(c.decoder_act) {
@@ -80,11 +93,18 @@ at::Tensor DecoderImpl::forward(const at::Tensor& target, const at::Tensor& refe
                                 const at::Tensor& valid_ratios, const at::Tensor& memory,
                                 const at::Tensor& memory_mask,
                                 const kernels::SpatialShapes& shapes) const {
-  // get_reference: per-level boxes and the query position of level 0's.
-  const auto ref = reference_points.slice(-1, 0, 4).unsqueeze(2) *
-                   at::cat({valid_ratios, valid_ratios}, -1).unsqueeze(1);
+  // get_reference: per-level boxes and the query position of level 0's. Without padding every
+  // valid ratio is 1 and the product is the boxes themselves.
+  const auto levels = static_cast<int64_t>(shapes.size());
+  const auto ref = valid_ratios.defined()
+                       ? reference_points.slice(-1, 0, 4).unsqueeze(2) *
+                             at::cat({valid_ratios, valid_ratios}, -1).unsqueeze(1)
+                       : reference_points.slice(-1, 0, 4).unsqueeze(2).expand({-1, -1, levels, -1});
+  const auto dim_t = frequencies_.get({d_model / 2}, memory.device(), [&] {
+    return sine_frequencies(d_model / 2, memory.device());
+  });
   const auto query_pos =
-      ref_point_head->forward(sinusoidal_position_embedding(ref.select(2, 0), d_model / 2));
+      ref_point_head->forward(sinusoidal_position_embedding(ref.select(2, 0), dim_t));
   at::Tensor h = target;
   for (const auto& layer : layers_)
     h = layer->forward(h, query_pos, ref, memory, memory_mask, shapes);

@@ -22,6 +22,7 @@
 #include "models/layers/attention.h"
 #include "models/layers/layers.h"
 #include "models/lw_detr/config.h"
+#include "models/runtime/constant_cache.h"
 
 namespace libreyolo::models::lw_detr {
 
@@ -31,6 +32,16 @@ namespace libreyolo::models::lw_detr {
 /// the first two coordinates swapped (y before x), concatenated: (..., n * num_pos_feats) in
 /// pos's dtype.
 at::Tensor sinusoidal_position_embedding(const at::Tensor& pos, int64_t num_pos_feats);
+
+/// The frequencies of sinusoidal_position_embedding: 10000^(2 floor(i/2) / num_pos_feats) for
+/// i < num_pos_feats, (num_pos_feats) float32 on `device` (upstream's dim_t).
+at::Tensor sine_frequencies(int64_t num_pos_feats, const at::Device& device);
+
+/// sinusoidal_position_embedding with its frequencies given (`dim_t` from sine_frequencies, an
+/// even count): the same values from six kernels for every coordinate together, where
+/// upstream's loop over the coordinates launches about six per coordinate. Throws c10::Error
+/// for an odd count (upstream's stack of the sin and cos halves fails there too).
+at::Tensor sinusoidal_position_embedding(const at::Tensor& pos, const at::Tensor& dim_t);
 
 /// One LwDetrDecoderLayer.
 class DecoderLayerImpl : public torch::nn::Module {
@@ -53,8 +64,10 @@ class DecoderImpl : public torch::nn::Module {
  public:
   explicit DecoderImpl(const DetrConfig& c);
   /// target (B, Q, D) the query features, reference_points (B, Q, 4) (cx, cy, w, h)
-  /// normalised, valid_ratios (B, L, 2) (w, h), memory (B, S, D), memory_mask (B, S) bool or
-  /// undefined. Returns the last layer's output after the final layernorm, (B, Q, D).
+  /// normalised, valid_ratios (B, L, 2) (w, h), memory (B, S, D), memory_mask (B, S) bool.
+  /// valid_ratios and memory_mask undefined: an input without padding (every ratio 1, every
+  /// token valid), the same result from fewer kernels. Returns the last layer's output after
+  /// the final layernorm, (B, Q, D).
   at::Tensor forward(const at::Tensor& target, const at::Tensor& reference_points,
                      const at::Tensor& valid_ratios, const at::Tensor& memory,
                      const at::Tensor& memory_mask, const kernels::SpatialShapes& shapes) const;
@@ -63,6 +76,9 @@ class DecoderImpl : public torch::nn::Module {
   layers::LayerNorm layernorm;
   layers::MLP ref_point_head;  ///< 2 * d_model -> d_model -> d_model, ReLU between
   int64_t d_model;
+
+ private:
+  ConstantCache frequencies_;  ///< sine_frequencies(d_model / 2) per device
 };
 
 }  // namespace libreyolo::models::lw_detr

@@ -48,27 +48,33 @@ class LwDetrImpl : public torch::nn::Module {
         register_module("bbox_embed", make<layers::MLPImpl>(d, d, 4, 3, layers::Activation::relu));
   }
 
-  /// pixel_values (B, 3, H, W), pixel_mask (B, H, W) (nonzero = valid).
+  /// pixel_values (B, 3, H, W), pixel_mask (B, H, W) (nonzero = valid) or undefined (no
+  /// padding: the masks, valid ratios and proposals' validity are then not computed).
   /// Returns logits (B, Q, num_labels) and pred_boxes (B, Q, 4).
   std::pair<at::Tensor, at::Tensor> forward(const at::Tensor& pixel_values,
                                             const at::Tensor& pixel_mask) const {
     const auto sources =
         projector->forward(backbone->forward(pixel_values, projector->channels_last()));
-    const auto mask_input = pixel_mask.unsqueeze(0).to(at::kFloat);
     kernels::SpatialShapes shapes;
     std::vector<at::Tensor> source_flat, mask_flat, ratios;
     for (const auto& s : sources) {
-      const auto m =
-          at::upsample_nearest2d(mask_input, {s.size(2), s.size(3)}).to(at::kBool).squeeze(0);
       shapes.push_back({s.size(2), s.size(3)});
       source_flat.push_back(s.flatten(2).transpose(1, 2));
+      if (!pixel_mask.defined()) continue;
+      const auto m =
+          at::upsample_nearest2d(pixel_mask.unsqueeze(0).to(at::kFloat), {s.size(2), s.size(3)})
+              .to(at::kBool)
+              .squeeze(0);
       mask_flat.push_back(m.flatten(1));
       ratios.push_back(m);
     }
     const auto memory = at::cat(source_flat, 1);
-    const auto mask = at::cat(mask_flat, 1);
-    for (auto& m : ratios) m = deformable_detr::valid_ratio(m, memory.scalar_type());
-    const auto valid_ratios = at::stack(ratios, 1);  // (B, L, 2)
+    at::Tensor mask, valid_ratios;
+    if (pixel_mask.defined()) {
+      mask = at::cat(mask_flat, 1);
+      for (auto& m : ratios) m = deformable_detr::valid_ratio(m, memory.scalar_type());
+      valid_ratios = at::stack(ratios, 1);  // (B, L, 2)
+    }
     const auto queries = selection->forward(memory, mask, shapes);
     const auto h = decoder->forward(queries.target, queries.reference_points, valid_ratios, memory,
                                     mask, shapes);
@@ -95,7 +101,10 @@ class LwDetrModel : public ModuleModel<LwDetrImpl> {
     const auto& b = net_->config.backbone;
     const at::Tensor x =
         checked_input(pixel_values, b.num_channels, b.patch_size * b.num_windows_side);
-    const at::Tensor mask = core::checked_pixel_mask("lw_detr", x, pixel_mask, options_.device);
+    // No mask: no padding, the unmasked path (LwDetrImpl::forward).
+    const at::Tensor mask =
+        pixel_mask.defined() ? core::checked_pixel_mask("lw_detr", x, pixel_mask, options_.device)
+                             : at::Tensor();
     auto [logits, boxes] = net_->forward(x, mask);
     ModelOutput out;
     out.logits = logits.to(at::kFloat);

@@ -20,10 +20,15 @@ std::shared_ptr<T> make(Args&&... args) {
 }  // namespace
 
 at::Tensor refine_boxes(const at::Tensor& reference, const at::Tensor& deltas) {
+  // Upstream's ops, each rounded to the dtype as there, written into their halves of the output
+  // in place of upstream's concatenation.
   const auto ref_xy = reference.slice(-1, 0, 2), ref_wh = reference.slice(-1, 2);
-  const auto xy = deltas.slice(-1, 0, 2) * ref_wh + ref_xy;
-  const auto wh = deltas.slice(-1, 2).exp() * ref_wh;
-  return at::cat({xy, wh}, -1);
+  auto out = at::empty(at::infer_size(reference.sizes(), deltas.sizes()),
+                       deltas.options().dtype(at::result_type(reference, deltas)));
+  auto xy = out.slice(-1, 0, 2), wh = out.slice(-1, 2);
+  at::mul_out(xy, deltas.slice(-1, 0, 2), ref_wh).add_(ref_xy);
+  at::exp_out(wh, deltas.slice(-1, 2).expand_as(wh)).mul_(ref_wh);
+  return out;
 }
 
 Proposals encoder_output_proposals(const at::Tensor& memory, const at::Tensor& padding_mask,
@@ -79,7 +84,27 @@ QuerySelection::Queries QuerySelection::forward(const at::Tensor& memory,
   if (S < num_queries)
     throw std::invalid_argument(c10::str(model_type, ": num_queries = ", num_queries,
                                          " exceeds the ", S, " projector tokens of the input"));
-  const auto p = encoder_output_proposals(memory, memory_mask.logical_not(), shapes);
+  Proposals p;
+  if (memory_mask.defined()) {
+    p = encoder_output_proposals(memory, memory_mask.logical_not(), shapes);
+  } else {
+    // No padding: the proposals and their validity depend on the shapes alone; computed once per
+    // geometry (for one image, shared by the batch) by the same function on an unpadded mask.
+    std::vector<int64_t> key{static_cast<int64_t>(memory.scalar_type())};
+    for (const auto& s : shapes) key.insert(key.end(), {s[0], s[1]});
+    auto unpadded = [&](bool invalid) {
+      return [&, invalid] {
+        const auto none = at::zeros({1, S}, memory.options().dtype(at::kBool));
+        const auto q = encoder_output_proposals(memory.narrow(0, 0, 1), none, shapes);
+        return invalid ? q.invalid : q.proposals;
+      };
+    };
+    auto invalid_key = key;
+    invalid_key.push_back(1);
+    p.proposals = constants_.get(key, memory.device(), unpadded(false));
+    p.invalid = constants_.get(invalid_key, memory.device(), unpadded(true));
+    p.object_query = memory.masked_fill(p.invalid, 0.0);
+  }
   // Group 0 only (LwDetrModel.forward: group_detr = 1 when not training).
   const auto q = enc_output_norm[0]->forward(enc_output[0]->forward(p.object_query));
   auto cls = enc_out_class_embed[0]->forward(q);  // its own output: filled in place

@@ -18,6 +18,7 @@
 #include "kernels/attention/ms_deform_attn.h"
 #include "models/layers/layers.h"
 #include "models/lw_detr/config.h"
+#include "models/runtime/constant_cache.h"
 
 namespace libreyolo::models::lw_detr {
 
@@ -45,9 +46,11 @@ class QuerySelection {
     at::Tensor target;            ///< (B, num_queries, D): query_feat of group 0
     at::Tensor reference_points;  ///< (B, num_queries, 4) (cx, cy, w, h)
   };
-  /// memory (B, S, D) the flattened projector maps, memory_mask (B, S) bool (true = valid).
-  /// Throws std::invalid_argument "<model_type>: num_queries = Q exceeds the S projector tokens
-  /// of the input" when S < num_queries (torch.topk would fail).
+  /// memory (B, S, D) the flattened projector maps, memory_mask (B, S) bool (true = valid), or
+  /// undefined for an input without padding (the same result; the proposals are then kept per
+  /// geometry instead of being rebuilt from the mask by some 25 small kernels). Throws
+  /// std::invalid_argument "<model_type>: num_queries = Q exceeds the S projector tokens of the
+  /// input" when S < num_queries (torch.topk would fail).
   Queries forward(const at::Tensor& memory, const at::Tensor& memory_mask,
                   const kernels::SpatialShapes& shapes) const;
 
@@ -59,6 +62,9 @@ class QuerySelection {
   at::Tensor query_feat, reference_point_embed;
   int64_t num_queries;
   std::string model_type;  ///< DetrConfig::model_type (error messages)
+
+ private:
+  ConstantCache constants_;  ///< the unpadded proposals and their validity per geometry
 };
 
 }  // namespace libreyolo::models::lw_detr

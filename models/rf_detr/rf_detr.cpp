@@ -68,19 +68,23 @@ class RfDetrImpl : public torch::nn::Module {
         register_module("bbox_embed", make<layers::MLPImpl>(d, d, 4, 3, layers::Activation::relu));
   }
 
-  /// pixel_values (B, 3, H, W), pixel_mask (B, H, W) (nonzero = valid).
+  /// pixel_values (B, 3, H, W), pixel_mask (B, H, W) (nonzero = valid) or undefined (no
+  /// padding: the mask, valid ratios and proposals' validity are then not computed).
   DetectorOutput forward(const at::Tensor& pixel_values, const at::Tensor& pixel_mask) const {
     const auto features = lw_detr::layer_norm_channels_first(
         *projector_norm, projector_layer->forward(backbone_maps(pixel_values)));
-    const auto m = at::upsample_nearest2d(pixel_mask.unsqueeze(0).to(at::kFloat),
-                                          {features.size(2), features.size(3)})
-                       .to(at::kBool)
-                       .squeeze(0);
     const kernels::SpatialShapes shapes{{features.size(2), features.size(3)}};
     const auto memory = features.flatten(2).transpose(1, 2);
-    const auto mask = m.flatten(1);
-    const auto valid_ratios =
-        deformable_detr::valid_ratio(m, memory.scalar_type()).unsqueeze(1);  // (B, 1, 2)
+    at::Tensor mask, valid_ratios;
+    if (pixel_mask.defined()) {
+      const auto m = at::upsample_nearest2d(pixel_mask.unsqueeze(0).to(at::kFloat),
+                                            {features.size(2), features.size(3)})
+                         .to(at::kBool)
+                         .squeeze(0);
+      mask = m.flatten(1);
+      valid_ratios =
+          deformable_detr::valid_ratio(m, memory.scalar_type()).unsqueeze(1);  // (B, 1, 2)
+    }
     const auto queries = selection->forward(memory, mask, shapes);
     DetectorOutput out;
     out.hidden = decoder->forward(queries.target, queries.reference_points, valid_ratios, memory,
@@ -141,8 +145,11 @@ class RfDetrModel : public ModuleModel<Net> {
     const auto& b = this->net_->config.backbone;
     const at::Tensor x =
         this->checked_input(pixel_values, b.num_channels, b.patch_size * b.num_windows);
+    // No mask: no padding, the unmasked path (RfDetrImpl::forward).
     const at::Tensor mask =
-        core::checked_pixel_mask("rf_detr", x, pixel_mask, this->options_.device);
+        pixel_mask.defined()
+            ? core::checked_pixel_mask("rf_detr", x, pixel_mask, this->options_.device)
+            : at::Tensor();
     ModelOutput out;
     if constexpr (std::is_same_v<Net, RfDetrSegmentationImpl>) {
       const auto d = this->net_->detector->forward(x, mask);

@@ -14,6 +14,8 @@
 #include <functional>
 #include <iostream>
 #include <nlohmann/json.hpp>
+#include <utility>
+#include <vector>
 
 #include <stdlib.h>
 #include <unistd.h>
@@ -130,6 +132,61 @@ TEST(LwDetr, HalfPrecisionLoadsAndRuns) {
     EXPECT_TRUE(at::isfinite(out.logits).all().item<bool>()) << dtype;
     EXPECT_TRUE(at::isfinite(out.pred_boxes).all().item<bool>()) << dtype;
     EXPECT_TRUE(at::equal(out.logits, model->forward(pixels.to(dtype)).logits)) << dtype;
+    // Without a mask the masks, valid ratios and proposals are skipped or kept per geometry:
+    // the same bits as an all-ones pixel_mask, in 16 bits too.
+    const auto ones = at::ones({1, pixels.size(2), pixels.size(3)}, at::kLong);
+    const auto masked = model->forward(pixels, ones);
+    EXPECT_TRUE(at::equal(out.logits, masked.logits)) << dtype;
+    EXPECT_TRUE(at::equal(out.pred_boxes, masked.pred_boxes)) << dtype;
+  }
+}
+
+/// transformers 5.17 encode_sinusoidal_position_embedding (modeling_lw_detr.py), op for op: the
+/// loop over the coordinates that sinusoidal_position_embedding(pos, dim_t) replaces.
+at::Tensor upstream_sine_embedding(const at::Tensor& pos, int64_t num_pos_feats) {
+  auto dim_t = at::arange(num_pos_feats, pos.options().dtype(at::kFloat));
+  dim_t = at::pow(10000, 2 * at::div(dim_t, 2, "floor") / num_pos_feats);
+  std::vector<at::Tensor> embeddings;
+  for (const auto& coord : pos.unbind(-1)) {
+    const auto e = coord.unsqueeze(-1) * (2 * M_PI) / dim_t;
+    embeddings.push_back(
+        at::stack({e.slice(-1, 0, c10::nullopt, 2).sin(), e.slice(-1, 1, c10::nullopt, 2).cos()},
+                  -1)
+            .flatten(-2));
+  }
+  std::swap(embeddings[0], embeddings[1]);
+  return at::cat(embeddings, -1).to(pos.scalar_type());
+}
+
+TEST(LwDetrGeometry, SineEmbeddingEqualsUpstreamLoopBitForBit) {
+  at::manual_seed(7);
+  for (auto dtype : {at::kFloat, at::kBFloat16, at::kHalf}) {
+    for (int64_t n : {2, 4}) {
+      const auto pos = at::rand({2, 300, n}).to(dtype);
+      const auto ours = models::lw_detr::sinusoidal_position_embedding(
+          pos, models::lw_detr::sine_frequencies(128, pos.device()));
+      const auto upstream = upstream_sine_embedding(pos, 128);
+      ASSERT_EQ(ours.sizes(), (at::IntArrayRef{2, 300, n * 128}));
+      EXPECT_EQ(ours.scalar_type(), dtype);
+      EXPECT_TRUE(at::equal(ours, upstream)) << dtype << " n=" << n;
+    }
+  }
+  EXPECT_THROW(models::lw_detr::sinusoidal_position_embedding(at::rand({1, 2}), at::ones({3})),
+               c10::Error);
+}
+
+TEST(LwDetrGeometry, RefineBoxesEqualsUpstreamOpsBitForBit) {
+  at::manual_seed(8);
+  for (auto dtype : {at::kFloat, at::kBFloat16}) {
+    const auto ref = at::rand({2, 300, 4}).to(dtype), delta = at::randn({1, 300, 4}).to(dtype);
+    for (const auto& [a, b] : {std::pair{ref, delta}, std::pair{delta.abs(), ref}}) {
+      const auto upstream = at::cat({b.slice(-1, 0, 2) * a.slice(-1, 2) + a.slice(-1, 0, 2),
+                                     b.slice(-1, 2).exp() * a.slice(-1, 2)},
+                                    -1);
+      const auto ours = models::lw_detr::refine_boxes(a, b);
+      ASSERT_EQ(ours.sizes(), (at::IntArrayRef{2, 300, 4}));
+      EXPECT_TRUE(at::equal(ours, upstream)) << dtype;
+    }
   }
 }
 

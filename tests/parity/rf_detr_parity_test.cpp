@@ -412,7 +412,8 @@ TEST(RfDetrLoading, UnsupportedConfigsAreNamedErrors) {
 }
 
 TEST(RfDetr, HalfPrecisionLoadsAndRuns) {
-  // float16 / bfloat16 on CPU: float32, finite outputs of every task.
+  // float16 / bfloat16 on CPU: float32, finite outputs of every task, the same without a mask as
+  // with an all-ones one.
   c10::InferenceMode inference_mode;
   for (const char* fixture : {kDetection, kSegmentation}) {
     const auto dir = test::model_fixture(fixture);
@@ -420,12 +421,21 @@ TEST(RfDetr, HalfPrecisionLoadsAndRuns) {
     for (auto dtype : {at::kHalf, at::kBFloat16}) {
       models::LoadOptions options;
       options.dtype = dtype;
-      const auto out = models::load_model(dir, options)->forward(pixels);
+      const auto model = models::load_model(dir, options);
+      const auto out = model->forward(pixels);
       ASSERT_EQ(out.logits.scalar_type(), at::kFloat);
       EXPECT_TRUE(at::isfinite(out.logits).all().item<bool>()) << fixture << " " << dtype;
       EXPECT_TRUE(at::isfinite(out.pred_boxes).all().item<bool>()) << fixture << " " << dtype;
       if (std::string(fixture) == kSegmentation)
         EXPECT_TRUE(at::isfinite(out.pred_masks).all().item<bool>()) << dtype;
+      // Without a mask (no padding: the mask, valid ratios and proposals are skipped or kept per
+      // geometry) the same bits as with an all-ones pixel_mask.
+      const auto masked =
+          model->forward(pixels, at::ones({1, pixels.size(2), pixels.size(3)}, at::kLong));
+      EXPECT_TRUE(at::equal(out.logits, masked.logits)) << fixture << " " << dtype;
+      EXPECT_TRUE(at::equal(out.pred_boxes, masked.pred_boxes)) << fixture << " " << dtype;
+      if (std::string(fixture) == kSegmentation)
+        EXPECT_TRUE(at::equal(out.pred_masks, masked.pred_masks)) << dtype;
     }
   }
 }

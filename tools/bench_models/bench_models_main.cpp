@@ -4,7 +4,7 @@
 //                          [--dtype float32|float16|bfloat16] [--iters N] [--warmup N] [--tf32]
 //                          [--cuda-graph] [--fused-attention default|on|off]
 //                          [--layouts default|on|off] [--out FILE.json] [--profile]
-//                          [--no-cudnn-benchmark] [--prompt "a cat. a dog."]
+//                          [--profile-launches] [--no-cudnn-benchmark] [--prompt "a cat. a dog."]
 //                          [--prompt-cache on|off|off,on] [--quantization none|fp8]
 //                          [--slot SLOT=IMPL,IMPL ...] [--flush-denormals default|on|off]
 //                          [--kernel-config CLASS=LAYOUT|off ...]
@@ -26,7 +26,8 @@
 // `default(on)` when the device rule turned it on), so that manual and fused attention are timed
 // on the same checkpoint.
 // --profile (CUDA) adds, per batch size, the GPU time of one eager forward by op class (conv,
-// gemm, elementwise, ...) from the torch profiler (tools/bench_models/profile.h).
+// gemm, elementwise, ...) from the torch profiler (tools/bench_models/profile.h);
+// --profile-launches also lists one forward's kernels (CPU: leaf ops) in launch order.
 // --quantization fp8 loads the model as serving.yaml `quantization: fp8` does
 // (models/quantization/fp8.h: the transformer blocks' Linear layers through the fp8_gemm slot);
 // what it did goes to stderr and into the JSON file, and a `fp8_agreement` line compares it with
@@ -98,7 +99,8 @@ int usage() {
   std::cerr << "usage: libreyolo-bench-models --model DIR [--size 640|HxW] [--batch 1,8] "
                "[--device cpu|cuda] [--dtype float32|float16|bfloat16] [--iters N] [--warmup N] "
                "[--tf32] [--cuda-graph] [--fused-attention default|on|off] "
-               "[--layouts default|on|off] [--out FILE.json] [--profile] [--no-cudnn-benchmark] "
+               "[--layouts default|on|off] [--out FILE.json] [--profile] [--profile-launches] "
+               "[--no-cudnn-benchmark] "
                "[--prompt \"a cat. a dog.\"] [--prompt-cache on|off|off,on] "
                "[--quantization none|fp8] [--slot SLOT=IMPL,IMPL ...] "
                "[--flush-denormals default|on|off] [--kernel-config CLASS=LAYOUT|off ...]\n";
@@ -215,7 +217,8 @@ int main(int argc, char** argv) {
   std::vector<libreyolo::models::layouts::KernelConfigEntry> kernel_config;
   int64_t height = 640, width = 640;
   int iters = 10, warmup = 3;
-  bool tf32 = false, cuda_graph = false, profile = false, cudnn_benchmark = true;
+  bool tf32 = false, cuda_graph = false, profile = false, profile_launches = false,
+       cudnn_benchmark = true;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto next = [&]() -> std::string { return i + 1 < argc ? argv[++i] : ""; };
@@ -246,6 +249,8 @@ int main(int argc, char** argv) {
         flush = next();
       else if (a == "--profile")
         profile = true;
+      else if (a == "--profile-launches")
+        profile = profile_launches = true;
       else if (a == "--layouts")
         layouts = next();
       else if (a == "--out")
@@ -460,7 +465,7 @@ int main(int argc, char** argv) {
                              forward();
                              synchronize(options.device);
                            },
-                           5)
+                           5, profile_launches)
                     << std::flush;
         }
         nlohmann::json run = {

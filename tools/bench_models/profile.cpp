@@ -90,7 +90,8 @@ std::string cpu_op_class(const std::string& name) {
 }
 
 /// The CPU report of profile_by_op_class (profile.h) from the profiler's events.
-std::string cpu_report(const torch::autograd::profiler::ProfilerResult& result, int iters) {
+std::string cpu_report(const torch::autograd::profiler::ProfilerResult& result, int iters,
+                       bool launches) {
   // Self time: on each thread, ops nest (an op's children start and end inside it), so a stack
   // of the open ops gives each op its parent, whose self time loses the child's wall time.
   struct Op {
@@ -158,6 +159,21 @@ std::string cpu_report(const torch::autograd::profiler::ProfilerResult& result, 
     return v;
   };
   std::ostringstream os;
+  if (launches) {
+    // The leaf ops (those that called no other op) of the first forward, in call order: what a
+    // device would launch as kernels, for counting them against a fused graph's.
+    std::vector<const Op*> leaves;
+    for (size_t i = 0; i < ops.size(); ++i) {
+      const bool leaf = i + 1 == ops.size() || ops[i + 1].thread != ops[i].thread ||
+                        ops[i + 1].start >= ops[i].end;
+      if (leaf && ops[i].thread == ops.front().thread) leaves.push_back(&ops[i]);
+    }
+    const size_t per_forward = leaves.size() / static_cast<size_t>(iters);
+    for (size_t i = 0; i < per_forward; ++i)
+      os << "profile launch " << i << " class=" << cpu_op_class(leaves[i]->name)
+         << " ops=" << leaves[i]->parents << ">" << leaves[i]->name << " " << leaves[i]->inputs
+         << "\n";
+  }
   for (const auto& [name, v] : sorted(by_class)) {
     os << "profile class=" << name << " ms_per_forward=" << v.first / iters
        << " share=" << (total > 0 ? 100.0 * v.first / total : 0.0)
@@ -188,7 +204,7 @@ std::string cpu_report(const torch::autograd::profiler::ProfilerResult& result, 
 
 }  // namespace
 
-std::string profile_by_op_class(const std::function<void()>& forward, int iters) {
+std::string profile_by_op_class(const std::function<void()>& forward, int iters, bool launches) {
   namespace prof = torch::autograd::profiler;
   using torch::profiler::impl::ActivityType;
   using torch::profiler::impl::ProfilerConfig;
@@ -236,12 +252,28 @@ std::string profile_by_op_class(const std::function<void()>& forward, int iters)
       b.second += 1;
     }
   }
-  if (by_kernel.empty()) return cpu_report(*result, iters);
+  if (by_kernel.empty()) return cpu_report(*result, iters, launches);
   std::vector<std::pair<std::string, std::pair<double, int>>> classes(by_class.begin(),
                                                                       by_class.end());
   std::sort(classes.begin(), classes.end(),
             [](const auto& a, const auto& b) { return a.second.first > b.second.first; });
   std::ostringstream os;
+  if (launches) {
+    // The first forward's kernels in launch order with the ops that launched them.
+    std::vector<std::pair<uint64_t, std::string>> seq;
+    for (const auto& e : result->events()) {
+      if (e.deviceType() != c10::DeviceType::CUDA) continue;
+      auto it = cpu_ops.find(e.linkedCorrelationId());
+      const std::string chain =
+          it == cpu_ops.end() ? "?" : op_chain(it->second, ops_by_thread[it->second.thread], 4);
+      seq.emplace_back(e.startNs(), "class=" + op_class(e.name()) + " ops=" + chain +
+                                        " name=" + std::string(e.name()).substr(0, 90));
+    }
+    std::sort(seq.begin(), seq.end());
+    const size_t per_forward = seq.size() / static_cast<size_t>(iters);
+    for (size_t i = 0; i < per_forward; ++i)
+      os << "profile launch " << i << " " << seq[i].second << "\n";
+  }
   for (const auto& [name, v] : classes) {
     os << "profile class=" << name << " ms_per_forward=" << v.first / iters
        << " share=" << (total > 0 ? 100.0 * v.first / total : 0.0)

@@ -26,7 +26,11 @@ namespace libreyolo::bench {
 /// calls_per_forward=<n> at=<parents>><op> <shapes>`). An op's time is its self time on the thread
 /// that called it (its wall time less that of the ops it called), so oneDNN's and ATen's worker
 /// threads count inside the op that used them and the classes add up to the forward's wall time
-/// less what ran outside ATen ops. Throws std::runtime_error when the profiler cannot start.
-std::string profile_by_op_class(const std::function<void()>& forward, int iters);
+/// less what ran outside ATen ops. `launches` first lists the first forward's kernels in launch
+/// order (`profile launch <i> class=<c> ops=<chain> name=<kernel>`; on the CPU its leaf ops:
+/// `profile launch <i> class=<c> ops=<parents>><op> <shapes>`), for counting launches.
+/// Throws std::runtime_error when the profiler cannot start.
+std::string profile_by_op_class(const std::function<void()>& forward, int iters,
+                                bool launches = false);
 
 }  // namespace libreyolo::bench
