@@ -36,11 +36,13 @@ at::Tensor sinusoidal_position_embedding(const at::Tensor& pos, const at::Tensor
   auto sizes = e.sizes().vec();
   sizes.back() = f / 2;
   sizes.push_back(2);
-  auto out = at::empty(sizes, e.options());  // (..., n, f / 2, [sin, cos])
+  // (..., n, f / 2, [sin, cos]) in pos's dtype: sin and cos are computed in float32 and rounded
+  // once on the way out, as upstream's float32 result and its .to(dtype) round it.
+  auto out = at::empty(sizes, e.options().dtype(pos.scalar_type()));
   auto sin = out.select(-1, 0), cos = out.select(-1, 1);
   at::sin_out(sin, e.slice(-1, 0, c10::nullopt, 2));
   at::cos_out(cos, e.slice(-1, 1, c10::nullopt, 2));
-  return out.flatten(-3).to(pos.scalar_type());
+  return out.flatten(-3);
 }
 
 DecoderLayerImpl::DecoderLayerImpl(const DetrConfig& c) : act(c.decoder_act) {

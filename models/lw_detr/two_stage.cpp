@@ -103,7 +103,7 @@ QuerySelection::Queries QuerySelection::forward(const at::Tensor& memory,
     invalid_key.push_back(1);
     p.proposals = constants_.get(key, memory.device(), unpadded(false));
     p.invalid = constants_.get(invalid_key, memory.device(), unpadded(true));
-    p.object_query = memory.masked_fill(p.invalid, 0.0);
+    p.object_query = at::where(p.invalid, 0.0, memory);  // masked_fill's values, one kernel
   }
   // Group 0 only (LwDetrModel.forward: group_detr = 1 when not training).
   const auto q = enc_output_norm[0]->forward(enc_output[0]->forward(p.object_query));

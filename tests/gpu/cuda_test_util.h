@@ -20,6 +20,7 @@
 #include "kernels/attention/ms_deform_attn.h"
 #include "kernels/conv/conv2d_bias_act.h"
 #include "kernels/gemm/fp8_gemm.h"
+#include "kernels/gemm/linear.h"
 #include "kernels/gemm/linear_act.h"
 #include "kernels/image/image_preprocess.h"
 #include "kernels/kernels.h"
@@ -140,6 +141,7 @@ inline void declare_with_cuda_only(kernels::Registry& reg) {
   reg.declare(kernels::kAddLayerNorm);
   reg.declare(kernels::kAttention);
   reg.declare(kernels::kLinearAct);
+  reg.declare(kernels::kLinear);
   reg.declare(kernels::kFp8Gemm);
   reg.declare(kernels::kImagePreprocess);
   kernels::register_cuda_kernels(reg);

@@ -1,15 +1,19 @@
-// The `cublaslt` linear_act (kernels/gemm/cuda/linear_act_cuda.cpp): bias and GELU in the GEMM's
-// epilogue, against the unfused float32 ops (at::linear, exact erf GELU) for the MLP shapes of
-// the ViT backbones, in bfloat16 and float16; float32, other activations and CPU tensors decline
-// (counted) and the portable path answers; a float32 model is not bound to it. Called through a
-// registry binding, as models call it. Skips without a GPU.
+// The `cublaslt` linear_act and linear (kernels/gemm/cuda/linear_act_cuda.cpp, cublaslt_gemm.h):
+// bias and GELU in the GEMM's epilogue, against the unfused float32 ops (at::linear, exact erf
+// GELU) for the MLP shapes of the ViT backbones, in bfloat16 and float16; the plain GEMM against
+// at::linear; the timed algorithm choice kept once per problem; float32, other activations and
+// CPU tensors decline (counted) and the portable path answers; a float32 model is not bound to
+// it. Called through a registry binding, as models call it. Skips without a GPU.
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <iostream>
 #include <string>
 
+#include "kernels/gemm/cuda/cublaslt_gemm.h"
+#include "kernels/gemm/linear.h"
 #include "kernels/gemm/linear_act.h"
 #include "tests/gpu/cuda_test_util.h"
 
@@ -74,20 +78,77 @@ TEST(LinearActCuda, DeclinesWhatItDoesNotComputeAndFloat32ModelsAreNotBound) {
   EXPECT_LE((relu->to(at::kFloat) - unfused.to(at::kFloat)).abs().max().item<double>(),
             unfused.to(at::kFloat).abs().max().item<double>() * 1e-3);
   EXPECT_TRUE(at::equal(*relu >= 0, at::ones_like(*relu, at::kBool)));
-  EXPECT_FALSE(
-      handle(x.to(at::kHalf), w.to(at::kHalf), at::Tensor(), Activation::gelu).has_value());
+  // No bias: the GELU epilogue alone, the unfused tanh GELU's numbers within the rounding.
+  const auto no_bias = handle(x.to(at::kHalf), w.to(at::kHalf), at::Tensor(), Activation::gelu);
+  ASSERT_TRUE(no_bias.has_value());
+  const auto tanh_gelu = at::gelu(at::linear(x.to(at::kHalf), w.to(at::kHalf)), "tanh");
+  EXPECT_LE((no_bias->to(at::kFloat) - tanh_gelu.to(at::kFloat)).abs().max().item<double>(),
+            tanh_gelu.to(at::kFloat).abs().max().item<double>() * 2e-3);
   EXPECT_FALSE(
       handle(x.to(at::kHalf).cpu(), w.to(at::kHalf).cpu(), b.to(at::kHalf).cpu(), Activation::gelu)
           .has_value());
   const auto r = test::candidate_report(reg, "linear_act", "cublaslt");
-  EXPECT_EQ(r.declined.at("cublaslt: dtype (float16, bfloat16 only: the epilogue's tanh GELU)"),
-            1u);
+  EXPECT_EQ(r.declined.at("cublaslt: dtype (float16, bfloat16 only)"), 1u);
   EXPECT_EQ(r.declined.at("cublaslt: activation (gelu and relu only)"), 1u);
-  EXPECT_EQ(r.declined.at("cublaslt: no bias"), 1u);
   EXPECT_EQ(r.declined.at("cublaslt: not a CUDA tensor"), 1u);
+  EXPECT_EQ(r.declined.count("cublaslt: no bias"), 0u);
   // The model-facing entry point answers the declined call with the unfused ops.
   EXPECT_TRUE(
       at::equal(linear_act(handle, x, w, b, Activation::gelu), at::gelu(at::linear(x, w, b))));
+}
+
+TEST(LinearCuda, TimedAlgorithmMatchesAtenLinearAndIsKeptPerProblem) {
+  REQUIRE_CUDA();
+  Registry& reg = test::cuda_only();
+  auto ctx = test::cuda_context();
+  EXPECT_TRUE(reg.bind(kLinear, ctx).empty());  // float32 model: ATen's GEMM
+  ctx.dtype = "bfloat16";
+  const auto handle = reg.bind(kLinear, ctx);
+  ASSERT_FALSE(handle.empty());
+  at::manual_seed(6);
+  const auto cuda = at::TensorOptions().device(at::kCUDA).dtype(at::kBFloat16);
+  // RF-DETR medium's backbone GEMMs at batch 32 (41,600 rows: 12-49 GFLOP, timed): qkv, the
+  // output projection, fc2.
+  const int64_t shapes[][3] = {{41600, 384, 1152}, {41600, 384, 384}, {41600, 1536, 384}};
+  for (const auto& s : shapes) {
+    const auto x = at::randn({1, s[0], s[1]}, cuda);
+    const auto w = at::randn({s[2], s[1]}, cuda) * (1.0 / std::sqrt(double(s[1])));
+    const auto b = at::randn({s[2]}, cuda) * 0.1;
+    const auto before = cuda::cublaslt_timed_problems();
+    const auto out = handle(x, w, b);
+    ASSERT_TRUE(out.has_value());
+    EXPECT_EQ(out->sizes(), (std::vector<int64_t>{1, s[0], s[2]}));
+    EXPECT_EQ(cuda::cublaslt_timed_problems(), before + 1);  // timed once, then kept
+    const auto again = handle(x, w, b);
+    EXPECT_EQ(cuda::cublaslt_timed_problems(), before + 1);
+    EXPECT_TRUE(at::equal(*out, *again));  // the kept algorithm: the same bits
+    // Against float32 math on the same bf16 operands: within the output's rounding, as ATen's
+    // heuristic choice (at::linear) is.
+    const auto ref = at::linear(x.to(at::kFloat), w.to(at::kFloat), b.to(at::kFloat));
+    const double ours = (out->to(at::kFloat) - ref).abs().max().item<double>();
+    const double aten = (at::linear(x, w, b).to(at::kFloat) - ref).abs().max().item<double>();
+    const auto heuristic =
+        cuda::cublaslt_linear(x, w, b, cuda::GemmEpilogue::none, cuda::GemmAlgorithm::heuristic);
+    const double first = (heuristic.to(at::kFloat) - ref).abs().max().item<double>();
+    std::cout << "[gpu] linear bf16 " << s[0] << "x" << s[1] << "->" << s[2]
+              << ": max|timed - fp32| = " << ours << ", max|heuristic - fp32| = " << first
+              << ", max|at::linear - fp32| = " << aten << "\n";
+    EXPECT_LE(ours, aten * 1.5 + 1e-6);
+    EXPECT_LE(first, aten * 1.5 + 1e-6);
+  }
+  // Below 4 GFLOP (batch 1's 1,300 rows) the heuristic's first runs and nothing is timed.
+  {
+    const auto x = at::randn({1300, 384}, cuda), w = at::randn({384, 384}, cuda);
+    const auto before = cuda::cublaslt_timed_problems();
+    ASSERT_TRUE(handle(x, w, at::Tensor()).has_value());
+    EXPECT_EQ(cuda::cublaslt_timed_problems(), before);
+  }
+  // K not a multiple of 8 declines, here and through the entry point (where ATen answers).
+  const auto x = at::randn({4, 12}, cuda), w = at::randn({16, 12}, cuda);
+  EXPECT_FALSE(handle(x, w, at::Tensor()).has_value());
+  EXPECT_TRUE(at::equal(linear(handle, x, w, at::Tensor()), at::linear(x, w)));
+  const auto r = test::candidate_report(reg, "linear", "cublaslt");
+  EXPECT_EQ(r.declined.at("cublaslt: K or N not a multiple of 8"), 2u);
 }
 
 }  // namespace

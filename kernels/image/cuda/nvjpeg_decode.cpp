@@ -61,6 +61,7 @@ using Stream_t = void*;  // nvjpegJpegStream_t
 struct NvjpegApi {
   nvjpegStatus_t (*CreateEx)(int, void*, void*, unsigned, Handle_t*) = nullptr;
   nvjpegStatus_t (*JpegStateCreate)(Handle_t, State_t*) = nullptr;
+  nvjpegStatus_t (*JpegStateDestroy)(State_t) = nullptr;
   nvjpegStatus_t (*Decode)(Handle_t, State_t, const unsigned char*, size_t, int, nvjpegImage_t*,
                            cudaStream_t) = nullptr;
   nvjpegStatus_t (*DecodeBatchedInitialize)(Handle_t, State_t, int, int, int) = nullptr;
@@ -124,6 +125,7 @@ const NvjpegApi& api() {
     };
     sym(r.CreateEx, "nvjpegCreateEx", true);
     sym(r.JpegStateCreate, "nvjpegJpegStateCreate", true);
+    sym(r.JpegStateDestroy, "nvjpegJpegStateDestroy", true);
     sym(r.Decode, "nvjpegDecode", true);
     sym(r.DecodeBatchedInitialize, "nvjpegDecodeBatchedInitialize", true);
     sym(r.DecodeBatched, "nvjpegDecodeBatched", true);
@@ -178,7 +180,11 @@ struct DeviceDecoder {
     }
     auto s = std::make_unique<DecodeState>();
     check(api().JpegStateCreate(handle, &s->state), "nvjpegJpegStateCreate");
-    if (hardware) check(api().JpegStreamCreate(handle, &s->stream), "nvjpegJpegStreamCreate");
+    if (hardware) {
+      const auto status = api().JpegStreamCreate(handle, &s->stream);
+      if (status != kSuccess) api().JpegStateDestroy(s->state);  // the state is not pooled
+      check(status, "nvjpegJpegStreamCreate");
+    }
     return s.release();
   }
   /// A free state initialised for `batch` images, or nullptr.
