@@ -22,7 +22,9 @@ Usage: make_random_checkpoint.py OUT_DIR [SET[,SET...]] [--tiny]
       level: the default's list is empty), OUT_DIR/deimv2_default (Deimv2Config()'s defaults:
       HGNetV2 with the hybrid encoder, 29.9 M parameters, 92.6 GFLOPs at 640x640, D-FINE-L
       sized; NOT the published DEIMv2-N, Intellindust/DEIMv2_HGNetv2_N_COCO, of about 3.6 M);
-      80 labels; and OUT_DIR/detr_resnet50 (facebook/detr-resnet-50: DetrConfig's defaults,
+      80 labels; OUT_DIR/deimv2_s (DEIMv2-S, deimv2_s() below: the published S model's
+      layout: 9.9 M parameters and 27.9 GFLOPs at 640x640 by torch.utils.flop_counter, the
+      README says 9.7 M and 25.6); and OUT_DIR/detr_resnet50 (facebook/detr-resnet-50: DetrConfig's defaults,
       timm's resnet50 backbone (needs timm), 100 queries, 91 labels, 800x1333 processor);
       --tiny is ignored for this set except by detr_resnet50
   detr -> OUT_DIR/detr_resnet50 alone (the DETR-R50 benchmark row)
@@ -280,6 +282,26 @@ def rf_detr_windowed_small(decoder_layers, side):
                            decoder_n_points=2, **coco_labels(80))
 
 
+def deimv2_s():
+    """DEIMv2-S as Intellindust-AI-Lab/DEIMv2 configs/deimv2/deimv2_dinov3_s_coco.yml builds it
+    (on configs/base/deimv2.yml): the DINOv3-distilled ViT-Tiny (engine/backbone/vit_tiny.py: 192
+    wide, 12 blocks of 3 heads, MLP 768, qkv bias, [CLS] and no register tokens, RoPE base 100,
+    LayerNorm eps 1e-6) with features after blocks 4 / 8 / 12, the spatial tuning adapter of 16
+    planes, the hybrid encoder and a 4-layer decoder at 192 wide with 512-wide FFNs, 8 heads,
+    [3, 6, 3] points, depth_mult 0.67, expansion 0.34, 300 queries."""
+    vit = tr.DINOv3ViTConfig(
+        patch_size=16, hidden_size=192, intermediate_size=768, num_hidden_layers=12, num_attention_heads=3,
+        num_register_tokens=0, image_size=640, layerscale_value=1.0, rope_theta=100.0, layer_norm_eps=1e-6,
+        key_bias=True, out_features=["stage4", "stage8", "stage12"], out_indices=[4, 8, 12],
+        apply_layernorm=True, reshape_hidden_states=True)
+    return tr.Deimv2Config(
+        backbone_config=vit, spatial_tuning_adapter_inplanes=16, encoder_hidden_dim=192,
+        encoder_in_channels=[192, 192, 192], feat_strides=[8, 16, 32], encoder_layers=1, encoder_ffn_dim=512,
+        encoder_attention_heads=8, hidden_expansion=0.34, depth_mult=0.67, d_model=192,
+        decoder_in_channels=[192, 192, 192], decoder_ffn_dim=512, decoder_layers=4, decoder_attention_heads=8,
+        decoder_n_points=[3, 6, 3], num_feature_levels=3, num_queries=300, **coco_labels(80))
+
+
 def main():
     args = [a for a in sys.argv[1:] if a != "--tiny"]
     tiny = "--tiny" in sys.argv[1:]
@@ -330,6 +352,8 @@ def main():
                  fixed_processor("DeformableDetrImageProcessor", 640))
             save(tr.Deimv2ForObjectDetection(tr.Deimv2Config(**coco_labels(80))), out, "deimv2_default",
                  fixed_processor("RTDetrImageProcessor", 640, normalize=False))
+            save(tr.Deimv2ForObjectDetection(deimv2_s()), out, "deimv2_s",
+                 fixed_processor("RTDetrImageProcessor", 640))
             save_detr(out, tiny)
         elif s == "detr":
             save_detr(out, tiny)
