@@ -11,13 +11,14 @@
 //
 // Per problem (device, M, N, K, dtype, epilogue, operand alignments) of at least 4 GFLOP (smaller
 // ones, the launch-bound GEMMs of batch 1, run the heuristic's first: choices timed there made
-// whole batch-1 graphs slower), the first call outside a CUDA-graph capture times up to kCandidates of the heuristic's algorithms on the call's own
-// operands (one warm-up and kTimedRuns runs each, CUDA events on the current stream, which the
-// timing synchronises once) and keeps the fastest for the process's life; the result is then
-// written by that algorithm. A call during a capture uses the heuristic's first algorithm
-// without keeping it (nothing can be timed there; CudaGraphRunner warms up eagerly first, so its
-// problems are tuned by then). The choice is a measurement: two processes may keep different
-// algorithms and so differ in the last bit of a 16-bit result, as with cuDNN's benchmark mode.
+// whole batch-1 graphs slower), the first call outside a CUDA-graph capture times up to 16
+// of the heuristic's algorithms on the call's own operands (one warm-up and 5 timed runs each,
+// CUDA events on the current stream, which the timing synchronises once) and keeps the fastest for
+// the process's life; the result is then written by that algorithm. A call during a capture uses
+// the heuristic's first algorithm without keeping it (nothing can be timed there; CudaGraphRunner
+// warms up eagerly first, so its problems are tuned by then). The choice is a measurement: two
+// processes may keep different algorithms and so differ in the last bit of a 16-bit result, as with
+// cuDNN's benchmark mode.
 #pragma once
 
 #include <ATen/ATen.h>
