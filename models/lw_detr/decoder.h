@@ -38,7 +38,7 @@ at::Tensor sinusoidal_position_embedding(const at::Tensor& pos, int64_t num_pos_
 at::Tensor sine_frequencies(int64_t num_pos_feats, const at::Device& device);
 
 /// sinusoidal_position_embedding with its frequencies given (`dim_t` from sine_frequencies, an
-/// even count): the same values from six kernels for every coordinate together, where
+/// even count): the same values from five kernels for every coordinate together, where
 /// upstream's loop over the coordinates launches about six per coordinate. Throws c10::Error
 /// for an odd count (upstream's stack of the sin and cos halves fails there too).
 at::Tensor sinusoidal_position_embedding(const at::Tensor& pos, const at::Tensor& dim_t);

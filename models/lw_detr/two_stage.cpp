@@ -99,11 +99,9 @@ QuerySelection::Queries QuerySelection::forward(const at::Tensor& memory,
         return invalid ? q.invalid : q.proposals;
       };
     };
-    auto invalid_key = key;
-    invalid_key.push_back(1);
-    p.proposals = constants_.get(key, memory.device(), unpadded(false));
-    p.invalid = constants_.get(invalid_key, memory.device(), unpadded(true));
-    p.object_query = at::where(p.invalid, 0.0, memory);  // masked_fill's values, one kernel
+    p.proposals = proposals_.get(key, memory.device(), unpadded(false));
+    p.invalid = invalid_.get(key, memory.device(), unpadded(true));
+    p.object_query = at::where(p.invalid, 0.0, memory);  // masked_fill's values, no clone first
   }
   // Group 0 only (LwDetrModel.forward: group_detr = 1 when not training).
   const auto q = enc_output_norm[0]->forward(enc_output[0]->forward(p.object_query));

@@ -64,7 +64,9 @@ class QuerySelection {
   std::string model_type;  ///< DetrConfig::model_type (error messages)
 
  private:
-  ConstantCache constants_;  ///< the unpadded proposals and their validity per geometry
+  /// The unpadded proposals (1, S, 4) and their validity (1, S, 1) per geometry and dtype (two
+  /// caches: each keeps as many geometries).
+  ConstantCache proposals_, invalid_;
 };
 
 }  // namespace libreyolo::models::lw_detr

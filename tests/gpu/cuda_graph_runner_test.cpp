@@ -63,6 +63,40 @@ TEST(CudaGraphRunner, ReplayEqualsEagerWithPadding) {
   }
 }
 
+TEST(CudaGraphRunner, UnmaskedLwDetrAndRfDetrEqualTheAllOnesMaskInBfloat16) {
+  // LW-DETR / RF-DETR without a pixel_mask skip the masks and keep the unpadded two-stage
+  // proposals per geometry (models/lw_detr/two_stage.h), one image's, broadcast over the batch:
+  // on CUDA in bfloat16 at batch 2, the same bits as an all-ones mask, eagerly and replayed from
+  // a graph captured after the cache was filled by the runner's eager warm-up.
+  if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device";
+  for (const std::string name : {"lw_detr_tiny", "rf_detr_tiny"}) {
+    SCOPED_TRACE(name);
+    libreyolo::models::LoadOptions options;
+    options.device = at::Device(at::kCUDA, 0);
+    options.dtype = at::kBFloat16;
+    const auto model = libreyolo::models::load_model(
+        std::string(LIBREYOLO_TEST_FIXTURES) + "/models/" + name, options);
+    const int64_t h = 192, w = 256;  // multiples of both fixtures' patch * window sides
+    CudaGraphRunner runner(*model, {2}, h, w, at::kBFloat16, options.device);
+    at::InferenceMode guard;
+    const auto cuda = at::TensorOptions().device(options.device);
+    const auto pixels = at::randn({2, 3, h, w}, cuda).to(at::kBFloat16);
+    const auto unmasked = model->forward(pixels);
+    const auto masked = model->forward(pixels, at::ones({2, h, w}, cuda.dtype(at::kLong)));
+    EXPECT_TRUE(at::equal(unmasked.logits, masked.logits));
+    EXPECT_TRUE(at::equal(unmasked.pred_boxes, masked.pred_boxes));
+    const auto replay = runner.run(pixels);
+    const double dl = (replay.logits - unmasked.logits).abs().max().item<double>();
+    const double db = (replay.pred_boxes - unmasked.pred_boxes).abs().max().item<double>();
+    std::cout << "[gpu] " << name << " bf16 graph(2) vs eager, no mask: max|logits diff| = " << dl
+              << ", max|pred_boxes diff| = " << db << std::endl;
+    // The same kernels on the same inputs; a bfloat16 ulp of slack for any algorithm that a
+    // capture may choose differently (cuDNN's benchmark mode).
+    EXPECT_LE(dl, 0.05);
+    EXPECT_LE(db, 0.01);
+  }
+}
+
 /// Calls counted so far for the `cuda` ms_deform_attn (the registry's report, what /active shows).
 uint64_t cuda_msda_calls() { return libreyolo::test::cuda_msda_state().first; }
 

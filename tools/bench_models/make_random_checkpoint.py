@@ -24,8 +24,9 @@ Usage: make_random_checkpoint.py OUT_DIR [SET[,SET...]] [--tiny]
       sized; NOT the published DEIMv2-N, Intellindust/DEIMv2_HGNetv2_N_COCO, of about 3.6 M);
       80 labels; OUT_DIR/deimv2_s (DEIMv2-S, deimv2_s() below: the published S model's
       layout: 9.9 M parameters and 27.9 GFLOPs at 640x640 by torch.utils.flop_counter, the
-      README says 9.7 M and 25.6); and OUT_DIR/detr_resnet50 (facebook/detr-resnet-50: DetrConfig's defaults,
-      timm's resnet50 backbone (needs timm), 100 queries, 91 labels, 800x1333 processor);
+      README says 9.7 M and 25.6); and OUT_DIR/detr_resnet50 (facebook/detr-resnet-50:
+      DetrConfig's defaults, timm's resnet50 backbone (needs timm), 100 queries, 91 labels,
+      800x1333 processor);
       --tiny is ignored for this set except by detr_resnet50
   detr -> OUT_DIR/detr_resnet50 alone (the DETR-R50 benchmark row)
   owl -> the open-vocabulary OWL checkpoints: OUT_DIR/owlvit_base_patch32

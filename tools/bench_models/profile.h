@@ -28,7 +28,10 @@ namespace libreyolo::bench {
 /// threads count inside the op that used them and the classes add up to the forward's wall time
 /// less what ran outside ATen ops. `launches` first lists the first forward's kernels in launch
 /// order (`profile launch <i> class=<c> ops=<chain> name=<kernel>`; on the CPU its leaf ops:
-/// `profile launch <i> class=<c> ops=<parents>><op> <shapes>`), for counting launches.
+/// `profile launch <i> class=<c> ops=<parents>><op> <shapes>`), for counting launches: kernels
+/// ordered by their start on the GPU (one stream assumed), the first 1/iters of them taken as one
+/// forward (every forward assumed to launch the same); kernels that no ATen op launched show
+/// `ops=?`.
 /// Throws std::runtime_error when the profiler cannot start.
 std::string profile_by_op_class(const std::function<void()>& forward, int iters,
                                 bool launches = false);

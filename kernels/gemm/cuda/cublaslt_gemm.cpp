@@ -2,7 +2,6 @@
 // timed once per problem.
 #include "kernels/gemm/cuda/cublaslt_gemm.h"
 
-#include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <cublasLt.h>
@@ -58,6 +57,41 @@ uint32_t alignment(const void* p) {
 /// (device, M, N, K, x's row stride, dtype, epilogue, bias, alignment of x, weight, out, bias).
 using ProblemKey = std::tuple<int, int64_t, int64_t, int64_t, int64_t, int, int, bool, uint32_t,
                               uint32_t, uint32_t, uint32_t>;
+
+/// This thread's cuBLASLt handle for the current device, created by the cuBLASLt this library
+/// links (ATen's handle may come from another copy of the library: the official LibTorch
+/// distribution bundles its own, and a handle must not cross copies). Kept for the thread's life.
+cublasLtHandle_t lt_handle(int device) {
+  thread_local std::map<int, cublasLtHandle_t> handles;
+  auto it = handles.find(device);
+  if (it != handles.end()) return it->second;
+  cublasLtHandle_t h = nullptr;
+  check(cublasLtCreate(&h), "cublasLtCreate");
+  handles.emplace(device, h);
+  return h;
+}
+
+/// The most problems whose timed choice is kept; later ones run the heuristic's first (a
+/// daemon with dynamic shapes would otherwise time, and keep, every new row count).
+constexpr std::size_t kMaxTimedProblems = 512;
+
+/// Two CUDA events, destroyed with it.
+struct EventPair {
+  cudaEvent_t start = nullptr, stop = nullptr;
+  EventPair() {
+    check(cudaEventCreate(&start), "cudaEventCreate");
+    if (cudaEventCreate(&stop) != cudaSuccess) {
+      cudaEventDestroy(start);
+      throw std::runtime_error("cublaslt: cudaEventCreate failed");
+    }
+  }
+  EventPair(const EventPair&) = delete;
+  EventPair& operator=(const EventPair&) = delete;
+  ~EventPair() {
+    cudaEventDestroy(stop);
+    cudaEventDestroy(start);
+  }
+};
 
 std::mutex& timed_mutex() {
   static std::mutex mu;
@@ -118,6 +152,11 @@ const char* cublaslt_linear_declines(const at::Tensor& x, const at::Tensor& weig
     return "cublaslt: K or N not a multiple of 8";
   if (!weight.is_contiguous() || (bias.defined() && !bias.is_contiguous()))
     return "cublaslt: weight or bias not contiguous";
+  auto aligned = [](const at::Tensor& t) {
+    return reinterpret_cast<std::uintptr_t>(t.data_ptr()) % 16 == 0;
+  };
+  if (!aligned(x) || !aligned(weight) || (bias.defined() && !aligned(bias)))
+    return "cublaslt: an operand not 16-byte aligned";
   return nullptr;
 }
 
@@ -183,7 +222,7 @@ at::Tensor cublaslt_linear(const at::Tensor& x, const at::Tensor& weight, const 
     check(cublasLtMatmulPreferenceSetAttribute(desc.preference, attribute, &bytes, sizeof(bytes)),
           "MatmulPreferenceSetAttribute(MIN_ALIGNMENT)");
 
-  cublasLtHandle_t handle = at::cuda::getCurrentCUDABlasLtHandle();
+  cublasLtHandle_t handle = lt_handle(x.get_device());
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
   const at::Tensor workspace =
       at::empty({static_cast<int64_t>(workspace_bytes)}, rows.options().dtype(at::kByte));
@@ -226,8 +265,7 @@ at::Tensor cublaslt_linear(const at::Tensor& x, const at::Tensor& weight, const 
   check(cublasLtMatmulAlgoGetHeuristic(handle, desc.op, desc.a, desc.b, desc.d, desc.d,
                                        desc.preference, kCandidates, found.data(), &returned),
         "MatmulAlgoGetHeuristic");
-  if (returned == 0)
-    throw std::runtime_error("cublaslt: MatmulAlgoGetHeuristic returned no algorithm");
+  if (returned == 0) return at::Tensor();  // nothing for these operands: the caller declines
 
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
   check(cudaStreamIsCapturing(stream, &capture), "cudaStreamIsCapturing");
@@ -236,39 +274,39 @@ at::Tensor cublaslt_linear(const at::Tensor& x, const at::Tensor& weight, const 
     check(run(found[0].algo), "Matmul");
     if (algorithm == GemmAlgorithm::timed && capture == cudaStreamCaptureStatusNone) {
       std::lock_guard<std::mutex> lock(timed_mutex());
-      timed_algorithms().emplace(key, found[0].algo);
+      if (timed_algorithms().size() < kMaxTimedProblems)
+        timed_algorithms().emplace(key, found[0].algo);
     }
     return out.view(out_sizes);
   }
 
   // Time the candidates on this call's operands; out is overwritten by each, then by the best.
-  cudaEvent_t start = nullptr, stop = nullptr;
-  check(cudaEventCreate(&start), "cudaEventCreate");
-  check(cudaEventCreate(&stop), "cudaEventCreate");
   int best = -1;
   float best_ms = 0.0f;
-  for (int i = 0; i < returned; ++i) {
-    if (found[i].state != CUBLAS_STATUS_SUCCESS || run(found[i].algo) != CUBLAS_STATUS_SUCCESS)
-      continue;  // an algorithm these operands cannot run: not a candidate
-    cudaEventRecord(start, stream);
-    for (int r = 0; r < kTimedRuns; ++r) run(found[i].algo);
-    cudaEventRecord(stop, stream);
-    float ms = 0.0f;
-    if (cudaEventSynchronize(stop) != cudaSuccess ||
-        cudaEventElapsedTime(&ms, start, stop) != cudaSuccess)
-      continue;
-    if (best < 0 || ms < best_ms) {
-      best = i;
-      best_ms = ms;
+  {
+    const EventPair events;
+    for (int i = 0; i < returned; ++i) {
+      if (found[i].state != CUBLAS_STATUS_SUCCESS || run(found[i].algo) != CUBLAS_STATUS_SUCCESS)
+        continue;  // an algorithm these operands cannot run: not a candidate
+      bool ran = cudaEventRecord(events.start, stream) == cudaSuccess;
+      for (int r = 0; r < kTimedRuns && ran; ++r) ran = run(found[i].algo) == CUBLAS_STATUS_SUCCESS;
+      ran = ran && cudaEventRecord(events.stop, stream) == cudaSuccess;
+      float ms = 0.0f;
+      if (!ran || cudaEventSynchronize(events.stop) != cudaSuccess ||
+          cudaEventElapsedTime(&ms, events.start, events.stop) != cudaSuccess)
+        continue;
+      if (best < 0 || ms < best_ms) {
+        best = i;
+        best_ms = ms;
+      }
     }
   }
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
-  if (best < 0) throw std::runtime_error("cublaslt: no candidate algorithm ran");
+  if (best < 0) best = 0;  // nothing could be timed: the heuristic's first, as ATen runs
   check(run(found[best].algo), "Matmul");
   {
     std::lock_guard<std::mutex> lock(timed_mutex());
-    timed_algorithms().emplace(key, found[best].algo);
+    if (timed_algorithms().size() < kMaxTimedProblems)
+      timed_algorithms().emplace(key, found[best].algo);
   }
   return out.view(out_sizes);
 }
@@ -276,6 +314,11 @@ at::Tensor cublaslt_linear(const at::Tensor& x, const at::Tensor& weight, const 
 std::size_t cublaslt_timed_problems() {
   std::lock_guard<std::mutex> lock(timed_mutex());
   return timed_algorithms().size();
+}
+
+void cublaslt_forget_timed_problems() {
+  std::lock_guard<std::mutex> lock(timed_mutex());
+  timed_algorithms().clear();
 }
 
 }  // namespace libreyolo::kernels::cuda

@@ -34,20 +34,28 @@ enum class GemmEpilogue { none, relu, gelu };
 enum class GemmAlgorithm { timed, heuristic };
 
 /// y = epilogue(x W^T + b): x (..., K), weight (N, K), bias (N) or undefined, all float16 or all
-/// bfloat16 on one CUDA device; float32 accumulation. Returns (..., N) in x's dtype, contiguous.
-/// gelu is cuBLASLt's GELU epilogue (the tanh form, as at::_addmm_activation's); relu is exact.
-/// Throws std::invalid_argument for other dtypes, devices or shapes (callers check
-/// cublaslt_linear_supports first), std::runtime_error naming the cuBLASLt call that failed.
+/// bfloat16 on one CUDA device; float32 accumulation. Returns (..., N) in x's dtype, contiguous,
+/// or an undefined tensor when cuBLASLt offers no algorithm for these operands (the caller
+/// declines). gelu is cuBLASLt's GELU epilogue (the tanh form, as at::_addmm_activation's); relu
+/// is exact. Runs on a cuBLASLt handle of its own per thread and device, with a 32 MiB
+/// workspace from the caching allocator per call (inside a CUDA-graph capture: from the graph's
+/// pool, once per graph). At most 512 timed choices are kept; later problems run the
+/// heuristic's first. Throws std::invalid_argument for what cublaslt_linear_declines names,
+/// std::runtime_error naming the cuBLASLt or CUDA call that failed.
 at::Tensor cublaslt_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
                            GemmEpilogue epilogue, GemmAlgorithm algorithm = GemmAlgorithm::timed);
 
 /// Why cublaslt_linear cannot take these operands (a string literal), or nullptr: not CUDA, not
 /// float16 / bfloat16, mixed dtypes or devices, K or N not a multiple of 8 (16-byte rows), an
-/// empty input, a weight that is not row-major contiguous.
+/// empty input, a weight that is not row-major contiguous, an operand whose first element is not
+/// 16-byte aligned.
 const char* cublaslt_linear_declines(const at::Tensor& x, const at::Tensor& weight,
                                      const at::Tensor& bias);
 
-/// The problems timed so far (for tests of the cache).
+/// The problems whose algorithm is kept (for tests of the cache).
 std::size_t cublaslt_timed_problems();
+
+/// Forgets every kept choice (tests: each starts from an empty cache).
+void cublaslt_forget_timed_problems();
 
 }  // namespace libreyolo::kernels::cuda

@@ -41,7 +41,9 @@ template <cuda::GemmAlgorithm algorithm>
 Outcome<at::Tensor> linear_cublaslt(const at::Tensor& x, const at::Tensor& weight,
                                     const at::Tensor& bias) {
   if (const char* why = declines(x, weight, bias)) return Decline{why};
-  return cuda::cublaslt_linear(x, weight, bias, cuda::GemmEpilogue::none, algorithm);
+  auto out = cuda::cublaslt_linear(x, weight, bias, cuda::GemmEpilogue::none, algorithm);
+  if (!out.defined()) return Decline{"cublaslt: no algorithm for these operands"};
+  return out;
 }
 
 /// CUDA models in float16 / bfloat16: a float32 model keeps ATen's GEMMs and the exact erf GELU.
@@ -55,8 +57,8 @@ const char* reduced_precision_cuda_models(const BindContext& c) {
 
 void register_linear_act_cuda(Registry& registry) {
   // The newest registration is called first (kernels/registry.h): `cublaslt_heuristic` is
-  // registered before `cublaslt`, so a model binds the timed one and the other only when a
-  // policy allows it alone.
+  // registered before `cublaslt`, so a model calls the timed one first; the other declines what
+  // it declines, and answers alone where a policy allows only it.
   auto available = [] { return at::cuda::is_available(); };
   registry.register_impl(kLinearAct, "cublaslt_heuristic",
                          &linear_act_cublaslt<cuda::GemmAlgorithm::heuristic>, available,
