@@ -92,15 +92,12 @@ QuerySelection::Queries QuerySelection::forward(const at::Tensor& memory,
     // geometry (for one image, shared by the batch) by the same function on an unpadded mask.
     std::vector<int64_t> key{static_cast<int64_t>(memory.scalar_type())};
     for (const auto& s : shapes) key.insert(key.end(), {s[0], s[1]});
-    auto unpadded = [&](bool invalid) {
-      return [&, invalid] {
-        const auto none = at::zeros({1, S}, memory.options().dtype(at::kBool));
-        const auto q = encoder_output_proposals(memory.narrow(0, 0, 1), none, shapes);
-        return invalid ? q.invalid : q.proposals;
-      };
+    auto unpadded = [&] {
+      const auto none = at::zeros({1, S}, memory.options().dtype(at::kBool));
+      return encoder_output_proposals(memory.narrow(0, 0, 1), none, shapes);
     };
-    p.proposals = proposals_.get(key, memory.device(), unpadded(false));
-    p.invalid = invalid_.get(key, memory.device(), unpadded(true));
+    p.proposals = proposals_.get(key, memory.device(), [&] { return unpadded().proposals; });
+    p.invalid = invalid_.get(key, memory.device(), [&] { return unpadded().invalid; });
     p.object_query = at::where(p.invalid, 0.0, memory);  // masked_fill's values, no clone first
   }
   // Group 0 only (LwDetrModel.forward: group_detr = 1 when not training).
