@@ -32,6 +32,8 @@
 #   deimv2     `deimv2_default`: Deimv2Config()'s defaults (HGNetV2, 29.9 M parameters,
 #              92.6 GFLOPs at 640; NOT the published DEIMv2-N of about 3.6 M), the same, channels_last
 #              anchors
+#   deimv2_s   DEIMv2-S as published (Intellindust-AI-Lab/DEIMv2 configs/deimv2/deimv2_dinov3_s_coco.yml:
+#              DINOv3 ViT-Tiny + STA, 9.9 M parameters, 27.9 GFLOPs at 640), the same
 #   owlvit     OWL-ViT B/32 (google/owlvit-base-patch32's configuration) 768, text "a cat. a dog."
 #              (two labels), batch 1 and 8, ours with the prompt cache off (text tower every
 #              forward) and on (the daemon's cache hit: vision + heads), + profile (cache on);
@@ -66,10 +68,10 @@ status=0
 export LIBREYOLO_HUB_KERNELS=0
 
 for r in ${rows//,/ }; do
-  case $r in r50 | r18 | dfine | deformable | detr | doclayout | vit | swin | fp32 | rf_detr | rf_detr_nano | rf_detr_small | rf_detr_medium | lw_detr | deimv2 | owlvit | owlv2 | grounding_dino | omdet_turbo) ;;
+  case $r in r50 | r18 | dfine | deformable | detr | doclayout | vit | swin | fp32 | rf_detr | rf_detr_nano | rf_detr_small | rf_detr_medium | lw_detr | deimv2 | deimv2_s | owlvit | owlv2 | grounding_dino | omdet_turbo) ;;
   *)
     echo "FAIL: ROWS: unknown row '$r' (expected r50, r18, dfine, deformable, detr, doclayout, vit, swin, fp32," \
-      "rf_detr, rf_detr_nano, rf_detr_small, rf_detr_medium, lw_detr, deimv2, owlvit, owlv2, grounding_dino, omdet_turbo)" >&2
+      "rf_detr, rf_detr_nano, rf_detr_small, rf_detr_medium, lw_detr, deimv2, deimv2_s, owlvit, owlv2, grounding_dino, omdet_turbo)" >&2
     exit 2
     ;;
   esac
@@ -184,7 +186,7 @@ for r in ${rows//,/ }; do
     [ "${FP8:-0}" = 1 ] && ours "$m bf16 graphs fp8" "$m" bfloat16 224 1,32 "--cuda-graph --quantization fp8"
     anchors "$m" 224 32 ""
     ;;
-  rf_detr | rf_detr_nano | rf_detr_small | rf_detr_medium | lw_detr | deimv2)
+  rf_detr | rf_detr_nano | rf_detr_small | rf_detr_medium | lw_detr | deimv2 | deimv2_s)
     case $r in
     rf_detr) m=rf_detr_base size=560 cl="" ;;
     rf_detr_nano) m=rf_detr_nano size=384 cl="" ;;
@@ -192,6 +194,7 @@ for r in ${rows//,/ }; do
     rf_detr_medium) m=rf_detr_medium size=576 cl="" ;;
     lw_detr) m=lw_detr_small size=640 cl="" ;;
     deimv2) m=deimv2_default size=640 cl=_cl ;;
+    deimv2_s) m=deimv2_s size=640 cl="" ;;
     esac
     checkpoint "$m" families || continue
     ours "$m bf16 graphs (defaults)" "$m" bfloat16 "$size" 1,32 "--cuda-graph"

@@ -54,6 +54,14 @@ at::Tensor MultiscaleDeformableAttentionImpl::forward(const at::Tensor& hidden,
     }
     normalizer = normalizer.view({1, 1, 1, L, 1, 2});
     locations = reference_points.unsqueeze(2).unsqueeze(4) + offsets / normalizer;
+  } else if (coords == 4 && (reference_points.size(2) == 1 || reference_points.stride(2) == 0)) {
+    // One box for every level (LW-DETR / RF-DETR without a pixel_mask hand over the boxes
+    // expanded): the sampling_locations slot, upstream's ops and roundings in one kernel.
+    locations =
+        kernels::sampling_locations(sampling_locations_kernel_, offsets.view({B, Q, H, L * P, 2}),
+                                    reference_points.select(2, 0),
+                                    kernels::PointScale::divide_by(static_cast<double>(P)), 0.5)
+            .view(offsets.sizes());
   } else if (coords == 4) {
     const auto ref = reference_points.unsqueeze(2).unsqueeze(4);  // (B, Q, 1, L, 1, 4)
     locations = ref.slice(-1, 0, 2) + offsets / P * ref.slice(-1, 2) * 0.5;

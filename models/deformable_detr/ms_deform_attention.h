@@ -15,13 +15,15 @@ namespace libreyolo::models::deformable_detr {
 
 class MultiscaleDeformableAttentionImpl : public torch::nn::Module, public layers::UsesKernels {
  public:
-  /// Takes the `ms_deform_attn` handle the model was bound to.
+  /// Takes the `ms_deform_attn` and `sampling_locations` handles the model was bound to.
   void bind_kernels(const layers::BoundKernels& k) override {
     ms_deform_attn_kernel_ = k.ms_deform_attn;
+    sampling_locations_kernel_ = k.sampling_locations;
   }
 
  private:
   kernels::MsDeformAttnHandle ms_deform_attn_kernel_;
+  kernels::SamplingLocationsHandle sampling_locations_kernel_;
 
  public:
   MultiscaleDeformableAttentionImpl(int64_t d_model, int64_t num_heads, int64_t num_levels,

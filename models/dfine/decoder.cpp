@@ -7,7 +7,7 @@
 
 #include "models/dfine/modules.h"
 
-#include "models/layers/sampling_locations.h"
+#include "kernels/attention/sampling_locations.h"
 
 namespace libreyolo::models::dfine {
 
@@ -66,9 +66,9 @@ at::Tensor MSDeformAttnImpl::forward(const at::Tensor& query, const at::Tensor& 
   const auto weights =
       at::softmax(attention_weights_->forward(query).reshape({B, Q, heads_, total_points_}), -1);
   // xy + offsets * num_points_scale * wh * offset_scale, upstream's operands and order.
-  const auto loc = layers::sampling_locations(  // (B, Q, H, sum P, 2)
-      offsets, reference_boxes,
-      layers::PointScale::multiply_by(num_points_scale_.to(query.scalar_type())), offset_scale_);
+  const auto loc = kernels::sampling_locations(  // (B, Q, H, sum P, 2)
+      sampling_locations_kernel_, offsets, reference_boxes,
+      kernels::PointScale::multiply_by(num_points_scale_.to(query.scalar_type())), offset_scale_);
   return kernels::ms_deform_attn_v2(ms_deform_attn_kernel_, value, shapes, loc, weights, points_,
                                     method_);
 }

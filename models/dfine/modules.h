@@ -92,13 +92,15 @@ rtdetr::CCFMFactories dfine_ccfm(const Config& c);
 /// per-level point counts padded to the largest with zero attention weights.
 class MSDeformAttnImpl : public torch::nn::Module, public layers::UsesKernels {
  public:
-  /// Takes the `ms_deform_attn` handle the model was bound to.
+  /// Takes the `ms_deform_attn` and `sampling_locations` handles the model was bound to.
   void bind_kernels(const layers::BoundKernels& k) override {
     ms_deform_attn_kernel_ = k.ms_deform_attn;
+    sampling_locations_kernel_ = k.sampling_locations;
   }
 
  private:
   kernels::MsDeformAttnHandle ms_deform_attn_kernel_;
+  kernels::SamplingLocationsHandle sampling_locations_kernel_;
 
  public:
   explicit MSDeformAttnImpl(const Config& c);

@@ -7,6 +7,7 @@
 
 #include "kernels/attention/dot_product_attention.h"
 #include "kernels/attention/ms_deform_attn.h"
+#include "kernels/attention/sampling_locations.h"
 #include "kernels/conv/conv2d_bias_act.h"
 #include "kernels/gemm/fp8_gemm.h"
 #include "kernels/gemm/linear.h"
@@ -21,6 +22,7 @@ namespace libreyolo::models::layers {
 /// module does before it is bound, e.g. in a unit test that builds it alone).
 struct BoundKernels {
   kernels::MsDeformAttnHandle ms_deform_attn;
+  kernels::SamplingLocationsHandle sampling_locations;
   kernels::AttentionHandle attention;
   kernels::Conv2dBiasActHandle conv2d_bias_act;
   kernels::MaxPool2dHandle max_pool2d;

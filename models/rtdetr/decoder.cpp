@@ -3,7 +3,7 @@
 // modeling_rt_detr_v2.py RTDetrV2MultiscaleDeformableAttention).
 #include "models/rtdetr/modules.h"
 
-#include "models/layers/sampling_locations.h"
+#include "kernels/attention/sampling_locations.h"
 
 namespace libreyolo::models::rtdetr {
 
@@ -42,19 +42,20 @@ at::Tensor MSDeformAttnImpl::forward(const at::Tensor& query, const at::Tensor& 
         at::softmax(attention_weights_->forward(query).view({B, Q, heads_, levels_ * points_}), -1)
             .view({B, Q, heads_, levels_, points_});
     // loc = xy + off / P * wh * 0.5 (upstream order), as (B, Q, H, L, P, 2).
-    const auto loc = layers::sampling_locations(
-                         offsets.view({B, Q, heads_, levels_ * points_, 2}), reference_boxes,
-                         layers::PointScale::divide_by(static_cast<double>(points_)), 0.5)
-                         .view(offsets.sizes());
+    const auto loc =
+        kernels::sampling_locations(
+            sampling_locations_kernel_, offsets.view({B, Q, heads_, levels_ * points_, 2}),
+            reference_boxes, kernels::PointScale::divide_by(static_cast<double>(points_)), 0.5)
+            .view(offsets.sizes());
     out = kernels::ms_deform_attn(ms_deform_attn_kernel_, value, shapes, loc, weights);
   } else {
     const auto offsets =
         sampling_offsets_->forward(query).view({B, Q, heads_, levels_ * points_, 2});
     const auto weights =
         at::softmax(attention_weights_->forward(query).view({B, Q, heads_, levels_ * points_}), -1);
-    const auto loc = layers::sampling_locations(
-        offsets, reference_boxes,
-        layers::PointScale::multiply_by(n_points_scale_.to(query.scalar_type())), offset_scale_);
+    const auto loc = kernels::sampling_locations(
+        sampling_locations_kernel_, offsets, reference_boxes,
+        kernels::PointScale::multiply_by(n_points_scale_.to(query.scalar_type())), offset_scale_);
     out = kernels::ms_deform_attn_v2(ms_deform_attn_kernel_, value, shapes, loc, weights,
                                      std::vector<int64_t>(levels_, points_), method_);
   }

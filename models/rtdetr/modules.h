@@ -213,13 +213,15 @@ at::Tensor sincos_position_embedding_2d(int64_t h, int64_t w, int64_t dim, doubl
 /// ms_deform_attn slot (kernels/attention/ms_deform_attn.h).
 class MSDeformAttnImpl : public torch::nn::Module, public layers::UsesKernels {
  public:
-  /// Takes the `ms_deform_attn` handle the model was bound to.
+  /// Takes the `ms_deform_attn` and `sampling_locations` handles the model was bound to.
   void bind_kernels(const layers::BoundKernels& k) override {
     ms_deform_attn_kernel_ = k.ms_deform_attn;
+    sampling_locations_kernel_ = k.sampling_locations;
   }
 
  private:
   kernels::MsDeformAttnHandle ms_deform_attn_kernel_;
+  kernels::SamplingLocationsHandle sampling_locations_kernel_;
 
  public:
   explicit MSDeformAttnImpl(const Config& c);

@@ -1,7 +1,8 @@
-// layers::sampling_locations: the CPU loop gives exactly the values of upstream's ATen expression
-// (the RT-DETR v1 and D-FINE forms, float32 / bfloat16 / float16), so does the ATen path (float64
-// here, CUDA in use), and bad shapes are refused.
-#include "models/layers/sampling_locations.h"
+// The sampling_locations slot's entry point and portable path: the CPU loop gives exactly the
+// values of upstream's ATen expression (the RT-DETR v1 and D-FINE forms, float32 / bfloat16 /
+// float16), so does the ATen path (float64 here, CUDA in use), bad shapes are refused before any
+// implementation runs, and a bound implementation is called (the modules hold the handle).
+#include "kernels/attention/sampling_locations.h"
 
 #include <c10/core/GradMode.h>
 #include <gtest/gtest.h>
@@ -9,13 +10,21 @@
 #include <string>
 #include <vector>
 
+#include "kernels/registry.h"
+#include "models/deformable_detr/ms_deform_attention.h"
+#include "models/layers/bound_kernels.h"
 #include "tests/unit/error_message.h"
 
 namespace {
 
-using libreyolo::models::layers::PointScale;
-using libreyolo::models::layers::sampling_locations;
-using libreyolo::models::layers::sampling_locations_fused;
+using libreyolo::kernels::PointScale;
+using libreyolo::kernels::sampling_locations_fused;
+
+// The entry point with no implementation bound: the portable path.
+at::Tensor sampling_locations(const at::Tensor& offsets, const at::Tensor& ref,
+                              const PointScale& scale, double factor) {
+  return libreyolo::kernels::sampling_locations({}, offsets, ref, scale, factor);
+}
 
 // Upstream's own code, written out: modeling_rt_detr.py (v1) and modeling_d_fine.py, on
 // reference boxes (B, Q, 1, 4) as their decoders hand them over.
@@ -110,6 +119,64 @@ TEST(SamplingLocationsShapes, TensorsThatRequireGradTakeTheAtenPath) {
   EXPECT_FALSE(sampling_locations_fused(offsets, at::zeros({1, 5, 4}), PointScale::divide_by(3)));
   c10::AutoGradMode no_grad(false);
   EXPECT_TRUE(sampling_locations_fused(offsets, at::zeros({1, 5, 4}), PointScale::divide_by(3)));
+}
+
+TEST(SamplingLocationsShapes, ReferenceBoxesOfAnotherDtypeAreRefused) {
+  EXPECT_EQ(libreyolo::test::message_of([&] {
+              sampling_locations(at::zeros({1, 5, 2, 3, 2}), at::zeros({1, 5, 4}, at::kDouble),
+                                 PointScale::divide_by(3), 0.5);
+            }),
+            "sampling_locations: reference_boxes must have the offsets' dtype Float, got Double");
+}
+
+// Deformable DETR's module (LW-DETR's and RF-DETR's decoder layers) calls the handle it was bound
+// to when every level has the same box, and keeps upstream's expression for per-level boxes (the
+// valid ratios of a padded batch).
+TEST(SamplingLocationsSlot, DeformableAttentionModuleCallsItsBoundHandleForOneBoxPerQuery) {
+  using namespace libreyolo;
+  // Every slot bind_kernels binds, with no implementation but the counting one (the built-in
+  // `cpu` ms_deform_attn would round otherwise than the unbound module's portable path).
+  kernels::Registry r;
+  r.declare(kernels::kMsDeformAttn);
+  r.declare(kernels::kSamplingLocations);
+  r.declare(kernels::kAttention);
+  r.declare(kernels::kConv2dBiasAct);
+  r.declare(kernels::kMaxPool2d);
+  r.declare(kernels::kAddLayerNorm);
+  r.declare(kernels::kLinearAct);
+  r.declare(kernels::kLinear);
+  int calls = 0;
+  r.register_impl(
+      kernels::kSamplingLocations, "counting",
+      [&calls](const at::Tensor& offsets, const at::Tensor& boxes, const at::Tensor& per_point,
+               double divisor, double factor) -> kernels::Outcome<at::Tensor> {
+        ++calls;
+        EXPECT_EQ(boxes.dim(), 3);
+        EXPECT_FALSE(per_point.defined());
+        EXPECT_EQ(divisor, 4.0);
+        EXPECT_EQ(factor, 0.5);
+        return kernels::sampling_locations_portable(offsets, boxes, PointScale::divide_by(divisor),
+                                                    factor);
+      });
+  at::manual_seed(5);
+  auto attn = std::make_shared<models::deformable_detr::MultiscaleDeformableAttentionImpl>(
+      /*d_model=*/32, /*num_heads=*/4, /*num_levels=*/2, /*num_points=*/4);
+  at::NoGradGuard no_grad;
+  for (auto& p : attn->parameters()) p.uniform_(-0.2, 0.2);
+  const kernels::SpatialShapes shapes{{4, 4}, {2, 2}};
+  const auto hidden = at::randn({2, 5, 32}), memory = at::randn({2, 20, 32});
+  const auto boxes = at::rand({2, 5, 4}) * 0.5 + 0.25;
+  const auto expanded = boxes.unsqueeze(2).expand({-1, -1, 2, -1});
+  const auto unbound = attn->forward(hidden, {}, memory, {}, expanded, shapes);
+  EXPECT_EQ(calls, 0);
+  models::layers::bind_kernels(*attn, r, kernels::BindContext{}, kernels::Filter{});
+  const auto bound = attn->forward(hidden, {}, memory, {}, expanded, shapes);
+  EXPECT_EQ(calls, 1);
+  EXPECT_TRUE(at::equal(bound, unbound));
+  // Per-level boxes: upstream's expression, not the slot; the same values where they coincide.
+  const auto per_level = attn->forward(hidden, {}, memory, {}, expanded.contiguous(), shapes);
+  EXPECT_EQ(calls, 1);
+  EXPECT_TRUE(at::equal(per_level, unbound));
 }
 
 }  // namespace

@@ -15,6 +15,8 @@ void register_linear_act_cuda(Registry& registry);        // gemm/cuda/linear_ac
 void register_fp8_gemm_cuda(Registry& registry);          // gemm/cuda/fp8_gemm_cuda.cpp
 void register_image_preprocess_cuda(Registry& registry);  // image/cuda/image_preprocess_cuda.cpp
 void register_flash_attention_cuda(Registry& registry);   // attention/cuda/flash_attention_cuda.cpp
+void register_sampling_locations_cuda(
+    Registry& registry);  // attention/cuda/sampling_locations_cuda.cpp
 
 /// The provider's capability check: a CUDA device this process can use.
 bool cuda_device_usable() { return at::cuda::is_available(); }
@@ -22,6 +24,7 @@ bool cuda_device_usable() { return at::cuda::is_available(); }
 /// Registers every `cuda` implementation.
 void register_cuda_kernels(Registry& registry) {
   register_ms_deform_attn_cuda(registry);
+  register_sampling_locations_cuda(registry);
   register_fake_quant_fp8_cuda(registry);
   register_conv2d_bias_act_cuda(registry);
   // After `cuda`: the newest registration is tried first, so depthwise convolutions reach

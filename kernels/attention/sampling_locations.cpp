@@ -1,14 +1,16 @@
-#include "models/layers/sampling_locations.h"
+#include "kernels/attention/sampling_locations.h"
 
 #include <ATen/OpMathType.h>
+#include <ATen/core/grad_mode.h>
 
-namespace libreyolo::models::layers {
+namespace libreyolo::kernels {
 namespace {
 
 // The ATen expression: the reference for every device and dtype, and the path off the CPU.
+// ref is (B, Q, 4).
 at::Tensor sampling_locations_aten(const at::Tensor& offsets, const at::Tensor& ref,
                                    const PointScale& scale, double factor) {
-  const auto box = ref.unsqueeze(2);  // (B, Q, 1, 4) -> (B, Q, 1, 1, 4): views, no copy
+  const auto box = ref.unsqueeze(2).unsqueeze(3);  // (B, Q, 1, 1, 4): views, no copy
   const auto xy = box.slice(-1, 0, 2), wh = box.slice(-1, 2, 4);
   const at::Tensor scaled =
       scale.per_point.defined() ? offsets * scale.per_point.unsqueeze(-1) : offsets / scale.divisor;
@@ -47,28 +49,48 @@ void sampling_locations_cpu(const at::Tensor& offsets, const at::Tensor& ref,
   }
 }
 
+// (B, Q, 4): a view of either accepted form.
+at::Tensor boxes_of(const at::Tensor& reference_boxes) {
+  return reference_boxes.dim() == 4 ? reference_boxes.squeeze(2) : reference_boxes;
+}
+
 }  // namespace
 
-at::Tensor sampling_locations(const at::Tensor& offsets, const at::Tensor& reference_boxes,
-                              const PointScale& scale, double factor) {
-  TORCH_CHECK(offsets.dim() == 5 && offsets.size(4) == 2,
-              "sampling_locations: offsets must be (B, Q, H, N, 2), got ", offsets.sizes());
-  TORCH_CHECK((reference_boxes.dim() == 3 ||
-               (reference_boxes.dim() == 4 && reference_boxes.size(2) == 1)) &&
+at::Tensor sampling_locations(const SamplingLocationsHandle& handle, const at::Tensor& offsets,
+                              const at::Tensor& reference_boxes, const PointScale& scale,
+                              double factor) {
+  TORCH_CHECK(offsets.defined() && offsets.dim() == 5 && offsets.size(4) == 2,
+              "sampling_locations: offsets must be (B, Q, H, N, 2), got ",
+              offsets.defined() ? c10::str(offsets.sizes()) : std::string("an undefined tensor"));
+  TORCH_CHECK(reference_boxes.defined() &&
+                  (reference_boxes.dim() == 3 ||
+                   (reference_boxes.dim() == 4 && reference_boxes.size(2) == 1)) &&
                   reference_boxes.size(-1) == 4 && reference_boxes.size(0) == offsets.size(0) &&
                   reference_boxes.size(1) == offsets.size(1),
               "sampling_locations: reference_boxes must be (B, Q, 4) or (B, Q, 1, 4) with "
               "offsets' B and Q, got ",
-              reference_boxes.sizes(), " for offsets ", offsets.sizes());
-  // (B, Q, 1, 4), a view of either form.
-  const at::Tensor ref =
-      reference_boxes.dim() == 3 ? reference_boxes.unsqueeze(2) : reference_boxes;
+              reference_boxes.defined() ? c10::str(reference_boxes.sizes()) : std::string("none"),
+              " for offsets ", offsets.sizes());
+  TORCH_CHECK(reference_boxes.scalar_type() == offsets.scalar_type(),
+              "sampling_locations: reference_boxes must have the offsets' dtype ",
+              offsets.scalar_type(), ", got ", reference_boxes.scalar_type());
   TORCH_CHECK(scale.per_point.defined() != (scale.divisor > 0.0),
               "sampling_locations: give either a divisor or per-point scales");
   TORCH_CHECK(!scale.per_point.defined() ||
                   (scale.per_point.dim() == 1 && scale.per_point.size(0) == offsets.size(3)),
               "sampling_locations: per_point must be (N) = (", offsets.size(3), "), got ",
               scale.per_point.sizes());
+  const at::Tensor ref = boxes_of(reference_boxes);
+  if (!handle.empty()) {
+    if (auto out = handle(offsets, ref, scale.per_point, scale.divisor, factor))
+      return std::move(*out);
+  }
+  return sampling_locations_portable(offsets, ref, scale, factor);
+}
+
+at::Tensor sampling_locations_portable(const at::Tensor& offsets, const at::Tensor& reference_boxes,
+                                       const PointScale& scale, double factor) {
+  const at::Tensor ref = boxes_of(reference_boxes);
   if (!sampling_locations_fused(offsets, ref, scale))
     return sampling_locations_aten(offsets, ref, scale, factor);
   const at::Tensor o = offsets.contiguous(), r = ref.contiguous();  // rows of 4 values
@@ -101,4 +123,4 @@ bool sampling_locations_fused(const at::Tensor& offsets, const at::Tensor& refer
          (dtype == at::kFloat || dtype == at::kBFloat16 || dtype == at::kHalf);
 }
 
-}  // namespace libreyolo::models::layers
+}  // namespace libreyolo::kernels
