@@ -54,9 +54,15 @@ at::Tensor MultiscaleDeformableAttentionImpl::forward(const at::Tensor& hidden,
     }
     normalizer = normalizer.view({1, 1, 1, L, 1, 2});
     locations = reference_points.unsqueeze(2).unsqueeze(4) + offsets / normalizer;
-  } else if (coords == 4 && (reference_points.size(2) == 1 || reference_points.stride(2) == 0)) {
+  } else if (coords == 4 && reference_points.dim() == 4 && reference_points.size(0) == B &&
+             reference_points.size(1) == Q &&
+             reference_points.scalar_type() == offsets.scalar_type() &&
+             (reference_points.size(2) == 1 ||
+              (reference_points.size(2) == L && reference_points.stride(2) == 0))) {
     // One box for every level (LW-DETR / RF-DETR without a pixel_mask hand over the boxes
-    // expanded): the sampling_locations slot, upstream's ops and roundings in one kernel.
+    // expanded, one-level models have one): the sampling_locations slot, upstream's ops and
+    // roundings in one kernel. Anything else (per-level boxes, a broadcast batch, another
+    // dtype) keeps upstream's broadcasting expression below.
     locations =
         kernels::sampling_locations(sampling_locations_kernel_, offsets.view({B, Q, H, L * P, 2}),
                                     reference_points.select(2, 0),

@@ -2,10 +2,10 @@
 // upstream's ATen expression on the same device, bit for bit (at::equal): RT-DETR v1's
 // `offsets / P` (P = 4, and P = 3 whose float32 reciprocal rounds), D-FINE's per-point scales
 // with offset_scale 0.5 and 0.3, in float32 / float16 / bfloat16, on reference boxes handed over
-// as a strided slice and as one level of LW-DETR's expanded (B, Q, L, 4) boxes, at D-FINE L's
-// batch-32 size (more than one block per row of points). Declines (autograd, CPU tensors,
-// non-contiguous offsets) run nothing. Called through a registry binding, as models call it.
-// Skips without a GPU.
+// as a strided slice, as one level of LW-DETR's expanded (B, Q, L, 4) boxes and expanded over the
+// batch, directly and through the entry point's (B, Q, 1, 4) form, at batch 1 and 32. Declines
+// (autograd, CPU tensors, non-contiguous offsets) run nothing. Called through a registry binding,
+// as models call it. Skips without a GPU.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
@@ -55,10 +55,12 @@ TEST(SamplingLocationsCuda, EqualsUpstreamExpressionBitForBit) {
       for (int64_t B : {1, 32}) {
         const int64_t Q = 300, H = 8, L = 3;
         const auto offsets = at::randn({B, Q, H, form.n, 2}, opts) * 3;
-        // A strided slice of a wider tensor, and level 0 of an expanded (B, Q, L, 4).
+        // A strided slice of a wider tensor, level 0 of an expanded (B, Q, L, 4) (LW-DETR's
+        // hand-over), and one image's boxes expanded over the batch (batch stride 0).
         const auto sliced = (at::rand({B, Q, 6}, opts)).slice(-1, 1, 5);
         const auto expanded = at::rand({B, Q, 4}, opts).unsqueeze(2).expand({-1, -1, L, -1});
-        for (const auto& boxes : {sliced, expanded.select(2, 0)}) {
+        const auto shared = at::rand({1, Q, 4}, opts).expand({B, -1, -1});
+        for (const auto& boxes : {sliced, expanded.select(2, 0), shared}) {
           const std::string what = c10::str(dtype, " ", form.name, " B=", B);
           auto got = handle(offsets, boxes, form.scale.per_point, form.scale.divisor, form.factor);
           ASSERT_TRUE(got.has_value()) << "declined: " << what;
@@ -66,16 +68,17 @@ TEST(SamplingLocationsCuda, EqualsUpstreamExpressionBitForBit) {
           EXPECT_TRUE(at::equal(*got, expected))
               << what << " max |diff| " << test::max_abs_diff(*got, expected) << " bits differing "
               << test::bit_mismatches(got->to(at::kFloat), expected.to(at::kFloat));
-          // The entry point with the handle, the same values.
-          EXPECT_TRUE(at::equal(sampling_locations(handle, offsets, boxes, form.scale, form.factor),
-                                expected))
+          // The entry point with the handle and the (B, Q, 1, 4) form, the same values.
+          EXPECT_TRUE(at::equal(
+              sampling_locations(handle, offsets, boxes.unsqueeze(2), form.scale, form.factor),
+              expected))
               << what;
           ++checked;
         }
       }
     }
   }
-  EXPECT_EQ(checked, 3 * 4 * 2 * 2);
+  EXPECT_EQ(checked, 3 * 4 * 2 * 3);
   test::expect_calls_and_declines(reg, "sampling_locations", "cuda", 2 * checked, {});
 }
 

@@ -146,18 +146,20 @@ TEST(SamplingLocationsSlot, DeformableAttentionModuleCallsItsBoundHandleForOneBo
   r.declare(kernels::kLinearAct);
   r.declare(kernels::kLinear);
   int calls = 0;
-  r.register_impl(
-      kernels::kSamplingLocations, "counting",
-      [&calls](const at::Tensor& offsets, const at::Tensor& boxes, const at::Tensor& per_point,
-               double divisor, double factor) -> kernels::Outcome<at::Tensor> {
-        ++calls;
-        EXPECT_EQ(boxes.dim(), 3);
-        EXPECT_FALSE(per_point.defined());
-        EXPECT_EQ(divisor, 4.0);
-        EXPECT_EQ(factor, 0.5);
-        return kernels::sampling_locations_portable(offsets, boxes, PointScale::divide_by(divisor),
-                                                    factor);
-      });
+  bool centre = false;  // answer every location with the map's centre: a marker in the output
+  r.register_impl(kernels::kSamplingLocations, "counting",
+                  [&calls, &centre](const at::Tensor& offsets, const at::Tensor& boxes,
+                                    const at::Tensor& per_point, double divisor,
+                                    double factor) -> kernels::Outcome<at::Tensor> {
+                    ++calls;
+                    if (centre) return at::full_like(offsets, 0.5);
+                    EXPECT_EQ(boxes.dim(), 3);
+                    EXPECT_FALSE(per_point.defined());
+                    EXPECT_EQ(divisor, 4.0);
+                    EXPECT_EQ(factor, 0.5);
+                    return kernels::sampling_locations_portable(
+                        offsets, boxes, PointScale::divide_by(divisor), factor);
+                  });
   at::manual_seed(5);
   auto attn = std::make_shared<models::deformable_detr::MultiscaleDeformableAttentionImpl>(
       /*d_model=*/32, /*num_heads=*/4, /*num_levels=*/2, /*num_points=*/4);
@@ -173,9 +175,18 @@ TEST(SamplingLocationsSlot, DeformableAttentionModuleCallsItsBoundHandleForOneBo
   const auto bound = attn->forward(hidden, {}, memory, {}, expanded, shapes);
   EXPECT_EQ(calls, 1);
   EXPECT_TRUE(at::equal(bound, unbound));
+  // (B, Q, 1, 4): one box for every level too, the slot again.
+  EXPECT_TRUE(
+      at::equal(attn->forward(hidden, {}, memory, {}, boxes.unsqueeze(2), shapes), unbound));
+  EXPECT_EQ(calls, 2);
+  // The module samples where the slot says: the marker changes the output.
+  centre = true;
+  const auto marked = attn->forward(hidden, {}, memory, {}, expanded, shapes);
+  EXPECT_EQ(calls, 3);
+  EXPECT_GT((marked - unbound).abs().max().item<double>(), 1e-3);
   // Per-level boxes: upstream's expression, not the slot; the same values where they coincide.
   const auto per_level = attn->forward(hidden, {}, memory, {}, expanded.contiguous(), shapes);
-  EXPECT_EQ(calls, 1);
+  EXPECT_EQ(calls, 3);
   EXPECT_TRUE(at::equal(per_level, unbound));
 }
 

@@ -13,7 +13,7 @@ namespace libreyolo::kernels::cuda {
 /// the same dtype and device, last dimension contiguous (any other strides); per_point (N)
 /// contiguous of the dtype, or undefined with divisor > 0. Returns (B, Q, H, N, 2) contiguous;
 /// runs on the current stream. Throws c10::Error for any other input (the slot declines first)
-/// and for B * Q * H * N >= 2^31.
+/// and for B * Q * H * N >= 2^31 - 1.
 at::Tensor sampling_locations(const at::Tensor& offsets, const at::Tensor& reference_boxes,
                               const at::Tensor& per_point, double divisor, double factor);
 

@@ -100,7 +100,7 @@ at::Tensor sampling_locations(const at::Tensor& offsets, const at::Tensor& refer
               "cuda::sampling_locations: per_point must be a contiguous (N) tensor of the offsets' "
               "dtype and device, or a divisor > 0 given");
   TORCH_CHECK(offsets.numel() / 2 < std::numeric_limits<int>::max(),
-              "cuda::sampling_locations: 2^31 points or more");
+              "cuda::sampling_locations: 2^31 - 1 points or more");
   const c10::cuda::CUDAGuard guard(offsets.device());
   at::Tensor out = at::empty(offsets.sizes(), offsets.options());
   // ATen's `offsets / divisor`: opmath_t(1) / opmath_t(divisor), then a product; `* factor`
