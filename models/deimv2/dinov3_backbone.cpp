@@ -239,8 +239,7 @@ std::vector<at::Tensor> Dinov3BackboneImpl::forward(const at::Tensor& pixel_valu
     pending = {x};
     const at::Tensor s =
         stage == config.num_layers || config.apply_layernorm ? norm->forward(x) : x;
-    out.push_back(
-        s.slice(1, prefix).reshape({B, h, w, s.size(2)}).permute({0, 3, 1, 2}).contiguous());
+    out.push_back(s.slice(1, prefix).reshape({B, h, w, s.size(2)}).permute({0, 3, 1, 2}));
   }
   return out;
 }
@@ -298,7 +297,17 @@ std::vector<at::Tensor> Dinov3ConvEncoderImpl::forward(const at::Tensor& pixel_v
     const double f = std::pow(2.0, static_cast<double>(scales - 2 - i));
     const auto rh = static_cast<int64_t>(static_cast<double>(h) * f);
     const auto rw = static_cast<int64_t>(static_cast<double>(w) * f);
-    const at::Tensor semantic = at::upsample_bilinear2d(maps[i], {rh, rw}, /*align_corners=*/false);
+    // The map in fusion_proj's memory format (channels_last under the CUDA layout): one copy,
+    // which also gives upsample_bilinear2d its channels-last kernel (one thread per output
+    // element; the contiguous kernel loops over batch x channels in each thread and took 4.8 of
+    // DEIMv2-S's 24.5 ms at batch 32, docs/BENCHMARKS.md) and the concatenation inputs of one
+    // format. An unchanged size is upsample_bilinear2d's own copy: the map itself.
+    const at::Tensor map = maps[i].contiguous(
+        fusion_proj_[i]->conv->weight.is_contiguous(at::MemoryFormat::ChannelsLast)
+            ? at::MemoryFormat::ChannelsLast
+            : at::MemoryFormat::Contiguous);
+    const at::Tensor semantic =
+        rh == h && rw == w ? map : at::upsample_bilinear2d(map, {rh, rw}, /*align_corners=*/false);
     out.push_back(fusion_proj_[i]->forward(at::cat({semantic, details[i]}, 1)));
   }
   return out;

@@ -77,7 +77,8 @@ class Dinov3BackboneImpl : public torch::nn::Module {
   std::pair<at::Tensor, at::Tensor> rope(int64_t h, int64_t w, at::ScalarType dtype) const;
   /// pixel_values (B, 3, H, W) in the weights' dtype -> one (B, hidden_size, H / 16, W / 16)
   /// map per out_indices entry (LayerNorm'ed as upstream: always the last stage, the others
-  /// with apply_layernorm), in stage order.
+  /// with apply_layernorm), in stage order. Each map is a view of the token rows (channels-last
+  /// strides, not contiguous): the consumer chooses its memory format with one copy.
   std::vector<at::Tensor> forward(const at::Tensor& pixel_values) const;
   /// After loading: moves inv_freq (computed on the CPU, as upstream's buffer) to the weights'
   /// device.
