@@ -29,13 +29,27 @@ int64_t stage_index(const std::string& name) {
   return std::stoll(name.substr(5));
 }
 
-/// rotate_half: cat(-x2, x1) of the two halves of the last dimension.
-at::Tensor rotate_half(const at::Tensor& x) {
-  const auto halves = x.chunk(2, -1);
-  return at::cat({-halves[1], halves[0]}, -1);
-}
-
 }  // namespace
+
+at::Tensor apply_rope(const at::Tensor& t, int64_t prefix, const RopeTables& rope) {
+  const int64_t L = t.size(-2), hd = t.size(-1), half = hd / 2, N = L - prefix;
+  TORCH_CHECK(hd % 2 == 0 && N >= 0 && rope.cos.size(0) == N && rope.cos.size(1) == hd &&
+                  rope.signed_sin.sizes() == rope.cos.sizes(),
+              "dinov3 RoPE: tables ", rope.cos.sizes(), " for ", N, " patch tokens of ", hd,
+              " features");
+  at::Tensor out = at::empty(t.sizes(), t.options().memory_format(at::MemoryFormat::Contiguous));
+  if (prefix > 0) out.narrow(-2, 0, prefix).copy_(t.narrow(-2, 0, prefix));
+  const at::Tensor p = t.narrow(-2, prefix, N);
+  at::Tensor o = out.narrow(-2, prefix, N);
+  at::mul_out(o, p, rope.cos);  // p * cos, rounded
+  // rotate_half(p) * sin = [-p2 * sin1, p1 * sin2] = [p2 * -sin1, p1 * sin2], rounded.
+  at::Tensor r = at::empty(p.sizes(), out.options());
+  at::Tensor r1 = r.narrow(-1, 0, half), r2 = r.narrow(-1, half, half);
+  at::mul_out(r1, p.narrow(-1, half, half), rope.signed_sin.narrow(-1, 0, half));
+  at::mul_out(r2, p.narrow(-1, 0, half), rope.signed_sin.narrow(-1, half, half));
+  o.add_(r);  // the sum, rounded
+  return out;
+}
 
 Dinov3Config Dinov3Config::parse(const core::ConfigView& cfg) {
   Dinov3Config c;
@@ -139,33 +153,27 @@ Dinov3LayerImpl::Dinov3LayerImpl(const Dinov3Config& c) : act(c.act) {
 }
 
 layers::PendingResidual Dinov3LayerImpl::forward_pending(const layers::PendingResidual& in,
-                                                         const at::Tensor& cos,
-                                                         const at::Tensor& sin) const {
+                                                         const RopeTables& rope) const {
   // Upstream: y = ls1 * o_proj(attention(norm1(x))) + x; out = ls2 * mlp(norm2(y)) + y.
   const auto [x, h] = norm1->forward_add(in.residual, in.delta, in.scale);
   const int64_t B = x.size(0), L = x.size(1), H = attention->num_heads;
-  const int64_t hd = attention->head_dim, N = cos.size(0), prefix = L - N;
+  const int64_t hd = attention->head_dim, prefix = L - rope.cos.size(0);
   auto heads = [&](const at::Tensor& t) { return t.view({B, L, H, hd}).transpose(1, 2); };
   at::Tensor q, k, v;
   if (attention->concat_projections == 3) {
     // The qkv_concat layout (models/layouts/): one GEMM for the three projections (same input).
     const auto packed =
         at::linear(h, attention->in_proj_weight, attention->in_proj_bias).view({B, L, 3, H, hd});
-    q = packed.select(2, 0).transpose(1, 2);
-    k = packed.select(2, 1).transpose(1, 2);
+    // apply_rotary_pos_emb on q and k at once: (2, B, H, L, hd) from the packed rows.
+    const at::Tensor qk = apply_rope(packed.narrow(2, 0, 2).permute({2, 0, 3, 1, 4}), prefix, rope);
+    q = qk.select(0, 0);
+    k = qk.select(0, 1);
     v = packed.select(2, 2).transpose(1, 2);
   } else {
-    q = heads(attention->q_proj->forward(h));
-    k = heads(attention->k_proj->forward(h));
+    q = apply_rope(heads(attention->q_proj->forward(h)), prefix, rope);
+    k = apply_rope(heads(attention->k_proj->forward(h)), prefix, rope);
     v = heads(attention->v_proj->forward(h));
   }
-  // apply_rotary_pos_emb: the patch tokens only (the CLS and register tokens kept).
-  auto rotate = [&](const at::Tensor& t) {
-    const at::Tensor p = t.narrow(2, prefix, N);
-    return at::cat({t.narrow(2, 0, prefix), p * cos + rotate_half(p) * sin}, 2);
-  };
-  q = rotate(q);
-  k = rotate(k);
   at::Tensor a = kernels::attention(attention->attention_kernel, attention->fused_attn, q, k, v,
                                     at::Tensor(), {attention->scale, false, 0});
   a = attention->o_proj->forward(a.transpose(1, 2).reshape({B, L, H * hd}));
@@ -217,6 +225,16 @@ std::pair<at::Tensor, at::Tensor> Dinov3BackboneImpl::rope(int64_t h, int64_t w,
   return {at::cos(angles).to(dtype), at::sin(angles).to(dtype)};
 }
 
+RopeTables Dinov3BackboneImpl::rope_tables(int64_t h, int64_t w, at::ScalarType dtype) const {
+  const at::Tensor tables =
+      rope_cache_.get({h, w, static_cast<int64_t>(dtype)}, inv_freq.device(), [&] {
+        const auto [cos, sin] = rope(h, w, dtype);
+        const int64_t half = sin.size(1) / 2;
+        return at::stack({cos, at::cat({-sin.narrow(1, 0, half), sin.narrow(1, half, half)}, 1)});
+      });
+  return {tables.select(0, 0), tables.select(0, 1)};
+}
+
 std::vector<at::Tensor> Dinov3BackboneImpl::forward(const at::Tensor& pixel_values) const {
   const int64_t B = pixel_values.size(0), p = config.patch_size;
   const int64_t h = pixel_values.size(2) / p, w = pixel_values.size(3) / p;
@@ -224,7 +242,7 @@ std::vector<at::Tensor> Dinov3BackboneImpl::forward(const at::Tensor& pixel_valu
       patch_embeddings->forward_patches(pixel_values).flatten(2).transpose(1, 2);
   at::Tensor x =
       at::cat({cls_token.expand({B, -1, -1}), register_tokens.expand({B, -1, -1}), patches}, 1);
-  const auto [cos, sin] = rope(h, w, pixel_values.scalar_type());
+  const RopeTables rope = rope_tables(h, w, pixel_values.scalar_type());
   const int64_t prefix = 1 + config.num_register_tokens;
   std::vector<at::Tensor> out;
   size_t next = 0;  // the next out_indices entry
@@ -232,7 +250,7 @@ std::vector<at::Tensor> Dinov3BackboneImpl::forward(const at::Tensor& pixel_valu
   // an out stage sums it once, and the next block takes that sum.
   layers::PendingResidual pending{x};
   for (int64_t stage = 0; stage <= config.num_layers && next < config.out_indices.size(); ++stage) {
-    if (stage > 0) pending = blocks[stage - 1]->forward_pending(pending, cos, sin);
+    if (stage > 0) pending = blocks[stage - 1]->forward_pending(pending, rope);
     if (stage != config.out_indices[next]) continue;
     ++next;
     x = pending.sum();

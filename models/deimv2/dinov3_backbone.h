@@ -19,6 +19,7 @@
 #include "models/layers/layers.h"
 #include "models/layers/max_pool.h"
 #include "models/rtdetr/modules.h"
+#include "models/runtime/constant_cache.h"
 
 namespace libreyolo::models::deimv2 {
 
@@ -45,21 +46,37 @@ struct Dinov3Config {
   static Dinov3Config parse(const core::ConfigView& cfg);
 };
 
+/// The RoPE tables of an h x w patch grid as the layers take them, (N, head_dim) each in the
+/// model's dtype: cos, and sin with its first half negated (signed_sin), so that upstream's
+/// rotate_half(p) * sin = cat(-p2, p1) * sin is two products on p's halves, without the negation
+/// and the concatenation (the negation is exact: it commutes with rounding).
+struct RopeTables {
+  at::Tensor cos, signed_sin;
+};
+
+/// apply_rotary_pos_emb on the patch tokens (modeling_dinov3_vit.py): t (..., L, head_dim), any
+/// strides, whose last N = L - prefix rows are patch tokens -> a contiguous (..., L, head_dim)
+/// tensor of t's dtype: the first `prefix` rows (CLS, registers) copied, the others
+/// p * cos + rotate_half(p) * sin, each product and the sum rounded to the dtype as upstream's
+/// ops round them (equal values), in three elementwise passes instead of six.
+at::Tensor apply_rope(const at::Tensor& t, int64_t prefix, const RopeTables& rope);
+
 /// DINOv3ViTLayer: x + ls1 * o_proj(attention(norm1(x))) with RoPE on the patch tokens' queries
 /// and keys, then + ls2 * mlp(norm2(.)). Attention through layers::AttentionImpl's projections
 /// and its `attention` slot (fused_attn flag); eager math: softmax in the input dtype.
 class Dinov3LayerImpl : public torch::nn::Module {
  public:
   explicit Dinov3LayerImpl(const Dinov3Config& c);
-  /// x (B, 1 + registers + N, C); cos, sin (N, head_dim) in x's dtype -> x's shape and dtype.
-  at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) const {
-    return forward_pending({x}, cos, sin).sum();
+  /// x (B, 1 + registers + N, C); rope: the grid's tables (N, head_dim) in x's dtype -> x's
+  /// shape and dtype.
+  at::Tensor forward(const at::Tensor& x, const RopeTables& rope) const {
+    return forward_pending({x}, rope).sum();
   }
   /// The same on an input left pending by the previous block, returning this block's output
   /// left pending (y + mlp * lambda2): each layer-scaled residual add and the LayerNorm after it
   /// run as one add_layer_norm call.
-  layers::PendingResidual forward_pending(const layers::PendingResidual& in, const at::Tensor& cos,
-                                          const at::Tensor& sin) const;
+  layers::PendingResidual forward_pending(const layers::PendingResidual& in,
+                                          const RopeTables& rope) const;
 
   layers::Attention attention;  ///< q/k/v/o_proj, biases per query/key/value/proj_bias
   layers::LayerNorm norm1, norm2;
@@ -75,6 +92,9 @@ class Dinov3BackboneImpl : public torch::nn::Module {
   /// DINOv3ViTRopePositionEmbedding for an h x w patch grid: (cos, sin), each (h * w, head_dim),
   /// computed in float32 and cast to `dtype`.
   std::pair<at::Tensor, at::Tensor> rope(int64_t h, int64_t w, at::ScalarType dtype) const;
+  /// rope()'s tables in the form the layers take, kept per (h, w, dtype, device): computed once
+  /// per input geometry instead of every forward.
+  RopeTables rope_tables(int64_t h, int64_t w, at::ScalarType dtype) const;
   /// pixel_values (B, 3, H, W) in the weights' dtype -> one (B, hidden_size, H / 16, W / 16)
   /// map per out_indices entry (LayerNorm'ed as upstream: always the last stage, the others
   /// with apply_layernorm), in stage order. Each map is a view of the token rows (channels-last
@@ -92,6 +112,9 @@ class Dinov3BackboneImpl : public torch::nn::Module {
   /// (head_dim / 4,) float32: upstream's non-persistent buffer, not a checkpoint key (so not a
   /// registered buffer here: the loader would require it).
   at::Tensor inv_freq;
+
+ private:
+  ConstantCache rope_cache_;  ///< (2, N, head_dim): cos, signed_sin
 };
 
 /// Deimv2SpatialTuningAdapter: stem_conv (3x3 s2, gelu) + max pool (3, 2, 1), conv2, conv3 and

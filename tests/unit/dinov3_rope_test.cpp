@@ -1,0 +1,82 @@
+// DEIMv2's DINOv3 RoPE (models/deimv2/dinov3_backbone.h): apply_rope gives exactly the values of
+// upstream's apply_rotary_pos_emb expression (modeling_dinov3_vit.py: the prefix tokens kept,
+// q * cos + rotate_half(q) * sin on the patch tokens) in float32 / bfloat16 / float16, on a
+// strided view of packed q/k rows as the qkv_concat layout hands them over and on a contiguous
+// tensor, with and without prefix tokens; rope_tables is rope() in that form, kept per geometry.
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "models/deimv2/dinov3_backbone.h"
+
+namespace {
+
+using libreyolo::models::deimv2::apply_rope;
+using libreyolo::models::deimv2::RopeTables;
+
+at::Tensor rotate_half(const at::Tensor& x) {
+  const auto halves = x.chunk(2, -1);
+  return at::cat({-halves[1], halves[0]}, -1);
+}
+
+// Upstream's expression on (..., L, hd).
+at::Tensor upstream(const at::Tensor& t, int64_t prefix, const at::Tensor& cos,
+                    const at::Tensor& sin) {
+  const int64_t n = t.size(-2) - prefix;
+  const at::Tensor p = t.narrow(-2, prefix, n);
+  return at::cat({t.narrow(-2, 0, prefix), p * cos + rotate_half(p) * sin}, -2);
+}
+
+class DinoV3Rope : public ::testing::TestWithParam<at::ScalarType> {};
+
+TEST_P(DinoV3Rope, ApplyRopeEqualsUpstreamExpression) {
+  const auto dtype = GetParam();
+  at::manual_seed(11);
+  const int64_t B = 2, L = 5 + 12, H = 3, hd = 16;
+  for (const int64_t prefix : {int64_t{5}, int64_t{0}}) {
+    const int64_t n = L - prefix;
+    const auto angles = at::rand({n, hd}) * 6.3;
+    const auto cos = at::cos(angles).to(dtype), sin = at::sin(angles).to(dtype);
+    const RopeTables rope{cos,
+                          at::cat({-sin.narrow(1, 0, hd / 2), sin.narrow(1, hd / 2, hd / 2)}, 1)};
+    // The packed (B, L, 3, H, hd) rows of one qkv GEMM, q and k viewed as (2, B, H, L, hd).
+    const auto packed = (at::randn({B, L, 3, H, hd}) * 4).to(dtype);
+    const auto qk = packed.narrow(2, 0, 2).permute({2, 0, 3, 1, 4});
+    const auto got = apply_rope(qk, prefix, rope);
+    const auto expected = upstream(qk, prefix, cos, sin);
+    const std::string what = c10::str(dtype, " prefix=", prefix);
+    ASSERT_EQ(got.sizes(), qk.sizes()) << what;
+    EXPECT_TRUE(got.is_contiguous()) << what;
+    EXPECT_TRUE(at::equal(got, expected))
+        << what << " max |diff| "
+        << (got.to(at::kDouble) - expected.to(at::kDouble)).abs().max().item<double>();
+    const auto q = qk.select(0, 0).contiguous();
+    EXPECT_TRUE(at::equal(apply_rope(q, prefix, rope), upstream(q, prefix, cos, sin))) << what;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Dtypes, DinoV3Rope,
+                         ::testing::Values(at::kFloat, at::kBFloat16, at::kHalf),
+                         [](const auto& info) { return std::string(c10::toString(info.param)); });
+
+TEST(DinoV3RopeTables, AreRopeWithTheFirstHalfOfSinNegatedAndKeptPerGeometry) {
+  libreyolo::models::deimv2::Dinov3Config c;
+  c.hidden_size = 32;
+  c.num_heads = 2;
+  c.num_layers = 1;
+  c.out_indices = {1};
+  libreyolo::models::deimv2::Dinov3BackboneImpl backbone(c);
+  const auto [cos, sin] = backbone.rope(3, 4, at::kBFloat16);
+  const auto tables = backbone.rope_tables(3, 4, at::kBFloat16);
+  const int64_t half = sin.size(1) / 2;
+  ASSERT_EQ(tables.cos.sizes(), cos.sizes());
+  EXPECT_TRUE(at::equal(tables.cos, cos));
+  EXPECT_TRUE(at::equal(tables.signed_sin.narrow(1, 0, half), -sin.narrow(1, 0, half)));
+  EXPECT_TRUE(at::equal(tables.signed_sin.narrow(1, half, half), sin.narrow(1, half, half)));
+  // The same geometry: the kept tensors; another: new ones.
+  EXPECT_EQ(backbone.rope_tables(3, 4, at::kBFloat16).cos.data_ptr(), tables.cos.data_ptr());
+  EXPECT_EQ(backbone.rope_tables(4, 4, at::kBFloat16).cos.size(0), 16);
+}
+
+}  // namespace
