@@ -178,8 +178,10 @@ layers::PendingResidual Dinov3LayerImpl::forward_pending(const layers::PendingRe
                                     at::Tensor(), {attention->scale, false, 0});
   a = attention->o_proj->forward(a.transpose(1, 2).reshape({B, L, H * hd}));
   auto [y, n] = norm2->forward_add(x, a, lambda1);
+  // The plain MLP's up projection and activation through the linear_act slot, as RF-DETR's and
+  // LW-DETR's ViT MLPs run them (one GEMM with the activation in its epilogue on CUDA in 16 bits).
   at::Tensor m = gate_proj ? layers::activate(act, gate_proj->forward(n)) * up_proj->forward(n)
-                           : layers::activate(act, up_proj->forward(n));
+                           : up_proj->forward_act(n, act);
   return {std::move(y), down_proj->forward(m), lambda2};
 }
 
