@@ -1,5 +1,6 @@
 // The `linear_act` slot: y = act(x W^T + b), a transformer MLP's first Linear and its activation
-// (fc1 + GELU in the ViT backbones of RF-DETR, LW-DETR and the ViT/DeiT classifiers).
+// (fc1 + GELU in the ViT backbones of RF-DETR, LW-DETR, DEIMv2's DINOv3 and the ViT/DeiT
+// classifiers).
 //
 // Implementations: the portable path (below: at::linear, then the activation, two kernels and
 // one extra pass over the (tokens, 4 D) activations), `onednn` (kernels/gemm/cpu/

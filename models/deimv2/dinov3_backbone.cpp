@@ -317,15 +317,16 @@ std::vector<at::Tensor> Dinov3ConvEncoderImpl::forward(const at::Tensor& pixel_v
     const double f = std::pow(2.0, static_cast<double>(scales - 2 - i));
     const auto rh = static_cast<int64_t>(static_cast<double>(h) * f);
     const auto rw = static_cast<int64_t>(static_cast<double>(w) * f);
-    // The map in fusion_proj's memory format (channels_last under the CUDA layout): one copy,
-    // which also gives upsample_bilinear2d its channels-last kernel (one thread per output
-    // element; the contiguous kernel loops over batch x channels in each thread and took 4.8 of
-    // DEIMv2-S's 24.5 ms at batch 32, docs/BENCHMARKS.md) and the concatenation inputs of one
-    // format. An unchanged size is upsample_bilinear2d's own copy: the map itself.
-    const at::Tensor map = maps[i].contiguous(
-        fusion_proj_[i]->conv->weight.is_contiguous(at::MemoryFormat::ChannelsLast)
-            ? at::MemoryFormat::ChannelsLast
-            : at::MemoryFormat::Contiguous);
+    // On CUDA the map in the memory format of the adapter's map it is concatenated with
+    // (channels_last under the layout): one copy, which also gives upsample_bilinear2d its
+    // channels-last kernel (one thread per output element; the contiguous kernel loops over
+    // batch x channels in each thread and took 4.8 of DEIMv2-S's 24.5 ms at batch 32,
+    // docs/BENCHMARKS.md) and the concatenation one format. (Not fusion_proj's 1x1 weight: ATen
+    // calls a (O, I, 1, 1) tensor channels_last either way.) On the CPU upstream's .contiguous():
+    // ATen's CPU bilinear kernel rounds otherwise on channels_last input. An unchanged size is
+    // upsample_bilinear2d's own copy: the map itself.
+    const at::Tensor map = maps[i].contiguous(maps[i].is_cuda() ? details[i].suggest_memory_format()
+                                                                : at::MemoryFormat::Contiguous);
     const at::Tensor semantic =
         rh == h && rw == w ? map : at::upsample_bilinear2d(map, {rh, rw}, /*align_corners=*/false);
     out.push_back(fusion_proj_[i]->forward(at::cat({semantic, details[i]}, 1)));

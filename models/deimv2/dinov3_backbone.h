@@ -92,8 +92,8 @@ class Dinov3BackboneImpl : public torch::nn::Module {
   /// DINOv3ViTRopePositionEmbedding for an h x w patch grid: (cos, sin), each (h * w, head_dim),
   /// computed in float32 and cast to `dtype`.
   std::pair<at::Tensor, at::Tensor> rope(int64_t h, int64_t w, at::ScalarType dtype) const;
-  /// rope()'s tables in the form the layers take, kept per (h, w, dtype, device): computed once
-  /// per input geometry instead of every forward.
+  /// rope()'s tables in the form the layers take, kept per (h, w, dtype) (on inv_freq's device,
+  /// the model's): computed once per input geometry instead of every forward.
   RopeTables rope_tables(int64_t h, int64_t w, at::ScalarType dtype) const;
   /// pixel_values (B, 3, H, W) in the weights' dtype -> one (B, hidden_size, H / 16, W / 16)
   /// map per out_indices entry (LayerNorm'ed as upstream: always the last stage, the others

@@ -7,6 +7,7 @@
 #include <torch/nn/module.h>
 
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -282,6 +283,9 @@ struct QuerySelectionHeads {
   layers::Linear enc_output_linear, enc_score_head;
   layers::LayerNorm enc_output_norm;
   layers::MLP enc_bbox_head;
+  /// The anchors and their valid mask (in the model's dtype) per geometry: about 45 small
+  /// kernels per forward otherwise (generate_anchors), which a batch-1 forward pays in launches.
+  std::shared_ptr<ConstantCache> anchors = std::make_shared<ConstantCache>();
 };
 
 /// Registers "enc_output.{0,1}", "enc_score_head", "enc_bbox_head" (d_model wide) under `model`.

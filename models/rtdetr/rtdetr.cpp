@@ -221,12 +221,24 @@ std::pair<at::Tensor, at::Tensor> select_queries(const Config& c, const QuerySel
     for (auto s : c.feat_strides)
       anchor_shapes.push_back({(*c.anchor_image_size)[0] / s, (*c.anchor_image_size)[1] / s});
   }
-  auto [anchors, valid_mask] = generate_anchors(anchor_shapes, dtype, source_flatten.device());
+  // Kept per (shapes, dtype): entry 0 the anchors, entry 1 the valid mask in `dtype`.
+  std::vector<int64_t> key{static_cast<int64_t>(dtype)};
+  for (const auto& s : anchor_shapes) key.insert(key.end(), {s[0], s[1]});
+  auto kept = [&](int64_t which) {
+    key.push_back(which);
+    at::Tensor t = heads.anchors->get(key, source_flatten.device(), [&] {
+      auto [a, valid] = generate_anchors(anchor_shapes, dtype, source_flatten.device());
+      return which == 0 ? a : valid.to(dtype);
+    });
+    key.pop_back();
+    return t;
+  };
+  const at::Tensor anchors = kept(0), valid = kept(1);
   if (anchors.size(1) != source_flatten.size(1))
     throw std::invalid_argument(
         c10::str("pixel_values: the input size does not match config.json anchor_image_size (",
                  anchors.size(1), " anchors for ", source_flatten.size(1), " tokens)"));
-  const at::Tensor memory = valid_mask.to(dtype) * source_flatten;
+  const at::Tensor memory = valid * source_flatten;
   const at::Tensor output_memory =
       heads.enc_output_norm->forward(heads.enc_output_linear->forward(memory));
   const at::Tensor enc_class = heads.enc_score_head->forward(output_memory);
