@@ -4,6 +4,7 @@
 #include "kernels/attention/dot_product_attention.h"
 #include "kernels/attention/ms_deform_attn.h"
 #include "kernels/attention/sampling_locations.h"
+#include "kernels/box/refine_boxes.h"
 #include "kernels/conv/conv2d_bias_act.h"
 #include "kernels/gemm/fp8_gemm.h"
 #include "kernels/gemm/linear.h"
@@ -48,6 +49,7 @@ void register_builtin_slots(Registry& registry) {
   registry.declare(kMsDeformAttn);  // no reference: callers keep the portable path
   register_ms_deform_attn_cpu(registry);
   registry.declare(kSamplingLocations);  // no reference: sampling_locations_portable
+  registry.declare(kRefineBoxes);        // no reference: refine_boxes_portable
   registry.declare(kConv2dBiasAct);      // no reference: conv2d_bias_act_portable
   register_conv2d_bias_act_onednn(registry);
   registry.declare(kMaxPool2d);  // no reference: max_pool2d_portable

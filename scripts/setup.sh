@@ -107,6 +107,34 @@ else
 fi
 "$venv/bin/python" -c 'import torch; print("setup: torch", torch.__version__, "at", torch.utils.cmake_prefix_path)'
 
+# cudnn-frontend's C++ headers (header-only) for the CUDA build's `cudnn_graph` conv2d_bias_act
+# (kernels/CMakeLists.txt looks for them here). PyPI's nvidia-cudnn-frontend wheel carries them
+# beside its Python bindings, whose dependencies (CUTLASS DSL, TVM FFI) the build does not need:
+# only the wheel's include/ folder is unpacked.
+cfe_dir=$stamp_dir/cudnn-frontend-1.32.0
+if [ ! -f "$cfe_dir/include/cudnn_frontend.h" ]; then
+  echo "setup: unpacking cudnn-frontend 1.32.0's headers into $cfe_dir"
+  cfe_tmp=$(mktemp -d)
+  "$venv/bin/python" -m pip download -q --no-deps --only-binary=:all: -d "$cfe_tmp" nvidia-cudnn-frontend==1.32.0
+  "$venv/bin/python" - "$cfe_tmp" "$cfe_dir" <<'PY'
+import glob, os, sys, zipfile
+tmp, dest = sys.argv[1], sys.argv[2]
+wheels = glob.glob(os.path.join(tmp, "nvidia_cudnn_frontend-*.whl"))
+if not wheels:
+    sys.exit("setup: cudnn-frontend: no wheel downloaded")
+with zipfile.ZipFile(wheels[0]) as z:
+    for name in z.namelist():
+        if name.startswith("include/") and not name.endswith("/"):
+            out = os.path.join(dest, name)
+            os.makedirs(os.path.dirname(out), exist_ok=True)
+            with open(out, "wb") as f:
+                f.write(z.read(name))
+if not os.path.exists(os.path.join(dest, "include", "cudnn_frontend.h")):
+    sys.exit("setup: cudnn-frontend: include/cudnn_frontend.h not in the wheel")
+PY
+  rm -rf "$cfe_tmp"
+fi
+
 # perf_analyzer (NVIDIA's load generator, a test-only peer: scripts/test.d/25-peers.sh). PyPI's
 # `perf-analyzer` 0.1.0 is an empty placeholder; the binary ships inside tritonclient's manylinux
 # wheels, and 2.51.0 is the last one built for glibc <= 2.36 (Debian 12; 2.52.0 and later need

@@ -8,6 +8,7 @@
 #include "models/dfine/modules.h"
 
 #include "kernels/attention/sampling_locations.h"
+#include "kernels/box/refine_boxes.h"
 
 namespace libreyolo::models::dfine {
 
@@ -96,7 +97,9 @@ at::Tensor DecoderLayerImpl::forward(const at::Tensor& h0, const at::Tensor& pos
                                      const at::Tensor& value, const at::Tensor& reference_boxes,
                                      const kernels::SpatialShapes& shapes) const {
   const at::Tensor qk = h0 + pos;
-  const at::Tensor residual = self_attn_layer_norm_->forward(h0 + self_attn->forward(qk, qk, h0));
+  // The residual add and the LayerNorm after it in one add_layer_norm call.
+  const at::Tensor residual =
+      self_attn_layer_norm_->forward_add(h0, self_attn->forward(qk, qk, h0)).second;
   const at::Tensor cross = encoder_attn_->forward(residual + pos, value, reference_boxes, shapes);
   // DFineGate: g = sigmoid(gate(cat[residual, cross])); LN(g1 * residual + g2 * cross).
   const auto g = at::sigmoid(gate_->forward(at::cat({residual, cross}, -1))).chunk(2, -1);
@@ -165,7 +168,8 @@ std::pair<at::Tensor, at::Tensor> DecoderImpl::forward(const at::Tensor& target,
   for (size_t i = 0; i < layers_.size(); ++i) {
     const at::Tensor pos = query_pos_head_->forward(ref).clamp(-10, 10);
     h = layers_[i]->forward(h, pos, value, ref.unsqueeze(2), shapes);
-    if (i == 0) ref_init = at::sigmoid(pre_bbox_head_->forward(h) + layers::inverse_sigmoid(ref));
+    if (i == 0)
+      ref_init = kernels::refine_boxes(refine_boxes_kernel_, pre_bbox_head_->forward(h), ref);
     // Upstream adds 0 (an int) at layer 0: the same values as not adding anything.
     pred_corners = bbox_embed_[i]->forward(i == 0 ? h : h + previous_h);
     if (i > 0) pred_corners = pred_corners + previous_corners;

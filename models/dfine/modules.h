@@ -156,8 +156,12 @@ struct DecoderParts {
   bool share_bbox_head = false;  ///< one bbox_embed MLP for every layer, stored as index 0
 };
 
-class DecoderImpl : public torch::nn::Module {
+class DecoderImpl : public torch::nn::Module, public layers::UsesKernels {
  public:
+  /// Takes the `refine_boxes` handle the model was bound to (the first layer's refinement).
+  void bind_kernels(const layers::BoundKernels& k) override {
+    refine_boxes_kernel_ = k.refine_boxes;
+  }
   /// D-FINE's: DFineDecoderLayer, query_pos_head MLP(4, 2D, D, 2) with ReLU.
   explicit DecoderImpl(const Config& c);
   /// With the family's parts (DEIMv2: Deimv2DecoderLayer, Deimv2Decoder's query_pos_head).
@@ -179,6 +183,7 @@ class DecoderImpl : public torch::nn::Module {
   std::vector<layers::MLP> bbox_embed_, lqe_;
   at::Tensor reg_scale_, up_, project_;
   int64_t heads_, bins_, top_prob_values_;
+  kernels::RefineBoxesHandle refine_boxes_kernel_;
 };
 
 // ---- the whole detector ----------------------------------------------------------------------

@@ -6,6 +6,8 @@
 
 #include "models/pp_doclayout_v3/modules.h"
 
+#include "kernels/box/refine_boxes.h"
+
 namespace libreyolo::models::pp_doclayout_v3 {
 
 DecoderImpl::DecoderImpl(const Config& c, torch::nn::Module& model)
@@ -49,7 +51,7 @@ DecoderOutput DecoderImpl::forward(const at::Tensor& target, const at::Tensor& r
   for (const auto& layer : layers_) {
     const at::Tensor pos = query_pos_head_->forward(ref);
     h = layer->forward(h, pos, memory, ref.unsqueeze(2), shapes);
-    ref = at::sigmoid(bbox_embed_->forward(h) + layers::inverse_sigmoid(ref));
+    ref = kernels::refine_boxes(refine_boxes_kernel_, bbox_embed_->forward(h), ref);
   }
   DecoderOutput out;
   out.pred_boxes = ref;

@@ -108,9 +108,13 @@ struct DecoderOutput {
 /// saved with tie_word_embeddings hold them as enc_score_head / enc_bbox_head),
 /// "model.decoder_order_head.{i}", "model.decoder_global_pointer.dense", "model.decoder_norm",
 /// "model.mask_query_head" (registered on `model` by the constructor).
-class DecoderImpl : public torch::nn::Module {
+class DecoderImpl : public torch::nn::Module, public layers::UsesKernels {
  public:
   DecoderImpl(const Config& c, torch::nn::Module& model);
+  /// Takes the `refine_boxes` handle the model was bound to (the per-layer box refinement).
+  void bind_kernels(const layers::BoundKernels& k) override {
+    refine_boxes_kernel_ = k.refine_boxes;
+  }
   /// target (B, Q, D), reference_logits (B, Q, 4) unactivated, memory (B, S, D), mask_feat
   /// (B, P, h, w) -> the last layer's outputs (masks, logits and order are computed for the last
   /// layer only: the intermediate ones feed training losses).
@@ -127,6 +131,7 @@ class DecoderImpl : public torch::nn::Module {
   std::vector<layers::Linear> order_head_;
   layers::LayerNorm norm_;
   int64_t head_size_;
+  kernels::RefineBoxesHandle refine_boxes_kernel_;
 };
 
 /// Root module: "model.{backbone.model, encoder_input_proj, encoder, enc_output, enc_score_head,

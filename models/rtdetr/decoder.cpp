@@ -4,6 +4,7 @@
 #include "models/rtdetr/modules.h"
 
 #include "kernels/attention/sampling_locations.h"
+#include "kernels/box/refine_boxes.h"
 
 namespace libreyolo::models::rtdetr {
 
@@ -82,12 +83,14 @@ DecoderLayerImpl::DecoderLayerImpl(const Config& c) : act_(c.decoder_activation)
 at::Tensor DecoderLayerImpl::forward(const at::Tensor& h0, const at::Tensor& pos,
                                      const at::Tensor& memory, const at::Tensor& reference_boxes,
                                      const kernels::SpatialShapes& shapes) const {
+  // Post-norm residuals: each add and the LayerNorm after it in one add_layer_norm call, fc1's
+  // activation in linear_act (the GEMM's epilogue where the slot fuses it).
   const at::Tensor qk = h0 + pos;
-  at::Tensor h = self_attn_layer_norm_->forward(h0 + self_attn->forward(qk, qk, h0));
-  h = encoder_attn_layer_norm_->forward(
-      h + encoder_attn_->forward(h + pos, memory, reference_boxes, shapes));
-  h = final_layer_norm_->forward(h + fc2_->forward(layers::activate(act_, fc1_->forward(h))));
-  return h;
+  at::Tensor h = self_attn_layer_norm_->forward_add(h0, self_attn->forward(qk, qk, h0)).second;
+  h = encoder_attn_layer_norm_
+          ->forward_add(h, encoder_attn_->forward(h + pos, memory, reference_boxes, shapes))
+          .second;
+  return final_layer_norm_->forward_add(h, fc2_->forward(fc1_->forward_act(h, act_))).second;
 }
 
 DecoderImpl::DecoderImpl(const Config& c) {
@@ -117,7 +120,8 @@ std::pair<at::Tensor, at::Tensor> DecoderImpl::forward(const at::Tensor& target,
   for (size_t i = 0; i < layers_.size(); ++i) {
     const at::Tensor pos = query_pos_head_->forward(ref);
     h = layers_[i]->forward(h, pos, memory, ref.unsqueeze(2), shapes);
-    ref = at::sigmoid(bbox_embed_[i]->forward(h) + layers::inverse_sigmoid(ref));
+    // sigmoid(delta + inverse_sigmoid(ref)), one refine_boxes call.
+    ref = kernels::refine_boxes(refine_boxes_kernel_, bbox_embed_[i]->forward(h), ref);
     // Only the last layer's logits are returned (intermediate ones feed training losses).
     if (i + 1 == layers_.size()) logits = class_embed_[i]->forward(h);
   }

@@ -54,17 +54,15 @@ EncoderLayerImpl::EncoderLayerImpl(const Config& c, bool v5_names)
 }
 
 at::Tensor EncoderLayerImpl::forward(const at::Tensor& x, const at::Tensor& pos) const {
-  at::Tensor residual = x;
-  at::Tensor h = normalize_before_ ? self_attn_layer_norm_->forward(x) : x;
-  const at::Tensor qk = pos.defined() ? h + pos : h;
-  h = residual + self_attn->forward(qk, qk, h);
-  if (!normalize_before_) h = self_attn_layer_norm_->forward(h);
-  if (normalize_before_) h = final_layer_norm_->forward(h);
-  residual = h;
-  h = fc2_->forward(layers::activate(act_, fc1_->forward(h)));
-  h = residual + h;
-  if (!normalize_before_) h = final_layer_norm_->forward(h);
-  return h;
+  const at::Tensor in = normalize_before_ ? self_attn_layer_norm_->forward(x) : x;
+  const at::Tensor qk = pos.defined() ? in + pos : in;
+  // x + attention and the LayerNorm after it in one add_layer_norm call: post-norm's
+  // self_attn_layer_norm, or pre-norm's final_layer_norm (whose output upstream's
+  // RTDetrEncoderLayer then keeps as the FFN's residual).
+  const auto& norm = normalize_before_ ? final_layer_norm_ : self_attn_layer_norm_;
+  const at::Tensor h = norm->forward_add(x, self_attn->forward(qk, qk, in)).second;
+  const at::Tensor ffn = fc2_->forward(fc1_->forward_act(h, act_));
+  return normalize_before_ ? h + ffn : final_layer_norm_->forward_add(h, ffn).second;
 }
 
 CSPRepLayerImpl::CSPRepLayerImpl(const Config& c)

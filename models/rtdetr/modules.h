@@ -256,9 +256,13 @@ class DecoderLayerImpl : public torch::nn::Module {
 
 /// RTDetrDecoder with its per-layer heads class_embed.{i} / bbox_embed.{i} (iterative box
 /// refinement).
-class DecoderImpl : public torch::nn::Module {
+class DecoderImpl : public torch::nn::Module, public layers::UsesKernels {
  public:
   explicit DecoderImpl(const Config& c);
+  /// Takes the `refine_boxes` handle the model was bound to (the per-layer box refinement).
+  void bind_kernels(const layers::BoundKernels& k) override {
+    refine_boxes_kernel_ = k.refine_boxes;
+  }
   /// target (B, Q, D), reference_logits (B, Q, 4) (unactivated), memory (B, S, D) ->
   /// (logits (B, Q, C), boxes (B, Q, 4)) of the last layer.
   std::pair<at::Tensor, at::Tensor> forward(const at::Tensor& target,
@@ -271,6 +275,7 @@ class DecoderImpl : public torch::nn::Module {
   layers::MLP query_pos_head_;
   std::vector<layers::Linear> class_embed_;
   std::vector<layers::MLP> bbox_embed_;
+  kernels::RefineBoxesHandle refine_boxes_kernel_;
 };
 
 /// Flattens decoder sources (B, D, H_l, W_l) to (B, sum H_l W_l, D) (level-major, row-major

@@ -19,6 +19,7 @@
 #include "kernels/attention/dot_product_attention.h"
 #include "kernels/attention/ms_deform_attn.h"
 #include "kernels/attention/sampling_locations.h"
+#include "kernels/box/refine_boxes.h"
 #include "kernels/conv/conv2d_bias_act.h"
 #include "kernels/gemm/fp8_gemm.h"
 #include "kernels/gemm/linear.h"
@@ -137,6 +138,7 @@ inline kernels::BindContext cuda_context() {
 inline void declare_with_cuda_only(kernels::Registry& reg) {
   reg.declare(kernels::kMsDeformAttn);
   reg.declare(kernels::kSamplingLocations);
+  reg.declare(kernels::kRefineBoxes);
   reg.declare(kernels::kFakeQuantFp8);
   reg.declare(kernels::kConv2dBiasAct);
   reg.declare(kernels::kMaxPool2d);

@@ -139,6 +139,7 @@ TEST(SamplingLocationsSlot, DeformableAttentionModuleCallsItsBoundHandleForOneBo
   kernels::Registry r;
   r.declare(kernels::kMsDeformAttn);
   r.declare(kernels::kSamplingLocations);
+  r.declare(kernels::kRefineBoxes);
   r.declare(kernels::kAttention);
   r.declare(kernels::kConv2dBiasAct);
   r.declare(kernels::kMaxPool2d);

@@ -69,12 +69,14 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <fstream>
 #include <functional>
 #include <iostream>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <stdexcept>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -84,6 +86,7 @@
 #include "kernels/kernels.h"
 #include "kernels/policy.h"
 #include "kernels/registry.h"
+#include "log/log.h"
 #include "models/layers/attention.h"
 #include "models/layouts/kernel_config.h"
 #include "models/layouts/options.h"
@@ -209,6 +212,16 @@ void print_fp8_agreement(const libreyolo::models::Model& dense, const libreyolo:
 }
 
 int main(int argc, char** argv) {
+  // LIBREYOLO_LOG_LEVEL=debug shows the kernels' own lines (cudnn_graph's per-geometry timings);
+  // the default keeps the daemon's info level.
+  if (const char* env = std::getenv("LIBREYOLO_LOG_LEVEL"); env && *env) {
+    try {
+      libreyolo::log::set_level(libreyolo::log::parse_level(env));
+    } catch (const std::invalid_argument& e) {
+      std::cerr << "libreyolo-bench-models: LIBREYOLO_LOG_LEVEL: " << e.what() << "\n";
+      return 2;
+    }
+  }
   std::string model_dir, device_name = "cpu", dtype_name = "float32", batches = "1,8";
   std::string fused = "default", flush = "default", layouts, out, prompt = "a cat. a dog.",
               cache_modes = "on";

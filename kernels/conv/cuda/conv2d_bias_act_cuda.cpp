@@ -14,7 +14,8 @@
 #include <atomic>
 #include <mutex>
 
-#include "kernels/conv/conv2d_bias_act.h"
+#include "kernels/conv/cuda/conv2d_bias_act_cuda.h"
+
 #include "kernels/conv/cuda/bias_act_cuda.h"
 #include "kernels/cuda/verified_once.h"
 #include "kernels/registry.h"
@@ -72,6 +73,10 @@ Verified verify_epilogue(at::ScalarType dtype, const at::Device& device) {
   });
 }
 
+}  // namespace
+
+namespace cuda {
+
 Outcome<at::Tensor> conv2d_bias_act_cuda(const at::Tensor& input, const at::Tensor& weight,
                                          const at::Tensor& bias, const at::Tensor& residual,
                                          const ConvGeometry& g, Activation act) {
@@ -118,11 +123,11 @@ Outcome<at::Tensor> conv2d_bias_act_cuda(const at::Tensor& input, const at::Tens
   return y;
 }
 
-}  // namespace
+}  // namespace cuda
 
 void register_conv2d_bias_act_cuda(Registry& registry) {
   registry.register_impl(
-      kConv2dBiasAct, "cuda", &conv2d_bias_act_cuda, [] { return at::cuda::is_available(); },
+      kConv2dBiasAct, "cuda", &cuda::conv2d_bias_act_cuda, [] { return at::cuda::is_available(); },
       cuda_models_only);
 }
 
