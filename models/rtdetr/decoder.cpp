@@ -83,14 +83,16 @@ DecoderLayerImpl::DecoderLayerImpl(const Config& c) : act_(c.decoder_activation)
 at::Tensor DecoderLayerImpl::forward(const at::Tensor& h0, const at::Tensor& pos,
                                      const at::Tensor& memory, const at::Tensor& reference_boxes,
                                      const kernels::SpatialShapes& shapes) const {
-  // Post-norm residuals: each add and the LayerNorm after it in one add_layer_norm call, fc1's
-  // activation in linear_act (the GEMM's epilogue where the slot fuses it).
+  // Post-norm residuals: each add and the LayerNorm after it in one add_layer_norm call. fc1
+  // stays at::linear + activation: linear_act's oneDNN GEMM moves PP-DocLayoutV2's (an RT-DETR
+  // subclass) reading-order logits past the 1e-4 bar on the CPU (docs/BENCHMARKS.md).
   const at::Tensor qk = h0 + pos;
   at::Tensor h = self_attn_layer_norm_->forward_add(h0, self_attn->forward(qk, qk, h0)).second;
   h = encoder_attn_layer_norm_
           ->forward_add(h, encoder_attn_->forward(h + pos, memory, reference_boxes, shapes))
           .second;
-  return final_layer_norm_->forward_add(h, fc2_->forward(fc1_->forward_act(h, act_))).second;
+  return final_layer_norm_->forward_add(h, fc2_->forward(layers::activate(act_, fc1_->forward(h))))
+      .second;
 }
 
 DecoderImpl::DecoderImpl(const Config& c) {

@@ -61,7 +61,8 @@ at::Tensor EncoderLayerImpl::forward(const at::Tensor& x, const at::Tensor& pos)
   // RTDetrEncoderLayer then keeps as the FFN's residual).
   const auto& norm = normalize_before_ ? final_layer_norm_ : self_attn_layer_norm_;
   const at::Tensor h = norm->forward_add(x, self_attn->forward(qk, qk, in)).second;
-  const at::Tensor ffn = fc2_->forward(fc1_->forward_act(h, act_));
+  // at::linear + activation, not linear_act (models/rtdetr/decoder.cpp says why).
+  const at::Tensor ffn = fc2_->forward(layers::activate(act_, fc1_->forward(h)));
   return normalize_before_ ? h + ffn : final_layer_norm_->forward_add(h, ffn).second;
 }
 
