@@ -116,7 +116,10 @@ if [ ! -f "$cfe_dir/include/cudnn_frontend.h" ]; then
   echo "setup: unpacking cudnn-frontend 1.32.0's headers into $cfe_dir"
   cfe_tmp=$(mktemp -d)
   "$venv/bin/python" -m pip download -q --no-deps --only-binary=:all: -d "$cfe_tmp" nvidia-cudnn-frontend==1.32.0
-  "$venv/bin/python" - "$cfe_tmp" "$cfe_dir" <<'PY'
+  # Unpacked beside the final folder and moved into place whole: an interrupted unpack leaves
+  # no partial headers behind that the check above would take for complete.
+  rm -rf "$cfe_dir.partial"
+  "$venv/bin/python" - "$cfe_tmp" "$cfe_dir.partial" <<'PY'
 import glob, os, sys, zipfile
 tmp, dest = sys.argv[1], sys.argv[2]
 wheels = glob.glob(os.path.join(tmp, "nvidia_cudnn_frontend-*.whl"))
@@ -132,6 +135,7 @@ with zipfile.ZipFile(wheels[0]) as z:
 if not os.path.exists(os.path.join(dest, "include", "cudnn_frontend.h")):
     sys.exit("setup: cudnn-frontend: include/cudnn_frontend.h not in the wheel")
 PY
+  rm -rf "$cfe_dir" && mv "$cfe_dir.partial" "$cfe_dir"
   rm -rf "$cfe_tmp"
 fi
 
