@@ -112,6 +112,10 @@ TEST(CudnnGraphConvCuda, FusedGraphIsTheFloat32ConvolutionWithinOneRounding) {
     for (const auto& c : kCases)
       for (auto act : {Activation::silu, Activation::none, Activation::gelu, Activation::tanh})
         for (int with = 1; with < 4; ++with) {  // bias, residual, both
+          // GELU and tanh once per dtype (each graph is compiled at run time: seconds in all).
+          if ((act == Activation::gelu || act == Activation::tanh) &&
+              (&c != &kCases[1] || with != 1))
+            continue;
           const bool bias = with & 1, residual = with & 2;
           const auto o = operands(c, dtype, bias, residual);
           const std::string what = c10::str(c10::toString(dtype), " ", c.name, " B", c.B, " ",
@@ -134,7 +138,7 @@ TEST(CudnnGraphConvCuda, FusedGraphIsTheFloat32ConvolutionWithinOneRounding) {
         }
   std::cout << "[gpu] cudnn_graph untimed: " << fused << " of " << checked
             << " graphs fused by cuDNN\n";
-  EXPECT_EQ(checked, 2 * 4 * 4 * 3);
+  EXPECT_EQ(checked, 2 * (4 * 2 * 3 + 2));
   // Conv + bias + SiLU in channels_last 16-bit is what runtime fusion exists for (Ampere and
   // later): every such case (2 dtypes x 4 shapes x bias with and without residual) must have had
   // an engine.
