@@ -34,6 +34,15 @@ struct NoTf32 {
   ~NoTf32() { at::globalContext().setAllowTF32CuDNN(before); }
 };
 
+/// conv2d_bias_act bound to cudnn_graph alone in `reg` (declared with the cuda
+/// implementations): a decline returns std::nullopt.
+Conv2dBiasActHandle cudnn_graph_only(Registry& reg) {
+  test::declare_with_cuda_only(reg);
+  Filter f;
+  f.allow[kConv2dBiasAct.name] = {kImpl};
+  return reg.bind(kConv2dBiasAct, test::cuda_context(), &f);
+}
+
 struct Case {
   const char* name;
   int64_t c_in, c_out, k, stride, B, H;
@@ -89,21 +98,6 @@ void expect_within_one_rounding(const at::Tensor& got, const at::Tensor& ref, at
       << ref.abs().max().item<double>();
 }
 
-const char* act_name(Activation act) {
-  switch (act) {
-    case Activation::none:
-      return "none";
-    case Activation::silu:
-      return "silu";
-    case Activation::gelu:
-      return "gelu";
-    case Activation::tanh:
-      return "tanh";
-    default:
-      return "other";
-  }
-}
-
 TEST(CudnnGraphConvCuda, FusedGraphIsTheFloat32ConvolutionWithinOneRounding) {
   REQUIRE_CUDNN_GRAPH();
   at::manual_seed(11);
@@ -118,8 +112,9 @@ TEST(CudnnGraphConvCuda, FusedGraphIsTheFloat32ConvolutionWithinOneRounding) {
             continue;
           const bool bias = with & 1, residual = with & 2;
           const auto o = operands(c, dtype, bias, residual);
-          const std::string what = c10::str(c10::toString(dtype), " ", c.name, " B", c.B, " ",
-                                            act_name(act), " bias ", bias, " residual ", residual);
+          const std::string what =
+              c10::str(c10::toString(dtype), " ", c.name, " B", c.B, " ", activation_name(act),
+                       " bias ", bias, " residual ", residual);
           const auto got = cuda::conv2d_bias_act_cudnn_graph_untimed(o.x, o.w, o.b, o.r, o.g, act);
           ++checked;
           if (std::holds_alternative<Decline>(got)) {
@@ -148,10 +143,7 @@ TEST(CudnnGraphConvCuda, FusedGraphIsTheFloat32ConvolutionWithinOneRounding) {
 TEST(CudnnGraphConvCuda, BindingKeepsOneChoicePerGeometryAndMatches) {
   REQUIRE_CUDNN_GRAPH();
   Registry reg;
-  test::declare_with_cuda_only(reg);
-  Filter f;
-  f.allow[kConv2dBiasAct.name] = {kImpl};
-  const auto handle = reg.bind(kConv2dBiasAct, test::cuda_context(), &f);
+  const auto handle = cudnn_graph_only(reg);
   ASSERT_FALSE(handle.empty());
   // These geometries have engines (the untimed test) whose plans agree with `cuda`: tuning may
   // only decline a geometry for being slower.
@@ -188,10 +180,7 @@ TEST(CudnnGraphConvCuda, BindingKeepsOneChoicePerGeometryAndMatches) {
 TEST(CudnnGraphConvCuda, DeclinesWhatItDoesNotFuseWithItsReason) {
   REQUIRE_CUDNN_GRAPH();
   Registry reg;
-  test::declare_with_cuda_only(reg);
-  Filter f;
-  f.allow[kConv2dBiasAct.name] = {kImpl};
-  const auto handle = reg.bind(kConv2dBiasAct, test::cuda_context(), &f);
+  const auto handle = cudnn_graph_only(reg);
   const auto o = operands(kCases[0], at::kBFloat16, true, false);
   const auto o32 = operands(kCases[0], at::kFloat, true, false);
   EXPECT_FALSE(handle(o32.x, o32.w, o32.b, o32.r, o32.g, Activation::silu).has_value());

@@ -12,32 +12,10 @@
 #include <limits>
 
 #include "kernels/box/cuda/refine_boxes_cuda.h"
+#include "kernels/cuda/opmath_round.cuh"
 
 namespace libreyolo::kernels::cuda {
 namespace {
-
-template <typename T>
-struct Round;
-template <>
-struct Round<float> {
-  __device__ static __forceinline__ float load(float v) { return v; }
-  __device__ static __forceinline__ float store(float v) { return v; }
-  __device__ static __forceinline__ float to(float v) { return v; }
-};
-template <>
-struct Round<__half> {
-  __device__ static __forceinline__ float load(__half v) { return __half2float(v); }
-  __device__ static __forceinline__ __half store(float v) { return __float2half_rn(v); }
-  __device__ static __forceinline__ float to(float v) { return __half2float(__float2half_rn(v)); }
-};
-template <>
-struct Round<__nv_bfloat16> {
-  __device__ static __forceinline__ float load(__nv_bfloat16 v) { return __bfloat162float(v); }
-  __device__ static __forceinline__ __nv_bfloat16 store(float v) { return __float2bfloat16_rn(v); }
-  __device__ static __forceinline__ float to(float v) {
-    return __bfloat162float(__float2bfloat16_rn(v));
-  }
-};
 
 /// ATen's clamp_min with a scalar limit (TensorCompare.cu launch_clamp_scalar): NaN stays.
 __device__ __forceinline__ float clamp_min(float v, float lo) {

@@ -201,6 +201,19 @@ std::shared_ptr<fe::graph::Graph> build_graph(const at::Tensor& x, const at::Ten
   return graph;
 }
 
+/// build_graph, validated, with heuristic A's engine configs listed (none built yet); null when
+/// cuDNN rejects the graph or has no engine config for it.
+std::shared_ptr<fe::graph::Graph> planned_graph(cudnnHandle_t handle, const at::Tensor& x,
+                                                const at::Tensor& w, const at::Tensor& bias,
+                                                const at::Tensor& residual, const at::Tensor& y,
+                                                const ConvGeometry& g, Activation act) {
+  auto graph = build_graph(x, w, bias, residual, y, g, act);
+  if (graph->validate().is_bad() || graph->build_operation_graph(handle).is_bad() ||
+      graph->create_execution_plans({fe::HeurMode_t::A}).is_bad())
+    return nullptr;
+  return graph;
+}
+
 struct EventPair {
   cudaEvent_t start = nullptr, stop = nullptr;
   EventPair() {
@@ -293,10 +306,8 @@ std::shared_ptr<const Tuned> tune(const at::Tensor& x_in, const at::Tensor& w_in
   cudnnHandle_t handle = current_handle();
   if (!handle) return declined("cudnn_graph: cudnnSetStream failed");
   auto y = empty_output(x, w, g);
-  auto graph = build_graph(x, w, bias, residual, y, g, act);
-  if (graph->validate().is_bad() || graph->build_operation_graph(handle).is_bad() ||
-      graph->create_execution_plans({fe::HeurMode_t::A}).is_bad())
-    return declined("cudnn_graph: cuDNN has no engine for this graph");
+  auto graph = planned_graph(handle, x, w, bias, residual, y, g, act);
+  if (!graph) return declined("cudnn_graph: cuDNN has no engine for this graph");
   std::vector<int64_t> plans;
   for (int64_t i = 0;
        i < graph->get_execution_plan_count() && static_cast<int64_t>(plans.size()) < kMaxPlans; ++i)
@@ -465,10 +476,8 @@ Outcome<at::Tensor> conv2d_bias_act_cudnn_graph_untimed(const at::Tensor& input,
   cudnnHandle_t handle = current_handle();
   if (!handle) return Decline{"cudnn_graph: cudnnSetStream failed"};
   auto y = empty_output(input, weight, g);
-  auto graph = build_graph(input, weight, bias, residual, y, g, act);
-  if (graph->validate().is_bad() || graph->build_operation_graph(handle).is_bad() ||
-      graph->create_execution_plans({fe::HeurMode_t::A}).is_bad())
-    return Decline{"cudnn_graph: cuDNN has no engine for this graph"};
+  auto graph = planned_graph(handle, input, weight, bias, residual, y, g, act);
+  if (!graph) return Decline{"cudnn_graph: cuDNN has no engine for this graph"};
   for (int64_t i = 0; i < graph->get_execution_plan_count(); ++i) {
     int64_t workspace = 0;
     if (graph->build_plan_at_index(i).is_bad() ||
