@@ -8,6 +8,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "kernels/box/refine_boxes.h"
 #include "models/layers/bert_model.h"
 #include "models/layers/gather_rows.h"
 
@@ -17,13 +18,6 @@ namespace {
 template <class T, class... Args>
 std::shared_ptr<T> make(Args&&... args) {
   return std::make_shared<T>(std::forward<Args>(args)...);
-}
-
-/// _inverse_sigmoid(x, eps=1e-5): log(clamp(x, eps) / clamp(1 - x, eps)) after clamping x to
-/// [0, 1] (not at::logit, which clamps x to [eps, 1 - eps] on both sides).
-at::Tensor inverse_sigmoid(const at::Tensor& x) {
-  const auto y = x.clamp(0, 1);
-  return at::log(y.clamp_min(1e-5) / (1 - y).clamp_min(1e-5));
 }
 
 }  // namespace
@@ -159,7 +153,10 @@ std::pair<at::Tensor, at::Tensor> DecoderImpl::forward(const std::vector<at::Ten
   for (size_t i = 0; i < n; ++i) {
     const auto query_pos = query_position_head_->forward(reference);
     std::tie(h, t) = layers_[i]->forward(h, t, query_pos, reference, vision, shapes, bias);
-    const auto refined = (decoder_bbox_head_[i]->forward(h) + inverse_sigmoid(reference)).sigmoid();
+    // sigmoid(delta + _inverse_sigmoid(reference)) (eps 1e-5, x clamped to [0, 1] first, not
+    // at::logit's two-sided clamp): one refine_boxes call.
+    const auto refined =
+        kernels::refine_boxes(refine_boxes_kernel_, decoder_bbox_head_[i]->forward(h), reference);
     if (i + 1 == n) {
       const auto projected = decoder_class_head_[i]->forward(classes).permute({1, 2, 0});
       return {class_similarity(config_.cosine, h, projected), refined};

@@ -48,9 +48,13 @@ class DecoderLayerImpl : public torch::nn::Module {
 };
 
 /// The decoder module ("decoder.*" on disk).
-class DecoderImpl : public torch::nn::Module {
+class DecoderImpl : public torch::nn::Module, public layers::UsesKernels {
  public:
   explicit DecoderImpl(const Config& c);
+  /// Takes the `refine_boxes` handle the model was bound to (the per-layer box refinement).
+  void bind_kernels(const layers::BoundKernels& k) override {
+    refine_boxes_kernel_ = k.refine_boxes;
+  }
   /// pan: the hybrid encoder's maps (B, E, H_l, W_l); classes (C, B, class_embed_dim) (padding
   /// classes zero, as upstream regroups them); task (T, B, class_embed_dim) the text encoder's
   /// hidden states of the task; task_mask (B, T) (nonzero = token). Returns (class logits
@@ -70,6 +74,7 @@ class DecoderImpl : public torch::nn::Module {
   layers::MLP query_position_head_, encoder_bbox_head_;
   std::vector<layers::Linear> decoder_class_head_;
   std::vector<layers::MLP> decoder_bbox_head_;
+  kernels::RefineBoxesHandle refine_boxes_kernel_;
 };
 
 }  // namespace libreyolo::models::omdet_turbo
