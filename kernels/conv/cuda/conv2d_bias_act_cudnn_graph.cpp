@@ -137,6 +137,15 @@ at::Tensor empty_output(const at::Tensor& x, const at::Tensor& w, const ConvGeom
   return at::empty(output_sizes(x, w, g), x.options().memory_format(x.suggest_memory_format()));
 }
 
+/// "BxCxHxW -> K kKh sS gG" for the debug log.
+std::string describe(const at::Tensor& x, const at::Tensor& w, const ConvGeometry& g) {
+  return std::to_string(x.size(0)) + "x" + std::to_string(x.size(1)) + "x" +
+         std::to_string(x.size(2)) + "x" + std::to_string(x.size(3)) + " -> " +
+         std::to_string(w.size(0)) + " k" + std::to_string(w.size(2)) + " s" +
+         std::to_string(g.stride_h) + " g" + std::to_string(g.groups) +
+         (x.is_contiguous(at::MemoryFormat::ChannelsLast) ? " nhwc" : " nchw");
+}
+
 /// The operation graph: conv_fprop, then + bias, + residual, activation; float32 in between.
 std::shared_ptr<fe::graph::Graph> build_graph(const at::Tensor& x, const at::Tensor& w,
                                               const at::Tensor& bias, const at::Tensor& residual,
@@ -302,17 +311,21 @@ std::shared_ptr<const Tuned> tune(const at::Tensor& x_in, const at::Tensor& w_in
     t->declined = why;
     return std::shared_ptr<const Tuned>(std::move(t));
   };
+  const auto no_engine = [&] {
+    log::debug("cudnn_graph: conv2d_bias_act " + describe(x, w, g) + ": no cuDNN engine");
+    return declined("cudnn_graph: cuDNN has no engine for this graph");
+  };
   const auto t0 = std::chrono::steady_clock::now();
   cudnnHandle_t handle = current_handle();
   if (!handle) return declined("cudnn_graph: cudnnSetStream failed");
   auto y = empty_output(x, w, g);
   auto graph = planned_graph(handle, x, w, bias, residual, y, g, act);
-  if (!graph) return declined("cudnn_graph: cuDNN has no engine for this graph");
+  if (!graph) return no_engine();
   std::vector<int64_t> plans;
   for (int64_t i = 0;
        i < graph->get_execution_plan_count() && static_cast<int64_t>(plans.size()) < kMaxPlans; ++i)
     if (graph->build_plan_at_index(i).is_good()) plans.push_back(i);
-  if (plans.empty()) return declined("cudnn_graph: cuDNN has no engine for this graph");
+  if (plans.empty()) return no_engine();
 
   // `cuda` on the same tensors: the reference output and the time to beat.
   const auto reference_outcome = cuda::conv2d_bias_act_cuda(x, w, bias, residual, g, act);
@@ -350,10 +363,7 @@ std::shared_ptr<const Tuned> tune(const at::Tensor& x_in, const at::Tensor& w_in
   }
   best_cuda = std::min(best_cuda, time_ms(stream, events, run_cuda));  // once more: noise
   const double spent = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  log::debug("cudnn_graph: conv2d_bias_act " + std::to_string(x.size(0)) + "x" +
-             std::to_string(x.size(1)) + "x" + std::to_string(x.size(2)) + "x" +
-             std::to_string(x.size(3)) + " -> " + std::to_string(w.size(0)) + " k" +
-             std::to_string(w.size(2)) + " s" + std::to_string(g.stride_h) + ": fused " +
+  log::debug("cudnn_graph: conv2d_bias_act " + describe(x, w, g) + ": fused " +
              std::to_string(best * 1e3f) + " us, cuda " + std::to_string(best_cuda * 1e3f) +
              " us, tuned in " + std::to_string(spent) + " s");
   if (tuned->plan < 0) return declined("cudnn_graph: no plan ran and agreed with `cuda`");
