@@ -45,6 +45,7 @@
 
 #include "kernels/conv/cuda/conv2d_bias_act_cuda.h"
 #include "kernels/cuda/busy_wait.h"
+#include "kernels/cuda/event_pair.h"
 #include "log/log.h"
 #endif
 
@@ -223,25 +224,10 @@ std::shared_ptr<fe::graph::Graph> planned_graph(cudnnHandle_t handle, const at::
   return graph;
 }
 
-struct EventPair {
-  cudaEvent_t start = nullptr, stop = nullptr;
-  EventPair() {
-    if (cudaEventCreate(&start) != cudaSuccess) start = nullptr;
-    if (cudaEventCreate(&stop) != cudaSuccess) stop = nullptr;
-  }
-  EventPair(const EventPair&) = delete;
-  EventPair& operator=(const EventPair&) = delete;
-  ~EventPair() {
-    if (stop) cudaEventDestroy(stop);
-    if (start) cudaEventDestroy(start);
-  }
-  bool ok() const { return start && stop; }
-};
-
 /// Milliseconds per run of `run` on `stream`, GPU time: kTimedRuns launches enqueued behind a
 /// busy-wait kernel, between two events. +infinity when a run or the timing fails.
 template <class Run>
-float time_ms(cudaStream_t stream, const EventPair& events, Run&& run) {
+float time_ms(cudaStream_t stream, const cuda::EventPair& events, Run&& run) {
   if (!events.ok() || cuda::busy_wait(stream, kHoldNs) != cudaSuccess ||
       cudaEventRecord(events.start, stream) != cudaSuccess)
     return std::numeric_limits<float>::infinity();
@@ -333,7 +319,7 @@ std::shared_ptr<const Tuned> tune(const at::Tensor& x_in, const at::Tensor& w_in
     return declined("cudnn_graph: `cuda` declines this geometry (nothing to compare with)");
   const at::Tensor reference = std::get<at::Tensor>(reference_outcome);
   const auto stream = at::cuda::getCurrentCUDAStream().stream();
-  const EventPair events;
+  const cuda::EventPair events;
   const auto run_cuda = [&] {
     return !std::holds_alternative<Decline>(
         cuda::conv2d_bias_act_cuda(x, w, bias, residual, g, act));

@@ -17,6 +17,8 @@
 #include <tuple>
 #include <vector>
 
+#include "kernels/cuda/event_pair.h"
+
 namespace libreyolo::kernels::cuda {
 namespace {
 
@@ -74,24 +76,6 @@ cublasLtHandle_t lt_handle(int device) {
 /// The most problems whose timed choice is kept; later ones run the heuristic's first (a
 /// daemon with dynamic shapes would otherwise time, and keep, every new row count).
 constexpr std::size_t kMaxTimedProblems = 512;
-
-/// Two CUDA events, destroyed with it.
-struct EventPair {
-  cudaEvent_t start = nullptr, stop = nullptr;
-  EventPair() {
-    check(cudaEventCreate(&start), "cudaEventCreate");
-    if (cudaEventCreate(&stop) != cudaSuccess) {
-      cudaEventDestroy(start);
-      throw std::runtime_error("cublaslt: cudaEventCreate failed");
-    }
-  }
-  EventPair(const EventPair&) = delete;
-  EventPair& operator=(const EventPair&) = delete;
-  ~EventPair() {
-    cudaEventDestroy(stop);
-    cudaEventDestroy(start);
-  }
-};
 
 std::mutex& timed_mutex() {
   static std::mutex mu;
@@ -285,6 +269,7 @@ at::Tensor cublaslt_linear(const at::Tensor& x, const at::Tensor& weight, const 
   float best_ms = 0.0f;
   {
     const EventPair events;
+    if (!events.ok()) throw std::runtime_error("cublaslt: cudaEventCreate failed");
     for (int i = 0; i < returned; ++i) {
       if (found[i].state != CUBLAS_STATUS_SUCCESS || run(found[i].algo) != CUBLAS_STATUS_SUCCESS)
         continue;  // an algorithm these operands cannot run: not a candidate
