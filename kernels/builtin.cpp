@@ -3,6 +3,7 @@
 
 #include "kernels/attention/dot_product_attention.h"
 #include "kernels/attention/ms_deform_attn.h"
+#include "kernels/attention/rotary_embedding.h"
 #include "kernels/attention/sampling_locations.h"
 #include "kernels/box/refine_boxes.h"
 #include "kernels/conv/conv2d_bias_act.h"
@@ -50,6 +51,7 @@ void register_builtin_slots(Registry& registry) {
   register_ms_deform_attn_cpu(registry);
   registry.declare(kSamplingLocations);  // no reference: sampling_locations_portable
   registry.declare(kRefineBoxes);        // no reference: refine_boxes_portable
+  registry.declare(kRotaryEmbedding);    // no reference: rotary_embedding_portable
   registry.declare(kConv2dBiasAct);      // no reference: conv2d_bias_act_portable
   register_conv2d_bias_act_onednn(registry);
   registry.declare(kMaxPool2d);  // no reference: max_pool2d_portable

@@ -31,26 +31,6 @@ int64_t stage_index(const std::string& name) {
 
 }  // namespace
 
-at::Tensor apply_rope(const at::Tensor& t, int64_t prefix, const RopeTables& rope) {
-  const int64_t L = t.size(-2), hd = t.size(-1), half = hd / 2, N = L - prefix;
-  TORCH_CHECK(hd % 2 == 0 && N >= 0 && rope.cos.size(0) == N && rope.cos.size(1) == hd &&
-                  rope.signed_sin.sizes() == rope.cos.sizes(),
-              "dinov3 RoPE: tables ", rope.cos.sizes(), " for ", N, " patch tokens of ", hd,
-              " features");
-  at::Tensor out = at::empty(t.sizes(), t.options().memory_format(at::MemoryFormat::Contiguous));
-  if (prefix > 0) out.narrow(-2, 0, prefix).copy_(t.narrow(-2, 0, prefix));
-  const at::Tensor p = t.narrow(-2, prefix, N);
-  at::Tensor o = out.narrow(-2, prefix, N);
-  at::mul_out(o, p, rope.cos);  // p * cos, rounded
-  // rotate_half(p) * sin = [-p2 * sin1, p1 * sin2] = [p2 * -sin1, p1 * sin2], rounded.
-  at::Tensor r = at::empty(p.sizes(), out.options());
-  at::Tensor r1 = r.narrow(-1, 0, half), r2 = r.narrow(-1, half, half);
-  at::mul_out(r1, p.narrow(-1, half, half), rope.signed_sin.narrow(-1, 0, half));
-  at::mul_out(r2, p.narrow(-1, 0, half), rope.signed_sin.narrow(-1, half, half));
-  o.add_(r);  // the sum, rounded
-  return out;
-}
-
 Dinov3Config Dinov3Config::parse(const core::ConfigView& cfg) {
   Dinov3Config c;
   c.adapter_inplanes = cfg.get_int("spatial_tuning_adapter_inplanes", c.adapter_inplanes);
@@ -157,7 +137,7 @@ layers::PendingResidual Dinov3LayerImpl::forward_pending(const layers::PendingRe
   // Upstream: y = ls1 * o_proj(attention(norm1(x))) + x; out = ls2 * mlp(norm2(y)) + y.
   const auto [x, h] = norm1->forward_add(in.residual, in.delta, in.scale);
   const int64_t B = x.size(0), L = x.size(1), H = attention->num_heads;
-  const int64_t hd = attention->head_dim, prefix = L - rope.cos.size(0);
+  const int64_t hd = attention->head_dim;
   auto heads = [&](const at::Tensor& t) { return t.view({B, L, H, hd}).transpose(1, 2); };
   at::Tensor q, k, v;
   if (attention->concat_projections == 3) {
@@ -165,13 +145,16 @@ layers::PendingResidual Dinov3LayerImpl::forward_pending(const layers::PendingRe
     const auto packed =
         at::linear(h, attention->in_proj_weight, attention->in_proj_bias).view({B, L, 3, H, hd});
     // apply_rotary_pos_emb on q and k at once: (2, B, H, L, hd) from the packed rows.
-    const at::Tensor qk = apply_rope(packed.narrow(2, 0, 2).permute({2, 0, 3, 1, 4}), prefix, rope);
+    const at::Tensor qk = kernels::rotary_embedding(
+        rope_kernel, packed.narrow(2, 0, 2).permute({2, 0, 3, 1, 4}), rope.cos, rope.signed_sin);
     q = qk.select(0, 0);
     k = qk.select(0, 1);
     v = packed.select(2, 2).transpose(1, 2);
   } else {
-    q = apply_rope(heads(attention->q_proj->forward(h)), prefix, rope);
-    k = apply_rope(heads(attention->k_proj->forward(h)), prefix, rope);
+    q = kernels::rotary_embedding(rope_kernel, heads(attention->q_proj->forward(h)), rope.cos,
+                                  rope.signed_sin);
+    k = kernels::rotary_embedding(rope_kernel, heads(attention->k_proj->forward(h)), rope.cos,
+                                  rope.signed_sin);
     v = heads(attention->v_proj->forward(h));
   }
   at::Tensor a = kernels::attention(attention->attention_kernel, attention->fused_attn, q, k, v,

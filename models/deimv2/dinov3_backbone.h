@@ -54,19 +54,16 @@ struct RopeTables {
   at::Tensor cos, signed_sin;
 };
 
-/// apply_rotary_pos_emb on the patch tokens (modeling_dinov3_vit.py): t (..., L, head_dim), any
-/// strides, whose last N = L - prefix rows are patch tokens -> a contiguous (..., L, head_dim)
-/// tensor of t's dtype: the first `prefix` rows (CLS, registers) copied, the others
-/// p * cos + rotate_half(p) * sin, each product and the sum rounded to the dtype as upstream's
-/// ops round them (equal values), in three elementwise passes instead of six.
-at::Tensor apply_rope(const at::Tensor& t, int64_t prefix, const RopeTables& rope);
-
 /// DINOv3ViTLayer: x + ls1 * o_proj(attention(norm1(x))) with RoPE on the patch tokens' queries
 /// and keys, then + ls2 * mlp(norm2(.)). Attention through layers::AttentionImpl's projections
-/// and its `attention` slot (fused_attn flag); eager math: softmax in the input dtype.
-class Dinov3LayerImpl : public torch::nn::Module {
+/// and its `attention` slot (fused_attn flag); eager math: softmax in the input dtype. RoPE
+/// (apply_rotary_pos_emb) through the `rotary_embedding` slot
+/// (kernels/attention/rotary_embedding.h).
+class Dinov3LayerImpl : public torch::nn::Module, public layers::UsesKernels {
  public:
   explicit Dinov3LayerImpl(const Dinov3Config& c);
+  /// Takes the `rotary_embedding` handle the model was bound to.
+  void bind_kernels(const layers::BoundKernels& k) override { rope_kernel = k.rotary_embedding; }
   /// x (B, 1 + registers + N, C); rope: the grid's tables (N, head_dim) in x's dtype -> x's
   /// shape and dtype.
   at::Tensor forward(const at::Tensor& x, const RopeTables& rope) const {
@@ -83,6 +80,7 @@ class Dinov3LayerImpl : public torch::nn::Module {
   layers::Linear gate_proj, up_proj, down_proj;  ///< gate_proj null without use_gated_mlp
   at::Tensor lambda1, lambda2;
   layers::Activation act;
+  kernels::RotaryEmbeddingHandle rope_kernel;  ///< empty until bound: the portable path
 };
 
 /// DINOv3ViTBackbone (inference: no mask, no RoPE augmentation).

@@ -8,6 +8,7 @@ BoundKernels bind_kernels(torch::nn::Module& root, kernels::Registry& registry,
   k.ms_deform_attn = registry.bind(kernels::kMsDeformAttn, context, &filter);
   k.sampling_locations = registry.bind(kernels::kSamplingLocations, context, &filter);
   k.refine_boxes = registry.bind(kernels::kRefineBoxes, context, &filter);
+  k.rotary_embedding = registry.bind(kernels::kRotaryEmbedding, context, &filter);
   k.attention = registry.bind(kernels::kAttention, context, &filter);
   k.conv2d_bias_act = registry.bind(kernels::kConv2dBiasAct, context, &filter);
   k.max_pool2d = registry.bind(kernels::kMaxPool2d, context, &filter);

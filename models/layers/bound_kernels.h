@@ -7,6 +7,7 @@
 
 #include "kernels/attention/dot_product_attention.h"
 #include "kernels/attention/ms_deform_attn.h"
+#include "kernels/attention/rotary_embedding.h"
 #include "kernels/attention/sampling_locations.h"
 #include "kernels/box/refine_boxes.h"
 #include "kernels/conv/conv2d_bias_act.h"
@@ -25,6 +26,7 @@ struct BoundKernels {
   kernels::MsDeformAttnHandle ms_deform_attn;
   kernels::SamplingLocationsHandle sampling_locations;
   kernels::RefineBoxesHandle refine_boxes;
+  kernels::RotaryEmbeddingHandle rotary_embedding;
   kernels::AttentionHandle attention;
   kernels::Conv2dBiasActHandle conv2d_bias_act;
   kernels::MaxPool2dHandle max_pool2d;

@@ -18,6 +18,7 @@
 
 #include "kernels/attention/dot_product_attention.h"
 #include "kernels/attention/ms_deform_attn.h"
+#include "kernels/attention/rotary_embedding.h"
 #include "kernels/attention/sampling_locations.h"
 #include "kernels/box/refine_boxes.h"
 #include "kernels/conv/conv2d_bias_act.h"
@@ -139,6 +140,7 @@ inline void declare_with_cuda_only(kernels::Registry& reg) {
   reg.declare(kernels::kMsDeformAttn);
   reg.declare(kernels::kSamplingLocations);
   reg.declare(kernels::kRefineBoxes);
+  reg.declare(kernels::kRotaryEmbedding);
   reg.declare(kernels::kFakeQuantFp8);
   reg.declare(kernels::kConv2dBiasAct);
   reg.declare(kernels::kMaxPool2d);

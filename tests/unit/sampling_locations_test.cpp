@@ -140,6 +140,7 @@ TEST(SamplingLocationsSlot, DeformableAttentionModuleCallsItsBoundHandleForOneBo
   r.declare(kernels::kMsDeformAttn);
   r.declare(kernels::kSamplingLocations);
   r.declare(kernels::kRefineBoxes);
+  r.declare(kernels::kRotaryEmbedding);
   r.declare(kernels::kAttention);
   r.declare(kernels::kConv2dBiasAct);
   r.declare(kernels::kMaxPool2d);

@@ -19,6 +19,8 @@ void register_flash_attention_cuda(Registry& registry);   // attention/cuda/flas
 void register_sampling_locations_cuda(
     Registry& registry);                              // attention/cuda/sampling_locations_cuda.cpp
 void register_refine_boxes_cuda(Registry& registry);  // box/cuda/refine_boxes_cuda.cpp
+void register_rotary_embedding_cuda(
+    Registry& registry);  // attention/cuda/rotary_embedding_cuda.cpp
 
 /// The provider's capability check: a CUDA device this process can use.
 bool cuda_device_usable() { return at::cuda::is_available(); }
@@ -28,6 +30,7 @@ void register_cuda_kernels(Registry& registry) {
   register_ms_deform_attn_cuda(registry);
   register_sampling_locations_cuda(registry);
   register_refine_boxes_cuda(registry);
+  register_rotary_embedding_cuda(registry);
   register_fake_quant_fp8_cuda(registry);
   register_conv2d_bias_act_cuda(registry);
   // The newest registration is tried first: depthwise convolutions reach cuda_depthwise, what it
