@@ -10,6 +10,8 @@ RMSNormImpl::RMSNormImpl(int64_t dim, double eps) : eps_(eps) {
 }
 
 at::Tensor RMSNormImpl::forward(const at::Tensor& x) const {
+  if (x.is_cuda() && weight_.scalar_type() == x.scalar_type())
+    return std::get<0>(at::_fused_rms_norm(x, {x.size(-1)}, weight_, eps_));
   const at::Tensor h = x.to(at::kFloat);
   const at::Tensor variance = h.pow(2).mean(-1, /*keepdim=*/true);
   return weight_ * (h * at::rsqrt(variance + eps_)).to(x.scalar_type());

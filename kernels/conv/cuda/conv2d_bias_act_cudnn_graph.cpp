@@ -16,10 +16,7 @@
 // one's output against `cuda` on the call's own tensors, and times them against `cuda` with CUDA
 // events behind a busy-wait kernel (GPU time, not the host's launch rate). The fastest plan that
 // beats `cuda` serves the geometry; otherwise the geometry declines for the process, with the
-// reason. Process-wide, like ATen's cuDNN benchmark cache: a measurement of this device. Graphs
-// are dynamic-shape graphs sharing the device's cuDNN kernel cache where cuDNN has engines for
-// that, so the sizes of one topology (the daemon's batch 1, 2, 4, ..., 32) compile once; only the
-// winning plan stays built.
+// reason. Process-wide, like ATen's cuDNN benchmark cache: a measurement of this device.
 #include "kernels/conv/cuda/conv2d_bias_act_cudnn_graph.h"
 
 #include "kernels/registry.h"
@@ -79,7 +76,6 @@ struct Tuned {
   std::shared_ptr<fe::graph::Graph> graph;
   int64_t plan = -1;
   int64_t workspace = 0;
-  bool dynamic = false;  ///< a dynamic-shape graph (kernel shared through the kernel cache)
   /// Held while the plan executes: cuDNN's execution plans are not safe to execute from several
   /// threads at once (PyTorch keeps its own per thread after hangs: pytorch/pytorch#103939), and
   /// instances of one model on one GPU share this plan. Held for the host-side launch only.
@@ -100,21 +96,6 @@ std::map<Key, std::shared_ptr<const Tuned>>& cache() {
 std::mutex& tuning_mutex() {
   static std::mutex m;
   return m;
-}
-
-/// cuDNN's kernel cache of one device (cuDNN >= 9.4; cudnn-frontend's docs, "Dynamic Shapes and
-/// Kernel Cache"):
-/// with dynamic shapes enabled, a runtime fusion kernel compiled for one graph is bound again to
-/// later graphs of the same topology, so the geometries that differ only in batch size or
-/// spatial size (the daemon captures batch 1, 2, 4, ..., max_batch_size) compile once, not once
-/// per size.
-std::shared_ptr<fe::KernelCache> kernel_cache(c10::DeviceIndex device) {
-  static std::mutex m;
-  static std::map<c10::DeviceIndex, std::shared_ptr<fe::KernelCache>> caches;
-  const std::lock_guard<std::mutex> lock(m);
-  auto& c = caches[device];
-  if (!c) c = std::make_shared<fe::KernelCache>();
-  return c;
 }
 
 Key make_key(const at::Tensor& x, const at::Tensor& w, bool bias, const at::Tensor& residual,
@@ -167,18 +148,15 @@ std::string describe(const at::Tensor& x, const at::Tensor& w, const ConvGeometr
 }
 
 /// The operation graph: conv_fprop, then + bias, + residual, activation; float32 in between.
-/// `dynamic`: a dynamic-shape graph sharing the device's kernel cache.
 std::shared_ptr<fe::graph::Graph> build_graph(const at::Tensor& x, const at::Tensor& w,
                                               const at::Tensor& bias, const at::Tensor& residual,
                                               const at::Tensor& y, const ConvGeometry& g,
-                                              Activation act, bool dynamic) {
+                                              Activation act) {
   const auto io = x.scalar_type() == at::kHalf ? fe::DataType_t::HALF : fe::DataType_t::BFLOAT16;
   auto graph = std::make_shared<fe::graph::Graph>();
   graph->set_io_data_type(io)
       .set_intermediate_data_type(fe::DataType_t::FLOAT)
       .set_compute_data_type(fe::DataType_t::FLOAT);
-  if (dynamic)
-    graph->set_dynamic_shape_enabled(true).set_kernel_cache(kernel_cache(x.device().index()));
   const auto tensor = [&](const at::Tensor& t, Uid uid, const char* name) {
     return graph->tensor(fe::graph::Tensor_attributes()
                              .set_name(name)
@@ -238,9 +216,8 @@ std::shared_ptr<fe::graph::Graph> build_graph(const at::Tensor& x, const at::Ten
 std::shared_ptr<fe::graph::Graph> planned_graph(cudnnHandle_t handle, const at::Tensor& x,
                                                 const at::Tensor& w, const at::Tensor& bias,
                                                 const at::Tensor& residual, const at::Tensor& y,
-                                                const ConvGeometry& g, Activation act,
-                                                bool dynamic = true) {
-  auto graph = build_graph(x, w, bias, residual, y, g, act, dynamic);
+                                                const ConvGeometry& g, Activation act) {
+  auto graph = build_graph(x, w, bias, residual, y, g, act);
   if (graph->validate().is_bad() || graph->build_operation_graph(handle).is_bad() ||
       graph->create_execution_plans({fe::HeurMode_t::A}).is_bad())
     return nullptr;
@@ -328,21 +305,12 @@ std::shared_ptr<const Tuned> tune(const at::Tensor& x_in, const at::Tensor& w_in
   cudnnHandle_t handle = current_handle();
   if (!handle) return declined("cudnn_graph: cudnnSetStream failed");
   auto y = empty_output(x, w, g);
-  // Heuristic A's first kMaxPlans buildable plans: of a dynamic-shape graph (its kernels shared
-  // across sizes), else, where cuDNN has no dynamic-shape engine for it, of a static one.
-  std::shared_ptr<fe::graph::Graph> graph;
+  auto graph = planned_graph(handle, x, w, bias, residual, y, g, act);
+  if (!graph) return no_engine();
   std::vector<int64_t> plans;
-  bool dynamic = true;
-  for (const bool d : {true, false}) {
-    graph = planned_graph(handle, x, w, bias, residual, y, g, act, d);
-    plans.clear();
-    for (int64_t i = 0; graph && i < graph->get_execution_plan_count() &&
-                        static_cast<int64_t>(plans.size()) < kMaxPlans;
-         ++i)
-      if (graph->build_plan_at_index(i).is_good()) plans.push_back(i);
-    dynamic = d;
-    if (!plans.empty()) break;
-  }
+  for (int64_t i = 0;
+       i < graph->get_execution_plan_count() && static_cast<int64_t>(plans.size()) < kMaxPlans; ++i)
+    if (graph->build_plan_at_index(i).is_good()) plans.push_back(i);
   if (plans.empty()) return no_engine();
 
   // `cuda` on the same tensors: the reference output and the time to beat.
@@ -383,23 +351,10 @@ std::shared_ptr<const Tuned> tune(const at::Tensor& x_in, const at::Tensor& w_in
   const double spent = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   log::debug("cudnn_graph: conv2d_bias_act " + describe(x, w, g) + ": fused " +
              std::to_string(best * 1e3f) + " us, cuda " + std::to_string(best_cuda * 1e3f) +
-             " us, " + (dynamic ? "dynamic" : "static") + " shapes, tuned in " +
-             std::to_string(spent) + " s");
+             " us, tuned in " + std::to_string(spent) + " s");
   if (tuned->plan < 0) return declined("cudnn_graph: no plan ran and agreed with `cuda`");
   if (!(best < best_cuda)) return declined("cudnn_graph: slower than `cuda` on this geometry");
-  if (!dynamic) {
-    tuned->graph = std::move(graph);
-    return tuned;
-  }
-  // A dynamic-shape graph is kept with the winning plan only (the others' compiled kernels are
-  // released with `graph`): the same graph again lists the same engine configs in the same
-  // order, and the kernel cache binds the winner's kernel without compiling it again.
-  tuned->dynamic = true;
-  auto kept = planned_graph(handle, x, w, bias, residual, y, g, act, dynamic);
-  if (!kept || tuned->plan >= kept->get_execution_plan_count() ||
-      kept->build_plan_at_index(tuned->plan).is_bad())
-    return declined("cudnn_graph: the chosen plan did not build again");
-  tuned->graph = std::move(kept);
+  tuned->graph = std::move(graph);
   return tuned;
 }
 
@@ -535,10 +490,7 @@ CudnnGraphTuned cudnn_graph_tuned() {
   std::lock_guard<std::mutex> lock(cache_mutex());
   CudnnGraphTuned t;
   t.geometries = cache().size();
-  for (const auto& [key, tuned] : cache()) {
-    t.fused += tuned->declined == nullptr;
-    t.dynamic += tuned->declined == nullptr && tuned->dynamic;
-  }
+  for (const auto& [key, tuned] : cache()) t.fused += tuned->declined == nullptr;
   return t;
 }
 

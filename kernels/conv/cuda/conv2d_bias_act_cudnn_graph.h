@@ -28,7 +28,6 @@ Outcome<at::Tensor> conv2d_bias_act_cudnn_graph_untimed(const at::Tensor& input,
 /// Geometries tuned so far in this process, and how many of them the fused graph serves.
 struct CudnnGraphTuned {
   std::size_t geometries = 0, fused = 0;
-  std::size_t dynamic = 0;  ///< of the fused: dynamic-shape graphs (compiled kernels shared)
 };
 CudnnGraphTuned cudnn_graph_tuned();
 
