@@ -11,11 +11,12 @@
 
 namespace libreyolo::kernels {
 
-/// Declares every built-in slot (ms_deform_attn, fake_quant_fp8, attention, conv2d_bias_act,
-/// max_pool2d, add_layer_norm, linear_act, linear, fp8_gemm, image_decode, image_decode_batch,
-/// image_preprocess) and registers the references of those that have one
-/// here (image_decode's is libreyolo_models': models/image/decode_slot.h). Called once for
-/// Registry::process_default(); tests call it on their own registries.
+/// Declares every built-in slot (ms_deform_attn, sampling_locations, refine_boxes,
+/// rotary_embedding, fake_quant_fp8, attention, conv2d_bias_act, max_pool2d, add_layer_norm,
+/// linear_act, linear, fp8_gemm, image_decode, image_decode_batch, image_preprocess) and registers
+/// the references of those that have one here (image_decode's is libreyolo_models':
+/// models/image/decode_slot.h). Called once for Registry::process_default(); tests call it on their
+/// own registries.
 void register_builtin_slots(Registry& registry);
 
 /// The in-tree CUDA kernels as a provider ("cuda"), or null in a build without them. The

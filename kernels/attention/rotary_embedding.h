@@ -6,7 +6,8 @@
 // Upstream that is a split, six elementwise ops and a concatenation per tensor; the portable path
 // takes cos and sin with sin's first half negated (signed_sin: rotate_half(p) * sin =
 // [p2 * -sin1, p1 * sin2], the negation exact), so three products, one sum and one prefix copy.
-// At DEIMv2-S batch 32 those strided passes over q and k were about 1.5 of 15.6 ms of GPU time.
+// At DEIMv2-S batch 32 those strided passes over q and k took about 1.8 ms of a 15.8 ms forward
+// on an H100 (docs/BENCHMARKS.md).
 //
 // Implementations: the portable path (ATen ops) and `cuda`
 // (kernels/attention/cuda/rotary_embedding_cuda.h: one pass, reading x through its strides).
@@ -32,12 +33,14 @@ using RotaryEmbeddingHandle = Handle<decltype(kRotaryEmbedding)::Signature>;
 /// floating dtype and on its device -> contiguous (..., L, D): the first prefix = L - N rows
 /// copied, the other rows p * cos + rotate_half(p) * sin with sin = signed_sin with its first
 /// half negated back. Calls `handle`, and the portable path when it is empty or every candidate
-/// declined. Throws c10::Error naming the argument on a shape, dtype or device mismatch.
+/// declined. Throws c10::Error naming the argument on a shape, dtype (float32, float64, float16,
+/// bfloat16 only) or device mismatch.
 at::Tensor rotary_embedding(const RotaryEmbeddingHandle& handle, const at::Tensor& x,
                             const at::Tensor& cos, const at::Tensor& signed_sin);
 
 /// The portable path alone (validated arguments; prefix = L - N): ATen ops in upstream's
-/// rounding order, on any device.
+/// rounding order, on any device; under autograd (an argument requiring grad) the same ops in
+/// functional form, differentiable, with equal values.
 at::Tensor rotary_embedding_portable(const at::Tensor& x, const at::Tensor& cos,
                                      const at::Tensor& signed_sin, int64_t prefix);
 

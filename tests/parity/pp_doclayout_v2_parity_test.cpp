@@ -56,8 +56,11 @@ TEST(PPDocLayoutV2Parity, LogitsBoxesAndOrderMatchTransformers) {
   // make_fixtures.py on an AVX-512 CPU (ATen's AVX512 kernels, 2026-12-05), moves these order
   // logits 1.46e-4 (sdpa) and 1.24e-4 (eager) from the fixture: the box-relation bias amplifies
   // float32 rounding, as between its own eager and SDPA paths (1.2e-4). Off AVX2 the order bound
-  // is that drift's 2e-4; logits and boxes keep 1e-4 / 1e-5.
-  const double order_bound = at::get_cpu_capability() == "AVX2" ? 1e-4 : 2e-4;
+  // is that drift's 2e-4; logits and boxes keep 1e-4 / 1e-5. The fused (SDPA) path gets that
+  // bound on AVX2 too: on a 2-core AMD EPYC with AVX2 (2026-12-07) its order logits are 1.12e-4
+  // from the fixture (the manual path's 5.9e-5), the CPU's GEMM and SDPA blocking rounding
+  // otherwise than the fixture's AVX2 machine.
+  const double manual_order_bound = at::get_cpu_capability() == "AVX2" ? 1e-4 : 2e-4;
   for (bool fused : {false, true}) {
     // 1 AIFI encoder layer + 2 decoder self-attentions + 2 reading-order layers. The manual
     // math is transformers' eager attention; fused, its default (SDPA): the two differ by
@@ -68,7 +71,7 @@ TEST(PPDocLayoutV2Parity, LogitsBoxesAndOrderMatchTransformers) {
     outs.push_back(model->forward(pixel_values(*expected)));
     test::document_layout::expect_outputs_match(
         kDir, outs.back(), "[parity] pp_doclayout_v2_tiny fused_attention=" + std::to_string(fused),
-        fused ? "" : "_eager", order_bound);
+        fused ? "" : "_eager", fused ? 2e-4 : manual_order_bound);
     EXPECT_FALSE(outs.back().pred_masks.defined());
   }
   model->set_fused_attention(false);

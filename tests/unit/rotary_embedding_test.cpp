@@ -112,11 +112,36 @@ TEST(RotaryEmbedding, BadArgumentsNameTheProblem) {
               k::rotary_embedding(none, x, t, at::zeros({4, 6}));
             }),
             "rotary_embedding: signed_sin [4, 6] and cos [4, 8] must have one shape");
-  EXPECT_EQ(message_of([&] { k::rotary_embedding(none, x, t, t.to(at::kHalf)); }),
-            "rotary_embedding: x (Float), cos (Float) and signed_sin (Half) must share one "
-            "floating dtype");
+  EXPECT_EQ(
+      message_of([&] { k::rotary_embedding(none, x, t, t.to(at::kHalf)); }),
+      "rotary_embedding: x (Float), cos (Float) and signed_sin (Half) must share one dtype of "
+      "float32, float64, float16 or bfloat16");
+  const auto f8 = x.to(at::kFloat8_e4m3fn), t8 = t.to(at::kFloat8_e4m3fn);
+  EXPECT_EQ(message_of([&] { k::rotary_embedding(none, f8, t8, t8); }),
+            "rotary_embedding: x (Float8_e4m3fn), cos (Float8_e4m3fn) and signed_sin "
+            "(Float8_e4m3fn) must share one dtype of float32, float64, float16 or bfloat16");
   EXPECT_EQ(message_of([&] { k::rotary_embedding(none, at::Tensor(), t, t); }),
             "rotary_embedding: x, cos and signed_sin must be defined");
+}
+
+// Under autograd the portable path runs the same ops without out= arguments: equal values, and
+// gradients flow to x (the out= form throws there).
+TEST(RotaryEmbedding, PortablePathIsDifferentiableWithEqualValues) {
+  namespace k = libreyolo::kernels;
+  at::manual_seed(8);
+  const auto x = at::randn({2, 3, 7, 8}), cos = at::randn({5, 8}), sin = at::randn({5, 8});
+  const auto expected = k::rotary_embedding(RotaryEmbeddingHandle(), x, cos, sin);
+  const auto g = x.clone().requires_grad_(true);
+  const auto got = k::rotary_embedding(RotaryEmbeddingHandle(), g, cos, sin);
+  ASSERT_TRUE(got.requires_grad());
+  EXPECT_TRUE(got.is_contiguous());
+  EXPECT_TRUE(at::equal(got.detach(), expected));
+  got.sum().backward();
+  // d(sum)/dx: 1 on the prefix rows; cos + the other half's signed_sin on the patch rows.
+  const auto grad = g.grad();
+  EXPECT_TRUE(at::equal(grad.narrow(-2, 0, 2), at::ones({2, 3, 2, 8})));
+  const auto patch = cos + at::cat({sin.narrow(1, 4, 4), sin.narrow(1, 0, 4)}, 1);
+  EXPECT_TRUE(at::allclose(grad.narrow(-2, 2, 5), patch.expand({2, 3, 5, 8})));
 }
 
 TEST(DinoV3RopeTables, AreRopeWithTheFirstHalfOfSinNegatedAndKeptPerGeometry) {

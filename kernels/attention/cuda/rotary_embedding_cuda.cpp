@@ -22,6 +22,7 @@ Outcome<at::Tensor> rotary_embedding_cuda(const at::Tensor& x, const at::Tensor&
       (x.requires_grad() || cos.requires_grad() || signed_sin.requires_grad()))
     return Decline{"cuda: autograd (no backward)"};
   if (x.stride(-1) != 1) return Decline{"cuda: x's last dimension not contiguous"};
+  if (x.size(-1) >= (int64_t{1} << 31)) return Decline{"cuda: 2^31 features or more"};
   if (x.dim() - 1 > cuda::kRotaryMaxLeadingDims) return Decline{"cuda: more than 6 leading dims"};
   if (!cos.is_contiguous() || !signed_sin.is_contiguous())
     return Decline{"cuda: cos or signed_sin not contiguous"};
