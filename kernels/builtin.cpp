@@ -31,6 +31,8 @@ bool cuda_device_usable();
 void register_fake_quant_fp8_reference(Registry& registry);
 void register_attention_implementations(Registry& registry);
 void register_conv2d_bias_act_onednn(Registry& registry);  // conv/cpu/conv2d_bias_act_onednn.cpp
+// conv/cpu/conv2d_bias_act_winograd.cpp
+void register_conv2d_bias_act_winograd(Registry& registry);
 void register_linear_act_onednn(Registry& registry);   // gemm/cpu/linear_act_onednn.cpp (+ linear)
 void register_ms_deform_attn_cpu(Registry& registry);  // attention/cpu/ms_deform_attn_cpu.cpp
 void register_max_pool2d_cpu(Registry& registry);      // pool/cpu/max_pool2d_cpu.cpp
@@ -54,6 +56,8 @@ void register_builtin_slots(Registry& registry) {
   registry.declare(kRotaryEmbedding);    // no reference: rotary_embedding_portable
   registry.declare(kConv2dBiasAct);      // no reference: conv2d_bias_act_portable
   register_conv2d_bias_act_onednn(registry);
+  // Newest first: tried before `onednn` (3x3 stride-1 convolutions only).
+  register_conv2d_bias_act_winograd(registry);
   registry.declare(kMaxPool2d);  // no reference: max_pool2d_portable
   register_max_pool2d_cpu(registry);
   registry.declare(kAddLayerNorm);  // no reference: add_layer_norm_portable

@@ -9,7 +9,10 @@
 // convolutions of channels_last maps in one kernel with bias, residual and activation
 // (kernels/conv/cuda/depthwise_conv2d_cuda.h); `onednn` (CPU float32 models): oneDNN's
 // convolution with bias, residual add and activation as post-ops on weights reordered once into
-// its blocked format, activations channels_last (kernels/conv/cpu/conv2d_bias_act_onednn.cpp).
+// its blocked format, activations channels_last (kernels/conv/cpu/conv2d_bias_act_onednn.cpp);
+// `winograd` (CPU float32, tried before `onednn`): 3x3 stride-1 convolutions by Winograd's
+// F(2x2, 3x3), close to but not bit-equal with ATen's (kernels/conv/cpu/
+// conv2d_bias_act_winograd.cpp).
 //
 // Shapes and dtypes:
 //   input     (B, C_in, H, W)        float32 / float16 / bfloat16, any memory format

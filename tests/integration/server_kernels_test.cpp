@@ -44,7 +44,7 @@ TEST(ServerKernels, AModelsServingYamlNarrowsItsOwnSlots) {
   EXPECT_EQ(typo_reason,
             (repo / "vit_typo" / "serving.yaml").string() +
                 ":3:5: kernels.slots.attention.allow: unknown implementation 'cdua' "
-                "(known: cpu, cuda, hub, mem_efficient, nvjpeg, onednn, reference, sdpa)")
+                "(known: cpu, cuda, hub, mem_efficient, nvjpeg, onednn, reference, sdpa, winograd)")
       << active.dump(1);
   // Both good models answer; calls are counted per model.
   rpc::Client c("127.0.0.1:" + std::to_string(d.grpc_port()));

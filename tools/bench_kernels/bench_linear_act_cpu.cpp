@@ -12,12 +12,10 @@
 #include <ATen/ATen.h>
 #include <benchmark/benchmark.h>
 
-#include <algorithm>
-#include <vector>
-
 #include "kernels/gemm/linear_act.h"
 #include "kernels/kernels.h"
 #include "kernels/registry.h"
+#include "tools/bench_kernels/bench_cpu_main.h"
 
 namespace {
 
@@ -60,23 +58,12 @@ void shapes(benchmark::internal::Benchmark* b) {
     for (int64_t path : {0, 1}) b->Args({r[0], r[1], r[2], r[3], path});
 }
 
-// The least repetition beside the median: on a shared machine the least is the one least
-// disturbed by other processes.
-double least(const std::vector<double>& v) { return *std::min_element(v.begin(), v.end()); }
-
 BENCHMARK(BM_LinearActCpu)
     ->Apply(shapes)
     ->Unit(benchmark::kMicrosecond)
     ->UseRealTime()
-    ->ComputeStatistics("min", least);
+    ->ComputeStatistics("min", libreyolo::bench::least);
 
 }  // namespace
 
-int main(int argc, char** argv) {
-  libreyolo::kernels::Registry::process_default().resolve();
-  benchmark::Initialize(&argc, argv);
-  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
-  benchmark::RunSpecifiedBenchmarks();
-  benchmark::Shutdown();
-  return 0;
-}
+int main(int argc, char** argv) { return libreyolo::bench::run_benchmarks(argc, argv); }

@@ -1,0 +1,186 @@
+// The `winograd` implementation of conv2d_bias_act (kernels/conv/cpu/
+// conv2d_bias_act_winograd.cpp): bound first for CPU float32 models, its F(2x2, 3x3) results as
+// close to a float64 convolution as oneDNN's direct float32 convolution is (partial tiles,
+// channel counts off the vector width, padding 0 to 2, residual and every activation), the
+// transformed weight made again after the weight is written in place, and declines that leave
+// `onednn` to answer.
+#include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <string>
+
+#include "kernels/conv/conv2d_bias_act.h"
+#include "kernels/kernels.h"
+#include "kernels/registry.h"
+#include "tests/unit/binding_report_util.h"
+
+namespace libreyolo::kernels {
+namespace {
+
+/// The process registry's binding for a CPU model named `model`, `winograd` alone when `only`.
+Conv2dBiasActHandle bind_cpu(const std::string& model, bool only,
+                             const std::string& dtype = "float32") {
+  BindContext c;
+  c.model = model;
+  c.dtype = dtype;
+  Filter filter;
+  filter.allow[kConv2dBiasAct.name] = {"winograd"};
+  return Registry::process_default().bind(kConv2dBiasAct, c, only ? &filter : nullptr);
+}
+
+double max_diff(const at::Tensor& a, const at::Tensor& b) {
+  return (a.to(at::kDouble) - b.to(at::kDouble)).abs().max().item<double>();
+}
+
+TEST(Conv2dBiasActWinograd, BoundBeforeOnednnForCpuFloat32Models) {
+  const auto h = bind_cpu("winograd_order", false);
+  ASSERT_FALSE(h.empty());
+  const auto report = binding_of("winograd_order");
+  EXPECT_EQ(report.selected, "winograd");
+  ASSERT_GE(report.candidates.size(), 2u);
+  EXPECT_EQ(report.candidates.at(0).name, "winograd");
+  EXPECT_EQ(report.candidates.at(1).name, "onednn");
+  const auto fp16 = bind_cpu("winograd_float16_model", false, "float16");
+  for (const auto& c : binding_of("winograd_float16_model").candidates)
+    if (c.name == "winograd") EXPECT_EQ(c.reason, "the model is not float32");
+  BindContext cuda;
+  cuda.device = BindContext::Device::cuda;
+  cuda.model = "winograd_cuda_model";
+  const auto on_cuda = Registry::process_default().bind(kConv2dBiasAct, cuda);
+  for (const auto& c : binding_of("winograd_cuda_model").candidates)
+    if (c.name == "winograd") EXPECT_EQ(c.reason, "the model is not on the CPU");
+}
+
+struct Case {
+  const char* name;
+  int64_t batch, c_in, c_out, h, w, pad;
+  bool residual;
+  Activation act;
+};
+
+// Odd sizes leave partial 2x2 tiles at the bottom and right; 68 and 100 channels leave a tail
+// after the 8-wide vectors; padding 0 and 2 move the tile grid.
+const Case kCases[] = {
+    {"relu_residual", 2, 64, 64, 13, 11, 1, true, Activation::relu},
+    {"none_channel_tails", 1, 68, 100, 9, 7, 1, false, Activation::none},
+    {"silu_pad0", 1, 64, 96, 6, 5, 0, false, Activation::silu},
+    {"gelu_pad2_residual", 2, 72, 64, 8, 8, 2, true, Activation::gelu},
+    {"tanh_large", 1, 64, 64, 40, 40, 1, false, Activation::tanh},
+    {"relu_one_tile", 1, 128, 64, 2, 2, 1, false, Activation::relu},
+};
+
+// The bound: F(2x2, 3x3)'s transforms are exact in float32 (0, +-1, 1/2), so its error against a
+// float64 convolution stays near the direct float32 convolution's (ATen's at::conv2d: 0.3-0.8x
+// of it here, printed per case; up to 3x allowed), and below 2e-5 absolute at these magnitudes.
+TEST(Conv2dBiasActWinograd, AsCloseToFloat64AsTheDirectConvolution) {
+  const auto h = bind_cpu("winograd_accuracy", true);
+  ASSERT_FALSE(h.empty());
+  at::manual_seed(11);
+  const at::NoGradGuard no_grad;
+  for (const auto& k : kCases) {
+    SCOPED_TRACE(k.name);
+    const auto x = at::randn({k.batch, k.c_in, k.h, k.w});
+    const auto w = at::randn({k.c_out, k.c_in, 3, 3}) * (1.0 / std::sqrt(9.0 * k.c_in));
+    const auto b = at::randn({k.c_out});
+    ConvGeometry g;
+    g.pad_h = g.pad_w = k.pad;
+    auto exact = at::conv2d(x.to(at::kDouble), w.to(at::kDouble), b.to(at::kDouble), 1, k.pad);
+    auto direct = at::conv2d(x, w, b, 1, k.pad);
+    const auto residual = k.residual ? at::randn(direct.sizes()) : at::Tensor();
+    if (residual.defined()) {
+      exact = exact + residual.to(at::kDouble);
+      direct = direct + residual;
+    }
+    exact = apply_activation(k.act, exact);
+    direct = apply_activation(k.act, direct);
+    const auto y = conv2d_bias_act(h, x, w, b, residual, g, k.act);
+    ASSERT_EQ(y.sizes(), direct.sizes());
+    EXPECT_EQ(y.scalar_type(), at::kFloat);
+    EXPECT_TRUE(y.is_contiguous(at::MemoryFormat::ChannelsLast));
+    const double ours = max_diff(y, exact), theirs = max_diff(direct, exact);
+    std::printf("[%s] max |diff| against float64: winograd %.3g, direct %.3g\n", k.name, ours,
+                theirs);
+    EXPECT_LE(ours, 3 * theirs + 1e-7) << "direct " << theirs;
+    EXPECT_LE(ours, 2e-5);
+  }
+  const auto report = binding_of("winograd_accuracy");
+  ASSERT_EQ(report.candidates.at(0).name, "winograd");
+  EXPECT_EQ(report.candidates.at(0).calls, std::size(kCases));
+  EXPECT_TRUE(report.candidates.at(0).declined.empty());
+}
+
+// A weight written in place after its first call (a layout applied after a warm-up forward) is
+// transformed again: the second call sees the new values.
+TEST(Conv2dBiasActWinograd, WeightWrittenInPlaceIsTransformedAgain) {
+  const auto h = bind_cpu("winograd_retransform", true);
+  at::manual_seed(12);
+  const at::NoGradGuard no_grad;
+  const auto x = at::randn({1, 64, 8, 8});
+  auto w = at::randn({64, 64, 3, 3}) * 0.05;
+  const auto b = at::randn({64});
+  ConvGeometry g;
+  g.pad_h = g.pad_w = 1;
+  const auto before = conv2d_bias_act(h, x, w, b, {}, g, Activation::none);
+  EXPECT_LE(max_diff(before, at::conv2d(x, w, b, 1, 1)), 1e-5);
+  w.mul_(2);
+  const auto after = conv2d_bias_act(h, x, w, b, {}, g, Activation::none);
+  EXPECT_LE(max_diff(after, at::conv2d(x, w, b, 1, 1)), 1e-5);
+}
+
+// What F(2x2, 3x3) does not compute is declined with its reason counted, and the next candidate
+// (here the portable path, `winograd` being the only one bound) answers with its own values.
+TEST(Conv2dBiasActWinograd, DeclinesWhatItDoesNotCompute) {
+  const auto h = bind_cpu("winograd_declines", true);
+  at::manual_seed(13);
+  const at::NoGradGuard no_grad;
+  struct Decline {
+    const char* reason;
+    int64_t c_in, c_out, kernel, stride, dilation, groups, pad;
+    at::ScalarType dtype;
+  };
+  const Decline declines[] = {
+      {"winograd: not an ungrouped 3x3 convolution of stride 1", 64, 64, 3, 2, 1, 1, 1, at::kFloat},
+      {"winograd: not an ungrouped 3x3 convolution of stride 1", 64, 64, 1, 1, 1, 1, 0, at::kFloat},
+      {"winograd: not an ungrouped 3x3 convolution of stride 1", 64, 64, 3, 1, 2, 1, 2, at::kFloat},
+      {"winograd: not an ungrouped 3x3 convolution of stride 1", 64, 64, 3, 1, 1, 2, 1, at::kFloat},
+      {"winograd: fewer than 64 input or output channels", 32, 64, 3, 1, 1, 1, 1, at::kFloat},
+      {"winograd: fewer than 64 input or output channels", 64, 48, 3, 1, 1, 1, 1, at::kFloat},
+      {"winograd: padding outside [0, 2]", 64, 64, 3, 1, 1, 1, 3, at::kFloat},
+      {"winograd: not float32", 64, 64, 3, 1, 1, 1, 1, at::kDouble},
+  };
+  for (const auto& d : declines) {
+    SCOPED_TRACE(d.reason);
+    const auto x = at::randn({1, d.c_in, 9, 9}, at::TensorOptions().dtype(d.dtype));
+    const auto w = at::randn({d.c_out, d.c_in / d.groups, d.kernel, d.kernel}, x.options()) * 0.1;
+    ConvGeometry g;
+    g.stride_h = g.stride_w = d.stride;
+    g.dilation_h = g.dilation_w = d.dilation;
+    g.groups = d.groups;
+    g.pad_h = g.pad_w = d.pad;
+    const auto y = conv2d_bias_act(h, x, w, {}, {}, g, Activation::relu);
+    EXPECT_TRUE(at::equal(y, conv2d_bias_act_portable(x, w, {}, {}, g, Activation::relu)));
+  }
+  // An empty batch (no tile to compute): ATen's empty answer. A map smaller than the kernel:
+  // ATen's error reaches the caller.
+  const auto w64 = at::randn({64, 64, 3, 3}) * 0.1;
+  const auto empty = at::randn({0, 64, 9, 9});
+  EXPECT_TRUE(at::equal(conv2d_bias_act(h, empty, w64, {}, {}, ConvGeometry{}, Activation::none),
+                        at::conv2d(empty, w64)));
+  EXPECT_THROW(
+      conv2d_bias_act(h, at::randn({1, 64, 1, 2}), w64, {}, {}, ConvGeometry{}, Activation::none),
+      c10::Error);
+  const auto report = binding_of("winograd_declines");
+  const auto& declined = report.candidates.at(0).declined;
+  EXPECT_EQ(declined.at("winograd: not an ungrouped 3x3 convolution of stride 1"), 4u);
+  EXPECT_EQ(declined.at("winograd: fewer than 64 input or output channels"), 2u);
+  EXPECT_EQ(declined.at("winograd: padding outside [0, 2]"), 1u);
+  EXPECT_EQ(declined.at("winograd: not float32"), 1u);
+  EXPECT_EQ(declined.at("winograd: an empty batch"), 1u);
+  EXPECT_EQ(declined.at("winograd: the map is smaller than the kernel"), 1u);
+  EXPECT_EQ(report.candidates.at(0).calls, 0u);
+}
+
+}  // namespace
+}  // namespace libreyolo::kernels
