@@ -1,6 +1,7 @@
-// Weights reordered once into oneDNN's blocked format, shared by the CPU `onednn`
-// implementations (kernels/conv/cpu/conv2d_bias_act_onednn.cpp, kernels/gemm/cpu/
-// linear_act_onednn.cpp), and their common bind rule.
+// Weights packed once for the CPU implementations: oneDNN's blocked format for the `onednn` ones
+// (kernels/conv/cpu/conv2d_bias_act_onednn.cpp, kernels/gemm/cpu/linear_act_onednn.cpp),
+// Winograd's transformed filters for `winograd` (kernels/conv/cpu/conv2d_bias_act_winograd.cpp),
+// and their common bind rules.
 //
 // A table keyed by the weight tensor (a weak reference, its data pointer and version): an entry is
 // made on a weight's first call (the daemon's warm-up forward), made again when the weight was

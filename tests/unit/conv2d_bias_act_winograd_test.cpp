@@ -43,14 +43,22 @@ TEST(Conv2dBiasActWinograd, BoundBeforeOnednnForCpuFloat32Models) {
   EXPECT_EQ(report.candidates.at(0).name, "winograd");
   EXPECT_EQ(report.candidates.at(1).name, "onednn");
   const auto fp16 = bind_cpu("winograd_float16_model", false, "float16");
-  for (const auto& c : binding_of("winograd_float16_model").candidates)
-    if (c.name == "winograd") EXPECT_EQ(c.reason, "the model is not float32");
+  int listed = 0;
+  for (const auto& c : binding_of("winograd_float16_model").candidates) {
+    if (c.name != "winograd") continue;
+    ++listed;
+    EXPECT_EQ(c.reason, "the model is not float32");
+  }
   BindContext cuda;
   cuda.device = BindContext::Device::cuda;
   cuda.model = "winograd_cuda_model";
   const auto on_cuda = Registry::process_default().bind(kConv2dBiasAct, cuda);
-  for (const auto& c : binding_of("winograd_cuda_model").candidates)
-    if (c.name == "winograd") EXPECT_EQ(c.reason, "the model is not on the CPU");
+  for (const auto& c : binding_of("winograd_cuda_model").candidates) {
+    if (c.name != "winograd") continue;
+    ++listed;
+    EXPECT_EQ(c.reason, "the model is not on the CPU");
+  }
+  EXPECT_EQ(listed, 2);  // listed with its reason, not silently absent
 }
 
 struct Case {
@@ -58,10 +66,12 @@ struct Case {
   int64_t batch, c_in, c_out, h, w, pad;
   bool residual;
   Activation act;
+  bool bias = true;
 };
 
 // Odd sizes leave partial 2x2 tiles at the bottom and right; 68 and 100 channels leave a tail
-// after the 8-wide vectors; padding 0 and 2 move the tile grid.
+// after the 8-wide vectors (with a residual, ReLU and no bias in the last case); padding 0 and 2
+// move the tile grid.
 const Case kCases[] = {
     {"relu_residual", 2, 64, 64, 13, 11, 1, true, Activation::relu},
     {"none_channel_tails", 1, 68, 100, 9, 7, 1, false, Activation::none},
@@ -69,6 +79,7 @@ const Case kCases[] = {
     {"gelu_pad2_residual", 2, 72, 64, 8, 8, 2, true, Activation::gelu},
     {"tanh_large", 1, 64, 64, 40, 40, 1, false, Activation::tanh},
     {"relu_one_tile", 1, 128, 64, 2, 2, 1, false, Activation::relu},
+    {"relu_residual_tails_no_bias", 1, 68, 100, 7, 9, 1, true, Activation::relu, false},
 };
 
 // The bound: F(2x2, 3x3)'s transforms are exact in float32 (0, +-1, 1/2), so its error against a
@@ -83,10 +94,11 @@ TEST(Conv2dBiasActWinograd, AsCloseToFloat64AsTheDirectConvolution) {
     SCOPED_TRACE(k.name);
     const auto x = at::randn({k.batch, k.c_in, k.h, k.w});
     const auto w = at::randn({k.c_out, k.c_in, 3, 3}) * (1.0 / std::sqrt(9.0 * k.c_in));
-    const auto b = at::randn({k.c_out});
+    const auto b = k.bias ? at::randn({k.c_out}) : at::Tensor();
     ConvGeometry g;
     g.pad_h = g.pad_w = k.pad;
-    auto exact = at::conv2d(x.to(at::kDouble), w.to(at::kDouble), b.to(at::kDouble), 1, k.pad);
+    auto exact = at::conv2d(x.to(at::kDouble), w.to(at::kDouble),
+                            k.bias ? b.to(at::kDouble) : at::Tensor(), 1, k.pad);
     auto direct = at::conv2d(x, w, b, 1, k.pad);
     const auto residual = k.residual ? at::randn(direct.sizes()) : at::Tensor();
     if (residual.defined()) {
@@ -127,6 +139,10 @@ TEST(Conv2dBiasActWinograd, WeightWrittenInPlaceIsTransformedAgain) {
   w.mul_(2);
   const auto after = conv2d_bias_act(h, x, w, b, {}, g, Activation::none);
   EXPECT_LE(max_diff(after, at::conv2d(x, w, b, 1, 1)), 1e-5);
+  const auto report = binding_of("winograd_retransform");
+  EXPECT_EQ(report.candidates.at(0).calls, 2u);  // served by winograd, not the portable path
+  EXPECT_TRUE(report.candidates.at(0).declined.empty());
+  EXPECT_FALSE(report.candidates.at(0).disabled);
 }
 
 // What F(2x2, 3x3) does not compute is declined with its reason counted, and the next candidate

@@ -8,15 +8,16 @@
 // already runs at about 93% of the cores' FMA peak (RT-DETR-R18's 3x3 convolutions: 170-180
 // GFLOP/s on two Zen 3 cores, docs/BENCHMARKS.md); only fewer multiplies make it faster. ONNX
 // Runtime (MLAS) and OpenVINO run these convolutions directly. F(2x2, 3x3) rather than F(4x4,
-// 3x3): its transforms use only 0, +-1 and 1/2 (exact in float32), so its error stays near a
+// 3x3): its transform coefficients are 0, +-1 and 1/2 (exact in float32; only the transforms'
+// additions and the weight transform's one rounding add error), so its error stays near a
 // direct convolution's (0.3-0.8x at::conv2d's against float64 in tests/unit/
 // conv2d_bias_act_winograd_test.cpp), where F(4x4, 3x3)'s grows several-fold (Barabasz et al.,
 // "Error Analysis and Improving the Accuracy of Winograd Convolution for Deep Neural Networks", ACM
 // TOMS 2020).
 //
 // Layout: activations channels_last (NHWC), as the `onednn` convolutions around it keep them, so
-// every transform reads and writes channel vectors. Tiles are processed in blocks that fit the
-// core's cache: input transform -> 16 GEMMs (at::bmm_out: MKL's sgemm) -> output transform with
+// every transform reads and writes channel vectors. Tiles are processed in blocks of about 113 per
+// thread: input transform -> 16 GEMMs (at::bmm_out: MKL's sgemm) -> output transform with
 // the bias, residual and ReLU fused; SiLU, GELU and tanh run after it in place (ATen's kernels).
 // The transformed weights U (16, C_in, C_out) are made once per weight (kernels/cpu/
 // packed_weights.h): 16/9 of the weight's memory.
@@ -273,15 +274,30 @@ Outcome<at::Tensor> conv2d_bias_act_winograd(const at::Tensor& input, const at::
   if (input.size(0) == 0) return Decline{"winograd: an empty batch"};
   if (input.size(2) + 2 * g.pad_h < 3 || input.size(3) + 2 * g.pad_w < 3)
     return Decline{"winograd: the map is smaller than the kernel"};
-  if (bias.defined() && bias.scalar_type() != at::kFloat)
-    return Decline{"winograd: bias dtype differs"};
+  // The operands are read through their host pointers: a bias or residual elsewhere declines
+  // (the portable path then reports the mismatch as ATen's error).
+  const auto host_float = [](const at::Tensor& t) {
+    return t.device().is_cpu() && t.layout() == at::kStrided && t.scalar_type() == at::kFloat;
+  };
+  if (bias.defined() && !host_float(bias))
+    return Decline{"winograd: bias is not a strided float32 CPU tensor"};
   if (residual.defined()) {
-    if (residual.scalar_type() != at::kFloat) return Decline{"winograd: residual dtype differs"};
+    if (!host_float(residual))
+      return Decline{"winograd: residual is not a strided float32 CPU tensor"};
     const int64_t ho = input.size(2) + 2 * g.pad_h - 2, wo = input.size(3) + 2 * g.pad_w - 2;
     if (residual.sizes() != at::IntArrayRef{input.size(0), weight.size(0), ho, wo})
       return Decline{"winograd: the residual's shape is not the output's"};
   }
-  return run(input, weight, bias, residual, g, act);
+  try {
+    return run(input, weight, bias, residual, g, act);
+  } catch (const c10::OutOfMemoryError&) {
+    throw;  // the registry's out-of-memory handling (kernels/out_of_memory.h)
+  } catch (const c10::Error&) {
+    // One call failing (LibTorch's CPU allocator reports a failed allocation as a plain
+    // c10::Error) must not disable the implementation for the process, as a throw would: the
+    // next candidate runs this call, the next call tries again.
+    return Decline{"winograd: this call failed"};
+  }
 }
 
 }  // namespace
