@@ -98,7 +98,19 @@ struct Problem {
   int64_t n, h, w, c, k, ho, wo, pad_h, pad_w;
   int64_t tiles_h, tiles_w;
   bool relu;
+
+  /// Tile t's image and the top-left output position of its 2x2 outputs (tiles numbered
+  /// row-major per image).
+  struct Tile {
+    int64_t n, oh0, ow0;
+  };
+  Tile tile(int64_t t) const {
+    return {t / (tiles_w * tiles_h), (t / tiles_w) % tiles_h * 2, t % tiles_w * 2};
+  }
 };
+
+/// The output side of a 3x3 stride-1 convolution of an `in`-wide map padded by `pad` each side.
+constexpr int64_t output_side(int64_t in, int64_t pad) { return in + 2 * pad - 2; }
 
 /// V[e][t][c] = (B^T d B)[e] for tiles [t0, t0 + count): B^T = [[1, 0, -1, 0], [0, 1, 1, 0],
 /// [0, -1, 1, 0], [0, 1, 0, -1]]. `v`: (16, count, C) with element stride `e_stride`.
@@ -107,9 +119,8 @@ LIBREYOLO_TARGET_CLONES void transform_input(const Problem& p, int64_t t0, int64
   const int64_t c_n = p.c, c8 = p.c / 8 * 8;
   for (int64_t i = 0; i < count; ++i) {
     const int64_t t = t0 + i;
-    const int64_t tw = t % p.tiles_w, th = (t / p.tiles_w) % p.tiles_h,
-                  n = t / (p.tiles_w * p.tiles_h);
-    const int64_t ih0 = th * 2 - p.pad_h, iw0 = tw * 2 - p.pad_w;
+    const auto [n, oh0, ow0] = p.tile(t);
+    const int64_t ih0 = oh0 - p.pad_h, iw0 = ow0 - p.pad_w;
     const float* d[16];
     for (int a = 0; a < 4; ++a) {
       for (int b = 0; b < 4; ++b) {
@@ -152,9 +163,8 @@ LIBREYOLO_TARGET_CLONES void transform_output(const Problem& p, int64_t t0, int6
   const int64_t k_n = p.k, k8 = p.k / 8 * 8;
   for (int64_t i = 0; i < count; ++i) {
     const int64_t t = t0 + i;
-    const int64_t tw = t % p.tiles_w, th = (t / p.tiles_w) % p.tiles_h,
-                  n = t / (p.tiles_w * p.tiles_h);
-    const int64_t oh0 = th * 2, ow0 = tw * 2;
+    const Problem::Tile o = p.tile(t);
+    const int64_t n = o.n, oh0 = o.oh0, ow0 = o.ow0;
     const int rows = std::min<int64_t>(2, p.ho - oh0), cols = std::min<int64_t>(2, p.wo - ow0);
     const float* in = m + i * k_n;
     const auto tile = [&](auto load, auto store, auto zero, int64_t k) {
@@ -210,7 +220,7 @@ at::Tensor run(const at::Tensor& input, const at::Tensor& weight, const at::Tens
   const auto x = input.contiguous(at::MemoryFormat::ChannelsLast);
   const auto u = transformed_weights().get(weight, 0, transform_weight);
   const int64_t n = x.size(0), c = x.size(1), h = x.size(2), w = x.size(3), k = weight.size(0);
-  const int64_t ho = h + 2 * g.pad_h - 2, wo = w + 2 * g.pad_w - 2;
+  const int64_t ho = output_side(h, g.pad_h), wo = output_side(w, g.pad_w);
   auto y = at::empty({n, k, ho, wo}, x.options().memory_format(at::MemoryFormat::ChannelsLast));
   const auto b = bias.defined() ? bias.contiguous() : at::Tensor();
   const auto r =
@@ -272,7 +282,7 @@ Outcome<at::Tensor> conv2d_bias_act_winograd(const at::Tensor& input, const at::
   if (weight.size(0) < kWinogradMinChannels || weight.size(1) < kWinogradMinChannels)
     return Decline{"winograd: fewer than 64 input or output channels"};
   if (input.size(0) == 0) return Decline{"winograd: an empty batch"};
-  if (input.size(2) + 2 * g.pad_h < 3 || input.size(3) + 2 * g.pad_w < 3)
+  if (output_side(input.size(2), g.pad_h) < 1 || output_side(input.size(3), g.pad_w) < 1)
     return Decline{"winograd: the map is smaller than the kernel"};
   // The operands are read through their host pointers: a bias or residual elsewhere declines
   // (the portable path then reports the mismatch as ATen's error).
@@ -284,8 +294,9 @@ Outcome<at::Tensor> conv2d_bias_act_winograd(const at::Tensor& input, const at::
   if (residual.defined()) {
     if (!host_float(residual))
       return Decline{"winograd: residual is not a strided float32 CPU tensor"};
-    const int64_t ho = input.size(2) + 2 * g.pad_h - 2, wo = input.size(3) + 2 * g.pad_w - 2;
-    if (residual.sizes() != at::IntArrayRef{input.size(0), weight.size(0), ho, wo})
+    if (residual.sizes() != at::IntArrayRef{input.size(0), weight.size(0),
+                                            output_side(input.size(2), g.pad_h),
+                                            output_side(input.size(3), g.pad_w)})
       return Decline{"winograd: the residual's shape is not the output's"};
   }
   try {
