@@ -8,6 +8,7 @@
 #include <ATen/core/grad_mode.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <string>
 
@@ -69,9 +70,9 @@ struct Case {
   bool bias = true;
 };
 
-// Odd sizes leave partial 2x2 tiles at the bottom and right; 68 and 100 channels leave a tail
-// after the 8-wide vectors (with a residual, ReLU and no bias in the last case); padding 0 and 2
-// move the tile grid.
+// Below 96 input or output channels F(2x2, 3x3) runs, from 96 F(4x4, 3x3). Odd sizes leave
+// partial tiles at the bottom and right; 68 and 100 channels leave a tail after the 8-wide vectors
+// (with a residual, ReLU and no bias in the last case of each); padding 0 and 2 move the tile grid.
 const Case kCases[] = {
     {"relu_residual", 2, 64, 64, 13, 11, 1, true, Activation::relu},
     {"none_channel_tails", 1, 68, 100, 9, 7, 1, false, Activation::none},
@@ -80,11 +81,22 @@ const Case kCases[] = {
     {"tanh_large", 1, 64, 64, 40, 40, 1, false, Activation::tanh},
     {"relu_one_tile", 1, 128, 64, 2, 2, 1, false, Activation::relu},
     {"relu_residual_tails_no_bias", 1, 68, 100, 7, 9, 1, true, Activation::relu, false},
+    {"f4_relu_residual", 2, 96, 128, 13, 11, 1, true, Activation::relu},
+    {"f4_none_channel_tails", 1, 100, 104, 9, 7, 1, false, Activation::none},
+    {"f4_silu_pad0", 1, 96, 96, 6, 5, 0, false, Activation::silu},
+    {"f4_gelu_pad2_residual", 2, 128, 96, 8, 8, 2, true, Activation::gelu},
+    {"f4_tanh_large", 1, 128, 128, 40, 40, 1, false, Activation::tanh},
+    {"f4_relu_one_tile", 1, 128, 128, 2, 2, 1, false, Activation::relu},
+    {"f4_relu_residual_tails_no_bias", 1, 100, 100, 7, 9, 1, true, Activation::relu, false},
 };
 
-// The bound: F(2x2, 3x3)'s transforms are exact in float32 (0, +-1, 1/2), so its error against a
-// float64 convolution stays near the direct float32 convolution's (ATen's at::conv2d: 0.3-0.8x
-// of it here, printed per case; up to 3x allowed), and below 2e-5 absolute at these magnitudes.
+// The bounds. F(2x2, 3x3)'s transforms are exact in float32 (0, +-1, 1/2), so its error against
+// a float64 convolution stays near the direct float32 convolution's (ATen's at::conv2d: 0.3-0.8x
+// of it here, printed per case; up to 3x allowed), below 2e-5 absolute at these magnitudes.
+// F(4x4, 3x3)'s transforms multiply by up to 8 (input), 25 (B^T d B) and 1/6 (weights, rounded
+// once), so its error is several times the direct convolution's (2.5-19x measured here; Barabasz
+// et al., ACM TOMS 2020: the same order for F(4, 3)): up to 30x and 1e-4 absolute allowed, a
+// relative error near 1e-5 of outputs of order one.
 TEST(Conv2dBiasActWinograd, AsCloseToFloat64AsTheDirectConvolution) {
   const auto h = bind_cpu("winograd_accuracy", true);
   ASSERT_FALSE(h.empty());
@@ -92,6 +104,7 @@ TEST(Conv2dBiasActWinograd, AsCloseToFloat64AsTheDirectConvolution) {
   const at::NoGradGuard no_grad;
   for (const auto& k : kCases) {
     SCOPED_TRACE(k.name);
+    const bool f4 = std::min(k.c_in, k.c_out) >= 96;
     const auto x = at::randn({k.batch, k.c_in, k.h, k.w});
     const auto w = at::randn({k.c_out, k.c_in, 3, 3}) * (1.0 / std::sqrt(9.0 * k.c_in));
     const auto b = k.bias ? at::randn({k.c_out}) : at::Tensor();
@@ -112,10 +125,16 @@ TEST(Conv2dBiasActWinograd, AsCloseToFloat64AsTheDirectConvolution) {
     EXPECT_EQ(y.scalar_type(), at::kFloat);
     EXPECT_TRUE(y.is_contiguous(at::MemoryFormat::ChannelsLast));
     const double ours = max_diff(y, exact), theirs = max_diff(direct, exact);
-    std::printf("[%s] max |diff| against float64: winograd %.3g, direct %.3g\n", k.name, ours,
-                theirs);
-    EXPECT_LE(ours, 3 * theirs + 1e-7) << "direct " << theirs;
-    EXPECT_LE(ours, 2e-5);
+    std::printf("[%s] max |diff| against float64: winograd F(%dx%d, 3x3) %.3g, direct %.3g\n",
+                k.name, f4 ? 4 : 2, f4 ? 4 : 2, ours, theirs);
+    EXPECT_LE(ours, (f4 ? 30 : 3) * theirs + 1e-7) << "direct " << theirs;
+    EXPECT_LE(ours, f4 ? 1e-4 : 2e-5);
+    // Which algorithm ran shows in the error: F(4x4, 3x3)'s is 3x the direct one's or more.
+    if (f4 && k.h * k.w > 4) {  // (one partial tile: mostly padding, nearly exact)
+      EXPECT_GT(ours, 2 * theirs);
+    } else if (!f4) {
+      EXPECT_LE(ours, 1.5 * theirs);
+    }
   }
   const auto report = binding_of("winograd_accuracy");
   ASSERT_EQ(report.candidates.at(0).name, "winograd");
@@ -129,18 +148,22 @@ TEST(Conv2dBiasActWinograd, WeightWrittenInPlaceIsTransformedAgain) {
   const auto h = bind_cpu("winograd_retransform", true);
   at::manual_seed(12);
   const at::NoGradGuard no_grad;
-  const auto x = at::randn({1, 64, 8, 8});
-  auto w = at::randn({64, 64, 3, 3}) * 0.05;
-  const auto b = at::randn({64});
-  ConvGeometry g;
-  g.pad_h = g.pad_w = 1;
-  const auto before = conv2d_bias_act(h, x, w, b, {}, g, Activation::none);
-  EXPECT_LE(max_diff(before, at::conv2d(x, w, b, 1, 1)), 1e-5);
-  w.mul_(2);
-  const auto after = conv2d_bias_act(h, x, w, b, {}, g, Activation::none);
-  EXPECT_LE(max_diff(after, at::conv2d(x, w, b, 1, 1)), 1e-5);
+  for (const int64_t c : {64, 96}) {  // F(2x2, 3x3), F(4x4, 3x3)
+    SCOPED_TRACE(c);
+    const double bar = c == 64 ? 1e-5 : 1e-4;
+    const auto x = at::randn({1, c, 8, 8});
+    auto w = at::randn({c, c, 3, 3}) * 0.05;
+    const auto b = at::randn({c});
+    ConvGeometry g;
+    g.pad_h = g.pad_w = 1;
+    const auto before = conv2d_bias_act(h, x, w, b, {}, g, Activation::none);
+    EXPECT_LE(max_diff(before, at::conv2d(x, w, b, 1, 1)), bar);
+    w.mul_(2);
+    const auto after = conv2d_bias_act(h, x, w, b, {}, g, Activation::none);
+    EXPECT_LE(max_diff(after, at::conv2d(x, w, b, 1, 1)), bar);
+  }
   const auto report = binding_of("winograd_retransform");
-  EXPECT_EQ(report.candidates.at(0).calls, 2u);  // served by winograd, not the portable path
+  EXPECT_EQ(report.candidates.at(0).calls, 4u);  // served by winograd, not the portable path
   EXPECT_TRUE(report.candidates.at(0).declined.empty());
   EXPECT_FALSE(report.candidates.at(0).disabled);
 }

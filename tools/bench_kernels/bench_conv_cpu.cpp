@@ -1,9 +1,10 @@
 // The CPU rows of conv2d_bias_act (issue 35): `winograd` (kernels/conv/cpu/
-// conv2d_bias_act_winograd.cpp: F(2x2, 3x3) on channels_last maps) against `onednn` (oneDNN's
-// direct convolution on a weight packed once, kernels/conv/cpu/conv2d_bias_act_onednn.cpp),
-// float32, batch 1, at the 3x3 stride-1 convolutions of RT-DETR-R18 / R50 at 640x640 (the
-// ResNet-vd stem, the backbone's stages and the encoder's RepVGG blocks), with the activation
-// they run with.
+// conv2d_bias_act_winograd.cpp: F(2x2, 3x3) below 96 channels, F(4x4, 3x3) from 96, on
+// channels_last maps) against `onednn` (oneDNN's direct convolution on a weight packed once,
+// kernels/conv/cpu/conv2d_bias_act_onednn.cpp), float32, batch 1, at the 3x3 stride-1
+// convolutions of RT-DETR-R18 / R50 at 640x640 (the ResNet-vd stem, the backbone's stages and the
+// encoder's RepVGG blocks) and D-FINE L's (HGNetV2's 48 / 96 channels, the encoder's 128), with
+// the activation they run with (below 64 channels `winograd` declines: both rows are `onednn`).
 //
 // Usage: OMP_NUM_THREADS=2 bench_conv_cpu --benchmark_repetitions=5
 //   --benchmark_enable_random_interleaving=true (interleaved A/B on a shared machine).
@@ -54,6 +55,7 @@ void shapes(benchmark::internal::Benchmark* b) {
   const int64_t rows[][4] = {
       {32, 32, 320, relu},  {32, 64, 320, relu},  {64, 64, 160, relu},  {128, 128, 80, relu},
       {256, 256, 40, relu}, {512, 512, 20, relu}, {128, 128, 40, silu}, {256, 256, 80, silu},
+      {48, 48, 160, relu},  {96, 96, 80, relu},   {128, 128, 20, silu},
   };
   for (const auto& r : rows)
     for (int64_t path : {0, 1}) b->Args({r[0], r[1], r[2], r[3], path});

@@ -1,26 +1,30 @@
 // The `winograd` implementation of conv2d_bias_act (CPU, float32): 3x3 convolutions of stride 1
-// by Winograd's minimal filtering F(2x2, 3x3) (Lavin & Gray, "Fast Algorithms for Convolutional
-// Neural Networks", CVPR 2016, section 4): every 4x4 input tile d and 3x3 filter g give the 2x2
-// output tile A^T [(G g G^T) . (B^T d B)] A, so a convolution becomes 16 GEMMs of
-// (tiles x C_in) by (C_in x C_out): 16 multiplies per 2x2 outputs and channel pair instead of 36.
+// by Winograd's minimal filtering F(m x m, 3x3) (Lavin & Gray, "Fast Algorithms for Convolutional
+// Neural Networks", CVPR 2016, section 4): every (m + 2)^2 input tile d and 3x3 filter g give the
+// m x m output tile A^T [(G g G^T) . (B^T d B)] A, so a convolution becomes (m + 2)^2 GEMMs of
+// (tiles x C_in) by (C_in x C_out). F(2x2, 3x3): 16 multiplies per 2x2 outputs and channel pair
+// instead of 36; F(4x4, 3x3): 36 per 4x4 outputs instead of 144.
 //
 // Why: on an AVX2 CPU without AMX, oneDNN's direct convolution (the `onednn` implementation)
 // already runs at about 93% of the cores' FMA peak (RT-DETR-R18's 3x3 convolutions: 170-180
 // GFLOP/s on two Zen 3 cores, docs/BENCHMARKS.md); only fewer multiplies make it faster. ONNX
-// Runtime (MLAS) and OpenVINO run these convolutions directly. F(2x2, 3x3) rather than F(4x4,
-// 3x3): its transform coefficients are 0, +-1 and 1/2 (exact in float32; only the transforms'
-// additions and the weight transform's one rounding add error), so its error stays near a
-// direct convolution's (0.3-0.8x at::conv2d's against float64 in tests/unit/
-// conv2d_bias_act_winograd_test.cpp), where F(4x4, 3x3)'s grows several-fold (Barabasz et al.,
-// "Error Analysis and Improving the Accuracy of Winograd Convolution for Deep Neural Networks", ACM
-// TOMS 2020).
+// Runtime (MLAS) and OpenVINO run these convolutions directly.
+//
+// Accuracy: F(2x2, 3x3)'s transform coefficients are 0, +-1 and 1/2 (exact in float32; only the
+// transforms' additions and the weight transform's one rounding add error), so its error stays
+// near a direct convolution's (0.3-0.9x at::conv2d's against float64 in tests/unit/
+// conv2d_bias_act_winograd_test.cpp). F(4x4, 3x3)'s grows several-fold (Barabasz et al., "Error
+// Analysis and Improving the Accuracy of Winograd Convolution for Deep Neural Networks", ACM TOMS
+// 2020): 2.5-19x the direct one's in that test, a relative error near 1e-5. It runs from 96
+// channels (kF4x4MinChannels), where it is 1.3-1.45x F(2x2, 3x3)'s speed; every parity test keeps
+// its bar.
 //
 // Layout: activations channels_last (NHWC), as the `onednn` convolutions around it keep them, so
 // every transform reads and writes channel vectors. Tiles are processed in blocks of about 113 per
-// thread: input transform -> 16 GEMMs (at::bmm_out: MKL's sgemm) -> output transform with
+// thread: input transform -> (m + 2)^2 GEMMs (at::bmm_out: MKL's sgemm) -> output transform with
 // the bias, residual and ReLU fused; SiLU, GELU and tanh run after it in place (ATen's kernels).
-// The transformed weights U (16, C_in, C_out) are made once per weight (kernels/cpu/
-// packed_weights.h): 16/9 of the weight's memory.
+// The transformed weights U ((m + 2)^2, C_in, C_out) are made once per weight and tile size
+// (kernels/cpu/packed_weights.h): 16/9 or 4x the weight's memory.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <ATen/core/grad_mode.h>
@@ -47,6 +51,12 @@ typedef float Vec8 __attribute__((vector_size(32)));
 /// bench_conv_cpu.cpp, two Zen 3 cores), 64 channels at 160x160 7.9 against 9.8.
 constexpr int64_t kWinogradMinChannels = 64;
 
+/// From this many input and output channels F(4x4, 3x3) runs instead of F(2x2, 3x3): 128 x 128
+/// at 80x80 6.7 against 8.5 ms, 96 x 96 at 80x80 3.9 against 5.4, 128 x 128 at 20x20 0.38
+/// against 0.55; at 64 x 64 on 160x160 its GEMMs (K = N = 64) and larger transforms gain nothing
+/// (10.0 against 8.2-10.7 ms; tools/bench_kernels/bench_conv_cpu.cpp, two Zen 3 cores).
+constexpr int64_t kF4x4MinChannels = 96;
+
 inline Vec8 load8(const float* p) {
   Vec8 v;
   std::memcpy(&v, p, sizeof v);
@@ -54,34 +64,87 @@ inline Vec8 load8(const float* p) {
 }
 inline void store8(float* p, Vec8 v) { std::memcpy(p, &v, sizeof v); }
 
-/// U = G g G^T for every (c_in, c_out) pair, stored (16, C_in, C_out): element e = 4 i + j of the
-/// 4x4 tile, then the GEMM's (C_in x C_out) matrix. G = [[1, 0, 0], [1/2, 1/2, 1/2],
-/// [1/2, -1/2, 1/2], [0, 0, 1]] (Lavin & Gray 2016, F(2x2, 3x3)). Computed in double, rounded
+/// F(2x2, 3x3): 4x4 input tiles, 2x2 output tiles (Lavin & Gray 2016, section 4.1).
+struct F2x2 {
+  static constexpr int kM = 2, kAlpha = 4;
+  /// G (alpha x 3).
+  static constexpr double kG[kAlpha][3] = {{1, 0, 0}, {0.5, 0.5, 0.5}, {0.5, -0.5, 0.5}, {0, 0, 1}};
+  /// w = B^T d, B^T = [[1, 0, -1, 0], [0, 1, 1, 0], [0, -1, 1, 0], [0, 1, 0, -1]].
+  template <class V>
+  static void input(const V (&d)[kAlpha], V (&w)[kAlpha]) {
+    w[0] = d[0] - d[2];
+    w[1] = d[1] + d[2];
+    w[2] = d[2] - d[1];
+    w[3] = d[1] - d[3];
+  }
+  /// y = A^T m, A^T = [[1, 1, 1, 0], [0, 1, -1, -1]].
+  template <class V>
+  static void output(const V (&m)[kAlpha], V (&y)[kM]) {
+    y[0] = m[0] + m[1] + m[2];
+    y[1] = m[1] - m[2] - m[3];
+  }
+};
+
+/// F(4x4, 3x3): 6x6 input tiles, 4x4 output tiles, interpolation points 0, +-1, +-2 and infinity
+/// (Lavin & Gray 2016, section 4.2; the matrices of NNPACK's and wincnn's F(4, 3)). 36 multiplies
+/// per 4x4 outputs instead of F(2x2, 3x3)'s 64 per four 2x2 tiles.
+struct F4x4 {
+  static constexpr int kM = 4, kAlpha = 6;
+  static constexpr double kG[kAlpha][3] = {{1.0 / 4, 0, 0},
+                                           {-1.0 / 6, -1.0 / 6, -1.0 / 6},
+                                           {-1.0 / 6, 1.0 / 6, -1.0 / 6},
+                                           {1.0 / 24, 1.0 / 12, 1.0 / 6},
+                                           {1.0 / 24, -1.0 / 12, 1.0 / 6},
+                                           {0, 0, 1}};
+  /// w = B^T d, B^T = [[4, 0, -5, 0, 1, 0], [0, -4, -4, 1, 1, 0], [0, 4, -4, -1, 1, 0],
+  /// [0, -2, -1, 2, 1, 0], [0, 2, -1, -2, 1, 0], [0, 4, 0, -5, 0, 1]].
+  template <class V>
+  static void input(const V (&d)[kAlpha], V (&w)[kAlpha]) {
+    const V four = V{} + 4.0f, five = V{} + 5.0f, two = V{} + 2.0f;
+    const V p = d[3] + d[4] - four * (d[1] + d[2]), q = d[4] - d[3] + four * (d[1] - d[2]);
+    const V r = d[4] - d[2], t = two * (d[3] - d[1]);
+    w[0] = four * d[0] - five * d[2] + d[4];
+    w[1] = p;
+    w[2] = q;
+    w[3] = r + t;
+    w[4] = r - t;
+    w[5] = four * d[1] - five * d[3] + d[5];
+  }
+  /// y = A^T m, A^T = [[1, 1, 1, 1, 1, 0], [0, 1, -1, 2, -2, 0], [0, 1, 1, 4, 4, 0],
+  /// [0, 1, -1, 8, -8, 1]].
+  template <class V>
+  static void output(const V (&m)[kAlpha], V (&y)[kM]) {
+    const V a = m[1] + m[2], b = m[1] - m[2], c = m[3] + m[4], e = m[3] - m[4];
+    y[0] = m[0] + a + c;
+    y[1] = b + (V{} + 2.0f) * e;
+    y[2] = a + (V{} + 4.0f) * c;
+    y[3] = b + (V{} + 8.0f) * e + m[5];
+  }
+};
+
+/// U = G g G^T for every (c_in, c_out) pair, stored (alpha^2, C_in, C_out): element
+/// e = alpha i + j of the tile, then the GEMM's (C_in x C_out) matrix. Computed in double, rounded
 /// once. `w`: (C_out, C_in, 3, 3) float32.
+template <class F>
 at::Tensor transform_weight(const at::Tensor& w) {
+  constexpr int a = F::kAlpha;
   const auto wc = w.contiguous();
   const int64_t k_out = wc.size(0), c_in = wc.size(1);
-  auto u = at::empty({16, c_in, k_out}, wc.options());
+  auto u = at::empty({a * a, c_in, k_out}, wc.options());
   const float* src = wc.data_ptr<float>();
   float* dst = u.data_ptr<float>();
   at::parallel_for(0, k_out, 16, [&](int64_t k0, int64_t k1) {
     for (int64_t k = k0; k < k1; ++k) {
       for (int64_t c = 0; c < c_in; ++c) {
         const float* g = src + (k * c_in + c) * 9;
-        double t[4][3];  // G g
-        for (int j = 0; j < 3; ++j) {
-          const double g0 = g[j], g1 = g[3 + j], g2 = g[6 + j];
-          t[0][j] = g0;
-          t[1][j] = 0.5 * (g0 + g1 + g2);
-          t[2][j] = 0.5 * (g0 - g1 + g2);
-          t[3][j] = g2;
-        }
-        for (int i = 0; i < 4; ++i) {
-          const double r[4] = {t[i][0], 0.5 * (t[i][0] + t[i][1] + t[i][2]),
-                               0.5 * (t[i][0] - t[i][1] + t[i][2]), t[i][2]};
-          for (int j = 0; j < 4; ++j)
-            dst[((i * 4 + j) * c_in + c) * k_out + k] = static_cast<float>(r[j]);
-        }
+        double t[a][3];  // G g
+        for (int i = 0; i < a; ++i)
+          for (int j = 0; j < 3; ++j)
+            t[i][j] = F::kG[i][0] * g[j] + F::kG[i][1] * g[3 + j] + F::kG[i][2] * g[6 + j];
+        for (int i = 0; i < a; ++i)
+          for (int j = 0; j < a; ++j)
+            dst[((i * a + j) * c_in + c) * k_out + k] = static_cast<float>(
+                t[i][0] * F::kG[j][0] + t[i][1] * F::kG[j][1] + t[i][2] * F::kG[j][2]);
       }
     }
   });
@@ -96,57 +159,58 @@ struct Problem {
   float* y;               ///< (N, Ho, Wo, K) output
   const float* zeros;     ///< C zeros: the padding
   int64_t n, h, w, c, k, ho, wo, pad_h, pad_w;
+  int64_t m;  ///< output tile side
   int64_t tiles_h, tiles_w;
   bool relu;
 
-  /// Tile t's image and the top-left output position of its 2x2 outputs (tiles numbered
+  /// Tile t's image and the top-left output position of its m x m outputs (tiles numbered
   /// row-major per image).
   struct Tile {
     int64_t n, oh0, ow0;
   };
   Tile tile(int64_t t) const {
-    return {t / (tiles_w * tiles_h), (t / tiles_w) % tiles_h * 2, t % tiles_w * 2};
+    return {t / (tiles_w * tiles_h), (t / tiles_w) % tiles_h * m, t % tiles_w * m};
   }
 };
 
 /// The output side of a 3x3 stride-1 convolution of an `in`-wide map padded by `pad` each side.
 constexpr int64_t output_side(int64_t in, int64_t pad) { return in + 2 * pad - 2; }
 
-/// V[e][t][c] = (B^T d B)[e] for tiles [t0, t0 + count): B^T = [[1, 0, -1, 0], [0, 1, 1, 0],
-/// [0, -1, 1, 0], [0, 1, 0, -1]]. `v`: (16, count, C) with element stride `e_stride`.
+/// V[e][t][c] = (B^T d B)[e] for tiles [t0, t0 + count). `v`: (alpha^2, count, C) with element
+/// stride `e_stride`.
+template <class F>
 LIBREYOLO_TARGET_CLONES void transform_input(const Problem& p, int64_t t0, int64_t count, float* v,
                                              int64_t e_stride) {
+  constexpr int a = F::kAlpha;
   const int64_t c_n = p.c, c8 = p.c / 8 * 8;
   for (int64_t i = 0; i < count; ++i) {
     const int64_t t = t0 + i;
     const auto [n, oh0, ow0] = p.tile(t);
     const int64_t ih0 = oh0 - p.pad_h, iw0 = ow0 - p.pad_w;
-    const float* d[16];
-    for (int a = 0; a < 4; ++a) {
-      for (int b = 0; b < 4; ++b) {
-        const int64_t ih = ih0 + a, iw = iw0 + b;
-        d[a * 4 + b] = (ih >= 0 && ih < p.h && iw >= 0 && iw < p.w)
+    const float* d[a * a];
+    for (int r = 0; r < a; ++r) {
+      for (int q = 0; q < a; ++q) {
+        const int64_t ih = ih0 + r, iw = iw0 + q;
+        d[r * a + q] = (ih >= 0 && ih < p.h && iw >= 0 && iw < p.w)
                            ? p.x + ((n * p.h + ih) * p.w + iw) * c_n
                            : p.zeros;
       }
     }
     float* out = v + i * c_n;
     const auto tile = [&](auto load, auto store, int64_t c) {
-      decltype(load(d[0] + c)) r[4][4];
-      for (int b = 0; b < 4; ++b) {  // B^T d: rows
-        const auto d0 = load(d[b] + c), d1 = load(d[4 + b] + c), d2 = load(d[8 + b] + c),
-                   d3 = load(d[12 + b] + c);
-        r[0][b] = d0 - d2;
-        r[1][b] = d1 + d2;
-        r[2][b] = d2 - d1;
-        r[3][b] = d1 - d3;
+      using V = decltype(load(d[0] + c));
+      V r[a][a];
+      for (int q = 0; q < a; ++q) {  // B^T d: columns
+        V col[a], w[a];
+        for (int row = 0; row < a; ++row) col[row] = load(d[row * a + q] + c);
+        F::input(col, w);
+        for (int row = 0; row < a; ++row) r[row][q] = w[row];
       }
-      for (int a = 0; a < 4; ++a) {  // (B^T d) B: columns
-        float* o = out + (a * 4) * e_stride + c;
-        store(o, r[a][0] - r[a][2]);
-        store(o + e_stride, r[a][1] + r[a][2]);
-        store(o + 2 * e_stride, r[a][2] - r[a][1]);
-        store(o + 3 * e_stride, r[a][1] - r[a][3]);
+      for (int row = 0; row < a; ++row) {  // (B^T d) B: rows
+        V w[a];
+        F::input(r[row], w);
+        float* o = out + (row * a) * e_stride + c;
+        for (int q = 0; q < a; ++q) store(o + q * e_stride, w[q]);
       }
     };
     for (int64_t c = 0; c < c8; c += 8) tile(load8, store8, c);
@@ -155,33 +219,36 @@ LIBREYOLO_TARGET_CLONES void transform_input(const Problem& p, int64_t t0, int64
   }
 }
 
-/// y = relu?(A^T m A + bias + residual) for tiles [t0, t0 + count): A^T = [[1, 1, 1, 0],
-/// [0, 1, -1, -1]]. `m`: (16, count, K) with element stride `e_stride`. The order of the adds
-/// is the portable path's (convolution + bias, then + residual, then the activation).
+/// y = relu?(A^T m A + bias + residual) for tiles [t0, t0 + count). `m`: (alpha^2, count, K)
+/// with element stride `e_stride`. The order of the adds is the portable path's (convolution +
+/// bias, then + residual, then the activation).
+template <class F>
 LIBREYOLO_TARGET_CLONES void transform_output(const Problem& p, int64_t t0, int64_t count,
                                               const float* m, int64_t e_stride) {
+  constexpr int a = F::kAlpha, mt = F::kM;
   const int64_t k_n = p.k, k8 = p.k / 8 * 8;
   for (int64_t i = 0; i < count; ++i) {
     const int64_t t = t0 + i;
     const Problem::Tile o = p.tile(t);
     const int64_t n = o.n, oh0 = o.oh0, ow0 = o.ow0;
-    const int rows = std::min<int64_t>(2, p.ho - oh0), cols = std::min<int64_t>(2, p.wo - ow0);
+    const int rows = std::min<int64_t>(mt, p.ho - oh0), cols = std::min<int64_t>(mt, p.wo - ow0);
     const float* in = m + i * k_n;
     const auto tile = [&](auto load, auto store, auto zero, int64_t k) {
       using V = decltype(load(in));
-      V s[2][4];
-      for (int b = 0; b < 4; ++b) {  // A^T m: rows
-        const auto m0 = load(in + b * e_stride + k), m1 = load(in + (4 + b) * e_stride + k),
-                   m2 = load(in + (8 + b) * e_stride + k), m3 = load(in + (12 + b) * e_stride + k);
-        s[0][b] = m0 + m1 + m2;
-        s[1][b] = m1 - m2 - m3;
+      V s[mt][a];
+      for (int q = 0; q < a; ++q) {  // A^T m: columns
+        V col[a], y[mt];
+        for (int row = 0; row < a; ++row) col[row] = load(in + (row * a + q) * e_stride + k);
+        F::output(col, y);
+        for (int row = 0; row < mt; ++row) s[row][q] = y[row];
       }
       const V bias = p.bias ? load(p.bias + k) : zero;
-      for (int a = 0; a < rows; ++a) {
-        const V y2[2] = {s[a][0] + s[a][1] + s[a][2], s[a][1] - s[a][2] - s[a][3]};
-        for (int b = 0; b < cols; ++b) {
-          const int64_t at = ((n * p.ho + oh0 + a) * p.wo + ow0 + b) * k_n + k;
-          V y = y2[b];
+      for (int row = 0; row < rows; ++row) {
+        V y2[mt];
+        F::output(s[row], y2);
+        for (int q = 0; q < cols; ++q) {
+          const int64_t at = ((n * p.ho + oh0 + row) * p.wo + ow0 + q) * k_n + k;
+          V y = y2[q];
           if (p.bias) y = y + bias;
           if (p.residual) y = y + load(p.residual + at);
           // NaN stays NaN, as at::relu keeps it.
@@ -204,9 +271,9 @@ PackedWeights<int>& transformed_weights() {
 
 /// Tiles per block: about 113 (GEMMs of 113 rows keep MKL's sgemm near its peak on two Zen 3
 /// cores; docs/BENCHMARKS.md), fewer so that every thread gets as many blocks when there are only
-/// a few, and odd: 16 matrices a multiple of 4 KiB apart would put every transform's 16 streams
-/// into the same L1 sets (a 2x slower transform measured with 128 channels). One block runs on
-/// the calling thread, where MKL's sgemm uses every thread itself.
+/// a few, and odd: 16 (or 36) matrices a multiple of 4 KiB apart would put every transform's 16
+/// streams into the same L1 sets (a 2x slower transform measured with 128 channels). One block runs
+/// on the calling thread, where MKL's sgemm uses every thread itself.
 int64_t tiles_per_block(int64_t tiles) {
   constexpr int64_t kTiles = 113;
   const int64_t threads = at::get_num_threads();
@@ -215,10 +282,12 @@ int64_t tiles_per_block(int64_t tiles) {
   return ((tiles + blocks - 1) / blocks) | 1;
 }
 
+template <class F>
 at::Tensor run(const at::Tensor& input, const at::Tensor& weight, const at::Tensor& bias,
                const at::Tensor& residual, const ConvGeometry& g, Activation act) {
+  constexpr int64_t e = F::kAlpha * F::kAlpha, mt = F::kM;
   const auto x = input.contiguous(at::MemoryFormat::ChannelsLast);
-  const auto u = transformed_weights().get(weight, 0, transform_weight);
+  const auto u = transformed_weights().get(weight, F::kM, transform_weight<F>);
   const int64_t n = x.size(0), c = x.size(1), h = x.size(2), w = x.size(3), k = weight.size(0);
   const int64_t ho = output_side(h, g.pad_h), wo = output_side(w, g.pad_w);
   auto y = at::empty({n, k, ho, wo}, x.options().memory_format(at::MemoryFormat::ChannelsLast));
@@ -240,8 +309,9 @@ at::Tensor run(const at::Tensor& input, const at::Tensor& weight, const at::Tens
             wo,
             g.pad_h,
             g.pad_w,
-            (ho + 1) / 2,
-            (wo + 1) / 2,
+            mt,
+            (ho + mt - 1) / mt,
+            (wo + mt - 1) / mt,
             act == Activation::relu};
   const int64_t tiles = n * p.tiles_h * p.tiles_w;
   const int64_t tb = tiles_per_block(tiles);
@@ -249,15 +319,15 @@ at::Tensor run(const at::Tensor& input, const at::Tensor& weight, const at::Tens
   at::parallel_for(0, blocks, 1, [&](int64_t b0, int64_t b1) {
     // One block's buffers per thread; at::bmm_out runs MKL's sgemm on this thread (inside a
     // parallel region MKL does not start threads of its own). A shorter last block is packed as
-    // densely, so that its 16 matrices stay one contiguous batch for at::bmm_out.
-    auto v = at::empty({16 * tb * c}, x.options());
-    auto mm = at::empty({16 * tb * k}, x.options());
+    // densely, so that its alpha^2 matrices stay one contiguous batch for at::bmm_out.
+    auto v = at::empty({e * tb * c}, x.options());
+    auto mm = at::empty({e * tb * k}, x.options());
     for (int64_t blk = b0; blk < b1; ++blk) {
       const int64_t t0 = blk * tb, count = std::min(tb, tiles - t0);
-      transform_input(p, t0, count, v.data_ptr<float>(), count * c);
-      auto mb = mm.narrow(0, 0, 16 * count * k).view({16, count, k});
-      at::bmm_out(mb, v.narrow(0, 0, 16 * count * c).view({16, count, c}), u);
-      transform_output(p, t0, count, mm.data_ptr<float>(), count * k);
+      transform_input<F>(p, t0, count, v.data_ptr<float>(), count * c);
+      auto mb = mm.narrow(0, 0, e * count * k).view({e, count, k});
+      at::bmm_out(mb, v.narrow(0, 0, e * count * c).view({e, count, c}), u);
+      transform_output<F>(p, t0, count, mm.data_ptr<float>(), count * k);
     }
   });
   if (act != Activation::none && act != Activation::relu) apply_activation_(act, y);
@@ -300,7 +370,9 @@ Outcome<at::Tensor> conv2d_bias_act_winograd(const at::Tensor& input, const at::
       return Decline{"winograd: the residual's shape is not the output's"};
   }
   try {
-    return run(input, weight, bias, residual, g, act);
+    if (std::min(weight.size(0), weight.size(1)) >= kF4x4MinChannels)
+      return run<F4x4>(input, weight, bias, residual, g, act);
+    return run<F2x2>(input, weight, bias, residual, g, act);
   } catch (const c10::OutOfMemoryError&) {
     throw;  // the registry's out-of-memory handling (kernels/out_of_memory.h)
   } catch (const c10::Error&) {
