@@ -67,7 +67,9 @@ inline const char* cpu_native_bfloat16_models(const BindContext& c) {
 }
 
 /// The packed-weight table. `Key` is what else the packed form depends on (a convolution's
-/// geometry; nothing for a linear layer), compared with `KeyEqual`.
+/// geometry, Winograd's tile size; nothing for a linear layer), compared with `KeyEqual`. One
+/// entry per weight: a call with another key packs again and replaces it, so a caller's key must
+/// not alternate between calls on one weight.
 template <class Key, class KeyEqual = std::equal_to<Key>>
 class PackedWeights {
  public:

@@ -1,8 +1,9 @@
 // The `winograd` implementation of conv2d_bias_act (kernels/conv/cpu/
-// conv2d_bias_act_winograd.cpp): bound first for CPU float32 models, its F(2x2, 3x3) results as
-// close to a float64 convolution as oneDNN's direct float32 convolution is (partial tiles,
-// channel counts off the vector width, padding 0 to 2, residual and every activation), the
-// transformed weight made again after the weight is written in place, and declines that leave
+// conv2d_bias_act_winograd.cpp): bound first for CPU float32 models; its F(2x2, 3x3) results as
+// close to a float64 convolution as ATen's direct float32 convolution is, its F(4x4, 3x3) results
+// within a bounded multiple of that (partial tiles, channel counts off the vector width, padding 0
+// to 2, several blocks, residual and every activation); which tile runs at which channel count; the
+// transformed weight made again after the weight is written in place; and declines that leave
 // `onednn` to answer.
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
@@ -88,15 +89,17 @@ const Case kCases[] = {
     {"f4_tanh_large", 1, 128, 128, 40, 40, 1, false, Activation::tanh},
     {"f4_relu_one_tile", 1, 128, 128, 2, 2, 1, false, Activation::relu},
     {"f4_relu_residual_tails_no_bias", 1, 100, 100, 7, 9, 1, true, Activation::relu, false},
+    {"f4_several_blocks", 2, 96, 96, 40, 40, 1, true, Activation::relu},  // 200 tiles
 };
 
 // The bounds. F(2x2, 3x3)'s transforms are exact in float32 (0, +-1, 1/2), so its error against
-// a float64 convolution stays near the direct float32 convolution's (ATen's at::conv2d: 0.3-0.8x
+// a float64 convolution stays near the direct float32 convolution's (ATen's at::conv2d: 0.3-0.9x
 // of it here, printed per case; up to 3x allowed), below 2e-5 absolute at these magnitudes.
 // F(4x4, 3x3)'s transforms multiply by up to 8 (input), 25 (B^T d B) and 1/6 (weights, rounded
 // once), so its error is several times the direct convolution's (2.5-19x measured here; Barabasz
-// et al., ACM TOMS 2020: the same order for F(4, 3)): up to 30x and 1e-4 absolute allowed, a
-// relative error near 1e-5 of outputs of order one.
+// et al., ACM TOMS 2020: the same order for F(4, 3)): up to 50x (a margin over CPUs whose sgemm
+// and FMA contraction differ) and 1e-4 absolute allowed, a relative error near 1e-5 of outputs of
+// order one.
 TEST(Conv2dBiasActWinograd, AsCloseToFloat64AsTheDirectConvolution) {
   const auto h = bind_cpu("winograd_accuracy", true);
   ASSERT_FALSE(h.empty());
@@ -127,19 +130,43 @@ TEST(Conv2dBiasActWinograd, AsCloseToFloat64AsTheDirectConvolution) {
     const double ours = max_diff(y, exact), theirs = max_diff(direct, exact);
     std::printf("[%s] max |diff| against float64: winograd F(%dx%d, 3x3) %.3g, direct %.3g\n",
                 k.name, f4 ? 4 : 2, f4 ? 4 : 2, ours, theirs);
-    EXPECT_LE(ours, (f4 ? 30 : 3) * theirs + 1e-7) << "direct " << theirs;
+    EXPECT_LE(ours, (f4 ? 50 : 3) * theirs + 1e-7) << "direct " << theirs;
     EXPECT_LE(ours, f4 ? 1e-4 : 2e-5);
-    // Which algorithm ran shows in the error: F(4x4, 3x3)'s is 3x the direct one's or more.
-    if (f4 && k.h * k.w > 4) {  // (one partial tile: mostly padding, nearly exact)
-      EXPECT_GT(ours, 2 * theirs);
-    } else if (!f4) {
-      EXPECT_LE(ours, 1.5 * theirs);
-    }
   }
   const auto report = binding_of("winograd_accuracy");
   ASSERT_EQ(report.candidates.at(0).name, "winograd");
   EXPECT_EQ(report.candidates.at(0).calls, std::size(kCases));
   EXPECT_TRUE(report.candidates.at(0).declined.empty());
+}
+
+// Which tile runs, shown exactly: on small integers a direct convolution and F(2x2, 3x3) are
+// exact in float32 (F(2x2, 3x3)'s coefficients are 0, +-1 and 1/2, every sum stays far below
+// 2^24), F(4x4, 3x3)'s weight transform rounds (1/6, 1/24). 64 channels: F(2x2, 3x3); 96: F(4x4,
+// 3x3).
+TEST(Conv2dBiasActWinograd, TileSizeFollowsTheChannelCount) {
+  const auto h = bind_cpu("winograd_tile", true);
+  at::manual_seed(13);
+  const at::NoGradGuard no_grad;
+  for (const int64_t c : {64, 95, 96}) {
+    SCOPED_TRACE(c);
+    const auto x = at::randint(-3, 4, {1, c, 12, 12}, at::kFloat);
+    const auto w = at::randint(-2, 3, {c, c, 3, 3}, at::kFloat);
+    const auto b = at::randint(-8, 9, {c}, at::kFloat);
+    ConvGeometry g;
+    g.pad_h = g.pad_w = 1;
+    const auto y = conv2d_bias_act(h, x, w, b, {}, g, Activation::none);
+    const auto exact = at::conv2d(x.to(at::kDouble), w.to(at::kDouble), b.to(at::kDouble), 1, 1);
+    const double diff = max_diff(y, exact);
+    std::printf("[%ld channels] max |diff| %.3g of outputs up to %.3g\n", static_cast<long>(c),
+                diff, exact.abs().max().item<double>());
+    if (c < 96) {
+      EXPECT_EQ(diff, 0.0);
+    } else {
+      EXPECT_GT(diff, 0.0);
+      EXPECT_LE(diff, 3e-5 * exact.abs().max().item<double>());  // 6.7e-6 measured
+    }
+  }
+  EXPECT_EQ(binding_of("winograd_tile").candidates.at(0).calls, 3u);
 }
 
 // A weight written in place after its first call (a layout applied after a warm-up forward) is
@@ -150,7 +177,7 @@ TEST(Conv2dBiasActWinograd, WeightWrittenInPlaceIsTransformedAgain) {
   const at::NoGradGuard no_grad;
   for (const int64_t c : {64, 96}) {  // F(2x2, 3x3), F(4x4, 3x3)
     SCOPED_TRACE(c);
-    const double bar = c == 64 ? 1e-5 : 1e-4;
+    const double bar = c == 64 ? 1e-5 : 2e-4;
     const auto x = at::randn({1, c, 8, 8});
     auto w = at::randn({c, c, 3, 3}) * 0.05;
     const auto b = at::randn({c});
@@ -168,7 +195,7 @@ TEST(Conv2dBiasActWinograd, WeightWrittenInPlaceIsTransformedAgain) {
   EXPECT_FALSE(report.candidates.at(0).disabled);
 }
 
-// What F(2x2, 3x3) does not compute is declined with its reason counted, and the next candidate
+// What `winograd` does not compute is declined with its reason counted, and the next candidate
 // (here the portable path, `winograd` being the only one bound) answers with its own values.
 TEST(Conv2dBiasActWinograd, DeclinesWhatItDoesNotCompute) {
   const auto h = bind_cpu("winograd_declines", true);

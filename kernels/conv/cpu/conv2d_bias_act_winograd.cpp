@@ -23,8 +23,9 @@
 // every transform reads and writes channel vectors. Tiles are processed in blocks of about 113 per
 // thread: input transform -> (m + 2)^2 GEMMs (at::bmm_out: MKL's sgemm) -> output transform with
 // the bias, residual and ReLU fused; SiLU, GELU and tanh run after it in place (ATen's kernels).
-// The transformed weights U ((m + 2)^2, C_in, C_out) are made once per weight and tile size
-// (kernels/cpu/packed_weights.h): 16/9 or 4x the weight's memory.
+// The transformed weights U ((m + 2)^2, C_in, C_out) are made once per weight (its tile size
+// follows from its shape alone, so the table's one entry per weight never alternates; kernels/cpu/
+// packed_weights.h): 16/9 or 4x the weight's memory.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <ATen/core/grad_mode.h>
@@ -272,8 +273,9 @@ PackedWeights<int>& transformed_weights() {
 /// Tiles per block: about 113 (GEMMs of 113 rows keep MKL's sgemm near its peak on two Zen 3
 /// cores; docs/BENCHMARKS.md), fewer so that every thread gets as many blocks when there are only
 /// a few, and odd: 16 (or 36) matrices a multiple of 4 KiB apart would put every transform's 16
-/// streams into the same L1 sets (a 2x slower transform measured with 128 channels). One block runs
-/// on the calling thread, where MKL's sgemm uses every thread itself.
+/// (36) streams into the same L1 sets (a 2x slower transform measured with 128 channels). One
+/// block runs on the calling thread, where MKL's sgemm uses every thread itself. Tuned on F(2x2,
+/// 3x3); F(4x4, 3x3) uses the same blocks untuned.
 int64_t tiles_per_block(int64_t tiles) {
   constexpr int64_t kTiles = 113;
   const int64_t threads = at::get_num_threads();
@@ -370,6 +372,7 @@ Outcome<at::Tensor> conv2d_bias_act_winograd(const at::Tensor& input, const at::
       return Decline{"winograd: the residual's shape is not the output's"};
   }
   try {
+    // The tile size depends on the weight's shape only (packed_weights.h: one entry per weight).
     if (std::min(weight.size(0), weight.size(1)) >= kF4x4MinChannels)
       return run<F4x4>(input, weight, bias, residual, g, act);
     return run<F2x2>(input, weight, bias, residual, g, act);
