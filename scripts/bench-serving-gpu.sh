@@ -26,7 +26,9 @@
 # max_batch_size), QUEUE_DELAY_US (empty: the daemon's default max_queue_delay_microseconds, 0;
 # the runs before 2026-12-06 set 2000), REFILL_WAIT_FRACTION (empty: the daemon's default; 0
 # turns the batcher's refill wait off, Triton's behaviour), GPU_IMAGE_DECODE (empty: the daemon's default,
-# auto, on for a bfloat16/float16 CUDA model; on / off: server.gpu_image_decode).
+# auto, on for a bfloat16/float16 CUDA model; on / off: server.gpu_image_decode), SIZE (empty: 640;
+# the forward-only side's --size, which must be the size the model's processor resizes to, e.g.
+# 384 for RF-DETR nano).
 # Both sides run with TF32 off (the daemon's `tf32: off`).
 # Writes to $OUT: summary.txt, forward_only.log, serving_*.{csv,json,log}, server.log,
 # bench_serving_gpu.json (everything together, with the ratio).
@@ -92,7 +94,7 @@ if [ -n "${FORWARD:-}" ]; then
 else
   note "forward only: $bin/libreyolo-bench-models --model $ckpt/$model --device $device --batch $max_batch"
   timeout 600 "$bin/libreyolo-bench-models" --model "$ckpt/$model" --device "$device" --batch "$max_batch" \
-    --dtype "$dtype" $graph_flag --iters 30 --warmup 5 >"$OUT/forward_only.log" 2>&1 ||
+    --dtype "$dtype" $graph_flag ${SIZE:+--size "$SIZE"} --iters 30 --warmup 5 >"$OUT/forward_only.log" 2>&1 ||
     die "libreyolo-bench-models failed: $(tail -3 "$OUT/forward_only.log" | tr '\n' ' ')"
   forward=$(sed -n "s/.*batch=$max_batch .*images_per_s=\([0-9.eE+-]*\).*/\1/p" "$OUT/forward_only.log" | tail -1)
   [ -n "$forward" ] || die "no images_per_s for batch=$max_batch in $OUT/forward_only.log"
