@@ -15,7 +15,6 @@ const char* image_preprocess_decline_reason(const std::vector<at::Tensor>& image
                                             const at::Tensor& out) {
   if (spec.owlv2) return kPreprocessOwlv2;
   if (spec.center_crop) return kPreprocessCenterCrop;
-  if (spec.rescale_before_resize) return kPreprocessRescaleFirst;
   if (spec.resample != 2) return kPreprocessNotBilinear;
   if (!spec.antialias) return kPreprocessNoAntialias;
   if (spec.native_uint8) return kPreprocessNativeUint8;

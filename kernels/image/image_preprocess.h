@@ -23,6 +23,11 @@
 //         | float32(u8') * rescale_factor                      (rescale only)
 //         | float32(u8')                                       (neither)
 //   out   = value rounded to the output dtype (round to nearest even), 0 in the padding.
+// With rescale_before_resize (RfDetrImageProcessor, models/image/processor.h
+// rescale_resize_normalize) the rescale comes first and nothing is rounded to uint8:
+//   x     = float32(u8) * rescale_factor                       (each pixel, one rounded product)
+//   value = (at::_upsample_bilinear2d_aa(x, (h', w')) - mean[c]) / std[c]   (normalize: true)
+//         | at::_upsample_bilinear2d_aa(x, (h', w'))                        (otherwise)
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -42,12 +47,14 @@ struct ImagePreprocessSpec {
   /// Per image, in order: the (height, width) it is resized to (ImageProcessor::output_size).
   /// Each image fills the top-left (h', w') of its row of the output; the rest of the row is 0.
   std::vector<std::pair<int64_t, int64_t>> sizes;
-  int resample = 2;                    ///< PIL enum: 2 bilinear (the only one `cuda` takes), 0, 3
-  bool antialias = true;               ///< torchvision resize(antialias=...)
-  bool native_uint8 = false;           ///< ATen's uint8 resize kernel asked for (CPU numerics)
-  bool center_crop = false;            ///< do_center_crop (ViT/DeiT-style)
-  bool rescale_before_resize = false;  ///< RfDetrImageProcessor: float32 resize of x / 255
-  bool owlv2 = false;                  ///< Owlv2ImageProcessor's own pipeline
+  int resample = 2;           ///< PIL enum: 2 bilinear (the only one `cuda` takes), 0, 3
+  bool antialias = true;      ///< torchvision resize(antialias=...)
+  bool native_uint8 = false;  ///< ATen's uint8 resize kernel asked for (CPU numerics)
+  bool center_crop = false;   ///< do_center_crop (ViT/DeiT-style)
+  /// RfDetrImageProcessor: the float32 resize of float32(u8) * rescale_factor (1 without
+  /// do_rescale), then (x - mean) / std with `mean` / `std` for Values::normalize, else raw.
+  bool rescale_before_resize = false;
+  bool owlv2 = false;  ///< Owlv2ImageProcessor's own pipeline
   enum class Values { raw, rescale, normalize };
   Values values = Values::rescale;
   float rescale_factor = 1.0f / 255.0f;  ///< float32(rescale_factor), for Values::rescale
@@ -55,6 +62,9 @@ struct ImagePreprocessSpec {
   /// float32 (transformers' _fuse_mean_std_and_rescale_factor), per channel R, G, B.
   std::array<float, 3> mean_scaled{0.f, 0.f, 0.f};
   std::array<float, 3> std_scaled{1.f, 1.f, 1.f};
+  /// For rescale_before_resize with Values::normalize: image_mean and image_std as float32.
+  std::array<float, 3> mean{0.f, 0.f, 0.f};
+  std::array<float, 3> std{1.f, 1.f, 1.f};
 };
 
 /// The slot's declaration. `images`: B tensors (3, h, w) uint8; `out`: (B, 3, H, W) with
@@ -70,8 +80,6 @@ inline constexpr const char* kPreprocessNotBilinear = "cuda: resample is not bil
 inline constexpr const char* kPreprocessNoAntialias = "cuda: resize without antialias";
 inline constexpr const char* kPreprocessNativeUint8 = "cuda: native uint8 resize (CPU numerics)";
 inline constexpr const char* kPreprocessCenterCrop = "cuda: center crop";
-inline constexpr const char* kPreprocessRescaleFirst =
-    "cuda: rescale before resize (RfDetrImageProcessor)";
 inline constexpr const char* kPreprocessOwlv2 = "cuda: Owlv2ImageProcessor pipeline";
 inline constexpr const char* kPreprocessOutput =
     "cuda: output not a CUDA float32/float16/bfloat16 tensor, contiguous or channels_last";

@@ -53,7 +53,15 @@ kernels::ImagePreprocessSpec preprocess_spec(const ImageProcessor& processor,
   spec.center_crop = c.do_center_crop;
   spec.rescale_before_resize = rescale_before_resize(c);
   spec.owlv2 = c.owlv2;
-  if (c.do_normalize) {
+  if (spec.rescale_before_resize) {
+    // rescale_resize_normalize's order (processor.cpp): the rescale before the resize, then
+    // tvF.normalize with the unscaled mean and std.
+    spec.rescale_factor = c.do_rescale ? static_cast<float>(c.rescale_factor) : 1.0f;
+    spec.values = c.do_normalize ? kernels::ImagePreprocessSpec::Values::normalize
+                                 : kernels::ImagePreprocessSpec::Values::raw;
+    spec.mean = c.image_mean;
+    spec.std = c.image_std;
+  } else if (c.do_normalize) {
     spec.values = kernels::ImagePreprocessSpec::Values::normalize;
     std::tie(spec.mean_scaled, spec.std_scaled) = fused_mean_std(c);
   } else if (c.do_rescale) {

@@ -16,9 +16,10 @@ namespace libreyolo::image {
 
 /// The slot's spec of `processor` for `images` (each (3, h, w)): sizes[i] =
 /// processor.output_size(h, w); the value step from the config (normalize with fused_mean_std,
-/// else rescale with float32(rescale_factor), else raw); the flags of the steps the `cuda`
-/// implementation declines (center crop, RF-DETR's rescale before resize, OWLv2's pipeline,
-/// resample, antialias, native uint8). Throws as output_size does (c10::ValueError for a YOLOS
+/// else rescale with float32(rescale_factor), else raw; RF-DETR's rescale before the resize:
+/// rescale_factor, then normalize with image_mean / image_std, else raw); the flags of the
+/// steps the `cuda` implementation declines (center crop, OWLv2's pipeline, resample,
+/// antialias, native uint8). Throws as output_size does (c10::ValueError for a YOLOS
 /// image whose side floors to 0).
 kernels::ImagePreprocessSpec preprocess_spec(const ImageProcessor& processor,
                                              const std::vector<at::Tensor>& images);

@@ -49,8 +49,9 @@ class CudaGraphRunner {
   /// True when this build can capture CUDA graphs at all (LibTorch with CUDA).
   static bool supported();
 
-  /// Batch sizes to capture for `max_batch_size`: powers of two below it, then it
-  /// (8 -> 1, 2, 4, 8; 6 -> 1, 2, 4, 6).
+  /// Batch sizes to capture for `max_batch_size`, as vLLM's cudagraph capture sizes: 1, 2, 4,
+  /// the multiples of 8 below it, then it (32 -> 1, 2, 4, 8, 16, 24, 32; 6 -> 1, 2, 4, 6;
+  /// 20 -> 1, 2, 4, 8, 16, 20).
   static std::vector<int64_t> default_batch_sizes(int64_t max_batch_size);
 
  private:

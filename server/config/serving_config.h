@@ -51,10 +51,11 @@ struct ServingConfig {
   /// family_default ("default"): the server's `kernels.fused_attention` decides.
   kernels::FusedAttention fused_attention = kernels::FusedAttention::family_default;
   std::string fused_attention_origin;  ///< "FILE:LINE:COLUMN" of the key; "" when not set
-  /// `cuda_graphs: on`: capture the forward as CUDA graphs at batch sizes 1, 2, 4, ... and
-  /// max_batch_size after loading, and replay them (a batch is padded to the next captured size).
-  /// Only for CUDA models with a fixed input size (RT-DETR, ViT, Swin); elsewhere ignored with a
-  /// log line. A capture failure logs a warning and keeps eager execution.
+  /// `cuda_graphs: on`: capture the forward as CUDA graphs at batch sizes 1, 2, 4, the
+  /// multiples of 8 and max_batch_size after loading (CudaGraphRunner::default_batch_sizes), and
+  /// replay them (a batch is padded to the next captured size). Only for CUDA models with a fixed
+  /// input size (RT-DETR, ViT, Swin); elsewhere ignored with a log line. A capture failure logs a
+  /// warning and keeps eager execution.
   bool cuda_graphs = false;
   /// `prompt_cache_mb`: the budget of each instance's prompt cache (open-vocabulary families
   /// whose text is encoded apart from the image, models::PromptedDetector::caches_text: OWL's

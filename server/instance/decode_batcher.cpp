@@ -133,7 +133,7 @@ bool gpu_preprocess_takes(const image::ImageProcessor& processor) {
   try {
     const auto spec = image::preprocess_spec(processor, {at::zeros({3, 640, 640}, at::kByte)});
     return spec.resample == 2 && spec.antialias && !spec.native_uint8 && !spec.center_crop &&
-           !spec.rescale_before_resize && !spec.owlv2;
+           !spec.owlv2;
   } catch (const std::exception&) {
     return false;
   }

@@ -97,10 +97,10 @@ class DecodeBatcher {
 };
 
 /// Whether the `image_preprocess` slot's `cuda` kernel takes `processor`'s pipeline (bilinear
-/// antialiased resize, no center crop, not RfDetrImageProcessor's rescale-first nor OWLv2's:
-/// kernels/image/image_preprocess.h). Where it does not, the processor's ATen ops preprocess,
-/// and a DecodeBatcher would run them image after image on its leader's thread instead of in
-/// parallel on the pool: such a model keeps the per-image pool path. Never throws.
+/// antialiased resize, no center crop, not OWLv2's: kernels/image/image_preprocess.h). Where it
+/// does not, the processor's ATen ops preprocess, and a DecodeBatcher would run them image after
+/// image on its leader's thread instead of in parallel on the pool: such a model keeps the
+/// per-image pool path. Never throws.
 bool gpu_preprocess_takes(const image::ImageProcessor& processor);
 
 /// The round of a model on CUDA: the images in batches of a power of two up to 32 (nvJPEG

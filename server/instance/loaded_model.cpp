@@ -85,12 +85,15 @@ std::shared_ptr<LoadedModel> load_model_version(const InstanceOptions& in,
     m->image_decode_batch = registry.bind(kernels::kImageDecodeBatch, context, &filter);
     m->image_preprocess = registry.bind(kernels::kImagePreprocess, context, &filter);
     // Concurrent requests' JPEGs decoded together (DecodeBatcher): up to 64 per round, in
-    // batched decodes of up to 32.
+    // batched decodes of up to 32, two rounds at once (one's host work beside the other's device
+    // work). One round at a time capped RT-DETR-R18 served at 64 clients at the rounds' pace:
+    // 0.727 of forward-only against 0.779 with two and 0.782 with three, R50 0.814 / 0.818
+    // (H100, 2026-12-07; docs/BENCHMARKS.md "Served JPEG").
     if (!m->image_decode_batch.empty() && gpu_preprocess_takes(*m->processor))
       m->decode_batcher = std::make_unique<DecodeBatcher>(
           gpu_decode_round(m->image_decode_batch, m->image_preprocess, *m->processor, m->dtype,
                            m->device),
-          64);
+          64, 2);
   }
   for (const auto& r : m->model->layouts())
     log::info(c10::str("model '", name, "': layout ", r.layout, " (", r.source, "): ", r.modules,

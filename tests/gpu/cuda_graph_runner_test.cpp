@@ -18,10 +18,13 @@ namespace {
 
 using libreyolo::models::CudaGraphRunner;
 
-TEST(CudaGraphRunner, DefaultBatchSizesArePowersOfTwoThenTheMaximum) {
+TEST(CudaGraphRunner, DefaultBatchSizesAreVllmsCaptureSizes) {
   EXPECT_EQ(CudaGraphRunner::default_batch_sizes(8), (std::vector<int64_t>{1, 2, 4, 8}));
   EXPECT_EQ(CudaGraphRunner::default_batch_sizes(6), (std::vector<int64_t>{1, 2, 4, 6}));
   EXPECT_EQ(CudaGraphRunner::default_batch_sizes(1), (std::vector<int64_t>{1}));
+  EXPECT_EQ(CudaGraphRunner::default_batch_sizes(32),
+            (std::vector<int64_t>{1, 2, 4, 8, 16, 24, 32}));
+  EXPECT_EQ(CudaGraphRunner::default_batch_sizes(20), (std::vector<int64_t>{1, 2, 4, 8, 16, 20}));
 }
 
 TEST(CudaGraphRunner, ReplayEqualsEagerWithPadding) {

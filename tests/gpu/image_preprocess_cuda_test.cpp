@@ -3,7 +3,8 @@
 // the fixture photographs (512x512, 451x300, 600x400) and the small committed JPEGs (48x32,
 // 161x97, 256x192), in one call per batch, for RT-DETR's exact 640x640 resize (rescale only, and
 // with ImageNet normalisation), a non-square downscale, a 23x37 resize (a 14-22x downscale), and
-// DETR's aspect-preserving resize with padding and pixel_mask; float32, float16, bfloat16 into
+// DETR's aspect-preserving resize with padding and pixel_mask, RF-DETR's rescale before the
+// resize (fixed 384x384, and padded); float32, float16, bfloat16 into
 // contiguous and channels_last outputs; more images than one launch takes. The kernel repeats
 // ATen's float32 resize operation for operation, so the uint8 values it rounds should be the
 // same: each case prints the largest difference and the share of differing values, and fails
@@ -48,7 +49,8 @@ const std::vector<std::string> kPhotos = {"astronaut.jpg",
 struct Case {
   const char* name;
   const char* json;
-  double level;  ///< one uint8 level in output units: rescale_factor, or 1 / (255 * min std)
+  double level;  ///< one uint8 level in output units (rescale_factor, or 1 / (255 * min std)); for
+                 ///< RF-DETR, which rounds no uint8, two float32 ulps of its largest value
 };
 
 const Case kCases[] = {
@@ -63,6 +65,12 @@ const Case kCases[] = {
      R"({"image_processor_type": "RTDetrImageProcessor", "size": {"height": 23, "width": 37}})",
      1.0 / 255},
     {"detr_pad", R"({"image_processor_type": "DetrImageProcessor"})", 1.0 / (255 * 0.224)},
+    // RF-DETR's rescale before the resize rounds nothing to uint8: the same float32 operations
+    // as the ATen path, so a float32 ulp or two of |v| < 3 at most.
+    {"rfdetr_384",
+     R"({"image_processor_type": "RfDetrImageProcessor", "size": {"height": 384, "width": 384}})",
+     5e-7},
+    {"rfdetr_pad", R"({"image_processor_type": "RfDetrImageProcessor"})", 5e-7},
 };
 
 /// Calls of `cuda` for image_preprocess made while `f` runs.

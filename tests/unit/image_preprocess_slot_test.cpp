@@ -68,6 +68,22 @@ TEST(ImagePreprocessSlot, SpecCarriesTheProcessorsNumbers) {
   EXPECT_EQ(detr.values, ImagePreprocessSpec::Values::normalize);
   EXPECT_EQ(detr.mean_scaled[0], 0.485f * 255.0f);
   EXPECT_EQ(detr.std_scaled[2], 0.225f * 255.0f);
+  // RF-DETR: the rescale before the resize, then the unscaled ImageNet mean and std.
+  const auto rf =
+      image::preprocess_spec(processor(R"({"image_processor_type": "RfDetrImageProcessor",
+                    "size": {"height": 64, "width": 64}})"),
+                             {im});
+  EXPECT_TRUE(rf.rescale_before_resize);
+  EXPECT_EQ(rf.values, ImagePreprocessSpec::Values::normalize);
+  EXPECT_EQ(rf.rescale_factor, static_cast<float>(1.0 / 255.0));
+  EXPECT_EQ(rf.mean[0], 0.485f);
+  EXPECT_EQ(rf.std[2], 0.225f);
+  const auto rf_raw = image::preprocess_spec(
+      processor(R"({"image_processor_type": "RfDetrImageProcessor", "do_rescale": false,
+                    "do_normalize": false, "size": {"height": 64, "width": 64}})"),
+      {im});
+  EXPECT_EQ(rf_raw.values, ImagePreprocessSpec::Values::raw);
+  EXPECT_EQ(rf_raw.rescale_factor, 1.0f);
   // ATen's support widths: an upscale and a 1:1 resize take 3 taps, 150x down 301.
   EXPECT_EQ(resize_taps(480, 640), 3);
   EXPECT_EQ(resize_taps(640, 640), 3);
@@ -92,8 +108,10 @@ TEST(ImagePreprocessSlot, DeclinesEachStepItDoesNotDoAsTheProcessor) {
             "channels_last");
   EXPECT_EQ(reason(R"({"image_processor_type": "DeiTImageProcessor"})", as_is),
             "cuda: center crop");
+  // RF-DETR's rescale before the resize is taken: only the CPU output declines it.
   EXPECT_EQ(reason(R"({"image_processor_type": "RfDetrImageProcessor"})", as_is),
-            "cuda: rescale before resize (RfDetrImageProcessor)");
+            "cuda: output not a CUDA float32/float16/bfloat16 tensor, contiguous or "
+            "channels_last");
   EXPECT_EQ(reason(R"({"image_processor_type": "Owlv2ImageProcessor"})", as_is),
             "cuda: Owlv2ImageProcessor pipeline");
   EXPECT_EQ(reason(R"({"image_processor_type": "PPDocLayoutV3ImageProcessor"})", as_is),

@@ -8,7 +8,10 @@
 // in the same order and with the same fused multiply-adds as its compiled code (rows first, then
 // columns; products summed left to right as FMAs; weights_span below), so that the rounded uint8
 // values agree with the portable path's; uint8 pixels are read directly instead of a float32 copy
-// of the image (the values are the same).
+// of the image (the values are the same). RfDetrImageProcessor's order (rescale_before_resize)
+// is the kernel's kRescaleFirst instance: each pixel times rescale_factor as ATen's separate
+// multiply rounds it, the same resize over those values, no uint8 rounding, then
+// (x - mean) / std.
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAException.h>
@@ -48,7 +51,7 @@ struct Output {
   int first;                                       // out's row of image[0]
   int values;                                      // ImagePreprocessSpec::Values
   float rescale_factor;
-  float mean[3], std[3];
+  float mean[3], std[3];  // mean_scaled / std_scaled, or mean / std with kRescaleFirst
 };
 
 // UpSample.cuh BilinearFilterFunctor.
@@ -88,7 +91,15 @@ __device__ __forceinline__ void compute_weights(float* w, float scale, float xmi
   }
 }
 
-template <typename T>
+/// The value of one input pixel: the uint8 level, or with kRescaleFirst the rounded float32
+/// product with rescale_factor (ATen's `x * rescale_factor` before the resize, its own kernel).
+template <bool kRescaleFirst>
+__device__ __forceinline__ float input_value(uint8_t p, float rescale_factor) {
+  if constexpr (kRescaleFirst) return __fmul_rn(static_cast<float>(p), rescale_factor);
+  return static_cast<float>(p);
+}
+
+template <typename T, bool kRescaleFirst>
 __global__ void __launch_bounds__(kBlockX* kBlockY)
     preprocess_kernel(const __grid_constant__ LaunchImages images, const Output<T> o, int taps_w,
                       int taps_h) {
@@ -126,13 +137,23 @@ __global__ void __launch_bounds__(kBlockX* kBlockY)
     float output = 0.0f;
     for (int r = 0; r < ysize; ++r, src += im.in_w) {
       // interpolate_aa_single_dim along the row: the value ATen keeps in its shared buffer.
-      float row = static_cast<float>(src[0]) * wx[0];
-      for (int j = 1; j < xsize; ++j) row += static_cast<float>(src[j]) * wx[j];
+      float row = input_value<kRescaleFirst>(src[0], o.rescale_factor) * wx[0];
+      for (int j = 1; j < xsize; ++j)
+        row += input_value<kRescaleFirst>(src[j], o.rescale_factor) * wx[j];
       // ... and along the column, over those values.
       if (r == 0)
         output = row * wy[0];
       else
         output += row * wy[r];
+    }
+    if constexpr (kRescaleFirst) {
+      // rescale_resize_normalize: the float32 resize as it is, then tvF.normalize's
+      // x.sub_(mean).div_(std).
+      float v = output;
+      if (o.values == static_cast<int>(ImagePreprocessSpec::Values::normalize))
+        v = __fdiv_rn(__fsub_rn(v, o.mean[c]), o.std[c]);
+      dst[c * o.stride_c] = static_cast<T>(v);
+      continue;
     }
     // torchvision's float -> uint8 (round half to even; the weights are non-negative and sum to
     // 1, so no clamp), then the float32 value of that uint8.
@@ -160,8 +181,8 @@ void launch_all(const std::vector<at::Tensor>& images, const ImagePreprocessSpec
   o.values = static_cast<int>(spec.values);
   o.rescale_factor = spec.rescale_factor;
   for (int c = 0; c < 3; ++c) {
-    o.mean[c] = spec.mean_scaled[c];
-    o.std[c] = spec.std_scaled[c];
+    o.mean[c] = spec.rescale_before_resize ? spec.mean[c] : spec.mean_scaled[c];
+    o.std[c] = spec.rescale_before_resize ? spec.std[c] : spec.std_scaled[c];
   }
   const int b = static_cast<int>(images.size());
   for (int first = 0; first < b; first += kMaxImagesPerLaunch) {
@@ -187,7 +208,10 @@ void launch_all(const std::vector<at::Tensor>& images, const ImagePreprocessSpec
     const dim3 grid((o.width + kBlockX - 1) / kBlockX, (o.height + kBlockY - 1) / kBlockY, n);
     const size_t shared = sizeof(float) * (static_cast<size_t>(taps_w) * kBlockX +
                                            static_cast<size_t>(taps_h) * kBlockY);
-    preprocess_kernel<T><<<grid, block, shared, stream>>>(li, o, taps_w, taps_h);
+    if (spec.rescale_before_resize)
+      preprocess_kernel<T, true><<<grid, block, shared, stream>>>(li, o, taps_w, taps_h);
+    else
+      preprocess_kernel<T, false><<<grid, block, shared, stream>>>(li, o, taps_w, taps_h);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
 }
