@@ -296,11 +296,11 @@ TEST(DecodeBatcher, BatchesOnlyForProcessorsThePreprocessKernelTakes) {
   const auto takes = [&](const std::string& name) {
     return gpu_preprocess_takes(*image::load_image_processor(models + name));
   };
-  EXPECT_TRUE(takes("rtdetr_tiny"));    // exact-size bilinear resize
-  EXPECT_TRUE(takes("detr_tiny"));      // aspect-preserving resize + pad
-  EXPECT_FALSE(takes("rf_detr_tiny"));  // RfDetrImageProcessor rescales before it resizes
-  EXPECT_FALSE(takes("owlv2_tiny"));    // Owlv2ImageProcessor's own pipeline
-  EXPECT_FALSE(takes("deit_tiny"));     // center crop
+  EXPECT_TRUE(takes("rtdetr_tiny"));   // exact-size bilinear resize
+  EXPECT_TRUE(takes("detr_tiny"));     // aspect-preserving resize + pad
+  EXPECT_TRUE(takes("rf_detr_tiny"));  // RfDetrImageProcessor: rescale first, its own instance
+  EXPECT_FALSE(takes("owlv2_tiny"));   // Owlv2ImageProcessor's own pipeline
+  EXPECT_FALSE(takes("deit_tiny"));    // center crop
 }
 
 TEST(DecodeBatcher, RejectsAnEmptyRoundAndZeros) {
