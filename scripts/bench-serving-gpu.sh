@@ -177,8 +177,10 @@ bench() {
   steps=$(echo "$levels" | tr ',' '\n' | wc -l)
   local limit=$(( steps * (${duration%.*} + ${warmup%.*} + 30) + 60 ))
   note "serving $name: libreyolo-bench --concurrency $levels $* (limit ${limit} s)"
-  local before
+  local before dev0 t0
   before=$(batch_counts)
+  dev0=$(device_seconds)
+  t0=$(date +%s.%N)
   if ! timeout "$limit" "$bin/libreyolo-bench" --server "127.0.0.1:$gp" --model "$model" \
       --duration "$duration" --warmup "$warmup" --timeout 60 --concurrency "$levels" "$@" \
       --csv "$OUT/serving_$name.csv" --json "$OUT/serving_$name.json" >"$OUT/serving_$name.log" 2>&1; then
@@ -191,10 +193,21 @@ bench() {
   read -r i1 e1 <<<"$(batch_counts)"
   [ -n "$e1" ] && [ $((e1 - e0)) -gt 0 ] &&
     note "$name: the daemon ran $((i1 - i0)) images in $((e1 - e0)) forwards (mean batch $(awk "BEGIN{printf \"%.2f\", ($i1 - $i0) / ($e1 - $e0)}"))"
+  # CUDA: how busy the GPU was with the instances' batches over the step (warm-up included):
+  # libreyolo_instance_device_seconds_total's increase (CUDA events) over the wall time.
+  local dev1
+  dev1=$(device_seconds)
+  [ -n "$dev0" ] && [ -n "$dev1" ] &&
+    note "$name: the GPU was busy with the batches $(awk "BEGIN{printf \"%.3f\", ($dev1 - $dev0) / ($(date +%s.%N) - $t0)}") of the step's wall time (libreyolo_instance_device_seconds_total)"
   local stages
   stages=$(stage_means)
   [ -n "$stages" ] && note "$name: per request since start (ms): $stages"
   return 0
+}
+# Seconds of device time the instances' batches took so far (empty without the CUDA series).
+device_seconds() {
+  curl -sf "http://127.0.0.1:$hp/metrics" |
+    awk '/^libreyolo_instance_device_seconds_total\{/ {s += $2; n++} END {if (n > 0) printf "%.6f", s}'
 }
 # "INFERENCE_COUNT EXECUTION_COUNT" of the model so far (empty when the daemon does not answer).
 batch_counts() {

@@ -57,7 +57,9 @@ struct ImagePreprocessSpec {
   bool owlv2 = false;  ///< Owlv2ImageProcessor's own pipeline
   enum class Values { raw, rescale, normalize };
   Values values = Values::rescale;
-  float rescale_factor = 1.0f / 255.0f;  ///< float32(rescale_factor), for Values::rescale
+  /// float32(rescale_factor): for Values::rescale; with rescale_before_resize for every Values
+  /// (1 for a processor without do_rescale).
+  float rescale_factor = 1.0f / 255.0f;
   /// For Values::normalize: mean * (1 / rescale_factor) and std * (1 / rescale_factor) in
   /// float32 (transformers' _fuse_mean_std_and_rescale_factor), per channel R, G, B.
   std::array<float, 3> mean_scaled{0.f, 0.f, 0.f};

@@ -22,7 +22,8 @@ namespace libreyolo::models {
 
 struct CudaGraphRunner::Impl {
   struct Captured {
-    at::Tensor input;  ///< static (b, 3, H, W): replays read it
+    at::Tensor input;  ///< static (b, 3, H, W), the first b rows of the runner's one input: replays
+                       ///< read it
     ModelOutput output;
     std::unique_ptr<at::cuda::CUDAGraph> graph;
     kernels::RecordedCalls calls;  ///< registry calls made while capturing: one replay redoes them
@@ -56,10 +57,15 @@ CudaGraphRunner::CudaGraphRunner(const Model& model, std::vector<int64_t> batch_
   c10::cuda::CUDAStreamGuard stream_guard(c10::cuda::getStreamFromPool(false, device.index()));
   const auto pool = at::cuda::graph_pool_handle();
   at::InferenceMode inference;
+  // One input for every graph, each reading its first b rows: one replay at a time, and run()
+  // fills a graph's rows before it replays. An input per graph held 87 images at max_batch_size
+  // 32 with vLLM's capture sizes, 32 this way.
+  const at::Tensor input = at::zeros({batch_sizes.back(), 3, height, width},
+                                     at::TensorOptions().dtype(dtype).device(device));
   for (auto it = batch_sizes.rbegin(); it != batch_sizes.rend(); ++it) {
     const int64_t b = *it;
     Impl::Captured c;
-    c.input = at::zeros({b, 3, height, width}, at::TensorOptions().dtype(dtype).device(device));
+    c.input = input.narrow(0, 0, b);
     try {
       model.forward(c.input);  // eager warm-up: lazy initialisations happen outside the capture
       c10::cuda::getCurrentCUDAStream().synchronize();

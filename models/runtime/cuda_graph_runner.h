@@ -21,7 +21,8 @@ class CudaGraphRunner {
  public:
   /// Captures `model.forward` on zeros of shape (b, 3, height, width) in `dtype` on `device`
   /// (CUDA) for every b in `batch_sizes` (sorted, deduplicated; each >= 1), after one eager
-  /// warm-up per size, on a side stream, all graphs sharing one memory pool.
+  /// warm-up per size, on a side stream, all graphs sharing one memory pool and one input tensor
+  /// (each graph reads its first b rows).
   /// The caller holds `model` alive for the runner's lifetime; fixed-size inputs only (no
   /// pixel_mask). Throws std::runtime_error naming the batch size when a capture fails (a
   /// host synchronisation inside forward, a CPU device, a LibTorch without CUDA).

@@ -34,11 +34,13 @@ StreamGuard::~StreamGuard() = default;
 
 #if LIBREYOLO_TORCH_CUDA
 struct StreamEvent::Impl {
+  explicit Impl(bool timed) : event(timed ? cudaEventDefault : cudaEventDisableTiming) {}
   bool cuda = false;
-  c10::cuda::CUDAEvent event;  // no timing: the cheapest kind
+  c10::cuda::CUDAEvent event;
 };
 
-StreamEvent::StreamEvent(const at::Device& device) : impl_(std::make_unique<Impl>()) {
+StreamEvent::StreamEvent(const at::Device& device, bool timed)
+    : impl_(std::make_unique<Impl>(timed)) {
   impl_->cuda = device.is_cuda();
 }
 void StreamEvent::record() {
@@ -48,15 +50,20 @@ void StreamEvent::synchronize() {
   if (impl_->cuda) impl_->event.synchronize();
 }
 bool StreamEvent::query() const { return !impl_->cuda || impl_->event.query(); }
+double StreamEvent::seconds_since(const StreamEvent& start) const {
+  if (!impl_->cuda) return 0.0;
+  return static_cast<double>(start.impl_->event.elapsed_time(impl_->event)) / 1000.0;
+}
 #else
 struct StreamEvent::Impl {};
 
-StreamEvent::StreamEvent(const at::Device& device) : impl_(std::make_unique<Impl>()) {
+StreamEvent::StreamEvent(const at::Device& device, bool) : impl_(std::make_unique<Impl>()) {
   if (device.is_cuda()) throw std::runtime_error("StreamEvent: this build's LibTorch has no CUDA");
 }
 void StreamEvent::record() {}
 void StreamEvent::synchronize() {}
 bool StreamEvent::query() const { return true; }
+double StreamEvent::seconds_since(const StreamEvent&) const { return 0.0; }
 #endif
 
 bool stream_is_capturing(const at::Device& device) {

@@ -33,7 +33,9 @@ class StreamGuard {
 /// (what lets a batcher post-process one batch while the GPU runs the next). CPU: no-ops.
 class StreamEvent {
  public:
-  explicit StreamEvent(const at::Device& device);
+  /// `timed`: created with timing (cudaEventDefault), so that seconds_since() can measure
+  /// between two such events; untimed events (cudaEventDisableTiming) record more cheaply.
+  explicit StreamEvent(const at::Device& device, bool timed = false);
   ~StreamEvent();
   StreamEvent(StreamEvent&&) noexcept;
   StreamEvent& operator=(StreamEvent&&) noexcept;
@@ -45,6 +47,10 @@ class StreamEvent {
   /// True when the recorded work has finished, or nothing was recorded, or on the CPU; never
   /// blocks. Throws c10::Error on a CUDA error of that work.
   bool query() const;
+  /// Seconds of device time from `start` (recorded earlier on the same stream) to this event:
+  /// cudaEventElapsedTime, resolution about 0.5 us. Both timed, recorded and finished. CPU:
+  /// 0. Throws c10::Error otherwise (an untimed or unrecorded event, unfinished work).
+  double seconds_since(const StreamEvent& start) const;
 
  private:
   struct Impl;

@@ -206,6 +206,7 @@ std::unique_ptr<ModelInstance::InFlight> ModelInstance::launch(Batch& batch) {
   try {
     for (const auto& j : batch) f->images += j->size();
     const bool cuda = model.device.is_cuda();
+    f->started.record();
     auto [pv, mask] = assemble(batch, batch.front()->padded, model.device, model.dtype);
     f->t_input = Clock::now();
     models::ModelOutput out;
@@ -302,6 +303,15 @@ Scheduler::Refill ModelInstance::finish(std::unique_ptr<InFlight> f) {
       x.input_seconds = input_s;
       x.infer_seconds = infer_s;
       for (const auto& r : results) x.queue_seconds += r.queue_seconds;
+      if (model.device.is_cuda()) {
+        try {
+          x.device_seconds = f->done.seconds_since(f->started);
+        } catch (const std::exception& e) {  // a statistic: never the batch's failure
+          if (!device_time_warned_)
+            log::warn("model '" + name_ + "': no device time of its batches: " + e.what());
+          device_time_warned_ = true;
+        }
+      }
       x.instance = index_;
       x.prompt_cache_hits = f->cache_hits;
       x.prompt_cache_misses = f->cache_misses;

@@ -45,6 +45,11 @@ struct ExecutedBatch {
   double input_seconds = 0;  ///< assembly + copy to device
   double infer_seconds = 0;  ///< forward (until the instance read its end)
   double queue_seconds = 0;  ///< sum over the requests of enqueue -> batch start
+  /// CUDA: the batch's time on the instance's stream, from the stream reaching its input copies
+  /// to its outputs copied to the host (CUDA events; behind a forward in flight it starts when
+  /// that one ends), so that its sum over a window is the time the device was busy with this
+  /// instance's batches. Negative on the CPU, and when the events could not be read.
+  double device_seconds = -1;
   std::size_t instance = 0;  ///< the instance that ran it (instance_group order)
   /// Open-vocabulary models with a prompt cache: the batch's distinct pieces (OWL: labels,
   /// Grounding DINO: captions) found / encoded.
@@ -85,10 +90,14 @@ class ModelInstance {
   /// A batch whose forward is enqueued on the instance's stream, outputs copying to host behind
   /// it.
   struct InFlight {
-    explicit InFlight(const at::Device& device) : done(device) {}
+    explicit InFlight(const at::Device& device)
+        : started(device, /*timed=*/true), done(device, /*timed=*/true) {}
     Batch batch;
     at::Tensor logits, boxes, masks;  ///< host float32 (boxes, masks when the task uses them)
     at::Tensor order;  ///< host float32 order_logits (document-layout models), else undefined
+    /// On the instance's stream before the batch's input copies, and after its output copies:
+    /// the device time between them is ExecutedBatch::device_seconds.
+    models::StreamEvent started;
     models::StreamEvent done;
     int64_t images = 0;
     int64_t cache_hits = 0, cache_misses = 0;  ///< the prompt cache's, for ExecutedBatch
@@ -118,6 +127,7 @@ class ModelInstance {
   /// The text-encoding cache (serving.yaml prompt_cache_mb) of a model whose family caches its
   /// text (PromptedDetector::caches_text); null otherwise. The worker's alone.
   std::unique_ptr<PromptCache> prompt_cache_;
+  bool device_time_warned_ = false;  ///< the worker's alone: a failed device-time read logged
   mutable std::mutex mu_;
   std::string error_;  ///< guarded by mu_
 };

@@ -133,7 +133,7 @@ void ModelLifecycle::bring_up(const std::shared_ptr<ModelEntry>& e, const ModelS
     const auto& [instance, device] = names[x.instance];
     metrics.batch(entry->name, x.images);
     metrics.instance_batch(entry->name, instance, device, x.images,
-                           x.input_seconds + x.infer_seconds);
+                           x.input_seconds + x.infer_seconds, x.device_seconds);
     metrics.instance_queue(entry->name, instance, device, x.requests, x.queue_seconds);
     if (x.prompt_cache_hits + x.prompt_cache_misses > 0)
       metrics.prompt_cache(entry->name, instance, device, x.prompt_cache_hits,

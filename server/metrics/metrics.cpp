@@ -112,6 +112,13 @@ struct Metrics::Impl {
           .Name("libreyolo_instance_compute_seconds_total")
           .Help("Seconds a model instance spent on its batches (input, forward)")
           .Register(*registry);
+  prometheus::Family<prometheus::Counter>& instance_device =
+      prometheus::BuildCounter()
+          .Name("libreyolo_instance_device_seconds_total")
+          .Help(
+              "Seconds of device time a model instance's batches took on its CUDA stream (input "
+              "copies, forward, output copies; CUDA events)")
+          .Register(*registry);
   prometheus::Family<prometheus::Counter>& prompt_cache_hits =
       prometheus::BuildCounter()
           .Name("libreyolo_prompt_cache_hits_total")
@@ -193,13 +200,14 @@ void Metrics::pending(const std::string& model, std::int64_t count) {
 }
 
 void Metrics::instance_batch(const std::string& model, const std::string& instance,
-                             const std::string& device, std::int64_t images,
-                             double compute_seconds) {
+                             const std::string& device, std::int64_t images, double compute_seconds,
+                             double device_seconds) {
   const std::map<std::string, std::string> labels{
       {"model", model}, {"instance", instance}, {"device", device}};
   impl_->instance_batches.Add(labels).Increment();
   impl_->instance_images.Add(labels).Increment(static_cast<double>(images));
   impl_->instance_compute.Add(labels).Increment(compute_seconds);
+  if (device_seconds >= 0) impl_->instance_device.Add(labels).Increment(device_seconds);
 }
 
 void Metrics::prompt_cache(const std::string& model, const std::string& instance,

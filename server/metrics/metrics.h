@@ -44,9 +44,12 @@ class Metrics {
   /// libreyolo_instance_batches_total / libreyolo_instance_images_total and
   /// libreyolo_instance_compute_seconds_total (assembly + forward, seconds; each request's
   /// post-processing runs on its own thread, in libreyolo_compute_duration_seconds)
-  /// {model,instance,device}.
+  /// {model,instance,device}; with `device_seconds` >= 0 (CUDA: ExecutedBatch::device_seconds)
+  /// also libreyolo_instance_device_seconds_total, whose rate is the share of time the device
+  /// was busy with the instance's batches.
   void instance_batch(const std::string& model, const std::string& instance,
-                      const std::string& device, std::int64_t images, double compute_seconds);
+                      const std::string& device, std::int64_t images, double compute_seconds,
+                      double device_seconds = -1);
   /// The requests of one batch an instance took from the shared queue:
   /// libreyolo_instance_requests_total and libreyolo_instance_queue_seconds_total (the sum of
   /// their waits, enqueue -> batch start, seconds) {model,instance,device}; queue seconds over

@@ -4,11 +4,12 @@
 // 161x97, 256x192), in one call per batch, for RT-DETR's exact 640x640 resize (rescale only, and
 // with ImageNet normalisation), a non-square downscale, a 23x37 resize (a 14-22x downscale), and
 // DETR's aspect-preserving resize with padding and pixel_mask, RF-DETR's rescale before the
-// resize (fixed 384x384, and padded); float32, float16, bfloat16 into
+// resize (fixed 384x384, padded, rescale only, normalise only); float32, float16, bfloat16 into
 // contiguous and channels_last outputs; more images than one launch takes. The kernel repeats
 // ATen's float32 resize operation for operation, so the uint8 values it rounds should be the
 // same: each case prints the largest difference and the share of differing values, and fails
-// above one uint8 level in output units or 0.1% of the values. Declines (a CPU image) and
+// above one uint8 level in output units or 0.1% of the values; RF-DETR's cases, which round no
+// uint8, fail on any difference. Declines (a CPU image) and
 // LIBREYOLO_KERNELS=off run the portable path. Skips without a GPU.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
@@ -49,8 +50,8 @@ const std::vector<std::string> kPhotos = {"astronaut.jpg",
 struct Case {
   const char* name;
   const char* json;
-  double level;  ///< one uint8 level in output units (rescale_factor, or 1 / (255 * min std)); for
-                 ///< RF-DETR, which rounds no uint8, two float32 ulps of its largest value
+  double level;  ///< one uint8 level in output units: rescale_factor, or 1 / (255 * min std)
+  bool exact = false;  ///< every value equal (RF-DETR's order rounds no uint8)
 };
 
 const Case kCases[] = {
@@ -65,12 +66,20 @@ const Case kCases[] = {
      R"({"image_processor_type": "RTDetrImageProcessor", "size": {"height": 23, "width": 37}})",
      1.0 / 255},
     {"detr_pad", R"({"image_processor_type": "DetrImageProcessor"})", 1.0 / (255 * 0.224)},
-    // RF-DETR's rescale before the resize rounds nothing to uint8: the same float32 operations
-    // as the ATen path, so a float32 ulp or two of |v| < 3 at most.
+    // RF-DETR's rescale before the resize rounds nothing to uint8 and repeats the ATen path's
+    // float32 operations one by one: every value equal (H100, 2026-12-07: max |diff| 0).
     {"rfdetr_384",
      R"({"image_processor_type": "RfDetrImageProcessor", "size": {"height": 384, "width": 384}})",
-     5e-7},
-    {"rfdetr_pad", R"({"image_processor_type": "RfDetrImageProcessor"})", 5e-7},
+     0, true},
+    {"rfdetr_pad", R"({"image_processor_type": "RfDetrImageProcessor"})", 0, true},
+    {"rfdetr_rescale_only",
+     R"({"image_processor_type": "RfDetrImageProcessor", "do_normalize": false,
+         "size": {"height": 384, "width": 384}})",
+     0, true},
+    {"rfdetr_normalize_only",
+     R"({"image_processor_type": "RfDetrImageProcessor", "do_rescale": false,
+         "size": {"height": 384, "width": 384}})",
+     0, true},
 };
 
 /// Calls of `cuda` for image_preprocess made while `f` runs.
@@ -108,6 +117,10 @@ TEST(ImagePreprocessCuda, MatchesTheProcessorsAtenPathOnTheGpu) {
                   << ": max |diff| " << max << ", differing " << share * 100 << " %\n";
         // One uint8 level, and the output dtype's rounding of the largest value (|v| < 3).
         const double ulp = dtype == at::kBFloat16 ? 1.0 / 64 : dtype == at::kHalf ? 1.0 / 512 : 0;
+        if (c.exact) {
+          EXPECT_EQ(max, 0.0) << c.name << " " << dtype;
+          continue;
+        }
         EXPECT_LE(max, c.level + ulp) << c.name << " " << dtype;
         EXPECT_LE(share, 1e-3) << c.name << " " << dtype;
       }

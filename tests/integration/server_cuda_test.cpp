@@ -201,6 +201,17 @@ TEST(ServerCuda, TwoInstancesOnOneGpuBothServeTheFixture) {
               std::string::npos);
     EXPECT_NE(metrics.find("libreyolo_gpu_memory_allocated_bytes{device=\"cuda:0\"} "),
               std::string::npos);
+    // Each instance's batches took device time (CUDA events), less than the daemon has run.
+    for (const std::string inst : {"rtdetr_tiny_0", "rtdetr_tiny_1"}) {
+      const std::string key =
+          "libreyolo_instance_device_seconds_total{device=\"cuda:0\",instance=\"" + inst +
+          "\",model=\"rtdetr_tiny\"} ";
+      const auto at = metrics.find(key);
+      ASSERT_NE(at, std::string::npos) << inst;
+      const double s = std::stod(metrics.substr(at + key.size()));
+      EXPECT_GT(s, 0.0) << inst;
+      EXPECT_LT(s, 60.0) << inst;
+    }
     daemon.stop(1.0);
   }
   remove_tree(repo);

@@ -152,8 +152,9 @@ TEST_F(InstanceGroups, ThreeCpuInstancesShareTheQueue) {
   const auto ns = stats.find("ns: ", q);
   ASSERT_NE(ns, std::string::npos) << stats;
   EXPECT_NEAR(queue_seconds, std::stod(stats.substr(ns + 4)) * 1e-9, 1e-6) << stats;
-  // CPU instances only: no GPU memory series, an empty gpu_memory in /active.
+  // CPU instances only: no GPU memory series, an empty gpu_memory in /active, no device time.
   EXPECT_EQ(metrics.find("libreyolo_gpu_memory_total_bytes{"), std::string::npos);
+  EXPECT_EQ(metrics.find("libreyolo_instance_device_seconds_total{"), std::string::npos);
   EXPECT_EQ(a["gpu_memory"], nlohmann::json::array());
 }
 
@@ -179,6 +180,25 @@ TEST(InstanceMetrics, GpuMemoryPerDevice) {
   EXPECT_NE(text.find("libreyolo_gpu_memory_reserved_bytes{device=\"cuda:1\"} 1800000000\n"),
             std::string::npos);
   EXPECT_EQ(metrics.serialize().find("libreyolo_gpu_memory_total_bytes{"), std::string::npos);
+}
+
+// The device time of an instance's batches (CUDA events): summed per instance, and no series
+// for a batch without one (a CPU instance's -1).
+TEST(InstanceMetrics, DeviceSecondsSummedPerInstance) {
+  Metrics metrics;
+  metrics.instance_batch("m", "m_0", "cuda:0", 32, 0.5, 0.25);
+  metrics.instance_batch("m", "m_0", "cuda:0", 24, 0.5, 0.5);
+  metrics.instance_batch("m", "m_1", "cpu", 4, 1.5);
+  const auto text = metrics.serialize();
+  EXPECT_NE(text.find("# TYPE libreyolo_instance_device_seconds_total counter\n"
+                      "libreyolo_instance_device_seconds_total{device=\"cuda:0\",instance=\"m_0\","
+                      "model=\"m\"} 0.75\n"),
+            std::string::npos)
+      << text;
+  EXPECT_EQ(text.find("libreyolo_instance_device_seconds_total{device=\"cpu\""), std::string::npos);
+  EXPECT_NE(text.find("libreyolo_instance_images_total{device=\"cuda:0\",instance=\"m_0\","
+                      "model=\"m\"} 56\n"),
+            std::string::npos);
 }
 
 // Only named CUDA devices are read; "cpu", repeats and indices that do not exist are left out.

@@ -84,6 +84,14 @@ TEST(ImagePreprocessSlot, SpecCarriesTheProcessorsNumbers) {
       {im});
   EXPECT_EQ(rf_raw.values, ImagePreprocessSpec::Values::raw);
   EXPECT_EQ(rf_raw.rescale_factor, 1.0f);
+  const auto rf_unscaled = image::preprocess_spec(
+      processor(R"({"image_processor_type": "RfDetrImageProcessor", "do_rescale": false,
+                    "size": {"height": 64, "width": 64}})"),
+      {im});
+  EXPECT_EQ(rf_unscaled.values, ImagePreprocessSpec::Values::normalize);
+  EXPECT_EQ(rf_unscaled.rescale_factor, 1.0f);
+  EXPECT_EQ(rf_unscaled.mean[1], 0.456f);  // unscaled: no 1 / rescale_factor without do_rescale
+  EXPECT_EQ(rf_unscaled.std[0], 0.229f);
   // ATen's support widths: an upscale and a 1:1 resize take 3 taps, 150x down 301.
   EXPECT_EQ(resize_taps(480, 640), 3);
   EXPECT_EQ(resize_taps(640, 640), 3);
