@@ -50,7 +50,7 @@ const std::vector<std::string> kPhotos = {"astronaut.jpg",
 struct Case {
   const char* name;
   const char* json;
-  double level;  ///< one uint8 level in output units: rescale_factor, or 1 / (255 * min std)
+  double level;        ///< one uint8 level in output units: rescale_factor, or 1 / (255 * min std)
   bool exact = false;  ///< every value equal (RF-DETR's order rounds no uint8)
 };
 
