@@ -8,6 +8,10 @@
 #   KBENCH=ops         bench_kernels --ops (e.g. bias_act,max_pool)
 #   ROWS=r50,fp32,...  scripts/bench-vs-compile-gpu.sh rows
 #   PROFILES="model:set:size ..."  --profile of a bf16 batch-32 forward (checkpoint written first)
+#   ITESTS='filter'    test_integration --gtest_filter (ITEST_S seconds)
+#   SERVE="model:size:conc ..."  served JPEG at the daemon's defaults (bf16, CUDA graphs,
+#                      max_batch_size 32) against forward-only batch 32 in the same run, through
+#                      scripts/bench-serving-gpu.sh; checkpoints of CKSETS (detectors,families) first
 #   EXTRA='cmd'        anything else, its log's tail printed
 # The label printed first is .device-kit/COMMIT: echo one in (the tree travels with its .git,
 # but git rev-parse shows HEAD, not the uncommitted change under test).
@@ -28,6 +32,10 @@ if [ -n "${TESTS:-}" ]; then
   timeout ${TEST_S:-200} build-gpu/bin/test_gpu --gtest_filter="$TESTS" > $L/test_gpu.log 2>&1; el "test_gpu rc=$?"
   grep -E "^\[  PASSED  \]|^\[  FAILED  \]|^\[  SKIPPED \]|FAILED  \] [A-Z]" $L/test_gpu.log
 fi
+if [ -n "${ITESTS:-}" ]; then
+  timeout ${ITEST_S:-200} build-gpu/bin/test_integration --gtest_filter="$ITESTS" > $L/test_integration.log 2>&1; el "test_integration rc=$?"
+  grep -E "^\[  PASSED  \]|^\[  FAILED  \]|^\[  SKIPPED \]|FAILED  \] [A-Z]" $L/test_integration.log
+fi
 if [ -n "${KBENCH:-}" ]; then
   timeout ${KBENCH_S:-90} build-gpu/bin/bench_kernels --ops "$KBENCH" > $L/kbench.log 2>&1; el "bench_kernels rc=$?"
   tail -20 $L/kbench.log
@@ -45,6 +53,18 @@ for spec in ${PROFILES:-}; do   # model:set:size
   el "profile $m rc=$?"
   grep -E "batch=|^profile class|^profile total|^profile kernel|^profile op_chain" $L/profile-$m.log | head -40 | cut -c1-330
 done
+if [ -n "${SERVE:-}" ]; then
+  [ -d /tmp/ckpt/rf_detr_nano ] || timeout $(left) python3 tools/bench_models/make_random_checkpoint.py /tmp/ckpt ${CKSETS:-detectors,families} > $L/ckpt-serve.log 2>&1
+  for spec in $SERVE; do   # model:size:concurrency
+    m=${spec%%:*}; rest=${spec#*:}; size=${rest%%:*}; conc=${rest#*:}
+    [ $(left) -gt 60 ] || { el "skip serve $m (time)"; continue; }
+    MODEL=$m SIZE=$size DTYPE=bfloat16 CUDA_GRAPHS=on MAX_BATCH=32 DURATION=${DURATION:-5} WARMUP=1 SKIP_B1=1 \
+      B8_CONCURRENCY=none CONCURRENCY=$conc JPEG_CONCURRENCY=$conc OUT=$L/serve-$m-$conc \
+      timeout $(left) bash scripts/bench-serving-gpu.sh /tmp/ckpt > $L/serve-$m-$conc.log 2>&1
+    el "serve $m c$conc rc=$?"
+    grep -E "forward only batch|mean batch|streams held|per request|JPEG images|round [0-9]|FAIL" $L/serve-$m-$conc/summary.txt | cut -c1-260
+  done
+fi
 if [ -n "${EXTRA:-}" ]; then timeout $(left) bash -c "$EXTRA" > $L/extra.log 2>&1; el "extra rc=$?"; tail -${EXTRA_LINES:-40} $L/extra.log; fi
 tar czf $OUT/logs.tgz -C $OUT l && rm -rf $L
 el done

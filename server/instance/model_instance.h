@@ -47,8 +47,10 @@ struct ExecutedBatch {
   double queue_seconds = 0;  ///< sum over the requests of enqueue -> batch start
   /// CUDA: the batch's time on the instance's stream, from the stream reaching its input copies
   /// to its outputs copied to the host (CUDA events; behind a forward in flight it starts when
-  /// that one ends), so that its sum over a window is the time the device was busy with this
-  /// instance's batches. Negative on the CPU, and when the events could not be read.
+  /// that one ends), so that its sum over a window against the wall time shows the gaps between
+  /// batches. The span includes the stream's stalls while an eager forward waits for the host's
+  /// launches, and another instance's work on the same GPU: not the GPU's utilisation. Negative
+  /// on the CPU, and when the events could not be read.
   double device_seconds = -1;
   std::size_t instance = 0;  ///< the instance that ran it (instance_group order)
   /// Open-vocabulary models with a prompt cache: the batch's distinct pieces (OWL: labels,

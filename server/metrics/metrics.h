@@ -45,8 +45,9 @@ class Metrics {
   /// libreyolo_instance_compute_seconds_total (assembly + forward, seconds; each request's
   /// post-processing runs on its own thread, in libreyolo_compute_duration_seconds)
   /// {model,instance,device}; with `device_seconds` >= 0 (CUDA: ExecutedBatch::device_seconds)
-  /// also libreyolo_instance_device_seconds_total, whose rate is the share of time the device
-  /// was busy with the instance's batches.
+  /// also libreyolo_instance_device_seconds_total: the batches' spans on the instance's stream,
+  /// whose rate against the wall time shows the gaps between batches (not the GPU's utilisation:
+  /// a span includes launch stalls inside an eager forward, and instances on one GPU overlap).
   void instance_batch(const std::string& model, const std::string& instance,
                       const std::string& device, std::int64_t images, double compute_seconds,
                       double device_seconds = -1);

@@ -189,11 +189,20 @@ TEST(InstanceMetrics, DeviceSecondsSummedPerInstance) {
   metrics.instance_batch("m", "m_0", "cuda:0", 32, 0.5, 0.25);
   metrics.instance_batch("m", "m_0", "cuda:0", 24, 0.5, 0.5);
   metrics.instance_batch("m", "m_1", "cpu", 4, 1.5);
+  metrics.instance_batch("m", "m_2", "cuda:0", 8, 0.25, 0.125);  // a second instance on the GPU
   const auto text = metrics.serialize();
-  EXPECT_NE(text.find("# TYPE libreyolo_instance_device_seconds_total counter\n"
-                      "libreyolo_instance_device_seconds_total{device=\"cuda:0\",instance=\"m_0\","
-                      "model=\"m\"} 0.75\n"),
-            std::string::npos)
+  // (prometheus-cpp keeps a family's series in an unordered_map: each line found on its own)
+  EXPECT_NE(text.find("# TYPE libreyolo_instance_device_seconds_total counter\n"),
+            std::string::npos);
+  EXPECT_NE(
+      text.find("\nlibreyolo_instance_device_seconds_total{device=\"cuda:0\",instance=\"m_0\","
+                "model=\"m\"} 0.75\n"),
+      std::string::npos)
+      << text;
+  EXPECT_NE(
+      text.find("\nlibreyolo_instance_device_seconds_total{device=\"cuda:0\",instance=\"m_2\","
+                "model=\"m\"} 0.125\n"),
+      std::string::npos)
       << text;
   EXPECT_EQ(text.find("libreyolo_instance_device_seconds_total{device=\"cpu\""), std::string::npos);
   EXPECT_NE(text.find("libreyolo_instance_images_total{device=\"cuda:0\",instance=\"m_0\","
