@@ -30,8 +30,9 @@
 # auto, on for a bfloat16/float16 CUDA model; on / off: server.gpu_image_decode), SIZE (empty: 640;
 # the forward-only side's --size, which must be the size the model's processor resizes to, e.g.
 # 384 for RF-DETR nano), ROUNDS (1; N > 1 alternates N forward-only measurements with N served
-# JPEG windows while the daemon stays up, and the ratio is the median of the N pairs: on a VM
-# whose speed drifts between minutes), FORWARD_ITERS (30: timed forwards per measurement).
+# windows, batch-MAX_BATCH pixel_values at B8_CONCURRENCY then JPEG, while the daemon stays up;
+# the JPEG ratio is the median of the N pairs: for a VM whose speed drifts between minutes),
+# FORWARD_ITERS (30: timed forwards per measurement).
 # Both sides run with TF32 off (the daemon's `tf32: off`).
 # Writes to $OUT: summary.txt, forward_only.log, serving_*.{csv,json,log}, server.log,
 # bench_serving_gpu.json (everything together, with the ratio).
@@ -259,7 +260,7 @@ print("preprocess %s, queue %.3f, compute_input %.3f, compute_infer %.3f, comput
 status=0
 [ "${SKIP_B1:-0}" = 1 ] || bench pixel_values_b1 "$concurrency" --shape 1,3,640,640 --channels 4 || status=1
 b8_levels=${B8_CONCURRENCY:-1,2,4,8}
-if [ "$b8_levels" != none ]; then
+if [ "$b8_levels" != none ] && [ "$rounds" = 1 ]; then
   bench "pixel_values_b$max_batch" "$b8_levels" --shape "$max_batch,3,640,640" --channels 4 || status=1
   for kind in $(echo "${SHM:-}" | tr ',' ' '); do
     bench "pixel_values_b${max_batch}_shm_$kind" "$b8_levels" --shape "$max_batch,3,640,640" --channels 4 --shm "$kind" || status=1
@@ -269,15 +270,24 @@ jpeg_levels=${JPEG_CONCURRENCY:-$concurrency}
 if [ "$rounds" = 1 ]; then
   bench images_b1 "$jpeg_levels" --image tests/fixtures/images/astronaut.jpg --channels 4 || status=1
 else
-  # ROUNDS > 1: forward-only and served JPEG windows alternate, so that each ratio compares two
-  # windows a minute apart on the same machine speed (a VM's speed drifts by more than the
-  # difference measured). The daemon stays up and idle while forward-only runs.
+  # ROUNDS > 1: forward-only and served windows alternate (the batch-MAX_BATCH pixel_values step
+  # unless B8_CONCURRENCY=none, then JPEG), so that each ratio compares windows a minute or two
+  # apart on the same machine speed (a VM's speed drifts by more than the difference measured).
+  # The daemon stays up and idle while forward-only runs. rounds.txt: round, forward-only,
+  # served JPEG, served pixel_values (0 when not run), images/s.
   : >"$OUT/rounds.txt"
+  best_of() { "$python" -c 'import json,sys; r=json.load(open(sys.argv[1])); print(max([s["inferences_per_s"] for s in r["steps"] if s["errors"] == 0] or [0]))' "$1"; }
   for r in $(seq "$rounds"); do
     [ -n "${FORWARD:-}" ] || measure_forward "forward_only_r$r.log"
+    pv=0
+    if [ "$b8_levels" != none ]; then
+      bench "round_pixel_values_b${max_batch}_r$r" "$b8_levels" --shape "$max_batch,3,640,640" --channels 4 &&
+        pv=$(best_of "$OUT/serving_round_pixel_values_b${max_batch}_r$r.json") || status=1
+    fi
     bench "images_b1_r$r" "$jpeg_levels" --image tests/fixtures/images/astronaut.jpg --channels 4 || { status=1; continue; }
-    served=$("$python" -c 'import json,sys; r=json.load(open(sys.argv[1])); print(max([s["inferences_per_s"] for s in r["steps"] if s["errors"] == 0] or [0]))' "$OUT/serving_images_b1_r$r.json")
-    echo "$r $forward $served" >>"$OUT/rounds.txt"
+    served=$(best_of "$OUT/serving_images_b1_r$r.json")
+    echo "$r $forward $served $pv" >>"$OUT/rounds.txt"
+    [ "$pv" = 0 ] || note "round $r: served pixel_values batch $max_batch $pv images/s = $(awk "BEGIN{printf \"%.3f\", $pv / $forward}") x forward only"
     note "round $r: forward only $forward images/s, served JPEG $served images/s = $(awk "BEGIN{printf \"%.3f\", $served / $forward}") x forward only"
   done
 fi
@@ -325,11 +335,16 @@ if "images_b1" in best:
 rounds_path = os.path.join(out, "rounds.txt")
 if os.path.exists(rounds_path):
     with open(rounds_path) as f:
-        rows = [tuple(float(x) for x in line.split()[1:3]) for line in f if line.strip()]
-    ratios = sorted(served / fwd for fwd, served in rows if fwd > 0)
+        rows = [tuple(float(x) for x in line.split()[1:4]) for line in f if line.strip()]
+    ratios = sorted(served / fwd for fwd, served, _ in rows if fwd > 0)
+    pv = sorted(p / fwd for fwd, _, p in rows if fwd > 0 and p > 0)
+    if pv:
+        print(f"bench-serving-gpu: pixel_values batch {max_batch} in {len(pv)} alternating rounds: "
+              f"{', '.join('%.3f' % r for r in pv)} x forward only")
     if ratios:
         median = ratios[len(ratios) // 2] if len(ratios) % 2 else 0.5 * (ratios[len(ratios) // 2 - 1] + ratios[len(ratios) // 2])
-        result.update(rounds=[{"forward_only_images_per_s": fwd, "served_images_per_s": served} for fwd, served in rows],
+        result.update(rounds=[{"forward_only_images_per_s": fwd, "served_images_per_s": served,
+                               "served_pixel_values_images_per_s": p} for fwd, served, p in rows],
                       jpeg_ratio=median, jpeg_target_met=median >= 0.90)
         print(f"bench-serving-gpu: JPEG images (decoded by the daemon, max_batch_size {max_batch}) in "
               f"{len(ratios)} alternating rounds: {', '.join('%.3f' % r for r in ratios)} x forward only, "
