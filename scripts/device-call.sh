@@ -54,9 +54,11 @@ for spec in ${PROFILES:-}; do   # model:set:size
   grep -E "batch=|^profile class|^profile total|^profile kernel|^profile op_chain" $L/profile-$m.log | head -40 | cut -c1-330
 done
 if [ -n "${SERVE:-}" ]; then
-  [ -d /tmp/ckpt/rf_detr_nano ] || timeout $(left) python3 tools/bench_models/make_random_checkpoint.py /tmp/ckpt ${CKSETS:-detectors,families} > $L/ckpt-serve.log 2>&1
   for spec in $SERVE; do   # model:size:concurrency
     m=${spec%%:*}; rest=${spec#*:}; size=${rest%%:*}; conc=${rest#*:}
+    [ "$conc" != "$rest" ] || { el "skip serve $spec (not model:size:concurrency)"; continue; }
+    [ $(left) -gt 60 ] || { el "skip serve $m (time)"; continue; }
+    [ -f /tmp/ckpt/$m/model.safetensors ] || timeout $(left) python3 tools/bench_models/make_random_checkpoint.py /tmp/ckpt ${CKSETS:-detectors,families} > $L/ckpt-serve.log 2>&1
     [ $(left) -gt 60 ] || { el "skip serve $m (time)"; continue; }
     MODEL=$m SIZE=$size DTYPE=bfloat16 CUDA_GRAPHS=on MAX_BATCH=32 DURATION=${DURATION:-5} WARMUP=1 SKIP_B1=1 \
       B8_CONCURRENCY=none CONCURRENCY=$conc JPEG_CONCURRENCY=$conc OUT=$L/serve-$m-$conc \

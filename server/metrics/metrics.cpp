@@ -116,8 +116,9 @@ struct Metrics::Impl {
       prometheus::BuildCounter()
           .Name("libreyolo_instance_device_seconds_total")
           .Help(
-              "Seconds of device time a model instance's batches took on its CUDA stream (input "
-              "copies, forward, output copies; CUDA events)")
+              "Seconds a model instance's batches spanned on its CUDA stream, from its input to "
+              "its outputs copied to the host (CUDA events; launch stalls inside a forward "
+              "included; not the GPU's utilisation)")
           .Register(*registry);
   prometheus::Family<prometheus::Counter>& prompt_cache_hits =
       prometheus::BuildCounter()

@@ -213,9 +213,11 @@ TEST(ServerCuda, TwoInstancesOnOneGpuBothServeTheFixture) {
     for (const std::string name : {"rtdetr_tiny_0", "rtdetr_tiny_1"}) {
       const double device = series("libreyolo_instance_device_seconds_total", name);
       const double compute = series("libreyolo_instance_compute_seconds_total", name);
-      ASSERT_GT(device, 0.0) << name;
+      ASSERT_GT(device, 0.0) << name << " (-1: no series)\n" << metrics;
       ASSERT_GT(compute, 0.0) << name;
       EXPECT_LE(device, compute + 1e-4) << name;
+      // and not a thousandth of it (seconds read as milliseconds): the forward is GPU work.
+      EXPECT_GT(device, compute / 1000) << name;
     }
     daemon.stop(1.0);
   }
