@@ -261,6 +261,15 @@ std::vector<api::RepositoryEntry> ServerCore::repository_index(bool ready_only) 
 }
 
 api::InferResponse ServerCore::infer(api::InferRequest&& request) {
+  // The caller's thread (a gRPC executor thread, up to server.max_concurrent_rpcs of them, or an
+  // HTTP worker) parses the request and renders the answers with ATen operators: on itself
+  // alone. An OpenMP team forked here would outlive the call (libgomp keeps one per thread that
+  // forked), and once the process holds more OpenMP threads than cores, libgomp cuts every
+  // team's spin-wait at its barriers from about 3 ms to 100 iterations (the throttled spin
+  // count, libgomp/env.c): a CPU forward's team then sleeps and is woken at each barrier
+  // (docs/BENCHMARKS.md, session 38).
+  static thread_local const bool one_thread = models::use_intra_op_threads(1);
+  (void)one_thread;
   ModelLease lease = lifecycle_->acquire(request.model_name, request.model_version);
   return pipeline_->run(lease, request);
 }
@@ -347,13 +356,12 @@ std::string ServerCore::active_json() const {
         // instance_group: every instance, its device and whether it is still in rotation.
         json instances = json::array();
         if (e->instances)
-          for (const auto& st : e->instances->status())
-            instances.push_back({{"name", st.name},
-                                 {"device", st.device},
-                                 {"healthy", st.healthy},
-                                 {"error", st.error},
-                                 {"batches", st.batches},
-                                 {"images", st.images}});
+          for (const auto& st : e->instances->status()) {
+            json i = {{"name", st.name},   {"device", st.device},   {"healthy", st.healthy},
+                      {"error", st.error}, {"batches", st.batches}, {"images", st.images}};
+            if (st.intra_op_threads > 0) i["intra_op_threads"] = st.intra_op_threads;
+            instances.push_back(std::move(i));
+          }
         m["instances"] = std::move(instances);
       }
       models.push_back(std::move(m));

@@ -1,5 +1,6 @@
 #include "server/instance/model_instance.h"
 
+#include <ATen/Parallel.h>
 #include <c10/util/Exception.h>
 #include <c10/util/StringUtil.h>
 
@@ -11,6 +12,7 @@
 #include "log/log.h"
 #include "models/prompted.h"
 #include "models/runtime/cpu_math.h"
+#include "models/runtime/intra_op_threads.h"
 #include "server/api/types.h"
 
 namespace libreyolo::server {
@@ -81,9 +83,10 @@ bool device_failed(const std::exception& e) {
 
 ModelInstance::ModelInstance(std::size_t index, std::size_t group_size,
                              std::shared_ptr<LoadedModel> model, Scheduler& scheduler,
-                             const InstanceHooks& hooks)
+                             const InstanceHooks& hooks, std::size_t cpu_instances)
     : index_(index),
       group_size_(group_size),
+      cpu_instances_(std::max<std::size_t>(cpu_instances, 1)),
       model_(std::move(model)),
       name_(model_->name),
       scheduler_(scheduler),
@@ -114,6 +117,7 @@ InstanceStatus ModelInstance::status() const {
   }
   st.batches = batches_.load();
   st.images = images_.load();
+  st.intra_op_threads = intra_op_threads_.load();
   return st;
 }
 
@@ -126,6 +130,13 @@ void ModelInstance::loop() {
     log::warn("model '" + name_ + "': " + e.what() + "; using the current stream");
   }
   at::InferenceMode inference;
+  if (model_->device.is_cpu()) {
+    // A fresh thread reads the process's count (ATen's lazy per-thread initialisation); the
+    // group's CPU instances share it. Before the denormal mode below, which is set on the team.
+    const int threads = std::max(1, at::get_num_threads() / static_cast<int>(cpu_instances_));
+    models::use_intra_op_threads(threads);
+    intra_op_threads_ = at::get_num_threads();
+  }
   // This thread's and its OpenMP team's floating-point mode, before the first forward.
   if (model_->flush_denormals) models::flush_denormals_on_this_thread();
   // On CUDA, one batch in flight on the device while the next is assembled and the previous one

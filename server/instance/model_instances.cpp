@@ -8,9 +8,11 @@ ModelInstances::ModelInstances(std::unique_ptr<Scheduler> scheduler,
                                std::vector<std::shared_ptr<LoadedModel>> instances,
                                InstanceHooks hooks)
     : hooks_(std::move(hooks)), scheduler_(std::move(scheduler)) {
+  std::size_t cpu = 0;
+  for (const auto& m : instances) cpu += m->device.is_cpu();
   for (std::size_t i = 0; i < instances.size(); ++i)
     instances_.push_back(std::make_unique<ModelInstance>(
-        i, instances.size(), std::move(instances[i]), *scheduler_, hooks_));
+        i, instances.size(), std::move(instances[i]), *scheduler_, hooks_, cpu));
   for (auto& inst : instances_) inst->start();
 }
 

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <exception>
 #include <thread>
 
 #include "kernels/policy.h"
@@ -291,7 +292,18 @@ void ModelLifecycle::load(const std::string& name) {
   std::string failure = source.error;
   if (failure.empty()) {
     try {
-      bring_up(e, source);
+      // On a thread of its own, as at start-up: the caller (a gRPC executor thread or an HTTP
+      // worker) runs ATen on itself alone (ServerCore::infer), and the OpenMP team that the
+      // load and warm-up fork ends with this thread (libgomp keeps a team per thread).
+      std::exception_ptr error;
+      std::thread([&] {
+        try {
+          bring_up(e, source);
+        } catch (...) {
+          error = std::current_exception();
+        }
+      }).join();
+      if (error) std::rethrow_exception(error);
     } catch (const std::exception& ex) {
       failure = message_of(ex);
     }

@@ -5,14 +5,18 @@
 #include <gtest/gtest.h>
 
 #include <ATen/Context.h>
+#include <ATen/Parallel.h>
 
+#include <algorithm>
 #include <atomic>
 #include <functional>
 #include <future>
 #include <map>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <thread>
+#include <vector>
 
 #include "kernels/registry.h"
 #include "models/runtime/device_memory.h"
@@ -90,9 +94,32 @@ class InstanceGroups : public ::testing::Test {
   std::unique_ptr<rpc::Client> client_;
 };
 
+/// The process's intra-op thread count (what the daemon's at::set_num_threads made it): a fresh
+/// thread reads it (ATen initialises each thread's OpenMP count from it lazily).
+int process_intra_op_threads() {
+  int n = 0;
+  std::thread([&] { n = at::get_num_threads(); }).join();
+  return n;
+}
+
+/// Records at::get_num_threads() in every forward (FakeState::in_forward, on the instances'
+/// threads).
+struct ForwardThreads {
+  std::mutex mu;
+  std::vector<int> seen;
+  void install() {
+    FakeState::get().in_forward = [this] {
+      std::lock_guard<std::mutex> lk(mu);
+      seen.push_back(at::get_num_threads());
+    };
+  }
+};
+
 TEST_F(InstanceGroups, ThreeCpuInstancesShareTheQueue) {
   start("max_batch_size: 1\ninstance_group: [{count: 3, kind: KIND_CPU}]\n");
   FakeState::get().sleep_ms = 50;  // long enough that a burst keeps every instance busy
+  ForwardThreads threads;
+  threads.install();
   const auto codes = burst(12);
   for (auto c : codes) EXPECT_EQ(c, Code::ok);
   const auto instances = FakeState::get().instances;
@@ -102,6 +129,7 @@ TEST_F(InstanceGroups, ThreeCpuInstancesShareTheQueue) {
   // Every instance ran batches: three workers took from one queue.
   EXPECT_EQ(per.size(), 3u) << "instances used: " << per.size();
   for (const char* name : {"fake_0", "fake_1", "fake_2"}) EXPECT_GT(per[name], 0) << name;
+  const int share = std::max(1, process_intra_op_threads() / 3);
   const auto a = active();
   const auto& model = a["models"][0];
   ASSERT_EQ(model["instances"].size(), 3u) << model.dump();
@@ -112,9 +140,12 @@ TEST_F(InstanceGroups, ThreeCpuInstancesShareTheQueue) {
     EXPECT_EQ(st["device"], "cpu");
     EXPECT_EQ(st["healthy"], true);
     EXPECT_EQ(st["batches"].get<int>(), per["fake_" + std::to_string(i)]);
+    // The three CPU instances share the process's intra-op threads (at least one each).
+    EXPECT_EQ(st["intra_op_threads"], share) << st.dump();
     batches += st["batches"].get<std::uint64_t>();
   }
   EXPECT_EQ(batches, 12u);
+  EXPECT_EQ(threads.seen, std::vector<int>(12, share));
   // ModelStatistics aggregates over the instances (Triton).
   const auto stats = client_->call("ModelStatistics", "name: \"fake\"").text;
   EXPECT_NE(stats.find("inference_count: 12\n"), std::string::npos) << stats;
@@ -156,6 +187,29 @@ TEST_F(InstanceGroups, ThreeCpuInstancesShareTheQueue) {
   EXPECT_EQ(metrics.find("libreyolo_gpu_memory_total_bytes{"), std::string::npos);
   EXPECT_EQ(metrics.find("libreyolo_instance_device_seconds_total{"), std::string::npos);
   EXPECT_EQ(a["gpu_memory"], nlohmann::json::array());
+}
+
+TEST_F(InstanceGroups, OneCpuInstanceTakesEveryIntraOpThreadTheRequestThreadsNone) {
+  start("max_batch_size: 1\n");
+  ForwardThreads threads;
+  threads.install();
+  std::mutex mu;
+  std::vector<int> request_threads;  // at::get_num_threads() on the threads running the calls
+  daemon_->core().lookup_hook_for_testing = [&](const std::string&) {
+    std::lock_guard<std::mutex> lk(mu);
+    request_threads.push_back(at::get_num_threads());
+  };
+  const auto codes = burst(4);
+  daemon_->core().lookup_hook_for_testing = nullptr;
+  for (auto c : codes) EXPECT_EQ(c, Code::ok);
+  const int process = process_intra_op_threads();
+  ASSERT_GE(process, 1);
+  // The forward's team is the process's; the gRPC executor threads that parse the requests and
+  // render their answers fork none (ServerCore::infer).
+  EXPECT_EQ(threads.seen, std::vector<int>(4, process));
+  EXPECT_EQ(request_threads, std::vector<int>(4, 1));
+  const auto st = active()["models"][0]["instances"][0];
+  EXPECT_EQ(st["intra_op_threads"], process) << st.dump();
 }
 
 // The GPU memory families as the daemon renders what models::device_memory read (the CUDA
