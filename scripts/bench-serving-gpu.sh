@@ -200,8 +200,9 @@ bench() {
   steps=$(echo "$levels" | tr ',' '\n' | wc -l)
   local limit=$(( steps * (${duration%.*} + ${warmup%.*} + 30) + 60 ))
   note "serving $name: libreyolo-bench --concurrency $levels $* (limit ${limit} s)"
-  local before dev0 t0
+  local before dev0 t0 stages0
   before=$(batch_counts)
+  stages0=$(stage_snapshot)
   dev0=$(device_seconds)
   t0=$(date +%s.%N)
   if ! timeout "$limit" "$bin/libreyolo-bench" --server "127.0.0.1:$gp" --model "$model" \
@@ -228,8 +229,8 @@ bench() {
     note "$name: the instances' streams held batches for $(LC_ALL=C join -a2 -e0 -o 0,1.2,2.2 <(echo "$dev0" | tr ' ' '\n' | grep = | tr '=' ' ' | LC_ALL=C sort -k1,1) <(echo "$dev1" | tr ' ' '\n' | tr '=' ' ' | LC_ALL=C sort -k1,1) |
       awk -v w="$wall" '{printf "%s%s %.3f", sep, $1, ($3 - $2) / w; sep = ", "}') of the wall time over levels $levels (libreyolo_instance_device_seconds_total)"
   local stages
-  stages=$(stage_means)
-  [ -n "$stages" ] && note "$name: per request since start (ms): $stages"
+  stages=$(stage_means "$stages0")
+  [ -n "$stages" ] && note "$name: per request over the step (ms): $stages"
   return 0
 }
 # "INSTANCE=SECONDS ...": the device time each instance's batches took so far (empty without
@@ -245,23 +246,36 @@ import json, sys
 s = json.load(sys.stdin)["model_stats"][0]
 print(s["inference_count"], s["execution_count"])' 2>/dev/null || true
 }
-# Where a request's time went, mean ms per successful request since the daemon started (warm-up
-# included): the preprocessing (Prometheus libreyolo_preprocess_duration_seconds), then Triton's
-# statistics: queue, compute_input (the preprocessing again, plus the batch's assembly),
-# compute_infer (the forward, until the instance read its end), compute_output (the request's own
-# post-processing), and the whole request.
-stage_means() {
+# Where a request's time went over one step (mean ms per successful request between two
+# stage_snapshot calls, the step's warm-up included): the preprocessing (Prometheus
+# libreyolo_preprocess_duration_seconds), then Triton's statistics: queue, compute_input (the
+# preprocessing again, plus the batch's assembly), compute_infer (the forward, until the instance
+# read its end), compute_output (the request's own post-processing), and the whole request.
+# stage_snapshot prints one line of cumulative sums; stage_means BEFORE prints the step's means.
+stage_snapshot() {
   local pre
   pre=$(curl -sf "http://127.0.0.1:$hp/metrics" | awk '
     /^libreyolo_preprocess_duration_seconds_sum/ {s += $2} /^libreyolo_preprocess_duration_seconds_count/ {c += $2}
-    END {if (c > 0) printf "%.3f", 1000 * s / c}')
+    END {printf "%.9f %d", s, c}')
   curl -sf "http://127.0.0.1:$hp/v2/models/$model/stats" | "$python" -c '
 import json, sys
 s = json.load(sys.stdin)["model_stats"][0]["inference_stats"]
-n = max(s["success"]["count"], 1)
-ms = lambda k: 1e-6 * s[k]["ns"] / n
-print("preprocess %s, queue %.3f, compute_input %.3f, compute_infer %.3f, compute_output %.3f, request %.3f" % (
-    sys.argv[1] or "?", ms("queue"), ms("compute_input"), ms("compute_infer"), ms("compute_output"), ms("success")))' "$pre" 2>/dev/null || true
+print(sys.argv[1], s["success"]["count"], *(s[k]["ns"] for k in ("queue", "compute_input", "compute_infer", "compute_output", "success")))' "$pre" 2>/dev/null || true
+}
+stage_means() {
+  local after
+  after=$(stage_snapshot)
+  [ -n "$1" ] && [ -n "$after" ] || return 0
+  "$python" -c '
+import sys
+a = [float(x) for x in sys.argv[1].split()]
+b = [float(x) for x in sys.argv[2].split()]
+d = [y - x for x, y in zip(a, b)]
+if d[2] <= 0:
+    sys.exit(0)
+pre = "%.3f" % (1000 * d[0] / d[1]) if d[1] > 0 else "?"
+ms = [1e-6 * v / d[2] for v in d[3:]]
+print("preprocess %s, queue %.3f, compute_input %.3f, compute_infer %.3f, compute_output %.3f, request %.3f" % (pre, *ms))' "$1" "$after" 2>/dev/null || true
 }
 status=0
 [ "${SKIP_B1:-0}" = 1 ] || bench pixel_values_b1 "$concurrency" --shape 1,3,640,640 --channels 4 || status=1
