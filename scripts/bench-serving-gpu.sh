@@ -253,8 +253,10 @@ print(s["inference_count"], s["execution_count"])' 2>/dev/null || true
 # read its end), compute_output (the request's own post-processing), and the whole request.
 # stage_snapshot prints one line of cumulative sums; stage_means BEFORE prints the step's means.
 stage_snapshot() {
-  local pre
-  pre=$(curl -sf "http://127.0.0.1:$hp/metrics" | awk '
+  local metrics pre
+  metrics=$(curl -sf "http://127.0.0.1:$hp/metrics") || return 0  # no answer: no snapshot
+  # No histogram series yet (nothing preprocessed so far) counts as 0 images.
+  pre=$(echo "$metrics" | awk '
     /^libreyolo_preprocess_duration_seconds_sum/ {s += $2} /^libreyolo_preprocess_duration_seconds_count/ {c += $2}
     END {printf "%.9f %d", s, c}')
   curl -sf "http://127.0.0.1:$hp/v2/models/$model/stats" | "$python" -c '
@@ -265,13 +267,14 @@ print(sys.argv[1], s["success"]["count"], *(s[k]["ns"] for k in ("queue", "compu
 stage_means() {
   local after
   after=$(stage_snapshot)
-  [ -n "$1" ] && [ -n "$after" ] || return 0
+  [ "$(echo "$1" | wc -w)" = 8 ] && [ "$(echo "$after" | wc -w)" = 8 ] || return 0
   "$python" -c '
 import sys
 a = [float(x) for x in sys.argv[1].split()]
 b = [float(x) for x in sys.argv[2].split()]
 d = [y - x for x, y in zip(a, b)]
 if d[2] <= 0:
+    print("no successful request in the step" if d[2] == 0 else "the statistics went back (a restarted daemon?)")
     sys.exit(0)
 pre = "%.3f" % (1000 * d[0] / d[1]) if d[1] > 0 else "?"
 ms = [1e-6 * v / d[2] for v in d[3:]]

@@ -3,6 +3,9 @@
 #include <ATen/Parallel.h>
 #include <dlfcn.h>
 
+#include <algorithm>
+#include <thread>
+
 namespace libreyolo::models {
 
 bool use_intra_op_threads(int threads) noexcept {
@@ -19,10 +22,28 @@ bool use_intra_op_threads(int threads) noexcept {
         reinterpret_cast<SetNumThreads>(dlsym(RTLD_DEFAULT, "omp_set_num_threads"));
     if (set_num_threads == nullptr) return false;
     set_num_threads(threads);
+    // MKL's own per-thread count (LibTorch's static MKL exports it; absent in builds without
+    // MKL): at::set_num_threads set it to the process's count at the lazy initialisation above.
+    // MKL_Set_Num_Threads_Local is the C entry (mkl_service.h maps mkl_set_num_threads_local to
+    // it); the exported lower-case symbol is the Fortran one, which takes a pointer.
+    using MklSetLocal = int (*)(int);
+    static const auto mkl_set_local =
+        reinterpret_cast<MklSetLocal>(dlsym(RTLD_DEFAULT, "MKL_Set_Num_Threads_Local"));
+    if (mkl_set_local != nullptr) mkl_set_local(threads);
     return at::get_num_threads() == threads;
   } catch (...) {
     return false;
   }
+}
+
+int process_intra_op_threads() noexcept {
+  int n = 1;
+  try {
+    std::thread([&n] { n = at::get_num_threads(); }).join();
+  } catch (...) {
+    return 1;
+  }
+  return std::max(n, 1);
 }
 
 }  // namespace libreyolo::models

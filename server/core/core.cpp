@@ -49,6 +49,9 @@ ServerCore::ServerCore(const ServerConfig& config, Metrics& metrics, ModelFactor
     at::set_num_threads(cpu_.cores);
     intra_op_source_ = "CPU budget (" + cpu_.source + ")";
   }
+  // The process's count, as every new thread starts with it (not this thread's: a thread that
+  // served a request runs on itself alone, ServerCore::infer).
+  intra_op_threads_ = models::process_intra_op_threads();
   // Each pool thread's ATen operators get an equal share of the cores (1 with the default pool
   // of one thread per core): otherwise every thread forks a team of all cores per resize and
   // normalise (models/runtime/intra_op_threads.h).
@@ -413,7 +416,7 @@ std::string ServerCore::active_json() const {
   out["cpu"] = {{"cores", cpu_.cores},
                 {"affinity_cpus", cpu_.affinity},
                 {"cores_source", cpu_.source},
-                {"intra_op_threads", at::get_num_threads()},
+                {"intra_op_threads", intra_op_threads_},
                 {"intra_op_threads_source", intra_op_source_},
                 {"preprocess_threads", pool_->size()}};
   out["server"] = server;

@@ -85,6 +85,7 @@ class ServerCore : public api::InferenceService {
   Metrics& metrics_;
   CpuBudget cpu_;                ///< the CPUs this process may use (cgroup quota, affinity)
   std::string intra_op_source_;  ///< why the forward's intra-op thread count is what it is
+  int intra_op_threads_ = 1;     ///< the process's intra-op threads (/active cpu)
   std::unique_ptr<ThreadPool> pool_;
   std::unique_ptr<ModelLifecycle> lifecycle_;
   std::unique_ptr<InferPipeline> pipeline_;

@@ -1,6 +1,5 @@
 #include "server/instance/model_instance.h"
 
-#include <ATen/Parallel.h>
 #include <c10/util/Exception.h>
 #include <c10/util/StringUtil.h>
 
@@ -83,10 +82,10 @@ bool device_failed(const std::exception& e) {
 
 ModelInstance::ModelInstance(std::size_t index, std::size_t group_size,
                              std::shared_ptr<LoadedModel> model, Scheduler& scheduler,
-                             const InstanceHooks& hooks, std::size_t cpu_instances)
+                             const InstanceHooks& hooks, int intra_op_threads)
     : index_(index),
       group_size_(group_size),
-      cpu_instances_(std::max<std::size_t>(cpu_instances, 1)),
+      intra_op_threads_(intra_op_threads),
       model_(std::move(model)),
       name_(model_->name),
       scheduler_(scheduler),
@@ -117,7 +116,7 @@ InstanceStatus ModelInstance::status() const {
   }
   st.batches = batches_.load();
   st.images = images_.load();
-  st.intra_op_threads = intra_op_threads_.load();
+  st.intra_op_threads = intra_op_threads_;
   return st;
 }
 
@@ -130,13 +129,8 @@ void ModelInstance::loop() {
     log::warn("model '" + name_ + "': " + e.what() + "; using the current stream");
   }
   at::InferenceMode inference;
-  if (model_->device.is_cpu()) {
-    // A fresh thread reads the process's count (ATen's lazy per-thread initialisation); the
-    // group's CPU instances share it. Before the denormal mode below, which is set on the team.
-    const int threads = std::max(1, at::get_num_threads() / static_cast<int>(cpu_instances_));
-    models::use_intra_op_threads(threads);
-    intra_op_threads_ = at::get_num_threads();
-  }
+  // Before the denormal mode below, which is set on the team.
+  if (intra_op_threads_ > 0) models::use_intra_op_threads(intra_op_threads_);
   // This thread's and its OpenMP team's floating-point mode, before the first forward.
   if (model_->flush_denormals) models::flush_denormals_on_this_thread();
   // On CUDA, one batch in flight on the device while the next is assembled and the previous one

@@ -37,8 +37,7 @@ struct InstanceStatus {
   std::uint64_t batches = 0;  ///< forwards run
   std::uint64_t images = 0;   ///< images inferred
   /// CPU: the ATen intra-op threads of this instance's forwards (the process's count shared
-  /// among the model's CPU instances: ModelInstance); 0 on other devices, and before the
-  /// worker started.
+  /// among the model's CPU instances: ModelInstances); 0 on other devices.
   int intra_op_threads = 0;
 };
 
@@ -73,12 +72,11 @@ class ModelInstance {
  public:
   /// Instance `index` of `group_size` (instance_group order) running `model`, fed by
   /// `scheduler`; both and `hooks` must outlive it. The worker starts with start().
-  /// `cpu_instances`: how many of the group run on the CPU. A CPU instance's forwards use
-  /// max(1, P / cpu_instances) intra-op threads, P the process's count (at::set_num_threads:
-  /// server.intra_op_threads or the CPU budget), so that the group's OpenMP teams together fill
-  /// the cores once instead of each taking all of them.
+  /// `intra_op_threads` (CPU instances; 0 elsewhere): the ATen intra-op threads of this
+  /// instance's forwards, set on its worker thread (models::use_intra_op_threads) before the
+  /// first; ModelInstances gives each CPU instance its share of the process's count.
   ModelInstance(std::size_t index, std::size_t group_size, std::shared_ptr<LoadedModel> model,
-                Scheduler& scheduler, const InstanceHooks& hooks, std::size_t cpu_instances = 1);
+                Scheduler& scheduler, const InstanceHooks& hooks, int intra_op_threads = 0);
   /// Joins the worker (join()).
   ~ModelInstance();
   ModelInstance(const ModelInstance&) = delete;
@@ -126,7 +124,8 @@ class ModelInstance {
   /// error, out of memory); the last one out answers every queued request UNAVAILABLE.
   void take_out(Batch& batch, const std::string& what);
 
-  const std::size_t index_, group_size_, cpu_instances_;
+  const std::size_t index_, group_size_;
+  const int intra_op_threads_;  ///< InstanceStatus::intra_op_threads
   const std::shared_ptr<LoadedModel> model_;
   const std::string name_;  ///< the model's name
   Scheduler& scheduler_;
@@ -134,7 +133,6 @@ class ModelInstance {
   std::thread worker_;
   std::atomic<bool> healthy_{true};
   std::atomic<std::uint64_t> batches_{0}, images_{0};
-  std::atomic<int> intra_op_threads_{0};  ///< InstanceStatus::intra_op_threads
   /// The text-encoding cache (serving.yaml prompt_cache_mb) of a model whose family caches its
   /// text (PromptedDetector::caches_text); null otherwise. The worker's alone.
   std::unique_ptr<PromptCache> prompt_cache_;

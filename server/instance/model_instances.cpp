@@ -1,6 +1,9 @@
 #include "server/instance/model_instances.h"
 
+#include <algorithm>
 #include <utility>
+
+#include "models/runtime/intra_op_threads.h"
 
 namespace libreyolo::server {
 
@@ -8,11 +11,17 @@ ModelInstances::ModelInstances(std::unique_ptr<Scheduler> scheduler,
                                std::vector<std::shared_ptr<LoadedModel>> instances,
                                InstanceHooks hooks)
     : hooks_(std::move(hooks)), scheduler_(std::move(scheduler)) {
-  std::size_t cpu = 0;
+  // The CPU instances share the process's intra-op threads, max(1, P / N) each, so that the
+  // group's OpenMP teams fill the cores once instead of each taking all of them (and libgomp
+  // then throttling every team's spin-wait: docs/DESIGN.md, Serving).
+  int cpu = 0;
   for (const auto& m : instances) cpu += m->device.is_cpu();
-  for (std::size_t i = 0; i < instances.size(); ++i)
+  const int share = cpu > 0 ? std::max(1, models::process_intra_op_threads() / cpu) : 0;
+  for (std::size_t i = 0; i < instances.size(); ++i) {
+    const int threads = instances[i]->device.is_cpu() ? share : 0;
     instances_.push_back(std::make_unique<ModelInstance>(
-        i, instances.size(), std::move(instances[i]), *scheduler_, hooks_, cpu));
+        i, instances.size(), std::move(instances[i]), *scheduler_, hooks_, threads));
+  }
   for (auto& inst : instances_) inst->start();
 }
 

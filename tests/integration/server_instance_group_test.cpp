@@ -7,7 +7,6 @@
 #include <ATen/Context.h>
 #include <ATen/Parallel.h>
 
-#include <algorithm>
 #include <atomic>
 #include <functional>
 #include <future>
@@ -20,6 +19,7 @@
 
 #include "kernels/registry.h"
 #include "models/runtime/device_memory.h"
+#include "models/runtime/intra_op_threads.h"
 #include "server/app/daemon.h"
 #include "server/config/config.h"
 #include "server/config/serving_config.h"
@@ -48,11 +48,14 @@ ModelFactory fake_factory() {
 
 class InstanceGroups : public ::testing::Test {
  protected:
-  void start(const std::string& serving_yaml) {
+  /// `intra_op_threads`: server.intra_op_threads (0: the CPU budget's cores).
+  void start(const std::string& serving_yaml, int intra_op_threads = 0) {
     FakeState::get().reset();
     repo_ = temp_dir("instances");
     add_fake_model(repo_, "fake", serving_yaml);
-    daemon_ = std::make_unique<Daemon>(loopback_config(repo_), fake_factory());
+    auto config = loopback_config(repo_);
+    config.intra_op_threads.value = intra_op_threads;
+    daemon_ = std::make_unique<Daemon>(config, fake_factory());
     daemon_->start();
     FakeState::get().reset();  // forget the warm-ups
     client_ = std::make_unique<rpc::Client>("127.0.0.1:" + std::to_string(daemon_->grpc_port()));
@@ -94,29 +97,29 @@ class InstanceGroups : public ::testing::Test {
   std::unique_ptr<rpc::Client> client_;
 };
 
-/// The process's intra-op thread count (what the daemon's at::set_num_threads made it): a fresh
-/// thread reads it (ATen initialises each thread's OpenMP count from it lazily).
-int process_intra_op_threads() {
-  int n = 0;
-  std::thread([&] { n = at::get_num_threads(); }).join();
-  return n;
-}
-
 /// Records at::get_num_threads() in every forward (FakeState::in_forward, on the instances'
-/// threads).
+/// threads) while it lives.
 struct ForwardThreads {
   std::mutex mu;
   std::vector<int> seen;
   void install() {
-    FakeState::get().in_forward = [this] {
-      std::lock_guard<std::mutex> lk(mu);
+    auto& st = FakeState::get();
+    std::lock_guard<std::mutex> lk(st.mu);
+    st.in_forward = [this] {
+      std::lock_guard<std::mutex> held(mu);
       seen.push_back(at::get_num_threads());
     };
+  }
+  ~ForwardThreads() {
+    auto& st = FakeState::get();
+    std::lock_guard<std::mutex> lk(st.mu);
+    st.in_forward = nullptr;
   }
 };
 
 TEST_F(InstanceGroups, ThreeCpuInstancesShareTheQueue) {
-  start("max_batch_size: 1\ninstance_group: [{count: 3, kind: KIND_CPU}]\n");
+  // server.intra_op_threads 6: each of the three CPU instances forwards with 2.
+  start("max_batch_size: 1\ninstance_group: [{count: 3, kind: KIND_CPU}]\n", 6);
   FakeState::get().sleep_ms = 50;  // long enough that a burst keeps every instance busy
   ForwardThreads threads;
   threads.install();
@@ -129,7 +132,7 @@ TEST_F(InstanceGroups, ThreeCpuInstancesShareTheQueue) {
   // Every instance ran batches: three workers took from one queue.
   EXPECT_EQ(per.size(), 3u) << "instances used: " << per.size();
   for (const char* name : {"fake_0", "fake_1", "fake_2"}) EXPECT_GT(per[name], 0) << name;
-  const int share = std::max(1, process_intra_op_threads() / 3);
+  const int share = 2;
   const auto a = active();
   const auto& model = a["models"][0];
   ASSERT_EQ(model["instances"].size(), 3u) << model.dump();
@@ -190,7 +193,7 @@ TEST_F(InstanceGroups, ThreeCpuInstancesShareTheQueue) {
 }
 
 TEST_F(InstanceGroups, OneCpuInstanceTakesEveryIntraOpThreadTheRequestThreadsNone) {
-  start("max_batch_size: 1\n");
+  start("max_batch_size: 1\n", 6);
   ForwardThreads threads;
   threads.install();
   std::mutex mu;
@@ -202,14 +205,21 @@ TEST_F(InstanceGroups, OneCpuInstanceTakesEveryIntraOpThreadTheRequestThreadsNon
   const auto codes = burst(4);
   daemon_->core().lookup_hook_for_testing = nullptr;
   for (auto c : codes) EXPECT_EQ(c, Code::ok);
-  const int process = process_intra_op_threads();
-  ASSERT_GE(process, 1);
-  // The forward's team is the process's; the gRPC executor threads that parse the requests and
-  // render their answers fork none (ServerCore::infer).
-  EXPECT_EQ(threads.seen, std::vector<int>(4, process));
+  // The forward's team is the process's (server.intra_op_threads); the gRPC executor threads
+  // that parse the requests and render their answers fork none (ServerCore::infer).
+  EXPECT_EQ(threads.seen, std::vector<int>(4, 6));
   EXPECT_EQ(request_threads, std::vector<int>(4, 1));
   const auto st = active()["models"][0]["instances"][0];
-  EXPECT_EQ(st["intra_op_threads"], process) << st.dump();
+  EXPECT_EQ(st["intra_op_threads"], 6) << st.dump();
+  // /active's process figure does not depend on the thread asking: one that runs on itself alone
+  // (as a request's thread does after its first call) still reports the process's 6.
+  nlohmann::json cpu;
+  std::thread([&] {
+    models::use_intra_op_threads(1);
+    cpu = nlohmann::json::parse(daemon_->core().active_json())["cpu"];
+  }).join();
+  EXPECT_EQ(cpu["intra_op_threads"], 6) << cpu.dump();
+  EXPECT_EQ(cpu["intra_op_threads_source"], "server.intra_op_threads") << cpu.dump();
 }
 
 // The GPU memory families as the daemon renders what models::device_memory read (the CUDA

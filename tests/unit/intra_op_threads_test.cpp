@@ -2,6 +2,7 @@
 // pool that applies it on each worker (server/core/thread_pool.h, server/core/core.cpp).
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#include <dlfcn.h>
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -16,11 +17,20 @@ using libreyolo::server::ThreadPool;
 TEST(IntraOpThreads, LimitsTheCallingThreadAndNoOther) {
   const int process = at::get_num_threads();
   ASSERT_GE(process, 1);
+  // Set explicitly, as the daemon does (ServerCore): each new thread's lazy initialisation then
+  // sets MKL's per-thread count to it too (at::init_num_threads), which the limit must undo.
+  at::set_num_threads(process);
   bool held = false;
-  int inside = -1;
+  int inside = -1, mkl_inside = -1, process_seen = -1;
+  // MKL's count for the thread (LibTorch's static MKL exports MKL_Get_Max_Threads, the C entry
+  // of mkl_get_max_threads; absent in a build without MKL, where the check is skipped).
+  using MklGet = int (*)();
+  const auto mkl_get = reinterpret_cast<MklGet>(dlsym(RTLD_DEFAULT, "MKL_Get_Max_Threads"));
   std::thread limited([&] {
     held = use_intra_op_threads(1);
     inside = at::get_num_threads();
+    if (mkl_get != nullptr) mkl_inside = mkl_get();
+    process_seen = libreyolo::models::process_intra_op_threads();
     // An operator large enough for at::parallel_for still gives the exact answer serially.
     const auto x = at::arange(1 << 20, at::kDouble);
     EXPECT_EQ(x.sum().item<double>(), 549755289600.0);  // n (n - 1) / 2, n = 2^20
@@ -28,6 +38,8 @@ TEST(IntraOpThreads, LimitsTheCallingThreadAndNoOther) {
   limited.join();
   EXPECT_TRUE(held);
   EXPECT_EQ(inside, 1);
+  if (mkl_get != nullptr) EXPECT_EQ(mkl_inside, 1);  // MKL's GEMMs fork no team either
+  EXPECT_EQ(process_seen, process);  // the process's count, asked from the limited thread
   EXPECT_EQ(at::get_num_threads(), process);
   int fresh = -1;
   std::thread other([&] { fresh = at::get_num_threads(); });

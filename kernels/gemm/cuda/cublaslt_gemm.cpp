@@ -60,16 +60,50 @@ uint32_t alignment(const void* p) {
 using ProblemKey = std::tuple<int, int64_t, int64_t, int64_t, int64_t, int, int, bool, uint32_t,
                               uint32_t, uint32_t, uint32_t>;
 
+/// Handles no thread holds, per device: a thread hands its own back when it ends, and a later
+/// thread takes one instead of creating another (ATen's DeviceThreadHandlePool does the same), so
+/// that threads which come and go (a model loaded from the model-control API loads on a thread
+/// of its own) do not leak one handle each. Never destroyed: destroying a handle at process exit
+/// may run after the CUDA runtime unloaded.
+struct LtHandlePool {
+  std::mutex mu;
+  std::map<int, std::vector<cublasLtHandle_t>> free;
+};
+LtHandlePool& lt_handle_pool() {
+  static auto* pool = new LtHandlePool;
+  return *pool;
+}
+
+/// This thread's handles, back to the pool when the thread ends.
+struct ThreadLtHandles {
+  std::map<int, cublasLtHandle_t> handles;
+  ~ThreadLtHandles() {
+    auto& pool = lt_handle_pool();
+    std::lock_guard<std::mutex> lk(pool.mu);
+    for (const auto& [device, h] : handles) pool.free[device].push_back(h);
+  }
+};
+
 /// This thread's cuBLASLt handle for the current device, created by the cuBLASLt this library
 /// links (ATen's handle may come from another copy of the library: the official LibTorch
-/// distribution bundles its own, and a handle must not cross copies). Kept for the thread's life.
+/// distribution bundles its own, and a handle must not cross copies). Kept for the thread's life,
+/// then reused by another thread.
 cublasLtHandle_t lt_handle(int device) {
-  thread_local std::map<int, cublasLtHandle_t> handles;
-  auto it = handles.find(device);
-  if (it != handles.end()) return it->second;
+  thread_local ThreadLtHandles mine;
+  auto it = mine.handles.find(device);
+  if (it != mine.handles.end()) return it->second;
   cublasLtHandle_t h = nullptr;
-  check(cublasLtCreate(&h), "cublasLtCreate");
-  handles.emplace(device, h);
+  {
+    auto& pool = lt_handle_pool();
+    std::lock_guard<std::mutex> lk(pool.mu);
+    auto& free = pool.free[device];
+    if (!free.empty()) {
+      h = free.back();
+      free.pop_back();
+    }
+  }
+  if (h == nullptr) check(cublasLtCreate(&h), "cublasLtCreate");
+  mine.handles.emplace(device, h);
   return h;
 }
 
