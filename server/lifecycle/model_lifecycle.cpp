@@ -5,7 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
-#include <exception>
+#include <future>
 #include <thread>
 
 #include "kernels/policy.h"
@@ -295,15 +295,7 @@ void ModelLifecycle::load(const std::string& name) {
       // On a thread of its own, as at start-up: the caller (a gRPC executor thread or an HTTP
       // worker) runs ATen on itself alone (ServerCore::infer), and the OpenMP team that the
       // load and warm-up fork ends with this thread (libgomp keeps a team per thread).
-      std::exception_ptr error;
-      std::thread([&] {
-        try {
-          bring_up(e, source);
-        } catch (...) {
-          error = std::current_exception();
-        }
-      }).join();
-      if (error) std::rethrow_exception(error);
+      std::async(std::launch::async, [&] { bring_up(e, source); }).get();  // rethrows
     } catch (const std::exception& ex) {
       failure = message_of(ex);
     }
