@@ -4,6 +4,9 @@
 
 #include <c10/util/StringUtil.h>
 
+#include <algorithm>
+#include <cmath>
+#include <optional>
 #include <stdexcept>
 
 #include "models/image/query_selection.h"
@@ -36,30 +39,79 @@ at::Tensor scale_factors(const std::vector<std::pair<int64_t, int64_t>>& sizes,
   return at::tensor(v).view({static_cast<int64_t>(sizes.size()), 4}).to(device);
 }
 
-std::vector<Detections> post_process_object_detection(
-    const at::Tensor& logits_in, const at::Tensor& pred_boxes_in,
+namespace {
+
+/// One image's detections of a sigmoid top-k head without the top-k, where that is the same
+/// answer: a score above the threshold outranks every other, so when at most k scores are above
+/// it or NaN (torch.topk ranks NaN first), the kept detections are exactly those scores, and
+/// sorted by descending score they are in torch.topk's order when no two of them are equal
+/// (equal scores leave the order to topk's partial sort). nullopt otherwise: the caller runs
+/// at::topk. Scores and boxes take the ATen path's float32 operations in its order (sigmoid is
+/// ATen's, computed by the caller), so the values are the same bits. A real detector's outputs
+/// hold a few dozen such scores among Q * C (24,000 for RT-DETR on COCO), and the full top-k
+/// was most of a request's answer time on the CPU (tools/bench_preprocess, BM_PostProcess).
+/// prob: (Q * C) sigmoid scores; boxes: (Q, 4) cx, cy, w, h; scale: (4) w, h, w, h or null.
+std::optional<Detections> detections_above(const float* prob, int64_t q, int64_t c, int64_t k,
+                                           float threshold, const float* boxes,
+                                           const float* scale) {
+  std::vector<int64_t> kept;
+  int64_t ranked_first = 0;  // above the threshold or NaN
+  for (int64_t i = 0; i < q * c; ++i) {
+    const float s = prob[i];
+    if (s > threshold) {
+      kept.push_back(i);
+    } else if (std::isnan(s)) {
+      ++ranked_first;
+    } else {
+      continue;
+    }
+    if (++ranked_first > k) return std::nullopt;
+  }
+  std::sort(kept.begin(), kept.end(), [prob](int64_t a, int64_t b) { return prob[a] > prob[b]; });
+  for (std::size_t i = 1; i < kept.size(); ++i)
+    if (prob[kept[i - 1]] == prob[kept[i]]) return std::nullopt;
+  const auto n = static_cast<int64_t>(kept.size());
+  Detections d{at::empty({n}, at::kFloat), at::empty({n}, at::kLong),
+               at::empty({n, 4}, at::kFloat)};
+  float* scores = d.scores.data_ptr<float>();
+  int64_t* labels = d.labels.data_ptr<int64_t>();
+  float* corners = d.boxes.data_ptr<float>();
+  for (int64_t j = 0; j < n; ++j) {
+    const int64_t index = kept[j];
+    scores[j] = prob[index];
+    labels[j] = index % c;
+    // center_to_corners (cx - 0.5 w, ...), then * scale: two float32 roundings, as ATen's.
+    const float* b = boxes + (index / c) * 4;
+    float* out = corners + j * 4;
+    out[0] = b[0] - 0.5f * b[2];
+    out[1] = b[1] - 0.5f * b[3];
+    out[2] = b[0] + 0.5f * b[2];
+    out[3] = b[1] + 0.5f * b[3];
+    if (scale)
+      for (int e = 0; e < 4; ++e) out[e] = out[e] * scale[e];
+  }
+  return d;
+}
+
+/// The candidates of the sigmoid heads' top-k: the request's top_k, else the family's (RT-DETR,
+/// PP-DocLayout: num_queries; Deformable DETR: 100), at most Q * C.
+int64_t sigmoid_head_k(DetectionHead head, const PostProcessOptions& options, int64_t q,
+                       int64_t c) {
+  const int64_t family_k = head == DetectionHead::rt_detr || head == DetectionHead::pp_doclayout ||
+                                   head == DetectionHead::pp_doclayout_v2
+                               ? q
+                               : 100;
+  return std::min(options.top_k > 0 ? options.top_k : family_k, q * c);
+}
+
+/// The transformers code in ATen ops (the whole batch's top-k), for every head and device.
+/// logits (B, Q, C) float32, pred_boxes (B, Q, 4); validated by the caller.
+std::vector<Detections> topk_detections(
+    const at::Tensor& logits, const at::Tensor& pred_boxes,
     const std::vector<std::pair<int64_t, int64_t>>& target_sizes, DetectionHead head,
     const PostProcessOptions& options) {
-  if (!logits_in.defined() || !pred_boxes_in.defined() || logits_in.dim() != 3 ||
-      pred_boxes_in.dim() != 3 || pred_boxes_in.size(2) != 4 ||
-      logits_in.size(0) != pred_boxes_in.size(0) || logits_in.size(1) != pred_boxes_in.size(1)) {
-    throw std::invalid_argument(c10::str(
-        "post_process_object_detection: expected logits (B, Q, C) and pred_boxes (B, Q, 4), got ",
-        logits_in.defined() ? c10::str(logits_in.sizes()) : "undefined", " and ",
-        pred_boxes_in.defined() ? c10::str(pred_boxes_in.sizes()) : "undefined"));
-  }
-  const int64_t b = logits_in.size(0), q = logits_in.size(1), c = logits_in.size(2);
-  if (!target_sizes.empty() && static_cast<int64_t>(target_sizes.size()) != b) {
-    throw std::invalid_argument(c10::str("post_process_object_detection: ", target_sizes.size(),
-                                         " target sizes for a batch of ", b));
-  }
-  if (q == 0 || c == 0) throw std::invalid_argument("post_process_object_detection: no queries");
-  if (head == DetectionHead::prompted)
-    throw std::invalid_argument(
-        "post_process_object_detection: a text-prompted detector's post-processing needs its "
-        "prompts (PromptedDetector::post_process)");
-  const at::Tensor logits = logits_in.to(at::kFloat);
-  at::Tensor boxes = center_to_corners(pred_boxes_in.to(at::kFloat));
+  const int64_t b = logits.size(0), q = logits.size(1), c = logits.size(2);
+  at::Tensor boxes = center_to_corners(pred_boxes.to(at::kFloat));
   at::Tensor scale;
   if (!target_sizes.empty()) scale = scale_factors(target_sizes, logits.device()).unsqueeze(1);
 
@@ -86,13 +138,7 @@ std::vector<Detections> post_process_object_detection(
     std::tie(scores, query) = at::topk(best, k, -1);
     labels = at::gather(best_label, 1, query);
   } else {
-    const int64_t family_k = head == DetectionHead::rt_detr ||
-                                     head == DetectionHead::pp_doclayout ||
-                                     head == DetectionHead::pp_doclayout_v2
-                                 ? q
-                                 : 100;
-    const int64_t k = std::min(options.top_k > 0 ? options.top_k : family_k, q * c);
-    auto selection = sigmoid_topk(logits, k);
+    auto selection = sigmoid_topk(logits, sigmoid_head_k(head, options, q, c));
     scores = std::move(selection.scores);
     labels = std::move(selection.labels);
     query = std::move(selection.query);
@@ -105,6 +151,62 @@ std::vector<Detections> post_process_object_detection(
   for (int64_t i = 0; i < b; ++i) {
     const at::Tensor keep = scores[i].gt(options.threshold);
     out.push_back({scores[i].index({keep}), labels[i].index({keep}), boxes[i].index({keep})});
+  }
+  return out;
+}
+
+}  // namespace
+
+std::vector<Detections> post_process_object_detection(
+    const at::Tensor& logits_in, const at::Tensor& pred_boxes_in,
+    const std::vector<std::pair<int64_t, int64_t>>& target_sizes, DetectionHead head,
+    const PostProcessOptions& options) {
+  if (!logits_in.defined() || !pred_boxes_in.defined() || logits_in.dim() != 3 ||
+      pred_boxes_in.dim() != 3 || pred_boxes_in.size(2) != 4 ||
+      logits_in.size(0) != pred_boxes_in.size(0) || logits_in.size(1) != pred_boxes_in.size(1)) {
+    throw std::invalid_argument(c10::str(
+        "post_process_object_detection: expected logits (B, Q, C) and pred_boxes (B, Q, 4), got ",
+        logits_in.defined() ? c10::str(logits_in.sizes()) : "undefined", " and ",
+        pred_boxes_in.defined() ? c10::str(pred_boxes_in.sizes()) : "undefined"));
+  }
+  const int64_t b = logits_in.size(0), q = logits_in.size(1), c = logits_in.size(2);
+  if (!target_sizes.empty() && static_cast<int64_t>(target_sizes.size()) != b) {
+    throw std::invalid_argument(c10::str("post_process_object_detection: ", target_sizes.size(),
+                                         " target sizes for a batch of ", b));
+  }
+  if (q == 0 || c == 0) throw std::invalid_argument("post_process_object_detection: no queries");
+  if (head == DetectionHead::prompted)
+    throw std::invalid_argument(
+        "post_process_object_detection: a text-prompted detector's post-processing needs its "
+        "prompts (PromptedDetector::post_process)");
+  const at::Tensor logits = logits_in.to(at::kFloat);
+  const bool sigmoid_head =
+      head != DetectionHead::detr && !(head == DetectionHead::rt_detr && !options.use_focal_loss);
+  if (!sigmoid_head || !logits.device().is_cpu())
+    return topk_detections(logits, pred_boxes_in, target_sizes, head, options);
+  // On the CPU (the daemon's answers), each image without the full top-k where that is exact.
+  const int64_t k = sigmoid_head_k(head, options, q, c);
+  const at::Tensor prob = at::sigmoid(logits).contiguous();
+  const at::Tensor centers = pred_boxes_in.to(at::kFloat).contiguous();
+  std::vector<float> scale;  // w, h, w, h per image, as scale_factors makes them
+  for (const auto& [h, w] : target_sizes) {
+    scale.insert(scale.end(), {static_cast<float>(w), static_cast<float>(h), static_cast<float>(w),
+                               static_cast<float>(h)});
+  }
+  std::vector<Detections> out;
+  out.reserve(b);
+  for (int64_t i = 0; i < b; ++i) {
+    auto d = detections_above(
+        prob.data_ptr<float>() + i * q * c, q, c, k, static_cast<float>(options.threshold),
+        centers.data_ptr<float>() + i * q * 4, scale.empty() ? nullptr : scale.data() + i * 4);
+    if (!d) {  // more candidates than k, or tied scores: this image's full top-k
+      std::vector<std::pair<int64_t, int64_t>> size;
+      if (!target_sizes.empty()) size.push_back(target_sizes[i]);
+      d = std::move(
+          topk_detections(logits.narrow(0, i, 1), centers.narrow(0, i, 1), size, head, options)
+              .front());
+    }
+    out.push_back(std::move(*d));
   }
   return out;
 }

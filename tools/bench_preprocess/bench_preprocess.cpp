@@ -6,6 +6,11 @@
 //   share:1  each thread limited to max(1, cores / P) intra-op threads, as the daemon's pool is
 //            (models::use_intra_op_threads, called by server/core/core.cpp on each pool thread)
 // items_per_second is images per second over all P threads (wall clock).
+// BM_PostProcess: the other end of a request, the detections of one image from its RT-DETR
+// outputs (image::post_process_object_detection, what the detector task's answer runs on a request
+// thread): logits (1, 300, 80) of a confident detector (N(-6, 1.5), 20 planted scores above 0.5),
+// threshold 0.5 (the selection above the threshold) or 0 (every score above it: the full top-k
+// of 24,000, what every request ran before).
 //
 // Usage: bench_preprocess [--benchmark_filter=...] [--benchmark_min_time=2s]
 //   IMAGE (default tests/fixtures/images/astronaut.jpg, 512x512), PROCESSOR (a checkpoint folder
@@ -25,6 +30,7 @@
 #include <vector>
 
 #include "models/image/decode.h"
+#include "models/image/postprocess.h"
 #include "models/image/processor.h"
 #include "models/runtime/intra_op_threads.h"
 
@@ -91,6 +97,27 @@ BENCHMARK(BM_DecodePreprocess)
     ->Apply(thread_counts)
     ->UseRealTime()
     ->Unit(benchmark::kMillisecond);
+
+void BM_PostProcess(benchmark::State& state) {
+  at::InferenceMode guard;
+  at::manual_seed(0);
+  at::Tensor logits = at::randn({1, 300, 80}) * 1.5 - 6;
+  for (int64_t j = 0; j < 20; ++j) logits[0][j * 7][j % 80] = 1.0 + 0.1 * static_cast<double>(j);
+  const at::Tensor boxes = at::rand({1, 300, 4});
+  image::PostProcessOptions options;
+  options.threshold = state.range(0) == 0 ? 0.0 : 0.5;
+  int64_t kept = 0;
+  for (auto _ : state) {
+    auto d = image::post_process_object_detection(logits, boxes, {{480, 640}},
+                                                  image::DetectionHead::rt_detr, options);
+    kept = d.front().scores.size(0);
+    benchmark::DoNotOptimize(d.front().boxes.data_ptr());
+  }
+  state.SetItemsProcessed(state.iterations());
+  state.counters["kept"] = static_cast<double>(kept);
+}
+
+BENCHMARK(BM_PostProcess)->ArgName("threshold_half")->Arg(1)->Arg(0)->Unit(benchmark::kMicrosecond);
 
 }  // namespace
 
