@@ -11,7 +11,7 @@
 // convolution with bias, residual add and activation as post-ops on weights reordered once into
 // its blocked format, activations channels_last (kernels/conv/cpu/conv2d_bias_act_onednn.cpp);
 // `winograd` (CPU float32, tried before `onednn`): 3x3 stride-1 convolutions by Winograd's
-// F(2x2, 3x3) and F(4x4, 3x3), close to but not bit-equal with ATen's (kernels/conv/cpu/
+// F(4x4, 3x3), close to but not bit-equal with ATen's (kernels/conv/cpu/
 // conv2d_bias_act_winograd.cpp).
 //
 // Shapes and dtypes:

@@ -1,32 +1,29 @@
 // The `winograd` implementation of conv2d_bias_act (CPU, float32): 3x3 convolutions of stride 1
-// by Winograd's minimal filtering F(m x m, 3x3) (Lavin & Gray, "Fast Algorithms for Convolutional
-// Neural Networks", CVPR 2016, section 4): every (m + 2)^2 input tile d and 3x3 filter g give the
-// m x m output tile A^T [(G g G^T) . (B^T d B)] A, so a convolution becomes (m + 2)^2 GEMMs of
-// (tiles x C_in) by (C_in x C_out). F(2x2, 3x3): 16 multiplies per 2x2 outputs and channel pair
-// instead of 36; F(4x4, 3x3): 36 per 4x4 outputs instead of 144.
+// by Winograd's minimal filtering F(4x4, 3x3) (Lavin & Gray, "Fast Algorithms for Convolutional
+// Neural Networks", CVPR 2016, section 4.2): every 6x6 input tile d and 3x3 filter g give the 4x4
+// output tile A^T [(G g G^T) . (B^T d B)] A, so a convolution becomes 36 GEMMs of (tiles x C_in)
+// by (C_in x C_out): 36 multiplies per 4x4 outputs and channel pair instead of 144.
 //
 // Why: on an AVX2 CPU without AMX, oneDNN's direct convolution (the `onednn` implementation)
 // already runs at about 93% of the cores' FMA peak (RT-DETR-R18's 3x3 convolutions: 170-180
 // GFLOP/s on two Zen 3 cores, docs/BENCHMARKS.md); only fewer multiplies make it faster. ONNX
 // Runtime (MLAS) and OpenVINO run these convolutions directly.
 //
-// Accuracy: F(2x2, 3x3)'s transform coefficients are 0, +-1 and 1/2 (exact in float32; only the
-// transforms' additions and the weight transform's one rounding add error), so its error stays
-// near a direct convolution's (0.3-0.9x at::conv2d's against float64 in tests/unit/
-// conv2d_bias_act_winograd_test.cpp). F(4x4, 3x3)'s grows several-fold (Barabasz et al., "Error
-// Analysis and Improving the Accuracy of Winograd Convolution for Deep Neural Networks", ACM TOMS
-// 2020): 2.5-19x the direct one's in that test, a relative error near 1e-5. It runs from 96
-// channels (kF4x4MinChannels), where it is 1.1-2.3x F(2x2, 3x3)'s speed. The CPU parity fixtures
-// are too narrow (at most 64 channels in their 3x3 convolutions) to run it: the unit test bounds
-// its error.
+// Accuracy: F(4x4, 3x3)'s transforms multiply by up to 8 and 1/6, so its error is several times a
+// direct convolution's (Barabasz et al., "Error Analysis and Improving the Accuracy of Winograd
+// Convolution for Deep Neural Networks", ACM TOMS 2020): 2.5-19x at::conv2d's against float64 in
+// tests/unit/conv2d_bias_act_winograd_test.cpp, a relative error near 1e-5; the CPU parity
+// fixtures keep every bar with it (few of their convolutions have the channels to run it; they
+// kept them too with it on their 32 x 32 ones). F(2x2, 3x3), whose
+// coefficients are exact in float32, ran from 64 channels until 2026-12-07 and was removed: F(4x4,
+// 3x3) or oneDNN was faster at every channel count measured (enough_channels).
 //
 // Layout: activations channels_last (NHWC), as the `onednn` convolutions around it keep them, so
 // every transform reads and writes channel vectors. Tiles are processed in blocks of about 113 per
-// thread: input transform -> (m + 2)^2 GEMMs (at::bmm_out: MKL's sgemm) -> output transform with
-// the bias, residual and ReLU fused; SiLU, GELU and tanh run after it in place (ATen's kernels).
-// The transformed weights U ((m + 2)^2, C_in, C_out) are made once per weight (its tile size
-// follows from its shape alone, so the table's one entry per weight never alternates; kernels/cpu/
-// packed_weights.h): 16/9 or 4x the weight's memory.
+// thread: input transform -> 36 GEMMs (at::bmm_out: MKL's sgemm) -> output transform with the
+// bias, residual and ReLU fused; SiLU, GELU and tanh run after it in place (ATen's kernels). The
+// transformed weights U (36, C_in, C_out) are made once per weight (kernels/cpu/packed_weights.h):
+// 4x the weight's memory.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <ATen/core/grad_mode.h>
@@ -47,18 +44,16 @@ namespace {
 /// two SSE registers in the baseline one).
 typedef float Vec8 __attribute__((vector_size(32)));
 
-/// Below this many input or output channels MKL's sgemm on (tiles x C_in) by (C_in x C_out) runs
-/// far below its peak and the transforms weigh more: ResNet-vd's 32-channel stem convolutions at
-/// 320x320 took 13.0 / 24.1 ms against oneDNN's 11.9 / 20.7 (tools/bench_kernels/
-/// bench_conv_cpu.cpp, two Zen 3 cores), 64 channels at 160x160 7.9 against 9.8.
-constexpr int64_t kWinogradMinChannels = 64;
-
-/// From this many input and output channels F(4x4, 3x3) runs instead of F(2x2, 3x3): 128 x 128
-/// at 80x80 4.61 against 6.28 ms, 256 x 256 at 40x40 4.31 against 5.75, 512 x 512 at 20x20 5.56
-/// against 6.12, 96 x 96 at 80x80 2.39 against 5.55 (oneDNN's direct convolution: 10.0, 9.8,
-/// 9.9, 5.5; docs/bench/cpu-winograd-f4-2026-12-07-zen3.txt, two Zen 3 cores); at 64 x 64 on
-/// 160x160 its GEMMs (K = N = 64) and larger transforms gained nothing (10.0 against 8.2-10.7 ms).
-constexpr int64_t kF4x4MinChannels = 96;
+/// Whether the multiplies saved pay for the transforms: a tile's GEMM work grows with C_in C_out,
+/// its transforms with C_in + C_out. F(4x4, 3x3) against oneDNN's direct convolution on two Zen 1
+/// cores (tools/bench_kernels/bench_conv_cpu.cpp, docs/bench/cpu-winograd-f4-2026-12-07-zen1.txt;
+/// ratio C_in C_out / (C_in + C_out) in brackets): 32 x 32 at 320x320 26.7 against 24.9 ms (16:
+/// slower), 32 x 64 at 320x320 42.0 against 49.4 (21.3), 48 x 48 at 160x160 12.0 against 14.1
+/// (24), 64 x 64 at 160x160 17.0 against 25.1 (32). F(2x2, 3x3), removed, ran 37.9, 60.2, 15.6 and
+/// 23.6 ms there. Fewer than 32 channels were not measured and decline too.
+bool enough_channels(int64_t c_in, int64_t c_out) {
+  return std::min(c_in, c_out) >= 32 && c_in * c_out >= 20 * (c_in + c_out);
+}
 
 inline Vec8 load8(const float* p) {
   Vec8 v;
@@ -67,30 +62,8 @@ inline Vec8 load8(const float* p) {
 }
 inline void store8(float* p, Vec8 v) { std::memcpy(p, &v, sizeof v); }
 
-/// F(2x2, 3x3): 4x4 input tiles, 2x2 output tiles (Lavin & Gray 2016, section 4.1).
-struct F2x2 {
-  static constexpr int kM = 2, kAlpha = 4;
-  /// G (alpha x 3).
-  static constexpr double kG[kAlpha][3] = {{1, 0, 0}, {0.5, 0.5, 0.5}, {0.5, -0.5, 0.5}, {0, 0, 1}};
-  /// w = B^T d, B^T = [[1, 0, -1, 0], [0, 1, 1, 0], [0, -1, 1, 0], [0, 1, 0, -1]].
-  template <class V>
-  static void input(const V (&d)[kAlpha], V (&w)[kAlpha]) {
-    w[0] = d[0] - d[2];
-    w[1] = d[1] + d[2];
-    w[2] = d[2] - d[1];
-    w[3] = d[1] - d[3];
-  }
-  /// y = A^T m, A^T = [[1, 1, 1, 0], [0, 1, -1, -1]].
-  template <class V>
-  static void output(const V (&m)[kAlpha], V (&y)[kM]) {
-    y[0] = m[0] + m[1] + m[2];
-    y[1] = m[1] - m[2] - m[3];
-  }
-};
-
 /// F(4x4, 3x3): 6x6 input tiles, 4x4 output tiles, interpolation points 0, +-1, +-2 and infinity
-/// (Lavin & Gray 2016, section 4.2; the matrices of NNPACK's and wincnn's F(4, 3)). 36 multiplies
-/// per 4x4 outputs instead of F(2x2, 3x3)'s 64 per four 2x2 tiles.
+/// (Lavin & Gray 2016, section 4.2; the matrices of NNPACK's and wincnn's F(4, 3)).
 struct F4x4 {
   static constexpr int kM = 4, kAlpha = 6;
   static constexpr double kG[kAlpha][3] = {{1.0 / 4, 0, 0},
@@ -274,10 +247,10 @@ PackedWeights<int>& transformed_weights() {
 
 /// Tiles per block: about 113 (GEMMs of 113 rows keep MKL's sgemm near its peak on two Zen 3
 /// cores; docs/BENCHMARKS.md), fewer so that every thread gets as many blocks when there are only
-/// a few, and odd: 16 (or 36) matrices a multiple of 4 KiB apart would put every transform's 16
-/// (36) streams into the same L1 sets (a 2x slower transform measured with 128 channels). One
-/// block runs on the calling thread, where MKL's sgemm uses every thread itself. Tuned on F(2x2,
-/// 3x3); F(4x4, 3x3) uses the same blocks untuned.
+/// a few, and odd: 36 matrices a multiple of 4 KiB apart would put every transform's 36 streams
+/// into the same L1 sets (a 2x slower transform measured with 128 channels and F(2x2, 3x3)'s 16).
+/// One block runs on the calling thread, where MKL's sgemm uses every thread itself. 33, 57 and
+/// 225 tiles were slower for F(4x4, 3x3) (docs/BENCHMARKS.md).
 int64_t tiles_per_block(int64_t tiles) {
   constexpr int64_t kTiles = 113;
   const int64_t threads = at::get_num_threads();
@@ -353,8 +326,8 @@ Outcome<at::Tensor> conv2d_bias_act_winograd(const at::Tensor& input, const at::
     return Decline{"winograd: not an ungrouped 3x3 convolution of stride 1"};
   if (g.pad_h < 0 || g.pad_h > 2 || g.pad_w < 0 || g.pad_w > 2)
     return Decline{"winograd: padding outside [0, 2]"};
-  if (weight.size(0) < kWinogradMinChannels || weight.size(1) < kWinogradMinChannels)
-    return Decline{"winograd: fewer than 64 input or output channels"};
+  if (!enough_channels(weight.size(1), weight.size(0)))
+    return Decline{"winograd: too few channels for the transforms to pay off"};
   if (input.size(0) == 0) return Decline{"winograd: an empty batch"};
   if (output_side(input.size(2), g.pad_h) < 1 || output_side(input.size(3), g.pad_w) < 1)
     return Decline{"winograd: the map is smaller than the kernel"};
@@ -374,10 +347,7 @@ Outcome<at::Tensor> conv2d_bias_act_winograd(const at::Tensor& input, const at::
       return Decline{"winograd: the residual's shape is not the output's"};
   }
   try {
-    // The tile size depends on the weight's shape only (packed_weights.h: one entry per weight).
-    if (std::min(weight.size(0), weight.size(1)) >= kF4x4MinChannels)
-      return run<F4x4>(input, weight, bias, residual, g, act);
-    return run<F2x2>(input, weight, bias, residual, g, act);
+    return run<F4x4>(input, weight, bias, residual, g, act);
   } catch (const c10::OutOfMemoryError&) {
     throw;  // the registry's out-of-memory handling (kernels/out_of_memory.h)
   } catch (const c10::Error&) {
