@@ -13,14 +13,23 @@
 
 namespace libreyolo::image {
 
-QuerySelection sigmoid_topk(const at::Tensor& logits, int64_t k) {
-  const int64_t b = logits.size(0), q = logits.size(1), c = logits.size(2);
+namespace {
+
+/// sigmoid_topk's selection from the sigmoid probabilities themselves, prob (B, Q, C).
+QuerySelection probability_topk(const at::Tensor& prob, int64_t k) {
+  const int64_t b = prob.size(0), q = prob.size(1), c = prob.size(2);
   QuerySelection s;
   at::Tensor index;
-  std::tie(s.scores, index) = at::topk(at::sigmoid(logits).reshape({b, q * c}), k, -1);
+  std::tie(s.scores, index) = at::topk(prob.reshape({b, q * c}), k, -1);
   s.labels = at::remainder(index, c);
   s.query = at::div(index, c, "floor");
   return s;
+}
+
+}  // namespace
+
+QuerySelection sigmoid_topk(const at::Tensor& logits, int64_t k) {
+  return probability_topk(at::sigmoid(logits), k);
 }
 
 at::Tensor center_to_corners(const at::Tensor& b) {
@@ -39,18 +48,6 @@ at::Tensor scale_factors(const std::vector<std::pair<int64_t, int64_t>>& sizes,
   return at::tensor(v).view({static_cast<int64_t>(sizes.size()), 4}).to(device);
 }
 
-namespace {
-
-/// One image's detections of a sigmoid top-k head without the top-k, where that is the same
-/// answer: a score above the threshold outranks every other, so when at most k scores are above
-/// it or NaN (torch.topk ranks NaN first), the kept detections are exactly those scores, and
-/// sorted by descending score they are in torch.topk's order when no two of them are equal
-/// (equal scores leave the order to topk's partial sort). nullopt otherwise: the caller runs
-/// at::topk. Scores and boxes take the ATen path's float32 operations in its order (sigmoid is
-/// ATen's, computed by the caller), so the values are the same bits. A real detector's outputs
-/// hold a few dozen such scores among Q * C (24,000 for RT-DETR on COCO), and the full top-k
-/// was most of a request's answer time on the CPU (tools/bench_preprocess, BM_PostProcess).
-/// prob: (Q * C) sigmoid scores; boxes: (Q, 4) cx, cy, w, h; scale: (4) w, h, w, h or null.
 std::optional<Detections> detections_above(const float* prob, int64_t q, int64_t c, int64_t k,
                                            float threshold, const float* boxes,
                                            const float* scale) {
@@ -58,13 +55,8 @@ std::optional<Detections> detections_above(const float* prob, int64_t q, int64_t
   int64_t ranked_first = 0;  // above the threshold or NaN
   for (int64_t i = 0; i < q * c; ++i) {
     const float s = prob[i];
-    if (s > threshold) {
-      kept.push_back(i);
-    } else if (std::isnan(s)) {
-      ++ranked_first;
-    } else {
-      continue;
-    }
+    if (!(s > threshold) && !std::isnan(s)) continue;
+    if (s > threshold) kept.push_back(i);
     if (++ranked_first > k) return std::nullopt;
   }
   std::sort(kept.begin(), kept.end(), [prob](int64_t a, int64_t b) { return prob[a] > prob[b]; });
@@ -93,6 +85,8 @@ std::optional<Detections> detections_above(const float* prob, int64_t q, int64_t
   return d;
 }
 
+namespace {
+
 /// The candidates of the sigmoid heads' top-k: the request's top_k, else the family's (RT-DETR,
 /// PP-DocLayout: num_queries; Deformable DETR: 100), at most Q * C.
 int64_t sigmoid_head_k(DetectionHead head, const PostProcessOptions& options, int64_t q,
@@ -105,11 +99,13 @@ int64_t sigmoid_head_k(DetectionHead head, const PostProcessOptions& options, in
 }
 
 /// The transformers code in ATen ops (the whole batch's top-k), for every head and device.
-/// logits (B, Q, C) float32, pred_boxes (B, Q, 4); validated by the caller.
+/// logits (B, Q, C) float32, pred_boxes (B, Q, 4); validated by the caller. `prob`, where
+/// defined, is sigmoid(logits) already computed (a sigmoid head): the same values as the whole
+/// batch's sigmoid, whose vectorised and scalar elements ATen splits by the tensor's length.
 std::vector<Detections> topk_detections(
     const at::Tensor& logits, const at::Tensor& pred_boxes,
     const std::vector<std::pair<int64_t, int64_t>>& target_sizes, DetectionHead head,
-    const PostProcessOptions& options) {
+    const PostProcessOptions& options, const at::Tensor& prob = at::Tensor()) {
   const int64_t b = logits.size(0), q = logits.size(1), c = logits.size(2);
   at::Tensor boxes = center_to_corners(pred_boxes.to(at::kFloat));
   at::Tensor scale;
@@ -138,7 +134,8 @@ std::vector<Detections> topk_detections(
     std::tie(scores, query) = at::topk(best, k, -1);
     labels = at::gather(best_label, 1, query);
   } else {
-    auto selection = sigmoid_topk(logits, sigmoid_head_k(head, options, q, c));
+    const int64_t k = sigmoid_head_k(head, options, q, c);
+    auto selection = prob.defined() ? probability_topk(prob, k) : sigmoid_topk(logits, k);
     scores = std::move(selection.scores);
     labels = std::move(selection.labels);
     query = std::move(selection.query);
@@ -182,7 +179,7 @@ std::vector<Detections> post_process_object_detection(
   const at::Tensor logits = logits_in.to(at::kFloat);
   const bool sigmoid_head =
       head != DetectionHead::detr && !(head == DetectionHead::rt_detr && !options.use_focal_loss);
-  if (!sigmoid_head || !logits.device().is_cpu())
+  if (!sigmoid_head || !logits.device().is_cpu() || !pred_boxes_in.device().is_cpu())
     return topk_detections(logits, pred_boxes_in, target_sizes, head, options);
   // On the CPU (the daemon's answers), each image without the full top-k where that is exact.
   const int64_t k = sigmoid_head_k(head, options, q, c);
@@ -202,9 +199,9 @@ std::vector<Detections> post_process_object_detection(
     if (!d) {  // more candidates than k, or tied scores: this image's full top-k
       std::vector<std::pair<int64_t, int64_t>> size;
       if (!target_sizes.empty()) size.push_back(target_sizes[i]);
-      d = std::move(
-          topk_detections(logits.narrow(0, i, 1), centers.narrow(0, i, 1), size, head, options)
-              .front());
+      d = std::move(topk_detections(logits.narrow(0, i, 1), centers.narrow(0, i, 1), size, head,
+                                    options, prob.narrow(0, i, 1))
+                        .front());
     }
     out.push_back(std::move(*d));
   }

@@ -6,8 +6,11 @@
 #include <ATen/ATen.h>
 
 #include <cstdint>
+#include <optional>
 #include <utility>
 #include <vector>
+
+#include "models/image/postprocess.h"
 
 namespace libreyolo::image {
 
@@ -20,6 +23,21 @@ struct QuerySelection {
 
 /// logits (B, Q, C) float32; k in 1..Q*C.
 QuerySelection sigmoid_topk(const at::Tensor& logits, int64_t k);
+
+/// One image's detections of a sigmoid top-k head (post_process_object_detection on the CPU)
+/// without the top-k, where that is the same answer: a score above the threshold outranks every
+/// other, so when at most k scores are above it or NaN (torch.topk ranks NaN first), the kept
+/// detections are exactly those scores, and sorted by descending score they are in torch.topk's
+/// order when no two of them are equal (equal scores leave the order to topk's partial sort).
+/// std::nullopt otherwise: the caller runs at::topk. Scores and boxes take the ATen path's
+/// float32 operations in its order (sigmoid is the caller's ATen call; this file is built
+/// without FMA contraction, models/CMakeLists.txt), so the values are the same bits. A real
+/// detector's outputs hold a few dozen such scores among Q * C (24,000 for RT-DETR on COCO),
+/// and the full top-k was most of a request's answer time on the CPU (tools/bench_preprocess,
+/// BM_PostProcess). prob: (Q * C) sigmoid scores; boxes: (Q, 4) cx, cy, w, h; scale: (4) w, h,
+/// w, h or null. Detections on the CPU: scores (K) float32, labels (K) int64, boxes (K, 4).
+std::optional<Detections> detections_above(const float* prob, int64_t q, int64_t c, int64_t k,
+                                           float threshold, const float* boxes, const float* scale);
 
 /// transformers image_transforms._center_to_corners_format_torch: (..., 4) cx, cy, w, h ->
 /// x0, y0, x1, y1.

@@ -3,9 +3,9 @@
 // direct convolution on a weight packed once, kernels/conv/cpu/conv2d_bias_act_onednn.cpp),
 // float32, batch 1, at the 3x3 stride-1 convolutions of RT-DETR-R18 / R50 at 640x640 (the ResNet-vd
 // stem, the backbone's stages and the encoder's RepVGG blocks) and D-FINE L's (HGNetV2's 48 / 96
-// channels, the encoder's 128), with the activation they run with. Below 32 channels `winograd`
-// declines and its row (path 1, bound alone) would measure the portable path instead: at::conv2d,
-// then bias and activation as ATen ops.
+// channels, the encoder's 128), with the activation they run with. Where `winograd` declines (too
+// few channels: the 32 x 32 stem row) its row (path 1, bound alone) measures the portable path
+// instead: at::conv2d, then bias and activation as ATen ops.
 //
 // Usage: OMP_NUM_THREADS=2 bench_conv_cpu --benchmark_repetitions=5
 //   --benchmark_enable_random_interleaving=true (interleaved A/B on a shared machine).
