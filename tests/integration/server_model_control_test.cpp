@@ -2,10 +2,13 @@
 // not plain folder names of the repository are refused with INVALID_ARGUMENT and logged; a
 // model added after start-up loads; a higher version folder reloads; a failed reload keeps the
 // served version; unload turns the model UNAVAILABLE while queued requests finish.
+#include <ATen/Parallel.h>
 #include <gtest/gtest.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <climits>
 #include <cstdlib>
 #include <functional>
@@ -14,6 +17,7 @@
 #include <thread>
 
 #include "log/log.h"
+#include "models/runtime/intra_op_threads.h"
 #include "server/app/daemon.h"
 #include "server/config/config.h"
 #include "server/grpc/client.h"
@@ -296,6 +300,48 @@ std::string wait_health(rpc::Client& c, const std::string& want) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   return state;
+}
+
+// An explicit load runs on a thread of its own, and the OpenMP team its warm-up forks ends with
+// it (server/lifecycle/model_lifecycle.cpp): a team left behind on the calling gRPC thread made
+// libgomp throttle every team's spin-wait once the process held more OpenMP threads than cores
+// (docs/BENCHMARKS.md, "The daemon's OpenMP teams"). The warm-up forward records the threads
+// of a parallel_for; after the load answers, none of them lives on.
+TEST_F(ModelControl, TheLoadsThreadAndItsOpenMpTeamEndWithTheLoad) {
+  std::mutex mu;
+  std::set<long> threads;
+  {
+    std::lock_guard<std::mutex> lk(FakeState::get().mu);
+    FakeState::get().in_forward = [&] {
+      at::parallel_for(0, 64, 1, [&](int64_t, int64_t) {
+        std::lock_guard<std::mutex> tl(mu);
+        threads.insert(::syscall(SYS_gettid));
+      });
+    };
+  }
+  add_fake_model(repo_, "added", "max_batch_size: 1\nwarmup: true\n");
+  const auto r = load("added");
+  {
+    std::lock_guard<std::mutex> lk(FakeState::get().mu);
+    FakeState::get().in_forward = nullptr;
+  }
+  ASSERT_TRUE(r.ok()) << r.message;
+  std::lock_guard<std::mutex> tl(mu);
+  // The load's thread and its team: as many threads as a fresh thread's intra-op count.
+  ASSERT_EQ(threads.size(), static_cast<std::size_t>(models::process_intra_op_threads()))
+      << "the warm-up forward did not run on a fresh thread's team";
+  // A thread's /proc entry goes once it has exited (OpenMP workers leave when their team's
+  // thread has ended: waited for, up to 30 s, never expected).
+  const auto alive = [&] {
+    std::size_t n = 0;
+    for (const long t : threads) n += fs::exists("/proc/self/task/" + std::to_string(t));
+    return n;
+  };
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (alive() > 0 && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  EXPECT_EQ(alive(), 0u) << "of the warm-up's " << threads.size() << " threads";
+  EXPECT_EQ(infer_ok("added"), "1");
 }
 
 TEST_F(ModelControl, NewModelThatFailsIsUnavailableWithItsReason) {
