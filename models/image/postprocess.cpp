@@ -55,8 +55,11 @@ std::optional<Detections> detections_above(const float* prob, int64_t q, int64_t
   int64_t ranked_first = 0;  // above the threshold or NaN
   for (int64_t i = 0; i < q * c; ++i) {
     const float s = prob[i];
-    if (!(s > threshold) && !std::isnan(s)) continue;
-    if (s > threshold) kept.push_back(i);
+    if (s > threshold) {
+      kept.push_back(i);
+    } else if (!std::isnan(s)) {
+      continue;
+    }
     if (++ranked_first > k) return std::nullopt;
   }
   std::sort(kept.begin(), kept.end(), [prob](int64_t a, int64_t b) { return prob[a] > prob[b]; });
@@ -185,17 +188,15 @@ std::vector<Detections> post_process_object_detection(
   const int64_t k = sigmoid_head_k(head, options, q, c);
   const at::Tensor prob = at::sigmoid(logits).contiguous();
   const at::Tensor centers = pred_boxes_in.to(at::kFloat).contiguous();
-  std::vector<float> scale;  // w, h, w, h per image, as scale_factors makes them
-  for (const auto& [h, w] : target_sizes) {
-    scale.insert(scale.end(), {static_cast<float>(w), static_cast<float>(h), static_cast<float>(w),
-                               static_cast<float>(h)});
-  }
+  const at::Tensor scale =
+      target_sizes.empty() ? at::Tensor() : scale_factors(target_sizes, at::kCPU);  // (B, 4)
   std::vector<Detections> out;
   out.reserve(b);
   for (int64_t i = 0; i < b; ++i) {
-    auto d = detections_above(
-        prob.data_ptr<float>() + i * q * c, q, c, k, static_cast<float>(options.threshold),
-        centers.data_ptr<float>() + i * q * 4, scale.empty() ? nullptr : scale.data() + i * 4);
+    auto d = detections_above(prob.data_ptr<float>() + i * q * c, q, c, k,
+                              static_cast<float>(options.threshold),
+                              centers.data_ptr<float>() + i * q * 4,
+                              scale.defined() ? scale.data_ptr<float>() + i * 4 : nullptr);
     if (!d) {  // more candidates than k, or tied scores: this image's full top-k
       std::vector<std::pair<int64_t, int64_t>> size;
       if (!target_sizes.empty()) size.push_back(target_sizes[i]);
