@@ -1,10 +1,11 @@
 #include "kernels/attention/sampling_locations.h"
 
 #include <ATen/OpMathType.h>
-#include <ATen/Parallel.h>
 #include <ATen/core/grad_mode.h>
 
 #include <algorithm>
+
+#include "kernels/cpu/parallel.h"
 
 namespace libreyolo::kernels {
 namespace {

@@ -1,9 +1,10 @@
 #include "models/runtime/cpu_math.h"
 
 #include <ATen/ATen.h>
-#include <ATen/Parallel.h>
 
 #include <mutex>
+
+#include "kernels/cpu/parallel.h"
 
 #if defined(__x86_64__) || defined(_M_X64)
 #include <immintrin.h>

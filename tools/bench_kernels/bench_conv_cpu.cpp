@@ -56,7 +56,8 @@ void shapes(benchmark::internal::Benchmark* b) {
   const int64_t rows[][4] = {
       {32, 32, 320, relu},  {32, 64, 320, relu},  {64, 64, 160, relu},  {128, 128, 80, relu},
       {256, 256, 40, relu}, {512, 512, 20, relu}, {128, 128, 40, silu}, {256, 256, 80, silu},
-      {48, 48, 160, relu},  {96, 96, 80, relu},   {128, 128, 20, silu},
+      {48, 48, 160, relu},  {96, 96, 80, relu},   {128, 128, 20, silu}, {16, 16, 320, relu},
+      {12, 12, 320, relu},  {8, 16, 320, relu},   {8, 8, 320, relu},
   };
   for (const auto& r : rows)
     for (int64_t path : {0, 1}) b->Args({r[0], r[1], r[2], r[3], path});

@@ -18,7 +18,6 @@
 // portable path's (the sum order differs); no autograd (an implementation brings its own backward:
 // this one declines when a gradient is needed, and the portable path answers).
 #include <ATen/ATen.h>
-#include <ATen/Parallel.h>
 #include <ATen/core/grad_mode.h>
 
 #include <cmath>
@@ -27,6 +26,7 @@
 #include <vector>
 
 #include "kernels/attention/ms_deform_attn.h"
+#include "kernels/cpu/parallel.h"
 #include "kernels/cpu/target_clones.h"
 #include "kernels/registry.h"
 

@@ -13,19 +13,20 @@
 // direct convolution's (Barabasz et al., "Error Analysis and Improving the Accuracy of Winograd
 // Convolution for Deep Neural Networks", ACM TOMS 2020): 2.5-19x at::conv2d's against float64 in
 // tests/unit/conv2d_bias_act_winograd_test.cpp, a relative error near 1e-5; the CPU parity
-// fixtures keep every bar with it (few of their convolutions have the channels to run it; they
-// kept them too with it on their 32 x 32 ones). F(2x2, 3x3), whose
+// fixtures keep every bar with it (their 3x3 convolutions of 16 channels and more run it). F(2x2,
+// 3x3), whose
 // coefficients are exact in float32, ran from 64 channels until 2026-12-07 and was removed: F(4x4,
 // 3x3) or oneDNN was faster at every channel count measured (enough_channels).
 //
 // Layout: activations channels_last (NHWC), as the `onednn` convolutions around it keep them, so
-// every transform reads and writes channel vectors. Tiles are processed in blocks of about 113 per
-// thread: input transform -> 36 GEMMs (at::bmm_out: MKL's sgemm) -> output transform with the
-// bias, residual and ReLU fused; SiLU, GELU and tanh run after it in place (ATen's kernels). The
-// transformed weights U (36, C_in, C_out) are made once per weight (kernels/cpu/packed_weights.h):
-// 4x the weight's memory.
+// every transform reads and writes channel vectors. Tiles are processed in blocks of 29-113 per
+// thread: input transform -> 36 GEMMs -> output transform with the bias, residual and ReLU fused;
+// SiLU, GELU and tanh run after it in place (ATen's kernels). The GEMMs run in
+// kernels/cpu/panel_gemm.h's kernel on AVX2 CPUs without AVX-512 (1.1-1.2x MKL's sgemm there) and
+// as at::bmm_out (MKL's sgemm) elsewhere. The transformed weights U (36, C_in, C_out), packed in
+// that kernel's panels where it runs (C_out padded to a multiple of 16), are made once per weight
+// (kernels/cpu/packed_weights.h): 4x the weight's memory, 4 ceil(C_out / 16) 16 / C_out x packed.
 #include <ATen/ATen.h>
-#include <ATen/Parallel.h>
 #include <ATen/core/grad_mode.h>
 
 #include <algorithm>
@@ -34,6 +35,8 @@
 
 #include "kernels/conv/conv2d_bias_act.h"
 #include "kernels/cpu/packed_weights.h"
+#include "kernels/cpu/panel_gemm.h"
+#include "kernels/cpu/parallel.h"
 #include "kernels/cpu/target_clones.h"
 #include "kernels/registry.h"
 
@@ -44,16 +47,12 @@ namespace {
 /// two SSE registers in the baseline one).
 typedef float Vec8 __attribute__((vector_size(32)));
 
-/// Whether the multiplies saved pay for the transforms: a tile's GEMM work grows with C_in C_out,
-/// its transforms with C_in + C_out. F(4x4, 3x3) against oneDNN's direct convolution on two Zen 1
-/// cores (tools/bench_kernels/bench_conv_cpu.cpp, docs/bench/cpu-winograd-f4-2026-12-07-zen1.txt;
-/// ratio C_in C_out / (C_in + C_out) in brackets): 32 x 32 at 320x320 26.7 against 24.9 ms (16:
-/// slower), 32 x 64 at 320x320 42.0 against 49.4 (21.3), 48 x 48 at 160x160 12.0 against 14.1
-/// (24), 64 x 64 at 160x160 17.0 against 25.1 (32). F(2x2, 3x3), removed, ran 37.9, 60.2, 15.6 and
-/// 23.6 ms there. Fewer than 32 channels were not measured and decline too.
-bool enough_channels(int64_t c_in, int64_t c_out) {
-  return std::min(c_in, c_out) >= 32 && c_in * c_out >= 20 * (c_in + c_out);
-}
+/// Whether the multiplies saved pay for the transforms. F(4x4, 3x3) against oneDNN's direct
+/// convolution on two Zen 1 cores, ReLU, 1 image (tools/bench_kernels/bench_conv_cpu.cpp,
+/// docs/BENCHMARKS.md "Winograd on every thread"): 16 x 16 at 320x320 4.05 against 6.40 ms,
+/// 12 x 12 5.29 against 6.34, 8 x 16 2.68 against 3.39, 8 x 8 3.28 against 2.16 (slower),
+/// 32 x 32 12.5 against 25.6. From 16 channels each.
+bool enough_channels(int64_t c_in, int64_t c_out) { return std::min(c_in, c_out) >= 16; }
 
 inline Vec8 load8(const float* p) {
   Vec8 v;
@@ -99,8 +98,9 @@ struct F4x4 {
 };
 
 /// U = G g G^T for every (c_in, c_out) pair, stored (alpha^2, C_in, C_out): element
-/// e = alpha i + j of the tile, then the GEMM's (C_in x C_out) matrix. Computed in double, rounded
-/// once. `w`: (C_out, C_in, 3, 3) float32.
+/// e = alpha i + j of the tile, then the GEMM's (C_in x C_out) matrix; where
+/// panel_gemm_available(), (alpha^2, panel_size(C_in, C_out)), each matrix packed by pack_panels.
+/// Computed in double, rounded once. `w`: (C_out, C_in, 3, 3) float32.
 template <class F>
 at::Tensor transform_weight(const at::Tensor& w) {
   constexpr int a = F::kAlpha;
@@ -124,7 +124,14 @@ at::Tensor transform_weight(const at::Tensor& w) {
       }
     }
   });
-  return u;
+  if (!panel_gemm_available()) return u;
+  const int64_t size = panel_size(c_in, k_out);
+  auto packed = at::empty({a * a, size}, wc.options());
+  at::parallel_for(0, a * a, 1, [&](int64_t e0, int64_t e1) {
+    for (int64_t e = e0; e < e1; ++e)
+      pack_panels(dst + e * c_in * k_out, k_out, c_in, k_out, packed.data_ptr<float>() + e * size);
+  });
+  return packed;
 }
 
 /// One convolution's operands, NHWC.
@@ -245,16 +252,22 @@ PackedWeights<int>& transformed_weights() {
   return *table;
 }
 
-/// Tiles per block: about 113 (GEMMs of 113 rows keep MKL's sgemm near its peak on two Zen 3
-/// cores; docs/BENCHMARKS.md), fewer so that every thread gets as many blocks when there are only
-/// a few, and odd: 36 matrices a multiple of 4 KiB apart would put every transform's 36 streams
-/// into the same L1 sets (a 2x slower transform measured with 128 channels and F(2x2, 3x3)'s 16).
-/// One block runs on the calling thread, where MKL's sgemm uses every thread itself. 33, 57 and
-/// 225 tiles were slower for F(4x4, 3x3) (docs/BENCHMARKS.md).
-int64_t tiles_per_block(int64_t tiles) {
-  constexpr int64_t kTiles = 113;
+/// Tiles per block, odd: 36 matrices a multiple of 4 KiB apart would put every transform's 36
+/// streams into the same L1 sets (a 2x slower transform measured with 128 channels and F(2x2,
+/// 3x3)'s 16); fewer so that every thread gets as many blocks when there are only a few (a single
+/// block is split by stage instead: run). The target size:
+/// - gemm_panels: C_in C_out / (C_in + C_out) within [29, 113]. Each block streams all of U
+///   (36 C_in C_out floats) past its tiles' 36 (C_in + C_out): more tiles amortise U at 256
+///   channels, fewer keep a block's matrices nearer L1 / L2 at 32-128 (two Zen 1 cores,
+///   bench_conv_cpu, 29 / 57 / 113 / 225 tiles: 64 x 64 at 160x160 9.19 / 9.61 / 9.92 / 10.29 ms,
+///   256 x 256 at 40x40 8.53 / 7.73 / 7.47 / 7.44; docs/BENCHMARKS.md "Winograd on every thread").
+/// - at::bmm_out: 113 (GEMMs of 113 rows kept MKL's sgemm near its peak on two Zen 3 cores; 33,
+///   57 and 225 were slower, measured while the blocks ran on one thread and MKL's sgemm threaded
+///   itself, before 2026-12-08).
+int64_t tiles_per_block(int64_t tiles, int64_t c_in, int64_t c_out, bool panel) {
+  const int64_t target = panel ? std::clamp<int64_t>(c_in * c_out / (c_in + c_out), 29, 113) : 113;
   const int64_t threads = at::get_num_threads();
-  int64_t blocks = (tiles + kTiles - 1) / kTiles;
+  int64_t blocks = (tiles + target - 1) / target;
   if (blocks > 1 && blocks < 4 * threads) blocks = (blocks + threads - 1) / threads * threads;
   return ((tiles + blocks - 1) / blocks) | 1;
 }
@@ -264,7 +277,7 @@ at::Tensor run(const at::Tensor& input, const at::Tensor& weight, const at::Tens
                const at::Tensor& residual, const ConvGeometry& g, Activation act) {
   constexpr int64_t e = F::kAlpha * F::kAlpha, mt = F::kM;
   const auto x = input.contiguous(at::MemoryFormat::ChannelsLast);
-  const auto u = transformed_weights().get(weight, F::kM, transform_weight<F>);
+  const at::Tensor u = transformed_weights().get(weight, F::kM, transform_weight<F>);
   const int64_t n = x.size(0), c = x.size(1), h = x.size(2), w = x.size(3), k = weight.size(0);
   const int64_t ho = output_side(h, g.pad_h), wo = output_side(w, g.pad_w);
   auto y = at::empty({n, k, ho, wo}, x.options().memory_format(at::MemoryFormat::ChannelsLast));
@@ -291,22 +304,55 @@ at::Tensor run(const at::Tensor& input, const at::Tensor& weight, const at::Tens
             (wo + mt - 1) / mt,
             act == Activation::relu};
   const int64_t tiles = n * p.tiles_h * p.tiles_w;
-  const int64_t tb = tiles_per_block(tiles);
+  const bool panel = panel_gemm_available();
+  const int64_t tb = tiles_per_block(tiles, c, k, panel);
   const int64_t blocks = (tiles + tb - 1) / tb;
-  at::parallel_for(0, blocks, 1, [&](int64_t b0, int64_t b1) {
-    // One block's buffers per thread; at::bmm_out runs MKL's sgemm on this thread (inside a
-    // parallel region MKL does not start threads of its own). A shorter last block is packed as
-    // densely, so that its alpha^2 matrices stay one contiguous batch for at::bmm_out.
-    auto v = at::empty({e * tb * c}, x.options());
-    auto mm = at::empty({e * tb * k}, x.options());
-    for (int64_t blk = b0; blk < b1; ++blk) {
-      const int64_t t0 = blk * tb, count = std::min(tb, tiles - t0);
-      transform_input<F>(p, t0, count, v.data_ptr<float>(), count * c);
-      auto mb = mm.narrow(0, 0, e * count * k).view({e, count, k});
-      at::bmm_out(mb, v.narrow(0, 0, e * count * c).view({e, count, c}), u);
-      transform_output<F>(p, t0, count, mm.data_ptr<float>(), count * k);
+  // gemm_panels runs on one thread (U of matrix i: u[i]).
+  const auto gemms = [&](const float* v, int64_t count, float* mm, int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i)
+      gemm_panels(v + i * count * c, c, count, c, u.data_ptr<float>() + i * u.size(1), k,
+                  mm + i * count * k, k);
+  };
+  if (blocks == 1 && at::get_num_threads() > 1) {
+    // One block (few tiles) would leave the other threads idle: each stage is split across them
+    // on its own, the GEMMs by matrix (MKL's sgemm, outside a parallel region, threads itself).
+    auto v = at::empty({e * tiles * c}, x.options());
+    auto mm = at::empty({e * tiles * k}, x.options());
+    float* vp = v.data_ptr<float>();
+    float* mp = mm.data_ptr<float>();
+    at::parallel_for(0, tiles, 4, [&](int64_t t0, int64_t t1) {
+      transform_input<F>(p, t0, t1 - t0, vp + t0 * c, tiles * c);
+    });
+    if (panel) {
+      at::parallel_for(0, e, 1, [&](int64_t i0, int64_t i1) { gemms(vp, tiles, mp, i0, i1); });
+    } else {
+      auto mb = mm.view({e, tiles, k});
+      at::bmm_out(mb, v.view({e, tiles, c}), u);
     }
-  });
+    at::parallel_for(0, tiles, 4, [&](int64_t t0, int64_t t1) {
+      transform_output<F>(p, t0, t1 - t0, mp + t0 * k, tiles * k);
+    });
+  } else {
+    at::parallel_for(0, blocks, 1, [&](int64_t b0, int64_t b1) {
+      // One block's buffers per thread; gemm_panels, or at::bmm_out's MKL sgemm, runs on this
+      // thread (inside a parallel region MKL does not start threads of its own; outside one, as
+      // with a single block, MKL's sgemm uses every thread itself). A shorter last block is
+      // packed as densely, so that its alpha^2 matrices stay one contiguous batch.
+      auto v = at::empty({e * tb * c}, x.options());
+      auto mm = at::empty({e * tb * k}, x.options());
+      for (int64_t blk = b0; blk < b1; ++blk) {
+        const int64_t t0 = blk * tb, count = std::min(tb, tiles - t0);
+        transform_input<F>(p, t0, count, v.data_ptr<float>(), count * c);
+        if (panel) {
+          gemms(v.data_ptr<float>(), count, mm.data_ptr<float>(), 0, e);
+        } else {
+          auto mb = mm.narrow(0, 0, e * count * k).view({e, count, k});
+          at::bmm_out(mb, v.narrow(0, 0, e * count * c).view({e, count, c}), u);
+        }
+        transform_output<F>(p, t0, count, mm.data_ptr<float>(), count * k);
+      }
+    });
+  }
   if (act != Activation::none && act != Activation::relu) apply_activation_(act, y);
   return y;
 }

@@ -16,7 +16,6 @@
 // (`val > max || isnan(val)`), 16-bit values are compared as float32. The maximum is one of the
 // inputs, so the output equals ATen's bit for bit (NaN payloads included).
 #include <ATen/ATen.h>
-#include <ATen/Parallel.h>
 #include <ATen/core/grad_mode.h>
 
 #include <cstdint>
@@ -25,6 +24,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "kernels/cpu/parallel.h"
 #include "kernels/cpu/target_clones.h"
 #include "kernels/pool/max_pool2d.h"
 #include "kernels/pool/max_pool2d_problem.h"
