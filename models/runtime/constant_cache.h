@@ -20,11 +20,12 @@ class ConstantCache {
   /// a few sizes of a dynamic one); a further key is computed on every call and not kept.
   static constexpr std::size_t kMaxEntries = 8;
 
-  /// The tensor for `key` (e.g. {h, w, dtype}): the kept one when there is one, else make()'s
-  /// result, kept for the next calls. Nothing made inside a CUDA-graph capture is kept (its work
-  /// is only recorded there, not run), and a kept tensor is complete before another thread can
-  /// read it (its stream is synchronised once, when it is kept). Thread-safe; `make` runs under
-  /// the cache's lock. Exceptions from make() propagate and keep nothing.
+  /// The tensor for `key` (e.g. {h, w, dtype}) on `device`: the kept one when there is one, else
+  /// make()'s result (expected on `device`), kept for the next calls. Nothing made inside a
+  /// CUDA-graph capture is kept (its work is only recorded there, not run), and a kept tensor is
+  /// complete before another thread can read it (its stream is synchronised once, when it is kept).
+  /// Thread-safe; `make` runs under the cache's lock. Exceptions from make() propagate and keep
+  /// nothing.
   at::Tensor get(const std::vector<int64_t>& key, const at::Device& device,
                  const std::function<at::Tensor()>& make) const;
 

@@ -1,5 +1,6 @@
 // models::ConstantCache: make() runs once per key, keys are told apart, at most kMaxEntries are
-// kept (a further key is made on every call), and a throwing make() keeps nothing.
+// kept (a further key is made on every call), a key on another device is another entry, and a
+// throwing make() keeps nothing.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
@@ -34,6 +35,37 @@ TEST(ConstantCache, MakesOncePerKeyAndKeepsAtMostEight) {
   EXPECT_EQ(made, 10);
   EXPECT_TRUE(get(3).is_same(a));
   EXPECT_EQ(made, 10);
+}
+
+TEST(ConstantCache, TheDeviceIsPartOfTheKey) {
+  ConstantCache cache;
+  int made = 0;
+  const at::Device meta(at::kMeta);
+  const auto on_cpu = cache.get({1}, at::kCPU, [&] {
+    ++made;
+    return at::ones({2});
+  });
+  const auto on_meta = cache.get({1}, meta, [&] {
+    ++made;
+    return at::empty({2}, at::TensorOptions().device(meta));
+  });
+  EXPECT_EQ(made, 2);
+  EXPECT_EQ(on_meta.device(), meta);
+  EXPECT_TRUE(cache
+                  .get({1}, at::kCPU,
+                       [&] {
+                         ++made;
+                         return at::zeros({2});
+                       })
+                  .is_same(on_cpu));
+  EXPECT_TRUE(cache
+                  .get({1}, meta,
+                       [&] {
+                         ++made;
+                         return at::empty({2}, at::TensorOptions().device(meta));
+                       })
+                  .is_same(on_meta));
+  EXPECT_EQ(made, 2);
 }
 
 TEST(ConstantCache, AThrowingMakeKeepsNothing) {
