@@ -2,7 +2,6 @@
 // not plain folder names of the repository are refused with INVALID_ARGUMENT and logged; a
 // model added after start-up loads; a higher version folder reloads; a failed reload keeps the
 // served version; unload turns the model UNAVAILABLE while queued requests finish.
-#include <ATen/Parallel.h>
 #include <gtest/gtest.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -16,6 +15,7 @@
 #include <set>
 #include <thread>
 
+#include "kernels/cpu/parallel.h"
 #include "log/log.h"
 #include "models/runtime/intra_op_threads.h"
 #include "server/app/daemon.h"

@@ -307,15 +307,24 @@ at::Tensor run(const at::Tensor& input, const at::Tensor& weight, const at::Tens
   const bool panel = panel_gemm_available();
   const int64_t tb = tiles_per_block(tiles, c, k, panel);
   const int64_t blocks = (tiles + tb - 1) / tb;
-  // gemm_panels runs on one thread (U of matrix i: u[i]).
-  const auto gemms = [&](const float* v, int64_t count, float* mm, int64_t i0, int64_t i1) {
-    for (int64_t i = i0; i < i1; ++i)
-      gemm_panels(v + i * count * c, c, count, c, u.data_ptr<float>() + i * u.size(1), k,
-                  mm + i * count * k, k);
+  // The 36 GEMMs of `count` tiles, V (36, count, C) -> M (36, count, K). Outside a parallel
+  // region they are split across the threads (by matrix; MKL's sgemm threads itself); inside one
+  // (a block's loop) the nested at::parallel_for and MKL run on the calling thread.
+  const auto multiply = [&](float* v, int64_t count, float* mm) {
+    if (!panel) {
+      auto mb = at::from_blob(mm, {e, count, k}, x.options());
+      at::bmm_out(mb, at::from_blob(v, {e, count, c}, x.options()), u);
+      return;
+    }
+    at::parallel_for(0, e, 1, [&](int64_t i0, int64_t i1) {
+      for (int64_t i = i0; i < i1; ++i)
+        gemm_panels(v + i * count * c, c, count, c, u.data_ptr<float>() + i * u.size(1), k,
+                    mm + i * count * k, k);
+    });
   };
   if (blocks == 1 && at::get_num_threads() > 1) {
     // One block (few tiles) would leave the other threads idle: each stage is split across them
-    // on its own, the GEMMs by matrix (MKL's sgemm, outside a parallel region, threads itself).
+    // on its own.
     auto v = at::empty({e * tiles * c}, x.options());
     auto mm = at::empty({e * tiles * k}, x.options());
     float* vp = v.data_ptr<float>();
@@ -323,32 +332,20 @@ at::Tensor run(const at::Tensor& input, const at::Tensor& weight, const at::Tens
     at::parallel_for(0, tiles, 4, [&](int64_t t0, int64_t t1) {
       transform_input<F>(p, t0, t1 - t0, vp + t0 * c, tiles * c);
     });
-    if (panel) {
-      at::parallel_for(0, e, 1, [&](int64_t i0, int64_t i1) { gemms(vp, tiles, mp, i0, i1); });
-    } else {
-      auto mb = mm.view({e, tiles, k});
-      at::bmm_out(mb, v.view({e, tiles, c}), u);
-    }
+    multiply(vp, tiles, mp);
     at::parallel_for(0, tiles, 4, [&](int64_t t0, int64_t t1) {
       transform_output<F>(p, t0, t1 - t0, mp + t0 * k, tiles * k);
     });
   } else {
     at::parallel_for(0, blocks, 1, [&](int64_t b0, int64_t b1) {
-      // One block's buffers per thread; gemm_panels, or at::bmm_out's MKL sgemm, runs on this
-      // thread (inside a parallel region MKL does not start threads of its own; outside one, as
-      // with a single block, MKL's sgemm uses every thread itself). A shorter last block is
-      // packed as densely, so that its alpha^2 matrices stay one contiguous batch.
+      // One block's buffers per thread. A shorter last block is packed as densely, so that its
+      // alpha^2 matrices stay one contiguous batch.
       auto v = at::empty({e * tb * c}, x.options());
       auto mm = at::empty({e * tb * k}, x.options());
       for (int64_t blk = b0; blk < b1; ++blk) {
         const int64_t t0 = blk * tb, count = std::min(tb, tiles - t0);
         transform_input<F>(p, t0, count, v.data_ptr<float>(), count * c);
-        if (panel) {
-          gemms(v.data_ptr<float>(), count, mm.data_ptr<float>(), 0, e);
-        } else {
-          auto mb = mm.narrow(0, 0, e * count * k).view({e, count, k});
-          at::bmm_out(mb, v.narrow(0, 0, e * count * c).view({e, count, c}), u);
-        }
+        multiply(v.data_ptr<float>(), count, mm.data_ptr<float>());
         transform_output<F>(p, t0, count, mm.data_ptr<float>(), count * k);
       }
     });
